@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages dsa-verify needs, only those missing. Idempotent; uses sudo
+# only when not root. Usage: ci/install-deps.sh
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libeigen3-dev          # reference maths
+  libtorch-dev           # LibTorch ops (optimized/)
+  librapidcheck-dev      # property tests
+  libgtest-dev libgmock-dev
+  libbenchmark-dev       # bench/
+  libcli11-dev           # dsa-verify command line
+  nlohmann-json3-dev     # safetensors headers, reports
+  libdlpack-dev          # plugin ABI
+  python3-numpy          # docs/examples helpers
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,64 @@
+// The Backend interface: anything the oracle can audit (reference, libtorch-cpu,
+// libtorch-cuda, cuda, plugins, mutants) and the registry of named backends.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dsa/contract/op_types.h"
+
+namespace dsa::oracle {
+
+/// The ops a backend may implement (names as in the `dsa` operator library).
+enum class Op { IndexerScores, IndexerScoresBackward, Topk, SparseMlaFwd, SparseMlaBwd, IndexerKlLoss };
+const char* to_string(Op op);
+/// All ops, in pipeline order.
+const std::vector<Op>& all_ops();
+
+/// Thrown by a backend for an op it does not implement; the oracle reports "skip".
+class NotSupported : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A backend computes the SPEC ops on host tensors (it copies to its device and back).
+/// Outputs use the backend's own dtypes; the oracle judges them against the reference.
+/// Every op's shapes, dtypes and rules: SPEC §2-§7 and dsa/contract/op_types.h.
+/// Default implementations throw NotSupported.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  /// Empty when usable here; otherwise why not (e.g. "no CUDA device"), reported as skip.
+  virtual std::string unavailable_reason() const { return {}; }
+  /// True when identical inputs give bitwise-identical outputs (SPEC §3.5).
+  virtual bool deterministic() const { return true; }
+  /// True when the backend implements `op`.
+  virtual bool supports(Op op) const = 0;
+
+  virtual Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                const KeyWindows& windows);
+  virtual IndexerGrads indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx,
+                                               const Tensor& w, const KeyWindows& windows,
+                                               const Tensor& d_scores);
+  virtual Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,
+                             const std::optional<KeyWindows>& windows);
+  virtual SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in);
+  virtual SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout);
+  virtual IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in);
+};
+
+using BackendFactory = std::function<std::unique_ptr<Backend>()>;
+
+/// Registers a named backend; a second registration of a name replaces the first.
+void register_backend(const std::string& name, BackendFactory factory);
+/// Names of every registered backend, sorted.
+std::vector<std::string> backend_names();
+/// Creates a backend; throws std::invalid_argument naming `name` and the known names.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+}  // namespace dsa::oracle

@@ -1,0 +1,23 @@
+// Indexer scores and their backward (SPEC §2). Dense, float64 (or fp32 baseline), Eigen.
+#pragma once
+
+#include "dsa/contract/op_types.h"
+#include "dsa/reference/precision.h"
+
+namespace dsa::reference {
+
+/// I[t,s] = Σ_j w[t,j]·ReLU(q_idx[t,j,:]·k_idx[s,:]) inside windows, -inf outside. SPEC §2.
+/// q_idx [s_q,H_I,d_I] and k_idx [s_kv,d_I]: BF16/F16/F32/F64; w [s_q,H_I] F32/F64;
+/// windows: s_q rows over s_kv keys. Returns [s_q,s_kv] F64 (Reference) or F32 (Baseline).
+/// Throws std::invalid_argument naming the argument on any shape/dtype/window mismatch.
+Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                      const KeyWindows& windows, Precision precision = Precision::Reference);
+
+/// Gradients of indexer_scores for upstream d_scores [s_q,s_kv] (F32/F64; entries outside
+/// the windows are ignored). ReLU'(0) = 0. SPEC §2.
+/// Same arguments and errors as indexer_scores plus `d_scores`. Outputs F64 or F32 (Baseline).
+IndexerGrads indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                     const KeyWindows& windows, const Tensor& d_scores,
+                                     Precision precision = Precision::Reference);
+
+}  // namespace dsa::reference
