@@ -1,0 +1,101 @@
+// Indexer scores forward and backward (SPEC §2), one template on the accumulation type.
+#include "dsa/reference/indexer.h"
+
+#include "internal.h"
+
+namespace dsa::reference {
+namespace {
+
+using detail::Mat;
+
+struct IndexerDims {
+  int64_t s_q, h_i, d_i, s_kv;
+};
+
+// Validates the arguments shared by forward and backward; returns the dimensions.
+IndexerDims validate(const char* where, const Tensor& q_idx, const Tensor& k_idx,
+                     const Tensor& w, const KeyWindows& windows) {
+  detail::check_rank3(where, "q_idx", q_idx, "[s_q, H_I, d_I]");
+  detail::check_activation_dtype(where, "q_idx", q_idx);
+  const IndexerDims d{q_idx.size(0), q_idx.size(1), q_idx.size(2), 0};
+  detail::check_rank2(where, "k_idx", k_idx, "[s_kv, d_I]");
+  check_shape(where, "k_idx", k_idx, {-1, d.d_i});
+  detail::check_activation_dtype(where, "k_idx", k_idx);
+  check_shape(where, "w", w, {d.s_q, d.h_i});
+  detail::check_wide_dtype(where, "w", w);
+  IndexerDims out = d;
+  out.s_kv = k_idx.size(0);
+  detail::check_windows(where, windows, out.s_q, out.s_kv);
+  return out;
+}
+
+template <class A>
+Tensor forward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+               const KeyWindows& win, const IndexerDims& d) {
+  const Mat<A> Q = detail::to_mat<A>(q_idx, d.s_q * d.h_i, d.d_i);
+  const Mat<A> K = detail::to_mat<A>(k_idx, d.s_kv, d.d_i);
+  const Mat<A> W = detail::to_mat<A>(w, d.s_q, d.h_i);
+  Mat<A> I = Mat<A>::Constant(d.s_q, d.s_kv, -detail::inf<A>());
+  Mat<A> logits;
+  for (int64_t t = 0; t < d.s_q; ++t) {
+    const int64_t ks = win.ks[t], len = win.length(t);
+    if (len == 0) continue;
+    // logits[s, j] = k_idx[ks+s] · q_idx[t, j]; ReLU before the head weight.
+    logits.noalias() = K.middleRows(ks, len) * Q.middleRows(t * d.h_i, d.h_i).transpose();
+    I.row(t).segment(ks, len).noalias() =
+        (logits.cwiseMax(A(0)) * W.row(t).transpose()).transpose();
+  }
+  return detail::to_tensor<A>(I, {d.s_q, d.s_kv});
+}
+
+template <class A>
+IndexerGrads backward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                      const KeyWindows& win, const Tensor& d_scores, const IndexerDims& d) {
+  const Mat<A> Q = detail::to_mat<A>(q_idx, d.s_q * d.h_i, d.d_i);
+  const Mat<A> K = detail::to_mat<A>(k_idx, d.s_kv, d.d_i);
+  const Mat<A> W = detail::to_mat<A>(w, d.s_q, d.h_i);
+  const Mat<A> dI = detail::to_mat<A>(d_scores, d.s_q, d.s_kv);
+  Mat<A> dQ = Mat<A>::Zero(d.s_q * d.h_i, d.d_i);
+  Mat<A> dK = Mat<A>::Zero(d.s_kv, d.d_i);
+  Mat<A> dW = Mat<A>::Zero(d.s_q, d.h_i);
+  Mat<A> logits, G;
+  for (int64_t t = 0; t < d.s_q; ++t) {
+    const int64_t ks = win.ks[t], len = win.length(t);
+    if (len == 0) continue;
+    const auto Kw = K.middleRows(ks, len);
+    const auto Qt = Q.middleRows(t * d.h_i, d.h_i);
+    logits.noalias() = Kw * Qt.transpose();  // [len, H_I]
+    const auto g = dI.row(t).segment(ks, len).transpose();  // [len]
+    dW.row(t).noalias() = (logits.cwiseMax(A(0)).transpose() * g).transpose();
+    // G[s, j] = dI[t, s] · w[t, j] · 1[logit > 0]  (ReLU'(0) = 0)
+    G = (logits.array() > A(0)).select((g * W.row(t)).array(), A(0)).matrix();
+    dQ.middleRows(t * d.h_i, d.h_i).noalias() = G.transpose() * Kw;
+    dK.middleRows(ks, len).noalias() += G * Qt;
+  }
+  return IndexerGrads{detail::to_tensor<A>(dQ, {d.s_q, d.h_i, d.d_i}),
+                      detail::to_tensor<A>(dK, {d.s_kv, d.d_i}),
+                      detail::to_tensor<A>(dW, {d.s_q, d.h_i})};
+}
+
+}  // namespace
+
+Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                      const KeyWindows& windows, Precision precision) {
+  const IndexerDims d = validate("indexer_scores", q_idx, k_idx, w, windows);
+  return precision == Precision::Reference ? forward<double>(q_idx, k_idx, w, windows, d)
+                                           : forward<float>(q_idx, k_idx, w, windows, d);
+}
+
+IndexerGrads indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                     const KeyWindows& windows, const Tensor& d_scores,
+                                     Precision precision) {
+  const char* where = "indexer_scores_backward";
+  const IndexerDims d = validate(where, q_idx, k_idx, w, windows);
+  check_shape(where, "d_scores", d_scores, {d.s_q, d.s_kv});
+  detail::check_wide_dtype(where, "d_scores", d_scores);
+  return precision == Precision::Reference
+             ? backward<double>(q_idx, k_idx, w, windows, d_scores, d)
+             : backward<float>(q_idx, k_idx, w, windows, d_scores, d);
+}
+
+}  // namespace dsa::reference

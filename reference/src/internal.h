@@ -1,0 +1,132 @@
+// Helpers shared by the reference ops (not installed, not public): dsa::Tensor <-> Eigen
+// row-major matrices at the accumulation type A (double = Reference, float = Baseline),
+// argument validation, and the precision dispatch. Every op is written once as a template
+// on A (SPEC §9: the baseline is the reference algorithm at fp32 accumulation).
+#pragma once
+
+#include <Eigen/Dense>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dsa/contract/checks.h"
+#include "dsa/contract/errors.h"
+#include "dsa/contract/key_windows.h"
+#include "dsa/contract/tensor.h"
+#include "dsa/reference/precision.h"
+
+namespace dsa::reference::detail {
+
+/// Row-major dynamic matrix / column vector at accumulation type A.
+template <class A>
+using Mat = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class A>
+using Vec = Eigen::Matrix<A, Eigen::Dynamic, 1>;
+
+/// Output dtype of an op computed at A: F64 for double, F32 for float.
+template <class A>
+constexpr DType out_dtype() {
+  return sizeof(A) == 8 ? DType::F64 : DType::F32;
+}
+
+template <class A>
+constexpr A inf() {
+  return std::numeric_limits<A>::infinity();
+}
+
+/// Reads tensor `t` (any floating dtype, numel == rows*cols) as a [rows, cols] matrix at A.
+/// Upcasts are exact (bf16/f16/f32 -> float or double, f64 -> double); an F64 input read at
+/// float (Baseline) rounds to nearest even once.
+template <class A>
+Mat<A> to_mat(const Tensor& t, int64_t rows, int64_t cols) {
+  Mat<A> m(rows, cols);
+  const int64_t n = rows * cols;
+  A* dst = m.data();
+  switch (t.dtype()) {
+    case DType::F64: {
+      const double* src = t.data<double>();
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(src[i]);
+      break;
+    }
+    case DType::F32: {
+      const float* src = t.data<float>();
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(src[i]);
+      break;
+    }
+    case DType::BF16: {
+      const bf16* src = t.data<bf16>();
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(bf16_to_float(src[i]));
+      break;
+    }
+    case DType::F16: {
+      const f16* src = t.data<f16>();
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(f16_to_float(src[i]));
+      break;
+    }
+    default:
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(t.get(i));
+  }
+  return m;
+}
+
+/// A tensor of dtype out_dtype<A>() and `shape` holding m's elements in row-major order.
+template <class A, class Derived>
+Tensor to_tensor(const Eigen::MatrixBase<Derived>& m, std::vector<int64_t> shape) {
+  Tensor t(out_dtype<A>(), std::move(shape));
+  Mat<A> tmp = m;  // row-major, contiguous
+  std::memcpy(t.raw(), tmp.data(), t.nbytes());
+  return t;
+}
+
+/// Floating dtypes accepted for activations (q, kv, q_idx, k_idx).
+inline void check_activation_dtype(const char* where, const char* arg, const Tensor& t) {
+  check_dtype(where, arg, t, {DType::BF16, DType::F16, DType::F32, DType::F64});
+}
+/// Dtypes accepted for fp32-or-wider inputs (w, scores, sinks, upstream gradients).
+inline void check_wide_dtype(const char* where, const char* arg, const Tensor& t) {
+  check_dtype(where, arg, t, {DType::F32, DType::F64});
+}
+
+/// Requires `windows` to describe exactly s_q rows over s_kv keys with 0 <= ks, ke <= s_kv.
+inline void check_windows(const char* where, const KeyWindows& w, int64_t s_q, int64_t s_kv) {
+  check_arg(w.ks.size() == w.ke.size(), where, "windows",
+            "ks of " + std::to_string(w.ks.size()) + " rows and ke of " +
+                std::to_string(w.ke.size()) + " rows",
+            "ks and ke of equal length");
+  check_arg(w.s_q() == s_q, where, "windows", std::to_string(w.s_q()) + " rows",
+            std::to_string(s_q) + " rows (s_q)");
+  check_arg(w.s_kv == s_kv, where, "windows", "s_kv = " + std::to_string(w.s_kv),
+            "s_kv = " + std::to_string(s_kv));
+  for (int64_t t = 0; t < s_q; ++t) {
+    const bool ok = w.ks[t] >= 0 && w.ks[t] <= s_kv && w.ke[t] >= 0 && w.ke[t] <= s_kv;
+    check_arg(ok, where, "windows",
+              "row " + std::to_string(t) + " = [" + std::to_string(w.ks[t]) + ", " +
+                  std::to_string(w.ke[t]) + ")",
+              "ks and ke within [0, " + std::to_string(s_kv) + "]");
+  }
+}
+
+/// Requires a rank-3 tensor, reporting the expected layout in the message.
+inline void check_rank3(const char* where, const char* arg, const Tensor& t, const char* layout) {
+  check_arg(t.dim() == 3, where, arg, "shape " + shape_str(t.shape()),
+            std::string("3 dimensions ") + layout);
+}
+inline void check_rank2(const char* where, const char* arg, const Tensor& t, const char* layout) {
+  check_arg(t.dim() == 2, where, arg, "shape " + shape_str(t.shape()),
+            std::string("2 dimensions ") + layout);
+}
+
+/// Numerically stable ln Σ exp(x) over a row; -inf for an empty row or all -inf.
+template <class A, class Derived>
+A log_sum_exp(const Eigen::MatrixBase<Derived>& x) {
+  if (x.size() == 0) return -inf<A>();
+  const A m = x.maxCoeff();
+  if (m == -inf<A>()) return -inf<A>();
+  return m + std::log((x.array() - m).exp().sum());
+}
+
+}  // namespace dsa::reference::detail
