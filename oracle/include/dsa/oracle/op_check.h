@@ -1,0 +1,62 @@
+// Op checkers: run one op on a backend, run the float64 reference and its baseline, judge
+// every output (SPEC §9), check determinism (§3.5) — the testbed behind every property,
+// `dsa-verify check` and `make audit`.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "dsa/contract/op_types.h"
+#include "dsa/oracle/backend.h"
+#include "dsa/oracle/report.h"
+#include "dsa/oracle/topk_check.h"
+
+namespace dsa::oracle {
+
+/// Inputs of any op; fill the members the op needs (SPEC §2-§7, contract/op_types.h).
+struct OpCase {
+  // Indexer (§2): q_idx [s_q,H_I,d_I], k_idx [s_kv,d_I], w [s_q,H_I], windows; d_scores
+  // [s_q,s_kv] for the backward.
+  Tensor q_idx, k_idx, w, d_scores;
+  KeyWindows windows;
+  // Top-k (§3): scores [s_q,s_kv] F32/F64, k, policy, optional windows.
+  Tensor scores;
+  int64_t k = 0;
+  TopkPolicy policy;
+  std::optional<KeyWindows> topk_windows;
+  // Sparse MLA (§4-§5): inputs and dout [s_q,h_q,d_v].
+  SparseMlaInputs mla;
+  Tensor dout;
+  // KL loss (§7).
+  IndexerKlInputs kl;
+};
+
+/// Options of every check.
+struct CheckOptions {
+  bool check_determinism = true;  ///< run twice and compare bytes when backend.deterministic()
+};
+
+/// Runs `op` of `backend` on `c` and judges it. Verdict Skip when the backend is unavailable
+/// (unavailable_reason), does not support the op, or throws NotSupported; Fail when it throws
+/// anything else (reason = the message), when an output fails the ratio rule or NaN/±inf
+/// positions differ, when top-k violates §3, or when a deterministic backend differs between
+/// two runs. Invalid inputs make the reference throw std::invalid_argument (propagated).
+OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& opt = {});
+
+/// Same as check_op for each op (one function per op, SPEC section in brackets).
+OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §2
+OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §2
+OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §3 exact
+OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §4,§6
+OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §5
+OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §7
+
+/// Fused indexer + top-k (SPEC §9): the backend's own indexer scores fed to its own top-k,
+/// judged by check_fused_topk with score_bound = 2x the ratio-rule bound of its scores (both
+/// entries of a swapped pair may err by the bound).
+OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOptions& opt = {});
+
+/// True when two tensors have equal dtype, shape and bytes.
+bool bitwise_equal(const Tensor& a, const Tensor& b);
+
+}  // namespace dsa::oracle

@@ -1,0 +1,75 @@
+// Judged tensors and op reports: the ratio rule of SPEC §9 applied to one output, and the
+// compact tables every report prints (measured ratio, max abs, rel Frobenius, cosine).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dsa/contract/tensor.h"
+#include "dsa/oracle/backend.h"
+#include "dsa/oracle/metrics.h"
+
+namespace dsa::oracle {
+
+/// One output judged by the ratio rule (SPEC §9).
+struct TensorCheck {
+  std::string name;           ///< output name, e.g. "dkv"
+  DType dtype = DType::F32;   ///< candidate dtype
+  TensorMetrics metrics;      ///< candidate vs float64 reference
+  double baseline_err = 0.0;  ///< max abs error of the baseline rounded to `dtype`
+  double rho = 0.0;
+  double floor = 0.0;         ///< absolute floor (tolerance floor_eps · eps(dtype) · scale)
+  double bound = 0.0;         ///< rho · baseline_err + floor
+  double ratio = 0.0;         ///< measured err(candidate) / err(baseline) (inf if baseline exact)
+  bool passed = false;
+  std::string message;        ///< why it failed ("" when passed)
+};
+
+/// Judges `candidate` (any floating dtype) against `reference` (float64 truth) with the
+/// baseline (Precision::Baseline output, F32, unrounded): the baseline is rounded to the
+/// candidate's dtype (Tensor::to; kept as is when the candidate is F64), then
+/// err(candidate) <= rho·err(baseline) + floor with (rho, floor) = tolerance(op, name, dtype).
+/// Fails (never throws) on shape mismatch, non-floating candidate, or any NaN/±inf position
+/// that differs from the reference. Throws std::out_of_range if the table lacks the key.
+TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
+                         const Tensor& reference, const Tensor& baseline);
+
+/// Verdict of one check of one backend.
+enum class Verdict { Pass, Fail, Skip };
+const char* to_string(Verdict v);
+
+/// One row of a top-k violation list (SPEC §3): rule name, row, slot (-1: whole row/tensor),
+/// and the values involved.
+struct TopkViolation {
+  std::string rule;
+  int64_t row = -1;
+  int64_t slot = -1;
+  std::string detail;
+};
+
+/// Report of one op run on one backend: tensors judged, top-k violations, determinism.
+struct OpReport {
+  std::string backend;
+  std::string op;               ///< to_string(Op) or a fixture/op label
+  Verdict verdict = Verdict::Pass;
+  std::string reason;           ///< skip reason or first failure
+  std::vector<TensorCheck> tensors;
+  std::vector<TopkViolation> topk_violations;
+  bool determinism_checked = false;
+  bool determinism_ok = true;
+  std::vector<std::string> notes;  ///< conventions applied, counts, etc.
+
+  bool passed() const { return verdict != Verdict::Fail; }
+  /// Records a failure (keeps the first reason).
+  void fail(const std::string& why);
+};
+
+/// Compact table of judged tensors: name, dtype, max_abs, rel_fro, cosine, base_err, ratio,
+/// bound, verdict (one line each).
+std::string format_tensor_checks(const std::vector<TensorCheck>& checks);
+/// Violations one per line ("rule row=r slot=j: detail"), at most `limit` then a count.
+std::string format_violations(const std::vector<TopkViolation>& v, size_t limit = 20);
+/// Header line + tensor table + violations + determinism for one OpReport.
+std::string format_op_report(const OpReport& r);
+
+}  // namespace dsa::oracle

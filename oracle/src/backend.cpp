@@ -1,0 +1,94 @@
+// Registry of named backends and the NotSupported defaults of dsa::oracle::Backend.
+#include "dsa/oracle/backend.h"
+
+#include <map>
+#include <mutex>
+
+namespace dsa::oracle {
+
+const char* to_string(Op op) {
+  switch (op) {
+    case Op::IndexerScores: return "indexer_scores";
+    case Op::IndexerScoresBackward: return "indexer_scores_backward";
+    case Op::Topk: return "topk";
+    case Op::SparseMlaFwd: return "sparse_mla_fwd";
+    case Op::SparseMlaBwd: return "sparse_mla_bwd";
+    case Op::IndexerKlLoss: return "indexer_kl_loss";
+  }
+  return "?";
+}
+
+const std::vector<Op>& all_ops() {
+  static const std::vector<Op> ops = {Op::IndexerScores, Op::IndexerScoresBackward, Op::Topk,
+                                      Op::SparseMlaFwd,  Op::SparseMlaBwd,          Op::IndexerKlLoss};
+  return ops;
+}
+
+namespace {
+[[noreturn]] void not_supported(const Backend& b, Op op) {
+  throw NotSupported(b.name() + ": op " + to_string(op) + " is not implemented");
+}
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, BackendFactory> factories;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+}  // namespace
+
+Tensor Backend::indexer_scores(const Tensor&, const Tensor&, const Tensor&, const KeyWindows&) {
+  not_supported(*this, Op::IndexerScores);
+}
+IndexerGrads Backend::indexer_scores_backward(const Tensor&, const Tensor&, const Tensor&,
+                                              const KeyWindows&, const Tensor&) {
+  not_supported(*this, Op::IndexerScoresBackward);
+}
+Tensor Backend::select_topk(const Tensor&, int64_t, const TopkPolicy&,
+                            const std::optional<KeyWindows>&) {
+  not_supported(*this, Op::Topk);
+}
+SparseMlaForward Backend::sparse_mla_forward(const SparseMlaInputs&) {
+  not_supported(*this, Op::SparseMlaFwd);
+}
+SparseMlaGrads Backend::sparse_mla_backward(const SparseMlaInputs&, const Tensor&) {
+  not_supported(*this, Op::SparseMlaBwd);
+}
+IndexerKlResult Backend::indexer_kl_loss(const IndexerKlInputs&) {
+  not_supported(*this, Op::IndexerKlLoss);
+}
+
+void register_backend(const std::string& name, BackendFactory factory) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.factories[name] = std::move(factory);
+}
+
+std::vector<std::string> backend_names() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::string> names;
+  for (const auto& kv : r.factories) names.push_back(kv.first);
+  return names;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  BackendFactory factory;
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.factories.find(name);
+    if (it == r.factories.end()) {
+      std::string known;
+      for (const auto& kv : r.factories) known += (known.empty() ? "" : ", ") + kv.first;
+      throw std::invalid_argument("make_backend: unknown backend '" + name + "' (known: " +
+                                  (known.empty() ? std::string("none") : known) + ")");
+    }
+    factory = it->second;
+  }
+  return factory();
+}
+
+}  // namespace dsa::oracle

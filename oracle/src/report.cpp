@@ -1,0 +1,103 @@
+#include "dsa/oracle/report.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "dsa/oracle/tolerances.h"
+
+namespace dsa::oracle {
+
+const char* to_string(Verdict v) {
+  switch (v) {
+    case Verdict::Pass: return "pass";
+    case Verdict::Fail: return "FAIL";
+    case Verdict::Skip: return "skip";
+  }
+  return "?";
+}
+
+void OpReport::fail(const std::string& why) {
+  if (verdict != Verdict::Fail) reason = why;
+  verdict = Verdict::Fail;
+}
+
+TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
+                         const Tensor& reference, const Tensor& baseline) {
+  TensorCheck c;
+  c.name = name;
+  c.dtype = candidate.dtype();
+  if (!is_floating(candidate.dtype())) {
+    c.message = std::string("candidate dtype ") + dtype_name(candidate.dtype()) +
+                " is not floating";
+    return c;
+  }
+  c.metrics = compare_tensors(candidate, reference);
+  if (!c.metrics.shape_ok) {
+    c.message = c.metrics.first_mismatch;
+    return c;
+  }
+  const Tolerance& tol = tolerance(op, name, candidate.dtype());
+  const Tensor base = candidate.dtype() == DType::F64 ? baseline : baseline.to(candidate.dtype());
+  c.baseline_err = base.shape() == reference.shape() ? max_abs_error(base, reference) : INFINITY;
+  c.rho = tol.rho;
+  c.floor = floor_abs(tol, c.metrics.ref_max_abs);
+  c.bound = c.rho * c.baseline_err + c.floor;
+  const double err = c.metrics.max_abs;
+  c.ratio = c.baseline_err > 0 ? err / c.baseline_err : (err > 0 ? INFINITY : 0.0);
+  if (c.metrics.nonfinite_mismatches > 0) {
+    c.message = std::to_string(c.metrics.nonfinite_mismatches) +
+                " non-finite position mismatch(es), first " + c.metrics.first_mismatch;
+    return c;
+  }
+  if (!(err <= c.bound)) {
+    std::ostringstream os;
+    os << "max abs error " << err << " > bound " << c.bound << " (rho " << c.rho
+       << " x baseline " << c.baseline_err << " + floor " << c.floor << ")";
+    c.message = os.str();
+    return c;
+  }
+  c.passed = true;
+  return c;
+}
+
+std::string format_tensor_checks(const std::vector<TensorCheck>& checks) {
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-12s %-5s %10s %10s %10s %10s %8s %10s %s\n", "tensor",
+                "dtype", "max_abs", "rel_fro", "cosine", "base_err", "ratio", "bound", "verdict");
+  os << line;
+  for (const auto& c : checks) {
+    std::snprintf(line, sizeof line, "  %-12s %-5s %10.3e %10.3e %10.7f %10.3e %8.3g %10.3e %s\n",
+                  c.name.c_str(), dtype_name(c.dtype), c.metrics.max_abs, c.metrics.rel_fro,
+                  c.metrics.cosine, c.baseline_err, c.ratio, c.bound, c.passed ? "pass" : "FAIL");
+    os << line;
+    if (!c.passed) os << "    -> " << c.message << "\n";
+  }
+  return os.str();
+}
+
+std::string format_violations(const std::vector<TopkViolation>& v, size_t limit) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size() && i < limit; ++i)
+    os << "  " << v[i].rule << " row=" << v[i].row << " slot=" << v[i].slot << ": " << v[i].detail
+       << "\n";
+  if (v.size() > limit) os << "  ... " << (v.size() - limit) << " more violation(s)\n";
+  return os.str();
+}
+
+std::string format_op_report(const OpReport& r) {
+  std::ostringstream os;
+  os << "[" << to_string(r.verdict) << "] " << r.backend << " " << r.op;
+  if (!r.reason.empty()) os << ": " << r.reason;
+  os << "\n";
+  if (!r.tensors.empty()) os << format_tensor_checks(r.tensors);
+  if (!r.topk_violations.empty()) os << format_violations(r.topk_violations);
+  if (r.determinism_checked)
+    os << "  determinism (two runs, bitwise): " << (r.determinism_ok ? "identical" : "DIFFER")
+       << "\n";
+  for (const auto& n : r.notes) os << "  note: " << n << "\n";
+  return os.str();
+}
+
+}  // namespace dsa::oracle

@@ -1,0 +1,141 @@
+// Unit tests of the oracle's own machinery: registry, metrics, ratio rule, top-k checker.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dsa/oracle/backend.h"
+#include "dsa/oracle/metrics.h"
+#include "dsa/oracle/op_check.h"
+#include "dsa/oracle/reference_backend.h"
+#include "dsa/oracle/tolerances.h"
+#include "dsa/oracle/topk_check.h"
+
+namespace dsa::oracle {
+namespace {
+
+bool has_rule(const std::vector<TopkViolation>& v, const std::string& rule) {
+  for (const auto& x : v)
+    if (x.rule == rule) return true;
+  return false;
+}
+
+TEST(Registry, ReferenceIsRegisteredAndUnknownNamesThrow) {
+  register_reference_backend();
+  auto names = backend_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "reference"), names.end());
+  EXPECT_EQ(make_backend("reference")->name(), "reference");
+  EXPECT_THROW(make_backend("no-such-backend"), std::invalid_argument);
+}
+
+TEST(Registry, DefaultOpsThrowNotSupported) {
+  struct Empty : Backend {
+    std::string name() const override { return "empty"; }
+    bool supports(Op) const override { return false; }
+  } b;
+  EXPECT_THROW(b.select_topk(Tensor(DType::F32, {1, 1}), 1, {}, std::nullopt), NotSupported);
+  OpCase c;
+  EXPECT_EQ(check_op(b, Op::Topk, c).verdict, Verdict::Skip);
+}
+
+TEST(Tolerances, EveryEntryHasAReasonAndLookupThrowsOnMissingKey) {
+  for (const auto& t : tolerance_table()) {
+    EXPECT_FALSE(t.reason.empty()) << t.op << "/" << t.output;
+    EXPECT_GT(t.rho, 0.0);
+  }
+  EXPECT_NO_THROW(tolerance("sparse_mla_bwd", "dkv", DType::BF16));
+  EXPECT_THROW(tolerance("sparse_mla_bwd", "nope", DType::F32), std::out_of_range);
+}
+
+TEST(Metrics, NonFinitePositionsMustMatch) {
+  Tensor a = Tensor::from_f64({4}, {1.0, NAN, INFINITY, -INFINITY});
+  Tensor b = Tensor::from_f64({4}, {1.0, NAN, INFINITY, 0.0});
+  EXPECT_EQ(compare_tensors(a, a).nonfinite_mismatches, 0);
+  EXPECT_EQ(compare_tensors(a, b).nonfinite_mismatches, 1);
+  auto p = nonfinite_positions(a);
+  EXPECT_EQ(p.nan, std::vector<int64_t>{1});
+  EXPECT_EQ(p.neg_inf, std::vector<int64_t>{3});
+}
+
+TEST(Metrics, CosineAndRelFrobenius) {
+  Tensor r = Tensor::from_f64({2}, {3.0, 4.0});
+  Tensor c = Tensor::from_f64({2}, {3.0, 4.5});
+  auto m = compare_tensors(c, r);
+  EXPECT_DOUBLE_EQ(m.max_abs, 0.5);
+  EXPECT_DOUBLE_EQ(m.rel_fro, 0.1);
+  EXPECT_LT(m.cosine, 1.0);
+}
+
+TEST(RatioRule, ExactCandidatePassesAndNaNFails) {
+  Tensor r = Tensor::from_f64({3}, {1.0, 2.0, 3.0});
+  Tensor base = r.to(DType::F32);
+  EXPECT_TRUE(judge_tensor("sparse_mla_fwd", "out", r.to(DType::F32), r, base).passed);
+  Tensor bad = r.to(DType::F32);
+  bad.set(1, NAN);
+  EXPECT_FALSE(judge_tensor("sparse_mla_fwd", "out", bad, r, base).passed);
+  Tensor off = r.to(DType::F32);
+  off.set(2, 3.5);
+  EXPECT_FALSE(judge_tensor("sparse_mla_fwd", "out", off, r, base).passed);
+}
+
+// Row: scores 5, 0, 0, -0.0, NaN, -inf; k = 3 small: expect {0, 1, 2}.
+Tensor row_scores() {
+  return Tensor::from_f64({1, 6}, {5.0, 0.0, 0.0, -0.0, NAN, -INFINITY}).to(DType::F32);
+}
+
+TEST(TopkCheck, AcceptsTheContractAnswer) {
+  TopkPolicy small{TieBreak::Small, true};
+  EXPECT_TRUE(check_topk(Tensor::from_i32({1, 3}, {0, 1, 2}), row_scores(), 3, small, {}).empty());
+  TopkPolicy any{TieBreak::Any, true};
+  EXPECT_TRUE(check_topk(Tensor::from_i32({1, 3}, {0, 3, 1}), row_scores(), 3, any, {}).empty());
+  // k > #selectable: 4 selectable (NaN and -inf are not) → one -1.
+  EXPECT_TRUE(
+      check_topk(Tensor::from_i32({1, 5}, {0, 1, 2, 3, -1}), row_scores(), 5, small, {}).empty());
+}
+
+TEST(TopkCheck, NamesEachViolation) {
+  TopkPolicy small{TieBreak::Small, true};
+  auto s = row_scores();
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 3}, {0, 2, 3}), s, 3, small, {}),
+                       "tie_policy"));
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 3}, {0, 2, 1}), s, 3, small, {}),
+                       "tie_order"));
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 3}, {1, 0, 2}), s, 3, small, {}),
+                       "unsorted"));
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 3}, {0, 4, 1}), s, 3, small, {}),
+                       "selected_nan"));
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 6}, {0, 1, 2, 3, 5, -1}), s, 6, small, {}),
+                       "selected_neg_inf"));
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 5}, {0, 1, 2, 3, 0}), s, 5, small, {}),
+                       "duplicate"));
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 5}, {0, 1, -1, 2, 3}), s, 5, small, {}),
+                       "not_compact"));
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 3}, {0, 1, 6}), s, 3, small, {}),
+                       "id_out_of_range"));
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 3}, {1, 2, 3}), s, 3, small, {}),
+                       "missing_above_vstar"));
+  Tensor i64 = Tensor::from_i32({1, 3}, {0, 1, 2}).to(DType::I64);
+  EXPECT_TRUE(has_rule(check_topk(i64, s, 3, small, {}), "dtype"));
+  auto w = KeyWindows::explicit_windows({1}, {6}, 6);
+  EXPECT_TRUE(has_rule(check_topk(Tensor::from_i32({1, 3}, {0, 1, 2}), s, 3, small, w),
+                       "outside_window"));
+}
+
+TEST(TopkCheck, NarrowedWidthAdapterIsExplicit) {
+  Tensor scores = Tensor::from_f64({1, 2}, {1.0, 2.0}).to(DType::F32);
+  Tensor narrowed = Tensor::from_i32({1, 2}, {1, 0});
+  TopkPolicy p{TieBreak::Any, true};
+  EXPECT_TRUE(has_rule(check_topk(narrowed, scores, 4, p, {}), "shape"));
+  TopkConventions conv;
+  conv.narrowed_width = true;
+  EXPECT_TRUE(check_topk(narrowed, scores, 4, p, {}, conv).empty());
+}
+
+TEST(TopkCheck, FusedAcceptsSwapsWithinTheBoundOnly) {
+  Tensor ref = Tensor::from_f64({1, 4}, {4.0, 3.0, 2.0, 1.0});
+  auto w = KeyWindows::full(1, 4);
+  EXPECT_TRUE(check_fused_topk(Tensor::from_i32({1, 2}, {0, 2}), ref, 1.5, 2, w).empty());
+  EXPECT_FALSE(check_fused_topk(Tensor::from_i32({1, 2}, {0, 2}), ref, 0.5, 2, w).empty());
+}
+
+}  // namespace
+}  // namespace dsa::oracle
