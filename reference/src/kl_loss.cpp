@@ -80,7 +80,7 @@ IndexerKlResult compute(const IndexerKlInputs& in, const KlDims& d) {
   const A g = static_cast<A>(in.coeff) / static_cast<A>(n_rows);
   A total = 0;
   Mat<A> Kg, P;
-  Vec<A> p, logq;
+  Vec<A> p, logq, rowmax;
   for (int64_t t = 0; t < d.s_q; ++t) {
     key_set(in, d, t, S);
     const int64_t n = static_cast<int64_t>(S.size());
@@ -90,9 +90,11 @@ IndexerKlResult compute(const IndexerKlInputs& in, const KlDims& d) {
     for (int64_t j = 0; j < n; ++j) Kg.row(j) = KV.row(S[j]);
     P.noalias() = Q.middleRows(t * d.h_q, d.h_q) * Kg.transpose();
     P *= sm;
-    P.colwise() -= P.rowwise().maxCoeff();
+    rowmax = P.rowwise().maxCoeff();  // evaluated first: P is modified next
+    P.colwise() -= rowmax;
     P = P.array().exp().matrix();
-    P = P.rowwise().sum().cwiseInverse().asDiagonal() * P;
+    rowmax = P.rowwise().sum().cwiseInverse();  // evaluated first (no aliasing with P)
+    P = rowmax.asDiagonal() * P;
     p = P.colwise().sum().transpose();
     p /= p.sum();
     // Student: log softmax_S(I[t, ·]).

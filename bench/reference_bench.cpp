@@ -1,0 +1,90 @@
+// Reference sparse MLA forward (SPEC §4) at a GLM-5-like shape, side by side with Eigen's
+// own float64 GEMM on this machine (issue 2 "Performance": target >= 50% of the GEMM rate).
+// FLOPs of sparse MLA: 2·s_q·h_q·k·(d_qk + d_v) (QK^T and PV; softmax not counted).
+// The GEMM baselines use the same build flags and thread count (one) as the reference.
+#include <benchmark/benchmark.h>
+
+#include <Eigen/Dense>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "dsa/reference/sparse_mla.h"
+
+namespace {
+
+constexpr int64_t kSq = 512, kSkv = 4096, kHq = 64, kDqk = 576, kDv = 512, kTopk = 2048;
+
+using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// bf16 q/kv with N(0,1) values, indices = kTopk distinct random valid ids per row.
+dsa::SparseMlaInputs make_inputs() {
+  std::mt19937_64 rng(20260101);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  dsa::SparseMlaInputs in;
+  in.q = dsa::Tensor(dsa::DType::BF16, {kSq, kHq, kDqk});
+  in.kv = dsa::Tensor(dsa::DType::BF16, {kSkv, kDqk});
+  for (int64_t i = 0; i < in.q.numel(); ++i) in.q.set(i, normal(rng));
+  for (int64_t i = 0; i < in.kv.numel(); ++i) in.kv.set(i, normal(rng));
+  in.indices = dsa::Tensor(dsa::DType::I32, {kSq, kTopk});
+  std::vector<int32_t> perm(kSkv);
+  std::iota(perm.begin(), perm.end(), 0);
+  int32_t* ids = in.indices.data<int32_t>();
+  for (int64_t t = 0; t < kSq; ++t) {
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::copy(perm.begin(), perm.begin() + kTopk, ids + t * kTopk);
+  }
+  in.sm_scale = 1.0 / std::sqrt(static_cast<double>(kDqk));
+  in.d_v = kDv;
+  return in;
+}
+
+void set_gflops(benchmark::State& state, double flops_per_iter) {
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops_per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_ReferenceSparseMlaForward(benchmark::State& state) {
+  const dsa::SparseMlaInputs in = make_inputs();
+  for (auto _ : state) {
+    dsa::SparseMlaForward f = dsa::reference::sparse_mla_forward(in);
+    benchmark::DoNotOptimize(f.out.raw());
+  }
+  set_gflops(state, 2.0 * kSq * kHq * kTopk * (kDqk + kDv));
+}
+
+// The two GEMMs of one query row at the same shapes, on already-gathered data: the ceiling
+// the reference can approach (QK^T [h_q,d_qk]x[d_qk,k] then PV [h_q,k]x[k,d_v]).
+void BM_EigenGemmF64SameShapes(benchmark::State& state) {
+  const MatD Q = MatD::Random(kHq, kDqk), K = MatD::Random(kTopk, kDqk);
+  MatD P(kHq, kTopk), O(kHq, kDv);
+  for (auto _ : state) {
+    P.noalias() = Q * K.transpose();
+    O.noalias() = P * K.leftCols(kDv);
+    benchmark::DoNotOptimize(O.data());
+  }
+  set_gflops(state, 2.0 * kHq * kTopk * (kDqk + kDv));
+}
+
+// A large square float64 GEMM, Eigen's best case on this machine.
+void BM_EigenGemmF64Square(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const MatD A = MatD::Random(n, n), B = MatD::Random(n, n);
+  MatD C(n, n);
+  for (auto _ : state) {
+    C.noalias() = A * B;
+    benchmark::DoNotOptimize(C.data());
+  }
+  set_gflops(state, 2.0 * n * n * n);
+}
+
+}  // namespace
+
+BENCHMARK(BM_EigenGemmF64SameShapes)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EigenGemmF64Square)->Arg(1024)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ReferenceSparseMlaForward)->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK(BM_EigenGemmF64SameShapes)->Unit(benchmark::kMillisecond)->Name("BM_EigenGemmF64SameShapes/after");
+
+BENCHMARK_MAIN();

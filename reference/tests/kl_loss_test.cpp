@@ -1,0 +1,114 @@
+// Indexer KL loss (SPEC §7): hand cases dense/sparse, 0·ln 0, FD gradient, baseline sanity.
+#include "dsa/reference/kl_loss.h"
+
+#include <gtest/gtest.h>
+
+#include "test_support.h"
+
+namespace dsa {
+namespace {
+
+using reference::indexer_kl_loss;
+using reference::Precision;
+
+// Row 0 sees keys {0, 1}; row 1 has an empty window (excluded from the mean).
+// Heads: logits (0, ln 3) and (0, 0) -> softmaxes (1/4, 3/4) and (1/2, 1/2); teacher
+// p = (3/8, 5/8). Student scores (0, 0) -> q = (1/2, 1/2).
+IndexerKlInputs hand_inputs() {
+  IndexerKlInputs in;
+  in.scores = Tensor::from_f64({2, 3}, {0, 0, 4, 1, 2, 3});
+  in.q = Tensor::from_f64({2, 2, 1}, {1, 0, 1, 0});
+  in.kv = Tensor::from_f64({3, 1}, {0, std::log(3.0), 9});
+  in.sm_scale = 1.0;
+  in.windows = KeyWindows::explicit_windows({0, 2}, {2, 2}, 3);
+  in.coeff = 2.0;
+  return in;
+}
+
+TEST(KlLossTest, HandComputedDense) {
+  const IndexerKlResult r = indexer_kl_loss(hand_inputs());
+  const double loss = 2.0 * (3.0 / 8 * std::log(3.0 / 4) + 5.0 / 8 * std::log(5.0 / 4));
+  EXPECT_EQ(r.loss.shape(), (std::vector<int64_t>{1}));
+  EXPECT_TRUE(test::close(r.loss, Tensor::from_f64({1}, {loss}), test::kHandRelTol));
+  // d_scores = coeff / n_rows · (q - p) on S_0, zero elsewhere (n_rows = 1).
+  EXPECT_TRUE(test::close(r.d_scores, Tensor::from_f64({2, 3}, {0.25, -0.25, 0, 0, 0, 0}),
+                          test::kHandRelTol));
+}
+
+TEST(KlLossTest, HandComputedSparseUsesDistinctValidIdsInsideTheWindow) {
+  IndexerKlInputs in = hand_inputs();
+  in.mode = KlMode::Sparse;
+  // Row 0: id 1 twice, -1 invalid, 2 outside the window -> S_0 = {1}: p = q = (1), loss 0.
+  in.indices = Tensor::from_i32({2, 4}, {1, -1, 1, 2, 0, 1, 2, 5});
+  IndexerKlResult r = indexer_kl_loss(in);
+  EXPECT_EQ(r.loss.get(0), 0.0);
+  EXPECT_EQ(test::max_abs(r.d_scores), 0.0);
+  // S_0 = {0, 1} through junk ids equals the dense result.
+  in.indices = Tensor::from_i32({2, 4}, {7, 1, -3, 0, 0, 1, 2, 5});
+  r = indexer_kl_loss(in);
+  const IndexerKlResult dense = indexer_kl_loss(hand_inputs());
+  EXPECT_TRUE(test::identical(r.loss, dense.loss));
+  EXPECT_TRUE(test::identical(r.d_scores, dense.d_scores));
+}
+
+TEST(KlLossTest, ZeroTeacherMassContributesZeroNotNaN) {
+  IndexerKlInputs in = hand_inputs();
+  in.q = Tensor::from_f64({2, 1, 1}, {1, 1});
+  in.kv = Tensor::from_f64({3, 1}, {0, -1000, 0});  // p = (1, 0) exactly: exp(-1000) = 0
+  in.coeff = 1.0;
+  const IndexerKlResult r = indexer_kl_loss(in);
+  EXPECT_TRUE(test::close(r.loss, Tensor::from_f64({1}, {std::log(2.0)}), test::kHandRelTol));
+  EXPECT_TRUE(test::close(r.d_scores, Tensor::from_f64({2, 3}, {-0.5, 0.5, 0, 0, 0, 0}),
+                          test::kHandRelTol));
+}
+
+TEST(KlLossTest, NoRowWithKeysGivesZeroLoss) {
+  IndexerKlInputs in = hand_inputs();
+  in.windows = KeyWindows::explicit_windows({0, 0}, {0, 0}, 3);
+  const IndexerKlResult r = indexer_kl_loss(in);
+  EXPECT_EQ(r.loss.get(0), 0.0);
+  EXPECT_EQ(test::max_abs(r.d_scores), 0.0);
+}
+
+class KlLossFdTest : public ::testing::TestWithParam<KlMode> {};
+
+TEST_P(KlLossFdTest, FiniteDifferenceGradientOfScores) {
+  IndexerKlInputs in;
+  in.scores = test::random_f64({4, 6}, 21);
+  in.q = test::random_f64({4, 2, 5}, 22);
+  in.kv = test::random_f64({6, 5}, 23);
+  in.sm_scale = 0.7;
+  in.windows = KeyWindows::explicit_windows({0, 0, 3, 1}, {3, 6, 3, 5}, 6);  // row 2 empty
+  in.mode = GetParam();
+  in.indices = Tensor::from_i32({4, 4}, {2, 0, 0, -1,  //
+                                         5, 1, 3, 9,   //
+                                         0, 1, 2, 3,   //
+                                         4, 4, 0, 2});
+  in.coeff = 0.3;
+  const IndexerKlResult r = indexer_kl_loss(in);
+  const Tensor fd = test::fd_gradient(in.scores, [&] { return indexer_kl_loss(in).loss.get(0); });
+  EXPECT_GT(r.loss.get(0), 0.0);
+  EXPECT_GT(test::max_abs(r.d_scores), 0.0);
+  EXPECT_TRUE(test::close(r.d_scores, fd, test::kFdRelTol));
+}
+
+INSTANTIATE_TEST_SUITE_P(DenseAndSparse, KlLossFdTest,
+                         ::testing::Values(KlMode::Dense, KlMode::Sparse));
+
+TEST(KlLossTest, BaselineIsCloseToReferenceButComputedInFloat) {
+  IndexerKlInputs in;
+  in.scores = test::random_f64({8, 32}, 31).to(DType::F32);
+  in.q = test::random_f64({8, 4, 16}, 32).to(DType::BF16);
+  in.kv = test::random_f64({32, 16}, 33).to(DType::BF16);
+  in.sm_scale = 0.25;
+  in.windows = KeyWindows::causal(8, 32);
+  const IndexerKlResult r = indexer_kl_loss(in);
+  const IndexerKlResult b = indexer_kl_loss(in, Precision::Baseline);
+  EXPECT_EQ(b.loss.dtype(), DType::F32);
+  EXPECT_TRUE(test::close(b.loss, r.loss, test::kBaselineRelTol));
+  EXPECT_TRUE(test::close(b.d_scores, r.d_scores, test::kBaselineRelTol));
+  EXPECT_FALSE(test::identical(b.d_scores.to(DType::F64), r.d_scores));
+}
+
+}  // namespace
+}  // namespace dsa
