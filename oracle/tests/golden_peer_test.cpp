@@ -1,0 +1,41 @@
+// Golden test (label golden): every peer fixture (fixtures/peer, FlashMLA / DeepGEMM /
+// Megatron producers) through the float64 reference; prints the metrics per tensor.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/reference_backend.h"
+
+namespace dsa::oracle {
+namespace {
+
+std::vector<std::string> peer_fixtures() {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(DSA_PEER_FIXTURE_DIR))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+class PeerFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PeerFixture, ReferenceAgreesWithProducer) {
+  const fixtures::Fixture f = fixtures::load_fixture(GetParam());
+  auto ref = make_reference_backend();
+  const FixtureReport r = check_fixture(f, ref.get());
+  std::cout << format_fixture_report(r);
+  EXPECT_TRUE(r.reference_vs_expected.passed()) << r.reference_vs_expected.reason;
+  for (const auto& b : r.backend_vs_reference) EXPECT_TRUE(b.passed()) << b.reason;
+}
+
+TEST(PeerFixtures, AllFifteenArePresent) { EXPECT_EQ(peer_fixtures().size(), 15u); }
+
+INSTANTIATE_TEST_SUITE_P(Peer, PeerFixture, ::testing::ValuesIn(peer_fixtures()),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           return std::filesystem::path(i.param).stem().string();
+                         });
+
+}  // namespace
+}  // namespace dsa::oracle
