@@ -13,6 +13,7 @@ packages=(
   libcli11-dev           # dsa-verify command line
   nlohmann-json3-dev     # safetensors headers, reports
   libdlpack-dev          # plugin ABI
+  libssl-dev             # sha256 for fixture MANIFESTs (libcrypto)
   python3-numpy          # docs/examples helpers
 )
 
