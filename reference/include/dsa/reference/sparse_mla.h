@@ -8,13 +8,18 @@
 
 namespace dsa::reference {
 
-/// Forward of SPEC §4 (sink scaling included). Throws std::invalid_argument naming the
-/// argument on bad shapes, dtypes, d_v, or a non-finite sm_scale.
+/// Forward of SPEC §4 (sink scaling included). Shapes/dtypes: SparseMlaInputs (op_types.h).
+/// Returns out [s_q,h_q,d_v], lse and max_logits [s_q,h_q] (natural log), all F64
+/// (Reference) or F32 unrounded (Baseline); empty rows give out 0, lse +inf, max -inf (§6).
+/// Throws std::invalid_argument naming the argument on bad shapes, dtypes, d_v, a non-finite
+/// sm_scale, or a NaN attn_sink entry (±inf sinks are legal).
 SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in,
                                     Precision precision = Precision::Reference);
 
 /// Backward of SPEC §5 for upstream dout [s_q,h_q,d_v] (F32/F64/BF16/F16). Recomputes the
-/// forward at the same precision; uses the given indices (never reselects). Same errors as
+/// forward at the same precision; uses the given indices (never reselects). Returns dq
+/// [s_q,h_q,d_qk], dkv [s_kv,d_qk] (summed over every query, head and duplicate slot) and
+/// dsink [h_q] iff attn_sink is given; F64 or F32 (Baseline). Same errors as
 /// sparse_mla_forward plus dout's shape/dtype.
 SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout,
                                    Precision precision = Precision::Reference);
