@@ -1,0 +1,27 @@
+// Serves any dsa::oracle::Backend through the plugin ABI (dsa/backend_abi.h), so built-in
+// backends, the reference and oracle mutants can be built as plugins and audited through
+// the external path (issue 6). Used by plugin/examples/reference_plugin.cpp.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "dsa/backend_abi.h"
+#include "dsa/oracle/backend.h"
+
+namespace dsa::plugin {
+
+/// Builds the function table of an adapter plugin around the backend `factory` creates
+/// (lazily, on the first op call, so dsa_backend_get_v1 stays cheap). The table and the
+/// backend live until the process ends. One adapter per shared library: a second call
+/// returns the first table. `name`/`version` must be string literals (static storage).
+/// `caps.outputs` must name the dtypes the backend returns (they are converted with one
+/// rounding otherwise). Each op converts DLTensors to contract Tensors (copies), calls the
+/// backend, copies results into the caller's outputs and maps exceptions to statuses:
+/// NotSupported → DSA_STATUS_UNSUPPORTED, std::invalid_argument → DSA_STATUS_INVALID_ARGUMENT,
+/// anything else → DSA_STATUS_INTERNAL_ERROR, with what() in err.
+const dsa_backend_v1* make_adapter_table(
+    const char* name, const char* version, const dsa_capabilities& caps,
+    std::function<std::unique_ptr<dsa::oracle::Backend>()> factory);
+
+}  // namespace dsa::plugin

@@ -1,0 +1,66 @@
+// Runs one piece of work (a plugin call, or a whole audit case) in a forked child process
+// with a timeout, so a crash, abort or hang becomes a result instead of killing the caller.
+// Outputs come back over a pipe as contract Tensors (dtype, shape, raw bytes).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dsa/contract/tensor.h"
+
+namespace dsa::plugin {
+
+/// How the isolated work ended.
+enum class IsolatedStatus {
+  Ok,        ///< fn returned; `outputs` holds its tensors
+  Crashed,   ///< killed by a signal (SIGSEGV, SIGABRT, ...) or exited without a result
+  TimedOut,  ///< still running at the deadline; killed with SIGKILL (its process group too)
+  Threw,     ///< fn threw; `thrown` and `message` describe the exception
+};
+/// "ok" | "crashed" | "timed_out" | "threw".
+const char* to_string(IsolatedStatus status);
+
+/// Exception families recognised across the process boundary (so the parent can rethrow
+/// the same kind; see rethrow_in_parent).
+enum class ThrownKind {
+  NotSupported,       ///< dsa::oracle::NotSupported (a skip)
+  PluginLoadError,    ///< dsa::plugin::PluginLoadError
+  ContractViolation,  ///< dsa::plugin::ContractViolation
+  PluginCallError,    ///< dsa::plugin::PluginCallError
+  IsolatedFailure,    ///< dsa::plugin::IsolatedFailure (nested isolation)
+  InvalidArgument,    ///< std::invalid_argument (other than PluginLoadError)
+  Other,              ///< any other std::exception, or a non-std exception
+};
+
+/// Outcome of run_isolated.
+struct IsolatedResult {
+  IsolatedStatus status = IsolatedStatus::Crashed;
+  int signal = 0;                ///< terminating signal when Crashed by a signal, else 0
+  int exit_code = -1;            ///< child's exit code when it exited normally, else -1
+  ThrownKind thrown = ThrownKind::Other;  ///< exception family when Threw
+  int call_status = 0;           ///< PluginCallError::status() when thrown is PluginCallError
+  std::string message;           ///< one-paragraph description; empty when Ok
+  std::string output_tail;       ///< last 4 KiB the child wrote to stdout/stderr
+  std::vector<Tensor> outputs;   ///< fn's result when Ok
+
+  bool ok() const { return status == IsolatedStatus::Ok; }
+};
+
+/// Forks; the child runs fn() and sends its tensors back, then _exit()s (no atexit handlers,
+/// no destructors of the parent's objects). The child's stdout/stderr are captured
+/// (output_tail), not printed. Never throws for anything fn does; throws std::runtime_error
+/// only when fork/pipe themselves fail, and std::invalid_argument for timeout <= 0.
+/// Caveats: a parent that already initialised CUDA cannot use CUDA in the child; threads of
+/// the parent do not exist in the child.
+IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
+                            std::chrono::milliseconds timeout);
+
+/// Rethrows a non-Ok result in the parent as the same exception family (NotSupported,
+/// PluginLoadError, ContractViolation, PluginCallError, std::invalid_argument,
+/// std::runtime_error); Crashed/TimedOut become IsolatedFailure. `context` (e.g.
+/// "plugin 'x': topk_indices") prefixes messages of Crashed/TimedOut. No-op when Ok.
+void rethrow_in_parent(const IsolatedResult& result, const std::string& context);
+
+}  // namespace dsa::plugin

@@ -1,0 +1,101 @@
+// Loads an external kernel library implementing dsa/backend_abi.h and serves it as a
+// dsa::oracle::Backend, so the oracle audits it like any built-in backend (issue 6).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "dsa/backend_abi.h"
+#include "dsa/oracle/backend.h"
+#include "dsa/plugin/findings.h"
+#include "dsa/plugin/isolation.h"
+
+namespace dsa::plugin {
+
+/// How calls into the plugin are run.
+struct PluginOptions {
+  /// true: the load probe and every op call run in a forked child (run_isolated), so a
+  /// crash or hang becomes an IsolatedFailure; false: calls run in this process.
+  bool isolate = true;
+  /// Per-call limit when isolated (covers the forward a backward call runs first).
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+};
+
+/// What the library declared, as loaded (for reports).
+struct PluginInfo {
+  std::string path;     ///< absolute path of the library
+  std::string name;     ///< dsa_backend_v1::name
+  std::string version;  ///< dsa_backend_v1::version ("" when NULL)
+  uint32_t abi_version = 0;
+  dsa_capabilities caps{};
+};
+
+/// Bit of `op` in dsa_capabilities::ops (DSA_OP_*).
+uint32_t op_bit(dsa::oracle::Op op);
+
+/// A loaded plugin. Every op: validates shapes like the reference (std::invalid_argument
+/// naming the argument), throws dsa::oracle::NotSupported when the op, an input dtype or a
+/// tie policy / order is not declared (or the plugin returns DSA_STATUS_UNSUPPORTED),
+/// allocates outputs with the declared dtypes inside guard zones, calls the plugin and then
+/// checks the ABI's memory rules: ContractViolation for a changed descriptor (dtype, shape,
+/// strides), a guard-zone overrun, a modified input or unwritten output elements;
+/// PluginCallError for an error status; IsolatedFailure for a crash or timeout.
+/// Outputs are returned in the declared dtypes (the oracle judges them, SPEC §9).
+class PluginBackend : public dsa::oracle::Backend {
+ public:
+  ~PluginBackend() override;
+  PluginBackend(const PluginBackend&) = delete;
+  PluginBackend& operator=(const PluginBackend&) = delete;
+
+  /// "plugin:<name>".
+  std::string name() const override;
+  /// "" when usable; otherwise the plugin's is_available message (or why that call failed).
+  std::string unavailable_reason() const override;
+  bool deterministic() const override;
+  bool supports(dsa::oracle::Op op) const override;
+  const PluginInfo& info() const;
+  const PluginOptions& options() const;
+
+  Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                        const KeyWindows& windows) override;
+  IndexerGrads indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx,
+                                       const Tensor& w, const KeyWindows& windows,
+                                       const Tensor& d_scores) override;
+  /// Sends the policy as is (Any is sent as DSA_TIE_BREAK_ANY; undeclared → NotSupported).
+  Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,
+                     const std::optional<KeyWindows>& windows) override;
+  /// indices [s_q,1,k] are passed as [s_q,k].
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override;
+  /// Runs the plugin's own forward first (in the same child) when it declares one and
+  /// passes its out/lse; otherwise out/lse are NULL.
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override;
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override;
+
+  struct Impl;
+
+ private:
+  friend std::unique_ptr<PluginBackend> open_plugin(const std::string&, const PluginOptions&);
+  explicit PluginBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// dlopens `path` (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE), finds DSA_BACKEND_ENTRY_SYMBOL,
+/// calls it with DSA_BACKEND_ABI_VERSION and validates the table and capabilities.
+/// With options.isolate the same probe first runs in a child, so a library that crashes
+/// while loading is reported instead of crashing the caller.
+/// Throws PluginLoadError naming the path for: a missing file, a file dlopen rejects (not a
+/// shared object, unresolved symbols), a library without the entry symbol ("not a dsa
+/// plugin"), a NULL table, abi_version != DSA_BACKEND_ABI_VERSION, a struct_size smaller
+/// than this loader's, an empty or non-printable name, or inconsistent capabilities
+/// (unknown bits, no ops, a declared op whose function is NULL, no input dtype, no device,
+/// no tie policy/order for top-k, an output dtype code illegal for its family, deterministic
+/// not 0/1), or a crash/hang of the probe.
+std::unique_ptr<PluginBackend> open_plugin(const std::string& path,
+                                           const PluginOptions& options = {});
+
+/// open_plugin as a plain Backend (what `dsa-verify audit --plugin PATH.so` uses).
+std::unique_ptr<dsa::oracle::Backend> load_plugin(const std::string& path,
+                                                  const PluginOptions& options = {});
+
+}  // namespace dsa::plugin

@@ -1,0 +1,222 @@
+#include "dsa/plugin/abi_adapter.h"
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dsa/contract/errors.h"
+#include "dsa/plugin/dlpack_tensor.h"
+
+namespace dsa::plugin {
+namespace {
+
+using dsa::oracle::Backend;
+
+struct AdapterState {
+  dsa_backend_v1 table{};
+  std::function<std::unique_ptr<Backend>()> factory;
+  std::unique_ptr<Backend> backend;
+  std::once_flag created;
+
+  Backend& get() {
+    std::call_once(created, [this] { backend = factory(); });
+    if (!backend) throw std::runtime_error("adapter plugin: the backend factory returned null");
+    return *backend;
+  }
+};
+
+AdapterState& state() {
+  static AdapterState s;
+  return s;
+}
+
+void write_err(char* err, size_t n, const std::string& msg) {
+  if (err == nullptr || n == 0) return;
+  size_t len = std::min(n - 1, msg.size());
+  std::memcpy(err, msg.data(), len);
+  err[len] = '\0';
+}
+
+// Runs body, mapping exceptions to a status and a message.
+template <class F>
+dsa_status guarded(char* err, size_t n, F&& body) {
+  try {
+    body();
+    return DSA_STATUS_OK;
+  } catch (const dsa::oracle::NotSupported& e) {
+    write_err(err, n, e.what());
+    return DSA_STATUS_UNSUPPORTED;
+  } catch (const std::invalid_argument& e) {
+    write_err(err, n, e.what());
+    return DSA_STATUS_INVALID_ARGUMENT;
+  } catch (const std::exception& e) {
+    write_err(err, n, e.what());
+    return DSA_STATUS_INTERNAL_ERROR;
+  } catch (...) {
+    write_err(err, n, "non-standard exception");
+    return DSA_STATUS_INTERNAL_ERROR;
+  }
+}
+
+Tensor in(const DLTensor* t, const char* where, const char* arg) {
+  check_arg(t != nullptr, where, arg, "NULL", "a tensor");
+  return tensor_from_dl(*t, where, arg);
+}
+std::optional<Tensor> in_opt(const DLTensor* t, const char* where, const char* arg) {
+  if (t == nullptr) return std::nullopt;
+  return tensor_from_dl(*t, where, arg);
+}
+void out(const Tensor& src, DLTensor* dst, const char* where, const char* arg) {
+  check_arg(dst != nullptr, where, arg, "NULL", "an output tensor");
+  copy_to_dl(src, *dst, where, arg);
+}
+
+KeyWindows windows(const DLTensor* ks, const DLTensor* ke, int64_t s_kv, const char* where) {
+  Tensor a = in(ks, where, "ks"), b = in(ke, where, "ke");
+  check_arg(a.dtype() == DType::I64 && b.dtype() == DType::I64, where, "ks/ke",
+            dtype_name(a.dtype()), "I64");
+  std::vector<int64_t> s(a.data<int64_t>(), a.data<int64_t>() + a.numel());
+  std::vector<int64_t> e(b.data<int64_t>(), b.data<int64_t>() + b.numel());
+  return KeyWindows::explicit_windows(std::move(s), std::move(e), s_kv);
+}
+
+dsa_status indexer_scores(const dsa_indexer_scores_args* a, char* err, size_t n) {
+  return guarded(err, n, [&] {
+    const char* op = "indexer_scores";
+    Tensor k_idx = in(a->k_idx, op, "k_idx");
+    Tensor r = state().get().indexer_scores(in(a->q_idx, op, "q_idx"), k_idx, in(a->w, op, "w"),
+                                            windows(a->ks, a->ke, k_idx.size(0), op));
+    out(r, a->scores, op, "scores");
+  });
+}
+
+dsa_status indexer_scores_backward(const dsa_indexer_scores_backward_args* a, char* err, size_t n) {
+  return guarded(err, n, [&] {
+    const char* op = "indexer_scores_backward";
+    Tensor k_idx = in(a->k_idx, op, "k_idx");
+    IndexerGrads g = state().get().indexer_scores_backward(
+        in(a->q_idx, op, "q_idx"), k_idx, in(a->w, op, "w"),
+        windows(a->ks, a->ke, k_idx.size(0), op), in(a->d_scores, op, "d_scores"));
+    out(g.dq_idx, a->dq_idx, op, "dq_idx");
+    out(g.dk_idx, a->dk_idx, op, "dk_idx");
+    out(g.dw, a->dw, op, "dw");
+  });
+}
+
+dsa_status topk_indices(const dsa_topk_args* a, char* err, size_t n) {
+  return guarded(err, n, [&] {
+    const char* op = "topk_indices";
+    Tensor scores = in(a->scores, op, "scores");
+    TopkPolicy policy;
+    policy.tie_break = a->tie_break == DSA_TIE_BREAK_SMALL   ? TieBreak::Small
+                       : a->tie_break == DSA_TIE_BREAK_LARGE ? TieBreak::Large
+                                                             : TieBreak::Any;
+    policy.sorted = a->sorted != 0;
+    std::optional<KeyWindows> w;
+    if (a->ks != nullptr || a->ke != nullptr) w = windows(a->ks, a->ke, scores.size(1), op);
+    out(state().get().select_topk(scores, a->k, policy, w), a->indices, op, "indices");
+  });
+}
+
+SparseMlaInputs mla_inputs(const DLTensor* q, const DLTensor* kv, const DLTensor* indices,
+                           const DLTensor* topk_length, const DLTensor* attn_sink,
+                           double sm_scale, int64_t d_v, const char* op) {
+  SparseMlaInputs in_;
+  in_.q = in(q, op, "q");
+  in_.kv = in(kv, op, "kv");
+  in_.indices = in(indices, op, "indices");
+  in_.topk_length = in_opt(topk_length, op, "topk_length");
+  in_.attn_sink = in_opt(attn_sink, op, "attn_sink");
+  in_.sm_scale = sm_scale;
+  in_.d_v = d_v;
+  return in_;
+}
+
+dsa_status sparse_mla_fwd(const dsa_sparse_mla_fwd_args* a, char* err, size_t n) {
+  return guarded(err, n, [&] {
+    const char* op = "sparse_mla_fwd";
+    SparseMlaForward f = state().get().sparse_mla_forward(mla_inputs(
+        a->q, a->kv, a->indices, a->topk_length, a->attn_sink, a->sm_scale, a->d_v, op));
+    out(f.out, a->out, op, "out");
+    out(f.lse, a->lse, op, "lse");
+    out(f.max_logits, a->max_logits, op, "max_logits");
+  });
+}
+
+dsa_status sparse_mla_bwd(const dsa_sparse_mla_bwd_args* a, char* err, size_t n) {
+  return guarded(err, n, [&] {
+    const char* op = "sparse_mla_bwd";
+    SparseMlaGrads g = state().get().sparse_mla_backward(
+        mla_inputs(a->q, a->kv, a->indices, a->topk_length, a->attn_sink, a->sm_scale, a->d_v, op),
+        in(a->dout, op, "dout"));
+    out(g.dq, a->dq, op, "dq");
+    out(g.dkv, a->dkv, op, "dkv");
+    if (a->dsink != nullptr) {
+      check_arg(g.dsink.has_value(), op, "dsink", "no dsink from the backend", "dsink [h_q]");
+      out(*g.dsink, a->dsink, op, "dsink");
+    }
+  });
+}
+
+dsa_status indexer_kl_loss(const dsa_indexer_kl_loss_args* a, char* err, size_t n) {
+  return guarded(err, n, [&] {
+    const char* op = "indexer_kl_loss";
+    IndexerKlInputs kin;
+    kin.scores = in(a->scores, op, "scores");
+    kin.q = in(a->q, op, "q");
+    kin.kv = in(a->kv, op, "kv");
+    kin.sm_scale = a->sm_scale;
+    kin.windows = windows(a->ks, a->ke, kin.scores.size(1), op);
+    kin.mode = a->mode == DSA_KL_SPARSE ? KlMode::Sparse : KlMode::Dense;
+    kin.indices = in_opt(a->indices, op, "indices");
+    kin.coeff = a->coeff;
+    IndexerKlResult r = state().get().indexer_kl_loss(kin);
+    out(r.loss, a->loss, op, "loss");
+    out(r.d_scores, a->d_scores, op, "d_scores");
+  });
+}
+
+dsa_status is_available(char* err, size_t n) {
+  try {
+    std::string why = state().get().unavailable_reason();
+    if (why.empty()) return DSA_STATUS_OK;
+    write_err(err, n, why);
+    return DSA_STATUS_UNAVAILABLE;
+  } catch (const std::exception& e) {
+    write_err(err, n, e.what());
+    return DSA_STATUS_UNAVAILABLE;
+  }
+}
+
+}  // namespace
+
+const dsa_backend_v1* make_adapter_table(const char* name, const char* version,
+                                         const dsa_capabilities& caps,
+                                         std::function<std::unique_ptr<Backend>()> factory) {
+  static std::once_flag built;
+  std::call_once(built, [&] {
+    AdapterState& s = state();
+    s.factory = std::move(factory);
+    dsa_backend_v1& t = s.table;
+    t.abi_version = DSA_BACKEND_ABI_VERSION;
+    t.struct_size = sizeof(dsa_backend_v1);
+    t.name = name;
+    t.version = version;
+    t.caps = caps;
+    t.is_available = &is_available;
+    const uint32_t ops = caps.ops;
+    t.indexer_scores = (ops & DSA_OP_INDEXER_SCORES) ? &indexer_scores : nullptr;
+    t.indexer_scores_backward =
+        (ops & DSA_OP_INDEXER_SCORES_BACKWARD) ? &indexer_scores_backward : nullptr;
+    t.topk_indices = (ops & DSA_OP_TOPK_INDICES) ? &topk_indices : nullptr;
+    t.sparse_mla_fwd = (ops & DSA_OP_SPARSE_MLA_FWD) ? &sparse_mla_fwd : nullptr;
+    t.sparse_mla_bwd = (ops & DSA_OP_SPARSE_MLA_BWD) ? &sparse_mla_bwd : nullptr;
+    t.indexer_kl_loss = (ops & DSA_OP_INDEXER_KL_LOSS) ? &indexer_kl_loss : nullptr;
+  });
+  return &state().table;
+}
+
+}  // namespace dsa::plugin

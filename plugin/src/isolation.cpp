@@ -1,0 +1,362 @@
+#include "dsa/plugin/isolation.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "dsa/oracle/backend.h"
+#include "dsa/plugin/findings.h"
+
+namespace dsa::plugin {
+namespace {
+
+// Wire format child → parent (native byte order; both sides are the same binary):
+//   "DSAISO1\n" u8 tag
+//   tag 0 (ok):    u32 count, then per tensor: u8 dtype, u32 ndim, i64 shape[ndim],
+//                  u64 nbytes, bytes
+//   tag 1 (threw): u8 kind, i32 call_status, u32 len, message bytes
+//   "END\n"
+constexpr char kMagic[] = "DSAISO1\n";
+constexpr char kTrailer[] = "END\n";
+constexpr size_t kTailBytes = 4096;
+
+template <class T>
+void put(std::string& buf, T v) {
+  buf.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+std::string serialize_outputs(const std::vector<Tensor>& outputs) {
+  std::string buf(kMagic);
+  put<uint8_t>(buf, 0);
+  put<uint32_t>(buf, static_cast<uint32_t>(outputs.size()));
+  for (const Tensor& t : outputs) {
+    put<uint8_t>(buf, static_cast<uint8_t>(t.dtype()));
+    put<uint32_t>(buf, static_cast<uint32_t>(t.dim()));
+    for (int64_t s : t.shape()) put<int64_t>(buf, s);
+    put<uint64_t>(buf, t.nbytes());
+    buf.append(reinterpret_cast<const char*>(t.raw()), t.nbytes());
+  }
+  buf += kTrailer;
+  return buf;
+}
+
+std::string serialize_exception(ThrownKind kind, int call_status, const std::string& message) {
+  std::string buf(kMagic);
+  put<uint8_t>(buf, 1);
+  put<uint8_t>(buf, static_cast<uint8_t>(kind));
+  put<int32_t>(buf, call_status);
+  put<uint32_t>(buf, static_cast<uint32_t>(message.size()));
+  buf += message;
+  buf += kTrailer;
+  return buf;
+}
+
+// Reads the wire format; returns false when the stream is truncated or malformed.
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s) {}
+  template <class T>
+  bool get(T& v) {
+    if (pos_ + sizeof(T) > s_.size()) return false;
+    std::memcpy(&v, s_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool bytes(void* dst, size_t n) {
+    if (n > s_.size() - pos_) return false;
+    if (n) std::memcpy(dst, s_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool literal(const char* lit) {
+    size_t n = std::strlen(lit);
+    if (s_.compare(pos_, n, lit) != 0) return false;
+    pos_ += n;
+    return true;
+  }
+  bool at_end() const { return pos_ == s_.size(); }
+
+ private:
+  const std::string& s_;
+  size_t pos_ = 0;
+};
+
+bool parse_payload(const std::string& payload, IsolatedResult& r) {
+  Reader in(payload);
+  uint8_t tag = 0;
+  if (!in.literal(kMagic) || !in.get(tag)) return false;
+  if (tag == 0) {
+    uint32_t count = 0;
+    if (!in.get(count)) return false;
+    std::vector<Tensor> outputs;
+    for (uint32_t i = 0; i < count; ++i) {
+      uint8_t dtype = 0;
+      uint32_t ndim = 0;
+      if (!in.get(dtype) || !in.get(ndim) || dtype > static_cast<uint8_t>(DType::Bool) ||
+          ndim > 64)
+        return false;
+      std::vector<int64_t> shape(ndim);
+      for (auto& s : shape)
+        if (!in.get(s) || s < 0) return false;
+      uint64_t nbytes = 0;
+      if (!in.get(nbytes)) return false;
+      Tensor t(static_cast<DType>(dtype), shape);
+      if (nbytes != t.nbytes() || !in.bytes(t.raw(), nbytes)) return false;
+      outputs.push_back(std::move(t));
+    }
+    if (!in.literal(kTrailer) || !in.at_end()) return false;
+    r.status = IsolatedStatus::Ok;
+    r.outputs = std::move(outputs);
+    return true;
+  }
+  if (tag == 1) {
+    uint8_t kind = 0;
+    int32_t call_status = 0;
+    uint32_t len = 0;
+    if (!in.get(kind) || !in.get(call_status) || !in.get(len)) return false;
+    std::string msg(len, '\0');
+    if (!in.bytes(msg.data(), len) || !in.literal(kTrailer) || !in.at_end()) return false;
+    if (kind > static_cast<uint8_t>(ThrownKind::Other)) return false;
+    r.status = IsolatedStatus::Threw;
+    r.thrown = static_cast<ThrownKind>(kind);
+    r.call_status = call_status;
+    r.message = std::move(msg);
+    return true;
+  }
+  return false;
+}
+
+bool write_all(int fd, const std::string& buf) {
+  size_t done = 0;
+  while (done < buf.size()) {
+    ssize_t n = ::write(fd, buf.data() + done, buf.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Runs in the child: never returns.
+[[noreturn]] void child_main(const std::function<std::vector<Tensor>()>& fn, int result_fd,
+                             int output_fd) {
+  ::setpgid(0, 0);  // own process group, so the parent can kill anything we spawn
+  struct rlimit no_core = {0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);  // a crash should not spend seconds writing a core
+  ::dup2(output_fd, STDOUT_FILENO);
+  ::dup2(output_fd, STDERR_FILENO);
+  ::close(output_fd);
+  std::string buf;
+  try {
+    buf = serialize_outputs(fn());
+  } catch (const dsa::oracle::NotSupported& e) {
+    buf = serialize_exception(ThrownKind::NotSupported, 0, e.what());
+  } catch (const PluginLoadError& e) {
+    buf = serialize_exception(ThrownKind::PluginLoadError, 0, e.what());
+  } catch (const ContractViolation& e) {
+    buf = serialize_exception(ThrownKind::ContractViolation, 0, e.what());
+  } catch (const PluginCallError& e) {
+    buf = serialize_exception(ThrownKind::PluginCallError, e.status(), e.what());
+  } catch (const IsolatedFailure& e) {
+    buf = serialize_exception(ThrownKind::IsolatedFailure, 0, e.what());
+  } catch (const std::invalid_argument& e) {
+    buf = serialize_exception(ThrownKind::InvalidArgument, 0, e.what());
+  } catch (const std::exception& e) {
+    buf = serialize_exception(ThrownKind::Other, 0, e.what());
+  } catch (...) {
+    buf = serialize_exception(ThrownKind::Other, 0, "non-standard exception");
+  }
+  ::fflush(stdout);
+  ::fflush(stderr);
+  bool ok = write_all(result_fd, buf);
+  ::close(result_fd);
+  ::_exit(ok ? 0 : 3);
+}
+
+const char* signal_abbrev(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGPIPE: return "SIGPIPE";
+    default: return "signal";
+  }
+}
+
+void append_tail(std::string& tail, const char* data, size_t n) {
+  tail.append(data, n);
+  if (tail.size() > 2 * kTailBytes) tail.erase(0, tail.size() - kTailBytes);
+}
+
+std::string with_tail(std::string msg, const std::string& tail) {
+  if (!tail.empty()) msg += "; child output (tail): " + tail;
+  return msg;
+}
+
+}  // namespace
+
+const char* to_string(IsolatedStatus status) {
+  switch (status) {
+    case IsolatedStatus::Ok: return "ok";
+    case IsolatedStatus::Crashed: return "crashed";
+    case IsolatedStatus::TimedOut: return "timed_out";
+    case IsolatedStatus::Threw: return "threw";
+  }
+  return "unknown";
+}
+
+IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
+                            std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0)
+    throw std::invalid_argument("run_isolated: argument 'timeout' got " +
+                                std::to_string(timeout.count()) + " ms, expected > 0");
+  int result_pipe[2];
+  int output_pipe[2];
+  if (::pipe2(result_pipe, O_CLOEXEC) != 0)
+    throw std::runtime_error(std::string("run_isolated: pipe failed: ") + std::strerror(errno));
+  if (::pipe2(output_pipe, O_CLOEXEC) != 0) {
+    int err = errno;
+    ::close(result_pipe[0]);
+    ::close(result_pipe[1]);
+    throw std::runtime_error(std::string("run_isolated: pipe failed: ") + std::strerror(err));
+  }
+  ::fflush(nullptr);  // nothing buffered in the parent is written twice
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int err = errno;
+    for (int fd : {result_pipe[0], result_pipe[1], output_pipe[0], output_pipe[1]}) ::close(fd);
+    throw std::runtime_error(std::string("run_isolated: fork failed: ") + std::strerror(err));
+  }
+  if (pid == 0) {
+    ::close(result_pipe[0]);
+    ::close(output_pipe[0]);
+    child_main(fn, result_pipe[1], output_pipe[1]);
+  }
+  ::setpgid(pid, pid);  // also done by the child; whichever runs first wins, same effect
+  ::close(result_pipe[1]);
+  ::close(output_pipe[1]);
+
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + timeout;
+  std::string payload;
+  std::string tail;
+  bool timed_out = false;
+  struct pollfd fds[2] = {{result_pipe[0], POLLIN, 0}, {output_pipe[0], POLLIN, 0}};
+  int open_fds = 2;
+  char chunk[65536];
+  while (open_fds > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    int n = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30)));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t got = ::read(fds[i].fd, chunk, sizeof chunk);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      } else if (i == 0) {
+        payload.append(chunk, static_cast<size_t>(got));
+      } else {
+        append_tail(tail, chunk, static_cast<size_t>(got));
+      }
+    }
+  }
+  for (auto& f : fds)
+    if (f.fd >= 0) ::close(f.fd);
+
+  // The pipes are closed; wait for the child itself (it may still hang after closing them).
+  int wstatus = 0;
+  while (!timed_out) {
+    pid_t w = ::waitpid(pid, &wstatus, WNOHANG);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) break;
+    if (Clock::now() >= deadline) {
+      timed_out = true;
+      break;
+    }
+    ::usleep(1000);
+  }
+  if (timed_out) {
+    ::kill(-pid, SIGKILL);
+    ::kill(pid, SIGKILL);
+    while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (tail.size() > kTailBytes) tail.erase(0, tail.size() - kTailBytes);
+
+  IsolatedResult r;
+  r.output_tail = tail;
+  if (timed_out) {
+    r.status = IsolatedStatus::TimedOut;
+    r.signal = SIGKILL;
+    r.message = with_tail("timed out after " + std::to_string(timeout.count()) +
+                              " ms; killed with SIGKILL",
+                          tail);
+    return r;
+  }
+  if (WIFSIGNALED(wstatus)) {
+    r.status = IsolatedStatus::Crashed;
+    r.signal = WTERMSIG(wstatus);
+    r.message = with_tail(std::string("crashed with ") + signal_abbrev(r.signal) + " (" +
+                              std::to_string(r.signal) + ", " + ::strsignal(r.signal) + ")",
+                          tail);
+    return r;
+  }
+  r.exit_code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
+  if (r.exit_code == 0 && parse_payload(payload, r)) return r;
+  r.status = IsolatedStatus::Crashed;
+  r.outputs.clear();
+  r.message = with_tail("exited with code " + std::to_string(r.exit_code) +
+                            " without returning a complete result",
+                        tail);
+  return r;
+}
+
+void rethrow_in_parent(const IsolatedResult& r, const std::string& context) {
+  switch (r.status) {
+    case IsolatedStatus::Ok:
+      return;
+    case IsolatedStatus::Crashed:
+    case IsolatedStatus::TimedOut:
+      throw IsolatedFailure(context + ": " + r.message);
+    case IsolatedStatus::Threw:
+      break;
+  }
+  switch (r.thrown) {
+    case ThrownKind::NotSupported: throw dsa::oracle::NotSupported(r.message);
+    case ThrownKind::PluginLoadError: throw PluginLoadError(r.message);
+    case ThrownKind::ContractViolation: throw ContractViolation(r.message);
+    case ThrownKind::PluginCallError: throw PluginCallError(r.message, r.call_status);
+    case ThrownKind::IsolatedFailure: throw IsolatedFailure(r.message);
+    case ThrownKind::InvalidArgument: throw std::invalid_argument(r.message);
+    case ThrownKind::Other: throw std::runtime_error(r.message);
+  }
+  throw std::runtime_error(r.message);
+}
+
+}  // namespace dsa::plugin

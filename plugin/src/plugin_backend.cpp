@@ -1,0 +1,821 @@
+#include "dsa/plugin/plugin_backend.h"
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dsa/contract/checks.h"
+#include "dsa/contract/errors.h"
+#include "dsa/plugin/dlpack_tensor.h"
+
+namespace dsa::plugin {
+
+using dsa::oracle::NotSupported;
+using dsa::oracle::Op;
+
+uint32_t op_bit(Op op) {
+  switch (op) {
+    case Op::IndexerScores: return DSA_OP_INDEXER_SCORES;
+    case Op::IndexerScoresBackward: return DSA_OP_INDEXER_SCORES_BACKWARD;
+    case Op::Topk: return DSA_OP_TOPK_INDICES;
+    case Op::SparseMlaFwd: return DSA_OP_SPARSE_MLA_FWD;
+    case Op::SparseMlaBwd: return DSA_OP_SPARSE_MLA_BWD;
+    case Op::IndexerKlLoss: return DSA_OP_INDEXER_KL_LOSS;
+  }
+  return 0;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Loading and validating the function table
+// ---------------------------------------------------------------------------------------
+
+struct Library {
+  void* handle = nullptr;
+  const dsa_backend_v1* table = nullptr;
+  std::string path;
+};
+
+std::optional<DType> dtype_of_code(int32_t code) {
+  switch (code) {
+    case DSA_DTYPE_F64: return DType::F64;
+    case DSA_DTYPE_F32: return DType::F32;
+    case DSA_DTYPE_F16: return DType::F16;
+    case DSA_DTYPE_BF16: return DType::BF16;
+    default: return std::nullopt;
+  }
+}
+
+std::string dtype_bits_str(uint32_t bits) {
+  std::string s;
+  for (int32_t code : {DSA_DTYPE_F64, DSA_DTYPE_F32, DSA_DTYPE_F16, DSA_DTYPE_BF16})
+    if (bits & DSA_DTYPE_BIT(code)) s += std::string(s.empty() ? "" : "|") + dtype_name(*dtype_of_code(code));
+  return s.empty() ? "none" : s;
+}
+
+// Problems of a function table, one line each; empty when the table is consistent.
+std::vector<std::string> table_problems(const dsa_backend_v1& t) {
+  std::vector<std::string> p;
+  if (t.struct_size < sizeof(dsa_backend_v1))
+    p.push_back("struct_size " + std::to_string(t.struct_size) + " < " +
+                std::to_string(sizeof(dsa_backend_v1)) + " (built against an older header?)");
+  if (t.name == nullptr || t.name[0] == '\0') {
+    p.push_back("name is empty");
+  } else {
+    for (const char* c = t.name; *c; ++c)
+      if (*c <= ' ' || *c > '~') {
+        p.push_back("name contains a space or non-printable character");
+        break;
+      }
+  }
+  const dsa_capabilities& c = t.caps;
+  if (c.ops == 0) p.push_back("caps.ops declares no op");
+  if (c.ops & ~DSA_OP_ALL_V1) p.push_back("caps.ops has unknown bits");
+  struct OpFn {
+    uint32_t bit;
+    const char* name;
+    bool present;
+  };
+  const OpFn fns[] = {
+      {DSA_OP_INDEXER_SCORES, "indexer_scores", t.indexer_scores != nullptr},
+      {DSA_OP_INDEXER_SCORES_BACKWARD, "indexer_scores_backward",
+       t.indexer_scores_backward != nullptr},
+      {DSA_OP_TOPK_INDICES, "topk_indices", t.topk_indices != nullptr},
+      {DSA_OP_SPARSE_MLA_FWD, "sparse_mla_fwd", t.sparse_mla_fwd != nullptr},
+      {DSA_OP_SPARSE_MLA_BWD, "sparse_mla_bwd", t.sparse_mla_bwd != nullptr},
+      {DSA_OP_INDEXER_KL_LOSS, "indexer_kl_loss", t.indexer_kl_loss != nullptr}};
+  for (const OpFn& f : fns)
+    if ((c.ops & f.bit) && !f.present)
+      p.push_back(std::string("caps.ops declares ") + f.name + " but its function is NULL");
+  const uint32_t float_bits = DSA_DTYPE_BIT(DSA_DTYPE_F64) | DSA_DTYPE_BIT(DSA_DTYPE_F32) |
+                              DSA_DTYPE_BIT(DSA_DTYPE_F16) | DSA_DTYPE_BIT(DSA_DTYPE_BF16);
+  if ((c.input_dtypes & float_bits) == 0) p.push_back("caps.input_dtypes declares no dtype");
+  if (c.input_dtypes & ~float_bits) p.push_back("caps.input_dtypes has unknown bits");
+  if (c.devices == 0) p.push_back("caps.devices declares no device");
+  if (c.devices & ~(DSA_DEVICE_CPU | DSA_DEVICE_CUDA)) p.push_back("caps.devices has unknown bits");
+  if (c.ops & DSA_OP_TOPK_INDICES) {
+    if ((c.tie_policies & (DSA_TIE_ANY | DSA_TIE_SMALL | DSA_TIE_LARGE)) == 0)
+      p.push_back("topk_indices is declared but caps.tie_policies is empty");
+    if ((c.topk_orders & (DSA_TOPK_SORTED | DSA_TOPK_UNSORTED)) == 0)
+      p.push_back("topk_indices is declared but caps.topk_orders is empty");
+  }
+  if (c.tie_policies & ~(DSA_TIE_ANY | DSA_TIE_SMALL | DSA_TIE_LARGE))
+    p.push_back("caps.tie_policies has unknown bits");
+  if (c.topk_orders & ~(DSA_TOPK_SORTED | DSA_TOPK_UNSORTED))
+    p.push_back("caps.topk_orders has unknown bits");
+  if (c.deterministic > 1) p.push_back("caps.deterministic is not 0 or 1");
+  // Output dtype families: which codes are legal, and whether a declared op uses them.
+  auto check_family = [&](const char* field, int32_t code, bool used, bool any_float,
+                          bool as_input) {
+    if (!used) return;
+    bool ok = code == DSA_DTYPE_F32 || code == DSA_DTYPE_F64 ||
+              (any_float && dtype_of_code(code).has_value()) ||
+              (as_input && code == DSA_DTYPE_AS_INPUT);
+    if (!ok)
+      p.push_back(std::string("caps.outputs.") + field + " = " + std::to_string(code) +
+                  " is not a legal dtype code for it");
+  };
+  const dsa_output_dtypes& o = c.outputs;
+  check_family("index_scores", o.index_scores, c.ops & DSA_OP_INDEXER_SCORES, false, false);
+  check_family("indexer_grads", o.indexer_grads, c.ops & DSA_OP_INDEXER_SCORES_BACKWARD, true, true);
+  bool mla = c.ops & (DSA_OP_SPARSE_MLA_FWD | DSA_OP_SPARSE_MLA_BWD);
+  check_family("mla_out", o.mla_out, mla, true, true);
+  check_family("mla_stats", o.mla_stats, mla, false, false);
+  check_family("mla_grads", o.mla_grads, c.ops & DSA_OP_SPARSE_MLA_BWD, true, true);
+  check_family("kl", o.kl, c.ops & DSA_OP_INDEXER_KL_LOSS, false, true);
+  return p;
+}
+
+Library load_library(const std::string& path_in) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path path = fs::absolute(path_in, ec);
+  const std::string where = "plugin '" + path_in + "'";
+  if (ec || !fs::exists(path, ec))
+    throw PluginLoadError(where + ": no such file");
+  if (!fs::is_regular_file(path, ec)) throw PluginLoadError(where + ": not a regular file");
+  Library lib;
+  lib.path = path.string();
+  ::dlerror();
+  lib.handle = ::dlopen(lib.path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (lib.handle == nullptr) {
+    const char* e = ::dlerror();
+    throw PluginLoadError(where + ": cannot load it as a shared library: " +
+                          (e ? e : "unknown dlopen error"));
+  }
+  ::dlerror();
+  void* sym = ::dlsym(lib.handle, DSA_BACKEND_ENTRY_SYMBOL);
+  if (sym == nullptr) {
+    ::dlclose(lib.handle);
+    throw PluginLoadError(where + ": not a dsa plugin (no exported symbol '" +
+                          DSA_BACKEND_ENTRY_SYMBOL + "'; see dsa/backend_abi.h)");
+  }
+  auto get = reinterpret_cast<dsa_backend_get_v1_fn>(sym);
+  lib.table = get(DSA_BACKEND_ABI_VERSION);
+  if (lib.table == nullptr) {
+    ::dlclose(lib.handle);
+    throw PluginLoadError(where + ": " + DSA_BACKEND_ENTRY_SYMBOL + "(" +
+                          std::to_string(DSA_BACKEND_ABI_VERSION) +
+                          ") returned NULL (the plugin cannot serve this ABI version)");
+  }
+  if (lib.table->abi_version != DSA_BACKEND_ABI_VERSION) {
+    uint32_t v = lib.table->abi_version;
+    ::dlclose(lib.handle);
+    throw PluginLoadError(where + ": wrong ABI version " + std::to_string(v) +
+                          "; this loader speaks version " +
+                          std::to_string(DSA_BACKEND_ABI_VERSION) +
+                          " (rebuild the plugin against this dsa/backend_abi.h)");
+  }
+  std::vector<std::string> problems = table_problems(*lib.table);
+  if (!problems.empty()) {
+    std::string msg = where + ": inconsistent function table / capabilities:";
+    for (const auto& s : problems) msg += "\n  - " + s;
+    ::dlclose(lib.handle);
+    throw PluginLoadError(msg);
+  }
+  return lib;
+}
+
+// ---------------------------------------------------------------------------------------
+// Guarded host buffers: what the plugin sees as DLTensors
+// ---------------------------------------------------------------------------------------
+
+constexpr size_t kGuardBytes = 256;  // also the data alignment (DLPack's 256 bytes)
+constexpr unsigned char kGuardByte = 0xCD;
+constexpr unsigned char kFloatPoison = 0xFF;  // NaN in every float width
+constexpr unsigned char kIntPoison = 0x7F;    // 0x7F7F7F7F: never a legal id
+
+class GuardedBuffer {
+ public:
+  GuardedBuffer(std::string name, bool is_output, DType dtype, std::vector<int64_t> shape)
+      : name_(std::move(name)), is_output_(is_output), dtype_(dtype), shape_(std::move(shape)) {
+    nbytes_ = dtype_size(dtype_);
+    for (int64_t s : shape_) nbytes_ *= static_cast<size_t>(s);
+    size_t total = (kGuardBytes + nbytes_ + kGuardBytes + kGuardBytes - 1) / kGuardBytes * kGuardBytes;
+    total_ = total;
+    storage_ = static_cast<unsigned char*>(std::aligned_alloc(kGuardBytes, total));
+    if (storage_ == nullptr) throw std::bad_alloc();
+    std::memset(storage_, kGuardByte, total);
+    data_ = storage_ + kGuardBytes;
+    if (is_output_)
+      std::memset(data_, is_floating(dtype_) ? kFloatPoison : kIntPoison, nbytes_);
+    dl_shape_ = shape_;
+    dl_ = DLTensor{};
+    dl_.data = data_;
+    dl_.device = DLDevice{kDLCPU, 0};
+    dl_.ndim = static_cast<int>(shape_.size());
+    dl_.dtype = to_dl_dtype(dtype_);
+    dl_.shape = dl_shape_.empty() ? nullptr : dl_shape_.data();
+    dl_.strides = nullptr;
+    dl_.byte_offset = 0;
+    original_dl_ = dl_;
+  }
+  ~GuardedBuffer() { std::free(storage_); }
+  GuardedBuffer(const GuardedBuffer&) = delete;
+  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
+
+  static std::unique_ptr<GuardedBuffer> input(std::string name, const Tensor& t) {
+    auto b = std::make_unique<GuardedBuffer>(std::move(name), false, t.dtype(), t.shape());
+    if (t.nbytes()) std::memcpy(b->data_, t.raw(), t.nbytes());
+    b->original_ = &t;
+    return b;
+  }
+
+  DLTensor* dl() { return &dl_; }
+
+  // Appends one line per broken rule.
+  void check(std::vector<std::string>& violations) const {
+    const std::string who = std::string(is_output_ ? "output '" : "input '") + name_ + "'";
+    const DLTensor& d = dl_;
+    const DLTensor& o = original_dl_;
+    if (d.dtype.code != o.dtype.code || d.dtype.bits != o.dtype.bits || d.dtype.lanes != o.dtype.lanes)
+      violations.push_back(who + ": dtype changed from " + dl_dtype_name(o.dtype) + " to " +
+                           dl_dtype_name(d.dtype) + " (the declared dtype is " +
+                           dl_dtype_name(o.dtype) + ")");
+    if (d.ndim != o.ndim || d.shape != o.shape || dl_shape_ != shape_) {
+      std::vector<int64_t> now;
+      if (d.shape != nullptr && d.ndim >= 0 && d.ndim < 16) now.assign(d.shape, d.shape + d.ndim);
+      violations.push_back(who + ": shape changed from " + shape_str(shape_) + " to " +
+                           shape_str(now) + " (ndim " + std::to_string(d.ndim) + ")");
+    }
+    if (d.strides != nullptr)
+      violations.push_back(who + ": strides set (non-contiguous layout); the ABI requires "
+                                 "compact row-major tensors with strides NULL");
+    if (d.data != o.data || d.byte_offset != o.byte_offset)
+      violations.push_back(who + ": data pointer or byte_offset changed; the plugin must write "
+                                 "into the buffer it was given");
+    if (d.device.device_type != o.device.device_type || d.device.device_id != o.device.device_id)
+      violations.push_back(who + ": device changed");
+    // Guard zones.
+    size_t front = 0, first_front = kGuardBytes;
+    for (size_t i = 0; i < kGuardBytes; ++i)
+      if (storage_[i] != kGuardByte) {
+        ++front;
+        first_front = std::min(first_front, kGuardBytes - i);
+      }
+    if (front)
+      violations.push_back(who + ": out-of-bounds write before the start of the buffer (" +
+                           std::to_string(front) + " guard bytes changed, up to " +
+                           std::to_string(first_front) + " bytes before it)");
+    size_t back = 0;
+    size_t first_back = 0;
+    const unsigned char* end = data_ + nbytes_;
+    const size_t back_len = total_ - kGuardBytes - nbytes_;
+    for (size_t i = 0; i < back_len; ++i)
+      if (end[i] != kGuardByte) {
+        if (back == 0) first_back = i;
+        ++back;
+      }
+    if (back)
+      violations.push_back(who + ": out-of-bounds write past the end of the buffer of " +
+                           std::to_string(nbytes_) + " bytes (" + std::to_string(back) +
+                           " guard bytes changed, the first at end+" +
+                           std::to_string(first_back) + ")");
+    if (!is_output_ && original_ != nullptr && nbytes_ &&
+        std::memcmp(data_, original_->raw(), nbytes_) != 0) {
+      size_t changed = 0;
+      for (size_t i = 0; i < nbytes_; ++i)
+        changed += data_[i] != reinterpret_cast<const unsigned char*>(original_->raw())[i];
+      violations.push_back(who + ": modified by the plugin (" + std::to_string(changed) +
+                           " bytes changed); inputs are read-only");
+    }
+    if (is_output_) {
+      const size_t esize = dtype_size(dtype_);
+      const unsigned char poison = is_floating(dtype_) ? kFloatPoison : kIntPoison;
+      size_t unwritten = 0;
+      for (size_t e = 0; e < nbytes_ / (esize ? esize : 1); ++e) {
+        bool all = true;
+        for (size_t b = 0; b < esize && all; ++b) all = data_[e * esize + b] == poison;
+        unwritten += all;
+      }
+      if (unwritten)
+        violations.push_back(who + ": " + std::to_string(unwritten) + " of " +
+                             std::to_string(nbytes_ / esize) +
+                             " elements never written (output buffers are not zeroed; the "
+                             "plugin must write every element)");
+    }
+  }
+
+  Tensor to_tensor() const {
+    Tensor t(dtype_, shape_);
+    if (nbytes_) std::memcpy(t.raw(), data_, nbytes_);
+    return t;
+  }
+
+ private:
+  std::string name_;
+  bool is_output_;
+  DType dtype_;
+  std::vector<int64_t> shape_;
+  std::vector<int64_t> dl_shape_;
+  size_t nbytes_ = 0;
+  size_t total_ = 0;
+  unsigned char* storage_ = nullptr;
+  unsigned char* data_ = nullptr;
+  DLTensor dl_{};
+  DLTensor original_dl_{};
+  const Tensor* original_ = nullptr;
+};
+
+const char* status_name(dsa_status s) {
+  switch (s) {
+    case DSA_STATUS_OK: return "DSA_STATUS_OK";
+    case DSA_STATUS_UNSUPPORTED: return "DSA_STATUS_UNSUPPORTED";
+    case DSA_STATUS_INVALID_ARGUMENT: return "DSA_STATUS_INVALID_ARGUMENT";
+    case DSA_STATUS_INTERNAL_ERROR: return "DSA_STATUS_INTERNAL_ERROR";
+    case DSA_STATUS_UNAVAILABLE: return "DSA_STATUS_UNAVAILABLE";
+    default: return "an unknown status";
+  }
+}
+
+constexpr size_t kErrBytes = 4096;
+
+// One call into the plugin: owns the buffers, checks the rules afterwards.
+class Call {
+ public:
+  explicit Call(std::string context) : context_(std::move(context)) { err_.assign(kErrBytes, '\0'); }
+
+  const DLTensor* in(const char* name, const Tensor& t) {
+    inputs_.push_back(GuardedBuffer::input(name, t));
+    return inputs_.back()->dl();
+  }
+  const DLTensor* in_opt(const char* name, const std::optional<Tensor>& t) {
+    return t ? in(name, *t) : nullptr;
+  }
+  DLTensor* out(const char* name, DType dtype, std::vector<int64_t> shape) {
+    outputs_.push_back(std::make_unique<GuardedBuffer>(name, true, dtype, std::move(shape)));
+    return outputs_.back()->dl();
+  }
+  char* err() { return err_.data(); }
+  size_t err_size() const { return err_.size() - 1; }  // last byte stays NUL
+
+  // Checks every rule for status `st`; throws the matching exception, else returns outputs.
+  std::vector<Tensor> finish(dsa_status st) {
+    std::string msg(err_.data(), ::strnlen(err_.data(), err_.size()));
+    std::vector<std::string> violations;
+    for (const auto& b : inputs_) b->check(violations);
+    if (st == DSA_STATUS_OK) {
+      for (const auto& b : outputs_) b->check(violations);
+    }
+    if (!violations.empty()) {
+      std::string m = context_ + " broke the ABI's memory rules (dsa/backend_abi.h)";
+      if (st != DSA_STATUS_OK) m += " and returned " + std::string(status_name(st));
+      m += ":";
+      for (const auto& v : violations) m += "\n  - " + v;
+      throw ContractViolation(m);
+    }
+    if (st == DSA_STATUS_UNSUPPORTED)
+      throw NotSupported(context_ + ": plugin returned DSA_STATUS_UNSUPPORTED" +
+                         (msg.empty() ? std::string() : ": " + msg));
+    if (st != DSA_STATUS_OK)
+      throw PluginCallError(context_ + ": plugin returned " + status_name(st) + " (" +
+                                std::to_string(st) + "): " +
+                                (msg.empty() ? std::string("(no message)") : msg),
+                            st);
+    std::vector<Tensor> res;
+    for (const auto& b : outputs_) res.push_back(b->to_tensor());
+    return res;
+  }
+
+ private:
+  std::string context_;
+  std::vector<char> err_;
+  std::vector<std::unique_ptr<GuardedBuffer>> inputs_;
+  std::vector<std::unique_ptr<GuardedBuffer>> outputs_;
+};
+
+Tensor windows_tensor(const std::vector<int64_t>& v) {
+  Tensor t(DType::I64, {static_cast<int64_t>(v.size())});
+  if (!v.empty()) std::memcpy(t.raw(), v.data(), t.nbytes());
+  return t;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// PluginBackend
+// ---------------------------------------------------------------------------------------
+
+struct PluginBackend::Impl {
+  Library lib;
+  PluginInfo info;
+  PluginOptions options;
+  mutable std::optional<std::string> unavailable;
+
+  std::string context(const char* op) const {
+    return "plugin '" + info.name + "' (" + info.path + "): " + op;
+  }
+
+  // Runs fn directly or in a child, per options.
+  std::vector<Tensor> run(const char* op, const std::function<std::vector<Tensor>()>& fn) const {
+    if (!options.isolate) return fn();
+    IsolatedResult r = run_isolated(fn, options.timeout);
+    rethrow_in_parent(r, context(op));
+    return std::move(r.outputs);
+  }
+
+  void require_op(uint32_t bit, const char* op) const {
+    if (!(info.caps.ops & bit)) throw NotSupported(context(op) + ": op not declared in caps.ops");
+  }
+
+  // "Data" inputs (q_idx, k_idx, q, kv): a declared input dtype.
+  void require_data_dtype(const char* op, const char* arg, const Tensor& t) const {
+    check_arg(is_floating(t.dtype()), op, arg, dtype_name(t.dtype()), "a floating dtype");
+    int32_t code = t.dtype() == DType::F64   ? DSA_DTYPE_F64
+                   : t.dtype() == DType::F32 ? DSA_DTYPE_F32
+                   : t.dtype() == DType::F16 ? DSA_DTYPE_F16
+                                             : DSA_DTYPE_BF16;
+    if (!(info.caps.input_dtypes & DSA_DTYPE_BIT(code)))
+      throw NotSupported(context(op) + ": input '" + arg + "' has dtype " +
+                         dtype_name(t.dtype()) + ", not among the declared input dtypes " +
+                         dtype_bits_str(info.caps.input_dtypes));
+  }
+  // fp32-by-contract inputs (w, attn_sink, d_scores, scores): F32, or F64 when declared.
+  void require_aux_dtype(const char* op, const char* arg, const Tensor& t) const {
+    check_arg(t.dtype() == DType::F32 || t.dtype() == DType::F64, op, arg,
+              dtype_name(t.dtype()), "F32 or F64");
+    if (t.dtype() == DType::F64 && !(info.caps.input_dtypes & DSA_DTYPE_BIT(DSA_DTYPE_F64)))
+      throw NotSupported(context(op) + ": input '" + arg +
+                         "' is F64 but the plugin does not declare F64 inputs");
+  }
+  // Output dtype of a family code; AS_INPUT resolves to `like`.
+  static DType out_dtype(int32_t code, DType like) {
+    if (code == DSA_DTYPE_AS_INPUT) return like;
+    return *dtype_of_code(code);
+  }
+};
+
+PluginBackend::PluginBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PluginBackend::~PluginBackend() {
+  if (impl_ && impl_->lib.handle) ::dlclose(impl_->lib.handle);  // RTLD_NODELETE: stays mapped
+}
+
+std::string PluginBackend::name() const { return "plugin:" + impl_->info.name; }
+bool PluginBackend::deterministic() const { return impl_->info.caps.deterministic == 1; }
+bool PluginBackend::supports(Op op) const { return (impl_->info.caps.ops & op_bit(op)) != 0; }
+const PluginInfo& PluginBackend::info() const { return impl_->info; }
+const PluginOptions& PluginBackend::options() const { return impl_->options; }
+
+std::string PluginBackend::unavailable_reason() const {
+  if (impl_->unavailable) return *impl_->unavailable;
+  auto fn = impl_->lib.table->is_available;
+  if (fn == nullptr) return *(impl_->unavailable = std::string());
+  std::string reason;
+  try {
+    impl_->run("is_available", [fn]() -> std::vector<Tensor> {
+      std::vector<char> err(kErrBytes, '\0');
+      dsa_status st = fn(err.data(), err.size() - 1);
+      if (st != DSA_STATUS_OK)
+        throw std::runtime_error(std::string(status_name(st)) + ": " +
+                                 std::string(err.data(), ::strnlen(err.data(), err.size())));
+      return {};
+    });
+  } catch (const std::exception& e) {
+    reason = std::string("is_available: ") + e.what();
+  }
+  impl_->unavailable = reason;
+  return reason;
+}
+
+Tensor PluginBackend::indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                     const KeyWindows& windows) {
+  const char* op = "indexer_scores";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_INDEXER_SCORES, op);
+  check_rank(op, "q_idx", q_idx, 3);
+  check_rank(op, "k_idx", k_idx, 2);
+  const int64_t s_q = q_idx.size(0), h = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
+  check_shape(op, "k_idx", k_idx, {s_kv, d});
+  check_shape(op, "w", w, {s_q, h});
+  check_arg(windows.s_q() == s_q && windows.s_kv == s_kv, op, "windows",
+            str(windows.s_q()) + " rows over " + str(windows.s_kv) + " keys",
+            str(s_q) + " rows over " + str(s_kv) + " keys");
+  I.require_data_dtype(op, "q_idx", q_idx);
+  I.require_data_dtype(op, "k_idx", k_idx);
+  I.require_aux_dtype(op, "w", w);
+  const Tensor ks = windows_tensor(windows.ks), ke = windows_tensor(windows.ke);
+  const DType odt = Impl::out_dtype(I.info.caps.outputs.index_scores, DType::F32);
+  auto fn = I.lib.table->indexer_scores;
+  auto res = I.run(op, [&]() {
+    Call c(I.context(op));
+    dsa_indexer_scores_args a{};
+    a.q_idx = c.in("q_idx", q_idx);
+    a.k_idx = c.in("k_idx", k_idx);
+    a.w = c.in("w", w);
+    a.ks = c.in("ks", ks);
+    a.ke = c.in("ke", ke);
+    a.scores = c.out("scores", odt, {s_q, s_kv});
+    return c.finish(fn(&a, c.err(), c.err_size()));
+  });
+  return std::move(res.at(0));
+}
+
+IndexerGrads PluginBackend::indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx,
+                                                    const Tensor& w, const KeyWindows& windows,
+                                                    const Tensor& d_scores) {
+  const char* op = "indexer_scores_backward";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_INDEXER_SCORES_BACKWARD, op);
+  check_rank(op, "q_idx", q_idx, 3);
+  check_rank(op, "k_idx", k_idx, 2);
+  const int64_t s_q = q_idx.size(0), h = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
+  check_shape(op, "k_idx", k_idx, {s_kv, d});
+  check_shape(op, "w", w, {s_q, h});
+  check_shape(op, "d_scores", d_scores, {s_q, s_kv});
+  check_arg(windows.s_q() == s_q && windows.s_kv == s_kv, op, "windows",
+            str(windows.s_q()) + " rows over " + str(windows.s_kv) + " keys",
+            str(s_q) + " rows over " + str(s_kv) + " keys");
+  I.require_data_dtype(op, "q_idx", q_idx);
+  I.require_data_dtype(op, "k_idx", k_idx);
+  I.require_aux_dtype(op, "w", w);
+  I.require_aux_dtype(op, "d_scores", d_scores);
+  const Tensor ks = windows_tensor(windows.ks), ke = windows_tensor(windows.ke);
+  const int32_t code = I.info.caps.outputs.indexer_grads;
+  auto fn = I.lib.table->indexer_scores_backward;
+  auto res = I.run(op, [&]() {
+    Call c(I.context(op));
+    dsa_indexer_scores_backward_args a{};
+    a.q_idx = c.in("q_idx", q_idx);
+    a.k_idx = c.in("k_idx", k_idx);
+    a.w = c.in("w", w);
+    a.ks = c.in("ks", ks);
+    a.ke = c.in("ke", ke);
+    a.d_scores = c.in("d_scores", d_scores);
+    a.dq_idx = c.out("dq_idx", Impl::out_dtype(code, q_idx.dtype()), {s_q, h, d});
+    a.dk_idx = c.out("dk_idx", Impl::out_dtype(code, k_idx.dtype()), {s_kv, d});
+    a.dw = c.out("dw", Impl::out_dtype(code, w.dtype()), {s_q, h});
+    return c.finish(fn(&a, c.err(), c.err_size()));
+  });
+  return IndexerGrads{std::move(res.at(0)), std::move(res.at(1)), std::move(res.at(2))};
+}
+
+Tensor PluginBackend::select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,
+                                  const std::optional<KeyWindows>& windows) {
+  const char* op = "topk_indices";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_TOPK_INDICES, op);
+  check_rank(op, "scores", scores, 2);
+  check_arg(k >= 0, op, "k", str(k), ">= 0");
+  const int64_t s_q = scores.size(0), s_kv = scores.size(1);
+  if (windows)
+    check_arg(windows->s_q() == s_q && windows->s_kv == s_kv, op, "windows",
+              str(windows->s_q()) + " rows over " + str(windows->s_kv) + " keys",
+              str(s_q) + " rows over " + str(s_kv) + " keys");
+  I.require_aux_dtype(op, "scores", scores);
+  const uint32_t ties = I.info.caps.tie_policies, orders = I.info.caps.topk_orders;
+  int32_t tie = DSA_TIE_BREAK_ANY;
+  switch (policy.tie_break) {
+    case TieBreak::Small:
+      if (!(ties & DSA_TIE_SMALL)) throw NotSupported(I.context(op) + ": tie_break small not declared");
+      tie = DSA_TIE_BREAK_SMALL;
+      break;
+    case TieBreak::Large:
+      if (!(ties & DSA_TIE_LARGE)) throw NotSupported(I.context(op) + ": tie_break large not declared");
+      tie = DSA_TIE_BREAK_LARGE;
+      break;
+    case TieBreak::Any:  // small or large are valid "any" fills
+      tie = (ties & DSA_TIE_ANY) ? DSA_TIE_BREAK_ANY
+            : (ties & DSA_TIE_SMALL) ? DSA_TIE_BREAK_SMALL
+                                     : DSA_TIE_BREAK_LARGE;
+      break;
+  }
+  int32_t sorted = policy.sorted ? 1 : 0;
+  if (policy.sorted && !(orders & DSA_TOPK_SORTED))
+    throw NotSupported(I.context(op) + ": sorted output not declared");
+  if (!policy.sorted && !(orders & DSA_TOPK_UNSORTED)) sorted = 1;  // sorted is a valid "any order"
+  std::optional<Tensor> ks, ke;
+  if (windows) {
+    ks = windows_tensor(windows->ks);
+    ke = windows_tensor(windows->ke);
+  }
+  auto fn = I.lib.table->topk_indices;
+  auto res = I.run(op, [&]() {
+    Call c(I.context(op));
+    dsa_topk_args a{};
+    a.scores = c.in("scores", scores);
+    a.k = k;
+    a.tie_break = tie;
+    a.sorted = sorted;
+    a.ks = c.in_opt("ks", ks);
+    a.ke = c.in_opt("ke", ke);
+    a.indices = c.out("indices", DType::I32, {s_q, k});
+    return c.finish(fn(&a, c.err(), c.err_size()));
+  });
+  return std::move(res.at(0));
+}
+
+namespace {
+
+struct MlaShapes {
+  int64_t s_q, h_q, d_qk, s_kv, k;
+  Tensor indices;  // [s_q, k]
+};
+
+MlaShapes check_mla(const char* op, const SparseMlaInputs& in) {
+  check_rank(op, "q", in.q, 3);
+  check_rank(op, "kv", in.kv, 2);
+  MlaShapes s{in.q.size(0), in.q.size(1), in.q.size(2), in.kv.size(0), 0, {}};
+  check_shape(op, "kv", in.kv, {s.s_kv, s.d_qk});
+  check_arg(in.indices.dtype() == DType::I32, op, "indices", dtype_name(in.indices.dtype()), "I32");
+  const bool three = in.indices.dim() == 3 && in.indices.size(1) == 1;
+  check_arg(in.indices.dim() == 2 || three, op, "indices", shape_str(in.indices.shape()),
+            "[s_q, k] or [s_q, 1, k]");
+  s.k = in.indices.size(-1);
+  check_arg(in.indices.size(0) == s.s_q, op, "indices", shape_str(in.indices.shape()),
+            "s_q = " + str(s.s_q) + " rows");
+  s.indices = three ? in.indices.reshaped({s.s_q, s.k}) : in.indices;
+  if (in.topk_length) {
+    check_shape(op, "topk_length", *in.topk_length, {s.s_q});
+    check_arg(in.topk_length->dtype() == DType::I32, op, "topk_length",
+              dtype_name(in.topk_length->dtype()), "I32");
+  }
+  if (in.attn_sink) check_shape(op, "attn_sink", *in.attn_sink, {s.h_q});
+  check_arg(std::isfinite(in.sm_scale), op, "sm_scale", str(in.sm_scale), "a finite value");
+  check_arg(in.d_v > 0 && in.d_v <= s.d_qk, op, "d_v", str(in.d_v),
+            "0 < d_v <= d_qk = " + str(s.d_qk));
+  return s;
+}
+
+}  // namespace
+
+SparseMlaForward PluginBackend::sparse_mla_forward(const SparseMlaInputs& in) {
+  const char* op = "sparse_mla_fwd";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_SPARSE_MLA_FWD, op);
+  const MlaShapes s = check_mla(op, in);
+  I.require_data_dtype(op, "q", in.q);
+  I.require_data_dtype(op, "kv", in.kv);
+  if (in.kv.dtype() != in.q.dtype())
+    throw NotSupported(I.context(op) + ": kv dtype differs from q dtype (the ABI passes one dtype)");
+  if (in.attn_sink) I.require_aux_dtype(op, "attn_sink", *in.attn_sink);
+  const DType out_dt = Impl::out_dtype(I.info.caps.outputs.mla_out, in.q.dtype());
+  const DType stat_dt = Impl::out_dtype(I.info.caps.outputs.mla_stats, DType::F32);
+  auto fn = I.lib.table->sparse_mla_fwd;
+  auto res = I.run(op, [&]() {
+    Call c(I.context(op));
+    dsa_sparse_mla_fwd_args a{};
+    a.q = c.in("q", in.q);
+    a.kv = c.in("kv", in.kv);
+    a.indices = c.in("indices", s.indices);
+    a.topk_length = c.in_opt("topk_length", in.topk_length);
+    a.attn_sink = c.in_opt("attn_sink", in.attn_sink);
+    a.sm_scale = in.sm_scale;
+    a.d_v = in.d_v;
+    a.out = c.out("out", out_dt, {s.s_q, s.h_q, in.d_v});
+    a.lse = c.out("lse", stat_dt, {s.s_q, s.h_q});
+    a.max_logits = c.out("max_logits", stat_dt, {s.s_q, s.h_q});
+    return c.finish(fn(&a, c.err(), c.err_size()));
+  });
+  return SparseMlaForward{std::move(res.at(0)), std::move(res.at(1)), std::move(res.at(2))};
+}
+
+SparseMlaGrads PluginBackend::sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) {
+  const char* op = "sparse_mla_bwd";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_SPARSE_MLA_BWD, op);
+  const MlaShapes s = check_mla(op, in);
+  check_shape(op, "dout", dout, {s.s_q, s.h_q, in.d_v});
+  I.require_data_dtype(op, "q", in.q);
+  I.require_data_dtype(op, "kv", in.kv);
+  if (in.kv.dtype() != in.q.dtype())
+    throw NotSupported(I.context(op) + ": kv dtype differs from q dtype (the ABI passes one dtype)");
+  if (dout.dtype() != DType::F32) I.require_data_dtype(op, "dout", dout);
+  if (in.attn_sink) I.require_aux_dtype(op, "attn_sink", *in.attn_sink);
+  const dsa_output_dtypes& od = I.info.caps.outputs;
+  const bool with_fwd = (I.info.caps.ops & DSA_OP_SPARSE_MLA_FWD) != 0;
+  const DType out_dt = Impl::out_dtype(od.mla_out, in.q.dtype());
+  const DType stat_dt = Impl::out_dtype(od.mla_stats, DType::F32);
+  auto fwd = I.lib.table->sparse_mla_fwd;
+  auto bwd = I.lib.table->sparse_mla_bwd;
+  auto res = I.run(op, [&]() {
+    std::optional<Tensor> out, lse;
+    if (with_fwd) {  // the plugin's own forward, judged as part of this call
+      Call c(I.context("sparse_mla_fwd (run for sparse_mla_bwd)"));
+      dsa_sparse_mla_fwd_args a{};
+      a.q = c.in("q", in.q);
+      a.kv = c.in("kv", in.kv);
+      a.indices = c.in("indices", s.indices);
+      a.topk_length = c.in_opt("topk_length", in.topk_length);
+      a.attn_sink = c.in_opt("attn_sink", in.attn_sink);
+      a.sm_scale = in.sm_scale;
+      a.d_v = in.d_v;
+      a.out = c.out("out", out_dt, {s.s_q, s.h_q, in.d_v});
+      a.lse = c.out("lse", stat_dt, {s.s_q, s.h_q});
+      a.max_logits = c.out("max_logits", stat_dt, {s.s_q, s.h_q});
+      auto r = c.finish(fwd(&a, c.err(), c.err_size()));
+      out = std::move(r.at(0));
+      lse = std::move(r.at(1));
+    }
+    Call c(I.context(op));
+    dsa_sparse_mla_bwd_args a{};
+    a.q = c.in("q", in.q);
+    a.kv = c.in("kv", in.kv);
+    a.indices = c.in("indices", s.indices);
+    a.topk_length = c.in_opt("topk_length", in.topk_length);
+    a.attn_sink = c.in_opt("attn_sink", in.attn_sink);
+    a.sm_scale = in.sm_scale;
+    a.d_v = in.d_v;
+    a.out = c.in_opt("out", out);
+    a.lse = c.in_opt("lse", lse);
+    a.dout = c.in("dout", dout);
+    a.dq = c.out("dq", Impl::out_dtype(od.mla_grads, in.q.dtype()), {s.s_q, s.h_q, s.d_qk});
+    a.dkv = c.out("dkv", Impl::out_dtype(od.mla_grads, in.kv.dtype()), {s.s_kv, s.d_qk});
+    if (in.attn_sink)
+      a.dsink = c.out("dsink", Impl::out_dtype(od.mla_grads, in.attn_sink->dtype()), {s.h_q});
+    return c.finish(bwd(&a, c.err(), c.err_size()));
+  });
+  SparseMlaGrads g{std::move(res.at(0)), std::move(res.at(1)), std::nullopt};
+  if (res.size() > 2) g.dsink = std::move(res[2]);
+  return g;
+}
+
+IndexerKlResult PluginBackend::indexer_kl_loss(const IndexerKlInputs& in) {
+  const char* op = "indexer_kl_loss";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_INDEXER_KL_LOSS, op);
+  check_rank(op, "scores", in.scores, 2);
+  check_rank(op, "q", in.q, 3);
+  check_rank(op, "kv", in.kv, 2);
+  const int64_t s_q = in.scores.size(0), s_kv = in.scores.size(1);
+  check_shape(op, "q", in.q, {s_q, -1, -1});
+  check_shape(op, "kv", in.kv, {s_kv, in.q.size(2)});
+  check_arg(in.windows.s_q() == s_q && in.windows.s_kv == s_kv, op, "windows",
+            str(in.windows.s_q()) + " rows over " + str(in.windows.s_kv) + " keys",
+            str(s_q) + " rows over " + str(s_kv) + " keys");
+  check_arg(std::isfinite(in.sm_scale), op, "sm_scale", str(in.sm_scale), "a finite value");
+  std::optional<Tensor> indices;
+  if (in.mode == KlMode::Sparse) {
+    check_arg(in.indices.has_value(), op, "indices", "none", "[s_q, k] I32 in sparse mode");
+    check_arg(in.indices->dtype() == DType::I32, op, "indices", dtype_name(in.indices->dtype()), "I32");
+    check_arg(in.indices->dim() == 2 && in.indices->size(0) == s_q, op, "indices",
+              shape_str(in.indices->shape()), "[s_q, k]");
+    indices = in.indices;
+  }
+  I.require_aux_dtype(op, "scores", in.scores);
+  I.require_data_dtype(op, "q", in.q);
+  I.require_data_dtype(op, "kv", in.kv);
+  const Tensor ks = windows_tensor(in.windows.ks), ke = windows_tensor(in.windows.ke);
+  const DType odt = Impl::out_dtype(I.info.caps.outputs.kl, in.scores.dtype());
+  auto fn = I.lib.table->indexer_kl_loss;
+  auto res = I.run(op, [&]() {
+    Call c(I.context(op));
+    dsa_indexer_kl_loss_args a{};
+    a.scores = c.in("scores", in.scores);
+    a.q = c.in("q", in.q);
+    a.kv = c.in("kv", in.kv);
+    a.sm_scale = in.sm_scale;
+    a.ks = c.in("ks", ks);
+    a.ke = c.in("ke", ke);
+    a.mode = in.mode == KlMode::Sparse ? DSA_KL_SPARSE : DSA_KL_DENSE;
+    a.indices = c.in_opt("indices", indices);
+    a.coeff = in.coeff;
+    a.loss = c.out("loss", odt, {1});
+    a.d_scores = c.out("d_scores", odt, {s_q, s_kv});
+    return c.finish(fn(&a, c.err(), c.err_size()));
+  });
+  return IndexerKlResult{std::move(res.at(0)), std::move(res.at(1))};
+}
+
+// ---------------------------------------------------------------------------------------
+// Loading
+// ---------------------------------------------------------------------------------------
+
+std::unique_ptr<PluginBackend> open_plugin(const std::string& path, const PluginOptions& options) {
+  if (options.isolate) {  // probe in a child first: a crashing constructor stays there
+    IsolatedResult r = run_isolated(
+        [&]() -> std::vector<Tensor> {
+          load_library(path);
+          return {};
+        },
+        options.timeout);
+    if (r.status == IsolatedStatus::Crashed || r.status == IsolatedStatus::TimedOut)
+      throw PluginLoadError("plugin '" + path + "': loading it " +
+                            (r.status == IsolatedStatus::TimedOut ? "hung: " : "crashed: ") +
+                            r.message);
+    rethrow_in_parent(r, "plugin '" + path + "'");
+  }
+  auto impl = std::make_unique<PluginBackend::Impl>();
+  impl->lib = load_library(path);
+  impl->options = options;
+  const dsa_backend_v1& t = *impl->lib.table;
+  impl->info.path = impl->lib.path;
+  impl->info.name = t.name;
+  impl->info.version = t.version ? t.version : "";
+  impl->info.abi_version = t.abi_version;
+  impl->info.caps = t.caps;
+  return std::unique_ptr<PluginBackend>(new PluginBackend(std::move(impl)));
+}
+
+std::unique_ptr<dsa::oracle::Backend> load_plugin(const std::string& path,
+                                                  const PluginOptions& options) {
+  return open_plugin(path, options);
+}
+
+}  // namespace dsa::plugin
