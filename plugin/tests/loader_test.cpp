@@ -95,7 +95,7 @@ TEST(LoadPlugin, NonIsolatedLoadGivesTheSameErrors) {
 TEST(PluginCall, SegfaultIsAFindingNotACrash) {
   auto b = open_plugin(DSA_BAD_PLUGIN_SEGFAULT, quick());
   std::string m = message_of<IsolatedFailure>([&] { call_topk(*b); });
-  EXPECT_TRUE(has(m, "SIGSEGV")) << m;
+  EXPECT_TRUE(has(m, "SEGV")) << m;  // "SIGSEGV", or ASan's "SEGV" report under ASan
   EXPECT_TRUE(has(m, "topk_indices")) << m;
   EXPECT_TRUE(has(m, "plugin 'bad'")) << m;
 }
