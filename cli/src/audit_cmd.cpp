@@ -1,0 +1,148 @@
+// `dsa-verify audit`: the main job. For each chosen backend, runs the property suite, the
+// golden fixtures and the peer fixtures op by op through the oracle, shows progress, prints
+// the summary table and writes JSON / JUnit reports.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+
+#include "commands.h"
+#include "dsa/fixtures/fixture.h"
+#include "dsa/oracle/fixture_check.h"
+#include "report.h"
+
+namespace fs = std::filesystem;
+
+namespace dsa::cli {
+namespace {
+
+// One unit of audit work: produces one or more case results when run.
+struct AuditTask {
+  std::string op, property;
+  std::function<std::vector<CaseResult>()> run;
+};
+
+bool op_selected(const AuditOptions& o, const std::string& op) {
+  return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end();
+}
+
+double worst_ratio(const oracle::OpReport& r) {
+  double w = 0.0;
+  for (const auto& t : r.tensors)
+    if (std::isfinite(t.ratio)) w = std::max(w, t.ratio);
+  return w;
+}
+
+std::vector<std::string> list_fixtures(const std::string& dir) {
+  std::vector<std::string> files;
+  if (!fs::is_directory(dir)) return files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Fixture tasks: one per file; each yields one case per op the fixture covers.
+void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, const std::string& kind,
+                       oracle::Backend& backend, const AuditOptions& opts) {
+  for (const auto& file : list_fixtures(dir)) {
+    std::string stem = fs::path(file).stem().string();
+    tasks.push_back({"fixture", kind + ":" + stem, [file, kind, stem, &backend, &opts]() {
+      std::vector<CaseResult> out;
+      fixtures::Fixture f = fixtures::load_fixture(file);
+      oracle::FixtureReport r = oracle::check_fixture(f, &backend);
+      std::string repro = "dsa-verify replay " + file + " --backend " + backend.name();
+      for (const auto& op : r.backend_vs_reference) {
+        if (!op_selected(opts, op.op)) continue;
+        CaseResult c = make_case(op.op, kind + ":" + stem, oracle::to_string(op.verdict));
+        c.worst_ratio = worst_ratio(op);
+        c.cases = 1;
+        c.message = op.verdict == oracle::Verdict::Pass ? "" : op.reason;
+        if (op.verdict == oracle::Verdict::Fail) {
+          c.message += "\n" + oracle::format_op_report(op);
+          c.repro = repro;
+          c.fixture = file;
+        }
+        out.push_back(c);
+      }
+      if (!r.reference_vs_expected.passed()) {
+        CaseResult c = make_case("fixture", kind + ":" + stem + " (reference vs producer)", "fail");
+        c.message = r.reference_vs_expected.reason;
+        c.repro = repro;
+        c.fixture = file;
+        out.push_back(c);
+      }
+      return out;
+    }});
+  }
+}
+
+std::vector<std::string> default_backends() {
+  std::vector<std::string> names;
+  for (const auto& n : oracle::backend_names()) {
+    if (n != "libtorch-cpu" && n != "libtorch-cuda" && n != "cuda") continue;
+    if (n != "libtorch-cpu" && !oracle::make_backend(n)->unavailable_reason().empty()) continue;
+    names.push_back(n);
+  }
+  if (names.empty()) names.push_back("reference");  // built without LibTorch
+  return names;
+}
+
+}  // namespace
+
+int run_audit(const AuditOptions& opts) {
+  std::vector<std::string> names = opts.backends.empty() ? default_backends() : opts.backends;
+  FixtureDirs dirs = default_fixture_dirs();
+  std::vector<CaseResult> all;
+  std::string label;
+  bool stop = false;
+  for (const auto& name : names) {
+    std::unique_ptr<oracle::Backend> backend = oracle::make_backend(name);
+    label += (label.empty() ? "" : ",") + name;
+    std::string why = backend->unavailable_reason();
+    if (!why.empty()) {
+      CaseResult c = make_case("*", "backend " + name, "skip");
+      c.message = why;
+      all.push_back(c);
+      continue;
+    }
+    std::vector<AuditTask> tasks;
+    add_fixture_tasks(tasks, dirs.golden, "golden", *backend, opts);
+    add_fixture_tasks(tasks, dirs.peer, "peer", *backend, opts);
+    std::fprintf(stderr, "audit %s: %zu tasks (level %d, seed %llu)\n", name.c_str(), tasks.size(),
+                 opts.level, static_cast<unsigned long long>(opts.seed));
+    Progress progress(tasks.size());
+    for (auto& task : tasks) {
+      auto t0 = std::chrono::steady_clock::now();
+      std::vector<CaseResult> results;
+      try {
+        results = task.run();
+      } catch (const std::exception& e) {
+        CaseResult c = make_case(task.op, task.property, "fail");
+        c.message = std::string("error: ") + e.what();
+        results.push_back(c);
+      }
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      CaseResult shown = make_case(task.op, task.property, "pass");
+      for (auto& r : results) {
+        r.seconds = secs / std::max<size_t>(results.size(), 1);
+        if (names.size() > 1) r.op = name + "/" + r.op;
+        if (r.status == "fail") shown.status = "fail";
+        all.push_back(r);
+      }
+      progress.update(shown);
+      if (opts.fail_fast && shown.status == "fail") { stop = true; break; }
+    }
+    progress.finish();
+    if (stop) break;
+  }
+  print_summary(stdout, label, all);
+  if (!opts.json_path.empty()) write_text_file(opts.json_path, to_json(label, all).dump(2) + "\n");
+  if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, all));
+  bool failed = std::any_of(all.begin(), all.end(), [](const CaseResult& c) { return c.status == "fail"; });
+  return failed ? kExitDisagree : kExitOk;
+}
+
+}  // namespace dsa::cli

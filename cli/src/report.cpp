@@ -1,0 +1,153 @@
+#include "report.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+
+namespace dsa::cli {
+
+CaseResult make_case(std::string op, std::string property, std::string status) {
+  CaseResult c;
+  c.op = std::move(op);
+  c.property = std::move(property);
+  c.status = std::move(status);
+  return c;
+}
+
+Progress::Progress(size_t total)
+    : total_(total), tty_(isatty(fileno(stderr)) != 0), start_(std::chrono::steady_clock::now()) {}
+
+void Progress::update(const CaseResult& c) {
+  ++done_;
+  if (c.status == "fail") ++failed_;
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  if (tty_) {
+    const int width = 30;
+    int filled = total_ ? static_cast<int>(width * done_ / total_) : width;
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu cases, %zu failed, %.1fs  %-40.40s",
+                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done_,
+                 total_, failed_, secs, (c.op + " " + c.property).c_str());
+  } else {
+    std::fprintf(stderr, "[%zu/%zu] %-4s %s %s (%.1fs)\n", done_, total_, c.status.c_str(),
+                 c.op.c_str(), c.property.c_str(), secs);
+  }
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (tty_) std::fprintf(stderr, "\n");
+}
+
+void print_summary(std::FILE* out, const std::string& backend, const std::vector<CaseResult>& cases) {
+  size_t pass = 0, fail = 0, skip = 0;
+  std::fprintf(out, "\ndsa-verify audit: backend %s\n", backend.c_str());
+  std::fprintf(out, "%-24s %-40s %-5s %12s %7s\n", "op", "property", "result", "worst ratio", "cases");
+  for (const auto& c : cases) {
+    std::fprintf(out, "%-24s %-40s %-5s %12.3g %7lld\n", c.op.c_str(), c.property.c_str(),
+                 c.status.c_str(), c.worst_ratio, static_cast<long long>(c.cases));
+    (c.status == "pass" ? pass : c.status == "fail" ? fail : skip)++;
+  }
+  for (const auto& c : cases) {
+    if (c.status == "skip" && !c.message.empty())
+      std::fprintf(out, "skipped %s %s: %s\n", c.op.c_str(), c.property.c_str(), c.message.c_str());
+  }
+  for (const auto& c : cases) {
+    if (c.status != "fail") continue;
+    std::fprintf(out, "\nFAIL %s %s\n  %s\n", c.op.c_str(), c.property.c_str(), c.message.c_str());
+    if (!c.repro.empty()) std::fprintf(out, "  reproduce: %s\n", c.repro.c_str());
+    if (!c.fixture.empty()) std::fprintf(out, "  fixture:   %s\n", c.fixture.c_str());
+  }
+  std::fprintf(out, "\naudit: %zu passed, %zu failed, %zu skipped\n", pass, fail, skip);
+}
+
+nlohmann::json to_json(const std::string& backend, const std::vector<CaseResult>& cases) {
+  nlohmann::json j;
+  j["format"] = "dsa-verify-audit/1";
+  j["backend"] = backend;
+  j["contract_version"] = DSA_CONTRACT_VERSION;
+  nlohmann::json arr = nlohmann::json::array();
+  size_t pass = 0, fail = 0, skip = 0;
+  for (const auto& c : cases) {
+    arr.push_back({{"op", c.op}, {"property", c.property}, {"status", c.status},
+                   {"worst_ratio", c.worst_ratio}, {"cases", c.cases}, {"message", c.message},
+                   {"repro", c.repro}, {"fixture", c.fixture}, {"seconds", c.seconds}});
+    (c.status == "pass" ? pass : c.status == "fail" ? fail : skip)++;
+  }
+  j["cases"] = arr;
+  j["summary"] = {{"passed", pass}, {"failed", fail}, {"skipped", skip}};
+  return j;
+}
+
+static std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    switch (ch) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      case '\'': o += "&apos;"; break;
+      default:
+        // XML 1.0 forbids most control characters; replace them.
+        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\n' && ch != '\t') o += ' ';
+        else o += ch;
+    }
+  }
+  return o;
+}
+
+std::string to_junit(const std::string& backend, const std::vector<CaseResult>& cases) {
+  std::map<std::string, std::vector<const CaseResult*>> by_op;
+  for (const auto& c : cases) by_op[c.op].push_back(&c);
+  size_t total_fail = 0, total_skip = 0;
+  double total_time = 0;
+  for (const auto& c : cases) {
+    total_fail += c.status == "fail";
+    total_skip += c.status == "skip";
+    total_time += c.seconds;
+  }
+  std::string x = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  x += "<testsuites name=\"dsa-verify audit " + xml_escape(backend) + "\" tests=\"" +
+       std::to_string(cases.size()) + "\" failures=\"" + std::to_string(total_fail) +
+       "\" errors=\"0\" skipped=\"" + std::to_string(total_skip) + "\" time=\"" +
+       std::to_string(total_time) + "\">\n";
+  for (const auto& [op, list] : by_op) {
+    size_t f = 0, s = 0;
+    double t = 0;
+    for (auto* c : list) { f += c->status == "fail"; s += c->status == "skip"; t += c->seconds; }
+    x += "  <testsuite name=\"" + xml_escape(backend + "." + op) + "\" tests=\"" +
+         std::to_string(list.size()) + "\" failures=\"" + std::to_string(f) +
+         "\" errors=\"0\" skipped=\"" + std::to_string(s) + "\" time=\"" + std::to_string(t) + "\">\n";
+    for (auto* c : list) {
+      x += "    <testcase classname=\"" + xml_escape(backend + "." + op) + "\" name=\"" +
+           xml_escape(c->property) + "\" time=\"" + std::to_string(c->seconds) + "\"";
+      if (c->status == "pass") { x += "/>\n"; continue; }
+      x += ">\n";
+      if (c->status == "fail") {
+        std::string body = c->message;
+        if (!c->repro.empty()) body += "\nreproduce: " + c->repro;
+        if (!c->fixture.empty()) body += "\nfixture: " + c->fixture;
+        x += "      <failure message=\"" + xml_escape(c->message.substr(0, 200)) +
+             "\" type=\"oracle\">" + xml_escape(body) + "</failure>\n";
+      } else {
+        x += "      <skipped message=\"" + xml_escape(c->message) + "\"/>\n";
+      }
+      x += "    </testcase>\n";
+    }
+    x += "  </testsuite>\n";
+  }
+  x += "</testsuites>\n";
+  return x;
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot open for writing");
+  f << text;
+  if (!f) throw std::runtime_error(path + ": write failed");
+}
+
+}  // namespace dsa::cli
