@@ -1,5 +1,6 @@
 // Indexer scores (SPEC §2): hand case, backward by hand, FD gradients, baseline sanity.
 #include "dsa/reference/indexer.h"
+#include "dsa/reference/topk.h"
 
 #include <gtest/gtest.h>
 
@@ -105,6 +106,26 @@ TEST(IndexerTest, BaselineIsCloseToReferenceButComputedInFloat) {
   EXPECT_TRUE(test::close(gb.dq_idx, gr.dq_idx, test::kBaselineRelTol));
   EXPECT_TRUE(test::close(gb.dk_idx, gr.dk_idx, test::kBaselineRelTol));
   EXPECT_TRUE(test::close(gb.dw, gr.dw, test::kBaselineRelTol));
+}
+
+
+// Exact tier (SPEC §9): small integers make every sum exact in fp32, so the baseline equals
+// the reference bit for bit, and ReLU zeros build tie plateaus that top-k resolves identically.
+TEST(IndexerTest, IntegerGridIsBitExactAtBothPrecisionsAndTopkAgrees) {
+  std::mt19937_64 rng(9);
+  std::uniform_int_distribution<int> small(-4, 4), weight(-3, 3);
+  Tensor q(DType::BF16, {6, 4, 32}), k(DType::BF16, {40, 32}), w(DType::F32, {6, 4});
+  for (int64_t i = 0; i < q.numel(); ++i) q.set(i, small(rng));
+  for (int64_t i = 0; i < k.numel(); ++i) k.set(i, small(rng));
+  for (int64_t i = 0; i < w.numel(); ++i) w.set(i, weight(rng));
+  const KeyWindows win = KeyWindows::causal(6, 40);
+  const Tensor ref = indexer_scores(q, k, w, win);
+  const Tensor base = indexer_scores(q, k, w, win, Precision::Baseline);
+  EXPECT_GT(test::max_abs(ref), 0.0);
+  EXPECT_TRUE(test::identical(base.to(DType::F64), ref));
+  const TopkPolicy policy{TieBreak::Small, true};
+  EXPECT_TRUE(test::identical(reference::select_topk(base, 16, policy, win),
+                              reference::select_topk(ref, 16, policy, win)));
 }
 
 }  // namespace
