@@ -1,0 +1,91 @@
+// The property suite as a library: properties written once against dsa::oracle::Backend and
+// run for any subject (a registered backend or a mutant), plus the mutation analysis. The
+// gtest executables (label prop) and the CLI (`dsa-verify audit`) both call this API.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "dsa/oracle/backend.h"
+#include "dsa/oracle/dsa_block.h"
+#include "dsa/oracle/report.h"
+
+namespace dsa::props {
+
+/// What the suite runs against: a backend factory and the block runner used for §8.
+struct Subject {
+  std::string name;
+  std::function<std::unique_ptr<oracle::Backend>()> make;
+  oracle::BlockFactory block = oracle::default_block_factory();
+  std::string fault;  ///< mutants: the field fault imitated (one line); empty for real backends
+  std::string focus;  ///< property-name prefix to run first ("topk.", "smla.", ...)
+};
+
+/// One property: a RapidCheck body (uses RC_ASSERT) over a live backend and block factory.
+struct Property {
+  std::string name;              ///< "<op family>.<rule>", e.g. "topk.neg_inf_to_minus_one"
+  std::vector<oracle::Op> ops;   ///< ops the backend must support, else the property is skipped
+  int cost = 1;                  ///< divides the case count (expensive properties run fewer)
+  std::function<void(oracle::Backend&, const oracle::BlockFactory&)> body;
+};
+
+/// Every property, in file order (topk, indexer, sparse MLA, KL loss, block).
+const std::vector<Property>& all_properties();
+
+/// Case count per property at a level: DSA_TEST_LEVEL 0 (CI) / 1 / 2 (soak).
+int cases_for_level(int level, int cost);
+/// DSA_TEST_LEVEL from the environment (default 0; clamped to 0..2).
+int env_test_level();
+
+struct SuiteOptions {
+  int level = 0;
+  uint64_t seed = 0;          ///< 0: RapidCheck's configured seed (RC_PARAMS) or a random one
+  bool shrink = true;
+  bool dump = true;           ///< dump failing cases as fixtures into dump_dir
+  std::string dump_dir;       ///< "" → $DSA_DUMP_DIR or build/failures
+  bool stop_at_first_failure = false;
+  std::vector<std::string> only;  ///< property names to run (empty: all)
+  std::string repro_command;  ///< printed in repro lines (e.g. the test binary + filter)
+  std::ostream* log = nullptr;    ///< progress and failure messages
+};
+
+struct PropertyResult {
+  std::string subject, property;
+  oracle::Verdict verdict = oracle::Verdict::Pass;
+  int cases = 0;
+  std::string message;  ///< RapidCheck's failure description (shrunk case, assertion)
+  std::string repro;    ///< one-line reproduction (RC_PARAMS + DSA_TEST_LEVEL + command)
+  std::string dumped;   ///< path of the dumped fixture, if any
+};
+
+/// Runs one property against a subject (skip when unavailable / op not supported).
+PropertyResult run_property(const Subject& s, const Property& p, const SuiteOptions& o);
+/// Runs every property (the subject's focus prefix first when stop_at_first_failure).
+std::vector<PropertyResult> run_suite(const Subject& s, const SuiteOptions& o);
+/// Compact table: subject, property, verdict, cases, first line of message.
+std::string format_results(const std::vector<PropertyResult>& r);
+
+/// One row of the mutation table.
+struct MutantResult {
+  std::string mutant, fault;
+  bool caught = false;
+  std::string caught_by;  ///< first property that failed
+  std::string message;    ///< its first line
+  double seconds = 0;
+};
+/// Every mutant (property_tests/mutants/), wrapping the reference backend.
+std::vector<Subject> mutant_subjects();
+/// Runs the suite against every mutant (stops at the first failing property per mutant,
+/// shrinking and dumping off) and returns the table. Mutation score = caught / total.
+std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o);
+/// The score table plus a "mutation score: c/n" line.
+std::string format_mutation_table(const std::vector<MutantResult>& rows);
+
+/// A subject for a registered backend name (oracle::make_backend).
+Subject backend_subject(const std::string& name);
+
+}  // namespace dsa::props

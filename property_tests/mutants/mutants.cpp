@@ -1,0 +1,559 @@
+// Mutants: deliberately faulty backends, each imitating one fault the field has shipped
+// (named in the one-line comment above it). Most wrap the reference backend and perturb one
+// thing; the block mutants are faulty recompute runners (the oracle's DsaBlock model).
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <random>
+
+#include "dsa/oracle/reference_backend.h"
+#include "dsa/reference/sparse_mla.h"
+#include "src/props_common.h"
+
+namespace dsa::props {
+namespace {
+
+using oracle::Backend;
+using oracle::Op;
+
+// Forwards every op to the reference; a mutant overrides the one it breaks.
+class Wrap : public Backend {
+ public:
+  explicit Wrap(std::string name) : name_(std::move(name)), ref_(oracle::make_reference_backend()) {}
+  std::string name() const override { return name_; }
+  bool supports(Op) const override { return true; }
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return ref_->indexer_scores(q, k, w, win);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    return ref_->indexer_scores_backward(q, k, w, win, d);
+  }
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p,
+                     const std::optional<KeyWindows>& win) override {
+    return ref_->select_topk(s, k, p, win);
+  }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    return ref_->sparse_mla_forward(in);
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    return ref_->sparse_mla_backward(in, dout);
+  }
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override { return ref_->indexer_kl_loss(in); }
+
+ protected:
+  std::string name_;
+  std::unique_ptr<Backend> ref_;
+};
+
+// ---- index helpers -------------------------------------------------------------------------
+
+int64_t row_len(const SparseMlaInputs& in, int64_t t, int64_t k) {
+  return in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
+}
+bool slot_valid(const SparseMlaInputs& in, int64_t t, int64_t j) {
+  const int64_t k = in.indices.size(-1), s_kv = in.kv.size(0);
+  const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
+  return j < row_len(in, t, k) && id >= 0 && id < s_kv;
+}
+bool row_empty(const SparseMlaInputs& in, int64_t t) {
+  for (int64_t j = 0; j < in.indices.size(-1); ++j)
+    if (slot_valid(in, t, j)) return false;
+  return true;
+}
+// Copy of `in` with indices[t,j] replaced by f(t, j, id).
+template <class F>
+SparseMlaInputs remap(const SparseMlaInputs& in, F f) {
+  SparseMlaInputs out = in;
+  const int64_t k = in.indices.size(-1), s_q = in.q.size(0);
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      out.indices.set(t * k + j, static_cast<double>(f(t, j, static_cast<int64_t>(in.indices.get(t * k + j)))));
+  return out;
+}
+
+// Sparse MLA faults expressed as an index rewrite, applied to forward and backward alike.
+class IndexRewrite : public Wrap {
+ public:
+  using Wrap::Wrap;
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    return ref_->sparse_mla_forward(rewrite(in));
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    return ref_->sparse_mla_backward(rewrite(in), dout);
+  }
+  virtual SparseMlaInputs rewrite(const SparseMlaInputs& in) const = 0;
+};
+
+// Field fault: sparse MLA reads kv through -1 (Python-style negative indexing → last row).
+class ReadsThroughMinusOne final : public IndexRewrite {
+ public:
+  ReadsThroughMinusOne() : IndexRewrite("smla_reads_through_minus1") {}
+  SparseMlaInputs rewrite(const SparseMlaInputs& in) const override {
+    const int64_t s_kv = in.kv.size(0);
+    return remap(in, [&](int64_t, int64_t, int64_t id) { return id == -1 ? s_kv - 1 : id; });
+  }
+};
+
+// Field fault: the kernel stops at the first invalid slot (assumes padding only at the tail).
+class StopsAtFirstInvalid final : public IndexRewrite {
+ public:
+  StopsAtFirstInvalid() : IndexRewrite("smla_stops_at_first_invalid") {}
+  SparseMlaInputs rewrite(const SparseMlaInputs& in) const override {
+    std::vector<int64_t> first(static_cast<size_t>(in.q.size(0)), in.indices.size(-1));
+    for (int64_t t = 0; t < in.q.size(0); ++t)
+      for (int64_t j = 0; j < in.indices.size(-1); ++j)
+        if (!slot_valid(in, t, j)) { first[static_cast<size_t>(t)] = j; break; }
+    return remap(in, [&](int64_t t, int64_t j, int64_t id) { return j >= first[static_cast<size_t>(t)] ? -1 : id; });
+  }
+};
+
+// Field fault: trusts topk_length and skips per-slot checks (invalid ids inside the length are
+// read as a wrapped row).
+class TrustsTopkLength final : public IndexRewrite {
+ public:
+  TrustsTopkLength() : IndexRewrite("smla_trusts_topk_length") {}
+  SparseMlaInputs rewrite(const SparseMlaInputs& in) const override {
+    if (!in.topk_length) return in;
+    const int64_t s_kv = in.kv.size(0), k = in.indices.size(-1);
+    return remap(in, [&](int64_t t, int64_t j, int64_t id) {
+      if (j < row_len(in, t, k) && (id < 0 || id >= s_kv)) return ((id % s_kv) + s_kv) % s_kv;
+      return id;
+    });
+  }
+};
+
+// Field fault: ids >= s_kv are clamped to the last row instead of being treated as invalid.
+class ClampsLargeIds final : public IndexRewrite {
+ public:
+  ClampsLargeIds() : IndexRewrite("smla_clamps_ids_ge_s_kv") {}
+  SparseMlaInputs rewrite(const SparseMlaInputs& in) const override {
+    const int64_t s_kv = in.kv.size(0);
+    return remap(in, [&](int64_t, int64_t, int64_t id) { return id >= s_kv ? s_kv - 1 : id; });
+  }
+};
+
+// Field fault: empty rows report lse = -inf (log of an empty sum taken as the running max).
+class EmptyRowNegInfLse final : public Wrap {
+ public:
+  EmptyRowNegInfLse() : Wrap("smla_empty_row_neg_inf_lse") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    SparseMlaForward f = ref_->sparse_mla_forward(in);
+    const int64_t h = in.q.size(1);
+    for (int64_t t = 0; t < in.q.size(0); ++t)
+      if (row_empty(in, t))
+        for (int64_t i = 0; i < h; ++i) f.lse.set(t * h + i, -INFINITY);
+    return f;
+  }
+};
+
+// Field fault: empty rows produce NaN (0/0 normalisation) in out and lse.
+class EmptyRowNaN final : public Wrap {
+ public:
+  EmptyRowNaN() : Wrap("smla_empty_row_nan") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    SparseMlaForward f = ref_->sparse_mla_forward(in);
+    const int64_t h = in.q.size(1), d_v = in.d_v;
+    for (int64_t t = 0; t < in.q.size(0); ++t)
+      if (row_empty(in, t))
+        for (int64_t i = 0; i < h; ++i) {
+          f.lse.set(t * h + i, NAN);
+          for (int64_t d = 0; d < d_v; ++d) f.out.set((t * h + i) * d_v + d, NAN);
+        }
+    return f;
+  }
+};
+
+// Field fault: a fully masked leading 64-slot block poisons the online softmax
+// (exp(-inf - -inf) = NaN carried into later blocks). Effect model on the reference output.
+class LeadingBlockPoison final : public Wrap {
+ public:
+  LeadingBlockPoison() : Wrap("smla_masked_leading_block_nan") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    SparseMlaForward f = ref_->sparse_mla_forward(in);
+    const int64_t k = in.indices.size(-1), h = in.q.size(1), d_v = in.d_v, block = 64;
+    if (k <= block) return f;
+    for (int64_t t = 0; t < in.q.size(0); ++t) {
+      bool lead_masked = true;
+      for (int64_t j = 0; j < block; ++j) lead_masked = lead_masked && !slot_valid(in, t, j);
+      if (!lead_masked || row_empty(in, t)) continue;
+      for (int64_t i = 0; i < h; ++i) {
+        f.lse.set(t * h + i, NAN);
+        for (int64_t d = 0; d < d_v; ++d) f.out.set((t * h + i) * d_v + d, NAN);
+      }
+    }
+    return f;
+  }
+};
+
+// Field fault: lse reported in base 2 (older FlashMLA / TileLang) where natural log is required.
+class Base2Lse final : public Wrap {
+ public:
+  Base2Lse() : Wrap("smla_base2_lse") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    SparseMlaForward f = ref_->sparse_mla_forward(in);
+    for (int64_t i = 0; i < f.lse.numel(); ++i) f.lse.set(i, f.lse.get(i) / std::log(2.0));
+    return f;
+  }
+};
+
+// Field fault: dkv rows are assigned (last writer wins) instead of accumulated for keys
+// selected by several queries, heads or slots.
+class DkvAssigned final : public Wrap {
+ public:
+  DkvAssigned() : Wrap("smla_dkv_assigned_not_accumulated") {}
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    SparseMlaGrads g = ref_->sparse_mla_backward(in, dout);
+    const int64_t s_q = in.q.size(0), h = in.q.size(1), d_qk = in.q.size(2), d_v = in.d_v;
+    const int64_t k = in.indices.size(-1);
+    Tensor dkv(DType::F64, {in.kv.size(0), d_qk});
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t hh = 0; hh < h; ++hh) {
+        std::vector<int64_t> ids;
+        std::vector<double> P;
+        for (int64_t j = 0; j < k; ++j) {
+          if (!slot_valid(in, t, j)) continue;
+          const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
+          double dot = 0;
+          for (int64_t d = 0; d < d_qk; ++d) dot += in.q.get((t * h + hh) * d_qk + d) * in.kv.get(id * d_qk + d);
+          ids.push_back(id);
+          P.push_back(in.sm_scale * dot);
+        }
+        if (ids.empty()) continue;
+        const double m = *std::max_element(P.begin(), P.end());
+        double sum = 0;
+        for (double p : P) sum += std::exp(p - m);
+        double L = m + std::log(sum);
+        if (in.attn_sink) {
+          const double s = in.attn_sink->get(hh);
+          L = s == INFINITY ? INFINITY : (s == -INFINITY ? L : std::max(L, s) + std::log1p(std::exp(-std::abs(L - s))));
+        }
+        std::vector<double> p(ids.size()), out(static_cast<size_t>(d_v), 0.0);
+        for (size_t j = 0; j < ids.size(); ++j) {
+          p[j] = std::exp(P[j] - L);
+          for (int64_t d = 0; d < d_v; ++d) out[static_cast<size_t>(d)] += p[j] * in.kv.get(ids[j] * d_qk + d);
+        }
+        double delta = 0;
+        for (int64_t d = 0; d < d_v; ++d) delta += out[static_cast<size_t>(d)] * dout.get((t * h + hh) * d_v + d);
+        for (size_t j = 0; j < ids.size(); ++j) {
+          double dv = 0;
+          for (int64_t d = 0; d < d_v; ++d) dv += dout.get((t * h + hh) * d_v + d) * in.kv.get(ids[j] * d_qk + d);
+          const double dS = p[j] * (dv - delta);
+          for (int64_t d = 0; d < d_qk; ++d) {
+            double v = in.sm_scale * dS * in.q.get((t * h + hh) * d_qk + d);
+            if (d < d_v) v += p[j] * dout.get((t * h + hh) * d_v + d);
+            dkv.set(ids[j] * d_qk + d, v);  // the fault: '=' where '+=' is required
+          }
+        }
+      }
+    g.dkv = dkv;
+    return g;
+  }
+};
+
+// Field fault: a "deterministic" backward whose dkv differs run to run (atomics order).
+class NondeterministicDkv final : public Wrap {
+ public:
+  NondeterministicDkv() : Wrap("smla_run_to_run_dkv") {}
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    SparseMlaGrads g = ref_->sparse_mla_backward(in, dout);
+    if (++calls_ % 2 == 0) {
+      int64_t at = 0;
+      for (int64_t i = 0; i < g.dkv.numel(); ++i)
+        if (std::abs(g.dkv.get(i)) > std::abs(g.dkv.get(at))) at = i;
+      if (g.dkv.numel() > 0) g.dkv.set(at, std::nextafter(g.dkv.get(at), INFINITY));
+    }
+    return g;
+  }
+
+ private:
+  int64_t calls_ = 0;
+};
+
+// ---- top-k -----------------------------------------------------------------------------
+
+Tensor map_scores(const Tensor& s, double from_nan_or_value, bool nan, double to) {
+  Tensor c = s;
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    const double v = c.get(i);
+    if (nan ? std::isnan(v) : v == from_nan_or_value) c.set(i, to);
+  }
+  return c;
+}
+
+// Field fault: top-k selects NaN (torch.topk ranks NaN above +inf).
+class TopkSelectsNaN final : public Wrap {
+ public:
+  TopkSelectsNaN() : Wrap("topk_selects_nan") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    return ref_->select_topk(map_scores(s, 0, true, INFINITY), k, p, w);
+  }
+};
+
+// Field fault: -inf entries are returned as valid ids instead of -1.
+class TopkNegInfValid final : public Wrap {
+ public:
+  TopkNegInfValid() : Wrap("topk_neg_inf_as_valid_id") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    return ref_->select_topk(map_scores(s, -INFINITY, false, -FLT_MAX), k, p, w);
+  }
+};
+
+// Field fault: padding written as 0 instead of -1 (reads kv row 0 downstream).
+class TopkZeroPadding final : public Wrap {
+ public:
+  TopkZeroPadding() : Wrap("topk_zero_padding") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    Tensor ids = ref_->select_topk(s, k, p, w);
+    for (int64_t i = 0; i < ids.numel(); ++i)
+      if (ids.get(i) == -1) ids.set(i, 0);
+    return ids;
+  }
+};
+
+// Field fault: random tie choice under tie_break=small (unstable radix/bitonic tie fill).
+class TopkRandomTies final : public Wrap {
+ public:
+  TopkRandomTies() : Wrap("topk_random_ties_under_small") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    if (p.tie_break != TieBreak::Small) return ref_->select_topk(s, k, p, w);
+    const int64_t s_q = s.size(0), s_kv = s.size(1);
+    Tensor out(DType::I32, {s_q, k});
+    std::mt19937_64 rng(++calls_);
+    for (int64_t t = 0; t < s_q; ++t) {
+      std::vector<std::pair<double, uint64_t>> key;
+      std::vector<int64_t> ids;
+      for (int64_t c = 0; c < s_kv; ++c) {
+        const double v = s.get(t * s_kv + c);
+        if ((w && !w->contains(t, c)) || std::isnan(v) || v == -INFINITY) continue;
+        ids.push_back(c);
+        key.push_back({v, rng()});
+      }
+      std::vector<size_t> order(ids.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return key[a].first != key[b].first ? key[a].first > key[b].first : key[a].second < key[b].second;
+      });
+      for (int64_t j = 0; j < k; ++j)
+        out.set(t * k + j, j < static_cast<int64_t>(order.size()) ? static_cast<double>(ids[order[static_cast<size_t>(j)]]) : -1.0);
+    }
+    return out;
+  }
+
+ private:
+  uint64_t calls_ = 0;
+};
+
+// Field fault: sorted=true ignored (prefix returned in column order).
+class TopkIgnoresSorted final : public Wrap {
+ public:
+  TopkIgnoresSorted() : Wrap("topk_ignores_sorted") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    Tensor ids = ref_->select_topk(s, k, p, w);
+    if (!p.sorted) return ids;
+    for (int64_t t = 0; t < ids.size(0); ++t) {
+      std::vector<int32_t> row;
+      for (int64_t j = 0; j < k; ++j)
+        if (ids.get(t * k + j) >= 0) row.push_back(static_cast<int32_t>(ids.get(t * k + j)));
+      std::sort(row.begin(), row.end());
+      for (size_t j = 0; j < row.size(); ++j) ids.set(t * k + static_cast<int64_t>(j), row[j]);
+    }
+    return ids;
+  }
+};
+
+// Field fault: ids returned as int64 (torch.topk's dtype) where int32 is required.
+class TopkInt64Ids final : public Wrap {
+ public:
+  TopkInt64Ids() : Wrap("topk_int64_ids") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    return ref_->select_topk(s, k, p, w).to(DType::I64);
+  }
+};
+
+// Field fault: non-contiguous ids (a transposed [k, s_q] view) copied out by raw bytes.
+class TopkNonContiguousIds final : public Wrap {
+ public:
+  TopkNonContiguousIds() : Wrap("topk_non_contiguous_ids") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    const Tensor ids = ref_->select_topk(s, k, p, w);
+    const int64_t s_q = ids.size(0);
+    Tensor out(DType::I32, {s_q, k});
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t j = 0; j < k; ++j) out.set(j * s_q + t, ids.get(t * k + j));
+    return out;
+  }
+};
+
+// ---- indexer ---------------------------------------------------------------------------
+
+// Field fault: causal window off by one (the key at ke is visible).
+class CausalOffByOne final : public Wrap {
+ public:
+  CausalOffByOne() : Wrap("indexer_causal_window_off_by_one") {}
+  static KeyWindows widen(const KeyWindows& w) {
+    std::vector<int64_t> ke = w.ke;
+    for (auto& e : ke) e = std::min(e + 1, w.s_kv);
+    return KeyWindows::explicit_windows(w.ks, ke, w.s_kv);
+  }
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return ref_->indexer_scores(q, k, w, widen(win));
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    return ref_->indexer_scores_backward(q, k, w, widen(win), d);
+  }
+};
+
+// Scalar indexer with a switchable fault (float64 or bf16 accumulation; ReLU placement).
+Tensor indexer_loop(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win,
+                    bool relu_after_weight, bool bf16_acc) {
+  const int64_t s_q = q.size(0), H = q.size(1), d_I = q.size(2), s_kv = k.size(0);
+  auto round = [&](double v) { return bf16_acc ? static_cast<double>(bf16_to_float(double_to_bf16(v))) : v; };
+  Tensor out(bf16_acc ? DType::F32 : DType::F64, {s_q, s_kv});
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < s_kv; ++s) {
+      if (!win.contains(t, s)) { out.set(t * s_kv + s, -INFINITY); continue; }
+      double acc = 0;
+      for (int64_t j = 0; j < H; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < d_I; ++d) dot = round(dot + q.get((t * H + j) * d_I + d) * k.get(s * d_I + d));
+        const double wj = w.get(t * H + j);
+        acc = round(acc + (relu_after_weight ? std::max(0.0, wj * dot) : wj * std::max(0.0, dot)));
+      }
+      out.set(t * s_kv + s, acc);
+    }
+  return out;
+}
+
+// Field fault: ReLU applied after the head weight (negative weights clipped).
+class ReluAfterWeight final : public Wrap {
+ public:
+  ReluAfterWeight() : Wrap("indexer_relu_after_weight") {}
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return indexer_loop(q, k, w, win, true, false);
+  }
+};
+
+// Field fault: indexer products accumulated in bf16 (overflow / precision loss).
+class Bf16Accumulation final : public Wrap {
+ public:
+  Bf16Accumulation() : Wrap("indexer_bf16_accumulation") {}
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return indexer_loop(q, k, w, win, false, true);
+  }
+};
+
+// ---- KL loss ---------------------------------------------------------------------------
+
+// Field fault: the KL teacher Σ_h softmax is not L1-normalised (sums to h_q).
+class UnnormalisedTeacher final : public Wrap {
+ public:
+  UnnormalisedTeacher() : Wrap("kl_unnormalised_teacher") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlResult r = ref_->indexer_kl_loss(in);
+    // With p' = h·p: loss' = h·loss + coeff·h·ln h (over non-empty rows), d' = h·d.
+    const double h = static_cast<double>(in.q.size(1));
+    bool any_row = false;
+    for (int64_t t = 0; t < in.windows.s_q(); ++t) {
+      if (in.mode == KlMode::Dense) any_row = any_row || in.windows.length(t) > 0;
+      else {
+        const int64_t k = in.indices->size(-1);
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t id = static_cast<int64_t>(in.indices->get(t * k + j));
+          any_row = any_row || (id >= 0 && id < in.windows.s_kv && in.windows.contains(t, id));
+        }
+      }
+    }
+    for (int64_t i = 0; i < r.loss.numel(); ++i)
+      r.loss.set(i, h * r.loss.get(i) + (any_row ? in.coeff * h * std::log(h) : 0.0));
+    for (int64_t i = 0; i < r.d_scores.numel(); ++i) r.d_scores.set(i, h * r.d_scores.get(i));
+    return r;
+  }
+};
+
+// ---- recompute (block runner) ------------------------------------------------------------
+
+// Field fault: replay under save_dsa_indexer re-runs top-k instead of using the saved ids.
+class ReplayRerunsTopk final : public oracle::DsaBlock {
+ public:
+  using DsaBlock::DsaBlock;
+  SparseMlaGrads backward(int mb, const Tensor& dout) override {
+    auto it = saved_.find(mb);
+    if (it != saved_.end() && policy_ == RecomputePolicy::SaveDsaIndexer) select_ids(it->second.in, true);
+    return DsaBlock::backward(mb, dout);
+  }
+};
+
+// Field fault: ids shared across micro-batches (one saved slot; F1 F2 B1 B2 replays B1 with
+// F2's ids, Megatron-LM #6793).
+class SharedIdsAcrossMicrobatches final : public oracle::DsaBlock {
+ public:
+  using DsaBlock::DsaBlock;
+  SparseMlaForward forward(int mb, const oracle::BlockInputs& in) override {
+    SparseMlaForward f = DsaBlock::forward(mb, in);
+    if (saved_[mb].ids) shared_ = saved_[mb].ids;
+    return f;
+  }
+  SparseMlaGrads backward(int mb, const Tensor& dout) override {
+    if (saved_.count(mb) && saved_[mb].ids && shared_) saved_[mb].ids = shared_;
+    return DsaBlock::backward(mb, dout);
+  }
+
+ private:
+  std::optional<Tensor> shared_;
+};
+
+template <class M>
+Subject backend_mutant(const std::string& fault, const std::string& focus) {
+  Subject s;
+  s.make = [] { return std::unique_ptr<Backend>(new M()); };
+  s.name = s.make()->name();
+  s.fault = fault;
+  s.focus = focus;
+  return s;
+}
+
+template <class B>
+Subject block_mutant(const std::string& name, const std::string& fault) {
+  Subject s;
+  s.name = name;
+  s.make = [name] { return std::unique_ptr<Backend>(new Wrap(name)); };
+  s.block = [](Backend& b, RecomputePolicy p) { return std::unique_ptr<oracle::DsaBlock>(new B(b, p)); };
+  s.fault = fault;
+  s.focus = "block.";
+  return s;
+}
+
+}  // namespace
+
+std::vector<Subject> mutant_subjects() {
+  return {
+      backend_mutant<ReadsThroughMinusOne>("sparse MLA reading kv through -1", "smla."),
+      backend_mutant<StopsAtFirstInvalid>("stopping at the first invalid slot", "smla."),
+      backend_mutant<TrustsTopkLength>("trusting topk_length without per-slot checks", "smla."),
+      backend_mutant<ClampsLargeIds>("clamping ids >= s_kv", "smla."),
+      backend_mutant<EmptyRowNegInfLse>("-inf lse for empty rows", "smla."),
+      backend_mutant<EmptyRowNaN>("NaN out/lse for empty rows", "smla."),
+      backend_mutant<LeadingBlockPoison>("fully masked leading block poisoning the online softmax", "smla."),
+      backend_mutant<Base2Lse>("base-2 lse", "smla."),
+      backend_mutant<DkvAssigned>("dkv assigned instead of accumulated for repeated keys", "smla."),
+      backend_mutant<NondeterministicDkv>("run-to-run different dkv in deterministic mode", "smla."),
+      backend_mutant<TopkSelectsNaN>("top-k selecting NaN", "topk."),
+      backend_mutant<TopkNegInfValid>("top-k returning -inf entries as valid ids", "topk."),
+      backend_mutant<TopkZeroPadding>("0 instead of -1 padding", "topk."),
+      backend_mutant<TopkRandomTies>("random tie choice under small", "topk."),
+      backend_mutant<TopkIgnoresSorted>("ignoring sorted", "topk."),
+      backend_mutant<TopkInt64Ids>("int64 ids", "topk."),
+      backend_mutant<TopkNonContiguousIds>("non-contiguous ids copied out raw", "topk."),
+      backend_mutant<CausalOffByOne>("causal window off by one", "indexer."),
+      backend_mutant<ReluAfterWeight>("ReLU after the weight", "indexer."),
+      backend_mutant<Bf16Accumulation>("bf16 accumulation in the indexer", "indexer."),
+      backend_mutant<UnnormalisedTeacher>("unnormalised KL teacher", "kl."),
+      block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),
+      block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
+                                                "ids shared across micro-batches"),
+  };
+}
+
+}  // namespace dsa::props

@@ -1,0 +1,132 @@
+// Sparse MLA properties (SPEC §4-§6): ratio rule forward and backward, invalid slots never
+// read, empty rows, masked leading blocks, topk_length, duplicate ids accumulating in dkv.
+#include <cmath>
+
+#include "src/props_common.h"
+
+namespace dsa::props {
+namespace {
+
+using oracle::Backend;
+using oracle::BlockFactory;
+using oracle::Op;
+
+oracle::OpCase as_op_case(const SmlaCase& c) {
+  oracle::OpCase oc;
+  oc.mla = c.in;
+  oc.dout = c.dout;
+  return oc;
+}
+
+bool has_nan(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (std::isnan(t.get(i))) return true;
+  return false;
+}
+
+// True when slot j of row t is valid (SPEC §4).
+bool valid_slot(const SparseMlaInputs& in, int64_t t, int64_t j) {
+  const int64_t k = in.indices.size(-1), s_kv = in.kv.size(0);
+  const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
+  if (in.topk_length && j >= static_cast<int64_t>(in.topk_length->get(t))) return false;
+  return id >= 0 && id < s_kv;
+}
+
+void check_inputs(const SmlaCase& c) {
+  RC_ASSERT(!all_zero(c.in.q));
+  RC_ASSERT(!all_zero(c.in.kv));
+}
+
+void forward_ratio(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_case();
+  DumpOnFailure dump([&] { return to_fixture(c, false); });
+  check_inputs(c);
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+}
+
+// kv rows 0 and s_kv-1 hold NaN and no valid slot points at them: reading through an invalid
+// id (-1 wrap, clamping, trusting topk_length, 0 padding) surfaces as NaN.
+void invalid_slots_never_read(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_case("poison");
+  DumpOnFailure dump([&] { return to_fixture(c, false); });
+  const SparseMlaForward f = b.sparse_mla_forward(c.in);
+  RC_ASSERT(!has_nan(f.out));
+  RC_ASSERT(!has_nan(f.lse));
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+}
+
+// Empty rows: out 0, lse +inf, max_logits -inf, dq 0, nothing NaN (SPEC §6).
+void empty_rows(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_case("empty");
+  DumpOnFailure dump([&] { return to_fixture(c, true); });
+  check_inputs(c);
+  const SparseMlaForward f = b.sparse_mla_forward(c.in);
+  const SparseMlaGrads g = b.sparse_mla_backward(c.in, c.dout);
+  const int64_t s_q = c.in.q.size(0), h = c.in.q.size(1), k = c.in.indices.size(-1);
+  const int64_t d_v = c.in.d_v, d_qk = c.in.q.size(2);
+  for (int64_t t = 0; t < s_q; ++t) {
+    bool empty = true;
+    for (int64_t j = 0; j < k; ++j) empty = empty && !valid_slot(c.in, t, j);
+    if (!empty) continue;
+    for (int64_t hh = 0; hh < h; ++hh) {
+      RC_ASSERT(f.lse.get(t * h + hh) == INFINITY);
+      RC_ASSERT(f.max_logits.get(t * h + hh) == -INFINITY);
+      for (int64_t d = 0; d < d_v; ++d) RC_ASSERT(f.out.get((t * h + hh) * d_v + d) == 0.0);
+      for (int64_t d = 0; d < d_qk; ++d) RC_ASSERT(g.dq.get((t * h + hh) * d_qk + d) == 0.0);
+    }
+  }
+  RC_ASSERT(!has_nan(f.out));
+  RC_ASSERT(!has_nan(g.dq));
+  RC_ASSERT(!has_nan(g.dkv));
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+}
+
+// The first 64 slots are invalid: a fully masked leading block must not poison an online
+// softmax with exp(-inf - -inf).
+void leading_masked_block(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_case("leading_block");
+  DumpOnFailure dump([&] { return to_fixture(c, false); });
+  check_inputs(c);
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+}
+
+// Valid-looking ids past topk_length are ignored, forward and backward.
+void topk_length_respected(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_case("topk_length");
+  DumpOnFailure dump([&] { return to_fixture(c, true); });
+  check_inputs(c);
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+}
+
+// Gradient parity (dq, dkv, dsink) for the same dout; determinism of a second run.
+void backward_parity(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_case(*rc::gen::element<std::string>("mixed", "empty", "topk_length"));
+  DumpOnFailure dump([&] { return to_fixture(c, true); });
+  check_inputs(c);
+  RC_ASSERT(!all_zero(c.dout));
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+}
+
+// Few keys selected many times (heads, rows, duplicate slots): every add lands in dkv.
+void duplicates_accumulate_in_dkv(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_case("dups");
+  DumpOnFailure dump([&] { return to_fixture(c, true); });
+  check_inputs(c);
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+}
+
+}  // namespace
+
+void add_sparse_mla_properties(std::vector<Property>& out) {
+  out.push_back({"smla.forward_ratio", {Op::SparseMlaFwd}, 1, forward_ratio});
+  out.push_back({"smla.invalid_slots_never_read", {Op::SparseMlaFwd}, 1, invalid_slots_never_read});
+  out.push_back({"smla.empty_rows", {Op::SparseMlaFwd, Op::SparseMlaBwd}, 1, empty_rows});
+  out.push_back({"smla.leading_masked_block", {Op::SparseMlaFwd}, 1, leading_masked_block});
+  out.push_back({"smla.topk_length_respected", {Op::SparseMlaFwd, Op::SparseMlaBwd}, 1, topk_length_respected});
+  out.push_back({"smla.backward_parity", {Op::SparseMlaBwd}, 1, backward_parity});
+  out.push_back({"smla.duplicates_accumulate_in_dkv", {Op::SparseMlaBwd}, 1, duplicates_accumulate_in_dkv});
+}
+
+}  // namespace dsa::props

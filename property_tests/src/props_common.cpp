@@ -1,0 +1,100 @@
+#include "props_common.h"
+
+#include <filesystem>
+
+namespace dsa::props {
+namespace {
+thread_local std::string g_dump_target;
+
+Tensor windows_tensor(const KeyWindows& w, bool start) {
+  std::vector<int32_t> v;
+  for (int64_t t = 0; t < w.s_q(); ++t) v.push_back(static_cast<int32_t>(start ? w.ks[t] : w.ke[t]));
+  return Tensor::from_i32({w.s_q()}, v);
+}
+
+fixtures::Fixture base(const std::string& op, const std::string& desc) {
+  fixtures::Fixture f;
+  f.case_name = g_dump_target.empty()
+                    ? std::string("property_case")
+                    : std::filesystem::path(g_dump_target).stem().string();
+  f.op = op;
+  f.producer = "dsa-verify property suite (failing case dump)";
+  f.notes = desc;
+  return f;
+}
+}  // namespace
+
+void set_dump_target(const std::string& path) { g_dump_target = path; }
+const std::string& dump_target() { return g_dump_target; }
+
+DumpOnFailure::~DumpOnFailure() {
+  if (g_dump_target.empty() || std::uncaught_exceptions() <= uncaught_) return;
+  try {
+    std::filesystem::create_directories(std::filesystem::path(g_dump_target).parent_path());
+    fixtures::save_fixture(g_dump_target, build_());
+  } catch (...) {
+    // A failed dump must not mask the property failure being reported.
+  }
+}
+
+fixtures::Fixture to_fixture(const TopkCase& c) {
+  auto f = base("topk", c.desc);
+  f.inputs["scores"] = c.scores;
+  if (c.windows) {
+    f.inputs["ks"] = windows_tensor(*c.windows, true);
+    f.inputs["ke"] = windows_tensor(*c.windows, false);
+  }
+  f.params = {{"k", c.k}, {"tie_break", to_string(c.policy.tie_break)}, {"sorted", c.policy.sorted}};
+  return f;
+}
+
+fixtures::Fixture to_fixture(const IndexerCase& c, bool backward) {
+  auto f = base(backward ? "indexer_scores+bwd" : "indexer_scores", c.desc);
+  f.inputs["q_idx"] = c.q_idx;
+  f.inputs["k_idx"] = c.k_idx;
+  f.inputs["w"] = c.w;
+  f.inputs["ks"] = windows_tensor(c.windows, true);
+  f.inputs["ke"] = windows_tensor(c.windows, false);
+  if (backward) f.inputs["d_scores"] = c.d_scores;
+  return f;
+}
+
+fixtures::Fixture to_fixture(const SmlaCase& c, bool backward) {
+  auto f = base(backward ? "sparse_mla_fwd+bwd" : "sparse_mla_fwd", c.desc);
+  f.inputs["q"] = c.in.q;
+  f.inputs["kv"] = c.in.kv;
+  f.inputs["indices"] = c.in.indices;
+  if (c.in.topk_length) f.inputs["topk_length"] = *c.in.topk_length;
+  if (c.in.attn_sink) f.inputs["attn_sink"] = *c.in.attn_sink;
+  if (backward) f.inputs["dout"] = c.dout;
+  f.params = {{"sm_scale", c.in.sm_scale}, {"d_v", c.in.d_v}};
+  return f;
+}
+
+fixtures::Fixture to_fixture(const KlCase& c) {
+  auto f = base("indexer_kl_loss", c.desc);
+  f.inputs["scores"] = c.in.scores;
+  f.inputs["q"] = c.in.q;
+  f.inputs["kv"] = c.in.kv;
+  f.inputs["ks"] = windows_tensor(c.in.windows, true);
+  f.inputs["ke"] = windows_tensor(c.in.windows, false);
+  if (c.in.indices) f.inputs["indices"] = *c.in.indices;
+  f.params = {{"sm_scale", c.in.sm_scale}, {"mode", to_string(c.in.mode)}, {"coeff", c.in.coeff}};
+  return f;
+}
+
+fixtures::Fixture to_fixture(const BlockCase& c) {
+  auto f = base("indexer_scores", "dsa block case (indexer inputs; attention inputs q, kv, dout)");
+  f.inputs["q_idx"] = c.in.q_idx;
+  f.inputs["k_idx"] = c.in.k_idx;
+  f.inputs["w"] = c.in.w;
+  f.inputs["ks"] = windows_tensor(c.in.windows, true);
+  f.inputs["ke"] = windows_tensor(c.in.windows, false);
+  f.inputs["q"] = c.in.q;
+  f.inputs["kv"] = c.in.kv;
+  f.inputs["dout"] = c.dout;
+  f.params = {{"k", c.in.k}, {"sm_scale", c.in.sm_scale}, {"d_v", c.in.d_v}};
+  return f;
+}
+
+}  // namespace dsa::props

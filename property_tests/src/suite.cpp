@@ -1,0 +1,216 @@
+// The property runner (RapidCheck driven programmatically) and the mutation analysis.
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "props_common.h"
+
+namespace dsa::props {
+
+using oracle::Verdict;
+
+const std::vector<Property>& all_properties() {
+  static const std::vector<Property> props = [] {
+    std::vector<Property> p;
+    add_topk_properties(p);
+    add_indexer_properties(p);
+    add_sparse_mla_properties(p);
+    add_kl_loss_properties(p);
+    add_block_properties(p);
+    return p;
+  }();
+  return props;
+}
+
+int cases_for_level(int level, int cost) {
+  static const int kBase[3] = {25, 100, 400};  // CI, level 1, soak
+  const int base = kBase[std::clamp(level, 0, 2)];
+  return std::max(3, base / std::max(1, cost));
+}
+
+int env_test_level() {
+  const char* v = std::getenv("DSA_TEST_LEVEL");
+  return v ? std::clamp(std::atoi(v), 0, 2) : 0;
+}
+
+namespace {
+std::string first_line(const std::string& s) {
+  const auto n = s.find('\n');
+  return n == std::string::npos ? s : s.substr(0, n);
+}
+std::string sanitize(std::string s) {
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
+  return s;
+}
+}  // namespace
+
+Subject backend_subject(const std::string& name) {
+  Subject s;
+  s.name = name;
+  s.make = [name] { return oracle::make_backend(name); };
+  return s;
+}
+
+PropertyResult run_property(const Subject& s, const Property& p, const SuiteOptions& o) {
+  PropertyResult r;
+  r.subject = s.name;
+  r.property = p.name;
+  std::unique_ptr<oracle::Backend> backend;
+  try {
+    backend = s.make();
+  } catch (const std::exception& e) {
+    r.verdict = Verdict::Skip;
+    r.message = std::string("cannot create backend: ") + e.what();
+    return r;
+  }
+  const std::string why = backend->unavailable_reason();
+  if (!why.empty()) {
+    r.verdict = Verdict::Skip;
+    r.message = why;
+    return r;
+  }
+  for (oracle::Op op : p.ops)
+    if (!backend->supports(op)) {
+      r.verdict = Verdict::Skip;
+      r.message = std::string("op ") + oracle::to_string(op) + " not supported";
+      return r;
+    }
+
+  rc::detail::TestParams params = rc::detail::configuration().testParams;
+  if (o.seed != 0) params.seed = o.seed;
+  params.maxSuccess = cases_for_level(o.level, p.cost);
+  params.disableShrinking = !o.shrink;
+  rc::detail::TestMetadata md;
+  md.id = s.name + "/" + p.name;
+  md.description = md.id;
+
+  std::string dump_path;
+  if (o.dump) {
+    std::string dir = o.dump_dir;
+    if (dir.empty()) {
+      const char* env = std::getenv("DSA_DUMP_DIR");
+      dir = env && *env ? env : "build/failures";
+    }
+    dump_path = (std::filesystem::path(dir) / (sanitize(s.name) + "__" + sanitize(p.name) + ".safetensors")).string();
+  }
+  set_dump_target(dump_path);
+  oracle::Backend& b = *backend;
+  const auto result = rc::detail::checkTestable([&] { p.body(b, s.block); }, md, params);
+  set_dump_target("");
+
+  if (result.template is<rc::detail::SuccessResult>()) {
+    r.cases = result.template get<rc::detail::SuccessResult>().numSuccess;
+    return r;
+  }
+  r.verdict = Verdict::Fail;
+  std::ostringstream msg;
+  if (result.template is<rc::detail::FailureResult>()) {
+    const auto& f = result.template get<rc::detail::FailureResult>();
+    r.cases = f.numSuccess;
+    msg << f.description;
+    for (const auto& kv : f.counterExample) msg << "\n  " << kv.first << " = " << kv.second;
+    rc::detail::Configuration cfg;
+    cfg.testParams = params;
+    cfg.reproduce[md.id] = f.reproduce;
+    r.repro = "RC_PARAMS=\"" + rc::detail::configToMinimalString(cfg) + "\" DSA_TEST_LEVEL=" +
+              std::to_string(o.level) + (o.repro_command.empty() ? "" : " " + o.repro_command);
+    if (!dump_path.empty() && std::filesystem::exists(dump_path)) r.dumped = dump_path;
+  } else {
+    std::ostringstream os;
+    rc::detail::printResultMessage(result, os);
+    msg << os.str();
+  }
+  r.message = msg.str();
+  if (o.log) {
+    *o.log << "[FAIL] " << s.name << " " << p.name << " after " << r.cases << " passing case(s)\n"
+           << r.message << "\n";
+    if (!r.repro.empty()) *o.log << "  repro: " << r.repro << "\n";
+    if (!r.dumped.empty()) *o.log << "  failing case dumped: " << r.dumped << "\n";
+  }
+  return r;
+}
+
+std::vector<PropertyResult> run_suite(const Subject& s, const SuiteOptions& o) {
+  std::vector<const Property*> order;
+  for (const auto& p : all_properties())
+    if (o.only.empty() || std::find(o.only.begin(), o.only.end(), p.name) != o.only.end())
+      order.push_back(&p);
+  if (!s.focus.empty())
+    std::stable_partition(order.begin(), order.end(),
+                          [&](const Property* p) { return p->name.rfind(s.focus, 0) == 0; });
+  std::vector<PropertyResult> out;
+  for (const Property* p : order) {
+    out.push_back(run_property(s, *p, o));
+    if (o.stop_at_first_failure && out.back().verdict == Verdict::Fail) break;
+  }
+  return out;
+}
+
+std::string format_results(const std::vector<PropertyResult>& rows) {
+  std::ostringstream os;
+  char line[512];
+  for (const auto& r : rows) {
+    std::snprintf(line, sizeof line, "  %-16s %-46s %-5s %5d  %s\n", r.subject.c_str(),
+                  r.property.c_str(), oracle::to_string(r.verdict), r.cases,
+                  first_line(r.message).substr(0, 80).c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in) {
+  SuiteOptions o = o_in;
+  o.stop_at_first_failure = true;
+  o.shrink = false;
+  o.dump = false;
+  o.log = nullptr;
+  std::vector<MutantResult> rows;
+  for (const Subject& m : mutant_subjects()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    MutantResult row;
+    row.mutant = m.name;
+    row.fault = m.fault;
+    for (const auto& r : run_suite(m, o))
+      if (r.verdict == Verdict::Fail) {
+        row.caught = true;
+        row.caught_by = r.property;
+        // The first informative line: skip RapidCheck's "Falsifiable after..." header.
+        std::istringstream is(r.message);
+        std::string l;
+        while (std::getline(is, l))
+          if (!l.empty() && l.rfind("Falsifiable", 0) != 0 && l.find("RC_") == std::string::npos) {
+            row.message = l;
+            break;
+          }
+        break;
+      }
+    row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string format_mutation_table(const std::vector<MutantResult>& rows) {
+  std::ostringstream os;
+  char line[640];
+  std::snprintf(line, sizeof line, "  %-34s %-7s %-44s %6s  %s\n", "mutant", "caught", "caught by",
+                "sec", "fault");
+  os << line;
+  int caught = 0;
+  for (const auto& r : rows) {
+    caught += r.caught;
+    std::snprintf(line, sizeof line, "  %-34s %-7s %-44s %6.2f  %s\n", r.mutant.c_str(),
+                  r.caught ? "yes" : "NO", r.caught_by.c_str(), r.seconds, r.fault.c_str());
+    os << line;
+  }
+  os << "  mutation score: " << caught << "/" << rows.size() << "\n";
+  return os.str();
+}
+
+}  // namespace dsa::props

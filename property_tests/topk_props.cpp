@@ -1,0 +1,110 @@
+// Top-k properties (SPEC §3, §9 fused): written once, run for every backend and mutant.
+#include <cmath>
+
+#include "dsa/reference/topk.h"
+#include "src/props_common.h"
+
+namespace dsa::props {
+namespace {
+
+using oracle::Backend;
+using oracle::BlockFactory;
+using oracle::Op;
+
+oracle::OpCase as_op_case(const TopkCase& c) {
+  oracle::OpCase oc;
+  oc.scores = c.scores;
+  oc.k = c.k;
+  oc.policy = c.policy;
+  oc.topk_windows = c.windows;
+  return oc;
+}
+
+// Exact §3 check on every kind of score table (ties, ±0, NaN, -inf, windows, k > s_kv).
+void contract_exact(Backend& b, const BlockFactory&) {
+  const TopkCase c = draw_topk_case();
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  RC_TAG(c.policy.tie_break == TieBreak::Any ? "any" : "small/large");
+  DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
+}
+
+// -inf → -1: rows without a selectable entry are all -1; -inf is never a valid id.
+void neg_inf_to_minus_one(Backend& b, const BlockFactory&) {
+  const TopkCase c = draw_topk_case("neg_inf");
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  const Tensor ids = b.select_topk(c.scores, c.k, c.policy, c.windows);
+  RC_ASSERT(ids.shape() == std::vector<int64_t>({c.scores.size(0), c.k}));
+  const int64_t s_kv = c.scores.size(1);
+  for (int64_t t = 0; t < c.scores.size(0); ++t) {
+    bool any_selectable = false;
+    for (int64_t s = 0; s < s_kv; ++s) {
+      const double v = c.scores.get(t * s_kv + s);
+      if ((!c.windows || c.windows->contains(t, s)) && !std::isnan(v) && v != -INFINITY)
+        any_selectable = true;
+    }
+    for (int64_t j = 0; j < c.k; ++j) {
+      const double id = ids.get(t * c.k + j);
+      if (!any_selectable) RC_ASSERT(id == -1.0);
+      if (id >= 0 && id < s_kv) RC_ASSERT(c.scores.get(t * s_kv + static_cast<int64_t>(id)) != -INFINITY);
+    }
+  }
+  DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
+}
+
+// Integer plateaus under small/large + sorted: the policy fixes the bytes (§3.5).
+void ties_resolved_bitwise(Backend& b, const BlockFactory&) {
+  const TopkCase c = draw_topk_case("plateau");
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  const Tensor want = reference::select_topk(c.scores, c.k, c.policy, c.windows);
+  const Tensor got = b.select_topk(c.scores, c.k, c.policy, c.windows);
+  RC_ASSERT(got.dtype() == DType::I32);
+  if (!oracle::bitwise_equal(got, want)) DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
+  RC_ASSERT(oracle::bitwise_equal(got, want));
+}
+
+// NaN is never selected (the oracle reports rows that contained NaN).
+void nan_never_selected(Backend& b, const BlockFactory&) {
+  const TopkCase c = draw_topk_case("nan");
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
+}
+
+// int32, [s_q, k], and bitwise identical across three runs on a deterministic backend.
+void int32_contiguous_deterministic(Backend& b, const BlockFactory&) {
+  const TopkCase c = draw_topk_case();
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  const Tensor a = b.select_topk(c.scores, c.k, c.policy, c.windows);
+  RC_ASSERT(a.dtype() == DType::I32);
+  RC_ASSERT(a.shape() == std::vector<int64_t>({c.scores.size(0), c.k}));
+  if (b.deterministic())
+    for (int run = 0; run < 2; ++run)
+      RC_ASSERT(oracle::bitwise_equal(a, b.select_topk(c.scores, c.k, c.policy, c.windows)));
+}
+
+// Fused indexer + top-k: sets differ from the exact top-k only within the score bound (§9).
+void fused_indexer_topk(Backend& b, const BlockFactory&) {
+  const IndexerCase ic = draw_indexer_case();
+  DumpOnFailure dump([&] { return to_fixture(ic, false); });
+  RC_ASSERT(!all_zero(ic.q_idx) && !all_zero(ic.k_idx) && !all_zero(ic.w));
+  oracle::OpCase oc;
+  oc.q_idx = ic.q_idx;
+  oc.k_idx = ic.k_idx;
+  oc.w = ic.w;
+  oc.windows = ic.windows;
+  oc.k = *rc::gen::inRange<int64_t>(0, ic.k_idx.size(0) + 3);
+  oc.policy = TopkPolicy{*rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large), true};
+  DSA_PROP_ASSERT_PASSED(oracle::check_fused_indexer_topk(b, oc));
+}
+
+}  // namespace
+
+void add_topk_properties(std::vector<Property>& out) {
+  out.push_back({"topk.contract_exact", {Op::Topk}, 1, contract_exact});
+  out.push_back({"topk.neg_inf_to_minus_one", {Op::Topk}, 1, neg_inf_to_minus_one});
+  out.push_back({"topk.ties_resolved_bitwise", {Op::Topk}, 1, ties_resolved_bitwise});
+  out.push_back({"topk.nan_never_selected", {Op::Topk}, 1, nan_never_selected});
+  out.push_back({"topk.int32_contiguous_deterministic", {Op::Topk}, 1, int32_contiguous_deterministic});
+  out.push_back({"topk.fused_indexer_topk", {Op::IndexerScores, Op::Topk}, 2, fused_indexer_topk});
+}
+
+}  // namespace dsa::props
