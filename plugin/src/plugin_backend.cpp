@@ -230,8 +230,9 @@ class GuardedBuffer {
 
   DLTensor* dl() { return &dl_; }
 
-  // Appends one line per broken rule.
-  void check(std::vector<std::string>& violations) const {
+  // Appends one line per broken rule; `completed`: the call reported success, so every
+  // output element must have been written.
+  void check(std::vector<std::string>& violations, bool completed) const {
     const std::string who = std::string(is_output_ ? "output '" : "input '") + name_ + "'";
     const DLTensor& d = dl_;
     const DLTensor& o = original_dl_;
@@ -286,7 +287,7 @@ class GuardedBuffer {
       violations.push_back(who + ": modified by the plugin (" + std::to_string(changed) +
                            " bytes changed); inputs are read-only");
     }
-    if (is_output_) {
+    if (is_output_ && completed) {
       const size_t esize = dtype_size(dtype_);
       const unsigned char poison = is_floating(dtype_) ? kFloatPoison : kIntPoison;
       size_t unwritten = 0;
@@ -360,10 +361,8 @@ class Call {
   std::vector<Tensor> finish(dsa_status st) {
     std::string msg(err_.data(), ::strnlen(err_.data(), err_.size()));
     std::vector<std::string> violations;
-    for (const auto& b : inputs_) b->check(violations);
-    if (st == DSA_STATUS_OK) {
-      for (const auto& b : outputs_) b->check(violations);
-    }
+    for (const auto& b : inputs_) b->check(violations, st == DSA_STATUS_OK);
+    for (const auto& b : outputs_) b->check(violations, st == DSA_STATUS_OK);
     if (!violations.empty()) {
       std::string m = context_ + " broke the ABI's memory rules (dsa/backend_abi.h)";
       if (st != DSA_STATUS_OK) m += " and returned " + std::string(status_name(st));
@@ -786,6 +785,49 @@ IndexerKlResult PluginBackend::indexer_kl_loss(const IndexerKlInputs& in) {
 // ---------------------------------------------------------------------------------------
 // Loading
 // ---------------------------------------------------------------------------------------
+
+std::string describe(const PluginInfo& info) {
+  const dsa_capabilities& c = info.caps;
+  auto join = [](std::initializer_list<std::pair<bool, const char*>> items) {
+    std::string s;
+    for (const auto& [on, name] : items)
+      if (on) s += std::string(s.empty() ? "" : "|") + name;
+    return s.empty() ? std::string("none") : s;
+  };
+  auto code = [](int32_t v) -> std::string {
+    if (v == DSA_DTYPE_AS_INPUT) return "as-input";
+    auto d = dtype_of_code(v);
+    return d ? dtype_name(*d) : "?";
+  };
+  std::string ops;
+  for (Op op : dsa::oracle::all_ops())
+    if (c.ops & op_bit(op)) ops += std::string(ops.empty() ? "" : ",") + dsa::oracle::to_string(op);
+  std::string s = "plugin '" + info.name + "'" + (info.version.empty() ? "" : " " + info.version) +
+                  " (ABI " + std::to_string(info.abi_version) + ", " + info.path + "): ops " + ops +
+                  "; inputs " + dtype_bits_str(c.input_dtypes) + "; devices " +
+                  join({{(c.devices & DSA_DEVICE_CPU) != 0, "cpu"},
+                        {(c.devices & DSA_DEVICE_CUDA) != 0, "cuda"}});
+  if (c.ops & DSA_OP_TOPK_INDICES)
+    s += "; tie " + join({{(c.tie_policies & DSA_TIE_ANY) != 0, "any"},
+                          {(c.tie_policies & DSA_TIE_SMALL) != 0, "small"},
+                          {(c.tie_policies & DSA_TIE_LARGE) != 0, "large"}}) +
+         "; order " + join({{(c.topk_orders & DSA_TOPK_SORTED) != 0, "sorted"},
+                            {(c.topk_orders & DSA_TOPK_UNSORTED) != 0, "unsorted"}});
+  s += c.deterministic ? "; deterministic" : "; non-deterministic";
+  std::string outs;
+  auto add = [&](bool used, const char* name, int32_t v) {
+    if (used) outs += std::string(" ") + name + "=" + code(v);
+  };
+  const dsa_output_dtypes& o = c.outputs;
+  add(c.ops & DSA_OP_INDEXER_SCORES, "index_scores", o.index_scores);
+  add(c.ops & DSA_OP_INDEXER_SCORES_BACKWARD, "indexer_grads", o.indexer_grads);
+  add(c.ops & (DSA_OP_SPARSE_MLA_FWD | DSA_OP_SPARSE_MLA_BWD), "mla_out", o.mla_out);
+  add(c.ops & (DSA_OP_SPARSE_MLA_FWD | DSA_OP_SPARSE_MLA_BWD), "mla_stats", o.mla_stats);
+  add(c.ops & DSA_OP_SPARSE_MLA_BWD, "mla_grads", o.mla_grads);
+  add(c.ops & DSA_OP_INDEXER_KL_LOSS, "kl", o.kl);
+  if (!outs.empty()) s += "; outputs" + outs;
+  return s;
+}
 
 std::unique_ptr<PluginBackend> open_plugin(const std::string& path, const PluginOptions& options) {
   if (options.isolate) {  // probe in a child first: a crashing constructor stays there

@@ -22,6 +22,7 @@
 #define KIND_MODIFIES_INPUT 11 /* writes into scores */
 #define KIND_NO_ENTRY 12      /* a shared library without the entry symbol */
 #define KIND_UNSUPPORTED 13   /* returns DSA_STATUS_UNSUPPORTED */
+#define KIND_OVERRUN_THEN_ERROR 14 /* writes past the end, then returns an error status */
 
 #ifndef DSA_BAD_KIND
 #error "define DSA_BAD_KIND"
@@ -42,6 +43,10 @@ static dsa_status bad_topk(const dsa_topk_args* a, char* err, size_t err_size) {
   for (;;) pause();
 #elif DSA_BAD_KIND == KIND_OVERRUN
   for (i = n; i < n + 16; ++i) out[i] = -1;
+#elif DSA_BAD_KIND == KIND_OVERRUN_THEN_ERROR
+  out[n + 3] = 7;
+  strncpy(err, "gave up", err_size - 1);
+  return DSA_STATUS_INTERNAL_ERROR;
 #elif DSA_BAD_KIND == KIND_ERROR_STATUS
   strncpy(err, "simulated device failure: out of memory", err_size - 1);
   return DSA_STATUS_INTERNAL_ERROR;

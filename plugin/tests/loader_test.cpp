@@ -128,6 +128,13 @@ TEST(PluginCall, OutOfBoundsWriteIsCaughtByTheGuardZone) {
   }
 }
 
+TEST(PluginCall, OverrunIsReportedEvenWhenTheCallFails) {
+  auto b = open_plugin(DSA_BAD_PLUGIN_OVERRUN_THEN_ERROR, quick());
+  std::string m = message_of<ContractViolation>([&] { call_topk(*b); });
+  EXPECT_TRUE(has(m, "returned DSA_STATUS_INTERNAL_ERROR")) << m;
+  EXPECT_TRUE(has(m, "4 guard bytes changed, the first at end+12")) << m;
+}
+
 TEST(PluginCall, ErrorStatusCarriesThePluginMessage) {
   auto b = open_plugin(DSA_BAD_PLUGIN_ERROR_STATUS, quick());
   try {
@@ -179,6 +186,11 @@ TEST(PluginCapabilities, DeclaredOpsPoliciesAndDtypesGateTheCalls) {
   EXPECT_EQ(b->info().version, "1.0");
   EXPECT_TRUE(b->deterministic());
   EXPECT_EQ(b->unavailable_reason(), "");
+  const std::string d = describe(b->info());
+  EXPECT_TRUE(has(d, "plugin 'example' 1.0 (ABI 1, ")) << d;
+  EXPECT_TRUE(has(d, "ops topk,sparse_mla_fwd; inputs F32|BF16; devices cpu; tie any|small|large;"))
+      << d;
+  EXPECT_TRUE(has(d, "outputs mla_out=as-input mla_stats=F32")) << d;
   EXPECT_TRUE(b->supports(Op::Topk));
   EXPECT_TRUE(b->supports(Op::SparseMlaFwd));
   EXPECT_FALSE(b->supports(Op::SparseMlaBwd));
