@@ -68,21 +68,24 @@ TEST(FalseAlarms, CorrectBackendsPassLevel1OverSeeds) {
   o.level = std::max(1, env_test_level());
   o.log = &std::cout;
   o.repro_command = g_argv0 + " --gtest_filter=FalseAlarms.*";
-  for (const auto& name : oracle::backend_names()) {
+  std::vector<Subject> subjects;
+  for (const auto& name : oracle::backend_names()) subjects.push_back(backend_subject(name));
+  for (const auto& c : control_subjects()) subjects.push_back(c);
+  for (const auto& subject : subjects) {
     for (uint64_t seed : {11u, 22u, 33u}) {
       o.seed = seed;
-      const auto rows = run_suite(backend_subject(name), o);
+      const auto rows = run_suite(subject, o);
       int fails = 0, skips = 0, cases = 0;
       for (const auto& r : rows) {
         fails += r.verdict == oracle::Verdict::Fail;
         skips += r.verdict == oracle::Verdict::Skip;
         cases += r.cases;
       }
-      std::cout << "  " << name << " seed=" << seed << " level=" << o.level << ": " << rows.size()
+      std::cout << "  " << subject.name << " seed=" << seed << " level=" << o.level << ": " << rows.size()
                 << " properties, " << cases << " cases, " << fails << " failures, " << skips
                 << " skipped\n";
       if (fails) std::cout << format_results(rows);
-      EXPECT_EQ(fails, 0) << name << " seed " << seed;
+      EXPECT_EQ(fails, 0) << subject.name << " seed " << seed;
     }
   }
 }

@@ -7,6 +7,8 @@
 #include <random>
 
 #include "dsa/oracle/reference_backend.h"
+#include "dsa/reference/indexer.h"
+#include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
 #include "src/props_common.h"
 
@@ -504,6 +506,45 @@ class SharedIdsAcrossMicrobatches final : public oracle::DsaBlock {
   std::optional<Tensor> shared_;
 };
 
+
+// ---- controls: correct backends with realistic output rounding (false-alarm check) -------
+
+// A correct kernel's outputs: the float64 reference (or the fp32 baseline algorithm) rounded
+// to kernel dtypes — out in q's dtype, everything else F32 (SPEC §4 output dtypes).
+class RoundedControl final : public Wrap {
+ public:
+  explicit RoundedControl(bool baseline)
+      : Wrap(baseline ? "control_fp32_baseline" : "control_rounded_f64"), baseline_(baseline) {}
+  reference::Precision prec() const {
+    return baseline_ ? reference::Precision::Baseline : reference::Precision::Reference;
+  }
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return reference::indexer_scores(q, k, w, win, prec()).to(DType::F32);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    IndexerGrads g = reference::indexer_scores_backward(q, k, w, win, d, prec());
+    return {g.dq_idx.to(DType::F32), g.dk_idx.to(DType::F32), g.dw.to(DType::F32)};
+  }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    SparseMlaForward f = reference::sparse_mla_forward(in, prec());
+    return {f.out.to(in.q.dtype()), f.lse.to(DType::F32), f.max_logits.to(DType::F32)};
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    SparseMlaGrads g = reference::sparse_mla_backward(in, dout, prec());
+    SparseMlaGrads r{g.dq.to(DType::F32), g.dkv.to(DType::F32), std::nullopt};
+    if (g.dsink) r.dsink = g.dsink->to(DType::F32);
+    return r;
+  }
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlResult r = reference::indexer_kl_loss(in, prec());
+    return {r.loss.to(DType::F32), r.d_scores.to(DType::F32)};
+  }
+
+ private:
+  bool baseline_;
+};
+
 template <class M>
 Subject backend_mutant(const std::string& fault, const std::string& focus) {
   Subject s;
@@ -554,6 +595,17 @@ std::vector<Subject> mutant_subjects() {
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),
   };
+}
+
+std::vector<Subject> control_subjects() {
+  std::vector<Subject> out;
+  for (bool baseline : {false, true}) {
+    Subject s;
+    s.make = [baseline] { return std::unique_ptr<Backend>(new RoundedControl(baseline)); };
+    s.name = s.make()->name();
+    out.push_back(s);
+  }
+  return out;
 }
 
 }  // namespace dsa::props

@@ -1,5 +1,6 @@
 // The property runner (RapidCheck driven programmatically) and the mutation analysis.
 #include <rapidcheck.h>
+#include <rapidcheck/detail/TestListener.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +40,14 @@ int env_test_level() {
 }
 
 namespace {
+// Silences RapidCheck's end-of-process reproduce summary (mutation runs fail on purpose).
+class NullListener final : public rc::detail::TestListener {
+ public:
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
 std::string first_line(const std::string& s) {
   const auto n = s.find('\n');
   return n == std::string::npos ? s : s.substr(0, n);
@@ -101,7 +110,10 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   }
   set_dump_target(dump_path);
   oracle::Backend& b = *backend;
-  const auto result = rc::detail::checkTestable([&] { p.body(b, s.block); }, md, params);
+  const auto property = rc::detail::toProperty([&] { p.body(b, s.block); });
+  NullListener quiet;
+  const auto result = o.quiet ? rc::detail::checkProperty(property, md, params, quiet)
+                              : rc::detail::checkProperty(property, md, params);
   set_dump_target("");
 
   if (result.template is<rc::detail::SuccessResult>()) {
@@ -169,6 +181,7 @@ std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in) {
   o.stop_at_first_failure = true;
   o.shrink = false;
   o.dump = false;
+  o.quiet = true;
   o.log = nullptr;
   std::vector<MutantResult> rows;
   for (const Subject& m : mutant_subjects()) {

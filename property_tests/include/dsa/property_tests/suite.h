@@ -48,6 +48,7 @@ struct SuiteOptions {
   bool dump = true;           ///< dump failing cases as fixtures into dump_dir
   std::string dump_dir;       ///< "" → $DSA_DUMP_DIR or build/failures
   bool stop_at_first_failure = false;
+  bool quiet = false;         ///< no RapidCheck end-of-process reproduce summary (mutants)
   std::vector<std::string> only;  ///< property names to run (empty: all)
   std::string repro_command;  ///< printed in repro lines (e.g. the test binary + filter)
   std::ostream* log = nullptr;    ///< progress and failure messages
@@ -79,6 +80,9 @@ struct MutantResult {
 };
 /// Every mutant (property_tests/mutants/), wrapping the reference backend.
 std::vector<Subject> mutant_subjects();
+/// Correct controls for the false-alarm check: the reference rounded to kernel output dtypes
+/// ("control_rounded_f64") and the fp32 baseline algorithm ("control_fp32_baseline").
+std::vector<Subject> control_subjects();
 /// Runs the suite against every mutant (stops at the first failing property per mutant,
 /// shrinking and dumping off) and returns the table. Mutation score = caught / total.
 std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o);
