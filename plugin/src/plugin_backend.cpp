@@ -860,4 +860,19 @@ std::unique_ptr<dsa::oracle::Backend> load_plugin(const std::string& path,
   return open_plugin(path, options);
 }
 
+std::string register_plugin(const std::string& path, const PluginOptions& options) {
+  std::unique_ptr<PluginBackend> first = open_plugin(path, options);
+  const std::string name = first->name();
+  const std::string abs_path = first->info().path;
+  PluginOptions again = options;
+  dsa::oracle::register_backend(name, [abs_path, again]() -> std::unique_ptr<dsa::oracle::Backend> {
+    PluginOptions o = again;
+    o.isolate = false;  // skip the load probe: the library loaded fine above ...
+    auto b = open_plugin(abs_path, o);
+    b->impl_->options.isolate = again.isolate;  // ... but keep isolated calls
+    return b;
+  });
+  return name;
+}
+
 }  // namespace dsa::plugin

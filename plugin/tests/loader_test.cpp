@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -206,6 +207,17 @@ TEST(PluginCapabilities, UndeclaredTiePolicyIsSkipped) {
   Tensor s(DType::F32, {2, 3});
   EXPECT_THROW(b->select_topk(s, 1, TopkPolicy{TieBreak::Large, true}, std::nullopt),
                NotSupported);
+}
+
+TEST(PluginRegistry, RegisteredPluginIsABackendByName) {
+  const std::string name = register_plugin(DSA_EXAMPLE_PLUGIN, quick());
+  EXPECT_EQ(name, "plugin:example");
+  auto names = dsa::oracle::backend_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), name), names.end());
+  auto b = dsa::oracle::make_backend(name);
+  EXPECT_EQ(call_topk(static_cast<PluginBackend&>(*b)).shape(), (std::vector<int64_t>{3, 2}));
+  EXPECT_TRUE(static_cast<PluginBackend&>(*b).options().isolate);
+  EXPECT_THROW(register_plugin(DSA_BAD_PLUGIN_WRONG_ABI), PluginLoadError);
 }
 
 TEST(PluginCapabilities, BadShapesAreInvalidArgumentBeforeAnyCall) {

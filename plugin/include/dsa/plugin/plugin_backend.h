@@ -81,6 +81,7 @@ class PluginBackend : public dsa::oracle::Backend {
 
  private:
   friend std::unique_ptr<PluginBackend> open_plugin(const std::string&, const PluginOptions&);
+  friend std::string register_plugin(const std::string&, const PluginOptions&);
   explicit PluginBackend(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
@@ -102,5 +103,11 @@ std::unique_ptr<PluginBackend> open_plugin(const std::string& path,
 /// open_plugin as a plain Backend (what `dsa-verify audit --plugin PATH.so` uses).
 std::unique_ptr<dsa::oracle::Backend> load_plugin(const std::string& path,
                                                   const PluginOptions& options = {});
+
+/// Opens `path` once (so a bad library throws PluginLoadError here), then registers it with
+/// dsa::oracle::register_backend under its name() "plugin:<name>" (each make_backend call
+/// opens it again, without the probe). Returns the registered name, e.g. for
+/// `fixtures check --backend`.
+std::string register_plugin(const std::string& path, const PluginOptions& options = {});
 
 }  // namespace dsa::plugin
