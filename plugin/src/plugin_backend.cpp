@@ -836,7 +836,7 @@ std::unique_ptr<PluginBackend> open_plugin(const std::string& path, const Plugin
           load_library(path);
           return {};
         },
-        options.timeout);
+        options.load_timeout);
     if (r.status == IsolatedStatus::Crashed || r.status == IsolatedStatus::TimedOut)
       throw PluginLoadError("plugin '" + path + "': loading it " +
                             (r.status == IsolatedStatus::TimedOut ? "hung: " : "crashed: ") +

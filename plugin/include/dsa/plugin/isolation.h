@@ -53,7 +53,9 @@ struct IsolatedResult {
 /// (output_tail), not printed. Never throws for anything fn does; throws std::runtime_error
 /// only when fork/pipe themselves fail, and std::invalid_argument for timeout <= 0.
 /// Caveats: a parent that already initialised CUDA cannot use CUDA in the child; threads of
-/// the parent do not exist in the child.
+/// the parent do not exist in the child, so a lock another thread held at the fork (other
+/// than glibc's malloc and stdio, which fork resets) stays held there: such a child hangs
+/// and is reported as TimedOut.
 IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
                             std::chrono::milliseconds timeout);
 

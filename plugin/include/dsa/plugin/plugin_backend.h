@@ -20,6 +20,8 @@ struct PluginOptions {
   bool isolate = true;
   /// Per-call limit when isolated (covers the forward a backward call runs first).
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+  /// Limit of the isolated load probe (dlopen + dsa_backend_get_v1 + validation).
+  std::chrono::milliseconds load_timeout{std::chrono::seconds(30)};
 };
 
 /// What the library declared, as loaded (for reports).
