@@ -259,7 +259,8 @@ typedef struct dsa_indexer_kl_loss_args {
 
 /** What dsa_backend_get_v1 returns. Static storage; the loader never frees it. */
 typedef struct dsa_backend_v1 {
-  /** Must equal DSA_BACKEND_ABI_VERSION of the header the plugin was built with. */
+  /** Must equal DSA_BACKEND_ABI_VERSION of the header the plugin was built with. Stays
+   *  the first field in every ABI version, so any loader can read it. */
   uint32_t abi_version;
   /** sizeof(dsa_backend_v1) as the plugin saw it (guards against stale headers). */
   uint32_t struct_size;
