@@ -6,6 +6,10 @@
 #include <cstdlib>
 #include <iostream>
 
+#include <filesystem>
+
+#include "dsa/fixtures/fixture.h"
+#include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/suite.h"
 #ifdef DSA_HAVE_BACKENDS
@@ -88,6 +92,41 @@ TEST(FalseAlarms, CorrectBackendsPassLevel1OverSeeds) {
       EXPECT_EQ(fails, 0) << subject.name << " seed " << seed;
     }
   }
+}
+
+// A failing property prints a one-line repro and dumps the (shrunk) case as a fixture that
+// `dsa-verify fixtures check` (oracle::check_fixture) replays: the mutant fails it again and
+// the reference passes it.
+TEST(Repro, FailingCaseIsDumpedAsAReplayableFixture) {
+  Subject mutant;
+  for (const auto& m : mutant_subjects())
+    if (m.name == "smla_base2_lse") mutant = m;
+  ASSERT_TRUE(mutant.make);
+  const Property* prop = nullptr;
+  for (const auto& p : all_properties())
+    if (p.name == "smla.forward_ratio") prop = &p;
+  ASSERT_NE(prop, nullptr);
+  SuiteOptions o;
+  o.seed = 7;
+  o.quiet = true;
+  o.dump_dir = (std::filesystem::temp_directory_path() / "dsa_prop_repro_test").string();
+  std::filesystem::remove_all(o.dump_dir);
+  const PropertyResult r = run_property(mutant, *prop, o);
+  ASSERT_EQ(r.verdict, oracle::Verdict::Fail);
+  std::cout << "repro line: " << r.repro << "\nfixture: " << r.dumped << "\n";
+  EXPECT_EQ(r.repro.rfind("RC_PARAMS=\"", 0), 0u);
+  EXPECT_NE(r.repro.find("seed=7"), std::string::npos);
+  EXPECT_NE(r.repro.find("reproduce="), std::string::npos);
+  EXPECT_NE(r.repro.find("DSA_TEST_LEVEL="), std::string::npos);
+  ASSERT_FALSE(r.dumped.empty());
+  const fixtures::Fixture f = fixtures::load_fixture(r.dumped);
+  EXPECT_EQ(f.op, "sparse_mla_fwd");
+  auto ref = oracle::make_reference_backend();
+  EXPECT_TRUE(oracle::check_fixture(f, ref.get()).passed());
+  auto bad = mutant.make();
+  const oracle::FixtureReport replay = oracle::check_fixture(f, bad.get());
+  std::cout << oracle::format_fixture_report(replay);
+  EXPECT_FALSE(replay.passed());
 }
 
 }  // namespace

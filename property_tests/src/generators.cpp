@@ -202,6 +202,8 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
     }
   }
   c.in.indices = Tensor::from_i32({s_q, k}, ids);
+  const bool view3 = *rc::gen::inRange(0, 6) == 0;  // the accepted [s_q, 1, k] view (SPEC §4)
+  if (view3) c.in.indices = c.in.indices.reshaped({s_q, 1, k});
   if (use_len) c.in.topk_length = Tensor::from_i32({s_q}, lengths);
   c.in.q = fill(DType::BF16, {s_q, h, d_qk}, Tier::Random, 1, r);
   c.in.kv = fill(DType::BF16, {s_kv, d_qk}, Tier::Random, 1, r);
@@ -221,7 +223,7 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
   c.dout = fill(DType::F32, {s_q, h, d_v}, Tier::Random, 1, r);
   c.desc = "smla layout=" + layout + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
            " d_qk=" + std::to_string(d_qk) + " d_v=" + std::to_string(d_v) + " s_kv=" +
-           std::to_string(s_kv) + " k=" + std::to_string(k) + (use_len ? " topk_length" : "") +
+           std::to_string(s_kv) + " k=" + std::to_string(k) + (use_len ? " topk_length" : "") + (view3 ? " indices[s_q,1,k]" : "") +
            (c.in.attn_sink ? " sink" : "");
   return c;
 }

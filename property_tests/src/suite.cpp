@@ -151,7 +151,9 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
 std::vector<PropertyResult> run_suite(const Subject& s, const SuiteOptions& o) {
   std::vector<const Property*> order;
   for (const auto& p : all_properties())
-    if (o.only.empty() || std::find(o.only.begin(), o.only.end(), p.name) != o.only.end())
+    if (o.only.empty() || std::any_of(o.only.begin(), o.only.end(), [&](const std::string& e) {
+          return p.name == e || p.name.rfind(e + ".", 0) == 0;
+        }))
       order.push_back(&p);
   if (!s.focus.empty())
     std::stable_partition(order.begin(), order.end(),

@@ -49,7 +49,7 @@ struct SuiteOptions {
   std::string dump_dir;       ///< "" → $DSA_DUMP_DIR or build/failures
   bool stop_at_first_failure = false;
   bool quiet = false;         ///< no RapidCheck end-of-process reproduce summary (mutants)
-  std::vector<std::string> only;  ///< property names to run (empty: all)
+  std::vector<std::string> only;  ///< property names or families ("topk") to run (empty: all)
   std::string repro_command;  ///< printed in repro lines (e.g. the test binary + filter)
   std::ostream* log = nullptr;    ///< progress and failure messages
 };
