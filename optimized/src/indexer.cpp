@@ -64,7 +64,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> indexer_scores_backward(
   const auto dI = at::where(mask, d_scores.to(cdt), at::zeros({}, qf.options()));
   const auto logits = indexer_logits(qf, kf);                      // [s_q, H_I, s_kv]
   const auto dI3 = dI.unsqueeze(1);                                // [s_q, 1, s_kv]
-  const auto dw = (dI3 * logits.relu()).sum(2);                   // [s_q, H_I]
+  // dw sums signed terms over s_kv and cancels: accumulate it in f64 (elementwise, cheap).
+  const auto dw = (dI3.to(at::kDouble) * logits.relu().to(at::kDouble)).sum(2).to(cdt);
   const auto g = (dI3 * wf.unsqueeze(2)) * logits.gt(0).to(cdt);  // [s_q, H_I, s_kv]
   const auto dq = at::matmul(g, kf);                               // [s_q, H_I, d_I]
   const auto dk = at::matmul(g.reshape({s.s_q * s.h_i, s.s_kv}).t(),

@@ -87,6 +87,49 @@ Gathered gather(const MlaShapes& s, const at::Tensor& q, const at::Tensor& kv,
   return g;
 }
 
+// Normalised attention weights with the sink as an extra logit of zero value (SPEC §4-§5):
+// p_j = exp(P_j - m) / (Σ_i exp(P_i - m) + exp(sink - m)), w_sink = exp(sink - m) / (same),
+// m = max(max_j P_j, sink). Normalising (rather than exp(P - lse)) keeps equal logits exactly
+// equal weights (duplicates, ties), so exact cancellations stay exact. A +inf sink takes all
+// the mass (p = 0, w_sink = 1), a -inf sink none; empty rows get p = 0 and w_sink = 0.
+struct Weights {
+  at::Tensor e;       // [s_q, h_q, k] unnormalised exp(P - m), 0 where p is forced to 0
+  at::Tensor denom;   // [s_q, h_q, 1] Σ e (+ exp(sink - m)); 1 where p is forced to 0
+  at::Tensor p;       // [s_q, h_q, k]
+  at::Tensor w_sink;  // [s_q, h_q], undefined without a sink
+};
+
+Weights attention_weights(const at::Tensor& P, const at::Tensor& empty,
+                          const c10::optional<at::Tensor>& attn_sink, at::ScalarType cdt) {
+  const auto empty3 = empty.unsqueeze(2);
+  auto m = std::get<0>(P.max(2, /*keepdim=*/true)).masked_fill(empty3, 0);  // [s_q, h_q, 1]
+  const bool has_sink = attn_sink.has_value() && attn_sink->defined();
+  at::Tensor sink, sink_finite, sink_posinf;
+  if (has_sink) {
+    sink = attn_sink->to(cdt).view({1, -1, 1});
+    sink_finite = sink.isfinite();
+    m = at::where(sink_finite, at::maximum(m, sink), m);
+  }
+  const auto e = (P - m).exp_();
+  auto denom = e.sum(2, /*keepdim=*/true);
+  at::Tensor es;
+  if (has_sink) {
+    es = at::where(sink_finite, (sink - m).exp(), at::zeros({}, e.options()));
+    denom = denom + es;
+  }
+  Weights w;
+  auto forced_zero = empty3;  // rows whose p is 0 by rule: empty, or a +inf sink
+  if (has_sink) {
+    sink_posinf = sink.eq(kInf);
+    forced_zero = forced_zero.logical_or(sink_posinf);
+    w.w_sink = (es / denom).masked_fill_(sink_posinf, 1).masked_fill_(empty3, 0).squeeze(2);
+  }
+  w.e = e.masked_fill(forced_zero, 0);
+  w.denom = denom.masked_fill(forced_zero, 1);
+  w.p = w.e / w.denom;
+  return w;
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fwd(
@@ -106,14 +149,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fwd(
   const auto empty = g.empty.expand({s.s_q, s.h_q});
   const auto max_logits = std::get<0>(g.P.max(2));                  // -inf on empty rows
   auto lse = at::logsumexp(g.P, 2).masked_fill(empty, kInf);        // natural log; +inf empty
-  const auto p = (g.P - lse.unsqueeze(2)).exp_();                   // 0 on invalid / empty
-  auto out = at::matmul(p, g.kvg.narrow(2, 0, d_v));                // [s_q, h_q, d_v]
-  if (attn_sink.has_value() && attn_sink->defined()) {
-    // exp(lse)/(exp(lse)+exp(sink)) = sigmoid(lse - sink); ±inf sinks give 0 / 1.
-    const auto factor = (lse - attn_sink->to(cdt).unsqueeze(0)).sigmoid_();
-    out = out * factor.masked_fill(empty, 0).unsqueeze(2);
-  }
-  out = out.masked_fill(empty.unsqueeze(2), 0);
+  // Sink-scaled weights: exp(P - lse)·exp(lse)/(exp(lse)+exp(sink)) = softmax over P ∪ {sink}.
+  const auto w = attention_weights(g.P, empty, attn_sink, cdt);
+  const auto out = at::matmul(w.p, g.kvg.narrow(2, 0, d_v));       // [s_q, h_q, d_v], 0 if empty
   return {out.to(q.scalar_type()), lse, max_logits};
 }
 
@@ -148,20 +186,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_bwd(
 
   const auto g = gather(s, q, kv, a.ids2d, sm_scale, topk_length, cdt);
   const auto empty = g.empty.expand({s.s_q, s.h_q});
-  const auto lsec = lse.to(cdt);
-  // p_j = exp(P_j - L) with L = ln(exp(lse) + exp(sink)): exp(P_j - lse)·sigmoid(lse - sink).
-  auto p = (g.P - lsec.unsqueeze(2)).exp_();
-  at::Tensor w_sink;  // exp(sink - L) = sigmoid(sink - lse), 0 on empty rows
-  if (has_sink) {
-    const auto sink = attn_sink->to(cdt).unsqueeze(0);
-    p = p * (lsec - sink).sigmoid().masked_fill(empty, 0).unsqueeze(2);
-    w_sink = (sink - lsec).sigmoid().masked_fill(empty, 0);
-  }
-  p = p.masked_fill(g.valid.logical_not().unsqueeze(1).logical_or(empty.unsqueeze(2)), 0);
+  // L = ln(exp(lse) + exp(sink)); p_j = exp(P_j - L), recomputed normalised (see above).
+  const auto w = attention_weights(g.P, empty, attn_sink, cdt);
+  const auto& p = w.p;
+  const auto& w_sink = w.w_sink;  // exp(sink - L)
   const auto doutf = dout.to(cdt);
-  const auto delta = (out.to(cdt) * doutf).sum(2).masked_fill(empty, 0);       // [s_q, h_q]
   const auto vg = g.kvg.narrow(2, 0, d_v);                                        // [s_q, k, d_v]
   const auto dpv = at::matmul(doutf, vg.transpose(1, 2));                         // [s_q, h_q, k]
+  // Δ = out·dout recomputed as (Σ_j e_j (dout·v_j)) / denom at the compute precision: the
+  // sink-scaled out·dout without the rounding of a bf16 out, and exactly dout·v when every
+  // valid slot holds the same row (duplicates), so dS cancels to exactly 0 there.
+  const auto delta = (w.e * dpv).sum(2, /*keepdim=*/true).div_(w.denom).squeeze(2);
   const auto dS = p * (dpv - delta.unsqueeze(2));                                 // [s_q, h_q, k]
   const auto dq = at::matmul(dS, g.kvg).mul_(sm_scale);                           // [s_q, h_q, d_qk]
   auto dkvg = at::matmul(dS.transpose(1, 2), g.qf).mul_(sm_scale);               // [s_q, k, d_qk]
@@ -170,7 +205,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_bwd(
   // Every selecting (query, head, slot) adds into its key row; duplicates accumulate.
   auto dkv = at::zeros({s.s_kv, s.d_qk}, q.options().dtype(cdt));
   if (s.s_kv > 0) dkv.index_add_(0, g.safe.reshape({-1}), dkvg.reshape({-1, s.d_qk}));
-  if (has_sink) dsink = (w_sink * delta).sum(0).neg();
+  if (has_sink) {
+    // dsink sums Δ of either sign over rows and cancels: Δ and the sum are taken in f64.
+    const auto d64 = at::matmul(dout.to(at::kDouble), vg.to(at::kDouble).transpose(1, 2));
+    const auto delta64 =
+        (w.e.to(at::kDouble) * d64).sum(2, /*keepdim=*/true).div_(w.denom.to(at::kDouble)).squeeze(2);
+    dsink = (w_sink.to(at::kDouble) * delta64).sum(0).neg().to(cdt);
+  }
   return {dq.to(q.scalar_type()), dkv, dsink};
 }
 

@@ -22,7 +22,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fwd(
 
 /// (dq [s_q,h_q,d_qk] in q's dtype, dkv [s_kv,d_qk] f32 (f64 for f64 inputs) accumulated with index_add over every
 /// query, head and duplicate id, dsink [h_q] at dkv's dtype — a [0] tensor when no sink). Uses the given
-/// indices, out (sink-scaled) and lse; never reselects. Empty rows: dq 0, no dkv/dsink
+/// indices; never reselects. `out` and `lse` are shape-checked only: the weights are
+/// recomputed as a normalised softmax over the valid slots and the sink, and Δ = out·dout as
+/// Σ_j p_j·(dout·v_j), at fp32 (no bf16 rounding of out; equal logits keep exactly equal
+/// weights, so exact cancellations stay exact). Empty rows: dq 0, no dkv/dsink
 /// contribution. SPEC §5-§6. out/dout [s_q,h_q,d_v], lse [s_q,h_q] f32/f64; other arguments
 /// as sparse_mla_fwd. Throws c10::Error naming the argument. Op `dsa::sparse_mla_bwd`.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_bwd(
