@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/property_tests/suite.h"
 #include "report.h"
 
 namespace fs = std::filesystem;
@@ -58,6 +59,7 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
         if (!op_selected(opts, op.op)) continue;
         CaseResult c = make_case(op.op, kind + ":" + stem, oracle::to_string(op.verdict));
         c.worst_ratio = worst_ratio(op);
+        c.has_ratio = !op.tensors.empty();
         c.cases = 1;
         c.message = op.verdict == oracle::Verdict::Pass ? "" : op.reason;
         if (op.verdict == oracle::Verdict::Fail) {
@@ -75,6 +77,40 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
         out.push_back(c);
       }
       return out;
+    }});
+  }
+}
+
+bool property_selected(const AuditOptions& o, const props::Property& p) {
+  if (!o.only.empty() && std::find(o.only.begin(), o.only.end(), p.name) == o.only.end()) return false;
+  if (o.ops.empty()) return true;
+  for (oracle::Op op : p.ops)
+    if (op_selected(o, oracle::to_string(op))) return true;
+  return false;
+}
+
+// Property tasks: one per property of the suite (dsa/property_tests/suite.h).
+void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& subject,
+                        const AuditOptions& opts) {
+  for (const props::Property& p : props::all_properties()) {
+    if (!property_selected(opts, p)) continue;
+    std::string op = p.name.rfind("block.", 0) == 0 || p.ops.empty() ? "dsa_block"
+                                                                  : oracle::to_string(p.ops.front());
+    tasks.push_back({op, p.name, [&subject, &p, op, &opts]() {
+      props::SuiteOptions so;
+      so.level = opts.level;
+      so.seed = opts.seed;
+      so.dump_dir = opts.dump_dir;
+      so.quiet = true;
+      so.repro_command = "dsa-verify audit --backend " + subject.name + " --only " + p.name +
+                         " --level " + std::to_string(opts.level);
+      props::PropertyResult r = props::run_property(subject, p, so);
+      CaseResult c = make_case(op, "property:" + p.name, oracle::to_string(r.verdict));
+      c.cases = r.cases;
+      c.message = r.message;
+      c.repro = r.repro;
+      c.fixture = r.dumped;
+      return std::vector<CaseResult>{c};
     }});
   }
 }
@@ -109,6 +145,8 @@ int run_audit(const AuditOptions& opts) {
       continue;
     }
     std::vector<AuditTask> tasks;
+    props::Subject subject = props::backend_subject(name);
+    add_property_tasks(tasks, subject, opts);
     add_fixture_tasks(tasks, dirs.golden, "golden", *backend, opts);
     add_fixture_tasks(tasks, dirs.peer, "peer", *backend, opts);
     std::fprintf(stderr, "audit %s: %zu tasks (level %d, seed %llu)\n", name.c_str(), tasks.size(),

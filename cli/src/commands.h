@@ -47,6 +47,7 @@ struct AuditOptions {
   std::vector<std::string> backends;  ///< empty: the default backends
   std::string plugin;                 ///< path of a plugin .so (instead of backends)
   std::vector<std::string> ops;       ///< empty: every op
+  std::vector<std::string> only;      ///< property names to run (empty: every property)
   int level = 0;
   uint64_t seed = 0;
   std::string json_path, junit_path;

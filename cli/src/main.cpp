@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--plugin", audit.plugin, "Plugin shared library implementing dsa/backend_abi.h")
       ->check(CLI::ExistingFile)->excludes(backend_opt);
   audit_cmd->add_option("--ops", audit.ops, "Ops to audit (comma-separated)")->delimiter(',');
+  audit_cmd->add_option("--only", audit.only, "Run only these properties (comma-separated names)")->delimiter(',');
   audit_cmd->add_option("--level", audit.level, "Test level 0 (CI), 1, 2 (soak)")->check(CLI::Range(0, 2));
   audit_cmd->add_option("--seed", audit.seed, "Seed of the property runs");
   audit_cmd->add_option("--json", audit.json_path, "Write the full report as JSON");

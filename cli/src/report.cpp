@@ -44,10 +44,12 @@ void Progress::finish() {
 void print_summary(std::FILE* out, const std::string& backend, const std::vector<CaseResult>& cases) {
   size_t pass = 0, fail = 0, skip = 0;
   std::fprintf(out, "\ndsa-verify audit: backend %s\n", backend.c_str());
-  std::fprintf(out, "%-24s %-40s %-5s %12s %7s\n", "op", "property", "result", "worst ratio", "cases");
+  std::fprintf(out, "%-24s %-44s %-6s %11s %7s\n", "op", "property", "result", "worst ratio", "cases");
   for (const auto& c : cases) {
-    std::fprintf(out, "%-24s %-40s %-5s %12.3g %7lld\n", c.op.c_str(), c.property.c_str(),
-                 c.status.c_str(), c.worst_ratio, static_cast<long long>(c.cases));
+    char ratio[32] = "-";
+    if (c.has_ratio) std::snprintf(ratio, sizeof ratio, "%.3g", c.worst_ratio);
+    std::fprintf(out, "%-24s %-44s %-6s %11s %7lld\n", c.op.c_str(), c.property.c_str(),
+                 c.status.c_str(), ratio, static_cast<long long>(c.cases));
     (c.status == "pass" ? pass : c.status == "fail" ? fail : skip)++;
   }
   for (const auto& c : cases) {
@@ -72,7 +74,7 @@ nlohmann::json to_json(const std::string& backend, const std::vector<CaseResult>
   size_t pass = 0, fail = 0, skip = 0;
   for (const auto& c : cases) {
     arr.push_back({{"op", c.op}, {"property", c.property}, {"status", c.status},
-                   {"worst_ratio", c.worst_ratio}, {"cases", c.cases}, {"message", c.message},
+                   {"worst_ratio", c.has_ratio ? nlohmann::json(c.worst_ratio) : nlohmann::json(nullptr)}, {"cases", c.cases}, {"message", c.message},
                    {"repro", c.repro}, {"fixture", c.fixture}, {"seconds", c.seconds}});
     (c.status == "pass" ? pass : c.status == "fail" ? fail : skip)++;
   }
