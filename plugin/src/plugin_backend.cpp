@@ -255,16 +255,16 @@ class GuardedBuffer {
     if (d.device.device_type != o.device.device_type || d.device.device_id != o.device.device_id)
       violations.push_back(who + ": device changed");
     // Guard zones.
-    size_t front = 0, first_front = kGuardBytes;
+    size_t front = 0, farthest = 0;
     for (size_t i = 0; i < kGuardBytes; ++i)
       if (storage_[i] != kGuardByte) {
         ++front;
-        first_front = std::min(first_front, kGuardBytes - i);
+        farthest = std::max(farthest, kGuardBytes - i);
       }
     if (front)
       violations.push_back(who + ": out-of-bounds write before the start of the buffer (" +
                            std::to_string(front) + " guard bytes changed, up to " +
-                           std::to_string(first_front) + " bytes before it)");
+                           std::to_string(farthest) + " bytes before it)");
     size_t back = 0;
     size_t first_back = 0;
     const unsigned char* end = data_ + nbytes_;

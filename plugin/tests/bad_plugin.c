@@ -23,6 +23,7 @@
 #define KIND_NO_ENTRY 12      /* a shared library without the entry symbol */
 #define KIND_UNSUPPORTED 13   /* returns DSA_STATUS_UNSUPPORTED */
 #define KIND_OVERRUN_THEN_ERROR 14 /* writes past the end, then returns an error status */
+#define KIND_UNDERRUN 15      /* writes one int32 8 bytes before the start of indices */
 
 #ifndef DSA_BAD_KIND
 #error "define DSA_BAD_KIND"
@@ -43,6 +44,8 @@ static dsa_status bad_topk(const dsa_topk_args* a, char* err, size_t err_size) {
   for (;;) pause();
 #elif DSA_BAD_KIND == KIND_OVERRUN
   for (i = n; i < n + 16; ++i) out[i] = -1;
+#elif DSA_BAD_KIND == KIND_UNDERRUN
+  out[-2] = 5;
 #elif DSA_BAD_KIND == KIND_OVERRUN_THEN_ERROR
   out[n + 3] = 7;
   strncpy(err, "gave up", err_size - 1);

@@ -129,6 +129,14 @@ TEST(PluginCall, OutOfBoundsWriteIsCaughtByTheGuardZone) {
   }
 }
 
+TEST(PluginCall, WriteBeforeTheStartIsCaughtByTheFrontGuard) {
+  auto b = open_plugin(DSA_BAD_PLUGIN_UNDERRUN, quick());
+  std::string m = message_of<ContractViolation>([&] { call_topk(*b); });
+  EXPECT_TRUE(has(m, "output 'indices': out-of-bounds write before the start of the buffer "
+                     "(4 guard bytes changed, up to 8 bytes before it)"))
+      << m;
+}
+
 TEST(PluginCall, OverrunIsReportedEvenWhenTheCallFails) {
   auto b = open_plugin(DSA_BAD_PLUGIN_OVERRUN_THEN_ERROR, quick());
   std::string m = message_of<ContractViolation>([&] { call_topk(*b); });
