@@ -64,6 +64,27 @@ TEST(Mutation, EveryMutantIsCaught) {
   const auto rows = run_mutation_analysis(o);
   std::cout << format_mutation_table(rows);
   for (const auto& r : rows) EXPECT_TRUE(r.caught) << r.mutant << " (" << r.fault << ") survived";
+  // Two more seeds: a mutant must not survive by luck of the draw.
+  for (uint64_t seed : {2u, 3u}) {
+    o.seed = seed;
+    int caught = 0;
+    const auto again = run_mutation_analysis(o);
+    for (const auto& r : again) {
+      caught += r.caught;
+      EXPECT_TRUE(r.caught) << r.mutant << " survived seed " << seed;
+    }
+    std::cout << "  seed " << seed << ": mutation score " << caught << "/" << again.size() << "\n";
+  }
+}
+
+// Kill matrix at level 0: every property on every mutant (which properties catch what).
+TEST(Mutation, KillMatrix) {
+  SuiteOptions o;
+  o.level = 0;
+  o.seed = env_seed() ? env_seed() : 1;
+  const auto rows = run_mutation_analysis(o, /*full_matrix=*/true);
+  std::cout << format_mutation_table(rows) << format_kill_matrix(rows);
+  for (const auto& r : rows) EXPECT_TRUE(r.caught) << r.mutant;
 }
 
 // No false alarms: every correct backend passes the whole suite at level 1 over several seeds.

@@ -179,7 +179,7 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
                                     std::numeric_limits<int32_t>::max(), s_kv + 7, -5};
   std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
   std::vector<int32_t> lengths(static_cast<size_t>(s_q), static_cast<int32_t>(k));
-  const bool use_len = layout == "topk_length" || (layout == "mixed" && draw_bool());
+  const bool use_len = layout == "topk_length" || ((layout == "mixed" || layout == "poison") && draw_bool());
   for (int64_t t = 0; t < s_q; ++t) {
     const int64_t pattern = irand(r, 0, 5);  // 0 all valid, 1 front pad, 2 tail pad, 3 holes, 4 empty, 5 mixed
     const bool empty_row = (layout == "empty" && irand(r, 0, 1) == 0) || (pattern == 4 && layout != "leading_block");

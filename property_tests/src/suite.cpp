@@ -178,9 +178,9 @@ std::string format_results(const std::vector<PropertyResult>& rows) {
   return os.str();
 }
 
-std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in) {
+std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in, bool full_matrix) {
   SuiteOptions o = o_in;
-  o.stop_at_first_failure = true;
+  o.stop_at_first_failure = !full_matrix;
   o.shrink = false;
   o.dump = false;
   o.quiet = true;
@@ -193,6 +193,8 @@ std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in) {
     row.fault = m.fault;
     for (const auto& r : run_suite(m, o))
       if (r.verdict == Verdict::Fail) {
+        row.kills.push_back(r.property);
+        if (row.caught) continue;
         row.caught = true;
         row.caught_by = r.property;
         // The first informative line: skip RapidCheck's "Falsifiable after..." header.
@@ -203,7 +205,6 @@ std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in) {
             row.message = l;
             break;
           }
-        break;
       }
     row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rows.push_back(row);
@@ -214,17 +215,34 @@ std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in) {
 std::string format_mutation_table(const std::vector<MutantResult>& rows) {
   std::ostringstream os;
   char line[640];
-  std::snprintf(line, sizeof line, "  %-34s %-7s %-44s %6s  %s\n", "mutant", "caught", "caught by",
-                "sec", "fault");
+  std::snprintf(line, sizeof line, "  %-38s %-6s %-44s %5s %6s  %s\n", "mutant", "caught",
+                "caught by (first)", "kills", "sec", "fault");
   os << line;
   int caught = 0;
   for (const auto& r : rows) {
     caught += r.caught;
-    std::snprintf(line, sizeof line, "  %-34s %-7s %-44s %6.2f  %s\n", r.mutant.c_str(),
-                  r.caught ? "yes" : "NO", r.caught_by.c_str(), r.seconds, r.fault.c_str());
+    const std::string kills = std::to_string(r.kills.size());
+    std::snprintf(line, sizeof line, "  %-38s %-6s %-44s %5s %6.2f  %s\n", r.mutant.c_str(),
+                  r.caught ? "yes" : "NO", r.caught_by.c_str(), kills.c_str(), r.seconds,
+                  r.fault.c_str());
     os << line;
   }
-  os << "  mutation score: " << caught << "/" << rows.size() << "\n";
+  os << "  mutation score: " << caught << "/" << rows.size()
+     << "   (kills: failing properties; 1 when the run stops at the first)\n";
+  return os.str();
+}
+
+std::string format_kill_matrix(const std::vector<MutantResult>& rows) {
+  std::ostringstream os;
+  for (const auto& p : all_properties()) {
+    std::vector<std::string> by;
+    for (const auto& r : rows)
+      if (std::find(r.kills.begin(), r.kills.end(), p.name) != r.kills.end()) by.push_back(r.mutant);
+    os << "  " << p.name << ": ";
+    if (by.empty()) os << "(catches no mutant)";
+    for (size_t i = 0; i < by.size(); ++i) os << (i ? ", " : "") << by[i];
+    os << "\n";
+  }
   return os.str();
 }
 

@@ -77,6 +77,7 @@ struct MutantResult {
   std::string caught_by;  ///< first property that failed
   std::string message;    ///< its first line
   double seconds = 0;
+  std::vector<std::string> kills;  ///< every failing property (full_matrix runs only)
 };
 /// Every mutant (property_tests/mutants/), wrapping the reference backend.
 std::vector<Subject> mutant_subjects();
@@ -85,9 +86,13 @@ std::vector<Subject> mutant_subjects();
 std::vector<Subject> control_subjects();
 /// Runs the suite against every mutant (stops at the first failing property per mutant,
 /// shrinking and dumping off) and returns the table. Mutation score = caught / total.
-std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o);
-/// The score table plus a "mutation score: c/n" line.
+/// full_matrix: run every property on every mutant (no early stop) and fill `kills`.
+std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o, bool full_matrix = false);
+/// The score table plus a "mutation score: c/n" line (and kill counts when filled).
 std::string format_mutation_table(const std::vector<MutantResult>& rows);
+/// Kill matrix of a full_matrix run: one line per property with the mutants it catches;
+/// properties that catch none are listed as such.
+std::string format_kill_matrix(const std::vector<MutantResult>& rows);
 
 /// A subject for a registered backend name (oracle::make_backend).
 Subject backend_subject(const std::string& name);
