@@ -1,5 +1,6 @@
 /* dsa_example_plugin: a small, self-contained kernel library written directly against the
  * plugin ABI (dsa/backend_abi.h), in C99 with plain loops. It implements
+ *   - indexer_scores (SPEC §2): F32 or BF16 q_idx/k_idx, F32 w, F32 scores;
  *   - topk_indices   (SPEC §3): every tie policy, sorted and unsorted (always sorts);
  *   - sparse_mla_fwd (SPEC §4, §6): F32 or BF16 q/kv, out in q's dtype, lse/max_logits F32.
  * Accumulation is in double; the only rounding is the final store. It is the skeleton a
@@ -63,6 +64,42 @@ static void store_float(DLTensor* t, int64_t i, double v) {
     ((float*)base)[i] = (float)v;
   else
     ((uint16_t*)base)[i] = float_to_bf16((float)v);
+}
+
+/* ---- indexer_scores (SPEC §2) ------------------------------------------------------- */
+
+static dsa_status example_indexer_scores(const dsa_indexer_scores_args* a, char* err,
+                                         size_t err_size) {
+  const DLTensor* q = a->q_idx;
+  const DLTensor* k = a->k_idx;
+  const int64_t* ks = (const int64_t*)a->ks->data;
+  const int64_t* ke = (const int64_t*)a->ke->data;
+  float* scores = (float*)a->scores->data;
+  int64_t s_q, h_i, d_i, s_kv, t, s, j, c;
+  if (!(is_dtype(q, kDLFloat, 32) || is_dtype(q, kDLBfloat, 16)) ||
+      !(is_dtype(k, kDLFloat, 32) || is_dtype(k, kDLBfloat, 16)) || !is_dtype(a->w, kDLFloat, 32))
+    return fail(DSA_STATUS_UNSUPPORTED, err, err_size,
+                "indexer_scores: q_idx/k_idx must be F32 or BF16 and w F32");
+  s_q = q->shape[0];
+  h_i = q->shape[1];
+  d_i = q->shape[2];
+  s_kv = k->shape[0];
+  for (t = 0; t < s_q; ++t)
+    for (s = 0; s < s_kv; ++s) {
+      double acc = 0.0;
+      if (s < ks[t] || s >= ke[t]) { /* outside the window */
+        scores[t * s_kv + s] = -INFINITY;
+        continue;
+      }
+      for (j = 0; j < h_i; ++j) { /* ReLU before the (possibly negative) weight */
+        double dot = 0.0;
+        for (c = 0; c < d_i; ++c)
+          dot += load_float(q, (t * h_i + j) * d_i + c) * load_float(k, s * d_i + c);
+        if (dot > 0.0) acc += load_float(a->w, t * h_i + j) * dot;
+      }
+      scores[t * s_kv + s] = (float)acc;
+    }
+  return DSA_STATUS_OK;
 }
 
 /* ---- topk_indices (SPEC §3) --------------------------------------------------------- */
@@ -213,19 +250,19 @@ static const dsa_backend_v1 example_table = {
     "example",
     "1.0",
     {
-        /* ops */ DSA_OP_TOPK_INDICES | DSA_OP_SPARSE_MLA_FWD,
+        /* ops */ DSA_OP_INDEXER_SCORES | DSA_OP_TOPK_INDICES | DSA_OP_SPARSE_MLA_FWD,
         /* input_dtypes */ DSA_DTYPE_BIT(DSA_DTYPE_F32) | DSA_DTYPE_BIT(DSA_DTYPE_BF16),
         /* devices */ DSA_DEVICE_CPU,
         /* tie_policies */ DSA_TIE_ANY | DSA_TIE_SMALL | DSA_TIE_LARGE,
         /* topk_orders */ DSA_TOPK_SORTED | DSA_TOPK_UNSORTED,
         /* deterministic */ 1,
-        /* outputs: index_scores, indexer_grads (unused), mla_out, mla_stats, mla_grads,
-           kl (unused) */
+        /* outputs: index_scores, indexer_grads (unused), mla_out, mla_stats,
+           mla_grads (unused), kl (unused) */
         {DSA_DTYPE_F32, DSA_DTYPE_F32, DSA_DTYPE_AS_INPUT, DSA_DTYPE_F32, DSA_DTYPE_F32,
          DSA_DTYPE_F32},
     },
     /* is_available */ NULL,
-    /* indexer_scores */ NULL,
+    /* indexer_scores */ example_indexer_scores,
     /* indexer_scores_backward */ NULL,
     /* topk_indices */ example_topk,
     /* sparse_mla_fwd */ example_sparse_mla_fwd,

@@ -197,14 +197,16 @@ TEST(PluginCapabilities, DeclaredOpsPoliciesAndDtypesGateTheCalls) {
   EXPECT_EQ(b->unavailable_reason(), "");
   const std::string d = describe(b->info());
   EXPECT_TRUE(has(d, "plugin 'example' 1.0 (ABI 1, ")) << d;
-  EXPECT_TRUE(has(d, "ops topk,sparse_mla_fwd; inputs F32|BF16; devices cpu; tie any|small|large;"))
+  EXPECT_TRUE(has(d, "ops indexer_scores,topk,sparse_mla_fwd; inputs F32|BF16; devices cpu; "
+                     "tie any|small|large;"))
       << d;
-  EXPECT_TRUE(has(d, "outputs mla_out=as-input mla_stats=F32")) << d;
+  EXPECT_TRUE(has(d, "outputs index_scores=F32 mla_out=as-input mla_stats=F32")) << d;
   EXPECT_TRUE(b->supports(Op::Topk));
   EXPECT_TRUE(b->supports(Op::SparseMlaFwd));
   EXPECT_FALSE(b->supports(Op::SparseMlaBwd));
   Tensor q(DType::F32, {1, 1, 4}), k(DType::F32, {2, 4}), w(DType::F32, {1, 1});
-  EXPECT_THROW(b->indexer_scores(q, k, w, KeyWindows::full(1, 2)), NotSupported);
+  EXPECT_THROW(b->indexer_scores_backward(q, k, w, KeyWindows::full(1, 2), Tensor(DType::F32, {1, 2})),
+               NotSupported);
   // F64 scores are not declared by the example (F32 and BF16 data inputs only).
   EXPECT_THROW(b->select_topk(Tensor(DType::F64, {2, 3}), 1, TopkPolicy{}, std::nullopt),
                NotSupported);

@@ -215,6 +215,23 @@ TEST_F(ExamplePluginTest, EmptyRowsFollowSpec6) {
   }
 }
 
+TEST_F(ExamplePluginTest, IndexerScoresPassTheOracleInF32AndBf16) {
+  auto b = load_plugin(DSA_EXAMPLE_PLUGIN);
+  for (bool bf16 : {false, true}) {
+    dsa::oracle::OpCase c;
+    c.q_idx = random_f32({kSq, kHi, kDi}, rng);
+    c.k_idx = random_f32({kSkv, kDi}, rng);
+    if (bf16) {
+      c.q_idx = c.q_idx.to(DType::BF16);
+      c.k_idx = c.k_idx.to(DType::BF16);
+    }
+    c.w = random_f32({kSq, kHi}, rng);
+    c.windows = KeyWindows::varlen({0, 2, kSq}, {0, 8, kSkv});
+    dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::IndexerScores, c);
+    EXPECT_EQ(r.verdict, Verdict::Pass) << dsa::oracle::format_op_report(r);
+  }
+}
+
 TEST_F(ExamplePluginTest, UnsupportedOpsAreSkippedByTheOracle) {
   auto b = load_plugin(DSA_EXAMPLE_PLUGIN);
   dsa::oracle::OpCase c;
