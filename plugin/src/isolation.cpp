@@ -43,7 +43,7 @@ std::string serialize_outputs(const std::vector<Tensor>& outputs) {
     put<uint32_t>(buf, static_cast<uint32_t>(t.dim()));
     for (int64_t s : t.shape()) put<int64_t>(buf, s);
     put<uint64_t>(buf, t.nbytes());
-    buf.append(reinterpret_cast<const char*>(t.raw()), t.nbytes());
+    if (t.nbytes()) buf.append(reinterpret_cast<const char*>(t.raw()), t.nbytes());
   }
   buf += kTrailer;
   return buf;

@@ -48,7 +48,9 @@ TEST(RunIsolated, ReturnsTensorsOfEveryDtypeBitExact) {
     EXPECT_EQ(r.outputs[i].dtype(), want[i]->dtype());
     EXPECT_EQ(r.outputs[i].shape(), want[i]->shape());
     ASSERT_EQ(r.outputs[i].nbytes(), want[i]->nbytes());
-    EXPECT_EQ(0, std::memcmp(r.outputs[i].raw(), want[i]->raw(), want[i]->nbytes()));
+    if (want[i]->nbytes()) {
+      EXPECT_EQ(0, std::memcmp(r.outputs[i].raw(), want[i]->raw(), want[i]->nbytes()));
+    }
   }
 }
 
