@@ -36,9 +36,10 @@ struct PluginInfo {
 /// Bit of `op` in dsa_capabilities::ops (DSA_OP_*).
 uint32_t op_bit(dsa::oracle::Op op);
 
-/// One line for report headers, e.g. "plugin 'example' 1.0 (ABI 1, /abs/lib.so): ops
-/// topk_indices,sparse_mla_fwd; inputs F32|BF16; devices cpu; tie any|small|large; order
-/// sorted|unsorted; deterministic; outputs mla_out=as-input mla_stats=F32".
+/// One line for report headers (op names as dsa::oracle::to_string), e.g. "plugin 'example'
+/// 1.0 (ABI 1, /abs/lib.so): ops indexer_scores,topk,sparse_mla_fwd; inputs F32|BF16;
+/// devices cpu; tie any|small|large; order sorted|unsorted; deterministic; outputs
+/// index_scores=F32 mla_out=as-input mla_stats=F32".
 std::string describe(const PluginInfo& info);
 
 /// A loaded plugin. Every op: validates shapes like the reference (std::invalid_argument
