@@ -1,0 +1,22 @@
+// The `cuda` backend: the hand-written kernels of dsa/cuda/kernels.h behind the oracle's
+// Backend interface (host tensors in, host tensors out; copies to device 0 and back).
+#pragma once
+
+#include <memory>
+
+#include "dsa/oracle/backend.h"
+
+namespace dsa::cuda {
+
+/// Backend "cuda": Op::Topk (SPEC §3; scores F32 [s_q,s_kv], returns I32 [s_q,k]) and
+/// Op::SparseMlaFwd (SPEC §4, §6; q/kv BF16, returns out BF16, lse/max_logits F32); every
+/// other op, and other dtypes (F32/F16/F64 q, F64 scores), throw oracle::NotSupported.
+/// unavailable_reason() is "no CUDA device" when cudaGetDeviceCount fails or reports 0.
+/// Bad shapes or dtypes throw std::invalid_argument naming the argument; CUDA failures throw
+/// std::runtime_error naming the call. Deterministic.
+std::unique_ptr<oracle::Backend> make_cuda_backend();
+
+/// Registers make_cuda_backend under the name "cuda" (oracle::register_backend; idempotent).
+void register_cuda_backend();
+
+}  // namespace dsa::cuda

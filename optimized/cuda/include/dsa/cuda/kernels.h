@@ -1,0 +1,56 @@
+// Hand-written CUDA kernels for the H200 (sm_90) on device pointers: top-k selection
+// (SPEC §3) and the sparse MLA forward (SPEC §4, §6). Plain CUDA runtime, no LibTorch.
+// Every launcher is asynchronous on `stream`, checks its launch and throws
+// std::runtime_error("<function>: <CUDA error>") on a CUDA failure, std::invalid_argument
+// naming the argument on bad sizes. Pointers are device pointers unless said otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "dsa/contract/policies.h"
+
+namespace dsa::cuda {
+
+/// Scratch bytes select_topk_device needs for (s_q, s_kv, k): 0 when the sort buffer of a
+/// row (next_pow2(min(k, s_kv)) 8-byte keys) fits in shared memory, else one such buffer per row.
+size_t topk_scratch_bytes(int64_t s_q, int64_t s_kv, int64_t k);
+
+/// Top-k per row (SPEC §3). scores [s_q,s_kv] fp32 row-major; ks/ke [s_q] int64 key windows
+/// (both null = every key; clamped to [0,s_kv], ks >= ke empty); k >= 0 (k > s_kv legal);
+/// out [s_q,k] int32: the k_eff = min(k, #selectable) ids as a compact prefix, then -1.
+/// NaN and -inf are never selected; -0.0 == +0.0; ties at v* by policy.tie_break (Any acts
+/// as Small); policy.sorted orders the prefix by (score desc, id asc|desc). Deterministic.
+/// `scratch` holds topk_scratch_bytes(s_q, s_kv, k) bytes (may be null when that is 0).
+/// Throws std::invalid_argument for negative sizes, k or s_kv > INT32_MAX, a missing scratch.
+void select_topk_device(const float* scores, int64_t s_q, int64_t s_kv, int64_t k,
+                        const int64_t* ks, const int64_t* ke, const TopkPolicy& policy,
+                        int32_t* out, void* scratch, cudaStream_t stream);
+
+/// Largest d_qk / d_v the sparse MLA forward kernel takes (shared-memory tile and
+/// per-thread accumulator limits); larger shapes throw std::invalid_argument.
+int64_t sparse_mla_max_d_qk();
+int64_t sparse_mla_max_d_v();
+
+/// Sparse MLA forward (SPEC §4, §6), MQA with one KV head. q [s_q,h_q,d_qk] bf16 (raw bits),
+/// kv [s_kv,d_qk] bf16, indices [s_q,k] int32 (any value; slot j of row t is valid iff
+/// 0 <= id < s_kv and j < topk_length[t]; invalid slots are never dereferenced), topk_length
+/// [s_q] int32 or null, attn_sink [h_q] fp32 or null (±inf allowed), sm_scale finite,
+/// 0 < d_v <= d_qk. Outputs: out [s_q,h_q,d_v] bf16 (round to nearest even), lse and
+/// max_logits [s_q,h_q] fp32 (natural log). fp32 accumulation, online softmax over tiles of
+/// valid ids only. Rows without a valid slot: out 0, lse +inf, max_logits -inf.
+/// Sink: out *= 1 / (1 + exp(sink - lse)). Duplicate ids are separate terms. Deterministic.
+/// Throws std::invalid_argument for negative sizes, d_v out of (0, d_qk], d_qk or d_v over
+/// the limits above, or a non-finite sm_scale.
+void sparse_mla_forward_device(const uint16_t* q, const uint16_t* kv, const int32_t* indices,
+                               const int32_t* topk_length, const float* attn_sink,
+                               int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
+                               int64_t d_v, float sm_scale, uint16_t* out, float* lse,
+                               float* max_logits, cudaStream_t stream);
+
+/// Number of CUDA devices, 0 when cudaGetDeviceCount fails (no driver, no device).
+int device_count();
+
+}  // namespace dsa::cuda

@@ -1,0 +1,292 @@
+// The `cuda` backend against the float64 reference through the oracle (SPEC §9): top-k
+// bit-exact (§3) on random, plateau, NaN/-inf/±0 and window cases at tile-edge sizes; sparse
+// MLA forward (§4, §6) by the ratio rule with invalid ids, topk_length, sinks, duplicates,
+// empty rows and leading invalid blocks. Every test skips (with the reason) without a device.
+#include <climits>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "dsa/contract/key_windows.h"
+#include "dsa/cuda/backend.h"
+#include "dsa/cuda/kernels.h"
+#include "dsa/oracle/op_check.h"
+#include "dsa/oracle/report.h"
+
+namespace {
+
+using dsa::DType;
+using dsa::KeyWindows;
+using dsa::Tensor;
+using dsa::TieBreak;
+using dsa::TopkPolicy;
+using dsa::oracle::Op;
+using dsa::oracle::OpCase;
+using dsa::oracle::Verdict;
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = dsa::cuda::make_cuda_backend();
+    const std::string why = backend_->unavailable_reason();
+    if (!why.empty()) GTEST_SKIP() << "cuda backend unavailable: " << why;
+  }
+  std::unique_ptr<dsa::oracle::Backend> backend_;
+};
+
+enum class Fill { Random, Plateau, Special };
+
+Tensor make_scores(int64_t s_q, int64_t s_kv, Fill fill, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> small(0, 3);
+  std::uniform_int_distribution<int> pick(0, 15);
+  Tensor t(DType::F32, {s_q, s_kv});
+  float* p = t.data<float>();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    switch (fill) {
+      case Fill::Random: p[i] = normal(rng); break;
+      case Fill::Plateau: p[i] = static_cast<float>(small(rng)); break;
+      case Fill::Special: {
+        const int c = pick(rng);
+        p[i] = c == 0   ? std::numeric_limits<float>::quiet_NaN()
+               : c == 1 ? -inf
+               : c == 2 ? inf
+               : c == 3 ? -0.0f
+               : c == 4 ? 0.0f
+               : c < 8  ? static_cast<float>(small(rng)) - 1.5f
+                        : normal(rng);
+        break;
+      }
+    }
+  }
+  return t;
+}
+
+KeyWindows random_windows(int64_t s_q, int64_t s_kv, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> pos(0, s_kv);
+  std::vector<int64_t> ks(s_q), ke(s_q);
+  for (int64_t t = 0; t < s_q; ++t) {
+    ks[t] = pos(rng);
+    ke[t] = pos(rng);
+    if (t % 3 != 2 && ks[t] > ke[t]) std::swap(ks[t], ke[t]);  // every third row may be empty
+  }
+  return KeyWindows::explicit_windows(ks, ke, s_kv);
+}
+
+void expect_topk_pass(dsa::oracle::Backend& b, const OpCase& c, const std::string& label) {
+  const dsa::oracle::OpReport r = dsa::oracle::check_op(b, Op::Topk, c);
+  EXPECT_EQ(r.verdict, Verdict::Pass) << label << "\n" << dsa::oracle::format_op_report(r);
+}
+
+TEST_F(CudaBackendTest, TopkRandomPlateauSpecialAtTileEdges) {
+  const std::vector<int64_t> kvs = {1, 63, 64, 65, 511, 512, 513, 2047, 2049};
+  uint64_t seed = 1;
+  for (int64_t s_kv : kvs) {
+    for (int64_t k : {int64_t{1}, int64_t{64}, int64_t{2048}, s_kv + 5}) {
+      for (Fill fill : {Fill::Random, Fill::Plateau, Fill::Special}) {
+        for (TieBreak tb : {TieBreak::Small, TieBreak::Large, TieBreak::Any}) {
+          for (bool sorted : {true, false}) {
+            OpCase c;
+            c.scores = make_scores(5, s_kv, fill, seed++);
+            c.k = k;
+            c.policy = TopkPolicy{tb, sorted};
+            expect_topk_pass(*backend_, c,
+                             "s_kv=" + std::to_string(s_kv) + " k=" + std::to_string(k) +
+                                 " fill=" + std::to_string(static_cast<int>(fill)) +
+                                 " tie=" + dsa::to_string(tb) + " sorted=" + std::to_string(sorted));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, TopkWindowsCausalAndRandom) {
+  uint64_t seed = 100;
+  for (int64_t s_kv : {65, 2049}) {
+    for (Fill fill : {Fill::Random, Fill::Plateau, Fill::Special}) {
+      for (TieBreak tb : {TieBreak::Small, TieBreak::Large}) {
+        OpCase c;
+        c.scores = make_scores(17, s_kv, fill, seed++);
+        c.k = 64;
+        c.policy = TopkPolicy{tb, true};
+        c.topk_windows = KeyWindows::causal(17, s_kv);
+        expect_topk_pass(*backend_, c, "causal s_kv=" + std::to_string(s_kv));
+        c.topk_windows = random_windows(17, s_kv, seed++);
+        expect_topk_pass(*backend_, c, "random windows s_kv=" + std::to_string(s_kv));
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, TopkProductionWidthsAndScratchPath) {
+  // k = 2048 over 65536 keys (shared-memory sort), and k = 10000 (global scratch sort).
+  for (Fill fill : {Fill::Random, Fill::Plateau}) {
+    OpCase c;
+    c.scores = make_scores(3, 65536, fill, 7 + static_cast<int>(fill));
+    c.k = 2048;
+    c.policy = TopkPolicy{TieBreak::Small, true};
+    expect_topk_pass(*backend_, c, "65536/2048");
+    c.scores = make_scores(2, 20000, fill, 9 + static_cast<int>(fill));
+    c.k = 10000;
+    c.policy = TopkPolicy{TieBreak::Large, true};
+    expect_topk_pass(*backend_, c, "20000/10000");
+  }
+}
+
+TEST_F(CudaBackendTest, TopkAllUnselectableRowsAndEmptyShapes) {
+  OpCase c;
+  c.scores = Tensor(DType::F32, {3, 70});
+  float* p = c.scores.data<float>();
+  for (int64_t i = 0; i < 70; ++i) {
+    p[i] = std::numeric_limits<float>::quiet_NaN();
+    p[70 + i] = -std::numeric_limits<float>::infinity();
+    p[140 + i] = (i % 2) ? -0.0f : 0.0f;  // one zero plateau with both signs
+  }
+  c.k = 80;
+  for (TieBreak tb : {TieBreak::Small, TieBreak::Large}) {
+    c.policy = TopkPolicy{tb, true};
+    expect_topk_pass(*backend_, c, "unselectable rows");
+  }
+  const Tensor out = backend_->select_topk(c.scores, 80, TopkPolicy{}, std::nullopt);
+  EXPECT_EQ(out.data<int32_t>()[0], -1);
+  EXPECT_EQ(out.data<int32_t>()[80 + 79], -1);
+  EXPECT_EQ(out.data<int32_t>()[160], 0);  // smallest id of the zero plateau
+  EXPECT_EQ(backend_->select_topk(Tensor(DType::F32, {0, 5}), 3, TopkPolicy{}, std::nullopt)
+                .shape(),
+            (std::vector<int64_t>{0, 3}));
+  const Tensor none = backend_->select_topk(Tensor(DType::F32, {2, 0}), 3, TopkPolicy{}, std::nullopt);
+  EXPECT_EQ(none.data<int32_t>()[5], -1);
+}
+
+// ---------------------------------------------------------------- sparse MLA forward
+
+struct MlaShape {
+  int64_t s_q, h_q, d_qk, d_v, s_kv, k;
+};
+
+OpCase make_mla(const MlaShape& s, uint64_t seed, bool with_len, int sink_mode) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  OpCase c;
+  c.mla.q = Tensor(DType::BF16, {s.s_q, s.h_q, s.d_qk});
+  c.mla.kv = Tensor(DType::BF16, {s.s_kv, s.d_qk});
+  for (int64_t i = 0; i < c.mla.q.numel(); ++i) c.mla.q.set(i, normal(rng));
+  for (int64_t i = 0; i < c.mla.kv.numel(); ++i) c.mla.kv.set(i, normal(rng));
+  std::vector<int32_t> idx(s.s_q * s.k);
+  std::uniform_int_distribution<int64_t> id(0, s.s_kv - 1);
+  std::uniform_int_distribution<int> kind(0, 9);
+  const int32_t bad[4] = {-1, INT32_MIN, static_cast<int32_t>(s.s_kv), INT32_MAX};
+  for (int64_t t = 0; t < s.s_q; ++t) {
+    for (int64_t j = 0; j < s.k; ++j) {
+      int32_t v = static_cast<int32_t>(id(rng));
+      const int r = kind(rng);
+      if (r == 0) v = bad[j % 4];                       // holes of every invalid kind
+      if (r == 1 && j > 0) v = idx[t * s.k + j - 1];     // duplicates
+      if (t % 4 == 1 && j < 40) v = bad[j % 4];         // leading invalid block (> one tile)
+      if (t % 4 == 3) v = bad[(t + j) % 4];             // empty row
+      idx[t * s.k + j] = v;
+    }
+  }
+  c.mla.indices = Tensor::from_i32({s.s_q, s.k}, idx);
+  if (with_len) {
+    std::vector<int32_t> len(s.s_q);
+    std::uniform_int_distribution<int64_t> l(-2, s.k + 3);
+    for (int64_t t = 0; t < s.s_q; ++t) len[t] = static_cast<int32_t>(t == 0 ? 0 : l(rng));
+    c.mla.topk_length = Tensor::from_i32({s.s_q}, len);
+  }
+  if (sink_mode) {
+    Tensor sink(DType::F32, {s.h_q});
+    const double inf = std::numeric_limits<double>::infinity();
+    for (int64_t h = 0; h < s.h_q; ++h)
+      sink.set(h, sink_mode == 2 && h % 3 == 0 ? inf : sink_mode == 2 && h % 3 == 1 ? -inf
+                                                                                   : normal(rng));
+    c.mla.attn_sink = sink;
+  }
+  c.mla.sm_scale = 1.0 / std::sqrt(static_cast<double>(s.d_qk));
+  c.mla.d_v = s.d_v;
+  return c;
+}
+
+void expect_mla_pass(dsa::oracle::Backend& b, const OpCase& c, const std::string& label) {
+  const dsa::oracle::OpReport r = dsa::oracle::check_op(b, Op::SparseMlaFwd, c);
+  EXPECT_EQ(r.verdict, Verdict::Pass) << label << "\n" << dsa::oracle::format_op_report(r);
+}
+
+TEST_F(CudaBackendTest, SparseMlaForwardShapesAndEdges) {
+  const std::vector<MlaShape> shapes = {
+      {8, 1, 64, 32, 50, 33},      {8, 16, 64, 64, 100, 64},   {8, 20, 96, 80, 300, 65},
+      {4, 64, 576, 512, 700, 257}, {4, 3, 63, 17, 40, 31},     {4, 16, 576, 512, 2049, 2048},
+      {4, 2, 128, 128, 33, 1},     {8, 17, 128, 300, 200, 100}};
+  uint64_t seed = 500;
+  for (const MlaShape& s : shapes) {
+    for (int variant = 0; variant < 3; ++variant) {
+      OpCase c = make_mla(s, seed++, variant == 1, variant);
+      expect_mla_pass(*backend_, c,
+                      "s_q=" + std::to_string(s.s_q) + " h_q=" + std::to_string(s.h_q) +
+                          " d_qk=" + std::to_string(s.d_qk) + " d_v=" + std::to_string(s.d_v) +
+                          " s_kv=" + std::to_string(s.s_kv) + " k=" + std::to_string(s.k) +
+                          " variant=" + std::to_string(variant));
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, SparseMlaForwardEmptyRowsAreExact) {
+  OpCase c = make_mla({4, 16, 64, 64, 10, 8}, 42, false, 2);
+  std::vector<int32_t> idx(4 * 8, -1);
+  idx[8 * 2 + 5] = 3;  // row 2 has one valid slot, the others none
+  c.mla.indices = Tensor::from_i32({4, 8}, idx);
+  const dsa::SparseMlaForward r = backend_->sparse_mla_forward(c.mla);
+  for (int64_t h = 0; h < 16; ++h) {
+    EXPECT_EQ(r.lse.data<float>()[h], std::numeric_limits<float>::infinity());
+    EXPECT_EQ(r.max_logits.data<float>()[h], -std::numeric_limits<float>::infinity());
+    for (int64_t d = 0; d < 64; ++d) EXPECT_EQ(r.out.get(h * 64 + d), 0.0);
+  }
+  bool nonzero = false;
+  for (int64_t i = 2 * 16 * 64; i < 3 * 16 * 64; ++i) nonzero |= r.out.get(i) != 0.0;
+  EXPECT_TRUE(nonzero) << "row 2 (one valid slot) came back all zero";
+  expect_mla_pass(*backend_, c, "empty rows");
+}
+
+TEST_F(CudaBackendTest, SparseMlaForwardIndexView3d) {
+  OpCase c = make_mla({4, 16, 64, 64, 90, 40}, 77, true, 1);
+  c.mla.indices = c.mla.indices.reshaped({4, 1, 40});
+  expect_mla_pass(*backend_, c, "[s_q,1,k] view");
+}
+
+TEST(CudaBackendArgs, BadArgumentsNameTheArgument) {
+  auto b = dsa::cuda::make_cuda_backend();
+  EXPECT_EQ(b->name(), "cuda");
+  EXPECT_TRUE(b->supports(Op::Topk));
+  EXPECT_TRUE(b->supports(Op::SparseMlaFwd));
+  EXPECT_FALSE(b->supports(Op::SparseMlaBwd));
+  try {
+    b->select_topk(Tensor(DType::F32, {2, 3, 4}), 1, TopkPolicy{}, std::nullopt);
+    ADD_FAILURE() << "rank-3 scores accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("scores"), std::string::npos) << e.what();
+  }
+  dsa::SparseMlaInputs in;
+  in.q = Tensor(DType::BF16, {2, 4, 64});
+  in.kv = Tensor(DType::BF16, {10, 32});
+  in.indices = Tensor(DType::I32, {2, 4});
+  in.d_v = 16;
+  try {
+    b->sparse_mla_forward(in);
+    ADD_FAILURE() << "kv with a wrong d_qk accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("kv"), std::string::npos) << e.what();
+  }
+  in.q = Tensor(DType::F32, {2, 4, 64});
+  EXPECT_THROW(b->sparse_mla_forward(in), dsa::oracle::NotSupported);
+  EXPECT_THROW(b->sparse_mla_backward(in, Tensor()), dsa::oracle::NotSupported);
+}
+
+}  // namespace
