@@ -14,15 +14,18 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-c10::optional<at::Tensor> opt(const at::Tensor& t) {
-  return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
-}
+// Possibly-undefined tensor arguments travel as optionals: LibTorch 1.13's Function::apply
+// cannot record an undefined at::Tensor input.
+using OptT = c10::optional<at::Tensor>;
+
+OptT opt(const at::Tensor& t) { return t.defined() ? OptT(t) : c10::nullopt; }
+at::Tensor val(const OptT& t) { return t.has_value() ? *t : at::Tensor(); }
 
 struct IndexerScoresFn : torch::autograd::Function<IndexerScoresFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_idx, const at::Tensor& k_idx,
-                            const at::Tensor& w, const at::Tensor& ks, const at::Tensor& ke) {
-    ctx->save_for_backward({q_idx, k_idx, w, ks, ke});
-    return optimized::indexer_scores(q_idx, k_idx, w, opt(ks), opt(ke));
+                            const at::Tensor& w, const OptT& ks, const OptT& ke) {
+    ctx->save_for_backward({q_idx, k_idx, w, val(ks), val(ke)});
+    return optimized::indexer_scores(q_idx, k_idx, w, ks, ke);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
@@ -34,15 +37,14 @@ struct IndexerScoresFn : torch::autograd::Function<IndexerScoresFn> {
 
 struct SparseMlaFn : torch::autograd::Function<SparseMlaFn> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& kv,
-                               const at::Tensor& indices, const at::Tensor& topk_length,
-                               const at::Tensor& attn_sink, double sm_scale, int64_t d_v) {
-    auto r = optimized::sparse_mla_fwd(q, kv, indices, sm_scale, d_v, opt(topk_length),
-                                       opt(attn_sink));
+                               const at::Tensor& indices, const OptT& topk_length,
+                               const OptT& attn_sink, double sm_scale, int64_t d_v) {
+    auto r = optimized::sparse_mla_fwd(q, kv, indices, sm_scale, d_v, topk_length, attn_sink);
     auto& out = std::get<0>(r);
     auto& lse = std::get<1>(r);
     auto& max_logits = std::get<2>(r);
     ctx->mark_non_differentiable({lse, max_logits});
-    ctx->save_for_backward({q, kv, indices, topk_length, attn_sink, out, lse});
+    ctx->save_for_backward({q, kv, indices, val(topk_length), val(attn_sink), out, lse});
     ctx->saved_data["sm_scale"] = sm_scale;
     ctx->saved_data["d_v"] = d_v;
     return {out, lse, max_logits};
@@ -64,11 +66,10 @@ struct SparseMlaFn : torch::autograd::Function<SparseMlaFn> {
 
 struct IndexerKlFn : torch::autograd::Function<IndexerKlFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& scores, const at::Tensor& q,
-                            const at::Tensor& kv, const at::Tensor& ks, const at::Tensor& ke,
-                            const at::Tensor& indices, double sm_scale, const std::string& mode,
+                            const at::Tensor& kv, const OptT& ks, const OptT& ke,
+                            const OptT& indices, double sm_scale, const std::string& mode,
                             double coeff) {
-    auto r = optimized::indexer_kl_loss(scores, q, kv, sm_scale, opt(ks), opt(ke), mode,
-                                        opt(indices), coeff);
+    auto r = optimized::indexer_kl_loss(scores, q, kv, sm_scale, ks, ke, mode, indices, coeff);
     ctx->save_for_backward({std::get<1>(r)});
     ctx->saved_data["scores_dtype"] = static_cast<int64_t>(scores.scalar_type());
     return std::get<0>(r);
@@ -94,21 +95,21 @@ bool append_saved(torch::autograd::Node* node, std::vector<at::Tensor>* saved) {
 
 at::Tensor indexer_scores(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w,
                           const at::Tensor& ks, const at::Tensor& ke) {
-  return IndexerScoresFn::apply(q_idx, k_idx, w, ks, ke);
+  return IndexerScoresFn::apply(q_idx, k_idx, w, opt(ks), opt(ke));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla(
     const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices, double sm_scale,
     int64_t d_v, const at::Tensor& topk_length, const at::Tensor& attn_sink) {
-  auto r = SparseMlaFn::apply(q, kv, indices, topk_length, attn_sink, sm_scale, d_v);
+  auto r = SparseMlaFn::apply(q, kv, indices, opt(topk_length), opt(attn_sink), sm_scale, d_v);
   return {r[0], r[1], r[2]};
 }
 
 at::Tensor indexer_kl_loss(const at::Tensor& scores, const at::Tensor& q, const at::Tensor& kv,
                            double sm_scale, const at::Tensor& ks, const at::Tensor& ke,
                            const std::string& mode, const at::Tensor& indices, double coeff) {
-  return IndexerKlFn::apply(scores, q.detach(), kv.detach(), ks, ke, indices, sm_scale, mode,
-                            coeff);
+  return IndexerKlFn::apply(scores, q.detach(), kv.detach(), opt(ks), opt(ke), opt(indices),
+                            sm_scale, mode, coeff);
 }
 
 }  // namespace dsa::optimized::autograd

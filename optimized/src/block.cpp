@@ -15,9 +15,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-c10::optional<at::Tensor> opt(const at::Tensor& t) {
-  return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
-}
+// Possibly-undefined tensor arguments travel as optionals: LibTorch 1.13's Function::apply
+// cannot record an undefined at::Tensor input.
+using OptT = c10::optional<at::Tensor>;
+
+OptT opt(const at::Tensor& t) { return t.defined() ? OptT(t) : c10::nullopt; }
+at::Tensor val(const OptT& t) { return t.has_value() ? *t : at::Tensor(); }
 
 // Tensor arguments of one block, in the checkpoint's argument order.
 enum Slot { kQIdx, kKIdx, kW, kQ, kKv, kKs, kKe, kSink, kSharedIds, kNumInputs };
@@ -78,12 +81,17 @@ DsaBlockConfig get_config(AutogradContext* ctx) {
 // Checkpoint: forward runs without grad and saves only the inputs (plus the ids under
 // save_dsa_indexer); backward replays the block with grad enabled and backpropagates.
 struct DsaBlockCheckpointFn : torch::autograd::Function<DsaBlockCheckpointFn> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_idx,
-                               const at::Tensor& k_idx, const at::Tensor& w, const at::Tensor& q,
-                               const at::Tensor& kv, const at::Tensor& ks, const at::Tensor& ke,
-                               const at::Tensor& sink, const at::Tensor& shared_ids,
-                               const DsaBlockConfig& cfg) {
-    const variable_list x{q_idx, k_idx, w, q, kv, ks, ke, sink, shared_ids};
+  static variable_list forward(AutogradContext* ctx, const OptT& q_idx, const OptT& k_idx,
+                               const OptT& w, const at::Tensor& q, const at::Tensor& kv,
+                               const OptT& ks, const OptT& ke, const OptT& sink,
+                               const OptT& shared, const DsaBlockConfig& cfg) {
+    const variable_list x{val(q_idx), val(k_idx), val(w), q, kv, val(ks), val(ke), val(sink),
+                          val(shared)};
+    const at::Tensor& shared_ids = x[kSharedIds];
+    int64_t requires_grad = 0;  // which inputs to differentiate in the replay
+    for (int i = 0; i < kNumInputs; ++i)
+      if (x[i].defined() && x[i].requires_grad()) requires_grad |= int64_t{1} << i;
+    ctx->saved_data["requires_grad"] = requires_grad;
     const bool own = !shared_ids.defined();
     Run r = run_block(x, shared_ids, cfg, own);  // grad mode is off inside forward
     variable_list to_save = x;
@@ -113,7 +121,7 @@ struct DsaBlockCheckpointFn : torch::autograd::Function<DsaBlockCheckpointFn> {
     for (int i = 0; i < kNumInputs; ++i) {
       if (!x[i].defined()) continue;
       x[i] = x[i].detach();
-      if (x[i].is_floating_point() && ctx->needs_input_grad(i)) {
+      if ((ctx->saved_data["requires_grad"].toInt() >> i) & 1) {
         x[i].requires_grad_(true);
         wrt.push_back(x[i]);
         wrt_slot.push_back(i);
@@ -169,8 +177,9 @@ DsaBlockOutputs dsa_block(const DsaBlockInputs& in, const DsaBlockConfig& config
     o.indices = r.ids;
     return o;
   }
-  auto r = DsaBlockCheckpointFn::apply(in.q_idx, in.k_idx, in.w, in.q, in.kv, in.ks, in.ke,
-                                       in.attn_sink, shared_indices, config);
+  auto r = DsaBlockCheckpointFn::apply(opt(in.q_idx), opt(in.k_idx), opt(in.w), in.q, in.kv,
+                                       opt(in.ks), opt(in.ke), opt(in.attn_sink),
+                                       opt(shared_indices), config);
   o.out = r[0];
   if (own && config.with_kl_loss) o.kl_loss = r[1];
   o.indices = own ? r[2] : shared_indices;
