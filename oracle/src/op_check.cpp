@@ -1,6 +1,8 @@
 // The per-op testbed: backend run(s) → reference + baseline → judge → determinism.
 #include "dsa/oracle/op_check.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "dsa/oracle/tolerances.h"
@@ -60,13 +62,74 @@ bool run_backend(OpReport& r, Backend& b, const CheckOptions& opt, Call call, Eq
 }
 
 void judge(OpReport& r, const std::string& op, const std::string& name, const Tensor& cand,
-           const Tensor& ref, const Tensor& base) {
-  TensorCheck c = judge_tensor(op, name, cand, ref, base);
+           const Tensor& ref, const Tensor& base, double term_scale) {
+  TensorCheck c = judge_tensor(op, name, cand, ref, base, term_scale);
   if (!c.passed) r.fail(name + ": " + c.message);
   r.tensors.push_back(std::move(c));
 }
 
+// Largest finite |x| (0 for empty tensors).
+double amax(const Tensor& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double v = std::abs(t.get(i));
+    if (std::isfinite(v)) m = std::max(m, v);
+  }
+  return m;
+}
+
 }  // namespace
+
+TermScales indexer_term_scales(const OpCase& c) {
+  TermScales s;
+  const double H = static_cast<double>(c.q_idx.size(1)), dI = static_cast<double>(c.q_idx.size(2));
+  const double s_q = static_cast<double>(c.q_idx.size(0)), s_kv = static_cast<double>(c.k_idx.size(0));
+  const double q = amax(c.q_idx), k = amax(c.k_idx), w = amax(c.w);
+  const double g = c.d_scores.defined() ? amax(c.d_scores) : 0.0;
+  s.values["scores"] = H * dI * w * q * k;
+  s.values["dq_idx"] = s_kv * g * w * k;
+  s.values["dk_idx"] = s_q * H * g * w * q;
+  s.values["dw"] = s_kv * g * dI * q * k;
+  return s;
+}
+
+TermScales sparse_mla_term_scales(const OpCase& c) {
+  TermScales s;
+  const SparseMlaInputs& in = c.mla;
+  const double s_q = static_cast<double>(in.q.size(0)), h = static_cast<double>(in.q.size(1));
+  const double d_qk = static_cast<double>(in.q.size(2)), d_v = static_cast<double>(in.d_v);
+  const double k = static_cast<double>(std::max<int64_t>(1, in.indices.size(-1)));
+  const double q = amax(in.q), kv = amax(in.kv), sc = std::abs(in.sm_scale);
+  const double L = sc * d_qk * q * kv;
+  const double dout = c.dout.defined() ? amax(c.dout) : 0.0;
+  const double G = d_v * dout * kv;
+  s.values["out"] = kv * (1 + L);
+  s.values["lse"] = L + std::log(k);
+  s.values["max_logits"] = L;
+  s.values["dq"] = 2 * sc * G * kv * (1 + L);
+  s.values["dkv"] = s_q * h * (dout + 2 * sc * G * q) * (1 + L);
+  s.values["dsink"] = s_q * G;
+  return s;
+}
+
+TermScales kl_term_scales(const OpCase& c) {
+  TermScales s;
+  const IndexerKlInputs& in = c.kl;
+  const double d = static_cast<double>(in.q.size(2));
+  const double L = std::abs(in.sm_scale) * d * amax(in.q) * amax(in.kv);
+  int64_t rows = 0;
+  for (int64_t t = 0; t < in.windows.s_q(); ++t) rows += in.windows.length(t) > 0;
+  const double coeff = std::abs(in.coeff);
+  s.values["loss"] = coeff * (1 + 2 * amax(in.scores) + 2 * L +
+                              std::log(static_cast<double>(std::max<int64_t>(1, in.windows.s_kv))));
+  s.values["d_scores"] = coeff / static_cast<double>(std::max<int64_t>(1, rows));
+  return s;
+}
+
+double TermScales::at(const std::string& name) const {
+  auto it = values.find(name);
+  return it == values.end() ? 0.0 : it->second;
+}
 
 OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::IndexerScores;
@@ -78,7 +141,7 @@ OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& o
   const Tensor ref = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
   const Tensor base =
       reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows, Precision::Baseline);
-  judge(r, to_string(op), "scores", cand, ref, base);
+  judge(r, to_string(op), "scores", cand, ref, base, indexer_term_scales(c).at("scores"));
   return r;
 }
 
@@ -101,9 +164,10 @@ OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions&
       reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
   const IndexerGrads base = reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows,
                                                                c.d_scores, Precision::Baseline);
-  judge(r, to_string(op), "dq_idx", cand.dq_idx, ref.dq_idx, base.dq_idx);
-  judge(r, to_string(op), "dk_idx", cand.dk_idx, ref.dk_idx, base.dk_idx);
-  judge(r, to_string(op), "dw", cand.dw, ref.dw, base.dw);
+  const TermScales ts = indexer_term_scales(c);
+  judge(r, to_string(op), "dq_idx", cand.dq_idx, ref.dq_idx, base.dq_idx, ts.at("dq_idx"));
+  judge(r, to_string(op), "dk_idx", cand.dk_idx, ref.dk_idx, base.dk_idx, ts.at("dk_idx"));
+  judge(r, to_string(op), "dw", cand.dw, ref.dw, base.dw, ts.at("dw"));
   return r;
 }
 
@@ -138,9 +202,11 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
   if (!run_backend(r, b, opt, [&] { return b.sparse_mla_forward(c.mla); }, eq, cand)) return r;
   const SparseMlaForward ref = reference::sparse_mla_forward(c.mla);
   const SparseMlaForward base = reference::sparse_mla_forward(c.mla, Precision::Baseline);
-  judge(r, to_string(op), "out", cand.out, ref.out, base.out);
-  judge(r, to_string(op), "lse", cand.lse, ref.lse, base.lse);
-  judge(r, to_string(op), "max_logits", cand.max_logits, ref.max_logits, base.max_logits);
+  const TermScales ts = sparse_mla_term_scales(c);
+  judge(r, to_string(op), "out", cand.out, ref.out, base.out, ts.at("out"));
+  judge(r, to_string(op), "lse", cand.lse, ref.lse, base.lse, ts.at("lse"));
+  judge(r, to_string(op), "max_logits", cand.max_logits, ref.max_logits, base.max_logits,
+        ts.at("max_logits"));
   return r;
 }
 
@@ -157,11 +223,12 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     return r;
   const SparseMlaGrads ref = reference::sparse_mla_backward(c.mla, c.dout);
   const SparseMlaGrads base = reference::sparse_mla_backward(c.mla, c.dout, Precision::Baseline);
-  judge(r, to_string(op), "dq", cand.dq, ref.dq, base.dq);
-  judge(r, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv);
+  const TermScales ts = sparse_mla_term_scales(c);
+  judge(r, to_string(op), "dq", cand.dq, ref.dq, base.dq, ts.at("dq"));
+  judge(r, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv, ts.at("dkv"));
   if (c.mla.attn_sink) {
     if (!cand.dsink) r.fail("dsink: missing although attn_sink was given");
-    else if (ref.dsink && base.dsink) judge(r, to_string(op), "dsink", *cand.dsink, *ref.dsink, *base.dsink);
+    else if (ref.dsink && base.dsink) judge(r, to_string(op), "dsink", *cand.dsink, *ref.dsink, *base.dsink, ts.at("dsink"));
   }
   return r;
 }
@@ -176,8 +243,9 @@ OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& 
   if (!run_backend(r, b, opt, [&] { return b.indexer_kl_loss(c.kl); }, eq, cand)) return r;
   const IndexerKlResult ref = reference::indexer_kl_loss(c.kl);
   const IndexerKlResult base = reference::indexer_kl_loss(c.kl, Precision::Baseline);
-  judge(r, to_string(op), "loss", cand.loss, ref.loss, base.loss);
-  judge(r, to_string(op), "d_scores", cand.d_scores, ref.d_scores, base.d_scores);
+  const TermScales ts = kl_term_scales(c);
+  judge(r, to_string(op), "loss", cand.loss, ref.loss, base.loss, ts.at("loss"));
+  judge(r, to_string(op), "d_scores", cand.d_scores, ref.d_scores, base.d_scores, ts.at("d_scores"));
   return r;
 }
 
@@ -197,7 +265,8 @@ OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOption
   const Tensor ref = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
   const Tensor base =
       reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows, Precision::Baseline);
-  TensorCheck sc = judge_tensor(to_string(Op::IndexerScores), "scores", scores, ref, base);
+  TensorCheck sc = judge_tensor(to_string(Op::IndexerScores), "scores", scores, ref, base,
+                                indexer_term_scales(c).at("scores"));
   if (!sc.passed) r.fail("scores: " + sc.message);
   // Both swapped entries may each err by the bound, so the accepted band around v* is 2x.
   const double bound = sc.metrics.shape_ok ? 2.0 * sc.bound : 0.0;

@@ -23,7 +23,7 @@ void OpReport::fail(const std::string& why) {
 }
 
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
-                         const Tensor& reference, const Tensor& baseline) {
+                         const Tensor& reference, const Tensor& baseline, double term_scale) {
   TensorCheck c;
   c.name = name;
   c.dtype = candidate.dtype();
@@ -41,7 +41,8 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   const Tensor base = candidate.dtype() == DType::F64 ? baseline : baseline.to(candidate.dtype());
   c.baseline_err = base.shape() == reference.shape() ? max_abs_error(base, reference) : INFINITY;
   c.rho = tol.rho;
-  c.floor = floor_abs(tol, c.metrics.ref_max_abs);
+  c.term_scale = term_scale;
+  c.floor = floor_abs(tol, c.metrics.ref_max_abs, term_scale);
   c.bound = c.rho * c.baseline_err + c.floor;
   const double err = c.metrics.max_abs;
   c.ratio = c.baseline_err > 0 ? err / c.baseline_err : (err > 0 ? INFINITY : 0.0);

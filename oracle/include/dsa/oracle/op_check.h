@@ -3,6 +3,7 @@
 // `dsa-verify check` and `make audit`.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 
@@ -55,6 +56,23 @@ OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& 
 /// judged by check_fused_topk with score_bound = 2x the ratio-rule bound of its scores (both
 /// entries of a swapped pair may err by the bound).
 OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOptions& opt = {});
+
+/// Per-output bounds on the magnitude of the terms summed into each output, from the inputs'
+/// maxima (tolerances.h: the floor scales with max(|reference|, term scale), so outputs that
+/// cancel to ~0 are judged at their terms' fp32 precision). Names as in the op's outputs.
+struct TermScales {
+  std::map<std::string, double> values;
+  double at(const std::string& name) const;  ///< 0 when unknown
+};
+/// scores: H_I·d_I·|w|·|q|·|k|; dq_idx: s_kv·|dI|·|w|·|k|; dk_idx: s_q·H_I·|dI|·|w|·|q|;
+/// dw: s_kv·|dI|·d_I·|q|·|k| (|x| = max finite |x|). SPEC §2.
+TermScales indexer_term_scales(const OpCase& c);
+/// With L = sm_scale·d_qk·|q|·|kv| and G = d_v·|dout|·|kv|: out |kv|(1+L); lse L+ln k;
+/// max_logits L; dq 2·sm_scale·G·|kv|(1+L); dkv s_q·h_q(|dout|+2·sm_scale·G·|q|)(1+L);
+/// dsink s_q·G. SPEC §4-§5.
+TermScales sparse_mla_term_scales(const OpCase& c);
+/// loss coeff(1+2|I|+2L+ln s_kv); d_scores coeff/#non-empty rows. SPEC §7.
+TermScales kl_term_scales(const OpCase& c);
 
 /// True when two tensors have equal dtype, shape and bytes.
 bool bitwise_equal(const Tensor& a, const Tensor& b);

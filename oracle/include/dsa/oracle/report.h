@@ -18,7 +18,8 @@ struct TensorCheck {
   TensorMetrics metrics;      ///< candidate vs float64 reference
   double baseline_err = 0.0;  ///< max abs error of the baseline rounded to `dtype`
   double rho = 0.0;
-  double floor = 0.0;         ///< absolute floor (tolerance floor_eps · eps(dtype) · scale)
+  double floor = 0.0;         ///< absolute floor (tolerances.h: floor_abs)
+  double term_scale = 0.0;    ///< term magnitude the floor was scaled by (0: none)
   double bound = 0.0;         ///< rho · baseline_err + floor
   double ratio = 0.0;         ///< measured err(candidate) / err(baseline) (inf if baseline exact)
   bool passed = false;
@@ -31,8 +32,10 @@ struct TensorCheck {
 /// err(candidate) <= rho·err(baseline) + floor with (rho, floor) = tolerance(op, name, dtype).
 /// Fails (never throws) on shape mismatch, non-floating candidate, or any NaN/±inf position
 /// that differs from the reference. Throws std::out_of_range if the table lacks the key.
+/// `term_scale`: bound on the magnitude of the terms summed into this output (see
+/// tolerances.h); 0 = use the reference's own magnitude only.
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
-                         const Tensor& reference, const Tensor& baseline);
+                         const Tensor& reference, const Tensor& baseline, double term_scale = 0.0);
 
 /// Verdict of one check of one backend.
 enum class Verdict { Pass, Fail, Skip };
