@@ -145,13 +145,26 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     {
       const float* kr = kv_s + lane * ld;
-      float sA = 0.f, sB = 0.f;
-      for (int64_t d = 0; d < d_qk; ++d) {
+      // Four partial sums per head (ILP, and shorter fp32 summation chains).
+      float a[4] = {0.f, 0.f, 0.f, 0.f}, b[4] = {0.f, 0.f, 0.f, 0.f};
+      int64_t d = 0;
+      for (; d + 4 <= d_qk; d += 4) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float x = kr[d + u];
+          const float2 qq = *reinterpret_cast<const float2*>(q_s + (d + u) * kHeads + hA);
+          a[u] = fmaf(qq.x, x, a[u]);
+          b[u] = fmaf(qq.y, x, b[u]);
+        }
+      }
+      for (; d < d_qk; ++d) {
         const float x = kr[d];
         const float2 qq = *reinterpret_cast<const float2*>(q_s + d * kHeads + hA);
-        sA = fmaf(qq.x, x, sA);
-        sB = fmaf(qq.y, x, sB);
+        a[0] = fmaf(qq.x, x, a[0]);
+        b[0] = fmaf(qq.y, x, b[0]);
       }
+      const float sA = (a[0] + a[1]) + (a[2] + a[3]);
+      const float sB = (b[0] + b[1]) + (b[2] + b[3]);
       const bool valid = lane < cnt;
       const float xA = valid ? sA * sm_scale : -INFINITY;
       const float xB = valid ? sB * sm_scale : -INFINITY;
