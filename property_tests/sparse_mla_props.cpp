@@ -2,6 +2,8 @@
 // read, empty rows, masked leading blocks, topk_length, duplicate ids accumulating in dkv.
 #include <cmath>
 
+#include "dsa/oracle/metrics.h"
+#include "dsa/reference/sparse_mla.h"
 #include "src/props_common.h"
 
 namespace dsa::props {
@@ -41,6 +43,12 @@ void forward_ratio(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_case();
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
+  // Not trivially zero: with a valid slot and a finite sink, the reference output is nonzero.
+  bool any_valid = false;
+  for (int64_t t = 0; t < c.in.q.size(0); ++t)
+    for (int64_t j = 0; j < c.in.indices.size(-1); ++j) any_valid = any_valid || valid_slot(c.in, t, j);
+  bool finite_sink = !c.in.attn_sink || oracle::nonfinite_positions(*c.in.attn_sink).pos_inf.empty();
+  if (any_valid && finite_sink) RC_ASSERT(!all_zero(reference::sparse_mla_forward(c.in).out));
   DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
 }
 
