@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dsa/oracle/backend.h"
+#include "dsa/oracle/dsa_block.h"
 #include "dsa/oracle/metrics.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/reference_backend.h"
@@ -135,6 +136,78 @@ TEST(TopkCheck, FusedAcceptsSwapsWithinTheBoundOnly) {
   auto w = KeyWindows::full(1, 4);
   EXPECT_TRUE(check_fused_topk(Tensor::from_i32({1, 2}, {0, 2}), ref, 1.5, 2, w).empty());
   EXPECT_FALSE(check_fused_topk(Tensor::from_i32({1, 2}, {0, 2}), ref, 0.5, 2, w).empty());
+}
+
+
+TEST(TopkConventions, ReadFromThePeerFixtureJson) {
+  const auto j = nlohmann::json::parse(
+      R"js({"width": "min(k, s_kv) columns (the peer narrows the output when k > s_kv)",
+          "ties": "torch.topk, any tie subset", "nan": "torch.topk ranks NaN above +inf"})js");
+  const TopkConventions c = topk_conventions_from_json(j);
+  EXPECT_TRUE(c.narrowed_width);
+  EXPECT_TRUE(c.nan_ranks_first);
+  EXPECT_TRUE(c.positive_zero_first);
+  EXPECT_FALSE(topk_conventions_from_json(nlohmann::json::object()).narrowed_width);
+}
+
+TEST(TopkCheck, NanFirstAdapterAcceptsTorchOrderOnly) {
+  Tensor s = Tensor::from_f64({1, 4}, {1.0, NAN, 3.0, 2.0}).to(DType::F32);
+  TopkPolicy any{TieBreak::Any, true};
+  Tensor torch_like = Tensor::from_i32({1, 2}, {1, 2});
+  EXPECT_TRUE(has_rule(check_topk(torch_like, s, 2, any, {}), "selected_nan"));
+  TopkConventions conv;
+  conv.nan_ranks_first = true;
+  EXPECT_TRUE(check_topk(torch_like, s, 2, any, {}, conv).empty());
+}
+
+// Small op cases on the reference backend: every checker passes the reference itself.
+TEST(CheckOp, ReferencePassesEveryOp) {
+  auto b = make_reference_backend();
+  OpCase c;
+  c.q_idx = Tensor::from_f64({2, 1, 2}, {1, -1, 2, 1}).to(DType::BF16);
+  c.k_idx = Tensor::from_f64({3, 2}, {1, 0, 0, 1, 1, 1}).to(DType::BF16);
+  c.w = Tensor::from_f64({2, 1}, {0.5, -1}).to(DType::F32);
+  c.windows = KeyWindows::causal(2, 3);
+  c.d_scores = Tensor::from_f64({2, 3}, {1, 2, 3, -1, 0.5, 2}).to(DType::F32);
+  c.scores = Tensor::from_f64({2, 3}, {0, 0, 1, -INFINITY, 2, 2}).to(DType::F32);
+  c.k = 2;
+  c.mla.q = Tensor::from_f64({2, 1, 2}, {0.5, -1, 1, 0.25}).to(DType::BF16);
+  c.mla.kv = Tensor::from_f64({3, 2}, {1, 2, -1, 0.5, 0.25, 1}).to(DType::BF16);
+  c.mla.indices = Tensor::from_i32({2, 3}, {0, -1, 2, 5, 1, 1});
+  c.mla.d_v = 1;
+  c.mla.sm_scale = 0.5;
+  c.dout = Tensor::from_f64({2, 1, 1}, {1, -2}).to(DType::F32);
+  c.kl.scores = Tensor::from_f64({2, 3}, {0.5, -INFINITY, -INFINITY, 1, 2, -INFINITY}).to(DType::F32);
+  c.kl.q = Tensor::from_f64({2, 2, 2}, {1, 0, 0, 1, 1, 1, -1, 0}).to(DType::F32);
+  c.kl.kv = Tensor::from_f64({3, 2}, {1, 0, 0, 1, 1, 1}).to(DType::F32);
+  c.kl.windows = KeyWindows::causal(2, 2 + 1, 0);
+  for (Op op : all_ops()) {
+    const OpReport r = check_op(*b, op, c);
+    EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
+  }
+  EXPECT_EQ(check_fused_indexer_topk(*b, c).verdict, Verdict::Pass);
+}
+
+TEST(DsaBlock, TopkRunsOncePerForwardAndOnlyFullReplaysIt) {
+  auto b = make_reference_backend();
+  BlockInputs in;
+  in.q_idx = Tensor::from_f64({2, 1, 2}, {1, -1, 2, 1}).to(DType::BF16);
+  in.k_idx = Tensor::from_f64({3, 2}, {1, 0, 0, 1, 1, 1}).to(DType::BF16);
+  in.w = Tensor::from_f64({2, 1}, {0.5, 1}).to(DType::F32);
+  in.windows = KeyWindows::causal(2, 3);
+  in.k = 2;
+  in.q = Tensor::from_f64({2, 1, 2}, {0.5, -1, 1, 0.25}).to(DType::BF16);
+  in.kv = Tensor::from_f64({3, 2}, {1, 2, -1, 0.5, 0.25, 1}).to(DType::BF16);
+  in.d_v = 1;
+  const Tensor dout = Tensor::from_f64({2, 1, 1}, {1, -2}).to(DType::F32);
+  for (RecomputePolicy p : {RecomputePolicy::None, RecomputePolicy::Full, RecomputePolicy::SaveDsaIndexer}) {
+    auto block = default_block_factory()(*b, p);
+    block->forward(7, in);
+    block->backward(7, dout);
+    EXPECT_EQ(block->counters().topk_forward, 1);
+    EXPECT_EQ(block->counters().topk_backward, p == RecomputePolicy::Full ? 1 : 0);
+    EXPECT_THROW(block->backward(7, dout), std::logic_error);
+  }
 }
 
 }  // namespace
