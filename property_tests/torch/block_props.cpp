@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "dsa/backends/torch_tensor.h"
+#include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
 #include "dsa/optimized/block.h"
 #include "dsa/optimized/topk.h"
@@ -174,13 +175,18 @@ std::string judge_against_reference(const BlockData& d, const DsaBlockConfig& cf
   mla.sm_scale = cfg.sm_scale;
   mla.d_v = cfg.d_v;
   const Tensor dout = backends::from_torch(d.dout);
+  oracle::OpCase c;  // only for the term scales of the ratio rule's floor
+  c.mla = mla;
+  c.dout = dout;
+  const auto terms = oracle::sparse_mla_term_scales(c);
   const auto ref = reference::sparse_mla_backward(mla, dout);
   const auto base = reference::sparse_mla_backward(mla, dout, reference::Precision::Baseline);
   for (const auto& [name, cand, r, b] :
        {std::tuple<const char*, at::Tensor, Tensor, Tensor>{"dq", g.dq, ref.dq, base.dq},
         {"dkv", g.dkv, ref.dkv, base.dkv}}) {
-    const auto c = oracle::judge_tensor("sparse_mla_bwd", name, backends::from_torch(cand), r, b);
-    if (!c.passed) return std::string(name) + ": " + c.message;
+    const auto j = oracle::judge_tensor("sparse_mla_bwd", name, backends::from_torch(cand), r, b,
+                                        terms.at(name));
+    if (!j.passed) return std::string(name) + ": " + j.message;
   }
   return {};
 }
@@ -199,7 +205,7 @@ class TorchBlock : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(TorchBlock, TopkCountsAndGradientsAcrossPolicies) {
-  check_property(8, [&] {
+  check_property(30, [&] {
     const Sizes z = gen_sizes();
     const bool kl = *rc::gen::arbitrary<bool>();
     const bool sink = *rc::gen::arbitrary<bool>();
@@ -312,7 +318,7 @@ DsaBlockOutputs holder_forward(const DsaBlockInputs& in, const DsaBlockConfig& c
 }
 
 TEST_P(TorchBlock, InterleavedMicroBatchesReplayWithTheirOwnIds) {
-  check_property(6, [&] {
+  check_property(20, [&] {
     const Sizes z = gen_sizes();
     const bool kl = *rc::gen::arbitrary<bool>();
     const auto policy = *rc::gen::element(RecomputePolicy::Full, RecomputePolicy::SaveDsaIndexer);
@@ -358,7 +364,7 @@ TEST_P(TorchBlock, SharedHolderHelperFailsInterleavedReplay) {
 }
 
 TEST_P(TorchBlock, SharedLayerGivenIdsRunsNoTopk) {
-  check_property(6, [&] {
+  check_property(20, [&] {
     const Sizes z = gen_sizes();
     const auto d1 = make_data(*rc::gen::arbitrary<uint64_t>(), z, device(), false);
     const auto d2 = make_data(*rc::gen::arbitrary<uint64_t>(), z, device(), true);
@@ -414,7 +420,7 @@ TEST_P(TorchBlock, SavedBytesPerPolicy) {
     }
   }
   std::cout << table.str();
-  check_property(6, [&] {
+  check_property(20, [&] {
     const Sizes y = gen_sizes();
     const auto e = make_data(*rc::gen::arbitrary<uint64_t>(), y, device(), false);
     const auto full = run_block(e, make_config(y, RecomputePolicy::Full, false));

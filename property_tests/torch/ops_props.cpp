@@ -71,7 +71,7 @@ Tensor gen_topk_scores(std::mt19937_64& rng, DType dtype, int64_t s_q, int64_t s
 }
 
 TEST_P(TorchOps, TopkExactOnGivenScores) {
-  check_property(40, [&] {
+  check_property(200, [&] {
     std::mt19937_64 rng(*rc::gen::arbitrary<uint64_t>());
     const int64_t s_q = *rc::gen::inRange<int64_t>(1, 12), s_kv = gen_len(0, 40);
     OpCase c;
@@ -110,7 +110,7 @@ OpCase gen_indexer_case(std::mt19937_64& rng, bool exact) {
 }
 
 TEST_P(TorchOps, IndexerScoresAndBackwardRandomTier) {
-  check_property(25, [&] {
+  check_property(100, [&] {
     std::mt19937_64 rng(*rc::gen::arbitrary<uint64_t>());
     const OpCase c = gen_indexer_case(rng, false);
     require_pass(oracle::check_indexer_scores(backend(), c));
@@ -120,7 +120,7 @@ TEST_P(TorchOps, IndexerScoresAndBackwardRandomTier) {
 }
 
 TEST_P(TorchOps, IndexerExactTierIsBitExact) {
-  check_property(25, [&] {
+  check_property(100, [&] {
     std::mt19937_64 rng(*rc::gen::arbitrary<uint64_t>());
     const OpCase c = gen_indexer_case(rng, true);
     require_pass(oracle::check_indexer_scores(backend(), c));
@@ -185,7 +185,7 @@ OpCase gen_mla_case(std::mt19937_64& rng, bool exact) {
 }
 
 TEST_P(TorchOps, SparseMlaRandomTier) {
-  check_property(30, [&] {
+  check_property(150, [&] {
     std::mt19937_64 rng(*rc::gen::arbitrary<uint64_t>());
     const OpCase c = gen_mla_case(rng, false);
     require_pass(oracle::check_sparse_mla_forward(backend(), c));
@@ -194,7 +194,7 @@ TEST_P(TorchOps, SparseMlaRandomTier) {
 }
 
 TEST_P(TorchOps, SparseMlaExactTier) {
-  check_property(20, [&] {
+  check_property(100, [&] {
     std::mt19937_64 rng(*rc::gen::arbitrary<uint64_t>());
     const OpCase c = gen_mla_case(rng, true);
     require_pass(oracle::check_sparse_mla_forward(backend(), c));
@@ -203,7 +203,7 @@ TEST_P(TorchOps, SparseMlaExactTier) {
 }
 
 TEST_P(TorchOps, IndexerKlLossRandomTier) {
-  check_property(25, [&] {
+  check_property(100, [&] {
     std::mt19937_64 rng(*rc::gen::arbitrary<uint64_t>());
     const int64_t s_q = *rc::gen::inRange<int64_t>(1, 10), s_kv = gen_len(1, 40);
     const int64_t h = *rc::gen::inRange<int64_t>(1, 5), d_qk = *rc::gen::inRange<int64_t>(1, 17);
