@@ -146,13 +146,14 @@ int main() {
     auto out = torch::empty({s_q, h_q, d_v}, bf16);
     auto lse = torch::empty({s_q, h_q}, f32);
     auto mx = torch::empty({s_q, h_q}, f32);
+    dsa::cuda::SparseMlaKernel kernel = dsa::cuda::SparseMlaKernel::CudaCore;
     auto mine = [&](int i) {
       dsa::cuda::sparse_mla_forward_device(
           reinterpret_cast<const uint16_t*>(q[i % r].data_ptr()),
           reinterpret_cast<const uint16_t*>(kv.data_ptr()), idx[i % r].data_ptr<int32_t>(),
           nullptr, nullptr, s_q, h_q, d_qk, s_kv, k, d_v, sm_scale,
           reinterpret_cast<uint16_t*>(out.data_ptr()), lse.data_ptr<float>(),
-          mx.data_ptr<float>(), nullptr);
+          mx.data_ptr<float>(), nullptr, kernel);
     };
     torch::Tensor pout, plse;
     auto peer = [&](int i) {
@@ -162,28 +163,32 @@ int main() {
       auto p = (logits - plse.unsqueeze(-1)).exp_().to(torch::kBFloat16);
       pout = torch::bmm(p, kvg.narrow(2, 0, d_v));
     };
-    const double t_mine = median_ms(mine, 2, 7);
-    std::printf("sparse_mla mine done (%.3f ms)\n", t_mine);
-    std::fflush(stdout);
-    const double t_peer = median_ms(peer, 2, 7);
-    mine(0);
-    peer(0);
-    check(cudaDeviceSynchronize(), "check run");
-    const double rel = ((out.to(torch::kFloat32) - pout.to(torch::kFloat32)).norm() /
-                        pout.to(torch::kFloat32).norm()).item<double>();
-    const double lse_diff = (lse - plse).abs().max().item<double>();
     const double flops = 2.0 * s_q * h_q * k * (d_qk + d_v);
-    for (int which = 0; which < 2; ++which) {
-      const double t = which ? t_peer : t_mine;
+    const double t_peer = median_ms(peer, 2, 7);
+    peer(0);
+    check(cudaDeviceSynchronize(), "peer check run");
+    auto row = [&](const std::string& impl, double t, const std::string& note) {
       const double tf = flops / (t * 1e-3) / 1e12;
       table << "| sparse_mla_fwd | s_q 4096, h_q 64, d_qk 576, d_v 512, k 2048, s_kv 8192 | "
-            << (which ? "ATen gathered (index_select+bmm+logsumexp+bmm)" : "dsa cuda") << " | "
-            << fmt("%.3f", t) << " | " << fmt("%.1f", tf) << " | "
-            << fmt("%.1f%%", 100.0 * tf / kBf16Tflops) << " | - | - | "
-            << (which ? "peer" : ("out rel-Frobenius vs peer " + fmt("%.2e", rel) +
-                                  ", max |lse diff| " + fmt("%.2e", lse_diff)))
-            << " |\n";
+            << impl << " | " << fmt("%.3f", t) << " | " << fmt("%.1f", tf) << " | "
+            << fmt("%.1f%%", 100.0 * tf / kBf16Tflops) << " | - | - | " << note << " |\n";
+    };
+    for (auto kern : {dsa::cuda::SparseMlaKernel::CudaCore, dsa::cuda::SparseMlaKernel::TensorCore}) {
+      kernel = kern;
+      const double t_mine = median_ms(mine, 2, 7);
+      out.fill_(0);
+      mine(0);
+      check(cudaDeviceSynchronize(), "check run");
+      const double rel = ((out.to(torch::kFloat32) - pout.to(torch::kFloat32)).norm() /
+                          pout.to(torch::kFloat32).norm()).item<double>();
+      const double lse_diff = (lse - plse).abs().max().item<double>();
+      const bool tc = kern == dsa::cuda::SparseMlaKernel::TensorCore;
+      row(tc ? "dsa cuda, tensor cores (wmma bf16, 2 passes, P hi+lo)" : "dsa cuda, CUDA cores (fp32 FMA)",
+          t_mine, "out rel-Frobenius vs peer " + fmt("%.2e", rel) + ", max |lse diff| " + fmt("%.2e", lse_diff));
+      std::printf("sparse_mla %s done (%.3f ms)\n", tc ? "tensor cores" : "cuda cores", t_mine);
+      std::fflush(stdout);
     }
+    row("ATen gathered (index_select+bmm+logsumexp+bmm, bf16 logits)", t_peer, "peer");
   }
   const std::string text = table.str();
   std::printf("\n%s", text.c_str());

@@ -57,6 +57,7 @@ DeviceBuffer upload(const Tensor& t, const char* where) {
 
 class CudaBackend final : public oracle::Backend {
  public:
+  explicit CudaBackend(SparseMlaKernel mla_kernel) : mla_kernel_(mla_kernel) {}
   std::string name() const override { return "cuda"; }
   std::string unavailable_reason() const override {
     return device_count() > 0 ? std::string() : std::string("no CUDA device");
@@ -161,7 +162,7 @@ class CudaBackend final : public oracle::Backend {
                               in.topk_length ? d_len.get<int32_t>() : nullptr,
                               in.attn_sink ? d_sink.get<float>() : nullptr, s_q, h_q, d_qk, s_kv,
                               k, in.d_v, static_cast<float>(in.sm_scale), d_out.get<uint16_t>(),
-                              d_lse.get<float>(), d_max.get<float>(), nullptr);
+                              d_lse.get<float>(), d_max.get<float>(), nullptr, mla_kernel_);
     DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
     d_out.download(r.out.raw(), where);
     d_lse.download(r.lse.raw(), where);
@@ -170,6 +171,7 @@ class CudaBackend final : public oracle::Backend {
   }
 
  private:
+  SparseMlaKernel mla_kernel_;
   static void require_device(const char* where) {
     if (device_count() <= 0)
       throw std::runtime_error(std::string(where) + ": no CUDA device");
@@ -178,7 +180,9 @@ class CudaBackend final : public oracle::Backend {
 
 }  // namespace
 
-std::unique_ptr<oracle::Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<oracle::Backend> make_cuda_backend(SparseMlaKernel mla_kernel) {
+  return std::make_unique<CudaBackend>(mla_kernel);
+}
 
 void register_cuda_backend() {
   static std::once_flag once;

@@ -13,6 +13,7 @@
 
 #include "cuda_check.h"
 #include "dsa/cuda/kernels.h"
+#include "sparse_mla_internal.h"
 
 namespace dsa::cuda {
 namespace {
@@ -279,7 +280,7 @@ void sparse_mla_forward_device(const uint16_t* q, const uint16_t* kv, const int3
                                const int32_t* topk_length, const float* attn_sink,
                                int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
                                int64_t d_v, float sm_scale, uint16_t* out, float* lse,
-                               float* max_logits, cudaStream_t stream) {
+                               float* max_logits, cudaStream_t stream, SparseMlaKernel kernel) {
   using std::to_string;
   require(s_q >= 0, "s_q", to_string(s_q), ">= 0");
   require(h_q >= 0, "h_q", to_string(h_q), ">= 0");
@@ -293,6 +294,11 @@ void sparse_mla_forward_device(const uint16_t* q, const uint16_t* kv, const int3
   if (s_q == 0 || h_q == 0) return;
   const int64_t blocks = s_q * ((h_q + kHeads - 1) / kHeads);
   require(blocks <= INT32_MAX, "s_q", to_string(s_q), "s_q * ceil(h_q/16) <= 2^31-1");
+  if (kernel == SparseMlaKernel::TensorCore) {
+    detail::launch_sparse_mla_tc(blocks, stream, q, kv, indices, topk_length, attn_sink, h_q,
+                                 d_qk, s_kv, k, d_v, sm_scale, out, lse, max_logits);
+    return;
+  }
   const size_t smem = smem_bytes(d_qk);
   if (d_v <= kThreads)
     launch<1>(blocks, smem, stream, q, kv, indices, topk_length, attn_sink, h_q, d_qk, s_kv, k,

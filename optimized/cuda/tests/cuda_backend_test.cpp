@@ -215,16 +215,22 @@ OpCase make_mla(const MlaShape& s, uint64_t seed, bool with_len, int sink_mode) 
   return c;
 }
 
-void expect_mla_pass(dsa::oracle::Backend& b, const OpCase& c, const std::string& label) {
-  const dsa::oracle::OpReport r = dsa::oracle::check_op(b, Op::SparseMlaFwd, c);
-  EXPECT_EQ(r.verdict, Verdict::Pass) << label << "\n" << dsa::oracle::format_op_report(r);
+// Both sparse MLA kernels (CUDA cores, tensor cores) are checked on every case.
+void expect_mla_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label) {
+  for (auto kernel : {dsa::cuda::SparseMlaKernel::CudaCore, dsa::cuda::SparseMlaKernel::TensorCore}) {
+    auto b = dsa::cuda::make_cuda_backend(kernel);
+    const dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::SparseMlaFwd, c);
+    const bool tc = kernel == dsa::cuda::SparseMlaKernel::TensorCore;
+    EXPECT_EQ(r.verdict, Verdict::Pass) << (tc ? "[tensor cores] " : "[cuda cores] ") << label
+                                        << "\n" << dsa::oracle::format_op_report(r);
+  }
 }
 
 TEST_F(CudaBackendTest, SparseMlaForwardShapesAndEdges) {
   const std::vector<MlaShape> shapes = {
       {8, 1, 64, 32, 50, 33},      {8, 16, 64, 64, 100, 64},   {8, 20, 96, 80, 300, 65},
       {4, 64, 576, 512, 700, 257}, {4, 3, 63, 17, 40, 31},     {4, 16, 576, 512, 2049, 2048},
-      {4, 2, 128, 128, 33, 1},     {8, 17, 128, 300, 200, 100}};
+      {4, 2, 128, 128, 33, 1},     {8, 17, 320, 300, 200, 100}, {2, 16, 1024, 1000, 64, 70}};
   uint64_t seed = 500;
   for (const MlaShape& s : shapes) {
     for (int variant = 0; variant < 3; ++variant) {
@@ -238,12 +244,15 @@ TEST_F(CudaBackendTest, SparseMlaForwardShapesAndEdges) {
   }
 }
 
-TEST_F(CudaBackendTest, SparseMlaForwardEmptyRowsAreExact) {
+class CudaMlaKernelTest : public CudaBackendTest,
+                          public ::testing::WithParamInterface<dsa::cuda::SparseMlaKernel> {};
+
+TEST_P(CudaMlaKernelTest, SparseMlaForwardEmptyRowsAreExact) {
   OpCase c = make_mla({4, 16, 64, 64, 10, 8}, 42, false, 2);
   std::vector<int32_t> idx(4 * 8, -1);
   idx[8 * 2 + 5] = 3;  // row 2 has one valid slot, the others none
   c.mla.indices = Tensor::from_i32({4, 8}, idx);
-  const dsa::SparseMlaForward r = backend_->sparse_mla_forward(c.mla);
+  const dsa::SparseMlaForward r = dsa::cuda::make_cuda_backend(GetParam())->sparse_mla_forward(c.mla);
   for (int64_t h = 0; h < 16; ++h) {
     EXPECT_EQ(r.lse.data<float>()[h], std::numeric_limits<float>::infinity());
     EXPECT_EQ(r.max_logits.data<float>()[h], -std::numeric_limits<float>::infinity());
@@ -254,6 +263,10 @@ TEST_F(CudaBackendTest, SparseMlaForwardEmptyRowsAreExact) {
   EXPECT_TRUE(nonzero) << "row 2 (one valid slot) came back all zero";
   expect_mla_pass(*backend_, c, "empty rows");
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaMlaKernelTest,
+                         ::testing::Values(dsa::cuda::SparseMlaKernel::CudaCore,
+                                           dsa::cuda::SparseMlaKernel::TensorCore));
 
 TEST_F(CudaBackendTest, SparseMlaForwardIndexView3d) {
   OpCase c = make_mla({4, 16, 64, 64, 90, 40}, 77, true, 1);

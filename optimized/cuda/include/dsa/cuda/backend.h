@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "dsa/cuda/kernels.h"
 #include "dsa/oracle/backend.h"
 
 namespace dsa::cuda {
@@ -14,7 +15,10 @@ namespace dsa::cuda {
 /// unavailable_reason() is "no CUDA device" when cudaGetDeviceCount fails or reports 0.
 /// Bad shapes or dtypes throw std::invalid_argument naming the argument; CUDA failures throw
 /// std::runtime_error naming the call. Deterministic.
-std::unique_ptr<oracle::Backend> make_cuda_backend();
+/// `mla_kernel` picks the sparse MLA forward kernel (both meet SPEC §4/§6; the default is
+/// the one the registered "cuda" backend uses).
+std::unique_ptr<oracle::Backend> make_cuda_backend(
+    SparseMlaKernel mla_kernel = SparseMlaKernel::CudaCore);
 
 /// Registers make_cuda_backend under the name "cuda" (oracle::register_backend; idempotent).
 void register_cuda_backend();

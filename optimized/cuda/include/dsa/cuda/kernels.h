@@ -34,6 +34,11 @@ void select_topk_device(const float* scores, int64_t s_q, int64_t s_kv, int64_t 
 int64_t sparse_mla_max_d_qk();
 int64_t sparse_mla_max_d_v();
 
+/// Which sparse MLA forward kernel runs. CudaCore: fp32 FMA on the CUDA cores, one online
+/// softmax pass. TensorCore: bf16 wmma (mma.sync) with fp32 accumulation in two passes (exact
+/// row statistics first, then O += P V with p = exp(S - lse) split into bf16 hi + lo parts).
+enum class SparseMlaKernel { CudaCore, TensorCore };
+
 /// Sparse MLA forward (SPEC §4, §6), MQA with one KV head. q [s_q,h_q,d_qk] bf16 (raw bits),
 /// kv [s_kv,d_qk] bf16, indices [s_q,k] int32 (any value; slot j of row t is valid iff
 /// 0 <= id < s_kv and j < topk_length[t]; invalid slots are never dereferenced), topk_length
@@ -48,7 +53,8 @@ void sparse_mla_forward_device(const uint16_t* q, const uint16_t* kv, const int3
                                const int32_t* topk_length, const float* attn_sink,
                                int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
                                int64_t d_v, float sm_scale, uint16_t* out, float* lse,
-                               float* max_logits, cudaStream_t stream);
+                               float* max_logits, cudaStream_t stream,
+                               SparseMlaKernel kernel = SparseMlaKernel::CudaCore);
 
 /// Number of CUDA devices, 0 when cudaGetDeviceCount fails (no driver, no device).
 int device_count();
