@@ -15,6 +15,8 @@ packages=(
   libdlpack-dev          # plugin ABI
   libssl-dev             # sha256 for fixture MANIFESTs (libcrypto)
   python3-numpy          # docs/examples helpers
+  python3                # report checks in the CLI tests
+  libxml2-utils          # xmllint: JUnit report validation in the CLI tests
 )
 
 missing=()

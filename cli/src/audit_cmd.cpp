@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/plugin/plugin_backend.h"
 #include "dsa/property_tests/suite.h"
 #include "report.h"
 
@@ -24,6 +25,11 @@ struct AuditTask {
   std::string op, property;
   std::function<std::vector<CaseResult>()> run;
 };
+
+// Report status of an oracle verdict: "pass" | "fail" | "skip".
+std::string status_of(oracle::Verdict v) {
+  return v == oracle::Verdict::Pass ? "pass" : v == oracle::Verdict::Fail ? "fail" : "skip";
+}
 
 bool op_selected(const AuditOptions& o, const std::string& op) {
   return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end();
@@ -57,7 +63,7 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       std::string repro = "dsa-verify replay " + file + " --backend " + backend.name();
       for (const auto& op : r.backend_vs_reference) {
         if (!op_selected(opts, op.op)) continue;
-        CaseResult c = make_case(op.op, kind + ":" + stem, oracle::to_string(op.verdict));
+        CaseResult c = make_case(op.op, kind + ":" + stem, status_of(op.verdict));
         c.worst_ratio = worst_ratio(op);
         c.has_ratio = !op.tensors.empty();
         c.cases = 1;
@@ -105,7 +111,7 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       so.repro_command = "dsa-verify audit --backend " + subject.name + " --only " + p.name +
                          " --level " + std::to_string(opts.level);
       props::PropertyResult r = props::run_property(subject, p, so);
-      CaseResult c = make_case(op, "property:" + p.name, oracle::to_string(r.verdict));
+      CaseResult c = make_case(op, "property:" + p.name, status_of(r.verdict));
       c.cases = r.cases;
       c.message = r.message;
       c.repro = r.repro;
@@ -130,6 +136,9 @@ std::vector<std::string> default_backends() {
 
 int run_audit(const AuditOptions& opts) {
   std::vector<std::string> names = opts.backends.empty() ? default_backends() : opts.backends;
+  // A plugin is checked now (a library that cannot be used throws PluginLoadError: exit 2)
+  // and registered as "plugin:<name>"; every call then runs in an isolated child process.
+  if (!opts.plugin.empty()) names = {plugin::register_plugin(opts.plugin)};
   FixtureDirs dirs = default_fixture_dirs();
   std::vector<CaseResult> all;
   std::string label;
