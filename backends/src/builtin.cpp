@@ -7,6 +7,9 @@
 #ifdef DSA_BACKENDS_WITH_TORCH
 #include "libtorch_backend.h"
 #endif
+#ifdef DSA_BACKENDS_WITH_CUDA
+#include "dsa/cuda/backend.h"
+#endif
 
 namespace dsa::backends {
 
@@ -17,6 +20,9 @@ void register_builtin_backends() {
 #ifdef DSA_BACKENDS_WITH_TORCH
     oracle::register_backend("libtorch-cpu", [] { return make_libtorch_backend(false); });
     oracle::register_backend("libtorch-cuda", [] { return make_libtorch_backend(true); });
+#endif
+#ifdef DSA_BACKENDS_WITH_CUDA
+    cuda::register_cuda_backend();
 #endif
   });
 }
