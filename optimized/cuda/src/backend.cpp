@@ -57,7 +57,7 @@ DeviceBuffer upload(const Tensor& t, const char* where) {
 
 class CudaBackend final : public oracle::Backend {
  public:
-  explicit CudaBackend(SparseMlaKernel mla_kernel) : mla_kernel_(mla_kernel) {}
+  explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
   std::string name() const override { return "cuda"; }
   std::string unavailable_reason() const override {
     return device_count() > 0 ? std::string() : std::string("no CUDA device");
@@ -97,7 +97,7 @@ class CudaBackend final : public oracle::Backend {
     DeviceBuffer d_scratch(topk_scratch_bytes(s_q, s_kv, k), where);
     select_topk_device(d_scores.get<float>(), s_q, s_kv, k, d_ks.get<int64_t>(),
                        d_ke.get<int64_t>(), policy, d_out.get<int32_t>(), d_scratch.get<void>(),
-                       nullptr);
+                       nullptr, options_.topk_kernel);
     DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
     d_out.download(out.raw(), where);
     return out;
@@ -162,7 +162,7 @@ class CudaBackend final : public oracle::Backend {
                               in.topk_length ? d_len.get<int32_t>() : nullptr,
                               in.attn_sink ? d_sink.get<float>() : nullptr, s_q, h_q, d_qk, s_kv,
                               k, in.d_v, static_cast<float>(in.sm_scale), d_out.get<uint16_t>(),
-                              d_lse.get<float>(), d_max.get<float>(), nullptr, mla_kernel_);
+                              d_lse.get<float>(), d_max.get<float>(), nullptr, options_.mla_kernel);
     DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
     d_out.download(r.out.raw(), where);
     d_lse.download(r.lse.raw(), where);
@@ -171,7 +171,7 @@ class CudaBackend final : public oracle::Backend {
   }
 
  private:
-  SparseMlaKernel mla_kernel_;
+  CudaBackendOptions options_;
   static void require_device(const char* where) {
     if (device_count() <= 0)
       throw std::runtime_error(std::string(where) + ": no CUDA device");
@@ -180,8 +180,8 @@ class CudaBackend final : public oracle::Backend {
 
 }  // namespace
 
-std::unique_ptr<oracle::Backend> make_cuda_backend(SparseMlaKernel mla_kernel) {
-  return std::make_unique<CudaBackend>(mla_kernel);
+std::unique_ptr<oracle::Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
 }
 
 void register_cuda_backend() {

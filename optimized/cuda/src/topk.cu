@@ -42,12 +42,47 @@ __device__ __forceinline__ int64_t next_pow2_dev(int64_t n) {
   return p;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    topk_kernel(const float* __restrict__ scores, int64_t s_kv, int64_t k,
-                const int64_t* __restrict__ ks, const int64_t* __restrict__ ke, int large,
-                int sorted, int32_t* __restrict__ out, unsigned long long* __restrict__ scratch,
-                int64_t buf_len) {
-  extern __shared__ unsigned long long smem_buf[];
+/// Sorts buf[0, keff) descending (bitonic over next_pow2(keff), padding with 0 which is below
+/// every selectable key) when sorted, then writes the ids and -1 padding to orow[0, k).
+__device__ __forceinline__ void sort_and_write(unsigned long long* buf, int keff, int64_t k,
+                                               int large, int sorted, int32_t* orow) {
+  const int tid = threadIdx.x;
+  if (sorted && keff > 1) {
+    const int64_t n = next_pow2_dev(keff);
+    for (int64_t i = keff + tid; i < n; i += kThreads) buf[i] = 0ull;
+    __syncthreads();
+    for (int64_t size = 2; size <= n; size <<= 1) {
+      for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
+        for (int64_t j = tid; j < n / 2; j += kThreads) {
+          const int64_t a = 2 * stride * (j / stride) + (j % stride);
+          const int64_t b = a + stride;
+          const bool desc = (a & size) == 0;
+          const unsigned long long x = buf[a], y = buf[b];
+          if (desc ? (x < y) : (x > y)) {
+            buf[a] = y;
+            buf[b] = x;
+          }
+        }
+        __syncthreads();
+      }
+    }
+  }
+  __syncthreads();
+  for (int64_t j = tid; j < k; j += kThreads) {
+    int32_t id = -1;
+    if (j < keff) {
+      const uint32_t low = (uint32_t)(buf[j] & 0xffffffffull);
+      id = (int32_t)(large ? low : ~low);
+    }
+    orow[j] = id;
+  }
+}
+
+/// Keys [lo, hi) of one row: four 8-bit radix passes over the row, then an ordered collection.
+__device__ __forceinline__ void topk_row_radix(const float* __restrict__ row, int64_t lo,
+                                               int64_t hi, int64_t k, int large, int sorted,
+                                               int32_t* __restrict__ orow,
+                                               unsigned long long* __restrict__ buf) {
   __shared__ uint32_t hist[256];
   __shared__ int warp_gt[kWarps];
   __shared__ int warp_eq[kWarps];
@@ -59,15 +94,6 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int64_t t = blockIdx.x;
-  const float* row = scores + t * s_kv;
-  int32_t* orow = out + t * k;
-  unsigned long long* buf = scratch ? scratch + t * buf_len : smem_buf;
-
-  int64_t lo = 0, hi = s_kv;
-  if (ks) lo = min(max(ks[t], (int64_t)0), s_kv);
-  if (ke) hi = min(max(ke[t], (int64_t)0), s_kv);
-  if (hi < lo) hi = lo;
 
   uint32_t prefix = 0, pmask = 0;
   int remaining = 0;
@@ -176,37 +202,161 @@ __global__ void __launch_bounds__(kThreads)
       cnt_eq += tot_eq;
       __syncthreads();
     }
-    if (sorted) {
-      const int64_t n = next_pow2_dev(keff);
-      for (int64_t i = keff + tid; i < n; i += kThreads) buf[i] = 0ull;  // below every key
-      __syncthreads();
-      for (int64_t size = 2; size <= n; size <<= 1) {
-        for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
-          for (int64_t j = tid; j < n / 2; j += kThreads) {
-            const int64_t a = 2 * stride * (j / stride) + (j % stride);
-            const int64_t b = a + stride;
-            const bool desc = (a & size) == 0;
-            const unsigned long long x = buf[a], y = buf[b];
-            if (desc ? (x < y) : (x > y)) {
-              buf[a] = y;
-              buf[b] = x;
-            }
-          }
-          __syncthreads();
+  }
+  sort_and_write(buf, keff, k, large, sorted, orow);
+}
+
+__device__ __forceinline__ void row_window(const int64_t* ks, const int64_t* ke, int64_t t,
+                                           int64_t s_kv, int64_t& lo, int64_t& hi) {
+  lo = 0;
+  hi = s_kv;
+  if (ks) lo = min(max(ks[t], (int64_t)0), s_kv);
+  if (ke) hi = min(max(ke[t], (int64_t)0), s_kv);
+  if (hi < lo) hi = lo;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    topk_radix_kernel(const float* __restrict__ scores, int64_t s_kv, int64_t k,
+                      const int64_t* __restrict__ ks, const int64_t* __restrict__ ke, int large,
+                      int sorted, int32_t* __restrict__ out,
+                      unsigned long long* __restrict__ scratch, int64_t buf_len) {
+  extern __shared__ unsigned long long smem_buf[];
+  const int64_t t = blockIdx.x;
+  int64_t lo, hi;
+  row_window(ks, ke, t, s_kv, lo, hi);
+  topk_row_radix(scores + t * s_kv, lo, hi, k, large, sorted, out + t * k,
+                 scratch ? scratch + t * buf_len : smem_buf);
+}
+
+constexpr int kTopBits = 11;               // first digit of the two-read path
+constexpr int kTopBins = 1 << kTopBits;    // 2048 bins
+constexpr int kCandCap = 4096;             // candidates of the boundary bin kept in smem
+
+/// Two reads of the row: an 11-bit histogram finds the bin of v*; the second read collects the
+/// ids above that bin (ordered compaction) and the bin's candidates (key, id) into shared
+/// memory, where a bitonic sort picks the rest by (key desc, id by policy). Rows whose boundary
+/// bin holds more than kCandCap keys (plateaus) take the radix path instead.
+__global__ void __launch_bounds__(kThreads)
+    topk_two_read_kernel(const float* __restrict__ scores, int64_t s_kv, int64_t k,
+                         const int64_t* __restrict__ ks, const int64_t* __restrict__ ke,
+                         int large, int sorted, int32_t* __restrict__ out,
+                         unsigned long long* __restrict__ scratch, int64_t buf_len) {
+  extern __shared__ unsigned long long smem_buf[];
+  __shared__ uint32_t hist[kTopBins];
+  __shared__ unsigned long long cand[kCandCap];
+  __shared__ int warp_gt[kWarps];
+  __shared__ int sh_keff, sh_digit, sh_ngt, sh_ncand, sh_count;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t t = blockIdx.x;
+  int64_t lo, hi;
+  row_window(ks, ke, t, s_kv, lo, hi);
+  const float* row = scores + t * s_kv;
+  int32_t* orow = out + t * k;
+  unsigned long long* buf = scratch ? scratch + t * buf_len : smem_buf;
+
+  for (int i = tid; i < kTopBins; i += kThreads) hist[i] = 0;
+  if (tid == 0) sh_count = 0;
+  __syncthreads();
+  for (int64_t i = lo + tid; i < hi; i += kThreads) {
+    bool sel;
+    const uint32_t key = float_key(row[i], sel);
+    if (sel) atomicAdd(&hist[key >> (32 - kTopBits)], 1u);
+  }
+  __syncthreads();
+  if (warp == 0) {
+    constexpr int per = kTopBins / 32;  // bins per lane, lane 0 owns the top ones
+    uint32_t g = 0;
+    for (int b = 0; b < per; ++b) g += hist[kTopBins - 1 - per * lane - b];
+    uint32_t incl = g;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const uint32_t v = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += v;
+    }
+    const uint32_t total = __shfl_sync(0xffffffffu, incl, 31);
+    const int target = (int)min((int64_t)total, k);
+    if (lane == 0) sh_keff = target;
+    const uint32_t excl = incl - g;
+    if (target > 0 && excl < (uint32_t)target && (uint32_t)target <= incl) {
+      uint32_t acc = excl;
+      for (int b = 0; b < per; ++b) {
+        const int d = kTopBins - 1 - per * lane - b;
+        const uint32_t h = hist[d];
+        if (acc + h >= (uint32_t)target) {
+          sh_digit = d;
+          sh_ngt = (int)acc;
+          sh_ncand = (int)h;
+          break;
+        }
+        acc += h;
+      }
+    }
+  }
+  __syncthreads();
+  const int keff = sh_keff;
+  if (keff == 0) {
+    for (int64_t j = tid; j < k; j += kThreads) orow[j] = -1;
+    return;
+  }
+  const int ncand = sh_ncand;
+  if (ncand > kCandCap) {  // block-uniform
+    topk_row_radix(row, lo, hi, k, large, sorted, orow, buf);
+    return;
+  }
+  const uint32_t digit = (uint32_t)sh_digit;
+  const int n_gt = sh_ngt;
+  const uint32_t lt_mask = (1u << lane) - 1u;
+  int cnt_gt = 0;
+  for (int64_t base = lo; base < hi; base += kThreads) {
+    const int64_t i = base + tid;
+    bool gt = false, in_bin = false;
+    uint32_t key = 0;
+    if (i < hi) {
+      bool sel;
+      key = float_key(row[i], sel);
+      gt = sel && (key >> (32 - kTopBits)) > digit;
+      in_bin = sel && (key >> (32 - kTopBits)) == digit;
+    }
+    const uint32_t low = large ? (uint32_t)i : ~(uint32_t)i;
+    const unsigned long long comp = ((unsigned long long)key << 32) | low;
+    if (in_bin) cand[atomicAdd(&sh_count, 1)] = comp;  // order fixed later by the sort
+    const uint32_t mgt = __ballot_sync(0xffffffffu, gt);
+    if (lane == 0) warp_gt[warp] = __popc(mgt);
+    __syncthreads();
+    int off = 0, tot = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const int a = warp_gt[w];
+      if (w < warp) off += a;
+      tot += a;
+    }
+    if (gt) buf[cnt_gt + off + __popc(mgt & lt_mask)] = comp;
+    cnt_gt += tot;
+    __syncthreads();
+  }
+  // Sort the candidates descending; the first keff - n_gt complete the selection.
+  const int nc = (int)next_pow2_dev(ncand);
+  for (int i = ncand + tid; i < nc; i += kThreads) cand[i] = 0ull;
+  __syncthreads();
+  for (int size = 2; size <= nc; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int j = tid; j < nc / 2; j += kThreads) {
+        const int a = 2 * stride * (j / stride) + (j % stride);
+        const int b = a + stride;
+        const bool desc = (a & size) == 0;
+        const unsigned long long x = cand[a], y = cand[b];
+        if (desc ? (x < y) : (x > y)) {
+          cand[a] = y;
+          cand[b] = x;
         }
       }
-    } else {
       __syncthreads();
     }
   }
-  for (int64_t j = tid; j < k; j += kThreads) {
-    int32_t id = -1;
-    if (j < keff) {
-      const uint32_t low = (uint32_t)(buf[j] & 0xffffffffull);
-      id = (int32_t)(large ? low : ~low);
-    }
-    orow[j] = id;
-  }
+  for (int j = tid; j < keff - n_gt; j += kThreads) buf[n_gt + j] = cand[j];
+  __syncthreads();
+  sort_and_write(buf, keff, k, large, sorted, orow);
 }
 
 }  // namespace
@@ -220,7 +370,7 @@ size_t topk_scratch_bytes(int64_t s_q, int64_t s_kv, int64_t k) {
 
 void select_topk_device(const float* scores, int64_t s_q, int64_t s_kv, int64_t k,
                         const int64_t* ks, const int64_t* ke, const TopkPolicy& policy,
-                        int32_t* out, void* scratch, cudaStream_t stream) {
+                        int32_t* out, void* scratch, cudaStream_t stream, TopkKernel variant) {
   const char* where = "select_topk_device";
   if (s_q < 0) throw std::invalid_argument(std::string(where) + ": argument 's_q' is negative");
   if (s_kv < 0 || s_kv > INT32_MAX)
@@ -241,12 +391,13 @@ void select_topk_device(const float* scores, int64_t s_q, int64_t s_kv, int64_t 
     throw std::invalid_argument(std::string(where) + ": argument 'scratch' is null, expected " +
                                 std::to_string(topk_scratch_bytes(s_q, s_kv, k)) + " bytes");
   const size_t smem = use_scratch ? 0 : (size_t)len * sizeof(unsigned long long);
-  if (smem > 48 * 1024)
-    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(topk_kernel,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)smem));
+  auto* fn = variant == TopkKernel::TwoRead ? topk_two_read_kernel : topk_radix_kernel;
+  // Always set: the two-read kernel's 41 KB of static shared memory leaves only 7 KB of
+  // dynamic shared memory under the default 48 KB limit.
+  DSA_CUDA_CHECK(where, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem));
   const bool large = policy.tie_break == TieBreak::Large;
-  topk_kernel<<<(unsigned)s_q, kThreads, smem, stream>>>(
+  fn<<<(unsigned)s_q, kThreads, smem, stream>>>(
       scores, s_kv, k, ks, ke, large ? 1 : 0, policy.sorted ? 1 : 0, out,
       use_scratch ? static_cast<unsigned long long*>(scratch) : nullptr, len);
   DSA_CUDA_CHECK(where, cudaGetLastError());

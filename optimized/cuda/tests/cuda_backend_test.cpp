@@ -80,9 +80,17 @@ KeyWindows random_windows(int64_t s_q, int64_t s_kv, uint64_t seed) {
   return KeyWindows::explicit_windows(ks, ke, s_kv);
 }
 
-void expect_topk_pass(dsa::oracle::Backend& b, const OpCase& c, const std::string& label) {
-  const dsa::oracle::OpReport r = dsa::oracle::check_op(b, Op::Topk, c);
-  EXPECT_EQ(r.verdict, Verdict::Pass) << label << "\n" << dsa::oracle::format_op_report(r);
+// Both top-k kernels (radix, two-read) are checked on every case.
+void expect_topk_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label) {
+  for (auto kernel : {dsa::cuda::TopkKernel::Radix, dsa::cuda::TopkKernel::TwoRead}) {
+    dsa::cuda::CudaBackendOptions o;
+    o.topk_kernel = kernel;
+    auto b = dsa::cuda::make_cuda_backend(o);
+    const dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::Topk, c);
+    EXPECT_EQ(r.verdict, Verdict::Pass)
+        << (kernel == dsa::cuda::TopkKernel::Radix ? "[radix] " : "[two-read] ") << label << "\n"
+        << dsa::oracle::format_op_report(r);
+  }
 }
 
 TEST_F(CudaBackendTest, TopkRandomPlateauSpecialAtTileEdges) {
@@ -155,7 +163,9 @@ TEST_F(CudaBackendTest, TopkAllUnselectableRowsAndEmptyShapes) {
     c.policy = TopkPolicy{tb, true};
     expect_topk_pass(*backend_, c, "unselectable rows");
   }
-  const Tensor out = backend_->select_topk(c.scores, 80, TopkPolicy{}, std::nullopt);
+  dsa::cuda::CudaBackendOptions two_read;
+  two_read.topk_kernel = dsa::cuda::TopkKernel::TwoRead;
+  const Tensor out = dsa::cuda::make_cuda_backend(two_read)->select_topk(c.scores, 80, TopkPolicy{}, std::nullopt);
   EXPECT_EQ(out.data<int32_t>()[0], -1);
   EXPECT_EQ(out.data<int32_t>()[80 + 79], -1);
   EXPECT_EQ(out.data<int32_t>()[160], 0);  // smallest id of the zero plateau
@@ -218,7 +228,9 @@ OpCase make_mla(const MlaShape& s, uint64_t seed, bool with_len, int sink_mode) 
 // Both sparse MLA kernels (CUDA cores, tensor cores) are checked on every case.
 void expect_mla_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label) {
   for (auto kernel : {dsa::cuda::SparseMlaKernel::CudaCore, dsa::cuda::SparseMlaKernel::TensorCore}) {
-    auto b = dsa::cuda::make_cuda_backend(kernel);
+    dsa::cuda::CudaBackendOptions o;
+    o.mla_kernel = kernel;
+    auto b = dsa::cuda::make_cuda_backend(o);
     const dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::SparseMlaFwd, c);
     const bool tc = kernel == dsa::cuda::SparseMlaKernel::TensorCore;
     EXPECT_EQ(r.verdict, Verdict::Pass) << (tc ? "[tensor cores] " : "[cuda cores] ") << label
@@ -252,7 +264,9 @@ TEST_P(CudaMlaKernelTest, SparseMlaForwardEmptyRowsAreExact) {
   std::vector<int32_t> idx(4 * 8, -1);
   idx[8 * 2 + 5] = 3;  // row 2 has one valid slot, the others none
   c.mla.indices = Tensor::from_i32({4, 8}, idx);
-  const dsa::SparseMlaForward r = dsa::cuda::make_cuda_backend(GetParam())->sparse_mla_forward(c.mla);
+  dsa::cuda::CudaBackendOptions o;
+  o.mla_kernel = GetParam();
+  const dsa::SparseMlaForward r = dsa::cuda::make_cuda_backend(o)->sparse_mla_forward(c.mla);
   for (int64_t h = 0; h < 16; ++h) {
     EXPECT_EQ(r.lse.data<float>()[h], std::numeric_limits<float>::infinity());
     EXPECT_EQ(r.max_logits.data<float>()[h], -std::numeric_limits<float>::infinity());

@@ -15,10 +15,13 @@ namespace dsa::cuda {
 /// unavailable_reason() is "no CUDA device" when cudaGetDeviceCount fails or reports 0.
 /// Bad shapes or dtypes throw std::invalid_argument naming the argument; CUDA failures throw
 /// std::runtime_error naming the call. Deterministic.
-/// `mla_kernel` picks the sparse MLA forward kernel (both meet SPEC §4/§6; the default is
-/// the one the registered "cuda" backend uses).
-std::unique_ptr<oracle::Backend> make_cuda_backend(
-    SparseMlaKernel mla_kernel = SparseMlaKernel::CudaCore);
+/// Kernel choice of a cuda backend (every choice meets SPEC §3/§4/§6; the defaults are what
+/// the registered "cuda" backend uses).
+struct CudaBackendOptions {
+  TopkKernel topk_kernel = TopkKernel::Radix;
+  SparseMlaKernel mla_kernel = SparseMlaKernel::CudaCore;
+};
+std::unique_ptr<oracle::Backend> make_cuda_backend(const CudaBackendOptions& options = {});
 
 /// Registers make_cuda_backend under the name "cuda" (oracle::register_backend; idempotent).
 void register_cuda_backend();

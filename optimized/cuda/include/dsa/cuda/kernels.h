@@ -18,6 +18,12 @@ namespace dsa::cuda {
 /// row (next_pow2(min(k, s_kv)) 8-byte keys) fits in shared memory, else one such buffer per row.
 size_t topk_scratch_bytes(int64_t s_q, int64_t s_kv, int64_t k);
 
+/// Which top-k kernel runs (same results, SPEC §3). Radix: four 8-bit radix passes over the
+/// row plus an ordered collection (five reads). TwoRead: an 11-bit histogram, then one read
+/// that collects the ids above the boundary bin and sorts the bin's candidates in shared
+/// memory (two reads); rows whose boundary bin holds over 4096 keys fall back to Radix.
+enum class TopkKernel { Radix, TwoRead };
+
 /// Top-k per row (SPEC §3). scores [s_q,s_kv] fp32 row-major; ks/ke [s_q] int64 key windows
 /// (both null = every key; clamped to [0,s_kv], ks >= ke empty); k >= 0 (k > s_kv legal);
 /// out [s_q,k] int32: the k_eff = min(k, #selectable) ids as a compact prefix, then -1.
@@ -27,7 +33,8 @@ size_t topk_scratch_bytes(int64_t s_q, int64_t s_kv, int64_t k);
 /// Throws std::invalid_argument for negative sizes, k or s_kv > INT32_MAX, a missing scratch.
 void select_topk_device(const float* scores, int64_t s_q, int64_t s_kv, int64_t k,
                         const int64_t* ks, const int64_t* ke, const TopkPolicy& policy,
-                        int32_t* out, void* scratch, cudaStream_t stream);
+                        int32_t* out, void* scratch, cudaStream_t stream,
+                        TopkKernel kernel = TopkKernel::Radix);
 
 /// Largest d_qk / d_v the sparse MLA forward kernel takes (shared-memory tile and
 /// per-thread accumulator limits); larger shapes throw std::invalid_argument.
