@@ -16,6 +16,6 @@ cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
 time cmake --build build/gpu -j 16 2>&1 | tail -30 | tee "$out/build.txt"
 labels=${LABELS:-gpu}
 ctest --test-dir build/gpu -L "$labels" --output-on-failure -j 4 2>&1 | tee "$out/ctest.txt" | tail -40
-if [ -x build/gpu/bench/dsa_gpu_bench ]; then
-  build/gpu/bench/dsa_gpu_bench 2>&1 | tee "$out/bench.txt"
-fi
+for b in build/gpu/bench/dsa_gpu_bench build/gpu/optimized/cuda/dsa_gpu_bench; do
+  [ -x "$b" ] && "$b" 2>&1 | tee "$out/bench.txt"
+done
