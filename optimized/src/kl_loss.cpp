@@ -35,13 +35,17 @@ std::tuple<at::Tensor, at::Tensor> indexer_kl_loss(
   if (m == "sparse") {
     TORCH_CHECK(indices.has_value() && indices->defined(), op,
                 ": argument 'indices' is missing, expected [s_q, k] int32 in mode \"sparse\"");
-    check_rank(op, "indices", *indices, 2, "[s_q, k]");
-    check_dim(op, "indices", *indices, 0, s_q, "[s_q, k]");
-    check_int(op, "indices", *indices, false);
-    check_device(op, "indices", *indices, scores.device());
-    const auto vs = valid_slots(*indices, s_kv, c10::nullopt);
+    const at::Tensor& idx = *indices;
+    TORCH_CHECK(idx.dim() == 2 || (idx.dim() == 3 && idx.size(1) == 1), op,
+                ": argument 'indices' has shape ", sizes_str(idx.sizes()),
+                ", expected shape [s_q, k] or [s_q, 1, k]");
+    check_dim(op, "indices", idx, 0, s_q, "[s_q, k]");
+    check_int(op, "indices", idx, false);
+    check_device(op, "indices", idx, scores.device());
+    const auto ids2d = idx.reshape({s_q, idx.size(-1)});
+    const auto vs = valid_slots(ids2d, s_kv, c10::nullopt);
     auto hits = at::zeros({s_q, s_kv}, scores.options().dtype(at::kInt));
-    if (s_kv > 0 && indices->size(1) > 0)
+    if (s_kv > 0 && ids2d.size(1) > 0)
       hits.scatter_add_(1, vs.second, vs.first.to(at::kInt));  // duplicates count once below
     in_set = in_set.logical_and(hits.gt(0));
   }

@@ -13,7 +13,7 @@ namespace dsa::optimized {
 /// log softmax_S(scores[t]); loss = coeff·mean over rows with |S_t|>0 of KL(p‖q), 0·ln0 = 0;
 /// d_scores = coeff/n_rows·(softmax_S(scores) - p), 0 outside S_t. SPEC §7.
 /// scores [s_q,s_kv] f32/f64; q [s_q,h_q,d_qk], kv [s_kv,d_qk] bf16/f16/f32/f64; ks/ke [s_q]
-/// or absent; indices [s_q,k] int32 (required for "sparse"). Throws c10::Error naming the
+/// or absent; indices [s_q,k] or [s_q,1,k] int32 (required for "sparse"). Throws c10::Error naming the
 /// argument. Calls the dispatcher op `dsa::indexer_kl_loss`.
 std::tuple<at::Tensor, at::Tensor> indexer_kl_loss(
     const at::Tensor& scores, const at::Tensor& q, const at::Tensor& kv, double sm_scale,
