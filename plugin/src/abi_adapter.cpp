@@ -71,6 +71,15 @@ std::optional<Tensor> in_opt(const DLTensor* t, const char* where, const char* a
 }
 void out(const Tensor& src, DLTensor* dst, const char* where, const char* arg) {
   check_arg(dst != nullptr, where, arg, "NULL", "an output tensor");
+  // Float outputs are converted to the declared dtype with one rounding; integer outputs
+  // (top-k ids) are never converted: a backend returning I64 ids breaks the ABI's I32
+  // contract (SPEC §3) and must surface as an error, not be narrowed silently.
+  const auto want = from_dl_dtype(dst->dtype);
+  if (!is_floating(src.dtype()) || (want && !is_floating(*want)))
+    check_arg(want && *want == src.dtype(), where, arg,
+              std::string("dtype ") + dtype_name(src.dtype()) + " from the backend",
+              std::string("dtype ") + (want ? dtype_name(*want) : dl_dtype_name(dst->dtype).c_str()) +
+                  " (integer outputs are not converted)");
   copy_to_dl(src, *dst, where, arg);
 }
 

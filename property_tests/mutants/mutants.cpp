@@ -259,7 +259,9 @@ class NondeterministicDkv final : public Wrap {
   NondeterministicDkv() : Wrap("smla_run_to_run_dkv") {}
   SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
     SparseMlaGrads g = ref_->sparse_mla_backward(in, dout);
-    if (++calls_ % 2 == 0) {
+    // Run-to-run variation as atomics give it: from the hardware, not from process state
+    // (a counter would repeat itself in every freshly forked child of the plugin path).
+    if (std::random_device{}() & 1u) {
       int64_t at = 0;
       for (int64_t i = 0; i < g.dkv.numel(); ++i)
         if (std::abs(g.dkv.get(i)) > std::abs(g.dkv.get(at))) at = i;
@@ -267,9 +269,6 @@ class NondeterministicDkv final : public Wrap {
     }
     return g;
   }
-
- private:
-  int64_t calls_ = 0;
 };
 
 // ---- top-k -----------------------------------------------------------------------------
