@@ -8,18 +8,14 @@
 #include "dsa/optimized/kl_loss.h"
 #include "dsa/optimized/sparse_mla.h"
 
+#include "optional_tensor.h"
+
 namespace dsa::optimized::autograd {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Possibly-undefined tensor arguments travel as optionals: LibTorch 1.13's Function::apply
-// cannot record an undefined at::Tensor input.
-using OptT = c10::optional<at::Tensor>;
-
-OptT opt(const at::Tensor& t) { return t.defined() ? OptT(t) : c10::nullopt; }
-at::Tensor val(const OptT& t) { return t.has_value() ? *t : at::Tensor(); }
 
 struct IndexerScoresFn : torch::autograd::Function<IndexerScoresFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q_idx, const at::Tensor& k_idx,

@@ -9,18 +9,14 @@
 #include "dsa/optimized/autograd.h"
 #include "dsa/optimized/topk.h"
 
+#include "optional_tensor.h"
+
 namespace dsa::optimized {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Possibly-undefined tensor arguments travel as optionals: LibTorch 1.13's Function::apply
-// cannot record an undefined at::Tensor input.
-using OptT = c10::optional<at::Tensor>;
-
-OptT opt(const at::Tensor& t) { return t.defined() ? OptT(t) : c10::nullopt; }
-at::Tensor val(const OptT& t) { return t.has_value() ? *t : at::Tensor(); }
 
 // Tensor arguments of one block, in the checkpoint's argument order.
 enum Slot { kQIdx, kKIdx, kW, kQ, kKv, kKs, kKe, kSink, kSharedIds, kNumInputs };

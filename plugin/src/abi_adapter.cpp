@@ -202,6 +202,24 @@ dsa_status is_available(char* err, size_t n) {
 
 }  // namespace
 
+dsa_capabilities reference_like_capabilities() {
+  dsa_capabilities caps{};
+  caps.ops = DSA_OP_ALL_V1;
+  caps.input_dtypes = DSA_DTYPE_BIT(DSA_DTYPE_F64) | DSA_DTYPE_BIT(DSA_DTYPE_F32) |
+                      DSA_DTYPE_BIT(DSA_DTYPE_F16) | DSA_DTYPE_BIT(DSA_DTYPE_BF16);
+  caps.devices = DSA_DEVICE_CPU;
+  caps.tie_policies = DSA_TIE_ANY | DSA_TIE_SMALL | DSA_TIE_LARGE;
+  caps.topk_orders = DSA_TOPK_SORTED | DSA_TOPK_UNSORTED;
+  caps.deterministic = 1;
+  caps.outputs.index_scores = DSA_DTYPE_F64;
+  caps.outputs.indexer_grads = DSA_DTYPE_F64;
+  caps.outputs.mla_out = DSA_DTYPE_F64;
+  caps.outputs.mla_stats = DSA_DTYPE_F64;
+  caps.outputs.mla_grads = DSA_DTYPE_F64;
+  caps.outputs.kl = DSA_DTYPE_F64;
+  return caps;
+}
+
 const dsa_backend_v1* make_adapter_table(const char* name, const char* version,
                                          const dsa_capabilities& caps,
                                          std::function<std::unique_ptr<Backend>()> factory) {

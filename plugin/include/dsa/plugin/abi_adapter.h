@@ -20,6 +20,10 @@ namespace dsa::plugin {
 /// backend, copies results into the caller's outputs and maps exceptions to statuses:
 /// NotSupported → DSA_STATUS_UNSUPPORTED, std::invalid_argument → DSA_STATUS_INVALID_ARGUMENT,
 /// anything else → DSA_STATUS_INTERNAL_ERROR, with what() in err.
+/// Capabilities of an adapter around a reference-like backend: every v1 op, F64/F32/F16/BF16
+/// inputs, CPU, all tie policies and orders, deterministic, every float output F64.
+dsa_capabilities reference_like_capabilities();
+
 const dsa_backend_v1* make_adapter_table(
     const char* name, const char* version, const dsa_capabilities& caps,
     std::function<std::unique_ptr<dsa::oracle::Backend>()> factory);
