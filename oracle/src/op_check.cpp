@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "dsa/oracle/tolerances.h"
 #include "dsa/reference/indexer.h"
@@ -96,19 +97,38 @@ TermScales indexer_term_scales(const OpCase& c) {
 TermScales sparse_mla_term_scales(const OpCase& c) {
   TermScales s;
   const SparseMlaInputs& in = c.mla;
-  const double s_q = static_cast<double>(in.q.size(0)), h = static_cast<double>(in.q.size(1));
-  const double d_qk = static_cast<double>(in.q.size(2)), d_v = static_cast<double>(in.d_v);
-  const double k = static_cast<double>(std::max<int64_t>(1, in.indices.size(-1)));
+  const int64_t s_q = in.q.size(0), s_kv = in.kv.size(0);
+  const double h = static_cast<double>(in.q.size(1));
+  const double d_v = static_cast<double>(in.d_v);
+  const int64_t k = in.indices.size(-1);
   const double q = amax(in.q), kv = amax(in.kv), sc = std::abs(in.sm_scale);
-  const double L = sc * d_qk * q * kv;
+  // L bounds |P - lse| of the terms that carry weight: the actual largest |logit| (from the
+  // float64 forward) plus ln k, not the worst case sm_scale·d_qk·|q|·|kv|.
+  const SparseMlaForward f = reference::sparse_mla_forward(in);
+  double L = std::log(static_cast<double>(std::max<int64_t>(1, k)));
+  for (int64_t i = 0; i < f.max_logits.numel(); ++i) {
+    const double m = f.max_logits.get(i);
+    if (std::isfinite(m)) L = std::max(L, std::abs(m) + std::log(static_cast<double>(k)));
+  }
+  // Terms summed into one dkv row: h_q per (query, valid slot) that selects the key.
+  std::vector<int64_t> hits(static_cast<size_t>(s_kv), 0);
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
+    for (int64_t j = 0; j < std::min(k, len); ++j) {
+      const double id = in.indices.get(t * k + j);
+      if (id >= 0 && id < static_cast<double>(s_kv)) ++hits[static_cast<size_t>(id)];
+    }
+  }
+  const double max_hits = static_cast<double>(
+      std::max<int64_t>(1, hits.empty() ? 1 : *std::max_element(hits.begin(), hits.end())));
   const double dout = c.dout.defined() ? amax(c.dout) : 0.0;
   const double G = d_v * dout * kv;
   s.values["out"] = kv * (1 + L);
-  s.values["lse"] = L + std::log(k);
+  s.values["lse"] = L;
   s.values["max_logits"] = L;
   s.values["dq"] = 2 * sc * G * kv * (1 + L);
-  s.values["dkv"] = s_q * h * (dout + 2 * sc * G * q) * (1 + L);
-  s.values["dsink"] = s_q * G;
+  s.values["dkv"] = max_hits * h * (dout + 2 * sc * G * q) * (1 + L);
+  s.values["dsink"] = static_cast<double>(s_q) * G;
   return s;
 }
 

@@ -67,9 +67,9 @@ struct TermScales {
 /// scores: H_I·d_I·|w|·|q|·|k|; dq_idx: s_kv·|dI|·|w|·|k|; dk_idx: s_q·H_I·|dI|·|w|·|q|;
 /// dw: s_kv·|dI|·d_I·|q|·|k| (|x| = max finite |x|). SPEC §2.
 TermScales indexer_term_scales(const OpCase& c);
-/// With L = sm_scale·d_qk·|q|·|kv| and G = d_v·|dout|·|kv|: out |kv|(1+L); lse L+ln k;
-/// max_logits L; dq 2·sm_scale·G·|kv|(1+L); dkv s_q·h_q(|dout|+2·sm_scale·G·|q|)(1+L);
-/// dsink s_q·G. SPEC §4-§5.
+/// With L = max finite |max_logits| (float64 forward) + ln k, G = d_v·|dout|·|kv| and n the
+/// most (query, valid slot) pairs selecting one key: out |kv|(1+L); lse, max_logits L;
+/// dq 2·sm_scale·G·|kv|(1+L); dkv n·h_q(|dout|+2·sm_scale·G·|q|)(1+L); dsink s_q·G. SPEC §4-§5.
 TermScales sparse_mla_term_scales(const OpCase& c);
 /// loss coeff(1+2|I|+2L+ln s_kv); d_scores coeff/#non-empty rows. SPEC §7.
 TermScales kl_term_scales(const OpCase& c);
