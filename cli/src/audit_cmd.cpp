@@ -51,6 +51,11 @@ std::vector<std::string> list_fixtures(const std::string& dir) {
   return files;
 }
 
+// How a reproduction command names what was audited: --plugin PATH or --backend NAME.
+std::string target_flag(const AuditOptions& o, const std::string& backend) {
+  return o.plugin.empty() ? "--backend " + backend : "--plugin " + o.plugin;
+}
+
 // Fixture tasks: one per file; each yields one case per op the fixture covers.
 void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, const std::string& kind,
                        oracle::Backend& backend, const AuditOptions& opts) {
@@ -60,7 +65,7 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       std::vector<CaseResult> out;
       fixtures::Fixture f = fixtures::load_fixture(file);
       oracle::FixtureReport r = oracle::check_fixture(f, &backend);
-      std::string repro = "dsa-verify replay " + file + " --backend " + backend.name();
+      std::string repro = "dsa-verify replay " + file + " " + target_flag(opts, backend.name());
       for (const auto& op : r.backend_vs_reference) {
         if (!op_selected(opts, op.op)) continue;
         CaseResult c = make_case(op.op, kind + ":" + stem, status_of(op.verdict));
@@ -108,7 +113,10 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       so.seed = opts.seed;
       so.dump_dir = opts.dump_dir;
       so.quiet = true;
-      so.repro_command = "dsa-verify audit --backend " + subject.name + " --only " + p.name +
+      // Through a plugin every call is a forked child with a timeout: no shrinking, so a
+      // hanging or crashing kernel costs one timeout per property, not one per shrink step.
+      so.shrink = opts.plugin.empty();
+      so.repro_command = "dsa-verify audit " + target_flag(opts, subject.name) + " --only " + p.name +
                          " --level " + std::to_string(opts.level);
       props::PropertyResult r = props::run_property(subject, p, so);
       CaseResult c = make_case(op, "property:" + p.name, status_of(r.verdict));
@@ -118,6 +126,24 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       c.fixture = r.dumped;
       return std::vector<CaseResult>{c};
     }});
+  }
+}
+
+// Unknown op or property names are usage errors, not an empty (and green) audit.
+void validate_selection(const AuditOptions& o) {
+  std::string known_ops;
+  for (oracle::Op op : oracle::all_ops()) known_ops += std::string(known_ops.empty() ? "" : ", ") + oracle::to_string(op);
+  for (const auto& name : o.ops) {
+    bool ok = false;
+    for (oracle::Op op : oracle::all_ops()) ok |= name == oracle::to_string(op);
+    if (!ok) throw std::invalid_argument("audit: argument '--ops' got \"" + name + "\", expected one of " + known_ops);
+  }
+  for (const auto& name : o.only) {
+    bool ok = false;
+    for (const auto& p : props::all_properties()) ok |= name == p.name;
+    if (!ok)
+      throw std::invalid_argument("audit: argument '--only' got \"" + name +
+                                  "\", expected a property name (see the audit table, e.g. topk.contract_exact)");
   }
 }
 
@@ -135,11 +161,19 @@ std::vector<std::string> default_backends() {
 }  // namespace
 
 int run_audit(const AuditOptions& opts) {
+  FixtureDirs dirs = default_fixture_dirs();
   std::vector<std::string> names = opts.backends.empty() ? default_backends() : opts.backends;
   // A plugin is checked now (a library that cannot be used throws PluginLoadError: exit 2)
   // and registered as "plugin:<name>"; every call then runs in an isolated child process.
-  if (!opts.plugin.empty()) names = {plugin::register_plugin(opts.plugin)};
-  FixtureDirs dirs = default_fixture_dirs();
+  if (!opts.plugin.empty()) {
+    plugin::PluginOptions po;
+    po.timeout = std::chrono::milliseconds(static_cast<int64_t>(opts.timeout_s * 1000));
+    names = {plugin::register_plugin(opts.plugin, po)};
+  }
+  validate_selection(opts);
+  if (!fs::is_directory(dirs.golden) || !fs::is_directory(dirs.peer))
+    throw std::invalid_argument("audit: fixture directories " + dirs.golden + " and " + dirs.peer +
+                                " must exist (set DSA_FIXTURES_DIR to the repo's fixtures/ folder)");
   std::vector<CaseResult> all;
   std::string label;
   bool stop = false;
@@ -156,8 +190,10 @@ int run_audit(const AuditOptions& opts) {
     std::vector<AuditTask> tasks;
     props::Subject subject = props::backend_subject(name);
     add_property_tasks(tasks, subject, opts);
-    add_fixture_tasks(tasks, dirs.golden, "golden", *backend, opts);
-    add_fixture_tasks(tasks, dirs.peer, "peer", *backend, opts);
+    if (opts.only.empty()) {  // --only names properties: fixtures are not run
+      add_fixture_tasks(tasks, dirs.golden, "golden", *backend, opts);
+      add_fixture_tasks(tasks, dirs.peer, "peer", *backend, opts);
+    }
     std::fprintf(stderr, "audit %s: %zu tasks (level %d, seed %llu)\n", name.c_str(), tasks.size(),
                  opts.level, static_cast<unsigned long long>(opts.seed));
     Progress progress(tasks.size());

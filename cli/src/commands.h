@@ -53,10 +53,12 @@ struct AuditOptions {
   std::string json_path, junit_path;
   bool fail_fast = false;
   std::string dump_dir = "dsa-verify-failures";
+  double timeout_s = 30.0;            ///< per plugin call (isolated child), seconds
 };
 int run_audit(const AuditOptions& opts);
 
-/// `dsa-verify replay FIXTURE [--backend NAME]`: re-runs one case from its dumped fixture.
-int run_replay(const std::string& fixture, const std::string& backend);
+/// `dsa-verify replay FIXTURE [--backend NAME | --plugin PATH]`: re-runs one case from its
+/// dumped fixture on a registered backend or a plugin (isolated calls).
+int run_replay(const std::string& fixture, const std::string& backend, const std::string& plugin);
 
 }  // namespace dsa::cli

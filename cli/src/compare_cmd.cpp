@@ -138,6 +138,11 @@ int run_compare(const std::string& golden, const std::string& candidate,
     throw fixtures::FileError(candidate, "holds none of the output tensors (out, lse, max_logits, "
                                          "dq, dkv, dsink, indices, scores, dq_idx, dk_idx, dw, "
                                          "loss, d_scores)");
+  // Adapters are named in the report: they convert a convention, never loosen a check.
+  if (adapters.lse_base2) std::printf("adapter: --lse-base2: candidate lse and max_logits multiplied by ln 2\n");
+  if (adapters.narrowed_topk_width) std::printf("adapter: --narrowed-topk-width: candidate indices padded with -1 to k columns\n");
+  if (adapters.int64_ids) std::printf("adapter: --int64-ids: candidate I64 indices narrowed to I32 (range-checked)\n");
+  if (adapters.indices_3d) std::printf("adapter: --indices-3d: candidate [s_q, 1, k] indices viewed as [s_q, k]\n");
   CandidateFileBackend backend(std::move(outputs), candidate, adapters);
   oracle::FixtureReport r = oracle::check_fixture(f, &backend);
   std::printf("%s\n", oracle::format_fixture_report(r).c_str());

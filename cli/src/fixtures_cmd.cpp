@@ -9,6 +9,7 @@
 #include "dsa/fixtures/fixture.h"
 #include "dsa/fixtures/manifest.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/plugin/plugin_backend.h"
 
 #if __has_include("dsa/fixtures/generate.h")
 #include "dsa/fixtures/generate.h"
@@ -81,7 +82,9 @@ int run_fixtures_check(const std::string& dir, const std::vector<std::string>& b
 
   size_t pass = 0, fail = 0;
   std::vector<std::string> summary;
-  for (const auto& file : fixture_files(dir)) {
+  const std::vector<std::string> files = fixture_files(dir);
+  if (files.empty()) throw std::invalid_argument("fixtures check: " + dir + " holds no .safetensors fixtures");
+  for (const auto& file : files) {
     fixtures::Fixture f;
     try {
       f = fixtures::load_fixture(file);
@@ -126,8 +129,9 @@ int run_fixtures_generate(const std::string& preset, const std::string& out_dir)
 #endif
 }
 
-int run_replay(const std::string& file, const std::string& backend_name) {
+int run_replay(const std::string& file, const std::string& backend_arg, const std::string& plugin_path) {
   fixtures::Fixture f = fixtures::load_fixture(file);
+  const std::string backend_name = plugin_path.empty() ? backend_arg : plugin::register_plugin(plugin_path);
   auto b = oracle::make_backend(backend_name);
   std::string why = b->unavailable_reason();
   if (!why.empty()) {

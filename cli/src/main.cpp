@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--json", audit.json_path, "Write the full report as JSON");
   audit_cmd->add_option("--junit", audit.junit_path, "Write JUnit XML");
   audit_cmd->add_flag("--fail-fast", audit.fail_fast, "Stop at the first failure");
+  audit_cmd->add_option("--timeout", audit.timeout_s, "Seconds per plugin call before it counts as hung")
+      ->check(CLI::PositiveNumber);
   audit_cmd->add_option("--dump-dir", audit.dump_dir, "Where failing cases are dumped as fixtures");
 
   auto* fixtures_cmd = app.add_subcommand("fixtures", "Generate or check golden fixtures");
@@ -53,10 +55,12 @@ int main(int argc, char** argv) {
   compare->add_flag("--int64-ids", adapters.int64_ids, "Candidate indices are int64");
   compare->add_flag("--indices-3d", adapters.indices_3d, "Candidate indices are [s_q, 1, k]");
 
-  std::string replay_fixture, replay_backend = "reference";
+  std::string replay_fixture, replay_backend = "reference", replay_plugin;
   auto* replay = app.add_subcommand("replay", "Re-run one dumped failing case");
   replay->add_option("fixture", replay_fixture, "Dumped fixture (.safetensors)")->required()->check(CLI::ExistingFile);
-  replay->add_option("--backend", replay_backend, "Backend to run");
+  auto* replay_backend_opt = replay->add_option("--backend", replay_backend, "Backend to run");
+  replay->add_option("--plugin", replay_plugin, "Plugin shared library to run")
+      ->check(CLI::ExistingFile)->excludes(replay_backend_opt);
 
   auto* list = app.add_subcommand("backends", "List the registered backends");
 
@@ -72,7 +76,7 @@ int main(int argc, char** argv) {
     if (*gen) return run_fixtures_generate(preset, out_dir);
     if (*check) return run_fixtures_check(check_dir, check_backends, verbose);
     if (*compare) return run_compare(golden, candidate, adapters);
-    if (*replay) return run_replay(replay_fixture, replay_backend);
+    if (*replay) return run_replay(replay_fixture, replay_backend, replay_plugin);
     if (*list) return run_list_backends();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dsa-verify: error: %s\n", e.what());

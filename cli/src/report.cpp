@@ -62,6 +62,8 @@ void print_summary(std::FILE* out, const std::string& backend, const std::vector
     if (!c.repro.empty()) std::fprintf(out, "  reproduce: %s\n", c.repro.c_str());
     if (!c.fixture.empty()) std::fprintf(out, "  fixture:   %s\n", c.fixture.c_str());
   }
+  if (pass == 0 && fail == 0)
+    std::fprintf(out, "\nwarning: no case ran (every op was skipped: see the reasons above)\n");
   std::fprintf(out, "\naudit: %zu passed, %zu failed, %zu skipped\n", pass, fail, skip);
 }
 

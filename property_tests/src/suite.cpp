@@ -110,12 +110,27 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   }
   set_dump_target(dump_path);
   oracle::Backend& b = *backend;
-  const auto property = rc::detail::toProperty([&] { p.body(b, s.block); });
+  // A backend that declares an op but answers "not supported" at run time (a plugin's
+  // DSA_STATUS_UNSUPPORTED) makes the property a skip, never a pass or a failure.
+  std::string unsupported;
+  const auto property = rc::detail::toProperty([&] {
+    if (!unsupported.empty()) return;
+    try {
+      p.body(b, s.block);
+    } catch (const oracle::NotSupported& e) {
+      unsupported = e.what();
+    }
+  });
   NullListener quiet;
   const auto result = o.quiet ? rc::detail::checkProperty(property, md, params, quiet)
                               : rc::detail::checkProperty(property, md, params);
   set_dump_target("");
 
+  if (!unsupported.empty()) {
+    r.verdict = Verdict::Skip;
+    r.message = "not supported by the backend: " + unsupported;
+    return r;
+  }
   if (result.template is<rc::detail::SuccessResult>()) {
     r.cases = result.template get<rc::detail::SuccessResult>().numSuccess;
     return r;
