@@ -40,7 +40,9 @@ std::vector<Op> fixture_ops(const fixtures::Fixture& f);
 
 /// Checks `f` on the reference and, when `backend` is not null, on the backend.
 /// Never throws for numeric disagreement (reported); throws FileError on malformed fixtures.
-FixtureReport check_fixture(const fixtures::Fixture& f, Backend* backend = nullptr);
+/// `opt` is passed to every check_op of the backend.
+FixtureReport check_fixture(const fixtures::Fixture& f, Backend* backend = nullptr,
+                            const CheckOptions& opt = {});
 
 /// Multi-line report: one header per section, then the per-tensor metric tables.
 std::string format_fixture_report(const FixtureReport& r);

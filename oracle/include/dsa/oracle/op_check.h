@@ -35,6 +35,9 @@ struct OpCase {
 /// Options of every check.
 struct CheckOptions {
   bool check_determinism = true;  ///< run twice and compare bytes when backend.deterministic()
+  /// File route only (`dsa-verify compare`): an output the candidate did not provide (an
+  /// undefined Tensor) is noted as "not provided" instead of failing. Never for backends.
+  bool allow_missing_outputs = false;
 };
 
 /// Runs `op` of `backend` on `c` and judges it. Verdict Skip when the backend is unavailable
