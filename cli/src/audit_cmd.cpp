@@ -171,6 +171,9 @@ int run_audit(const AuditOptions& opts) {
     names = {plugin::register_plugin(opts.plugin, po)};
   }
   validate_selection(opts);
+  // Report paths are checked before the run, so a typo does not cost the audit's results.
+  for (const std::string* path : {&opts.json_path, &opts.junit_path})
+    if (!path->empty()) write_text_file(*path, "");
   if (!fs::is_directory(dirs.golden) || !fs::is_directory(dirs.peer))
     throw std::invalid_argument("audit: fixture directories " + dirs.golden + " and " + dirs.peer +
                                 " must exist (set DSA_FIXTURES_DIR to the repo's fixtures/ folder)");
@@ -194,8 +197,8 @@ int run_audit(const AuditOptions& opts) {
       add_fixture_tasks(tasks, dirs.golden, "golden", *backend, opts);
       add_fixture_tasks(tasks, dirs.peer, "peer", *backend, opts);
     }
-    std::fprintf(stderr, "audit %s: %zu tasks (level %d, seed %llu)\n", name.c_str(), tasks.size(),
-                 opts.level, static_cast<unsigned long long>(opts.seed));
+    std::fprintf(stderr, "audit %s: %zu tasks (level %d, seed %s)\n", name.c_str(), tasks.size(),
+                 opts.level, opts.seed ? std::to_string(opts.seed).c_str() : "random per property");
     Progress progress(tasks.size());
     for (auto& task : tasks) {
       auto t0 = std::chrono::steady_clock::now();
@@ -222,7 +225,14 @@ int run_audit(const AuditOptions& opts) {
     if (stop) break;
   }
   print_summary(stdout, label, all);
-  if (!opts.json_path.empty()) write_text_file(opts.json_path, to_json(label, all).dump(2) + "\n");
+  if (!opts.json_path.empty()) {
+    nlohmann::json j = to_json(label, all);
+    j["level"] = opts.level;
+    j["seed"] = opts.seed;  // 0: RapidCheck drew a seed per property (see each repro line)
+    j["plugin"] = opts.plugin;
+    j["version"] = DSA_VERSION;
+    write_text_file(opts.json_path, j.dump(2) + "\n");
+  }
   if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, all));
   bool failed = std::any_of(all.begin(), all.end(), [](const CaseResult& c) { return c.status == "fail"; });
   return failed ? kExitDisagree : kExitOk;
