@@ -483,11 +483,11 @@ std::string PluginBackend::unavailable_reason() const {
   return reason;
 }
 
-Tensor PluginBackend::indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
-                                     const KeyWindows& windows) {
-  const char* op = "indexer_scores";
-  Impl& I = *impl_;
-  I.require_op(DSA_OP_INDEXER_SCORES, op);
+// Shapes of the indexer inputs (SPEC §2): q_idx [s_q,H_I,d_I], k_idx [s_kv,d_I], w [s_q,H_I],
+// windows of s_q rows over s_kv keys. Returns {s_q, s_kv}; throws std::invalid_argument.
+std::pair<int64_t, int64_t> check_indexer_inputs(const char* op, const Tensor& q_idx,
+                                                 const Tensor& k_idx, const Tensor& w,
+                                                 const KeyWindows& windows) {
   check_rank(op, "q_idx", q_idx, 3);
   check_rank(op, "k_idx", k_idx, 2);
   const int64_t s_q = q_idx.size(0), h = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
@@ -496,6 +496,16 @@ Tensor PluginBackend::indexer_scores(const Tensor& q_idx, const Tensor& k_idx, c
   check_arg(windows.s_q() == s_q && windows.s_kv == s_kv, op, "windows",
             str(windows.s_q()) + " rows over " + str(windows.s_kv) + " keys",
             str(s_q) + " rows over " + str(s_kv) + " keys");
+  return {s_q, s_kv};
+}
+
+Tensor PluginBackend::indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                     const KeyWindows& windows) {
+  const char* op = "indexer_scores";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_INDEXER_SCORES, op);
+  const auto dims = check_indexer_inputs(op, q_idx, k_idx, w, windows);
+  const int64_t s_q = dims.first, s_kv = dims.second;
   I.require_data_dtype(op, "q_idx", q_idx);
   I.require_data_dtype(op, "k_idx", k_idx);
   I.require_aux_dtype(op, "w", w);
@@ -522,15 +532,9 @@ IndexerGrads PluginBackend::indexer_scores_backward(const Tensor& q_idx, const T
   const char* op = "indexer_scores_backward";
   Impl& I = *impl_;
   I.require_op(DSA_OP_INDEXER_SCORES_BACKWARD, op);
-  check_rank(op, "q_idx", q_idx, 3);
-  check_rank(op, "k_idx", k_idx, 2);
-  const int64_t s_q = q_idx.size(0), h = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
-  check_shape(op, "k_idx", k_idx, {s_kv, d});
-  check_shape(op, "w", w, {s_q, h});
+  const auto dims = check_indexer_inputs(op, q_idx, k_idx, w, windows);
+  const int64_t s_q = dims.first, s_kv = dims.second, h = q_idx.size(1), d = q_idx.size(2);
   check_shape(op, "d_scores", d_scores, {s_q, s_kv});
-  check_arg(windows.s_q() == s_q && windows.s_kv == s_kv, op, "windows",
-            str(windows.s_q()) + " rows over " + str(windows.s_kv) + " keys",
-            str(s_q) + " rows over " + str(s_kv) + " keys");
   I.require_data_dtype(op, "q_idx", q_idx);
   I.require_data_dtype(op, "k_idx", k_idx);
   I.require_aux_dtype(op, "w", w);
