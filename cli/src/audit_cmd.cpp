@@ -178,6 +178,7 @@ int run_audit(const AuditOptions& opts) {
     throw std::invalid_argument("audit: fixture directories " + dirs.golden + " and " + dirs.peer +
                                 " must exist (set DSA_FIXTURES_DIR to the repo's fixtures/ folder)");
   std::vector<CaseResult> all;
+  bool input_error = false;
   std::string label;
   bool stop = false;
   for (const auto& name : names) {
@@ -205,6 +206,13 @@ int run_audit(const AuditOptions& opts) {
       std::vector<CaseResult> results;
       try {
         results = task.run();
+      } catch (const fixtures::FileError& e) {
+        // A shipped fixture that cannot be read is an input error (exit 2), reported as a
+        // failed case so that every other result is still printed and written.
+        input_error = true;
+        CaseResult c = make_case(task.op, task.property, "fail");
+        c.message = std::string("input error: ") + e.what();
+        results.push_back(c);
       } catch (const std::exception& e) {
         CaseResult c = make_case(task.op, task.property, "fail");
         c.message = std::string("error: ") + e.what();
@@ -235,6 +243,7 @@ int run_audit(const AuditOptions& opts) {
   }
   if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, all));
   bool failed = std::any_of(all.begin(), all.end(), [](const CaseResult& c) { return c.status == "fail"; });
+  if (input_error) return kExitUsage;
   return failed ? kExitDisagree : kExitOk;
 }
 

@@ -55,6 +55,8 @@ struct AuditOptions {
   std::string dump_dir = "dsa-verify-failures";
   double timeout_s = 30.0;            ///< per plugin call (isolated child), seconds
 };
+/// Exit 0 all passed, 1 a failure, 2 usage or input errors (an unreadable fixture: reported as
+/// a failed case, the rest of the audit still runs and its reports are written).
 int run_audit(const AuditOptions& opts);
 
 /// `dsa-verify replay FIXTURE [--backend NAME | --plugin PATH]`: re-runs one case from its
