@@ -646,6 +646,32 @@ MlaShapes check_mla(const char* op, const SparseMlaInputs& in) {
   return s;
 }
 
+// Passes the sparse MLA inputs shared by the forward and backward argument records.
+template <class Args>
+void pass_mla_inputs(Call& c, Args& a, const SparseMlaInputs& in, const MlaShapes& s) {
+  a.q = c.in("q", in.q);
+  a.kv = c.in("kv", in.kv);
+  a.indices = c.in("indices", s.indices);
+  a.topk_length = c.in_opt("topk_length", in.topk_length);
+  a.attn_sink = c.in_opt("attn_sink", in.attn_sink);
+  a.sm_scale = in.sm_scale;
+  a.d_v = in.d_v;
+}
+
+// One plugin sparse_mla_fwd call (SPEC §4): returns out [s_q,h_q,d_v] in out_dt and lse,
+// max_logits [s_q,h_q] in stat_dt, or throws the call's finding.
+std::vector<Tensor> run_sparse_mla_fwd(Call& c, decltype(dsa_backend_v1::sparse_mla_fwd) fn,
+                                       const SparseMlaInputs& in, const MlaShapes& s,
+                                       DType out_dt, DType stat_dt) {
+  dsa_sparse_mla_fwd_args a{};
+  pass_mla_inputs(c, a, in, s);
+  a.out = c.out("out", out_dt, {s.s_q, s.h_q, in.d_v});
+  a.lse = c.out("lse", stat_dt, {s.s_q, s.h_q});
+  a.max_logits = c.out("max_logits", stat_dt, {s.s_q, s.h_q});
+  return c.finish(fn(&a, c.err(), c.err_size()));
+}
+
+
 }  // namespace
 
 SparseMlaForward PluginBackend::sparse_mla_forward(const SparseMlaInputs& in) {
@@ -663,18 +689,7 @@ SparseMlaForward PluginBackend::sparse_mla_forward(const SparseMlaInputs& in) {
   auto fn = I.lib.table->sparse_mla_fwd;
   auto res = I.run(op, [&]() {
     Call c(I.context(op));
-    dsa_sparse_mla_fwd_args a{};
-    a.q = c.in("q", in.q);
-    a.kv = c.in("kv", in.kv);
-    a.indices = c.in("indices", s.indices);
-    a.topk_length = c.in_opt("topk_length", in.topk_length);
-    a.attn_sink = c.in_opt("attn_sink", in.attn_sink);
-    a.sm_scale = in.sm_scale;
-    a.d_v = in.d_v;
-    a.out = c.out("out", out_dt, {s.s_q, s.h_q, in.d_v});
-    a.lse = c.out("lse", stat_dt, {s.s_q, s.h_q});
-    a.max_logits = c.out("max_logits", stat_dt, {s.s_q, s.h_q});
-    return c.finish(fn(&a, c.err(), c.err_size()));
+    return run_sparse_mla_fwd(c, fn, in, s, out_dt, stat_dt);
   });
   return SparseMlaForward{std::move(res.at(0)), std::move(res.at(1)), std::move(res.at(2))};
 }
@@ -701,30 +716,13 @@ SparseMlaGrads PluginBackend::sparse_mla_backward(const SparseMlaInputs& in, con
     std::optional<Tensor> out, lse;
     if (with_fwd) {  // the plugin's own forward, judged as part of this call
       Call c(I.context("sparse_mla_fwd (run for sparse_mla_bwd)"));
-      dsa_sparse_mla_fwd_args a{};
-      a.q = c.in("q", in.q);
-      a.kv = c.in("kv", in.kv);
-      a.indices = c.in("indices", s.indices);
-      a.topk_length = c.in_opt("topk_length", in.topk_length);
-      a.attn_sink = c.in_opt("attn_sink", in.attn_sink);
-      a.sm_scale = in.sm_scale;
-      a.d_v = in.d_v;
-      a.out = c.out("out", out_dt, {s.s_q, s.h_q, in.d_v});
-      a.lse = c.out("lse", stat_dt, {s.s_q, s.h_q});
-      a.max_logits = c.out("max_logits", stat_dt, {s.s_q, s.h_q});
-      auto r = c.finish(fwd(&a, c.err(), c.err_size()));
+      auto r = run_sparse_mla_fwd(c, fwd, in, s, out_dt, stat_dt);
       out = std::move(r.at(0));
       lse = std::move(r.at(1));
     }
     Call c(I.context(op));
     dsa_sparse_mla_bwd_args a{};
-    a.q = c.in("q", in.q);
-    a.kv = c.in("kv", in.kv);
-    a.indices = c.in("indices", s.indices);
-    a.topk_length = c.in_opt("topk_length", in.topk_length);
-    a.attn_sink = c.in_opt("attn_sink", in.attn_sink);
-    a.sm_scale = in.sm_scale;
-    a.d_v = in.d_v;
+    pass_mla_inputs(c, a, in, s);
     a.out = c.in_opt("out", out);
     a.lse = c.in_opt("lse", lse);
     a.dout = c.in("dout", dout);
