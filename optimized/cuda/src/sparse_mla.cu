@@ -14,6 +14,7 @@
 #include "cuda_check.h"
 #include "dsa/cuda/kernels.h"
 #include "sparse_mla_internal.h"
+#include "tile_fill.cuh"
 
 namespace dsa::cuda {
 namespace {
@@ -97,41 +98,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < COLS; ++c) acc[h][c] = 0.f;
 
-  int64_t cursor = 0;
+  if (tid == 0) sh_cursor = 0;
+  __syncthreads();
   for (;;) {
-    if (warp == 0) {
-      int cnt = 0;
-      int64_t cur = cursor;
-      while (cnt < kTile && cur < lim) {
-        const int64_t slot = cur + lane;
-        int32_t id = -1;
-        bool valid = false;
-        if (slot < lim) {
-          id = irow[slot];
-          valid = id >= 0 && (int64_t)id < s_kv;
-        }
-        const uint32_t m = __ballot_sync(0xffffffffu, valid);
-        const int room = kTile - cnt;
-        const int rank = __popc(m & ((1u << lane) - 1u));
-        if (valid && rank < room) ids_s[cnt + rank] = id;
-        const int nv = __popc(m);
-        if (nv <= room) {
-          cnt += nv;
-          cur += 32;
-        } else {
-          const uint32_t last = __ballot_sync(0xffffffffu, valid && rank == room - 1);
-          cur += (__ffs(last) - 1) + 1;
-          cnt = kTile;
-        }
-      }
-      if (lane == 0) {
-        sh_cnt = cnt;
-        sh_cursor = cur;
-      }
-    }
+    if (warp == 0)
+      detail::fill_valid_id_tile<kTile>(irow, lim, s_kv, lane, ids_s, &sh_cnt, &sh_cursor);
     __syncthreads();
     const int cnt = sh_cnt;
-    cursor = sh_cursor;
     if (cnt == 0) break;
     // Stage the tile's kv rows (fp32); rows past cnt are zero so 0-weight terms stay finite.
     for (int r = warp; r < kTile; r += kThreads / 32) {

@@ -14,6 +14,7 @@
 
 #include "cuda_check.h"
 #include "sparse_mla_internal.h"
+#include "tile_fill.cuh"
 
 namespace dsa::cuda::detail {
 namespace {
@@ -54,41 +55,6 @@ __host__ __device__ inline TcLayout tc_layout(int64_t d_qk, int64_t d_v) {
   off = up(off + (size_t)kTile * 4);
   L.total = off;
   return L;
-}
-
-/// Warp 0: fills ids_s with the next (up to kTile) valid ids from slot `cursor` on; returns
-/// the count and advances the cursor (only in lane 0's view written to shared memory).
-__device__ __forceinline__ void fill_tile(const int32_t* irow, int64_t lim, int64_t s_kv,
-                                          int lane, int* ids_s, int* sh_cnt, int64_t* sh_cursor) {
-  int cnt = 0;
-  int64_t cur = *sh_cursor;
-  while (cnt < kTile && cur < lim) {
-    const int64_t slot = cur + lane;
-    int32_t id = -1;
-    bool valid = false;
-    if (slot < lim) {
-      id = irow[slot];
-      valid = id >= 0 && (int64_t)id < s_kv;
-    }
-    const uint32_t m = __ballot_sync(0xffffffffu, valid);
-    const int room = kTile - cnt;
-    const int rank = __popc(m & ((1u << lane) - 1u));
-    if (valid && rank < room) ids_s[cnt + rank] = id;
-    const int nv = __popc(m);
-    if (nv <= room) {
-      cnt += nv;
-      cur += 32;
-    } else {
-      const uint32_t last = __ballot_sync(0xffffffffu, valid && rank == room - 1);
-      cur += __ffs(last);
-      cnt = kTile;
-    }
-  }
-  __syncwarp();
-  if (lane == 0) {
-    *sh_cnt = cnt;
-    *sh_cursor = cur;
-  }
 }
 
 template <int MAXF>
@@ -151,7 +117,8 @@ __global__ void __launch_bounds__(kThreads)
       lseB = lB > 0.f ? mB + logf(lB) : INFINITY;
     }
     for (;;) {
-      if (warp == 0) fill_tile(irow, lim, s_kv, lane, ids_s, &sh_cnt, &sh_cursor);
+      if (warp == 0)
+        fill_valid_id_tile<kTile>(irow, lim, s_kv, lane, ids_s, &sh_cnt, &sh_cursor);
       __syncthreads();
       const int cnt = sh_cnt;
       if (cnt == 0) break;
