@@ -42,30 +42,36 @@ __device__ __forceinline__ int64_t next_pow2_dev(int64_t n) {
   return p;
 }
 
+/// Block-wide bitonic sort of buf[0, n) into descending order; first pads buf[count, n)
+/// with 0 (below every selectable key). n = next_pow2_dev(count); every thread must call it.
+__device__ __forceinline__ void bitonic_sort_desc(unsigned long long* buf, int64_t count,
+                                                  int64_t n, int tid) {
+  for (int64_t i = count + tid; i < n; i += kThreads) buf[i] = 0ull;
+  __syncthreads();
+  for (int64_t size = 2; size <= n; size <<= 1) {
+    for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int64_t j = tid; j < n / 2; j += kThreads) {
+        const int64_t a = 2 * stride * (j / stride) + (j % stride);
+        const int64_t b = a + stride;
+        const bool desc = (a & size) == 0;
+        const unsigned long long x = buf[a], y = buf[b];
+        if (desc ? (x < y) : (x > y)) {
+          buf[a] = y;
+          buf[b] = x;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
 /// Sorts buf[0, keff) descending (bitonic over next_pow2(keff), padding with 0 which is below
 /// every selectable key) when sorted, then writes the ids and -1 padding to orow[0, k).
 __device__ __forceinline__ void sort_and_write(unsigned long long* buf, int keff, int64_t k,
                                                int large, int sorted, int32_t* orow) {
   const int tid = threadIdx.x;
   if (sorted && keff > 1) {
-    const int64_t n = next_pow2_dev(keff);
-    for (int64_t i = keff + tid; i < n; i += kThreads) buf[i] = 0ull;
-    __syncthreads();
-    for (int64_t size = 2; size <= n; size <<= 1) {
-      for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
-        for (int64_t j = tid; j < n / 2; j += kThreads) {
-          const int64_t a = 2 * stride * (j / stride) + (j % stride);
-          const int64_t b = a + stride;
-          const bool desc = (a & size) == 0;
-          const unsigned long long x = buf[a], y = buf[b];
-          if (desc ? (x < y) : (x > y)) {
-            buf[a] = y;
-            buf[b] = x;
-          }
-        }
-        __syncthreads();
-      }
-    }
+    bitonic_sort_desc(buf, keff, next_pow2_dev(keff), tid);
   }
   __syncthreads();
   for (int64_t j = tid; j < k; j += kThreads) {
@@ -336,24 +342,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
   // Sort the candidates descending; the first keff - n_gt complete the selection.
-  const int nc = (int)next_pow2_dev(ncand);
-  for (int i = ncand + tid; i < nc; i += kThreads) cand[i] = 0ull;
-  __syncthreads();
-  for (int size = 2; size <= nc; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int j = tid; j < nc / 2; j += kThreads) {
-        const int a = 2 * stride * (j / stride) + (j % stride);
-        const int b = a + stride;
-        const bool desc = (a & size) == 0;
-        const unsigned long long x = cand[a], y = cand[b];
-        if (desc ? (x < y) : (x > y)) {
-          cand[a] = y;
-          cand[b] = x;
-        }
-      }
-      __syncthreads();
-    }
-  }
+  bitonic_sort_desc(cand, ncand, next_pow2_dev(ncand), tid);
   for (int j = tid; j < keff - n_gt; j += kThreads) buf[n_gt + j] = cand[j];
   __syncthreads();
   sort_and_write(buf, keff, k, large, sorted, orow);
