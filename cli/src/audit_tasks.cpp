@@ -1,0 +1,129 @@
+#include "audit_tasks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "dsa/fixtures/fixture.h"
+#include "dsa/oracle/fixture_check.h"
+
+namespace fs = std::filesystem;
+
+namespace dsa::cli {
+
+std::string status_of(oracle::Verdict v) {
+  return v == oracle::Verdict::Pass ? "pass" : v == oracle::Verdict::Fail ? "fail" : "skip";
+}
+
+bool op_selected(const AuditOptions& o, const std::string& op) {
+  return o.ops.empty() || std::find(o.ops.begin(), o.ops.end(), op) != o.ops.end();
+}
+
+double worst_ratio(const oracle::OpReport& r) {
+  double w = 0.0;
+  for (const auto& t : r.tensors)
+    if (std::isfinite(t.ratio)) w = std::max(w, t.ratio);
+  return w;
+}
+
+std::vector<std::string> list_fixtures(const std::string& dir) {
+  std::vector<std::string> files;
+  if (!fs::is_directory(dir)) return files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Fixture tasks: one per file; each yields one case per op the fixture covers.
+void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, const std::string& kind,
+                       oracle::Backend& backend, const AuditOptions& opts, const ReproCommands& repro_cmds) {
+  for (const auto& file : list_fixtures(dir)) {
+    std::string stem = fs::path(file).stem().string();
+    tasks.push_back({"fixture", kind + ":" + stem, [file, kind, stem, &backend, &opts, replay = repro_cmds.replay]() {
+      std::vector<CaseResult> out;
+      fixtures::Fixture f = fixtures::load_fixture(file);
+      oracle::FixtureReport r = oracle::check_fixture(f, &backend);
+      std::string repro = replay(file);
+      for (const auto& op : r.backend_vs_reference) {
+        if (!op_selected(opts, op.op)) continue;
+        CaseResult c = make_case(op.op, kind + ":" + stem, status_of(op.verdict));
+        c.worst_ratio = worst_ratio(op);
+        c.has_ratio = !op.tensors.empty();
+        c.cases = 1;
+        c.message = op.verdict == oracle::Verdict::Pass ? "" : op.reason;
+        if (op.verdict == oracle::Verdict::Fail) {
+          c.message += "\n" + oracle::format_op_report(op);
+          c.repro = repro;
+          c.fixture = file;
+        }
+        out.push_back(c);
+      }
+      if (!r.reference_vs_expected.passed()) {
+        CaseResult c = make_case("fixture", kind + ":" + stem + " (reference vs producer)", "fail");
+        c.message = r.reference_vs_expected.reason;
+        c.repro = repro;
+        c.fixture = file;
+        out.push_back(c);
+      }
+      return out;
+    }});
+  }
+}
+
+bool property_selected(const AuditOptions& o, const props::Property& p) {
+  if (!o.only.empty() && std::find(o.only.begin(), o.only.end(), p.name) == o.only.end()) return false;
+  if (o.ops.empty()) return true;
+  for (oracle::Op op : p.ops)
+    if (op_selected(o, oracle::to_string(op))) return true;
+  return false;
+}
+
+// Property tasks: one per property of the suite (dsa/property_tests/suite.h).
+void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& subject,
+                        const AuditOptions& opts, const ReproCommands& repro_cmds) {
+  for (const props::Property& p : props::all_properties()) {
+    if (!property_selected(opts, p)) continue;
+    std::string op = p.name.rfind("block.", 0) == 0 || p.ops.empty() ? "dsa_block"
+                                                                  : oracle::to_string(p.ops.front());
+    tasks.push_back({op, p.name, [&subject, &p, op, &opts, audit = repro_cmds.audit]() {
+      props::SuiteOptions so;
+      so.level = opts.level;
+      so.seed = opts.seed;
+      so.dump_dir = opts.dump_dir;
+      so.quiet = true;
+      // Through a plugin every call is a forked child with a timeout: no shrinking, so a
+      // hanging or crashing kernel costs one timeout per property, not one per shrink step.
+      so.shrink = opts.plugin.empty();
+      so.repro_command = audit + " --only " + p.name +
+                         " --level " + std::to_string(opts.level);
+      props::PropertyResult r = props::run_property(subject, p, so);
+      CaseResult c = make_case(op, "property:" + p.name, status_of(r.verdict));
+      c.cases = r.cases;
+      c.message = r.message;
+      c.repro = r.repro;
+      c.fixture = r.dumped;
+      return std::vector<CaseResult>{c};
+    }});
+  }
+}
+
+// Unknown op or property names are usage errors, not an empty (and green) audit.
+void validate_selection(const AuditOptions& o) {
+  std::string known_ops;
+  for (oracle::Op op : oracle::all_ops()) known_ops += std::string(known_ops.empty() ? "" : ", ") + oracle::to_string(op);
+  for (const auto& name : o.ops) {
+    bool ok = false;
+    for (oracle::Op op : oracle::all_ops()) ok |= name == oracle::to_string(op);
+    if (!ok) throw std::invalid_argument("audit: argument '--ops' got \"" + name + "\", expected one of " + known_ops);
+  }
+  for (const auto& name : o.only) {
+    bool ok = false;
+    for (const auto& p : props::all_properties()) ok |= name == p.name;
+    if (!ok)
+      throw std::invalid_argument("audit: argument '--only' got \"" + name +
+                                  "\", expected a property name (see the audit table, e.g. topk.contract_exact)");
+  }
+}
+
+}  // namespace dsa::cli

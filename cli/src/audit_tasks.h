@@ -1,0 +1,59 @@
+// The units of work of `dsa-verify audit`, shared with the Python module (python/): one task
+// per property of the suite and one per fixture file, each yielding the CaseResults that the
+// summary table, the JSON and the JUnit report print. Judgement: check_fixture / run_property.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "dsa/oracle/backend.h"
+#include "dsa/oracle/report.h"
+#include "dsa/property_tests/suite.h"
+#include "report.h"
+
+namespace dsa::cli {
+
+/// One unit of audit work: produces one or more case results when run.
+struct AuditTask {
+  std::string op, property;
+  std::function<std::vector<CaseResult>()> run;
+};
+
+/// How reproduction lines name the audited kernel (the CLI: `--backend NAME` / `--plugin PATH`;
+/// the Python module: `python3 -m dsa_verify ... module:Class`).
+struct ReproCommands {
+  /// Prefix of a property re-run, e.g. "dsa-verify audit --backend reference"; the task
+  /// appends " --only PROPERTY --level N".
+  std::string audit;
+  /// Command re-running one fixture file, e.g. "dsa-verify replay F --backend reference".
+  std::function<std::string(const std::string& fixture)> replay;
+};
+
+/// Report status of an oracle verdict: "pass" | "fail" | "skip".
+std::string status_of(oracle::Verdict v);
+/// Largest finite measured ratio over the judged tensors (0 when none).
+double worst_ratio(const oracle::OpReport& r);
+/// The .safetensors files of `dir`, sorted (empty when `dir` is not a directory).
+std::vector<std::string> list_fixtures(const std::string& dir);
+/// True when `op` is selected by --ops (every op when empty).
+bool op_selected(const AuditOptions& o, const std::string& op);
+/// True when property `p` is selected by --only and --ops.
+bool property_selected(const AuditOptions& o, const props::Property& p);
+
+/// Fixture tasks: one per file of `dir`; each yields one case per selected op the fixture
+/// covers (check_fixture on `backend`), plus a failed case when the reference disagrees with
+/// the producer. `backend` and `opts` must outlive the tasks.
+void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, const std::string& kind,
+                       oracle::Backend& backend, const AuditOptions& opts, const ReproCommands& repro);
+/// Property tasks: one per selected property of the suite (run_property on `subject`).
+/// `subject` and `opts` must outlive the tasks.
+void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& subject,
+                        const AuditOptions& opts, const ReproCommands& repro);
+
+/// Unknown op or property names are usage errors (std::invalid_argument naming the argument
+/// '--ops' / '--only' and the expected values), not an empty (and green) audit.
+void validate_selection(const AuditOptions& o);
+
+}  // namespace dsa::cli
