@@ -103,8 +103,8 @@ class CandidateFileBackend : public oracle::Backend {
       if (!file_.tensors.count(n)) return false;
     return true;
   }
-  // Kernels often return only some outputs (no max_logits, say): what is missing is
-  // listed as not provided (CheckOptions::allow_missing_outputs), the rest is judged.
+  // Kernels often return only some outputs (no max_logits, say): the op is run and what is
+  // missing is Incomplete unless CheckOptions::provided_outputs names what is provided.
   bool any(std::initializer_list<const char*> names) const {
     for (const char* n : names)
       if (file_.tensors.count(n)) return true;
@@ -155,7 +155,6 @@ int run_compare(const std::string& golden, const std::string& candidate,
   if (adapters.indices_3d) std::printf("adapter: --indices-3d: candidate [s_q, 1, k] indices viewed as [s_q, k]\n");
   CandidateFileBackend backend(std::move(outputs), candidate, adapters);
   oracle::CheckOptions opt;
-  opt.allow_missing_outputs = true;
   opt.check_determinism = false;  // a file returns the same bytes twice by construction
   oracle::FixtureReport r = oracle::check_fixture(f, &backend, opt);
   std::printf("%s\n", oracle::format_fixture_report(r).c_str());

@@ -56,7 +56,7 @@ void judge_expected(OpReport& r, const Fixture& f, const std::string& op, const 
 
 // Backend output vs expected: metrics only; fails on non-finite position or shape mismatch.
 void compare_expected(OpReport& r, const Fixture& f, const std::string& name, const Tensor& cand) {
-  if (!cand.defined()) return;  // not provided (file route, CheckOptions::allow_missing_outputs)
+  if (!cand.defined()) return;  // not provided (judged Incomplete by check_op)
   const Tensor* e = find(f.expected, name);
   if (!e) return;
   TensorCheck c;

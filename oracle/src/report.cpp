@@ -13,13 +13,54 @@ const char* to_string(Verdict v) {
     case Verdict::Pass: return "pass";
     case Verdict::Fail: return "FAIL";
     case Verdict::Skip: return "skip";
+    case Verdict::Weak: return "WEAK";
+    case Verdict::Incomplete: return "INCOMPLETE";
   }
   return "?";
 }
 
-void OpReport::fail(const std::string& why) {
-  if (verdict != Verdict::Fail) reason = why;
-  verdict = Verdict::Fail;
+namespace {
+int severity(Verdict v) {
+  switch (v) {
+    case Verdict::Skip: return 0;
+    case Verdict::Pass: return 1;
+    case Verdict::Weak: return 2;
+    case Verdict::Incomplete: return 3;
+    case Verdict::Fail: return 4;
+  }
+  return 4;
+}
+}  // namespace
+
+void OpReport::fail(const std::string& why) { mark(Verdict::Fail, why); }
+
+void OpReport::mark(Verdict v, const std::string& why) {
+  if (severity(v) > severity(verdict) || verdict == Verdict::Skip) {
+    verdict = v;
+    reason = why;
+  }
+}
+
+std::string OpReport::verdict_line() const { return dsa::oracle::verdict_line({*this}); }
+
+std::string verdict_line(const std::vector<OpReport>& reports) {
+  Verdict worst = Verdict::Skip;
+  std::vector<std::string> not_judged;
+  for (const auto& r : reports) {
+    if (severity(r.verdict) > severity(worst)) worst = r.verdict;
+    for (const auto& n : r.not_judged) not_judged.push_back(n);
+  }
+  switch (worst) {
+    case Verdict::Skip: return "SKIPPED";
+    case Verdict::Fail: return "DISAGREES";
+    case Verdict::Weak: return "WEAK";
+    case Verdict::Incomplete: return "INCOMPLETE";
+    case Verdict::Pass: break;
+  }
+  if (not_judged.empty()) return "AGREES";
+  std::string s = "AGREES (partial: ";
+  for (size_t i = 0; i < not_judged.size(); ++i) s += (i ? ", " : "") + not_judged[i];
+  return s + " not judged)";
 }
 
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
@@ -106,6 +147,7 @@ std::string format_op_report(const OpReport& r) {
   if (r.determinism_checked)
     os << "  determinism (two runs, bitwise): " << (r.determinism_ok ? "identical" : "DIFFER")
        << "\n";
+  for (const auto& n : r.not_judged) os << "  not judged: " << n << " (not among the provided outputs)\n";
   for (const auto& n : r.notes) os << "  note: " << n << "\n";
   return os.str();
 }

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "dsa/contract/op_types.h"
@@ -35,9 +36,15 @@ struct OpCase {
 /// Options of every check.
 struct CheckOptions {
   bool check_determinism = true;  ///< run twice and compare bytes when backend.deterministic()
-  /// File route only (`dsa-verify compare`): an output the candidate did not provide (an
-  /// undefined Tensor) is noted as "not provided" instead of failing. Never for backends.
-  bool allow_missing_outputs = false;
+  /// SPEC §9 "A pass must be able to fail": rows whose bound exceeds the detection threshold
+  /// make the verdict Weak (a failure) unless this is set; then they are only noted.
+  bool allow_weak = false;
+  /// SPEC §9 "Complete outputs": absent = every output the op defines is required and a
+  /// missing one (an undefined Tensor, or no dsink although attn_sink was given) makes the
+  /// verdict Incomplete. Present = the outputs the kernel provides (e.g. {"out", "lse"}):
+  /// the op's other outputs are listed in OpReport::not_judged, and a named output that is
+  /// missing is still Incomplete.
+  std::optional<std::set<std::string>> provided_outputs;
 };
 
 /// Runs `op` of `backend` on `c` and judges it. Verdict Skip when the backend is unavailable

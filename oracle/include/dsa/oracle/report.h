@@ -37,8 +37,13 @@ struct TensorCheck {
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
                          const Tensor& reference, const Tensor& baseline, double term_scale = 0.0);
 
-/// Verdict of one check of one backend.
-enum class Verdict { Pass, Fail, Skip };
+/// Verdict of one check of one backend (SPEC §9). Pass and Skip pass; Fail (a bound or a
+/// contract rule broken), Weak (some rows' bounds exceed the detection threshold θ of the
+/// tolerance table and CheckOptions::allow_weak is off) and Incomplete (an output the op
+/// defines was not returned and CheckOptions::provided_outputs does not excuse it) fail.
+/// Severity when several apply: Fail > Incomplete > Weak > Pass.
+enum class Verdict { Pass, Fail, Skip, Weak, Incomplete };
+/// "pass", "FAIL", "skip", "WEAK", "INCOMPLETE".
 const char* to_string(Verdict v);
 
 /// One row of a top-k violation list (SPEC §3): rule name, row, slot (-1: whole row/tensor),
@@ -61,11 +66,25 @@ struct OpReport {
   bool determinism_checked = false;
   bool determinism_ok = true;
   std::vector<std::string> notes;  ///< conventions applied, counts, etc.
+  /// Outputs of the op that were not judged because the user named the outputs the kernel
+  /// provides (CheckOptions::provided_outputs) and these are not among them.
+  std::vector<std::string> not_judged;
 
-  bool passed() const { return verdict != Verdict::Fail; }
-  /// Records a failure (keeps the first reason).
+  /// True for Pass and Skip; Fail, Weak and Incomplete fail (exit 1 in the CLI).
+  bool passed() const { return verdict == Verdict::Pass || verdict == Verdict::Skip; }
+  /// Records a failure (keeps the first reason of the most severe verdict).
   void fail(const std::string& why);
+  /// Raises the verdict to `v` (Weak or Incomplete) unless a more severe one is set; the
+  /// reason is kept from the first verdict of the highest severity.
+  void mark(Verdict v, const std::string& why);
+  /// One verdict word for a user: "AGREES", "AGREES (partial: max_logits not judged)",
+  /// "DISAGREES", "WEAK", "INCOMPLETE", "SKIPPED".
+  std::string verdict_line() const;
 };
+
+/// The verdict line of several reports (e.g. the forward and backward of one fixture): the
+/// most severe verdict; AGREES lists every output not judged; SKIPPED only when all skipped.
+std::string verdict_line(const std::vector<OpReport>& reports);
 
 /// Compact table of judged tensors: name, dtype, max_abs, rel_fro, cosine, base_err, ratio,
 /// bound, verdict (one line each).
