@@ -1,6 +1,9 @@
 // Indexer scores forward and backward (SPEC §2), one template on the accumulation type.
 #include "dsa/reference/indexer.h"
 
+#include <algorithm>
+
+#include "dsa/contract/parallel.h"
 #include "internal.h"
 
 namespace dsa::reference {
@@ -29,6 +32,12 @@ IndexerDims validate(const char* where, const Tensor& q_idx, const Tensor& k_idx
   return out;
 }
 
+/// Flops of one query row over its whole window (the cost hint of the row loops).
+double row_flops(const IndexerDims& d) {
+  return 2.0 * static_cast<double>(d.h_i) * static_cast<double>(d.d_i) *
+         static_cast<double>(std::max<int64_t>(1, d.s_kv));
+}
+
 template <class A>
 Tensor forward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
                const KeyWindows& win, const IndexerDims& d) {
@@ -36,15 +45,18 @@ Tensor forward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
   const Mat<A> K = detail::to_mat<A>(k_idx, d.s_kv, d.d_i);
   const Mat<A> W = detail::to_mat<A>(w, d.s_q, d.h_i);
   Mat<A> I = Mat<A>::Constant(d.s_q, d.s_kv, -detail::inf<A>());
-  Mat<A> logits;
-  for (int64_t t = 0; t < d.s_q; ++t) {
-    const int64_t ks = win.ks[t], len = win.length(t);
-    if (len == 0) continue;
-    // logits[s, j] = k_idx[ks+s] · q_idx[t, j]; ReLU before the head weight.
-    logits.noalias() = K.middleRows(ks, len) * Q.middleRows(t * d.h_i, d.h_i).transpose();
-    I.row(t).segment(ks, len).noalias() =
-        (logits.cwiseMax(A(0)) * W.row(t).transpose()).transpose();
-  }
+  // Query rows are independent: each writes only its own row of I.
+  parallel_for(d.s_q, row_flops(d), [&](int64_t begin, int64_t end) {
+    Mat<A> logits;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t ks = win.ks[t], len = win.length(t);
+      if (len == 0) continue;
+      // logits[s, j] = k_idx[ks+s] · q_idx[t, j]; ReLU before the head weight.
+      logits.noalias() = K.middleRows(ks, len) * Q.middleRows(t * d.h_i, d.h_i).transpose();
+      I.row(t).segment(ks, len).noalias() =
+          (logits.cwiseMax(A(0)) * W.row(t).transpose()).transpose();
+    }
+  });
   return detail::to_tensor<A>(I, {d.s_q, d.s_kv});
 }
 
@@ -58,19 +70,45 @@ IndexerGrads backward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
   Mat<A> dQ = Mat<A>::Zero(d.s_q * d.h_i, d.d_i);
   Mat<A> dK = Mat<A>::Zero(d.s_kv, d.d_i);
   Mat<A> dW = Mat<A>::Zero(d.s_q, d.h_i);
-  Mat<A> logits, G;
-  for (int64_t t = 0; t < d.s_q; ++t) {
-    const int64_t ks = win.ks[t], len = win.length(t);
-    if (len == 0) continue;
-    const auto Kw = K.middleRows(ks, len);
-    const auto Qt = Q.middleRows(t * d.h_i, d.h_i);
-    logits.noalias() = Kw * Qt.transpose();  // [len, H_I]
-    const auto g = dI.row(t).segment(ks, len).transpose();  // [len]
-    dW.row(t).noalias() = (logits.cwiseMax(A(0)).transpose() * g).transpose();
-    // G[s, j] = dI[t, s] · w[t, j] · 1[logit > 0]  (ReLU'(0) = 0)
-    G = (logits.array() > A(0)).select((g * W.row(t)).array(), A(0)).matrix();
-    dQ.middleRows(t * d.h_i, d.h_i).noalias() = G.transpose() * Kw;
-    dK.middleRows(ks, len).noalias() += G * Qt;
+  // Query rows run in parallel in blocks; each row's dk_idx term G·q_idx[t] is then added in
+  // query-row order (the serial order), in parallel over key rows, so every element is the
+  // same sum whatever the thread count. The block size bounds memory (~256 MiB) only.
+  const int64_t row_bytes =
+      std::max<int64_t>(1, d.s_kv * d.d_i * static_cast<int64_t>(sizeof(A)));
+  const int64_t block = std::clamp<int64_t>(4 * max_threads(), 1,
+                                            std::max<int64_t>(1, (int64_t{256} << 20) / row_bytes));
+  std::vector<Mat<A>> dKt(static_cast<size_t>(std::min(block, std::max<int64_t>(d.s_q, 1))));
+  for (int64_t t0 = 0; t0 < d.s_q; t0 += block) {
+    const int64_t nb = std::min(block, d.s_q - t0);
+    parallel_for(nb, 3 * row_flops(d), [&](int64_t begin, int64_t end) {
+      Mat<A> logits, G;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t t = t0 + i;
+        const int64_t ks = win.ks[t], len = win.length(t);
+        if (len == 0) continue;
+        const auto Kw = K.middleRows(ks, len);
+        const auto Qt = Q.middleRows(t * d.h_i, d.h_i);
+        logits.noalias() = Kw * Qt.transpose();  // [len, H_I]
+        const auto g = dI.row(t).segment(ks, len).transpose();  // [len]
+        dW.row(t).noalias() = (logits.cwiseMax(A(0)).transpose() * g).transpose();
+        // G[s, j] = dI[t, s] · w[t, j] · 1[logit > 0]  (ReLU'(0) = 0)
+        G = (logits.array() > A(0)).select((g * W.row(t)).array(), A(0)).matrix();
+        dQ.middleRows(t * d.h_i, d.h_i).noalias() = G.transpose() * Kw;
+        dKt[static_cast<size_t>(i)].noalias() = G * Qt;  // [len, d_I], added to dK below
+      }
+    });
+    // Row adds are memory-bound: one counts as ~8 GEMM flops.
+    const double adds_per_key = 8.0 * static_cast<double>(nb * d.d_i);
+    parallel_for(d.s_kv, adds_per_key, [&](int64_t k0, int64_t k1) {
+      for (int64_t i = 0; i < nb; ++i) {
+        const int64_t t = t0 + i;
+        const int64_t lo = std::max<int64_t>(k0, win.ks[t]);
+        const int64_t hi = std::min<int64_t>(k1, win.ks[t] + win.length(t));
+        if (lo < hi)
+          dK.middleRows(lo, hi - lo) +=
+              dKt[static_cast<size_t>(i)].middleRows(lo - win.ks[t], hi - lo);
+      }
+    });
   }
   return IndexerGrads{detail::to_tensor<A>(dQ, {d.s_q, d.h_i, d.d_i}),
                       detail::to_tensor<A>(dK, {d.s_kv, d.d_i}),

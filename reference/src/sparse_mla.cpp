@@ -3,8 +3,10 @@
 // P = sm_scale · Q_t Kg^T [h_q, n] and out = softmax(P) · Kg[:, :d_v] with Eigen GEMMs.
 #include "dsa/reference/sparse_mla.h"
 
+#include <algorithm>
 #include <cmath>
 
+#include "dsa/contract/parallel.h"
 #include "internal.h"
 
 namespace dsa::reference {
@@ -97,6 +99,12 @@ struct RowSoftmax {
   }
 };
 
+/// Flops of one query row's two GEMMs (the cost hint of the row loops).
+double row_flops(const MlaDims& d) {
+  return 2.0 * static_cast<double>(d.h_q) * static_cast<double>(d.k) *
+         static_cast<double>(d.d_qk + d.d_v);
+}
+
 template <class A>
 SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   const Mat<A> Q = detail::to_mat<A>(in.q, d.s_q * d.h_q, d.d_qk);
@@ -106,21 +114,32 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   Mat<A> out = Mat<A>::Zero(d.s_q * d.h_q, d.d_v);
   Mat<A> lse = Mat<A>::Constant(d.s_q, d.h_q, detail::inf<A>());
   Mat<A> mx = Mat<A>::Constant(d.s_q, d.h_q, -detail::inf<A>());
-  std::vector<int32_t> ids;
-  RowSoftmax<A> rs;
-  for (int64_t t = 0; t < d.s_q; ++t) {
-    valid_ids(in, d, t, ids);
-    if (ids.empty()) continue;  // SPEC §6: out 0, lse +inf, max_logits -inf
-    rs.compute(KV, Q.middleRows(t * d.h_q, d.h_q), ids, static_cast<A>(in.sm_scale),
-               in.attn_sink ? &sink : nullptr);
-    out.middleRows(t * d.h_q, d.h_q).noalias() = rs.P * rs.Kg.leftCols(d.d_v);
-    lse.row(t) = rs.lse.transpose();
-    mx.row(t) = rs.m.transpose();
-  }
+  // Query rows are independent: each writes only its own rows of out, lse and mx.
+  parallel_for(d.s_q, row_flops(d), [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> ids;
+    RowSoftmax<A> rs;
+    for (int64_t t = begin; t < end; ++t) {
+      valid_ids(in, d, t, ids);
+      if (ids.empty()) continue;  // SPEC §6: out 0, lse +inf, max_logits -inf
+      rs.compute(KV, Q.middleRows(t * d.h_q, d.h_q), ids, static_cast<A>(in.sm_scale),
+                 in.attn_sink ? &sink : nullptr);
+      out.middleRows(t * d.h_q, d.h_q).noalias() = rs.P * rs.Kg.leftCols(d.d_v);
+      lse.row(t) = rs.lse.transpose();
+      mx.row(t) = rs.m.transpose();
+    }
+  });
   return SparseMlaForward{detail::to_tensor<A>(out, {d.s_q, d.h_q, d.d_v}),
                           detail::to_tensor<A>(lse, {d.s_q, d.h_q}),
                           detail::to_tensor<A>(mx, {d.s_q, d.h_q})};
 }
+
+/// What one query row of the backward hands to the ordered reductions.
+template <class A>
+struct RowGrads {
+  std::vector<int32_t> ids;  // valid ids in slot order
+  Mat<A> dKg;                // [n, d_qk] gradient of the gathered kv rows
+  Vec<A> dsink;              // [h_q] exp(sink - L) Δ (with attn_sink)
+};
 
 template <class A>
 SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const MlaDims& d) {
@@ -133,26 +152,52 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
   Mat<A> dQ = Mat<A>::Zero(d.s_q * d.h_q, d.d_qk);
   Mat<A> dKV = Mat<A>::Zero(d.s_kv, d.d_qk);
   Vec<A> dsink = Vec<A>::Zero(d.h_q);
-  std::vector<int32_t> ids;
-  RowSoftmax<A> rs;
-  Mat<A> O, dS, dKg;
-  Vec<A> delta;
-  for (int64_t t = 0; t < d.s_q; ++t) {
-    valid_ids(in, d, t, ids);
-    if (ids.empty()) continue;  // SPEC §6: dq = 0, no dkv / dsink contribution
-    const auto Qt = Q.middleRows(t * d.h_q, d.h_q);
-    const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
-    rs.compute(KV, Qt, ids, sm, in.attn_sink ? &sink : nullptr);
-    const auto Vg = rs.Kg.leftCols(d.d_v);
-    O.noalias() = rs.P * Vg;                                   // sink-scaled out [h_q, d_v]
-    delta = O.cwiseProduct(dOt).rowwise().sum();               // Δ = out · dout
-    dS.noalias() = dOt * Vg.transpose();                       // dout · v_j
-    dS = rs.P.cwiseProduct(dS - delta.replicate(1, dS.cols()));  // p_j (dout·v_j - Δ)
-    dQ.middleRows(t * d.h_q, d.h_q).noalias() = sm * (dS * rs.Kg);
-    dKg.noalias() = sm * (dS.transpose() * Qt);
-    dKg.leftCols(d.d_v).noalias() += rs.P.transpose() * dOt;
-    for (size_t j = 0; j < ids.size(); ++j) dKV.row(ids[j]) += dKg.row(static_cast<int64_t>(j));
-    if (in.attn_sink) dsink -= rs.psink.cwiseProduct(delta);  // -exp(sink - L) Δ
+  // Query rows run in parallel in blocks; each block's dkv and dsink contributions are then
+  // added in query-row, then slot order (the serial order), in parallel over key rows, so
+  // every element is the same sum whatever the thread count. The block size bounds memory
+  // (~256 MiB of dKg) and never changes a result.
+  const int64_t row_bytes = std::max<int64_t>(1, d.k * d.d_qk * static_cast<int64_t>(sizeof(A)));
+  const int64_t block = std::clamp<int64_t>(4 * max_threads(), 1,
+                                            std::max<int64_t>(1, (int64_t{256} << 20) / row_bytes));
+  std::vector<RowGrads<A>> rows(static_cast<size_t>(std::min(block, std::max<int64_t>(d.s_q, 1))));
+  for (int64_t t0 = 0; t0 < d.s_q; t0 += block) {
+    const int64_t nb = std::min(block, d.s_q - t0);
+    parallel_for(nb, 3 * row_flops(d), [&](int64_t begin, int64_t end) {
+      RowSoftmax<A> rs;
+      Mat<A> O, dS;
+      Vec<A> delta;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t t = t0 + i;
+        RowGrads<A>& g = rows[static_cast<size_t>(i)];
+        valid_ids(in, d, t, g.ids);
+        if (g.ids.empty()) continue;  // SPEC §6: dq = 0, no dkv / dsink contribution
+        const auto Qt = Q.middleRows(t * d.h_q, d.h_q);
+        const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
+        rs.compute(KV, Qt, g.ids, sm, in.attn_sink ? &sink : nullptr);
+        const auto Vg = rs.Kg.leftCols(d.d_v);
+        O.noalias() = rs.P * Vg;                                   // sink-scaled out [h_q, d_v]
+        delta = O.cwiseProduct(dOt).rowwise().sum();               // Δ = out · dout
+        dS.noalias() = dOt * Vg.transpose();                       // dout · v_j
+        dS = rs.P.cwiseProduct(dS - delta.replicate(1, dS.cols()));  // p_j (dout·v_j - Δ)
+        dQ.middleRows(t * d.h_q, d.h_q).noalias() = sm * (dS * rs.Kg);
+        g.dKg.noalias() = sm * (dS.transpose() * Qt);
+        g.dKg.leftCols(d.d_v).noalias() += rs.P.transpose() * dOt;
+        if (in.attn_sink) g.dsink = rs.psink.cwiseProduct(delta);  // exp(sink - L) Δ
+      }
+    });
+    // Scattered row adds are memory-bound: one counts as ~8 GEMM flops.
+    const double adds_per_key = 8.0 * static_cast<double>(nb * d.k * d.d_qk) /
+                                static_cast<double>(std::max<int64_t>(1, d.s_kv));
+    parallel_for(d.s_kv, adds_per_key, [&](int64_t k0, int64_t k1) {
+      for (int64_t i = 0; i < nb; ++i) {
+        const RowGrads<A>& g = rows[static_cast<size_t>(i)];
+        for (size_t j = 0; j < g.ids.size(); ++j)
+          if (g.ids[j] >= k0 && g.ids[j] < k1) dKV.row(g.ids[j]) += g.dKg.row(static_cast<int64_t>(j));
+      }
+    });
+    if (in.attn_sink)
+      for (int64_t i = 0; i < nb; ++i)
+        if (!rows[static_cast<size_t>(i)].ids.empty()) dsink -= rows[static_cast<size_t>(i)].dsink;
   }
   SparseMlaGrads g{detail::to_tensor<A>(dQ, {d.s_q, d.h_q, d.d_qk}),
                    detail::to_tensor<A>(dKV, {d.s_kv, d.d_qk}), std::nullopt};

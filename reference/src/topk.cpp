@@ -5,6 +5,7 @@
 #include <cmath>
 #include <utility>
 
+#include "dsa/contract/parallel.h"
 #include "internal.h"
 
 namespace dsa::reference {
@@ -36,20 +37,27 @@ Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,
   Tensor out(DType::I32, {s_q, k});
   int32_t* ids = out.data<int32_t>();
   std::fill(ids, ids + s_q * k, -1);
-  std::vector<std::pair<double, int32_t>> cand;
-  for (int64_t t = 0; t < s_q; ++t) {
-    const int64_t ks = windows ? windows->ks[t] : 0;
-    const int64_t ke = windows ? std::max(windows->ke[t], ks) : s_kv;
-    cand.clear();
-    for (int64_t s = ks; s < ke; ++s) {
-      const double v = scores.get(t * s_kv + s);  // exact for F32 and F64
-      if (std::isnan(v) || v == -std::numeric_limits<double>::infinity()) continue;
-      cand.emplace_back(v, static_cast<int32_t>(s));
+  const float* f32 = scores.dtype() == DType::F32 ? scores.data<float>() : nullptr;
+  const double* f64 = scores.dtype() == DType::F64 ? scores.data<double>() : nullptr;
+  // Rows are independent: each writes only its own row of ids.
+  const double row_work = 64.0 * static_cast<double>(std::max<int64_t>(1, s_kv));
+  parallel_for(s_q, row_work, [&](int64_t begin, int64_t end) {
+    std::vector<std::pair<double, int32_t>> cand;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t ks = windows ? windows->ks[t] : 0;
+      const int64_t ke = windows ? std::max(windows->ke[t], ks) : s_kv;
+      cand.clear();
+      for (int64_t s = ks; s < ke; ++s) {
+        const int64_t i = t * s_kv + s;
+        const double v = f32 ? static_cast<double>(f32[i]) : f64[i];  // exact
+        if (std::isnan(v) || v == -std::numeric_limits<double>::infinity()) continue;
+        cand.emplace_back(v, static_cast<int32_t>(s));
+      }
+      const int64_t k_eff = std::min<int64_t>(k, static_cast<int64_t>(cand.size()));
+      std::partial_sort(cand.begin(), cand.begin() + k_eff, cand.end(), before);
+      for (int64_t j = 0; j < k_eff; ++j) ids[t * k + j] = cand[j].second;
     }
-    const int64_t k_eff = std::min<int64_t>(k, static_cast<int64_t>(cand.size()));
-    std::partial_sort(cand.begin(), cand.begin() + k_eff, cand.end(), before);
-    for (int64_t j = 0; j < k_eff; ++j) ids[t * k + j] = cand[j].second;
-  }
+  });
   return out;
 }
 
