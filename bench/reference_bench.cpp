@@ -2,6 +2,8 @@
 // own float64 GEMM on this machine (issue 2 "Performance": target >= 50% of the GEMM rate).
 // FLOPs of sparse MLA: 2·s_q·h_q·k·(d_qk + d_v) (QK^T and PV; softmax not counted).
 // The GEMM baselines use the same build flags and thread count (one) as the reference.
+// Issue 13: the forward and backward at the glm5 preset's shape (s_q 64) with 1, 2, 4, 8, 16
+// threads (up to the machine's), wall-clock rates (UseRealTime), for the scaling figure.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Dense>
@@ -11,6 +13,7 @@
 #include <numeric>
 #include <random>
 
+#include "dsa/contract/parallel.h"
 #include "dsa/reference/sparse_mla.h"
 
 namespace {
@@ -20,19 +23,19 @@ constexpr int64_t kSq = 512, kSkv = 4096, kHq = 64, kDqk = 576, kDv = 512, kTopk
 using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // bf16 q/kv with N(0,1) values, indices = kTopk distinct random valid ids per row.
-dsa::SparseMlaInputs make_inputs() {
+dsa::SparseMlaInputs make_inputs(int64_t s_q = kSq) {
   std::mt19937_64 rng(20260101);
   std::normal_distribution<double> normal(0.0, 1.0);
   dsa::SparseMlaInputs in;
-  in.q = dsa::Tensor(dsa::DType::BF16, {kSq, kHq, kDqk});
+  in.q = dsa::Tensor(dsa::DType::BF16, {s_q, kHq, kDqk});
   in.kv = dsa::Tensor(dsa::DType::BF16, {kSkv, kDqk});
   for (int64_t i = 0; i < in.q.numel(); ++i) in.q.set(i, normal(rng));
   for (int64_t i = 0; i < in.kv.numel(); ++i) in.kv.set(i, normal(rng));
-  in.indices = dsa::Tensor(dsa::DType::I32, {kSq, kTopk});
+  in.indices = dsa::Tensor(dsa::DType::I32, {s_q, kTopk});
   std::vector<int32_t> perm(kSkv);
   std::iota(perm.begin(), perm.end(), 0);
   int32_t* ids = in.indices.data<int32_t>();
-  for (int64_t t = 0; t < kSq; ++t) {
+  for (int64_t t = 0; t < s_q; ++t) {
     std::shuffle(perm.begin(), perm.end(), rng);
     std::copy(perm.begin(), perm.begin() + kTopk, ids + t * kTopk);
   }
@@ -47,12 +50,50 @@ void set_gflops(benchmark::State& state, double flops_per_iter) {
 }
 
 void BM_ReferenceSparseMlaForward(benchmark::State& state) {
+  dsa::set_max_threads(1);  // the single-thread rate against the single-thread GEMM
   const dsa::SparseMlaInputs in = make_inputs();
   for (auto _ : state) {
     dsa::SparseMlaForward f = dsa::reference::sparse_mla_forward(in);
     benchmark::DoNotOptimize(f.out.raw());
   }
   set_gflops(state, 2.0 * kSq * kHq * kTopk * (kDqk + kDv));
+}
+
+constexpr int64_t kSqGlm5 = 64;  // query rows of one glm5 preset case
+
+// Forward at the glm5 preset's shape with state.range(0) threads.
+void BM_ReferenceSparseMlaForwardThreads(benchmark::State& state) {
+  dsa::set_max_threads(static_cast<int>(state.range(0)));
+  const dsa::SparseMlaInputs in = make_inputs(kSqGlm5);
+  for (auto _ : state) {
+    dsa::SparseMlaForward f = dsa::reference::sparse_mla_forward(in);
+    benchmark::DoNotOptimize(f.out.raw());
+  }
+  state.counters["threads"] = static_cast<double>(state.range(0));
+  set_gflops(state, 2.0 * kSqGlm5 * kHq * kTopk * (kDqk + kDv));
+}
+
+// Backward (six GEMMs per row: 3x the forward's flops) with state.range(0) threads.
+void BM_ReferenceSparseMlaBackwardThreads(benchmark::State& state) {
+  dsa::set_max_threads(static_cast<int>(state.range(0)));
+  const dsa::SparseMlaInputs in = make_inputs(kSqGlm5);
+  dsa::Tensor dout(dsa::DType::BF16, {kSqGlm5, kHq, kDv});
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (int64_t i = 0; i < dout.numel(); ++i) dout.set(i, normal(rng));
+  for (auto _ : state) {
+    dsa::SparseMlaGrads g = dsa::reference::sparse_mla_backward(in, dout);
+    benchmark::DoNotOptimize(g.dkv.raw());
+  }
+  state.counters["threads"] = static_cast<double>(state.range(0));
+  set_gflops(state, 3 * 2.0 * kSqGlm5 * kHq * kTopk * (kDqk + kDv));
+}
+
+// 1, 2, 4, 8, 16 threads, up to the hardware threads of this machine.
+void thread_counts(benchmark::internal::Benchmark* b) {
+  const int hw = dsa::max_threads();
+  for (int t : {1, 2, 4, 8, 16})
+    if (t <= hw) b->Arg(t);
 }
 
 // The two GEMMs of one query row at the same shapes, on already-gathered data: the ceiling
@@ -86,5 +127,9 @@ BENCHMARK(BM_EigenGemmF64SameShapes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EigenGemmF64Square)->Arg(1024)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ReferenceSparseMlaForward)->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_EigenGemmF64SameShapes)->Unit(benchmark::kMillisecond)->Name("BM_EigenGemmF64SameShapes/after");
+BENCHMARK(BM_ReferenceSparseMlaForwardThreads)->Apply(thread_counts)->UseRealTime()
+    ->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK(BM_ReferenceSparseMlaBackwardThreads)->Apply(thread_counts)->UseRealTime()
+    ->Unit(benchmark::kMillisecond)->Iterations(1);
 
 BENCHMARK_MAIN();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dsa/contract/parallel.h"
 #include "internal.h"
 
 namespace dsa::reference {
@@ -78,35 +79,44 @@ IndexerKlResult compute(const IndexerKlInputs& in, const KlDims& d) {
   if (n_rows == 0) return IndexerKlResult{detail::to_tensor<A>(Mat<A>::Zero(1, 1), {1}),
                                           detail::to_tensor<A>(dI, {d.s_q, d.s_kv})};
   const A g = static_cast<A>(in.coeff) / static_cast<A>(n_rows);
+  // Query rows are independent: each writes its own row of dI and its own KL term; the
+  // terms are then summed in row order, so the loss does not depend on the thread count.
+  std::vector<A> kl_rows(static_cast<size_t>(d.s_q), A(0));
+  const double row_flops = 2.0 * static_cast<double>(d.h_q) * static_cast<double>(d.d_qk) *
+                           static_cast<double>(std::max<int64_t>(1, d.s_kv));
+  parallel_for(d.s_q, row_flops, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> S;
+    Mat<A> Kg, P;
+    Vec<A> p, logq, rowmax;
+    for (int64_t t = begin; t < end; ++t) {
+      key_set(in, d, t, S);
+      const int64_t n = static_cast<int64_t>(S.size());
+      if (n == 0) continue;  // excluded from the mean
+      // Teacher: Σ_h softmax_S(P[t,h,·]), L1-normalised (detached).
+      Kg.resize(n, d.d_qk);
+      for (int64_t j = 0; j < n; ++j) Kg.row(j) = KV.row(S[j]);
+      P.noalias() = Q.middleRows(t * d.h_q, d.h_q) * Kg.transpose();
+      P *= sm;
+      rowmax = P.rowwise().maxCoeff();  // evaluated first: P is modified next
+      P.colwise() -= rowmax;
+      P = P.array().exp().matrix();
+      rowmax = P.rowwise().sum().cwiseInverse();  // evaluated first (no aliasing with P)
+      P = rowmax.asDiagonal() * P;
+      p = P.colwise().sum().transpose();
+      p /= p.sum();
+      // Student: log softmax_S(I[t, ·]).
+      logq.resize(n);
+      for (int64_t j = 0; j < n; ++j) logq[j] = I(t, S[j]);
+      logq.array() -= detail::log_sum_exp<A>(logq);
+      A kl = 0;
+      for (int64_t j = 0; j < n; ++j)
+        if (p[j] > A(0)) kl += p[j] * (std::log(p[j]) - logq[j]);  // 0 · ln 0 = 0
+      kl_rows[static_cast<size_t>(t)] = kl;
+      for (int64_t j = 0; j < n; ++j) dI(t, S[j]) = g * (std::exp(logq[j]) - p[j]);
+    }
+  });
   A total = 0;
-  Mat<A> Kg, P;
-  Vec<A> p, logq, rowmax;
-  for (int64_t t = 0; t < d.s_q; ++t) {
-    key_set(in, d, t, S);
-    const int64_t n = static_cast<int64_t>(S.size());
-    if (n == 0) continue;  // excluded from the mean
-    // Teacher: Σ_h softmax_S(P[t,h,·]), L1-normalised (detached).
-    Kg.resize(n, d.d_qk);
-    for (int64_t j = 0; j < n; ++j) Kg.row(j) = KV.row(S[j]);
-    P.noalias() = Q.middleRows(t * d.h_q, d.h_q) * Kg.transpose();
-    P *= sm;
-    rowmax = P.rowwise().maxCoeff();  // evaluated first: P is modified next
-    P.colwise() -= rowmax;
-    P = P.array().exp().matrix();
-    rowmax = P.rowwise().sum().cwiseInverse();  // evaluated first (no aliasing with P)
-    P = rowmax.asDiagonal() * P;
-    p = P.colwise().sum().transpose();
-    p /= p.sum();
-    // Student: log softmax_S(I[t, ·]).
-    logq.resize(n);
-    for (int64_t j = 0; j < n; ++j) logq[j] = I(t, S[j]);
-    logq.array() -= detail::log_sum_exp<A>(logq);
-    A kl = 0;
-    for (int64_t j = 0; j < n; ++j)
-      if (p[j] > A(0)) kl += p[j] * (std::log(p[j]) - logq[j]);  // 0 · ln 0 = 0
-    total += kl;
-    for (int64_t j = 0; j < n; ++j) dI(t, S[j]) = g * (std::exp(logq[j]) - p[j]);
-  }
+  for (int64_t t = 0; t < d.s_q; ++t) total += kl_rows[static_cast<size_t>(t)];
   Mat<A> loss(1, 1);
   loss(0, 0) = static_cast<A>(in.coeff) * total / static_cast<A>(n_rows);
   return IndexerKlResult{detail::to_tensor<A>(loss, {1}),
