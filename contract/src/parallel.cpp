@@ -1,4 +1,4 @@
-// The thread budget and parallel_for of parallel.h: a lock-free token count of free helper
+// The thread budget and parallel_for of parallel.h: a lock-free count of busy helper
 // threads, threads started per loop and joined before it returns.
 #include "dsa/contract/parallel.h"
 
@@ -17,17 +17,20 @@
 namespace dsa {
 namespace {
 
+// CPUs this process may run on (its affinity mask), read once.
 int hardware_threads() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  static const int n = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }();
+  return n;
 }
 
-std::atomic<int> g_max{hardware_threads()};
-std::atomic<int> g_free{g_max.load() - 1};  // helper threads not in use by any loop
+// Constant-initialised, so loops and max_threads() work during other files' static
+// initialisation too. g_max 0 means "not set": the hardware threads.
+std::atomic<int> g_max{0};
+std::atomic<int> g_helpers{0};  // helper threads running in loops now, all loops together
 std::atomic<bool> g_forked_child{false};
 
 // A child of fork() has only the forking thread: it never starts threads (the parent's
@@ -36,12 +39,13 @@ std::atomic<bool> g_forked_child{false};
   return pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true); }) == 0;
 }();
 
-// Takes up to `want` tokens; returns how many it got.
+// Takes up to `want` helper slots under the budget; returns how many it got.
 int acquire(int want) {
-  int free = g_free.load();
-  while (free > 0) {
-    const int take = std::min(want, free);
-    if (g_free.compare_exchange_weak(free, free - take)) return take;
+  const int limit = max_threads() - 1;
+  int used = g_helpers.load();
+  while (used < limit) {
+    const int take = std::min(want, limit - used);
+    if (g_helpers.compare_exchange_weak(used, used + take)) return take;
   }
   return 0;
 }
@@ -54,17 +58,19 @@ void set_max_threads(int n) {
   if (n < 1)
     throw std::invalid_argument("set_max_threads: argument 'n' got " + std::to_string(n) +
                                 ", expected >= 1");
-  const int old = g_max.exchange(n);
-  g_free.fetch_add(n - old);
+  g_max.store(n);
 }
 
-int max_threads() { return g_max.load(); }
+int max_threads() {
+  const int n = g_max.load();
+  return n > 0 ? n : hardware_threads();
+}
 
 void parallel_for(int64_t n, double work_per_item,
                   const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   const double total = static_cast<double>(n) * std::max(0.0, work_per_item);
-  int64_t want = std::min<int64_t>(n, g_max.load()) - 1;
+  int64_t want = std::min<int64_t>(n, max_threads()) - 1;
   want = std::min<int64_t>(want, static_cast<int64_t>(total / kMinWorkPerThread) - 1);
   const int helpers = (want <= 0 || g_forked_child.load()) ? 0 : acquire(static_cast<int>(want));
   if (helpers == 0) {
@@ -73,7 +79,7 @@ void parallel_for(int64_t n, double work_per_item,
   }
   // Several chunks per thread balance uneven items; which thread runs a chunk never
   // changes what the chunk computes.
-  const int64_t chunks = std::min<int64_t>(n, 4 * static_cast<int64_t>(helpers + 1));
+  const int64_t chunks = std::min<int64_t>(n, 16 * static_cast<int64_t>(helpers + 1));
   const int64_t size = (n + chunks - 1) / chunks;
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
@@ -99,10 +105,10 @@ void parallel_for(int64_t n, double work_per_item,
     for (; started < helpers; ++started)
       threads.emplace_back([&] {
         work();
-        g_free.fetch_add(1);  // give the token back as soon as this helper is done
+        g_helpers.fetch_sub(1);  // give the slot back as soon as this helper is done
       });
   } catch (...) {
-    g_free.fetch_add(helpers - started);  // threads that could not start
+    g_helpers.fetch_sub(helpers - started);  // threads that could not start
   }
   work();
   for (auto& t : threads) t.join();

@@ -10,8 +10,8 @@
 namespace dsa {
 
 /// Sets the total number of threads parallel loops may use at once, nested loops included
-/// (the calling thread counts as one). n >= 1; 1 makes every loop serial. Default: the
-/// number of hardware threads. Call it while no loop runs (e.g. from main, or a test).
+/// (the calling thread counts as one). n >= 1; 1 makes every loop serial. Default: the CPUs
+/// of this process's affinity mask. Loops already running keep the threads they have.
 /// Throws std::invalid_argument naming `n` when n < 1.
 void set_max_threads(int n);
 
