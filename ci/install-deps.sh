@@ -17,6 +17,8 @@ packages=(
   python3-numpy          # docs/examples helpers
   python3                # report checks in the CLI tests
   libxml2-utils          # xmllint: JUnit report validation in the CLI tests
+  python3-dev pybind11-dev  # the dsa_verify Python module (python/)
+  python3-torch python3-pytest  # its tests and example backends (CPU PyTorch 1.13)
 )
 
 missing=()

@@ -1,0 +1,123 @@
+"""dsa_verify: audit a DeepSeek Sparse Attention kernel written in Python (PyTorch, Triton,
+TileLang, ...) with the dsa-verify oracle, property suite and fixtures (docs/SPEC.md).
+
+    import dsa_verify
+    report = dsa_verify.audit(MyKernel(), ops=["topk"], level=0, device="cuda")
+    print(report.summary())
+
+    python3 -m dsa_verify audit mypkg.kernels:MyKernel [--ops topk --level 1 --device cuda]
+    python3 -m pytest -p dsa_verify.pytest_plugin --dsa-backend=mypkg.kernels:MyKernel
+
+Every verdict comes from the C++ judgement of `dsa-verify` (the same oracle, tolerance table,
+properties, fixtures and report writers). Import errors of dsa_verify._core mean the module
+was not built: `cmake --build build/default --target dsa_verify_core`, then
+PYTHONPATH=build/default/python.
+"""
+import json as _json
+from dataclasses import dataclass, field
+from typing import Dict
+
+import torch
+from torch.utils import dlpack as _dlpack
+
+from . import _core
+from ._audit import CaseResult, Report, audit, load_backend  # noqa: F401
+from ._bridge import OPS, OUTPUTS, Bridge  # noqa: F401
+
+__version__ = _core.version
+__all__ = ["audit", "load_fixture", "compare", "Report", "CaseResult", "Fixture", "CompareResult",
+           "load_backend", "OPS", "OUTPUTS"]
+
+
+def _torch(caps, device):
+    return {n: (None if c is None else _dlpack.from_dlpack(c).to(device)) for n, c in caps.items()}
+
+
+@dataclass
+class Fixture:
+    """A dsa-verify-fixture/1 file as torch tensors (docs/fixtures.md)."""
+    path: str
+    case: str
+    op: str  # e.g. "sparse_mla_fwd+bwd", "topk"
+    producer: str
+    notes: str
+    params: dict  # sm_scale, d_v, k, tie_break, sorted, mode, coeff, ...
+    inputs: Dict[str, torch.Tensor]  # SPEC names, as stored
+    expected: Dict[str, torch.Tensor]  # expected.<name>, prefix stripped
+    calls: Dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def ops(self):
+        """The op names this fixture covers, e.g. ["sparse_mla_fwd", "sparse_mla_bwd"]."""
+        return list(self.calls)
+
+    def kwargs(self, op):
+        """Keyword arguments of backend.<op>(...) for this case, exactly as the audit passes
+        them (windows as ks/ke int64, absent optional inputs None, scalars). sparse_mla_bwd also
+        needs out and lse from your forward (SPEC §5). Raises KeyError naming the op."""
+        if op not in self.calls:
+            raise KeyError(f"fixture {self.case} ({self.op}) has no op '{op}'; it covers {self.ops}")
+        return dict(self.calls[op])
+
+
+def load_fixture(path, device="cpu"):
+    """Reads a fixture (golden, peer or a dumped failing case) as torch tensors on `device`.
+    Raises RuntimeError naming the file when it is not a valid dsa-verify-fixture/1 file."""
+    d = _core.load_fixture(str(path))
+    calls = {}
+    for op, (tensors, none, scalars) in d["calls"].items():
+        kw = _torch(tensors, device)
+        kw.update({n: None for n in none})
+        kw.update(scalars)
+        calls[op] = kw
+    return Fixture(path=str(path), case=d["case"], op=d["op"], producer=d["producer"], notes=d["notes"],
+                   params=_json.loads(d["params"]), inputs=_torch(d["inputs"], device),
+                   expected=_torch(d["expected"], device), calls=calls)
+
+
+class _Outputs:
+    """A backend that returns given outputs (the file route of `dsa-verify compare`, without files)."""
+    deterministic = True  # not run twice (check_determinism off), like a file
+
+    def __init__(self, outputs):
+        self.name = "candidate-outputs"
+        self._outputs = dict(outputs)
+        self.outputs = {op: [n for n in names if n in self._outputs] for op, names in OUTPUTS.items()}
+        for op, names in self.outputs.items():
+            if names and (op not in ("indexer_scores", "topk") or names == list(OUTPUTS[op])):
+                setattr(self, op, self._returner(names))
+
+    def _returner(self, names):
+        return lambda **_: {n: self._outputs[n] for n in names}
+
+
+@dataclass
+class CompareResult:
+    """Verdict of compare(): the oracle's fixture report (as `dsa-verify compare` prints it)."""
+    passed: bool
+    report: str
+    ops: list  # one dict per op judged: op, verdict, reason, worst_ratio, notes, details
+
+    def __bool__(self):
+        return self.passed
+
+
+def compare(golden, outputs):
+    """`dsa-verify compare` without files: judges a kernel's outputs on a golden fixture.
+
+    golden: path of a fixture (or a Fixture). outputs: {name: torch tensor} under the SPEC
+    output names (out, lse, max_logits, dq, dkv, dsink, indices, scores, dq_idx, dk_idx, dw,
+    loss, d_scores), any device, in the dtypes the kernel produces (indices int32). Outputs
+    left out are listed as not provided; every output given is judged by the ratio rule
+    (SPEC §9) against the float64 reference. Raises ValueError for unknown output names or
+    when no output of the fixture's op is given.
+    """
+    path = golden.path if isinstance(golden, Fixture) else str(golden)
+    unknown = [n for n in outputs if not any(n in names for names in OUTPUTS.values())]
+    if unknown:
+        raise ValueError(f"compare: outputs {unknown} are not output names; expected some of "
+                         f"{sorted({n for names in OUTPUTS.values() for n in names})}")
+    r = _core.check_fixture(Bridge(_Outputs(outputs)), path, True, False)
+    if not any(o["verdict"] != "skip" for o in r["ops"]):
+        raise ValueError(f"compare: none of the given outputs {sorted(outputs)} belongs to the op of {path}")
+    return CompareResult(passed=r["passed"], report=r["report"], ops=r["ops"])

@@ -1,0 +1,63 @@
+"""python3 -m dsa_verify: the dsa-verify command line for Python backends.
+
+    python3 -m dsa_verify audit mypkg.kernels:MyKernel [--ops topk,sparse_mla_fwd] [--only P]
+        [--level 0|1|2] [--seed N] [--device cpu|cuda] [--json F] [--junit F] [--isolate]
+        [--timeout S] [--dump-dir D] [--fail-fast] [--no-fixtures]
+    python3 -m dsa_verify replay FIXTURE mypkg.kernels:MyKernel [--device cuda]
+
+Exit code: 0 everything passed, 1 a failure, 2 usage or input errors (as dsa-verify).
+"""
+import argparse
+import sys
+
+
+def _list(text):
+    return [t for t in text.split(",") if t] if text else []
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python3 -m dsa_verify",
+                                description="Audit a Python DSA kernel with the dsa-verify oracle")
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("audit", help="Audit a backend: properties, golden and peer fixtures")
+    a.add_argument("backend", help="module:Class (instantiated without arguments), module:object or module")
+    a.add_argument("--ops", default="", help="Ops to audit (comma-separated)")
+    a.add_argument("--only", default="", help="Run only these properties (comma-separated names)")
+    a.add_argument("--level", type=int, default=0, choices=(0, 1, 2), help="Test level 0 (CI), 1, 2 (soak)")
+    a.add_argument("--seed", type=int, default=0, help="Seed of the property runs (0: random)")
+    a.add_argument("--device", default="cpu", help="Device of the input tensors: cpu | cuda[:n]")
+    a.add_argument("--json", default="", help="Write the full report as JSON")
+    a.add_argument("--junit", default="", help="Write JUnit XML")
+    a.add_argument("--isolate", action="store_true", help="Run each task in a fresh worker process")
+    a.add_argument("--timeout", type=float, default=300.0, help="Seconds per isolated task")
+    a.add_argument("--dump-dir", default="dsa-verify-failures", help="Where failing cases are dumped")
+    a.add_argument("--fail-fast", action="store_true", help="Stop at the first failure")
+    a.add_argument("--no-fixtures", action="store_true", help="Properties only")
+    r = sub.add_parser("replay", help="Re-run one fixture (e.g. a dumped failing case)")
+    r.add_argument("fixture")
+    r.add_argument("backend")
+    r.add_argument("--device", default="cpu")
+    args = p.parse_args(argv)
+
+    import dsa_verify
+    from dsa_verify import _core
+    try:
+        if args.command == "replay":
+            bridge = dsa_verify.Bridge(dsa_verify.load_backend(args.backend), args.device)
+            res = _core.check_fixture(bridge, args.fixture)
+            print(res["report"])
+            return 0 if res["passed"] else 1
+        report = dsa_verify.audit(args.backend, ops=_list(args.ops), only=_list(args.only), level=args.level,
+                                  seed=args.seed, device=args.device, json=args.json or None,
+                                  junit=args.junit or None, isolate=args.isolate, timeout=args.timeout,
+                                  dump_dir=args.dump_dir, fail_fast=args.fail_fast,
+                                  fixtures=not args.no_fixtures)
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"dsa_verify: error: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(report.summary())
+    return report.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""dsa_verify.audit and its report: the `dsa-verify audit` job for a Python backend.
+
+The tasks (one per property, one per golden/peer fixture), their judgement, the summary
+table, the progress line and the JSON/JUnit writers are the C++ ones of `dsa-verify audit`
+(dsa_verify._core over the dsa_audit library); this file orders the tasks, runs them in
+this process or in a fresh worker process each (isolate=True), and collects the report.
+"""
+import importlib
+import json as _json
+import multiprocessing
+import os
+import signal
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from . import _core
+from ._bridge import Bridge
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass
+class CaseResult:
+    """One audited case: a property run or one op of a golden/peer fixture."""
+    op: str
+    property: str
+    status: str  # "pass" | "fail" | "skip"
+    worst_ratio: Optional[float] = None  # worst err(candidate)/err(baseline); None: not measured
+    cases: int = 0  # generated cases (properties) or 1 (fixtures)
+    message: str = ""  # failure or skip reason (oracle report, Python traceback)
+    repro: str = ""  # one-line reproduction command
+    fixture: str = ""  # dumped failing case or the fixture file
+    seconds: float = 0.0
+    input_error: bool = False
+
+    def as_dict(self):
+        return {k: getattr(self, k) for k in ("op", "property", "status", "worst_ratio", "cases",
+                                              "message", "repro", "fixture", "seconds")}
+
+
+@dataclass
+class Report:
+    """Result of dsa_verify.audit: the same cases, table, JSON and JUnit as `dsa-verify audit`."""
+    backend: str
+    cases: List[CaseResult] = field(default_factory=list)
+    level: int = 0
+    seed: int = 0  # 0: RapidCheck drew a seed per property (see each repro line)
+    device: str = "cpu"
+    spec: str = ""
+
+    @property
+    def passed(self):
+        """True when no case failed."""
+        return not any(c.status == "fail" for c in self.cases)
+
+    @property
+    def failures(self):
+        return [c for c in self.cases if c.status == "fail"]
+
+    @property
+    def input_error(self):
+        return any(c.input_error for c in self.cases)
+
+    def verdicts(self):
+        """{(op, property): status} of every case."""
+        return {(c.op, c.property): c.status for c in self.cases}
+
+    def summary(self):
+        """The summary table and failures, exactly as `dsa-verify audit` prints them."""
+        return _core.format_summary(self.backend, [c.as_dict() for c in self.cases])
+
+    def to_json(self):
+        """The JSON report (format dsa-verify-audit/1) as text."""
+        extra = {"level": self.level, "seed": self.seed, "plugin": "", "python_backend": self.spec,
+                 "device": self.device, "version": _core.version}
+        return _core.to_json(self.backend, [c.as_dict() for c in self.cases], _json.dumps(extra))
+
+    def to_junit(self):
+        """JUnit XML (one testsuite per op) as text."""
+        return _core.to_junit(self.backend, [c.as_dict() for c in self.cases])
+
+    def exit_code(self):
+        """0 all passed, 1 a failure, 2 an input error (as dsa-verify audit)."""
+        return 2 if self.input_error else (0 if self.passed else 1)
+
+
+def load_backend(spec):
+    """The backend named by "package.module:Attr" (Attr a class is instantiated without
+    arguments; an object or a module is used as is) or "package.module" (the module's functions
+    are the ops). Raises ValueError naming the spec when it cannot be imported or found."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"backend '{spec}': cannot import module '{module_name}': {e}") from e
+    if not attr:
+        return module
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"backend '{spec}': module '{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    return obj() if isinstance(obj, type) else obj
+
+
+def spec_of(backend):
+    """"module:Class" naming a backend object in reproduction lines ("" when not importable)."""
+    if isinstance(backend, str):
+        return backend
+    if type(backend).__name__ == "module":
+        return backend.__name__
+    cls = type(backend)
+    if cls.__module__ in ("__main__", "builtins"):
+        return ""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def python_command():
+    """"python3", or this interpreter's path when "python3" on PATH is another one (e.g. a
+    pyenv shim without torch), so that reproduction lines run where the audit ran."""
+    import shutil
+    found = shutil.which("python3")
+    same = found and os.path.realpath(found) == os.path.realpath(sys.executable)
+    return "python3" if same else sys.executable
+
+
+def _options(spec, ops, only, level, seed, dump_dir, fixtures, device):
+    target = spec or "<module:Class>"
+    dev = "" if device == "cpu" else f" --device {device}"
+    py = python_command()
+    return {
+        "ops": list(ops or []), "only": list(only or []), "level": int(level), "seed": int(seed or 0),
+        "dump_dir": dump_dir, "fixtures": bool(fixtures),
+        "repro_audit": f"{py} -m dsa_verify audit {target}{dev}",
+        "repro_replay": f"{py} -m dsa_verify replay {{fixture}} {target}{dev}",
+    }
+
+
+def _cases(dicts):
+    return [CaseResult(**d) for d in dicts]
+
+
+def _worker(payload, device, options, prop, conn):
+    """Runs one task in a fresh process and sends its case dicts back."""
+    try:
+        backend = load_backend(payload) if isinstance(payload, str) else payload
+        conn.send(("ok", _core.run_task(Bridge(backend, device), options, prop)))
+    except BaseException:  # noqa: BLE001 - reported to the parent as a failed case
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _signal_name(num):
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def run_isolated(payload, device, options, task, timeout_s):
+    """One task in a fresh (spawned) worker process: a crash, a CUDA fault or a hang becomes a
+    failed case with a message; the caller's process is untouched."""
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_worker, args=(payload, device, options, task["property"], send), daemon=True)
+    proc.start()
+    send.close()
+    msg, timed_out = None, False
+    if recv.poll(timeout_s):
+        try:
+            msg = recv.recv()
+        except EOFError:  # the worker died before sending
+            msg = None
+    else:
+        timed_out = True
+    recv.close()
+    if timed_out:
+        proc.kill()
+        proc.join()
+        why = f"timed out after {timeout_s:g} s in an isolated worker; killed (isolate=True, timeout)"
+    else:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        if msg is not None and msg[0] == "ok":
+            return _cases(msg[1])
+        if msg is not None:
+            why = "isolated worker raised:\n" + msg[1]
+        elif proc.exitcode is not None and proc.exitcode < 0:
+            why = (f"isolated worker crashed with {_signal_name(-proc.exitcode)} "
+                   "(a fault in the kernel, e.g. an illegal memory access)")
+        else:
+            why = f"isolated worker exited with code {proc.exitcode} without a result"
+    is_property = not task["fixture"]
+    repro = options["repro_audit"]
+    if is_property:
+        repro += f" --only {task['property']} --level {options['level']}"
+    return [CaseResult(op=task["op"], property=("property:" if is_property else "") + task["property"],
+                       status="fail", message=why, repro=repro, fixture=task["fixture"])]
+
+
+def _payload(backend):
+    """What a worker process rebuilds the backend from: its "module:Class" spec, or the object
+    itself (pickled). Raises ValueError when neither is possible."""
+    if isinstance(backend, str):
+        return backend
+    import pickle
+    try:
+        pickle.dumps(backend)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"isolate=True: the backend object cannot be pickled ({e}); pass it as a "
+                         "'module:Class' string instead") from e
+    return backend
+
+
+def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=None, only=None,
+          fixtures=True, isolate=False, timeout=DEFAULT_TIMEOUT_S, dump_dir="dsa-verify-failures",
+          fail_fast=False, progress=True):
+    """Audits a Python backend with the full suite of `dsa-verify audit`.
+
+    backend: an object with methods named after the ops (indexer_scores,
+      indexer_scores_backward, topk, sparse_mla_fwd, sparse_mla_bwd, indexer_kl_loss) taking
+      SPEC argument names and torch tensors, or a "module:Class" string. Optional attributes:
+      name, deterministic, outputs, tie_breaks, dtypes (see dsa_verify._bridge.Bridge).
+    ops: op names to audit (default all the backend has); only: property names (runs only
+      those, no fixtures); level: 0 (CI) / 1 / 2 (soak) cases per property; seed: property
+      seed (None: random per property, printed in each repro line); device: "cpu" | "cuda":
+      where inputs are placed; json / junit: report paths (checked before the run);
+      fixtures: also run the golden and peer fixtures; isolate: each task (property or
+      fixture) in a fresh spawned worker process with `timeout` seconds, so a crash or hang
+      is a failed case (default False: in this process, fastest, shares its faults);
+      dump_dir: where failing property cases are dumped as fixtures.
+    Returns a Report (same verdicts, ratios, repro lines and dumps as the CLI). Raises
+    ValueError for unknown ops/properties or a bad backend attribute, OSError for an
+    unwritable report path.
+    """
+    spec = spec_of(backend)
+    obj = load_backend(backend) if isinstance(backend, str) else backend
+    bridge = Bridge(obj, device)
+    for path in (json, junit):
+        if path:
+            with open(path, "w", encoding="utf-8"):
+                pass
+    options = _options(spec, ops, only, level, seed, dump_dir, fixtures, device)
+    report = Report(backend=bridge.name, level=int(level), seed=int(seed or 0), device=device, spec=spec)
+    why = bridge.unavailable_reason()
+    if why:
+        report.cases.append(CaseResult(op="*", property=f"backend {bridge.name}", status="skip", message=why))
+    else:
+        tasks = _core.list_tasks(bridge, options)
+        if progress:
+            sys.stdout.flush()
+            sys.stderr.write(f"audit {bridge.name}: {len(tasks)} tasks (level {level}, seed "
+                             f"{seed if seed else 'random per property'}, device {device}"
+                             f"{', isolated' if isolate else ''})\n")
+            sys.stderr.flush()
+        bar = _core.Progress(len(tasks)) if progress else None
+        payload = _payload(backend) if isolate else None
+        for task in tasks:
+            if isolate:
+                results = run_isolated(payload, device, options, task, timeout)
+            else:
+                results = _cases(_core.run_task(bridge, options, task["property"]))
+            report.cases.extend(results)
+            failed = any(r.status == "fail" for r in results)
+            if bar:
+                bar.update({"op": task["op"], "property": task["property"], "status": "fail" if failed else "pass"})
+            if fail_fast and failed:
+                break
+        if bar:
+            bar.finish()
+    if json:
+        with open(json, "w", encoding="utf-8") as f:
+            f.write(report.to_json())
+    if junit:
+        with open(junit, "w", encoding="utf-8") as f:
+            f.write(report.to_junit())
+    return report

@@ -1,0 +1,175 @@
+"""The Python side of each op call of a Python backend (used by dsa_verify._core.PyBackend).
+
+The C++ adapter hands over inputs as DLPack capsules of host tensors; here they become torch
+tensors on the backend's device (one bulk copy each, none on the host), the backend's method
+is called with SPEC argument names, and its outputs are checked and handed back as capsules
+of host tensors (one bulk copy each from a device). Exceptions never cross into C++:
+NotImplementedError is reported as "not supported" (a skip); anything else as an error
+carrying the Python traceback (a failure).
+"""
+import traceback
+
+import torch
+from torch.utils import dlpack as _dlpack
+
+OPS = ("indexer_scores", "indexer_scores_backward", "topk", "sparse_mla_fwd", "sparse_mla_bwd",
+       "indexer_kl_loss")
+# Every output of each op, SPEC order (sparse_mla_bwd's dsink only exists with attn_sink).
+OUTPUTS = {
+    "indexer_scores": ("scores",),
+    "indexer_scores_backward": ("dq_idx", "dk_idx", "dw"),
+    "topk": ("indices",),
+    "sparse_mla_fwd": ("out", "lse", "max_logits"),
+    "sparse_mla_bwd": ("dq", "dkv", "dsink"),
+    "indexer_kl_loss": ("loss", "d_scores"),
+}
+# Inputs whose dtype is the kernel's choice (the rest are fp32 / int by contract).
+DATA_INPUTS = ("q_idx", "k_idx", "q", "kv", "dout")
+_DLPACK_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                  torch.int32, torch.uint8)
+TIE_BREAKS = ("any", "small", "large")
+
+
+class OutputError(Exception):
+    """An output that breaks the contract's form (reported without a traceback)."""
+
+
+def _dtype_name(d):
+    return str(d).replace("torch.", "")
+
+
+class Bridge:
+    """Wraps a backend object for the C++ adapter.
+
+    backend: any object with methods named after the ops (OPS) taking SPEC argument names as
+    keywords. Optional attributes: name (str), deterministic (bool, default True: identical
+    inputs must give identical bytes, SPEC §3.5), outputs ({op: names it returns}, SPEC §9
+    complete outputs), tie_breaks (subset of TIE_BREAKS, default all), dtypes (torch dtypes or
+    names of the data inputs it accepts, default any).
+    device: "cpu" or "cuda[:n]": where input tensors are placed. Raises ValueError naming a
+    bad attribute value.
+    """
+
+    def __init__(self, backend, device="cpu"):
+        self.backend = backend
+        self.device = torch.device(device)
+        name = getattr(backend, "name", None)
+        self.name = str(name() if callable(name) else name) if name else type(backend).__name__
+        self.deterministic = bool(getattr(backend, "deterministic", True))
+        outputs = getattr(backend, "outputs", None) or {}
+        if not isinstance(outputs, dict):
+            raise ValueError(f"backend '{self.name}': attribute 'outputs' is {type(outputs).__name__}, "
+                             "expected a dict {op: [output names]}")
+        for op, names in outputs.items():
+            if op not in OUTPUTS:
+                raise ValueError(f"backend '{self.name}': outputs names op '{op}', expected one of {', '.join(OPS)}")
+            bad = [n for n in names if n not in OUTPUTS[op]]
+            if bad:
+                raise ValueError(f"backend '{self.name}': outputs['{op}'] names {bad}, expected a subset of "
+                                 f"{list(OUTPUTS[op])}")
+        self.outputs = {op: tuple(names) for op, names in outputs.items()}
+        ties = getattr(backend, "tie_breaks", None)
+        self.tie_breaks = tuple(ties) if ties else TIE_BREAKS
+        bad = [t for t in self.tie_breaks if t not in TIE_BREAKS]
+        if bad:
+            raise ValueError(f"backend '{self.name}': tie_breaks has {bad}, expected a subset of {list(TIE_BREAKS)}")
+        dtypes = getattr(backend, "dtypes", None)
+        self.dtypes = tuple(_dtype_name(d) for d in dtypes) if dtypes else None
+
+    def unavailable_reason(self):
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            return "device 'cuda' requested but torch.cuda.is_available() is False"
+        return ""
+
+    def supports(self, op):
+        return callable(getattr(self.backend, op, None))
+
+    def _to_torch(self, tensors):
+        kw = {}
+        for name, cap in tensors.items():
+            kw[name] = None if cap is None else _dlpack.from_dlpack(cap).to(self.device)
+        return kw
+
+    def _check_supported(self, op, kw, scalars):
+        if self.dtypes is not None:
+            for n in DATA_INPUTS:
+                t = kw.get(n)
+                if t is not None and _dtype_name(t.dtype) not in self.dtypes:
+                    return f"backend '{self.name}' declares dtypes {list(self.dtypes)}; input '{n}' is {_dtype_name(t.dtype)}"
+        if op == "topk" and scalars["tie_break"] not in self.tie_breaks:
+            return f"backend '{self.name}' declares tie_breaks {list(self.tie_breaks)}; case asks for '{scalars['tie_break']}'"
+        return ""
+
+    def _own_forward(self, kw, scalars):
+        """out, lse of the backend's own forward for its backward (SPEC §5), or (None, None)."""
+        if not self.supports("sparse_mla_fwd"):
+            return None, None
+        fwd_kw = {k: v for k, v in kw.items() if k != "dout"}
+        try:
+            res = self.backend.sparse_mla_fwd(**fwd_kw, **scalars)
+        except NotImplementedError:
+            return None, None
+        named = self._named("sparse_mla_fwd", res, OUTPUTS["sparse_mla_fwd"])
+        return named.get("out"), named.get("lse")
+
+    def _provided(self, op, names):
+        declared = self.outputs.get(op)
+        return [n for n in names if declared is None or n in declared]
+
+    def _named(self, op, result, names):
+        """Maps a method's result (tensor, tuple/list in SPEC order, or dict) to {name: value}."""
+        provided = self._provided(op, names)
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        if isinstance(result, dict):
+            unknown = [k for k in result if k not in OUTPUTS[op]]
+            if unknown:
+                raise OutputError(f"returned outputs {unknown}; {op} defines {list(OUTPUTS[op])}")
+            return dict(result)
+        if isinstance(result, (tuple, list)):
+            values = list(result)
+            while len(values) > len(provided) and values[-1] is None:
+                values.pop()  # e.g. (dq, dkv, None) without a sink
+            if len(values) != len(provided):
+                hint = ("" if op in self.outputs else
+                        f"; a kernel that returns only some outputs declares them: outputs = {{'{op}': [...]}}")
+                raise OutputError(f"returned {len(values)} outputs, expected {len(provided)} ({', '.join(provided)}){hint}")
+            return dict(zip(provided, values))
+        raise OutputError(f"returned {type(result).__name__}, expected a torch.Tensor, a tuple of tensors "
+                          f"({', '.join(provided)}) or a dict by output name")
+
+    def call(self, op, tensors, scalars, names):
+        """Runs backend.<op>; returns ("ok", {name: capsule}) | ("not_supported", why) | ("error", text)."""
+        try:
+            kw = self._to_torch(tensors)
+            why = self._check_supported(op, kw, scalars)
+            if why:
+                return ("not_supported", why)
+            if op == "sparse_mla_bwd":
+                kw["out"], kw["lse"] = self._own_forward(kw, scalars)
+            result = getattr(self.backend, op)(**kw, **scalars)
+            named = self._named(op, result, names)
+            caps = {}
+            for n in self._provided(op, names):
+                t = named.get(n)
+                if t is None:
+                    raise OutputError(f"output '{n}' is missing" + (" (declared in outputs)" if op in self.outputs else ""))
+                if not isinstance(t, torch.Tensor):
+                    raise OutputError(f"output '{n}' is {type(t).__name__}, expected a torch.Tensor")
+                if t.dtype not in _DLPACK_DTYPES:
+                    raise OutputError(f"output '{n}' has dtype {_dtype_name(t.dtype)}, expected a floating dtype "
+                                      "(int32 for indices)")
+                if not t.is_contiguous():
+                    raise OutputError(f"output '{n}' is not contiguous (shape {list(t.shape)}, strides "
+                                      f"{list(t.stride())}); return a contiguous row-major tensor (.contiguous())")
+                t = t.detach()
+                if t.device.type != "cpu":
+                    t = t.cpu()
+                caps[n] = _dlpack.to_dlpack(t)
+            return ("ok", caps)
+        except NotImplementedError as e:
+            return ("not_supported", f"{self.name}.{op} raised NotImplementedError" + (f": {e}" if str(e) else ""))
+        except OutputError as e:
+            return ("error", str(e))
+        except Exception:  # noqa: BLE001 - every other error is the kernel's failure, with its traceback
+            return ("error", "raised\n" + traceback.format_exc().rstrip())

@@ -1,0 +1,133 @@
+"""pytest plugin: one test per (op, property) and per (op, fixture) of a dsa-verify audit.
+
+    python3 -m pytest -p dsa_verify.pytest_plugin --dsa-backend=mypkg.kernels:MyKernel \\
+        [--dsa-level 1] [--dsa-ops topk] [--dsa-device cuda] [--dsa-isolate] [-k contract_exact] \\
+        [--junitxml report.xml]
+
+(or `pytest_plugins = ["dsa_verify.pytest_plugin"]` in a conftest.py, or
+PYTEST_PLUGINS=dsa_verify.pytest_plugin). Test ids are `dsa-verify::<op>::<case>`, e.g.
+`dsa-verify::topk::property:topk.contract_exact` or `dsa-verify::sparse_mla_bwd::golden:smla_sink`;
+-k selects on them; in JUnit XML the classname is `dsa-verify.<op>` and the name the case. A failure's message is the oracle's report followed by its one-line
+reproduction and the dumped fixture. Verdicts are those of dsa_verify.audit (the C++ judgement).
+"""
+import pytest
+
+_KEY = "dsa_verify_state"
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("dsa-verify", "audit a Python DSA kernel (dsa_verify)")
+    g.addoption("--dsa-backend", default=None, help="module:Class of the backend to audit")
+    g.addoption("--dsa-level", type=int, default=0, choices=(0, 1, 2), help="test level 0 (CI), 1, 2 (soak)")
+    g.addoption("--dsa-ops", default="", help="ops to audit (comma-separated)")
+    g.addoption("--dsa-only", default="", help="properties to run (comma-separated; no fixtures)")
+    g.addoption("--dsa-seed", type=int, default=0, help="seed of the property runs (0: random)")
+    g.addoption("--dsa-device", default="cpu", help="device of the input tensors: cpu | cuda[:n]")
+    g.addoption("--dsa-isolate", action="store_true", help="run each task in a fresh worker process")
+    g.addoption("--dsa-timeout", type=float, default=300.0, help="seconds per isolated task")
+    g.addoption("--dsa-dump-dir", default="dsa-verify-failures", help="where failing cases are dumped")
+    g.addoption("--dsa-no-fixtures", action="store_true", help="properties only")
+
+
+class _State:
+    """The audit of one session: backend, options and each task's results (run once)."""
+
+    def __init__(self, config):
+        from . import _audit, _core
+        from ._bridge import Bridge
+        opt = config.getoption
+        self.spec = opt("--dsa-backend")
+        self.device = opt("--dsa-device")
+        self.isolate = opt("--dsa-isolate")
+        self.timeout = opt("--dsa-timeout")
+        self.bridge = Bridge(_audit.load_backend(self.spec), self.device)
+        split = lambda s: [t for t in s.split(",") if t]  # noqa: E731
+        self.options = _audit._options(self.spec, split(opt("--dsa-ops")), split(opt("--dsa-only")),
+                                       opt("--dsa-level"), opt("--dsa-seed"), opt("--dsa-dump-dir"),
+                                       not opt("--dsa-no-fixtures"), self.device)
+        self.tasks = _core.list_tasks(self.bridge, self.options)
+        self.results = {}
+
+    def run(self, task):
+        from . import _audit, _core
+        key = task["property"]
+        if key not in self.results:
+            why = self.bridge.unavailable_reason()
+            if why:
+                self.results[key] = [_audit.CaseResult(op="*", property=key, status="skip", message=why)]
+            elif self.isolate:
+                self.results[key] = _audit.run_isolated(self.spec, self.device, self.options, task, self.timeout)
+            else:
+                self.results[key] = _audit._cases(_core.run_task(self.bridge, self.options, key))
+        return self.results[key]
+
+
+class DsaFailure(Exception):
+    """A failed audit case; its text is the oracle's report and the reproduction."""
+
+
+class DsaItem(pytest.Item):
+    def __init__(self, *, task, op, first, **kw):
+        super().__init__(**kw)
+        self.task, self.op, self.first = task, op, first
+        self.add_marker(pytest.mark.dsa_verify)
+
+    def runtest(self):
+        state = self.config.stash[_STASH]
+        cases = state.run(self.task)
+        mine = [c for c in cases if c.op == self.op or c.op == "*" or (self.first and c.op == "fixture")]
+        if self.task["fixture"] and not any(c.op == self.op for c in mine):
+            mine.append(None)  # op not judged in this run (filtered): treat as skip below
+        fails = [c for c in mine if c is not None and c.status == "fail"]
+        if fails:
+            parts = []
+            for c in fails:
+                parts.append(f"FAIL {c.op} {c.property}\n  {c.message}")
+                if c.repro:
+                    parts.append(f"  reproduce: {c.repro}")
+                if c.fixture:
+                    parts.append(f"  fixture:   {c.fixture}")
+            raise DsaFailure("\n".join(parts))
+        real = [c for c in mine if c is not None]
+        if real and all(c.status == "skip" for c in real):
+            pytest.skip(real[0].message or "skipped")
+        if not real:
+            pytest.skip(f"{self.op} not judged by this fixture for this backend")
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, DsaFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"dsa-verify {self.op} {self.task['property']}"
+
+
+_STASH = pytest.StashKey[_State]()
+
+
+class DsaAudit(pytest.Collector):
+    def collect(self):
+        return []
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "dsa_verify: a case of a dsa-verify audit")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session, config, items):
+    if not config.getoption("--dsa-backend"):
+        return
+    try:
+        state = _State(config)
+    except (ValueError, RuntimeError) as e:
+        raise pytest.UsageError(f"dsa-verify: {e}") from e
+    config.stash[_STASH] = state
+    root = DsaAudit.from_parent(session, name="dsa-verify", nodeid="dsa-verify")
+    new = []
+    for task in state.tasks:
+        for i, op in enumerate(task["ops"]):
+            label = task["property"] if task["fixture"] else "property:" + task["property"]
+            new.append(DsaItem.from_parent(root, name=f"{op}::{label}", task=task, op=op, first=i == 0))
+    items[:0] = new

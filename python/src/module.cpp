@@ -1,0 +1,296 @@
+// dsa_verify._core: the C++ half of the dsa_verify Python package (issue 10). It serves a
+// Python backend to the same oracle, property suite, fixture runner and report writers as
+// `dsa-verify audit` (targets dsa_oracle_fixtures, dsa_property_tests, dsa_audit); the package
+// (dsa_verify/*.py) adds torch conversions, the command line, isolation and the pytest plugin.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+
+#include "audit_tasks.h"
+#include "dlpack_capsule.h"
+#include "dsa/fixtures/fixture.h"
+#include "dsa/oracle/fixture_check.h"
+#include "py_backend.h"
+#include "report.h"
+
+namespace py = pybind11;
+namespace fs = std::filesystem;
+
+namespace dsa::python {
+namespace {
+
+py::dict case_to_dict(const cli::CaseResult& c) {
+  py::dict d;
+  d["op"] = c.op;
+  d["property"] = c.property;
+  d["status"] = c.status;
+  d["worst_ratio"] = c.has_ratio ? py::object(py::float_(c.worst_ratio)) : py::object(py::none());
+  d["cases"] = c.cases;
+  d["message"] = c.message;
+  d["repro"] = c.repro;
+  d["fixture"] = c.fixture;
+  d["seconds"] = c.seconds;
+  return d;
+}
+
+cli::CaseResult case_from_dict(py::handle h) {
+  py::dict d = py::reinterpret_borrow<py::dict>(h);
+  cli::CaseResult c = cli::make_case(d["op"].cast<std::string>(), d["property"].cast<std::string>(),
+                                     d["status"].cast<std::string>());
+  if (d.contains("worst_ratio") && !d["worst_ratio"].is_none()) {
+    c.has_ratio = true;
+    c.worst_ratio = d["worst_ratio"].cast<double>();
+  }
+  if (d.contains("cases")) c.cases = d["cases"].cast<int64_t>();
+  if (d.contains("message")) c.message = d["message"].cast<std::string>();
+  if (d.contains("repro")) c.repro = d["repro"].cast<std::string>();
+  if (d.contains("fixture")) c.fixture = d["fixture"].cast<std::string>();
+  if (d.contains("seconds")) c.seconds = d["seconds"].cast<double>();
+  return c;
+}
+
+std::vector<cli::CaseResult> cases_from_list(const py::list& l) {
+  std::vector<cli::CaseResult> v;
+  for (auto h : l) v.push_back(case_from_dict(h));
+  return v;
+}
+
+// Fixture directories: $DSA_FIXTURES_DIR or the source tree this module was built from.
+cli::FixtureDirs fixture_dirs() {
+  const char* env = std::getenv("DSA_FIXTURES_DIR");
+  const std::string root = env && *env ? env : DSA_SOURCE_FIXTURES_DIR;
+  return cli::FixtureDirs{root + "/golden", root + "/peer"};
+}
+
+// Everything the audit's tasks point at, kept alive while they run.
+struct TaskSet {
+  cli::AuditOptions opts;
+  std::unique_ptr<PyBackend> backend;
+  props::Subject subject;
+  std::vector<cli::AuditTask> tasks;
+  std::vector<std::string> fixture_files;  // per task; "" for properties
+};
+
+// `o`: ops, only (lists of names), level, seed, dump_dir, fixtures (bool), repro_audit (command
+// prefix of a property re-run), repro_replay (command with "{fixture}" for the file).
+std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o) {
+  auto ts = std::make_unique<TaskSet>();
+  ts->opts.ops = o["ops"].cast<std::vector<std::string>>();
+  ts->opts.only = o["only"].cast<std::vector<std::string>>();
+  ts->opts.level = o["level"].cast<int>();
+  ts->opts.seed = o["seed"].cast<uint64_t>();
+  ts->opts.dump_dir = o["dump_dir"].cast<std::string>();
+  cli::validate_selection(ts->opts);
+  ts->backend = std::make_unique<PyBackend>(bridge);
+  ts->subject.name = ts->backend->name();
+  ts->subject.make = [bridge]() -> std::unique_ptr<oracle::Backend> { return std::make_unique<PyBackend>(bridge); };
+  cli::ReproCommands repro;
+  repro.audit = o["repro_audit"].cast<std::string>();
+  repro.replay = [tmpl = o["repro_replay"].cast<std::string>()](const std::string& file) {
+    std::string s = tmpl;
+    const auto at = s.find("{fixture}");
+    if (at != std::string::npos) s.replace(at, 9, file);
+    return s;
+  };
+  cli::add_property_tasks(ts->tasks, ts->subject, ts->opts, repro);
+  ts->fixture_files.assign(ts->tasks.size(), "");
+  if (ts->opts.only.empty() && o["fixtures"].cast<bool>()) {
+    const cli::FixtureDirs dirs = fixture_dirs();
+    if (!fs::is_directory(dirs.golden) || !fs::is_directory(dirs.peer))
+      throw std::invalid_argument("audit: fixture directories " + dirs.golden + " and " + dirs.peer +
+                                  " must exist (set DSA_FIXTURES_DIR to the repo's fixtures/ folder)");
+    for (const auto& [dir, kind] : {std::pair{dirs.golden, "golden"}, std::pair{dirs.peer, "peer"}}) {
+      cli::add_fixture_tasks(ts->tasks, dir, kind, *ts->backend, ts->opts, repro);
+      for (const auto& f : cli::list_fixtures(dir)) ts->fixture_files.push_back(f);
+    }
+  }
+  return ts;
+}
+
+// The tasks as dicts: op, property, fixture ("" for properties), ops (the selected ops a
+// fixture covers; [op] for properties).
+py::list list_tasks(const py::object& bridge, const py::dict& o) {
+  auto ts = build_tasks(bridge, o);
+  py::list out;
+  for (size_t i = 0; i < ts->tasks.size(); ++i) {
+    py::dict d;
+    d["op"] = ts->tasks[i].op;
+    d["property"] = ts->tasks[i].property;
+    d["fixture"] = ts->fixture_files[i];
+    py::list ops;
+    if (ts->fixture_files[i].empty()) {
+      ops.append(ts->tasks[i].op);
+    } else {
+      try {
+        for (oracle::Op op : oracle::fixture_ops(fixtures::load_fixture(ts->fixture_files[i])))
+          if (cli::op_selected(ts->opts, oracle::to_string(op))) ops.append(oracle::to_string(op));
+      } catch (const std::exception&) {
+        ops.append("fixture");  // unreadable: running it reports the input error
+      }
+    }
+    d["ops"] = ops;
+    out.append(d);
+  }
+  return out;
+}
+
+// Runs one task as `dsa-verify audit` does (an exception is a failed case; an unreadable
+// fixture an input error); returns its case dicts, each with "input_error".
+py::list run_task(const py::object& bridge, const py::dict& o, const std::string& property) {
+  auto ts = build_tasks(bridge, o);
+  for (auto& task : ts->tasks) {
+    if (task.property != property) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<cli::CaseResult> results;
+    bool input_error = false;
+    try {
+      results = task.run();
+    } catch (const fixtures::FileError& e) {
+      input_error = true;
+      cli::CaseResult c = cli::make_case(task.op, task.property, "fail");
+      c.message = std::string("input error: ") + e.what();
+      results.push_back(c);
+    } catch (const std::exception& e) {
+      cli::CaseResult c = cli::make_case(task.op, task.property, "fail");
+      c.message = std::string("error: ") + e.what();
+      results.push_back(c);
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    py::list out;
+    for (auto& r : results) {
+      r.seconds = secs / static_cast<double>(std::max<size_t>(results.size(), 1));
+      py::dict d = case_to_dict(r);
+      d["input_error"] = input_error;
+      out.append(d);
+    }
+    return out;
+  }
+  throw std::invalid_argument("run_task: argument 'property' got \"" + property +
+                              "\", expected a task of this audit (see list_tasks)");
+}
+
+std::string format_summary(const std::string& label, const py::list& cases) {
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* f = open_memstream(&buf, &len);
+  if (!f) throw std::runtime_error("format_summary: open_memstream failed");
+  cli::print_summary(f, label, cases_from_list(cases));
+  std::fclose(f);
+  std::string s(buf, len);
+  std::free(buf);
+  return s;
+}
+
+py::dict capsules(const std::map<std::string, Tensor>& m) {
+  py::dict d;
+  for (const auto& [name, t] : m) d[py::str(name)] = to_capsule(std::make_shared<Tensor>(t));
+  return d;
+}
+
+// A fixture as plain values: case, op, producer, notes, params (JSON text), inputs and
+// expected (name -> capsule), calls (op name -> (tensors, none, scalars) as a backend's method
+// of that op receives them).
+py::dict load_fixture(const std::string& path) {
+  const fixtures::Fixture f = fixtures::load_fixture(path);
+  py::dict d;
+  d["case"] = f.case_name;
+  d["op"] = f.op;
+  d["producer"] = f.producer;
+  d["notes"] = f.notes;
+  d["params"] = f.params.dump();
+  d["inputs"] = capsules(f.inputs);
+  d["expected"] = capsules(f.expected);
+  const oracle::OpCase c = oracle::op_case_from_fixture(f);
+  py::dict calls;
+  for (oracle::Op op : oracle::fixture_ops(f)) {
+    OpArgs a = op_args(op, c);
+    py::dict tensors;
+    for (auto& [name, t] : a.tensors) tensors[py::str(name)] = to_capsule(std::make_shared<Tensor>(std::move(t)));
+    calls[oracle::to_string(op)] = py::make_tuple(tensors, a.none, a.scalars);
+  }
+  d["calls"] = calls;
+  return d;
+}
+
+// check_fixture on a Python backend: passed, report (format_fixture_report) and one dict per
+// op judged (op, verdict, reason, worst_ratio, notes).
+py::dict check_fixture(const py::object& bridge, const std::string& path, bool allow_missing_outputs,
+                       bool check_determinism) {
+  const fixtures::Fixture f = fixtures::load_fixture(path);
+  PyBackend backend(bridge);
+  oracle::CheckOptions opt;
+  opt.allow_missing_outputs = allow_missing_outputs;
+  opt.check_determinism = check_determinism;
+  const oracle::FixtureReport r = oracle::check_fixture(f, &backend, opt);
+  py::dict d;
+  d["passed"] = r.passed();
+  d["reference_vs_producer_passed"] = r.reference_vs_expected.passed();
+  d["report"] = oracle::format_fixture_report(r);
+  py::list ops;
+  for (const auto& op : r.backend_vs_reference) {
+    py::dict o;
+    o["op"] = op.op;
+    o["verdict"] = oracle::to_string(op.verdict);
+    o["reason"] = op.reason;
+    o["worst_ratio"] = op.tensors.empty() ? py::object(py::none()) : py::object(py::float_(cli::worst_ratio(op)));
+    o["notes"] = op.notes;
+    o["details"] = oracle::format_op_report(op);
+    ops.append(o);
+  }
+  d["ops"] = ops;
+  return d;
+}
+
+}  // namespace
+}  // namespace dsa::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace dsa::python;
+  m.doc() = "C++ half of dsa_verify: the dsa-verify oracle, property suite and reports for Python backends";
+  m.attr("version") = DSA_VERSION;
+  m.attr("contract_version") = DSA_CONTRACT_VERSION;
+  m.def("fixture_dirs", [] {
+    const auto d = fixture_dirs();
+    return py::make_tuple(d.golden, d.peer);
+  }, "(golden, peer) fixture directories ($DSA_FIXTURES_DIR or the source tree)");
+  m.def("op_names", [] {
+    std::vector<std::string> v;
+    for (auto op : dsa::oracle::all_ops()) v.push_back(dsa::oracle::to_string(op));
+    return v;
+  }, "The op names, in pipeline order");
+  m.def("property_names", [] {
+    std::vector<std::string> v;
+    for (const auto& p : dsa::props::all_properties()) v.push_back(p.name);
+    return v;
+  }, "Every property of the suite");
+  m.def("output_names", [](const std::string& op, bool with_sink) {
+    for (auto o : dsa::oracle::all_ops())
+      if (op == dsa::oracle::to_string(o)) return output_names(o, with_sink);
+    throw std::invalid_argument("output_names: argument 'op' got \"" + op + "\", expected an op name");
+  }, py::arg("op"), py::arg("with_sink") = true, "Output names of an op, in SPEC order");
+  m.def("list_tasks", &list_tasks, py::arg("bridge"), py::arg("options"));
+  m.def("run_task", &run_task, py::arg("bridge"), py::arg("options"), py::arg("property"));
+  m.def("format_summary", &format_summary, py::arg("label"), py::arg("cases"),
+        "The summary table of dsa-verify audit, as text");
+  m.def("to_json", [](const std::string& label, const py::list& cases, const std::string& extra_json) {
+    nlohmann::json j = dsa::cli::to_json(label, cases_from_list(cases));
+    const nlohmann::json extra = nlohmann::json::parse(extra_json);
+    for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+    return j.dump(2) + "\n";
+  }, py::arg("label"), py::arg("cases"), py::arg("extra_json") = "{}");
+  m.def("to_junit", [](const std::string& label, const py::list& cases) {
+    return dsa::cli::to_junit(label, cases_from_list(cases));
+  }, py::arg("label"), py::arg("cases"));
+  py::class_<dsa::cli::Progress>(m, "Progress", "The audit's progress on stderr (bar on a terminal, lines otherwise)")
+      .def(py::init<size_t>(), py::arg("total"))
+      .def("update", [](dsa::cli::Progress& p, const py::dict& c) { p.update(case_from_dict(c)); })
+      .def("finish", &dsa::cli::Progress::finish);
+  m.def("load_fixture", &load_fixture, py::arg("path"));
+  m.def("check_fixture", &check_fixture, py::arg("bridge"), py::arg("path"),
+        py::arg("allow_missing_outputs") = false, py::arg("check_determinism") = true);
+}

@@ -1,0 +1,275 @@
+#include "py_backend.h"
+
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+
+#include "dlpack_capsule.h"
+#include "dsa/contract/errors.h"
+
+namespace py = pybind11;
+
+namespace dsa::python {
+
+using oracle::Op;
+
+namespace {
+
+Tensor i64_tensor(const std::vector<int64_t>& v) {
+  Tensor t(DType::I64, {static_cast<int64_t>(v.size())});
+  if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(int64_t));
+  return t;
+}
+
+// What one output must look like (SPEC shapes; `ids`: int32 top-k indices, else floating).
+struct OutputRule {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool ids = false;
+  const char* spec = "";
+};
+
+std::vector<OutputRule> output_rules(Op op, const oracle::OpCase& c) {
+  switch (op) {
+    case Op::IndexerScores:
+      return {{"scores", {c.q_idx.size(0), c.k_idx.size(0)}, false, "SPEC §2: [s_q, s_kv] fp32"}};
+    case Op::IndexerScoresBackward:
+      return {{"dq_idx", c.q_idx.shape(), false, "SPEC §2: shape of q_idx"},
+              {"dk_idx", c.k_idx.shape(), false, "SPEC §2: shape of k_idx"},
+              {"dw", c.w.shape(), false, "SPEC §2: shape of w"}};
+    case Op::Topk:
+      return {{"indices", {c.scores.size(0), c.k}, true, "SPEC §3: [s_q, k] int32, -1 padded"}};
+    case Op::SparseMlaFwd: {
+      const int64_t s_q = c.mla.q.size(0), h_q = c.mla.q.size(1);
+      return {{"out", {s_q, h_q, c.mla.d_v}, false, "SPEC §4: [s_q, h_q, d_v]"},
+              {"lse", {s_q, h_q}, false, "SPEC §4: [s_q, h_q] fp32, natural log"},
+              {"max_logits", {s_q, h_q}, false, "SPEC §4: [s_q, h_q] fp32"}};
+    }
+    case Op::SparseMlaBwd: {
+      std::vector<OutputRule> r = {{"dq", c.mla.q.shape(), false, "SPEC §5: shape of q"},
+                                   {"dkv", c.mla.kv.shape(), false, "SPEC §5: shape of kv"}};
+      if (c.mla.attn_sink) r.push_back({"dsink", {c.mla.q.size(1)}, false, "SPEC §5: [h_q]"});
+      return r;
+    }
+    case Op::IndexerKlLoss:
+      return {{"loss", {1}, false, "SPEC §7: one value"},
+              {"d_scores", c.kl.scores.shape(), false, "SPEC §7: shape of scores"}};
+  }
+  throw std::invalid_argument("output_rules: unknown op");
+}
+
+// Calls the bridge for one op and returns the checked outputs by name (a declared-absent
+// output is missing from the map).
+std::map<std::string, Tensor> call(const py::object& bridge, const std::string& backend_name, Op op,
+                                   const oracle::OpCase& c) {
+  const std::string op_name = oracle::to_string(op);
+  OpArgs args = op_args(op, c);
+  const std::vector<OutputRule> rules = output_rules(op, c);
+  py::dict tensors;
+  std::vector<std::pair<const Tensor*, std::shared_ptr<Tensor>>> handed;
+  for (auto& [name, t] : args.tensors) {
+    auto copy = std::make_shared<Tensor>(t);  // the backend's copy; `t` stays to detect writes
+    tensors[py::str(name)] = to_capsule(copy);
+    handed.push_back({&t, copy});
+  }
+  for (const auto& name : args.none) tensors[py::str(name)] = py::none();
+  py::list names;
+  for (const auto& r : rules) names.append(r.name);
+
+  py::tuple res = bridge.attr("call")(op_name, tensors, args.scalars, names);
+  const std::string status = res[0].cast<std::string>();
+  const std::string where = "python backend '" + backend_name + "': " + op_name;
+  if (status == "not_supported") throw oracle::NotSupported(res[1].cast<std::string>());
+  if (status != "ok") throw std::runtime_error(where + ": " + res[1].cast<std::string>());
+
+  for (size_t i = 0; i < handed.size(); ++i) {
+    const Tensor& orig = *handed[i].first;
+    const Tensor& seen = *handed[i].second;
+    size_t changed = 0;
+    const auto* a = reinterpret_cast<const unsigned char*>(orig.raw());
+    const auto* b = reinterpret_cast<const unsigned char*>(seen.raw());
+    for (size_t j = 0; j < orig.nbytes(); ++j) changed += a[j] != b[j];
+    if (changed)
+      throw std::runtime_error(where + ": input '" + args.tensors[i].first + "' was modified in place (" +
+                               std::to_string(changed) + " bytes changed); inputs are read-only");
+  }
+
+  py::dict caps = res[1];
+  std::map<std::string, Tensor> out;
+  for (const auto& r : rules) {
+    if (!caps.contains(r.name)) continue;  // declared as not provided (backend.outputs)
+    const std::string what = where + " output '" + r.name + "'";
+    Tensor t = from_capsule(caps[py::str(r.name)], what);
+    if (r.ids && t.dtype() != DType::I32)
+      throw std::runtime_error(what + " has dtype " + dtype_name(t.dtype()) +
+                               ", expected I32 (" + r.spec + "; convert with .int())");
+    if (!r.ids && !is_floating(t.dtype()))
+      throw std::runtime_error(what + " has dtype " + dtype_name(t.dtype()) +
+                               ", expected a floating dtype (" + r.spec + ")");
+    if (r.name == "loss" && t.numel() == 1) t = t.reshaped({1});
+    if (t.shape() != r.shape)
+      throw std::runtime_error(what + " has shape " + shape_str(t.shape()) + ", expected " +
+                               shape_str(r.shape) + " (" + r.spec + ")");
+    out[r.name] = std::move(t);
+  }
+  return out;
+}
+
+Tensor take(std::map<std::string, Tensor>& m, const char* name) {
+  auto it = m.find(name);
+  return it == m.end() ? Tensor() : std::move(it->second);
+}
+
+}  // namespace
+
+std::vector<std::string> output_names(Op op, bool with_sink) {
+  switch (op) {
+    case Op::IndexerScores: return {"scores"};
+    case Op::IndexerScoresBackward: return {"dq_idx", "dk_idx", "dw"};
+    case Op::Topk: return {"indices"};
+    case Op::SparseMlaFwd: return {"out", "lse", "max_logits"};
+    case Op::SparseMlaBwd:
+      return with_sink ? std::vector<std::string>{"dq", "dkv", "dsink"} : std::vector<std::string>{"dq", "dkv"};
+    case Op::IndexerKlLoss: return {"loss", "d_scores"};
+  }
+  return {};
+}
+
+OpArgs op_args(Op op, const oracle::OpCase& c) {
+  OpArgs a;
+  auto tensor = [&](const char* name, const Tensor& t) { a.tensors.push_back({name, t}); };
+  auto optional = [&](const char* name, const std::optional<Tensor>& t) {
+    if (t) tensor(name, *t);
+    else a.none.push_back(name);
+  };
+  auto windows = [&](const KeyWindows& w) {
+    tensor("ks", i64_tensor(w.ks));
+    tensor("ke", i64_tensor(w.ke));
+  };
+  auto mla = [&](const SparseMlaInputs& in) {
+    tensor("q", in.q);
+    tensor("kv", in.kv);
+    tensor("indices", in.indices.dim() == 3 ? in.indices.reshaped({in.indices.size(0), in.indices.size(2)})
+                                            : in.indices);
+    optional("topk_length", in.topk_length);
+    optional("attn_sink", in.attn_sink);
+    a.scalars["sm_scale"] = in.sm_scale;
+    a.scalars["d_v"] = in.d_v;
+  };
+  switch (op) {
+    case Op::IndexerScores:
+    case Op::IndexerScoresBackward:
+      tensor("q_idx", c.q_idx);
+      tensor("k_idx", c.k_idx);
+      tensor("w", c.w);
+      windows(c.windows);
+      if (op == Op::IndexerScoresBackward) tensor("d_scores", c.d_scores);
+      break;
+    case Op::Topk:
+      tensor("scores", c.scores);
+      if (c.topk_windows) windows(*c.topk_windows);
+      else a.none = {"ks", "ke"};
+      a.scalars["k"] = c.k;
+      a.scalars["tie_break"] = to_string(c.policy.tie_break);
+      a.scalars["sorted"] = c.policy.sorted;
+      break;
+    case Op::SparseMlaFwd:
+      mla(c.mla);
+      break;
+    case Op::SparseMlaBwd:
+      mla(c.mla);
+      tensor("dout", c.dout);
+      break;
+    case Op::IndexerKlLoss:
+      tensor("scores", c.kl.scores);
+      tensor("q", c.kl.q);
+      tensor("kv", c.kl.kv);
+      windows(c.kl.windows);
+      optional("indices", c.kl.indices);
+      a.scalars["sm_scale"] = c.kl.sm_scale;
+      a.scalars["mode"] = to_string(c.kl.mode);
+      a.scalars["coeff"] = c.kl.coeff;
+      break;
+  }
+  return a;
+}
+
+PyBackend::PyBackend(py::object bridge) : bridge_(std::move(bridge)) {}
+
+PyBackend::~PyBackend() {
+  py::gil_scoped_acquire gil;
+  bridge_ = py::object();
+}
+
+std::string PyBackend::name() const { return bridge_.attr("name").cast<std::string>(); }
+
+std::string PyBackend::unavailable_reason() const {
+  return bridge_.attr("unavailable_reason")().cast<std::string>();
+}
+
+bool PyBackend::deterministic() const { return bridge_.attr("deterministic").cast<bool>(); }
+
+bool PyBackend::supports(Op op) const {
+  return bridge_.attr("supports")(oracle::to_string(op)).cast<bool>();
+}
+
+Tensor PyBackend::indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                 const KeyWindows& windows) {
+  oracle::OpCase c;
+  c.q_idx = q_idx;
+  c.k_idx = k_idx;
+  c.w = w;
+  c.windows = windows;
+  auto o = call(bridge_, name(), Op::IndexerScores, c);
+  return take(o, "scores");
+}
+
+IndexerGrads PyBackend::indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx,
+                                                const Tensor& w, const KeyWindows& windows,
+                                                const Tensor& d_scores) {
+  oracle::OpCase c;
+  c.q_idx = q_idx;
+  c.k_idx = k_idx;
+  c.w = w;
+  c.windows = windows;
+  c.d_scores = d_scores;
+  auto o = call(bridge_, name(), Op::IndexerScoresBackward, c);
+  return IndexerGrads{take(o, "dq_idx"), take(o, "dk_idx"), take(o, "dw")};
+}
+
+Tensor PyBackend::select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,
+                              const std::optional<KeyWindows>& windows) {
+  oracle::OpCase c;
+  c.scores = scores;
+  c.k = k;
+  c.policy = policy;
+  c.topk_windows = windows;
+  auto o = call(bridge_, name(), Op::Topk, c);
+  return take(o, "indices");
+}
+
+SparseMlaForward PyBackend::sparse_mla_forward(const SparseMlaInputs& in) {
+  oracle::OpCase c;
+  c.mla = in;
+  auto o = call(bridge_, name(), Op::SparseMlaFwd, c);
+  return SparseMlaForward{take(o, "out"), take(o, "lse"), take(o, "max_logits")};
+}
+
+SparseMlaGrads PyBackend::sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) {
+  oracle::OpCase c;
+  c.mla = in;
+  c.dout = dout;
+  auto o = call(bridge_, name(), Op::SparseMlaBwd, c);
+  SparseMlaGrads g{take(o, "dq"), take(o, "dkv"), std::nullopt};
+  if (o.count("dsink")) g.dsink = take(o, "dsink");
+  return g;
+}
+
+IndexerKlResult PyBackend::indexer_kl_loss(const IndexerKlInputs& in) {
+  oracle::OpCase c;
+  c.kl = in;
+  auto o = call(bridge_, name(), Op::IndexerKlLoss, c);
+  return IndexerKlResult{take(o, "loss"), take(o, "d_scores")};
+}
+
+}  // namespace dsa::python

@@ -1,0 +1,76 @@
+"""dsa_verify.load_fixture and the file-free compare (`dsa-verify compare` without files)."""
+import os
+
+import pytest
+import torch
+
+import dsa_verify
+from torch_backend import TorchBackend
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "golden")
+
+
+def golden(name):
+    return os.path.join(GOLDEN, name + ".safetensors")
+
+
+def test_load_fixture_gives_torch_tensors_and_call_arguments():
+    fx = dsa_verify.load_fixture(golden("smla_sink"))
+    assert fx.op == "sparse_mla_fwd+bwd" and fx.ops == ["sparse_mla_fwd", "sparse_mla_bwd"]
+    assert fx.inputs["q"].dtype == torch.bfloat16 and fx.inputs["indices"].dtype == torch.int32
+    assert isinstance(fx.params["sm_scale"], float)
+    kw = fx.kwargs("sparse_mla_fwd")
+    assert kw["attn_sink"] is not None and kw["topk_length"] is None and kw["d_v"] == fx.params["d_v"]
+    assert torch.equal(kw["q"], fx.inputs["q"])
+    with pytest.raises(KeyError, match="topk"):
+        fx.kwargs("topk")
+
+
+def sparse_mla_outputs(name):
+    fx = dsa_verify.load_fixture(golden(name))
+    b = TorchBackend()
+    out, lse, max_logits = b.sparse_mla_fwd(**fx.kwargs("sparse_mla_fwd"))
+    bwd = b.sparse_mla_bwd(**fx.kwargs("sparse_mla_bwd"), out=out, lse=lse)
+    outputs = {"out": out, "lse": lse, "max_logits": max_logits, "dq": bwd[0], "dkv": bwd[1]}
+    if len(bwd) == 3:
+        outputs["dsink"] = bwd[2]
+    return outputs
+
+
+def test_compare_agrees_on_correct_outputs():
+    r = dsa_verify.compare(golden("smla_sink"), sparse_mla_outputs("smla_sink"))
+    assert r.passed, r.report
+    judged = {o["op"]: o["verdict"] for o in r.ops}
+    assert judged == {"sparse_mla_fwd": "pass", "sparse_mla_bwd": "pass"}
+
+
+@pytest.mark.parametrize("name, scale", [("dkv", 0.5), ("dsink", 0.9), ("out", 1.05)])
+def test_compare_disagrees_on_perturbed_outputs(name, scale):
+    outputs = sparse_mla_outputs("smla_sink")
+    outputs[name] = outputs[name] * scale
+    r = dsa_verify.compare(golden("smla_sink"), outputs)
+    assert not r.passed
+    assert f"{name}:" in r.report and "FAIL" in r.report
+
+
+def test_compare_lists_outputs_not_provided():
+    outputs = sparse_mla_outputs("smla_basic")
+    del outputs["max_logits"]
+    r = dsa_verify.compare(golden("smla_basic"), outputs)
+    assert r.passed, r.report
+    assert "max_logits: not provided" in r.report
+
+
+def test_compare_topk_exact():
+    fx = dsa_verify.load_fixture(golden("topk_plateau_small_sorted"))
+    ids = TorchBackend().topk(**fx.kwargs("topk"))
+    assert dsa_verify.compare(fx, {"indices": ids}).passed
+    wrong = ids.clone()
+    wrong[0, 0], wrong[0, 1] = ids[0, 1], ids[0, 0]
+    r = dsa_verify.compare(fx, {"indices": wrong})
+    assert not r.passed, r.report
+
+
+def test_compare_rejects_unknown_names():
+    with pytest.raises(ValueError, match="not output names"):
+        dsa_verify.compare(golden("smla_basic"), {"output": torch.zeros(1)})

@@ -1,0 +1,63 @@
+"""The pytest plugin on a passing and a failing backend; its repro line reproduces the failure."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+ENV = dict(os.environ)
+
+
+def pytest_run(tmp_path, *args):
+    cmd = [sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
+           "-q", f"--junitxml={tmp_path / 'junit.xml'}", "--dsa-dump-dir", str(tmp_path / "dumps"), *args]
+    p = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    return p, ET.parse(tmp_path / "junit.xml").getroot()
+
+
+def cases(root):
+    return root.iter("testcase")
+
+
+def name(case):
+    """"<op>::<case>" from JUnit's classname "dsa-verify.<op>" and name."""
+    assert case.get("classname").startswith("dsa-verify."), case.get("classname")
+    return case.get("classname").split(".", 1)[1] + "::" + case.get("name")
+
+
+def test_passing_backend_collects_one_test_per_case(tmp_path):
+    p, root = pytest_run(tmp_path, "--dsa-backend=torch_backend:TorchBackend", "--dsa-ops", "topk")
+    assert p.returncode == 0, p.stdout + p.stderr
+    names = [name(c) for c in cases(root)]
+    assert "topk::property:topk.contract_exact" in names
+    assert "topk::golden:topk_plateau_small_sorted" in names
+    assert "topk::peer:topk_relu_plateau" in names
+    assert not any(c.find("failure") is not None for c in cases(root))
+
+
+def test_k_selects(tmp_path):
+    p, root = pytest_run(tmp_path, "--dsa-backend=torch_backend:TorchBackend", "-k", "contract_exact or plateau_any")
+    assert p.returncode == 0, p.stdout + p.stderr
+    names = sorted(name(c) for c in cases(root))
+    assert names and all("contract_exact" in n or "plateau_any" in n for n in names), names
+
+
+def test_failing_backend_fails_with_a_repro_line_that_reproduces(tmp_path):
+    p, root = pytest_run(tmp_path, "--dsa-backend=faulty_backend:Log2LseBackend", "--dsa-ops", "sparse_mla_fwd",
+                         "--dsa-level", "0")
+    assert p.returncode == 1, p.stdout + p.stderr
+    failures = {name(c): c.find("failure").text for c in cases(root) if c.find("failure") is not None}
+    assert "sparse_mla_fwd::golden:smla_basic" in failures
+    prop = failures.get("sparse_mla_fwd::property:smla.forward_ratio")
+    assert prop and "lse" in prop and "bound" in prop, failures
+    line = re.search(r"reproduce: (RC_PARAMS=.*)", prop).group(1)
+    # The line as printed, run by a shell: the same property fails on the same (shrunk) case.
+    r = subprocess.run(line, shell=True, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAIL sparse_mla_fwd property:smla.forward_ratio" in r.stdout
+    assert "audit: 0 passed, 1 failed, 0 skipped" in r.stdout
+    # The fixture route: the replay line of a golden failure fails too.
+    line = re.search(r"reproduce: (\S+ -m dsa_verify replay .*)", failures["sparse_mla_fwd::golden:smla_basic"]).group(1)
+    r = subprocess.run(shlex.split(line), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and "lse" in r.stdout, r.stdout + r.stderr
