@@ -115,4 +115,36 @@ void parallel_for(int64_t n, double work_per_item,
   if (error) std::rethrow_exception(error);
 }
 
+void parallel_ordered(int64_t n, const std::function<void(int64_t)>& work,
+                      const std::function<void(int64_t)>& emit,
+                      const std::function<bool(int64_t)>& fail_fast) {
+  if (n <= 0) return;
+  std::mutex mu;
+  std::vector<char> done(static_cast<size_t>(n), 0);
+  int64_t next_emit = 0;
+  std::atomic<bool> stop{false};
+  // Items are claimed in index order, so every item below a claimed one is claimed too.
+  std::atomic<int64_t> next_item{0};
+  auto run_items = [&](int64_t, int64_t) {
+    for (int64_t i = next_item++; i < n && !stop.load(); i = next_item++) {
+      try {
+        work(i);
+        std::lock_guard<std::mutex> lock(mu);
+        done[static_cast<size_t>(i)] = 1;
+        while (next_emit < n && done[static_cast<size_t>(next_emit)] && !stop.load()) {
+          emit(next_emit);
+          if (fail_fast && fail_fast(next_emit)) stop.store(true);
+          ++next_emit;
+        }
+      } catch (...) {
+        stop.store(true);  // no new items; parallel_for rethrows
+        throw;
+      }
+    }
+  };
+  // One loop index per thread: each thread claims items until none are left.
+  const int64_t threads = std::min<int64_t>(n, max_threads());
+  parallel_for(threads, 1e18, run_items);
+}
+
 }  // namespace dsa

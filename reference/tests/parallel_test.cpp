@@ -89,6 +89,33 @@ TEST(ParallelFor, RethrowsTheFirstErrorAndRejectsABadBudget) {
   EXPECT_THROW(set_max_threads(0), std::invalid_argument);
 }
 
+TEST(ParallelOrdered, EmitsInIndexOrderWhateverFinishesFirst) {
+  ThreadsGuard guard;
+  set_max_threads(4);
+  std::vector<int64_t> emitted;
+  std::set<std::thread::id> ids;
+  std::mutex mu;
+  parallel_ordered(
+      12,
+      [&](int64_t i) {  // early items are the slowest: they finish last
+        std::this_thread::sleep_for(std::chrono::milliseconds(2 * (12 - i)));
+        std::lock_guard<std::mutex> lock(mu);
+        ids.insert(std::this_thread::get_id());
+      },
+      [&](int64_t i) { emitted.push_back(i); });
+  EXPECT_EQ(emitted, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_GT(ids.size(), 1u) << "items ran on one thread with a budget of 4";
+  emitted.clear();
+  parallel_ordered(
+      100, [](int64_t) {}, [&](int64_t i) { emitted.push_back(i); },
+      [](int64_t i) { return i == 3; });
+  EXPECT_EQ(emitted, (std::vector<int64_t>{0, 1, 2, 3})) << "fail_fast at item 3";
+  EXPECT_THROW(parallel_ordered(
+                   8, [](int64_t i) { if (i == 5) throw std::runtime_error("item 5"); },
+                   [](int64_t) {}),
+               std::runtime_error);
+}
+
 // Runs `op` with 1 and with 4 threads and returns whether every output tensor has equal bytes.
 template <class Op>
 void expect_thread_independent(const char* what, Op op) {

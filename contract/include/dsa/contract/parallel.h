@@ -28,4 +28,13 @@ int max_threads();
 void parallel_for(int64_t n, double work_per_item,
                   const std::function<void(int64_t begin, int64_t end)>& fn);
 
+/// Runs work(i) for every i in [0, n), up to max_threads() items at once (heavy items: one
+/// per thread), and calls emit(i) in index order, each as soon as items 0..i are done (emit
+/// runs on one thread at a time, e.g. to print reports in a deterministic order). fail_fast(i),
+/// when given and true after emit(i), stops starting new items and emits nothing after i.
+/// The first exception of work or emit is rethrown after the running items end.
+void parallel_ordered(int64_t n, const std::function<void(int64_t)>& work,
+                      const std::function<void(int64_t)>& emit,
+                      const std::function<bool(int64_t)>& fail_fast = nullptr);
+
 }  // namespace dsa
