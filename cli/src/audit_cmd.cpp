@@ -20,9 +20,17 @@ namespace fs = std::filesystem;
 namespace dsa::cli {
 namespace {
 
-// How a reproduction command names what was audited: --plugin PATH or --backend NAME.
+// How a reproduction command names what was audited (--plugin PATH or --backend NAME) and
+// how it was judged (--outputs, --allow-weak), so that the repro judges the same way.
 std::string target_flag(const AuditOptions& o, const std::string& backend) {
-  return o.plugin.empty() ? "--backend " + backend : "--plugin " + o.plugin;
+  std::string s = o.plugin.empty() ? "--backend " + backend : "--plugin " + o.plugin;
+  if (o.judge.outputs) {
+    std::string list;
+    for (const auto& n : *o.judge.outputs) list += (list.empty() ? "" : ",") + n;
+    s += " --outputs " + list;
+  }
+  if (o.judge.allow_weak) s += " --allow-weak";
+  return s;
 }
 
 std::vector<std::string> default_backends() {
@@ -102,11 +110,13 @@ int run_audit(const AuditOptions& opts) {
         results.push_back(c);
       }
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      CaseResult shown = make_case(task.op, task.property, "pass");
+      // The progress line says skip when nothing ran (never pass), fail when anything failed.
+      CaseResult shown = make_case(task.op, task.property, "skip");
       for (auto& r : results) {
         r.seconds = secs / std::max<size_t>(results.size(), 1);
         if (names.size() > 1) r.op = name + "/" + r.op;
         if (r.status == "fail") shown.status = "fail";
+        else if (r.status == "pass" && shown.status == "skip") shown.status = "pass";
         all.push_back(r);
       }
       progress.update(shown);

@@ -6,13 +6,15 @@
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
+#include "judge.h"
 
 namespace fs = std::filesystem;
 
 namespace dsa::cli {
 
 std::string status_of(oracle::Verdict v) {
-  return v == oracle::Verdict::Pass ? "pass" : v == oracle::Verdict::Fail ? "fail" : "skip";
+  // Weak and Incomplete fail like Fail (SPEC §9); only Skip is a skip.
+  return v == oracle::Verdict::Pass ? "pass" : v == oracle::Verdict::Skip ? "skip" : "fail";
 }
 
 bool op_selected(const AuditOptions& o, const std::string& op) {
@@ -43,7 +45,8 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
     tasks.push_back({"fixture", kind + ":" + stem, [file, kind, stem, &backend, &opts, replay = repro_cmds.replay]() {
       std::vector<CaseResult> out;
       fixtures::Fixture f = fixtures::load_fixture(file);
-      oracle::FixtureReport r = oracle::check_fixture(f, &backend);
+      // The same judging code and options as compare, replay and fixtures check.
+      oracle::FixtureReport r = oracle::check_fixture(f, &backend, check_options(opts.judge, false));
       std::string repro = replay(file);
       for (const auto& op : r.backend_vs_reference) {
         if (!op_selected(opts, op.op)) continue;
@@ -52,17 +55,20 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
         c.has_ratio = !op.tensors.empty();
         c.cases = 1;
         c.message = op.verdict == oracle::Verdict::Pass ? "" : op.reason;
-        if (op.verdict == oracle::Verdict::Fail) {
+        if (!op.passed()) {
           c.message += "\n" + oracle::format_op_report(op);
           c.repro = repro;
           c.fixture = file;
         }
         out.push_back(c);
       }
-      if (!r.reference_vs_expected.passed()) {
-        CaseResult c = make_case("fixture", kind + ":" + stem + " (reference vs producer)", "fail");
-        c.message = r.reference_vs_expected.reason;
-        c.repro = repro;
+      // The producer's expected.* are judged by the same check_op: a shipped fixture that
+      // deviates from the contract is a failed case of its own.
+      for (const auto& p : r.producer_vs_reference) {
+        if (p.passed()) continue;
+        CaseResult c = make_case("fixture", kind + ":" + stem + " (producer " + p.op + ")", "fail");
+        c.message = p.reason + "\n" + oracle::format_op_report(p);
+        c.repro = "dsa-verify fixtures check " + file;
         c.fixture = file;
         out.push_back(c);
       }

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "dsa/fixtures/conventions.h"
 
 namespace dsa::cli {
 
@@ -22,25 +25,36 @@ FixtureDirs default_fixture_dirs();
 /// `dsa-verify backends`: lists registered backends and whether each is usable here.
 int run_list_backends();
 
-/// `dsa-verify fixtures check DIR [--backend NAME]...`: verifies MANIFEST or SHA256SUMS
-/// checksums, recomputes every fixture with the reference, and runs each named backend
-/// (default: every available one) through the oracle; a table per file and tensor.
-int run_fixtures_check(const std::string& dir, const std::vector<std::string>& backends,
-                       bool verbose);
+/// How a route judges (shared by compare, replay, fixtures check and audit; SPEC §9).
+struct JudgeOptions {
+  /// Outputs the kernel provides (--outputs out,lse); the others are "not judged" and the
+  /// verdict reads "AGREES (partial: ...)". Unset: every output of the op is judged and a
+  /// missing one is INCOMPLETE (exit 1).
+  std::optional<std::vector<std::string>> outputs;
+  bool allow_weak = false;  ///< --allow-weak: a WEAK output does not fail
+  std::string json_path;    ///< --json: per-output verdicts and bounds as JSON
+};
+/// Parses --outputs names; throws std::invalid_argument naming `flag` and the known names
+/// (every output of every op) for an unknown one.
+std::vector<std::string> parse_output_names(const std::vector<std::string>& names,
+                                            const std::string& flag);
+
+/// `dsa-verify fixtures check PATH [--backend NAME]...`: PATH is a directory (MANIFEST or
+/// SHA256SUMS verified) or one fixture file. The producer's expected.* and each named backend
+/// (default: every available one) are judged by the same check_op; one line per file and
+/// backend: agree, DISAGREE or skip (a backend that cannot run the op).
+int run_fixtures_check(const std::string& path, const std::vector<std::string>& backends,
+                       bool verbose, const JudgeOptions& judge = {});
 
 /// `dsa-verify fixtures generate --preset NAME --out DIR`.
 int run_fixtures_generate(const std::string& preset, const std::string& out_dir);
 
-/// Explicit convention adapters of `dsa-verify compare` (never a looser tolerance).
-struct CompareAdapters {
-  bool lse_base2 = false;        ///< candidate lse/max_logits are log2-based: multiply by ln 2
-  bool narrowed_topk_width = false;  ///< candidate indices have min(k, s_kv) columns: pad -1
-  bool int64_ids = false;        ///< candidate indices are I64: narrow to I32 (range-checked)
-  bool indices_3d = false;       ///< candidate indices are [s_q, 1, k]: drop the middle axis
-};
-/// `dsa-verify compare --golden G --candidate C [adapters]`.
+/// `dsa-verify compare --golden G --candidate C [--convention NAME]... [--outputs LIST]
+/// [--allow-weak] [--json PATH]`: the candidate file's outputs judged by check_op on the
+/// golden's OpCase. Conventions (closed list, fixtures/conventions.h) convert
+/// representations and never loosen a check. Exit 0 AGREES, 1 DISAGREES / INCOMPLETE / WEAK.
 int run_compare(const std::string& golden, const std::string& candidate,
-                const CompareAdapters& adapters);
+                const std::vector<fixtures::Convention>& conventions, const JudgeOptions& judge);
 
 /// `dsa-verify audit` options (issue: the main job).
 struct AuditOptions {
@@ -54,13 +68,16 @@ struct AuditOptions {
   bool fail_fast = false;
   std::string dump_dir = "dsa-verify-failures";
   double timeout_s = 30.0;            ///< per plugin call (isolated child), seconds
+  JudgeOptions judge;                 ///< --outputs, --allow-weak for every judged case
 };
 /// Exit 0 all passed, 1 a failure, 2 usage or input errors (an unreadable fixture: reported as
 /// a failed case, the rest of the audit still runs and its reports are written).
 int run_audit(const AuditOptions& opts);
 
-/// `dsa-verify replay FIXTURE [--backend NAME | --plugin PATH]`: re-runs one case from its
-/// dumped fixture on a registered backend or a plugin (isolated calls).
-int run_replay(const std::string& fixture, const std::string& backend, const std::string& plugin);
+/// `dsa-verify replay FIXTURE [--backend NAME | --plugin PATH | --candidate FILE]`: re-runs
+/// one case from its fixture on a registered backend, a plugin (isolated calls) or a
+/// candidate file, judged like compare. Exit 0 agrees, 1 disagrees / INCOMPLETE / WEAK.
+int run_replay(const std::string& fixture, const std::string& backend, const std::string& plugin,
+               const std::string& candidate, const JudgeOptions& judge = {});
 
 }  // namespace dsa::cli

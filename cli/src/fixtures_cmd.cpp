@@ -9,7 +9,10 @@
 #include "dsa/fixtures/fixture.h"
 #include "dsa/fixtures/manifest.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/candidate_backend.h"
 #include "dsa/plugin/plugin_backend.h"
+#include "judge.h"
+#include "report.h"
 
 #if __has_include("dsa/fixtures/generate.h")
 #include "dsa/fixtures/generate.h"
@@ -64,12 +67,35 @@ static std::vector<std::string> fixture_files(const std::string& dir) {
   return files;
 }
 
-int run_fixtures_check(const std::string& dir, const std::vector<std::string>& backend_names,
-                       bool verbose) {
+// Status word of one candidate's op reports: agree, skip (nothing judged: the backend
+// cannot run the op), or a failure: DISAGREE, INCOMPLETE, WEAK (without --allow-weak).
+static const char* status_word(const std::vector<oracle::OpReport>& reports) {
+  switch (oracle::overall_verdict(reports)) {
+    case oracle::Verdict::Pass: return "agree";
+    case oracle::Verdict::Skip: return "skip";
+    case oracle::Verdict::Weak: return "WEAK";
+    case oracle::Verdict::Incomplete: return "INCOMPLETE";
+    case oracle::Verdict::Fail: break;
+  }
+  return "DISAGREE";
+}
+
+int run_fixtures_check(const std::string& path, const std::vector<std::string>& backend_names,
+                       bool verbose, const JudgeOptions& judge) {
   int code = kExitOk;
-  std::vector<std::string> problems = verify_checksums(dir);
-  for (const auto& p : problems) std::printf("checksum: %s\n", p.c_str());
-  if (!problems.empty() && problems[0].find("not verified") == std::string::npos) code = kExitUsage;
+  std::vector<std::string> files;
+  if (fs::is_directory(path)) {
+    std::vector<std::string> problems = verify_checksums(path);
+    for (const auto& p : problems) std::printf("checksum: %s\n", p.c_str());
+    if (!problems.empty() && problems[0].find("not verified") == std::string::npos) code = kExitUsage;
+    files = fixture_files(path);
+    if (files.empty())
+      throw std::invalid_argument("fixtures check: " + path + " holds no .safetensors fixtures");
+  } else if (fs::is_regular_file(path)) {
+    files = {path};  // one file: no checksum list to verify
+  } else {
+    throw std::invalid_argument("fixtures check: " + path + " is neither a directory nor a file");
+  }
 
   std::vector<std::unique_ptr<oracle::Backend>> backends;
   std::vector<std::string> names = backend_names.empty() ? oracle::backend_names() : backend_names;
@@ -80,41 +106,60 @@ int run_fixtures_check(const std::string& dir, const std::vector<std::string>& b
     backends.push_back(std::move(b));
   }
 
-  size_t pass = 0, fail = 0;
+  size_t pass = 0, fail = 0, skip = 0;
   std::vector<std::string> summary;
-  const std::vector<std::string> files = fixture_files(dir);
-  if (files.empty()) throw std::invalid_argument("fixtures check: " + dir + " holds no .safetensors fixtures");
+  auto row = [&](const fixtures::Fixture& f, const std::string& who, const char* word) {
+    char line[512];
+    std::snprintf(line, sizeof line, "%-28s %-20s %-16s %s", f.case_name.c_str(), f.op.c_str(),
+                  who.c_str(), word);
+    summary.push_back(line);
+    const std::string w = word;
+    (w == "agree" ? pass : w == "skip" ? skip : fail)++;
+    if (w != "agree" && w != "skip" && code == kExitOk) code = kExitDisagree;
+  };
+  const oracle::CheckOptions opt = check_options(judge, /*file_route=*/false);
+  nlohmann::json json_files = nlohmann::json::array();
   for (const auto& file : files) {
     fixtures::Fixture f;
+    oracle::FixtureReport r;
     try {
       f = fixtures::load_fixture(file);
-    } catch (const fixtures::FileError& e) {
-      std::printf("error: %s\n", e.what());
+      r = oracle::check_fixture(f, nullptr, opt);
+    } catch (const std::exception& e) {
+      // FileError already names the file; anything else gets its path here.
+      const std::string msg = e.what();
+      std::printf("error: %s\n", msg.rfind(file, 0) == 0 ? msg.c_str() : (file + ": " + msg).c_str());
       code = kExitUsage;
       continue;
     }
+    const bool producer_ok = r.passed();
+    if (verbose || !producer_ok) std::printf("%s\n", oracle::format_fixture_report(r).c_str());
+    row(f, "producer", status_word(r.producer_vs_reference));
+    nlohmann::json jf = {{"path", file}, {"case", f.case_name}, {"producer", reports_json(r.producer_vs_reference)},
+                         {"backends", nlohmann::json::object()}};
     for (auto& b : backends) {
-      oracle::FixtureReport r;
+      std::vector<oracle::OpReport> reports;
       try {
-        r = oracle::check_fixture(f, b.get());
+        reports = oracle::judge_fixture_ops(f, *b, opt);
       } catch (const std::exception& e) {
         std::printf("error: %s: %s\n", file.c_str(), e.what());
         code = kExitUsage;
         continue;
       }
-      bool ok = r.passed();
-      (ok ? pass : fail)++;
-      if (!ok && code == kExitOk) code = kExitDisagree;
-      if (verbose || !ok) std::printf("%s\n", oracle::format_fixture_report(r).c_str());
-      char line[256];
-      std::snprintf(line, sizeof line, "%-28s %-20s %-16s %s", f.case_name.c_str(), f.op.c_str(),
-                    b->name().c_str(), ok ? "agree" : "DISAGREE");
-      summary.push_back(line);
+      const char* word = status_word(reports);
+      const oracle::Verdict v = oracle::overall_verdict(reports);
+      if (verbose || (v != oracle::Verdict::Pass && v != oracle::Verdict::Skip))
+        for (const auto& rep : reports) std::printf("%s", oracle::format_op_report(rep).c_str());
+      row(f, b->name(), word);
+      jf["backends"][b->name()] = reports_json(reports);
     }
+    json_files.push_back(jf);
   }
-  std::printf("\nfixtures check %s\n%-28s %-20s %-16s %s\n", dir.c_str(), "case", "op", "backend", "result");
+  if (!judge.json_path.empty())
+    write_text_file(judge.json_path, nlohmann::json{{"files", json_files}}.dump(2) + "\n");
+  std::printf("\nfixtures check %s\n%-28s %-20s %-16s %s\n", path.c_str(), "case", "op", "judged", "result");
   for (const auto& s : summary) std::printf("%s\n", s.c_str());
-  std::printf("\nfixtures: %zu passed, %zu failed\n", pass, fail);
+  std::printf("\nfixtures: %zu agree, %zu disagree, %zu skipped\n", pass, fail, skip);
   return code;
 }
 
@@ -129,18 +174,29 @@ int run_fixtures_generate(const std::string& preset, const std::string& out_dir)
 #endif
 }
 
-int run_replay(const std::string& file, const std::string& backend_arg, const std::string& plugin_path) {
+int run_replay(const std::string& file, const std::string& backend_arg, const std::string& plugin_path,
+               const std::string& candidate, const JudgeOptions& judge) {
   fixtures::Fixture f = fixtures::load_fixture(file);
-  const std::string backend_name = plugin_path.empty() ? backend_arg : plugin::register_plugin(plugin_path);
-  auto b = oracle::make_backend(backend_name);
+  std::unique_ptr<oracle::Backend> b;
+  bool file_route = false;
+  if (!candidate.empty()) {
+    b = oracle::load_candidate_file(candidate, {});
+    file_route = true;
+  } else {
+    const std::string name = plugin_path.empty() ? backend_arg : plugin::register_plugin(plugin_path);
+    b = oracle::make_backend(name);
+  }
   std::string why = b->unavailable_reason();
   if (!why.empty()) {
-    std::fprintf(stderr, "dsa-verify: backend %s unavailable: %s\n", backend_name.c_str(), why.c_str());
+    std::fprintf(stderr, "dsa-verify: backend %s unavailable: %s\n", b->name().c_str(), why.c_str());
     return kExitUsage;
   }
-  oracle::FixtureReport r = oracle::check_fixture(f, b.get());
-  std::printf("%s\n", oracle::format_fixture_report(r).c_str());
-  return r.passed() ? kExitOk : kExitDisagree;
+  const std::vector<oracle::OpReport> reports =
+      oracle::judge_fixture_ops(f, *b, check_options(judge, file_route));
+  for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
+  if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");
+  std::printf("replay: %s\n", oracle::verdict_line(reports).c_str());
+  return exit_code(reports);
 }
 
 }  // namespace dsa::cli

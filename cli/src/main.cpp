@@ -1,6 +1,7 @@
 // dsa-verify: audit DSA kernels against the float64 reference (docs/SPEC.md).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
@@ -30,6 +31,12 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--timeout", audit.timeout_s, "Seconds per plugin call before it counts as hung")
       ->check(CLI::PositiveNumber);
   audit_cmd->add_option("--dump-dir", audit.dump_dir, "Where failing cases are dumped as fixtures");
+  std::vector<std::string> audit_outputs;
+  audit_cmd->add_option("--outputs", audit_outputs,
+      "Outputs the kernel provides (comma-separated, e.g. out,lse); the others are not judged")
+      ->delimiter(',');
+  audit_cmd->add_flag("--allow-weak", audit.judge.allow_weak,
+      "Accept WEAK outputs (whose bound exceeds their detection threshold) instead of failing");
 
   auto* fixtures_cmd = app.add_subcommand("fixtures", "Generate or check golden fixtures");
   fixtures_cmd->require_subcommand(1);
@@ -39,28 +46,48 @@ int main(int argc, char** argv) {
   auto* gen = fixtures_cmd->add_subcommand("generate", "Generate a fixture preset");
   gen->add_option("--preset", preset, "ci | glm5 | deepseek-v3.2")->required();
   gen->add_option("--out", out_dir, "Output directory")->required();
-  auto* check = fixtures_cmd->add_subcommand("check", "Check a fixture directory");
-  check->add_option("dir", check_dir, "Directory of .safetensors fixtures")->required()
-      ->check(CLI::ExistingDirectory);
+  JudgeOptions check_judge;
+  auto* check = fixtures_cmd->add_subcommand("check", "Check a fixture directory or one fixture file");
+  check->add_option("path", check_dir, "Directory of .safetensors fixtures, or one fixture file")
+      ->required()->check(CLI::ExistingPath);
   check->add_option("--backend", check_backends, "Backends to run (default: every available)");
   check->add_flag("-v,--verbose", verbose, "Print every tensor table, not only failures");
+  check->add_flag("--allow-weak", check_judge.allow_weak, "Accept WEAK outputs instead of failing");
+  check->add_option("--json", check_judge.json_path, "Write per-file, per-output verdicts and bounds as JSON");
 
   std::string golden, candidate;
-  CompareAdapters adapters;
+  std::vector<std::string> convention_names, compare_outputs;
+  bool lse_base2 = false, narrowed = false, int64_ids = false, indices_3d = false;
+  JudgeOptions compare_judge;
   auto* compare = app.add_subcommand("compare", "Compare an external kernel's outputs with a golden fixture");
   compare->add_option("--golden", golden, "Golden fixture (.safetensors)")->required()->check(CLI::ExistingFile);
   compare->add_option("--candidate", candidate, "Candidate outputs (.safetensors)")->required()->check(CLI::ExistingFile);
-  compare->add_flag("--lse-base2", adapters.lse_base2, "Candidate lse/max_logits use log base 2");
-  compare->add_flag("--narrowed-topk-width", adapters.narrowed_topk_width, "Candidate indices have min(k, s_kv) columns");
-  compare->add_flag("--int64-ids", adapters.int64_ids, "Candidate indices are int64");
-  compare->add_flag("--indices-3d", adapters.indices_3d, "Candidate indices are [s_q, 1, k]");
+  compare->add_option("--convention", convention_names,
+      "How the candidate represents its outputs (repeatable or comma-separated): " +
+      dsa::fixtures::convention_names())->delimiter(',');
+  compare->add_flag("--lse-base2", lse_base2, "Same as --convention lse_base2");
+  compare->add_flag("--narrowed-topk-width", narrowed, "Same as --convention topk_width_min_k_s_kv");
+  compare->add_flag("--int64-ids", int64_ids, "Same as --convention int64_ids");
+  compare->add_flag("--indices-3d", indices_3d, "Same as --convention ids_s_q_1_k");
+  compare->add_option("--outputs", compare_outputs,
+      "Outputs the kernel provides (comma-separated, e.g. out,lse); the others are not judged "
+      "(default: every output of the op is judged, a missing one is INCOMPLETE)")->delimiter(',');
+  compare->add_flag("--allow-weak", compare_judge.allow_weak, "Accept WEAK outputs instead of failing");
+  compare->add_option("--json", compare_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
-  std::string replay_fixture, replay_backend = "reference", replay_plugin;
+  std::string replay_fixture, replay_backend = "reference", replay_plugin, replay_candidate;
+  std::vector<std::string> replay_outputs;
+  JudgeOptions replay_judge;
   auto* replay = app.add_subcommand("replay", "Re-run one dumped failing case");
   replay->add_option("fixture", replay_fixture, "Dumped fixture (.safetensors)")->required()->check(CLI::ExistingFile);
   auto* replay_backend_opt = replay->add_option("--backend", replay_backend, "Backend to run");
-  replay->add_option("--plugin", replay_plugin, "Plugin shared library to run")
+  auto* replay_plugin_opt = replay->add_option("--plugin", replay_plugin, "Plugin shared library to run")
       ->check(CLI::ExistingFile)->excludes(replay_backend_opt);
+  replay->add_option("--candidate", replay_candidate, "Judge stored outputs (.safetensors) instead of running a backend")
+      ->check(CLI::ExistingFile)->excludes(replay_backend_opt)->excludes(replay_plugin_opt);
+  replay->add_option("--outputs", replay_outputs, "Outputs the kernel provides (comma-separated)")->delimiter(',');
+  replay->add_flag("--allow-weak", replay_judge.allow_weak, "Accept WEAK outputs instead of failing");
+  replay->add_option("--json", replay_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
   auto* list = app.add_subcommand("backends", "List the registered backends");
 
@@ -72,11 +99,25 @@ int main(int argc, char** argv) {
   }
   try {
     dsa::backends::register_builtin_backends();
+    if (!audit_outputs.empty()) audit.judge.outputs = parse_output_names(audit_outputs, "--outputs");
+    if (!compare_outputs.empty()) compare_judge.outputs = parse_output_names(compare_outputs, "--outputs");
+    if (!replay_outputs.empty()) replay_judge.outputs = parse_output_names(replay_outputs, "--outputs");
     if (*audit_cmd) return run_audit(audit);
     if (*gen) return run_fixtures_generate(preset, out_dir);
-    if (*check) return run_fixtures_check(check_dir, check_backends, verbose);
-    if (*compare) return run_compare(golden, candidate, adapters);
-    if (*replay) return run_replay(replay_fixture, replay_backend, replay_plugin);
+    if (*check) return run_fixtures_check(check_dir, check_backends, verbose, check_judge);
+    if (*compare) {
+      using dsa::fixtures::Convention;
+      std::vector<Convention> conv = dsa::fixtures::parse_conventions(convention_names, "--convention");
+      auto add = [&conv](bool on, Convention c) {
+        if (on && std::find(conv.begin(), conv.end(), c) == conv.end()) conv.push_back(c);
+      };
+      add(lse_base2, Convention::LseBase2);
+      add(narrowed, Convention::TopkWidthMinKSkv);
+      add(int64_ids, Convention::Int64Ids);
+      add(indices_3d, Convention::IdsSq1K);
+      return run_compare(golden, candidate, conv, compare_judge);
+    }
+    if (*replay) return run_replay(replay_fixture, replay_backend, replay_plugin, replay_candidate, replay_judge);
     if (*list) return run_list_backends();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dsa-verify: error: %s\n", e.what());

@@ -217,14 +217,11 @@ OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt) {
                    bitwise_equal, cand))
     return r;
   std::vector<int64_t> nan_rows;
-  r.topk_violations = check_topk(cand, c.scores, c.k, c.policy, c.topk_windows, {}, &nan_rows);
+  r.topk_violations = check_topk(cand, c.scores, c.k, c.policy, c.topk_windows, &nan_rows);
   if (!nan_rows.empty())
     r.notes.push_back(std::to_string(nan_rows.size()) + " row(s) contained NaN scores (first row " +
                       std::to_string(nan_rows.front()) + ")");
-  if (!r.topk_violations.empty())
-    r.fail(r.topk_violations.front().rule + " row=" + std::to_string(r.topk_violations.front().row) +
-           " slot=" + std::to_string(r.topk_violations.front().slot) + ": " +
-           r.topk_violations.front().detail);
+  if (!r.topk_violations.empty()) r.fail(summarize_topk_violations(r.topk_violations));
   return r;
 }
 

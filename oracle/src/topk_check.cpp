@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -13,21 +16,42 @@
 namespace dsa::oracle {
 namespace {
 
-std::string fmt(double v) {
-  std::ostringstream os;
-  if (v == 0 && std::signbit(v)) os << "-0.0";
-  else os << v;
-  return os.str();
-}
+// Scores print so that they round-trip: 9 significant digits for F32 scores, 17 for F64.
+struct ValueFormat {
+  bool f64 = false;
 
-bool contains_text(const nlohmann::json& j, const char* key, const char* text) {
-  if (!j.contains(key) || !j[key].is_string()) return false;
-  std::string s = j[key].get<std::string>();
-  std::string t = text;
-  std::transform(s.begin(), s.end(), s.begin(), ::tolower);
-  std::transform(t.begin(), t.end(), t.begin(), ::tolower);
-  return s.find(t) != std::string::npos;
-}
+  std::string operator()(double v) const {
+    if (v == 0 && std::signbit(v)) return "-0.0";
+    std::ostringstream os;
+    os << std::setprecision(f64 ? 17 : 9) << v;
+    return os.str();
+  }
+  std::string bits(double v) const {
+    std::ostringstream os;
+    os << "0x" << std::hex << std::setfill('0');
+    if (f64) {
+      uint64_t u;
+      std::memcpy(&u, &v, sizeof u);
+      os << std::setw(16) << u;
+    } else {
+      const float f = static_cast<float>(v);
+      uint32_t u;
+      std::memcpy(&u, &f, sizeof u);
+      os << std::setw(8) << u;
+    }
+    return os.str();
+  }
+  // Two values as printed; when the printed forms are equal but the values differ (or one
+  // is -0.0 and the other +0.0), each carries its hex bits.
+  std::pair<std::string, std::string> pair(double a, double b) const {
+    std::string x = (*this)(a), y = (*this)(b);
+    if (x == y && (a != b || std::signbit(a) != std::signbit(b) || bits(a) != bits(b))) {
+      x += " (" + bits(a) + ")";
+      y += " (" + bits(b) + ")";
+    }
+    return {x, y};
+  }
+};
 
 // Shared structural pass over one row: range, padding, compactness, window, duplicates.
 // Returns the valid ids of the prefix in slot order.
@@ -83,15 +107,6 @@ bool structural_header(const Tensor& indices, int64_t s_q, int64_t k,
 
 }  // namespace
 
-TopkConventions topk_conventions_from_json(const nlohmann::json& c) {
-  TopkConventions v;
-  if (!c.is_object()) return v;
-  v.narrowed_width = contains_text(c, "width", "min(k, s_kv)");
-  v.nan_ranks_first = contains_text(c, "nan", "nan above");
-  v.positive_zero_first = contains_text(c, "ties", "torch.topk");
-  return v;
-}
-
 Tensor adapt_topk_width(const Tensor& indices, int64_t k) {
   check_arg(indices.dim() == 2, "adapt_topk_width", "indices", shape_str(indices.shape()),
             "rank 2");
@@ -108,7 +123,6 @@ Tensor adapt_topk_width(const Tensor& indices, int64_t k) {
 std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& scores, int64_t k,
                                       const TopkPolicy& policy,
                                       const std::optional<KeyWindows>& windows,
-                                      const TopkConventions& conv,
                                       std::vector<int64_t>* nan_rows) {
   check_arg(scores.dim() == 2, "check_topk", "scores", shape_str(scores.shape()), "[s_q, s_kv]");
   check_dtype("check_topk", "scores", scores, {DType::F32, DType::F64});
@@ -119,9 +133,8 @@ std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& score
               std::to_string(windows->s_q()) + " rows over " + std::to_string(windows->s_kv),
               std::to_string(s_q) + " rows over " + std::to_string(s_kv));
   std::vector<TopkViolation> out;
-  const Tensor idx = conv.narrowed_width && indices.dim() == 2 && indices.size(1) < k
-                         ? adapt_topk_width(indices, k)
-                         : indices;
+  const ValueFormat fmt{scores.dtype() == DType::F64};
+  const Tensor& idx = indices;
   if (!structural_header(idx, s_q, k, out)) return out;
 
   for (int64_t t = 0; t < s_q; ++t) {
@@ -139,21 +152,17 @@ std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& score
       else if (v != -INFINITY) sel_vals.push_back(v);
     }
     if (n_nan > 0 && nan_rows) nan_rows->push_back(t);
-    const int64_t nan_taken = conv.nan_ranks_first ? std::min<int64_t>(k, n_nan) : 0;
-    const int64_t k_eff =
-        std::min<int64_t>(k - nan_taken, static_cast<int64_t>(sel_vals.size()));
+    const int64_t k_eff = std::min<int64_t>(k, static_cast<int64_t>(sel_vals.size()));
 
-    // Per-slot selectability; split ids into NaN picks (convention) and real picks.
-    std::vector<int64_t> picks;  // non-NaN ids in window, slot order
+    // Per-slot selectability: NaN and -inf are never selectable (§3.1).
+    std::vector<int64_t> picks;  // selectable ids, slot order
     std::vector<int64_t> pick_slots;
-    int64_t nan_picked = 0;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t id = static_cast<int64_t>(idx.get(t * k + j));
       if (id < 0 || id >= s_kv) continue;
       const double v = score(id);
       if (std::isnan(v)) {
-        if (conv.nan_ranks_first) ++nan_picked;
-        else out.push_back({"selected_nan", t, j, "id " + std::to_string(id) + " has score NaN"});
+        out.push_back({"selected_nan", t, j, "id " + std::to_string(id) + " has score NaN"});
         continue;
       }
       if (v == -INFINITY) {
@@ -165,10 +174,10 @@ std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& score
       pick_slots.push_back(j);
     }
     const int64_t valid_count = static_cast<int64_t>(ids.size());
-    if (valid_count != k_eff + nan_taken)
+    if (valid_count != k_eff)
       out.push_back({"wrong_count", t, -1,
                      std::to_string(valid_count) + " valid ids, expected k_eff=" +
-                         std::to_string(k_eff + nan_taken) + " (" +
+                         std::to_string(k_eff) + " (" +
                          std::to_string(sel_vals.size()) + " selectable, k=" + std::to_string(k) +
                          ")"});
     if (k_eff == 0) continue;
@@ -181,10 +190,11 @@ std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& score
     std::set<int64_t> chosen(picks.begin(), picks.end());
     for (size_t i = 0; i < picks.size(); ++i) {
       const double v = score(picks[i]);
-      if (in_window(picks[i]) && v < vstar)
+      if (in_window(picks[i]) && v < vstar) {
+        const auto [pv, ps] = fmt.pair(v, vstar);
         out.push_back({"below_vstar", t, pick_slots[i],
-                       "id " + std::to_string(picks[i]) + " score " + fmt(v) + " < v*=" +
-                           fmt(vstar)});
+                       "id " + std::to_string(picks[i]) + " score " + pv + " < v*=" + ps});
+      }
     }
     std::vector<int64_t> tied;  // selectable ids with score == v*, ascending
     int64_t n_above = 0;
@@ -194,10 +204,12 @@ std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& score
       if (std::isnan(v) || v == -INFINITY) continue;
       if (v > vstar) {
         ++n_above;
-        if (!chosen.count(s))
+        if (!chosen.count(s)) {
+          const auto [pv, ps] = fmt.pair(v, vstar);
           out.push_back({"missing_above_vstar", t, -1,
-                         "id " + std::to_string(s) + " score " + fmt(v) + " > v*=" + fmt(vstar) +
+                         "id " + std::to_string(s) + " score " + pv + " > v*=" + ps +
                              " not selected"});
+        }
       } else if (v == vstar) {
         tied.push_back(s);
       }
@@ -219,14 +231,9 @@ std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& score
       for (size_t i = 1; i < picks.size(); ++i) {
         const double a = score(picks[i - 1]), b = score(picks[i]);
         if (a < b) {
-          out.push_back({"unsorted", t, pick_slots[i],
-                         "score " + fmt(b) + " after " + fmt(a)});
+          const auto [pb, pa] = fmt.pair(b, a);
+          out.push_back({"unsorted", t, pick_slots[i], "score " + pb + " after " + pa});
         } else if (a == b) {
-          if (conv.positive_zero_first && a == 0 && std::signbit(a) != std::signbit(b)) {
-            if (std::signbit(a))
-              out.push_back({"unsorted", t, pick_slots[i], "+0.0 after -0.0 (torch order)"});
-            continue;
-          }
           const bool asc = picks[i - 1] < picks[i];
           if ((policy.tie_break == TieBreak::Small && !asc) ||
               (policy.tie_break == TieBreak::Large && asc))
@@ -237,17 +244,51 @@ std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& score
                                to_string(policy.tie_break)});
         }
       }
-      if (conv.nan_ranks_first && nan_picked > 0) {
-        // NaN picks must lead the sorted prefix under torch's order.
-        for (int64_t j = 0; j < nan_picked && j < k; ++j) {
-          const int64_t id = static_cast<int64_t>(idx.get(t * k + j));
-          if (id < 0 || id >= s_kv || !std::isnan(score(id)))
-            out.push_back({"unsorted", t, j, "NaN picks must come first (torch order)"});
-        }
-      }
     }
   }
   return out;
+}
+
+bool is_contract_violation(const std::string& rule) {
+  return rule == "selected_nan" || rule == "selected_neg_inf" || rule == "duplicate" ||
+         rule == "id_out_of_range" || rule == "not_compact" || rule == "outside_window";
+}
+
+std::string summarize_topk_violations(const std::vector<TopkViolation>& v) {
+  static const std::vector<std::pair<std::string, std::string>> phrases = {
+      {"selected_nan", "selected NaN"},
+      {"selected_neg_inf", "selected -inf"},
+      {"duplicate", "duplicate id"},
+      {"id_out_of_range", "id out of range"},
+      {"not_compact", "valid id after -1"},
+      {"outside_window", "id outside the window"}};
+  std::map<std::string, std::set<int64_t>> rows;
+  const TopkViolation* first_other = nullptr;
+  for (const auto& x : v) {
+    if (is_contract_violation(x.rule)) rows[x.rule].insert(x.row);
+    else if (!first_other) first_other = &x;
+  }
+  std::string s;
+  for (const auto& [rule, phrase] : phrases) {
+    auto it = rows.find(rule);
+    if (it == rows.end()) continue;
+    s += s.empty() ? "deviates from the contract: " : "; ";
+    s += phrase + " in row" + (it->second.size() > 1 ? "s " : " ");
+    size_t n = 0;
+    for (int64_t r : it->second) {
+      if (n == 10) {
+        s += " and " + std::to_string(it->second.size() - 10) + " more";
+        break;
+      }
+      s += (n++ ? ", " : "") + std::to_string(r);
+    }
+  }
+  if (first_other) {
+    if (!s.empty()) s += "; ";
+    s += first_other->rule + " row=" + std::to_string(first_other->row) +
+         " slot=" + std::to_string(first_other->slot) + ": " + first_other->detail;
+  }
+  return s;
 }
 
 std::vector<TopkViolation> check_fused_topk(const Tensor& indices, const Tensor& ref_scores,
@@ -259,6 +300,7 @@ std::vector<TopkViolation> check_fused_topk(const Tensor& indices, const Tensor&
   check_arg(windows.s_q() == s_q && windows.s_kv == s_kv, "check_fused_topk", "windows",
             std::to_string(windows.s_q()) + " rows", std::to_string(s_q) + " rows");
   std::vector<TopkViolation> out;
+  const ValueFormat fmt{true};  // reference scores are float64
   if (!structural_header(indices, s_q, k, out)) return out;
   std::optional<KeyWindows> w = windows;
   for (int64_t t = 0; t < s_q; ++t) {

@@ -121,14 +121,12 @@ TEST(TopkCheck, NamesEachViolation) {
                        "outside_window"));
 }
 
-TEST(TopkCheck, NarrowedWidthAdapterIsExplicit) {
+TEST(TopkCheck, NarrowedWidthIsAShapeViolationUntilConverted) {
   Tensor scores = Tensor::from_f64({1, 2}, {1.0, 2.0}).to(DType::F32);
   Tensor narrowed = Tensor::from_i32({1, 2}, {1, 0});
   TopkPolicy p{TieBreak::Any, true};
   EXPECT_TRUE(has_rule(check_topk(narrowed, scores, 4, p, {}), "shape"));
-  TopkConventions conv;
-  conv.narrowed_width = true;
-  EXPECT_TRUE(check_topk(narrowed, scores, 4, p, {}, conv).empty());
+  EXPECT_TRUE(check_topk(adapt_topk_width(narrowed, 4), scores, 4, p, {}).empty());
 }
 
 TEST(TopkCheck, FusedAcceptsSwapsWithinTheBoundOnly) {
@@ -138,27 +136,6 @@ TEST(TopkCheck, FusedAcceptsSwapsWithinTheBoundOnly) {
   EXPECT_FALSE(check_fused_topk(Tensor::from_i32({1, 2}, {0, 2}), ref, 0.5, 2, w).empty());
 }
 
-
-TEST(TopkConventions, ReadFromThePeerFixtureJson) {
-  const auto j = nlohmann::json::parse(
-      R"js({"width": "min(k, s_kv) columns (the peer narrows the output when k > s_kv)",
-          "ties": "torch.topk, any tie subset", "nan": "torch.topk ranks NaN above +inf"})js");
-  const TopkConventions c = topk_conventions_from_json(j);
-  EXPECT_TRUE(c.narrowed_width);
-  EXPECT_TRUE(c.nan_ranks_first);
-  EXPECT_TRUE(c.positive_zero_first);
-  EXPECT_FALSE(topk_conventions_from_json(nlohmann::json::object()).narrowed_width);
-}
-
-TEST(TopkCheck, NanFirstAdapterAcceptsTorchOrderOnly) {
-  Tensor s = Tensor::from_f64({1, 4}, {1.0, NAN, 3.0, 2.0}).to(DType::F32);
-  TopkPolicy any{TieBreak::Any, true};
-  Tensor torch_like = Tensor::from_i32({1, 2}, {1, 2});
-  EXPECT_TRUE(has_rule(check_topk(torch_like, s, 2, any, {}), "selected_nan"));
-  TopkConventions conv;
-  conv.nan_ranks_first = true;
-  EXPECT_TRUE(check_topk(torch_like, s, 2, any, {}, conv).empty());
-}
 
 // Small op cases on the reference backend: every checker passes the reference itself.
 TEST(CheckOp, ReferencePassesEveryOp) {

@@ -1,6 +1,8 @@
-// Fixture runner (target dsa_oracle_fixtures): runs a fixture's op on the reference and,
-// optionally, on a backend, and compares both with the fixture's `expected.*` and with each
-// other. Backs `dsa-verify fixtures check` and `make audit`. Format: fixtures/peer/README.md.
+// Fixture runner (target dsa_oracle_fixtures): one judgement on every route (SPEC §9). A
+// fixture's op runs on a candidate (a backend, a plugin, a candidate file, or the fixture's
+// own expected.* served by CandidateBackend) and check_op judges it against the float64
+// reference on the same OpCase. Backs `dsa-verify fixtures check`, `compare`, `replay` and
+// `audit`. Format: docs/fixtures.md.
 #pragma once
 
 #include <string>
@@ -8,6 +10,7 @@
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/backend.h"
+#include "dsa/oracle/candidate_backend.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
 
@@ -16,35 +19,48 @@ namespace dsa::oracle {
 /// Result of one fixture.
 struct FixtureReport {
   std::string case_name, op, producer;
-  /// Producer's expected.* judged against the float64 reference: floats by the ratio rule
-  /// with the "peer:<op>" rows of the table (fp32 producer rounding), non-finite positions
-  /// identical; top-k by check_topk under the policy in params and the conventions JSON
-  /// (narrowed width etc. as explicit adapters, listed in notes).
-  OpReport reference_vs_expected;
-  /// check_op on the backend for each op the fixture covers (ratio rule vs the reference).
+  std::string path;                  ///< the fixture file ("" when built in memory)
+  std::vector<std::string> conventions;  ///< convention names applied to expected.*
+  /// The producer's expected.* judged as a candidate by check_op, one report per op (the
+  /// same rule as every backend); only the outputs it stores are judged.
+  std::vector<OpReport> producer_vs_reference;
+  /// check_op on the backend for each op the fixture covers; empty without a backend.
   std::vector<OpReport> backend_vs_reference;
-  /// Backend outputs vs expected.*: metrics only (verdict from non-finite positions and, for
-  /// top-k, set equality modulo ties); empty when no backend was given.
-  OpReport backend_vs_expected;
   bool passed() const;
 };
 
 /// Builds the OpCase of a fixture (windows from ks/ke when present, else full; params
-/// sm_scale, d_v, k, tie_break, sorted, mode, coeff). Throws fixtures::FileError naming a
-/// missing tensor or parameter.
+/// sm_scale, d_v, k, tie_break, sorted, mode, coeff). Throws fixtures::FileError naming the
+/// fixture's path (its case name when built in memory) and a missing tensor or parameter.
 OpCase op_case_from_fixture(const fixtures::Fixture& f);
 
 /// Ops a fixture's `op` string covers ("sparse_mla_fwd+bwd" → fwd, bwd). Throws
 /// fixtures::FileError on an unknown op string.
 std::vector<Op> fixture_ops(const fixtures::Fixture& f);
 
-/// Checks `f` on the reference and, when `backend` is not null, on the backend.
-/// Never throws for numeric disagreement (reported); throws FileError on malformed fixtures.
-/// `opt` is passed to every check_op of the backend.
+/// The fixture's expected.* served as a candidate ("producer" backend) with the fixture's
+/// structured conventions; free-text convention_notes are never applied.
+CandidateBackend expected_candidate(const fixtures::Fixture& f);
+
+/// check_op of `candidate` for every op of `f` on op_case_from_fixture(f) with `opt`: the
+/// one judging function behind every route. For a CandidateBackend (stored outputs), an op
+/// of which it stores no output is Incomplete, or not judged (Skip, names in not_judged)
+/// when opt.provided_outputs names none of that op's outputs.
+std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& candidate,
+                                        const CheckOptions& opt = {});
+
+/// Judges the producer's expected.* (judge_fixture_ops on expected_candidate with
+/// provided_outputs = the stored expected names, no determinism run) and, when `backend` is not
+/// null, the backend (judge_fixture_ops with `opt`). Never throws for numeric disagreement;
+/// throws FileError on malformed fixtures.
 FixtureReport check_fixture(const fixtures::Fixture& f, Backend* backend = nullptr,
                             const CheckOptions& opt = {});
 
-/// Multi-line report: one header per section, then the per-tensor metric tables.
+/// The most severe verdict of one candidate's op reports (Fail > Incomplete > Weak > Pass >
+/// Skip): Skip only when every op was skipped. The matching words: verdict_line (report.h).
+Verdict overall_verdict(const std::vector<OpReport>& reports);
+
+/// Multi-line report: one header, then each op report (producer first, then backend).
 std::string format_fixture_report(const FixtureReport& r);
 
 }  // namespace dsa::oracle

@@ -1,11 +1,10 @@
 // Exact top-k checker on given scores (SPEC §3) and the fused indexer+top-k checker (§9),
-// with explicit adapters for known peer conventions (§3.6).
+// Conventions of other kernels (§3.6, §9) are converted before a check (CandidateBackend),
+// never inside it.
 #pragma once
 
 #include <optional>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "dsa/contract/key_windows.h"
 #include "dsa/contract/policies.h"
@@ -14,23 +13,9 @@
 
 namespace dsa::oracle {
 
-/// Peer conventions the checker applies only when asked (SPEC §3.6), never by default.
-struct TopkConventions {
-  /// Output narrowed to min(k, s_kv) columns; adapt_topk_width pads it back to k with -1.
-  bool narrowed_width = false;
-  /// torch.topk ranks NaN above +inf: selected NaN entries are accepted and take slots first.
-  bool nan_ranks_first = false;
-  /// torch.topk orders +0.0 before -0.0 inside a sorted prefix (ids then free among them).
-  bool positive_zero_first = false;
-};
-
-/// Reads a fixture's `conventions` JSON: "width" mentioning min(k, s_kv) → narrowed_width;
-/// "nan" mentioning NaN ranked above +inf → nan_ranks_first; "ties" naming torch.topk →
-/// positive_zero_first. Unknown keys are ignored.
-TopkConventions topk_conventions_from_json(const nlohmann::json& conventions);
-
-/// Pads a narrowed [s_q, min(k,s_kv)] output to [s_q, k] with -1 (the narrowed-width
-/// adapter); returns `indices` unchanged when it already has k columns. Keeps the dtype.
+/// Pads a narrowed [s_q, min(k,s_kv)] output to [s_q, k] with -1 (the representation named by
+/// the convention topk_width_min_k_s_kv); returns `indices` unchanged when it already has k
+/// columns. Keeps the dtype. Throws std::invalid_argument for rank != 2 or more than k columns.
 Tensor adapt_topk_width(const Tensor& indices, int64_t k);
 
 /// Checks `indices` against §3 exactly for `scores` [s_q,s_kv] (F32/F64), k, policy and
@@ -38,13 +23,25 @@ Tensor adapt_topk_width(const Tensor& indices, int64_t k);
 /// (anything but -1 outside [0,s_kv)), not_compact (a valid id after -1), outside_window,
 /// selected_nan, selected_neg_inf, duplicate, wrong_count (valid ids != k_eff), below_vstar,
 /// missing_above_vstar, tie_policy (small/large picked the wrong tied ids), unsorted,
-/// tie_order. Rows whose window contains NaN are listed in `nan_rows` when given.
-/// Never throws for bad candidate data; throws std::invalid_argument on bad scores/windows.
+/// tie_order. No convention relaxes a rule: a selected NaN or -inf is always a violation.
+/// Scores in details print with 9 significant digits (F32; 17 for F64), plus their hex bits
+/// when two printed values would look equal. Rows whose window contains NaN are listed in
+/// `nan_rows` when given. Never throws for bad candidate data; throws std::invalid_argument
+/// on bad scores/windows.
 std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& scores, int64_t k,
                                       const TopkPolicy& policy,
                                       const std::optional<KeyWindows>& windows,
-                                      const TopkConventions& conventions = {},
                                       std::vector<int64_t>* nan_rows = nullptr);
+
+/// True for the rules that break the output contract whatever the representation (SPEC §9):
+/// selected_nan, selected_neg_inf, duplicate, id_out_of_range, not_compact, outside_window.
+bool is_contract_violation(const std::string& rule);
+
+/// The reason line of a failing top-k check. With contract violations: "deviates from the
+/// contract: selected NaN in rows 0, 3, 6; duplicate id in rows 2" (rows ascending, at most
+/// 10 then "and N more"); then, or otherwise, the first other violation as
+/// "<rule> row=r slot=j: detail". "" for an empty list.
+std::string summarize_topk_violations(const std::vector<TopkViolation>& v);
 
 /// Fused indexer + top-k (SPEC §9): `indices` were selected from a backend's own scores;
 /// `ref_scores` [s_q,s_kv] are the float64 reference scores (-inf outside windows) and

@@ -1,0 +1,30 @@
+// What every judging route of the CLI shares: CheckOptions from the flags, the verdict line,
+// the exit code and the JSON of per-output verdicts and bounds (compare, replay, fixtures
+// check, audit).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "dsa/oracle/op_check.h"
+#include "dsa/oracle/report.h"
+
+namespace dsa::cli {
+
+/// CheckOptions of a route: --outputs and --allow-weak; `file_route` turns the determinism
+/// run off (a stored file returns the same bytes twice by construction).
+oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route);
+
+/// Exit code of one candidate's op reports: kExitOk when overall_verdict is Pass,
+/// kExitDisagree otherwise (a failure, INCOMPLETE, WEAK without --allow-weak, or nothing judged).
+int exit_code(const std::vector<oracle::OpReport>& reports);
+
+/// {"verdict": line, "ops": [{"op", "backend", "verdict", "reason", "notes", "outputs":
+/// [{"name", "dtype", "passed", "max_abs", "bound", "baseline_err", "floor", "ratio",
+/// "message"}], "topk_violations": n}]}.
+nlohmann::json reports_json(const std::vector<oracle::OpReport>& reports);
+
+}  // namespace dsa::cli

@@ -1,0 +1,74 @@
+// Helpers of the route tests: a scratch directory, running the dsa-verify program, files.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "dsa/fixtures/safetensors.h"
+
+namespace dsa::cli::test {
+
+/// A fresh directory under the system temp dir, removed at the end of the test.
+class Scratch {
+ public:
+  explicit Scratch(const std::string& name)
+      : path_(std::filesystem::temp_directory_path() / ("dsa_routes_" + name)) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~Scratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Runs `dsa-verify ARGS`, printing its output; returns its exit status (-1 if it did not exit).
+inline int run_cli(const std::string& args) {
+  const std::string log = (std::filesystem::temp_directory_path() / "dsa_routes_cli.log").string();
+  const std::string cmd = std::string(DSA_VERIFY) + " " + args + " > " + log + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(log);
+  std::cout << "$ dsa-verify " << args << "\n" << in.rdbuf();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    ADD_FAILURE() << path << " was not written";
+    return nlohmann::json::object();
+  }
+  return nlohmann::json::parse(in);
+}
+
+/// Writes tensors by output name as a candidate file.
+inline void write_outputs(const std::string& path, const std::map<std::string, Tensor>& outputs) {
+  fixtures::SafetensorsFile f;
+  for (const auto& [n, t] : outputs) f.tensors.emplace(n, t);
+  fixtures::write_safetensors(path, f);
+}
+
+/// Path of the mutant plugin built from props::mutant_subjects()[i] (DSA_MUTANT_PLUGINS).
+inline std::string mutant_plugin(size_t i) {
+  std::stringstream all(DSA_MUTANT_PLUGINS);
+  std::string p;
+  for (size_t k = 0; std::getline(all, p, '|'); ++k)
+    if (k == i) return p;
+  return "";
+}
+
+}  // namespace dsa::cli::test

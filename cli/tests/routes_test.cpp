@@ -1,0 +1,121 @@
+// One judgement on every route (issue 12 item 4, SPEC §9): identical candidate outputs fed
+// through check_op in process, the plugin path, `dsa-verify compare`, `fixtures check` (the
+// outputs stored as expected.*) and `replay --candidate` give identical verdicts and bounds
+// per output. Label golden.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "dsa/fixtures/fixture.h"
+#include "dsa/oracle/candidate_backend.h"
+#include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/reference_backend.h"
+#include "dsa/plugin/plugin_backend.h"
+#include "dsa/property_tests/suite.h"
+#include "judge.h"
+#include "route_test_util.h"
+
+namespace dsa::cli {
+namespace {
+
+using test::Scratch;
+using test::run_cli;
+
+// The outputs of `b` on every op of `f`, named as in a candidate file.
+std::map<std::string, Tensor> outputs_of(oracle::Backend& b, const fixtures::Fixture& f) {
+  const oracle::OpCase c = oracle::op_case_from_fixture(f);
+  std::map<std::string, Tensor> out;
+  const SparseMlaForward fwd = b.sparse_mla_forward(c.mla);
+  out["out"] = fwd.out;
+  out["lse"] = fwd.lse;
+  out["max_logits"] = fwd.max_logits;
+  const SparseMlaGrads g = b.sparse_mla_backward(c.mla, c.dout);
+  out["dq"] = g.dq;
+  out["dkv"] = g.dkv;
+  if (g.dsink) out["dsink"] = *g.dsink;
+  return out;
+}
+
+// What must be identical between routes: per op the verdict and not-judged outputs, per
+// output its verdict, bound, error and baseline (numbers compared exactly).
+nlohmann::json judged_part(const nlohmann::json& reports) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& op : reports.at("ops")) {
+    nlohmann::json o = {{"op", op.at("op")}, {"verdict", op.at("verdict")}, {"not_judged", op.at("not_judged")}};
+    for (const auto& t : op.at("outputs"))
+      o["outputs"].push_back({{"name", t.at("name")}, {"passed", t.at("passed")}, {"bound", t.at("bound")},
+                              {"max_abs", t.at("max_abs")}, {"baseline_err", t.at("baseline_err")},
+                              {"floor", t.at("floor")}});
+    out.push_back(o);
+  }
+  return out;
+}
+
+class RouteIdentity : public ::testing::TestWithParam<bool> {};
+
+// Parameter: false = the correct reference outputs, true = a faulty kernel (base-2 lse).
+TEST_P(RouteIdentity, EveryRouteGivesTheSameVerdictsAndBounds) {
+  const bool faulty = GetParam();
+  Scratch dir(faulty ? "route_identity_faulty" : "route_identity_correct");
+  const std::string golden = std::string(DSA_GOLDEN_FIXTURE_DIR) + "/smla_sink.safetensors";
+  const fixtures::Fixture f = fixtures::load_fixture(golden);
+
+  // (a) in process and (b) through the plugin ABI: the same kernel, two ways.
+  std::unique_ptr<oracle::Backend> in_process;
+  std::string plugin_path;
+  if (faulty) {
+    for (size_t i = 0; i < props::mutant_subjects().size(); ++i)
+      if (props::mutant_subjects()[i].name == "smla_base2_lse") {
+        in_process = props::mutant_subjects()[i].make();
+        plugin_path = test::mutant_plugin(i);
+      }
+    ASSERT_TRUE(in_process) << "mutant smla_base2_lse not found";
+  } else {
+    in_process = oracle::make_reference_backend();
+    plugin_path = DSA_REFERENCE_PLUGIN;
+  }
+  auto plugin = plugin::load_plugin(plugin_path);
+  JudgeOptions judge;
+  oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
+  const nlohmann::json a = reports_json(oracle::judge_fixture_ops(f, *in_process, opt));
+  const nlohmann::json b = reports_json(oracle::judge_fixture_ops(f, *plugin, opt));
+
+  // The same outputs stored: a candidate file (compare, replay) and expected.* (fixtures check).
+  const auto outputs = outputs_of(*in_process, f);
+  const std::string cand = dir.file("candidate.safetensors");
+  test::write_outputs(cand, outputs);
+  fixtures::Fixture as_expected = f;
+  as_expected.expected = outputs;
+  const std::string stored = dir.file("stored.safetensors");
+  fixtures::save_fixture(stored, as_expected);
+
+  const int compare_rc = run_cli("compare --golden " + golden + " --candidate " + cand + " --json " +
+                                 dir.file("compare.json"));
+  const int replay_rc = run_cli("replay " + golden + " --candidate " + cand + " --json " + dir.file("replay.json"));
+  const int check_rc = run_cli("fixtures check " + stored + " --backend reference --json " + dir.file("check.json"));
+  const nlohmann::json c = test::read_json(dir.file("compare.json"));
+  const nlohmann::json e = test::read_json(dir.file("replay.json"));
+  const nlohmann::json d = test::read_json(dir.file("check.json")).at("files").at(0).at("producer");
+
+  const nlohmann::json want = judged_part(a);
+  ASSERT_EQ(want.size(), 2u);  // forward and backward
+  EXPECT_EQ(judged_part(b), want) << "plugin path";
+  EXPECT_EQ(judged_part(c), want) << "compare";
+  EXPECT_EQ(judged_part(d), want) << "fixtures check";
+  EXPECT_EQ(judged_part(e), want) << "replay";
+  EXPECT_EQ(a.at("verdict"), faulty ? "DISAGREES" : "AGREES");
+  for (const auto* j : {&b, &c, &d, &e}) EXPECT_EQ(j->at("verdict"), a.at("verdict"));
+  const int want_rc = faulty ? 1 : 0;
+  EXPECT_EQ(compare_rc, want_rc);
+  EXPECT_EQ(replay_rc, want_rc);
+  EXPECT_EQ(check_rc, want_rc);
+}
+
+INSTANTIATE_TEST_SUITE_P(Outputs, RouteIdentity, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Faulty" : "Correct"; });
+
+}  // namespace
+}  // namespace dsa::cli

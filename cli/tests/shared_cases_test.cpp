@@ -1,0 +1,252 @@
+// The cases found by trying the tool from outside (issue 12), rebuilt here in code: each
+// golden is computed by the float64 reference (or taken from fixtures/peer), each candidate
+// is what a faulty kernel returns, and the verdict comes from the route a user runs
+// (`dsa-verify compare`, `fixtures check`). Label golden. Tests named DISABLED_ need the
+// oracle's local per-row bounds (SPEC §9) and are enabled with them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "dsa/fixtures/fixture.h"
+#include "dsa/oracle/candidate_backend.h"
+#include "dsa/oracle/fixture_check.h"
+#include "dsa/reference/sparse_mla.h"
+#include "dsa/reference/topk.h"
+#include "route_test_util.h"
+
+namespace dsa::cli {
+namespace {
+
+using test::Scratch;
+using test::run_cli;
+
+std::string peer(const std::string& name) { return std::string(DSA_PEER_FIXTURE_DIR) + "/" + name + ".safetensors"; }
+
+Tensor scaled(const Tensor& t, double factor) {
+  Tensor out(t.dtype(), t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) out.set(i, t.get(i) * factor);
+  return out;
+}
+
+// compare of the golden's expected.* with `output` multiplied by `factor`: the verdict line.
+nlohmann::json compare_scaled(const std::string& golden, const std::string& output, double factor,
+                              int* rc) {
+  Scratch dir("scaled_" + output);
+  const fixtures::Fixture f = fixtures::load_fixture(golden);
+  std::map<std::string, Tensor> cand = f.expected;
+  cand.erase("out_bf16");
+  cand.at(output) = scaled(cand.at(output), factor);
+  test::write_outputs(dir.file("cand.safetensors"), cand);
+  *rc = run_cli("compare --golden " + golden + " --candidate " + dir.file("cand.safetensors") + " --json " +
+                dir.file("r.json"));
+  return test::read_json(dir.file("r.json"));
+}
+
+// A gradient scaled by a factor far outside rounding is a wrong gradient on every route.
+TEST(SharedCases, DISABLED_SmlaBasicDkvHalvedDisagrees) {
+  int rc = 0;
+  const auto j = compare_scaled(peer("smla_basic"), "dkv", 0.5, &rc);
+  EXPECT_EQ(j.value("verdict", ""), "DISAGREES");
+  EXPECT_EQ(rc, 1);
+}
+
+TEST(SharedCases, DISABLED_SmlaBasicDqOnePercentTooLargeDisagrees) {
+  int rc = 0;
+  const auto j = compare_scaled(peer("smla_basic"), "dq", 1.01, &rc);
+  EXPECT_EQ(j.value("verdict", ""), "DISAGREES");
+  EXPECT_EQ(rc, 1);
+}
+
+TEST(SharedCases, DISABLED_SmlaSinkDsinkTenPercentTooSmallDisagrees) {
+  int rc = 0;
+  const auto j = compare_scaled(peer("smla_sink"), "dsink", 0.9, &rc);
+  EXPECT_EQ(j.value("verdict", ""), "DISAGREES");
+  EXPECT_EQ(rc, 1);
+}
+
+// The same faults judged as a producer's expected.*: `fixtures check` must not accept what
+// compare rejects (one judgement).
+TEST(SharedCases, DISABLED_FixturesCheckRejectsTheSameScaledGradient) {
+  Scratch dir("check_scaled");
+  fixtures::Fixture f = fixtures::load_fixture(peer("smla_basic"));
+  f.expected.at("dkv") = scaled(f.expected.at("dkv"), 0.5);
+  fixtures::save_fixture(dir.file("smla_basic_dkv_half.safetensors"), f);
+  EXPECT_EQ(run_cli("fixtures check " + dir.file("smla_basic_dkv_half.safetensors") + " --backend reference"), 1);
+}
+
+// A small sparse MLA golden (sm_scale 8, d_qk 16, d_v 8) from the float64 reference.
+fixtures::Fixture smla_golden(const std::string& name, const Tensor& q, const Tensor& kv,
+                              const Tensor& indices, std::optional<Tensor> sink, bool backward) {
+  fixtures::Fixture f;
+  f.case_name = name;
+  f.op = backward ? "sparse_mla_fwd+bwd" : "sparse_mla_fwd";
+  f.producer = "dsa-verify reference (float64), rounded to F32";
+  f.params = {{"sm_scale", 8.0}, {"d_v", 8}};
+  f.inputs.emplace("q", q);
+  f.inputs.emplace("kv", kv);
+  f.inputs.emplace("indices", indices);
+  SparseMlaInputs in;
+  in.q = q;
+  in.kv = kv;
+  in.indices = indices;
+  in.sm_scale = 8.0;
+  in.d_v = 8;
+  if (sink) {
+    in.attn_sink = *sink;
+    f.inputs.emplace("attn_sink", *sink);
+  }
+  const SparseMlaForward fwd = reference::sparse_mla_forward(in);
+  f.expected.emplace("out", fwd.out.to(DType::F32));
+  f.expected.emplace("lse", fwd.lse.to(DType::F32));
+  f.expected.emplace("max_logits", fwd.max_logits.to(DType::F32));
+  if (backward) {
+    Tensor dout(DType::F32, {q.size(0), q.size(1), 8});
+    for (int64_t i = 0; i < dout.numel(); ++i) dout.set(i, ((i * 7) % 11 - 5) / 8.0);
+    f.inputs.emplace("dout", dout);
+    const SparseMlaGrads g = reference::sparse_mla_backward(in, dout);
+    f.expected.emplace("dq", g.dq.to(DType::F32));
+    f.expected.emplace("dkv", g.dkv.to(DType::F32));
+    if (g.dsink) f.expected.emplace("dsink", g.dsink->to(DType::F32));
+  }
+  return f;
+}
+
+// Values on a 1/8 grid, small and exact in F32.
+Tensor grid(std::vector<int64_t> shape, int seed) {
+  Tensor t(DType::F32, std::move(shape));
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, static_cast<double>(static_cast<int>(rng() % 17) - 8) / 8.0);
+  return t;
+}
+
+// One legal, very large logit in the last row must not loosen the bound of the other rows:
+// zeroing `out` of rows 0-2 is caught (SPEC §9: bounds depend on the element's own row).
+TEST(SharedCases, DISABLED_OneLargeLogitRowDoesNotHideZeroedRows) {
+  Scratch dir("large_logit");
+  Tensor q = grid({4, 2, 16}, 1), kv = grid({6, 16}, 2);
+  q.set((3 * 2 + 0) * 16 + 0, 128.0);  // row 3, head 0
+  kv.set(5 * 16 + 0, 256.0);           // key 5: logit 8 * 128 * 256 = 262144 (+ grid terms)
+  const Tensor ids = Tensor::from_i32({4, 3}, {0, 1, 2, 1, 2, 3, 2, 3, 4, 5, 0, 1});
+  const fixtures::Fixture g = smla_golden("large_logit_row", q, kv, ids, Tensor::from_f64({2}, {0.5, -1.0}).to(DType::F32), true);
+  ASSERT_GT(g.expected.at("max_logits").get(6), 2.6e5);
+  fixtures::save_fixture(dir.file("golden.safetensors"), g);
+  std::map<std::string, Tensor> cand = g.expected;
+  for (int64_t i = 0; i < 3 * 2 * 8; ++i) cand.at("out").set(i, 0.0);
+  test::write_outputs(dir.file("cand.safetensors"), cand);
+  EXPECT_EQ(run_cli("compare --golden " + dir.file("golden.safetensors") + " --candidate " +
+                    dir.file("cand.safetensors") + " --json " + dir.file("r.json")), 1);
+  EXPECT_EQ(test::read_json(dir.file("r.json")).value("verdict", ""), "DISAGREES");
+}
+
+// A finite mask value (-5e4) hides a real logit of -280576: the kernel returns out = 0 and
+// only `out`. Without --outputs the missing lse and max_logits make it INCOMPLETE; naming
+// `out` as all it provides, the zero out itself must be caught.
+TEST(SharedCases, DISABLED_FiniteMaskValueWithOnlyOutIsIncompleteAndItsOutIsWrong) {
+  Scratch dir("finite_mask");
+  Tensor q = grid({2, 2, 16}, 3), kv = grid({4, 16}, 4);
+  for (int64_t d = 0; d < 16; ++d) {
+    q.set(0 * 16 + d, d == 0 ? -137.0 : 0.0);  // row 0, head 0
+    kv.set(1 * 16 + d, d == 0 ? 256.0 : kv.get(1 * 16 + d));
+  }
+  const Tensor ids = Tensor::from_i32({2, 2}, {1, -1, 0, 2});  // row 0: one valid key
+  const fixtures::Fixture g = smla_golden("finite_mask_value", q, kv, ids, std::nullopt, false);
+  ASSERT_LT(g.expected.at("max_logits").get(0), -2.8e5);
+  fixtures::save_fixture(dir.file("golden.safetensors"), g);
+  Tensor out = g.expected.at("out");
+  for (int64_t i = 0; i < 8; ++i) out.set(i, 0.0);  // row 0, head 0: masked away
+  test::write_outputs(dir.file("cand.safetensors"), {{"out", out}});
+  const std::string base = "compare --golden " + dir.file("golden.safetensors") + " --candidate " + dir.file("cand.safetensors");
+  EXPECT_EQ(run_cli(base + " --json " + dir.file("a.json")), 1);
+  EXPECT_EQ(test::read_json(dir.file("a.json")).value("verdict", ""), "INCOMPLETE");
+  EXPECT_EQ(run_cli(base + " --outputs out --json " + dir.file("b.json")), 1);
+  EXPECT_EQ(test::read_json(dir.file("b.json")).value("verdict", ""), "DISAGREES");
+  // The correct out alone, with --outputs out: agrees and says what was not judged.
+  test::write_outputs(dir.file("good.safetensors"), {{"out", g.expected.at("out")}});
+  EXPECT_EQ(run_cli("compare --golden " + dir.file("golden.safetensors") + " --candidate " +
+                    dir.file("good.safetensors") + " --outputs out --json " + dir.file("c.json")), 0);
+  EXPECT_EQ(test::read_json(dir.file("c.json")).value("verdict", ""), "AGREES (partial: lse, max_logits not judged)");
+}
+
+// All scores in one narrow band [10, 10.2): a radix top-k that keeps only the first 1024
+// candidates of the threshold bin drops true top-k entries.
+TEST(SharedCases, NarrowBandTopkTruncatedToTheFirst1024CandidatesDisagrees) {
+  Scratch dir("narrow_band");
+  const int64_t s_q = 4, s_kv = 4096, k = 64;
+  Tensor scores(DType::F32, {s_q, s_kv});
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> band(10.0f, 10.2f);
+  for (int64_t i = 0; i < scores.numel(); ++i) scores.set(i, band(rng));
+  const TopkPolicy policy{TieBreak::Small, true};
+  fixtures::Fixture g;
+  g.case_name = "topk_narrow_band";
+  g.op = "topk";
+  g.producer = "dsa-verify reference";
+  g.params = {{"k", k}, {"tie_break", "small"}, {"sorted", true}};
+  g.inputs.emplace("scores", scores);
+  g.expected.emplace("indices", reference::select_topk(scores, k, policy, std::nullopt));
+  fixtures::save_fixture(dir.file("golden.safetensors"), g);
+  // The faulty kernel: the top-k of the first 1024 columns only.
+  Tensor head(DType::F32, {s_q, 1024});
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < 1024; ++s) head.set(t * 1024 + s, scores.get(t * s_kv + s));
+  test::write_outputs(dir.file("cand.safetensors"), {{"indices", reference::select_topk(head, k, policy, std::nullopt)}});
+  EXPECT_EQ(run_cli("compare --golden " + dir.file("golden.safetensors") + " --candidate " +
+                    dir.file("cand.safetensors") + " --json " + dir.file("r.json")), 1);
+  EXPECT_EQ(test::read_json(dir.file("r.json")).value("verdict", ""), "DISAGREES");
+}
+
+// Contract-correct top-k on the short-rows scores (k 40 > s_kv 24, -inf rows, -0.0/+0.0),
+// with the producer's free-text conventions in the metadata: text never turns an adapter on
+// or a rule off, so `fixtures check FILE` agrees.
+fixtures::Fixture short_rows_contract_correct() {
+  fixtures::Fixture f = fixtures::load_fixture(peer("topk_short_rows"));
+  const oracle::OpCase c = oracle::op_case_from_fixture(f);
+  f.producer = "dsa-verify reference (contract-correct outputs)";
+  f.conventions.clear();  // k columns, -1 padded: no representation to convert
+  f.convention_notes = {{"width", "min(k, s_kv) columns (the peer narrows the output when k > s_kv)"},
+                        {"nan", "torch.topk ranks NaN above +inf"},
+                        {"ties", "torch.topk, any tie subset"}};
+  f.expected.at("indices") = reference::select_topk(c.scores, c.k, c.policy, c.topk_windows);
+  return f;
+}
+
+TEST(SharedCases, ContractCorrectShortRowsAgreeDespiteFreeTextConventions) {
+  Scratch dir("short_rows");
+  const fixtures::Fixture f = short_rows_contract_correct();
+  ASSERT_EQ(f.expected.at("indices").size(1), 40);
+  fixtures::save_fixture(dir.file("topk_short_rows.safetensors"), f);
+  EXPECT_EQ(run_cli("fixtures check " + dir.file("topk_short_rows.safetensors") + " --backend reference --json " +
+                    dir.file("r.json")), 0);
+  EXPECT_EQ(test::read_json(dir.file("r.json")).at("files").at(0).at("producer").value("verdict", ""), "AGREES");
+}
+
+// torch.topk ranks NaN first: a producer that selects NaN deviates from the contract, and
+// neither free text nor any convention excuses it; the reason names the rows.
+TEST(SharedCases, ASelectedNaNDeviatesFromTheContractWhateverTheConventions) {
+  Scratch dir("nan_selected");
+  fixtures::Fixture f = short_rows_contract_correct();
+  f.conventions = {fixtures::Convention::TopkWidthMinKSkv};
+  Tensor& scores = f.inputs.at("scores");
+  const int64_t s_kv = scores.size(1);
+  for (int64_t t : {2, 3}) scores.set(t * s_kv + 7, NAN);
+  // torch order: the NaN id first, then the contract's ids of that row.
+  const oracle::OpCase c = oracle::op_case_from_fixture(f);
+  Tensor ids = reference::select_topk(c.scores, c.k, c.policy, c.topk_windows);
+  for (int64_t t : {2, 3}) {
+    for (int64_t j = c.k - 1; j > 0; --j) ids.set(t * c.k + j, ids.get(t * c.k + j - 1));
+    ids.set(t * c.k, 7);
+  }
+  f.expected.at("indices") = ids;
+  fixtures::save_fixture(dir.file("torch_nan.safetensors"), f);
+  EXPECT_EQ(run_cli("fixtures check " + dir.file("torch_nan.safetensors") + " --backend reference --json " +
+                    dir.file("r.json")), 1);
+  const auto p = test::read_json(dir.file("r.json")).at("files").at(0).at("producer");
+  EXPECT_EQ(p.value("verdict", ""), "DISAGREES");
+  EXPECT_NE(p.at("ops").at(0).value("reason", "").find("deviates from the contract: selected NaN in rows 2, 3"),
+            std::string::npos)
+      << p.dump(2);
+}
+
+}  // namespace
+}  // namespace dsa::cli
