@@ -130,6 +130,27 @@ void duplicates_accumulate_in_dkv(Backend& b, const BlockFactory&) {
   DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
+// Extreme rows inside an ordinary batch (logits +-2^18 on one-key rows, empty rows, a hot
+// key, large RoPE columns, sinks +-80/+-inf): forward and (when present) backward.
+void extreme_rows_in_batch(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_extreme_case();
+  DumpOnFailure dump([&] { return to_fixture(c, b.supports(Op::SparseMlaBwd)); });
+  check_inputs(c);
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  if (b.supports(Op::SparseMlaBwd))
+    DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+}
+
+// Production shapes (h_q 16 at level 0; 64/128 at levels >= 1; d_qk 576/512, k 2048).
+void production_shapes(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_production_case();
+  DumpOnFailure dump([&] { return to_fixture(c, b.supports(Op::SparseMlaBwd)); });
+  check_inputs(c);
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  if (b.supports(Op::SparseMlaBwd))
+    DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+}
+
 }  // namespace
 
 void add_sparse_mla_properties(std::vector<Property>& out) {
@@ -140,6 +161,8 @@ void add_sparse_mla_properties(std::vector<Property>& out) {
   out.push_back({"smla.topk_length_respected", {Op::SparseMlaFwd}, 1, topk_length_respected});
   out.push_back({"smla.backward_parity", {Op::SparseMlaBwd}, 1, backward_parity});
   out.push_back({"smla.duplicates_accumulate_in_dkv", {Op::SparseMlaBwd}, 1, duplicates_accumulate_in_dkv});
+  out.push_back({"smla.extreme_rows_in_batch", {Op::SparseMlaFwd}, 1, extreme_rows_in_batch});
+  out.push_back({"smla.production_shapes", {Op::SparseMlaFwd}, 25, production_shapes});
 }
 
 }  // namespace dsa::props

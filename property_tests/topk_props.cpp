@@ -81,6 +81,30 @@ void int32_contiguous_deterministic(Backend& b, const BlockFactory&) {
       RC_ASSERT(oracle::bitwise_equal(a, b.select_topk(c.scores, c.k, c.policy, c.windows)));
 }
 
+// Long rows (>= 32768 keys at level 0, up to 131072): narrow bands inside one radix bin,
+// tie floods, plateaus, specials, short selectable sets, per-row windows. The exact §3 check.
+void long_rows(Backend& b, const BlockFactory&) {
+  const TopkCase c = draw_topk_long_case();
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
+}
+
+// Per-row windows (packed, MTP with start > 0, raw negative/inverted/past-end ends clamped,
+// causal offsets) with garbage outside: nothing outside [ks, ke) is selected (§1, §3).
+void row_windows(Backend& b, const BlockFactory&) {
+  const TopkCase c = draw_topk_windows_case();
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
+}
+
+// Ties that overflow the free slots (all-tie rows, floods at v*): k_eff distinct ids, every
+// slot written (§3.2, §3.3).
+void tie_overflow(Backend& b, const BlockFactory&) {
+  const TopkCase c = draw_topk_ties_case();
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
+}
+
 // Fused indexer + top-k: sets differ from the exact top-k only within the score bound (§9).
 void fused_indexer_topk(Backend& b, const BlockFactory&) {
   const IndexerCase ic = draw_indexer_case();
@@ -104,6 +128,9 @@ void add_topk_properties(std::vector<Property>& out) {
   out.push_back({"topk.ties_resolved_bitwise", {Op::Topk}, 1, ties_resolved_bitwise});
   out.push_back({"topk.nan_never_selected", {Op::Topk}, 1, nan_never_selected});
   out.push_back({"topk.int32_contiguous_deterministic", {Op::Topk}, 1, int32_contiguous_deterministic});
+  out.push_back({"topk.long_rows", {Op::Topk}, 4, long_rows});
+  out.push_back({"topk.row_windows", {Op::Topk}, 1, row_windows});
+  out.push_back({"topk.tie_overflow", {Op::Topk}, 2, tie_overflow});
   out.push_back({"topk.fused_indexer_topk", {Op::IndexerScores, Op::Topk}, 2, fused_indexer_topk});
 }
 

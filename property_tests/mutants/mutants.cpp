@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "dsa/oracle/reference_backend.h"
@@ -271,6 +272,93 @@ class NondeterministicDkv final : public Wrap {
   }
 };
 
+// Field fault: invalid slots masked with a finite value (-5e4, the fp16-safe "minus
+// infinity") instead of being skipped: each masked slot is a term exp(-5e4 - lse) with a
+// zero value row (the load is masked). Harmless on ordinary rows, wrong on empty rows (lse
+// finite, max_logits -5e4) and on rows whose real logits lie below -5e4 (out ~ 0).
+class SmlaFiniteMask final : public Wrap {
+ public:
+  SmlaFiniteMask() : Wrap("smla_finite_mask_value") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    SparseMlaForward f = ref_->sparse_mla_forward(in);
+    const int64_t s_q = in.q.size(0), h = in.q.size(1), d_qk = in.q.size(2), d_v = in.d_v;
+    const int64_t k = in.indices.size(-1);
+    constexpr double kMask = -5e4;
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t hh = 0; hh < h; ++hh) {
+        std::vector<double> P;
+        std::vector<int64_t> ids;
+        int64_t n_masked = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          if (!slot_valid(in, t, j)) { ++n_masked; continue; }
+          const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
+          double dot = 0;
+          for (int64_t d = 0; d < d_qk; ++d) dot += in.q.get((t * h + hh) * d_qk + d) * in.kv.get(id * d_qk + d);
+          P.push_back(in.sm_scale * dot);
+          ids.push_back(id);
+        }
+        if (n_masked == 0) continue;
+        double m = kMask;
+        for (double x : P) m = std::max(m, x);
+        double sum = static_cast<double>(n_masked) * std::exp(kMask - m);
+        for (double x : P) sum += std::exp(x - m);
+        const double lse = m + std::log(sum);
+        double scale = 1.0;
+        if (in.attn_sink) {
+          const double sk = in.attn_sink->get(hh);
+          scale = sk == INFINITY ? 0.0 : 1.0 / (1.0 + std::exp(sk - lse));
+        }
+        for (int64_t d = 0; d < d_v; ++d) {
+          double o = 0;
+          for (size_t j = 0; j < ids.size(); ++j) o += std::exp(P[j] - lse) * in.kv.get(ids[j] * d_qk + d);
+          f.out.set((t * h + hh) * d_v + d, o * scale);
+        }
+        f.lse.set(t * h + hh, lse);
+        f.max_logits.set(t * h + hh, m);
+      }
+    return f;
+  }
+};
+
+// Field fault: the attention sink is dropped (the kernel's sink argument is not wired
+// through): out is not rescaled and no dsink is returned.
+class SmlaSinkDropped final : public IndexRewrite {
+ public:
+  SmlaSinkDropped() : IndexRewrite("smla_sink_dropped") {}
+  SparseMlaInputs rewrite(const SparseMlaInputs& in) const override {
+    SparseMlaInputs out = in;
+    out.attn_sink.reset();
+    return out;
+  }
+};
+
+// Field fault: the sink is indexed by h & 3 (a kernel written for 4 heads per block): heads
+// >= 4 use another head's sink.
+class SmlaSinkHeadMod4 final : public IndexRewrite {
+ public:
+  SmlaSinkHeadMod4() : IndexRewrite("smla_sink_indexed_by_h_and_3") {}
+  SparseMlaInputs rewrite(const SparseMlaInputs& in) const override {
+    if (!in.attn_sink) return in;
+    SparseMlaInputs out = in;
+    for (int64_t hh = 0; hh < in.attn_sink->numel(); ++hh) out.attn_sink->set(hh, in.attn_sink->get(hh & 3));
+    return out;
+  }
+};
+
+// Field fault: the backward's dkv loses the contributions of query rows t >= 8 (the dkv
+// reduction covers one 8-row tile of queries); dq and dsink are right.
+class SmlaDkvDropsRowsFrom8 final : public Wrap {
+ public:
+  SmlaDkvDropsRowsFrom8() : Wrap("smla_dkv_drops_query_rows_ge_8") {}
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    SparseMlaGrads g = ref_->sparse_mla_backward(in, dout);
+    if (in.q.size(0) <= 8) return g;
+    const SparseMlaInputs first = remap(in, [](int64_t t, int64_t, int64_t id) { return t >= 8 ? -1 : id; });
+    g.dkv = ref_->sparse_mla_backward(first, dout).dkv;
+    return g;
+  }
+};
+
 // ---- top-k -----------------------------------------------------------------------------
 
 Tensor map_scores(const Tensor& s, double from_nan_or_value, bool nan, double to) {
@@ -386,6 +474,165 @@ class TopkNonContiguousIds final : public Wrap {
   }
 };
 
+// Order-preserving uint32 key of an fp32 score (the radix-select key).
+uint32_t radix_key(double v) {
+  const float f = static_cast<float>(v);
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Field fault (vLLM, SGLang, FlashInfer, TensorRT-LLM, 2026): radix top-k whose first pass
+// builds a histogram of the top `bits` bits of the key, takes every key above the threshold
+// bin, and collects the threshold bin's keys into a candidate buffer of `capacity` slots for
+// the refining passes; candidates past the buffer are silently dropped (no overflow path).
+// Slots the buffer cannot fill stay -1.
+class TopkCandidateOverflow final : public Wrap {
+ public:
+  TopkCandidateOverflow(const char* name, int bits, int64_t capacity)
+      : Wrap(name), bits_(bits), capacity_(capacity) {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    const int64_t s_q = s.size(0), s_kv = s.size(1);
+    Tensor kept = s;  // entries the kernel can still select; the rest become -inf
+    const int shift = 32 - bits_;
+    for (int64_t t = 0; t < s_q; ++t) {
+      std::vector<int64_t> hist(size_t{1} << bits_, 0);
+      auto selectable = [&](int64_t c) {
+        const double v = s.get(t * s_kv + c);
+        return (!w || w->contains(t, c)) && !std::isnan(v) && v != -INFINITY;
+      };
+      int64_t n_sel = 0;
+      for (int64_t c = 0; c < s_kv; ++c)
+        if (selectable(c)) { ++hist[radix_key(s.get(t * s_kv + c)) >> shift]; ++n_sel; }
+      const int64_t k_eff = std::min(k, n_sel);
+      if (k_eff == 0) continue;
+      int64_t above = 0, bin = static_cast<int64_t>(hist.size()) - 1;
+      while (above + hist[static_cast<size_t>(bin)] < k_eff) above += hist[static_cast<size_t>(bin--)];
+      int64_t buffered = 0;
+      for (int64_t c = 0; c < s_kv; ++c) {
+        if (!selectable(c)) continue;
+        const int64_t b = static_cast<int64_t>(radix_key(s.get(t * s_kv + c)) >> shift);
+        const bool keep = b > bin || (b == bin && buffered++ < capacity_);
+        if (!keep) kept.set(t * s_kv + c, -INFINITY);
+      }
+    }
+    return ref_->select_topk(kept, k, p, w);
+  }
+
+ private:
+  int bits_;
+  int64_t capacity_;
+};
+
+// Field fault: the scan reads past the row's end: scores are loaded 8 at a time (two float4)
+// from ks and the last chunk is not masked, so up to 7 keys past ke (or past s_kv, into the
+// next row of the row-major table) are candidates.
+class TopkReadsPastRowEnd final : public Wrap {
+ public:
+  TopkReadsPastRowEnd() : Wrap("topk_reads_past_row_end") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    const int64_t s_q = s.size(0), s_kv = s.size(1), wide = s_kv + 7;
+    Tensor big(DType::F32, {s_q, wide});  // each row followed by what memory holds after it
+    std::vector<int64_t> ks(static_cast<size_t>(s_q)), ke(static_cast<size_t>(s_q));
+    for (int64_t t = 0; t < s_q; ++t) {
+      for (int64_t c = 0; c < wide; ++c) {
+        const int64_t flat = t * s_kv + c;
+        big.set(t * wide + c, flat < s.numel() ? s.get(flat) : -INFINITY);
+      }
+      const int64_t a = w ? w->ks[t] : 0, e = w ? w->ke[t] : s_kv;
+      ks[static_cast<size_t>(t)] = a;
+      ke[static_cast<size_t>(t)] = e > a ? a + (e - a + 7) / 8 * 8 : e;
+    }
+    Tensor ids = ref_->select_topk(big, k, p, KeyWindows::explicit_windows(ks, ke, wide));
+    return ids;  // ids >= s_kv are the reads past the row
+  }
+};
+
+// Field fault: an all-tie row (nothing above v*) is written twice by the threshold pass and
+// the tie-fill pass (a '>=' where '>' is required): the first half of the tie candidates
+// appears twice and the rest is missing.
+class TopkDuplicateIdsOnAllTieRow final : public Wrap {
+ public:
+  TopkDuplicateIdsOnAllTieRow() : Wrap("topk_duplicate_ids_all_tie_row") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    Tensor ids = ref_->select_topk(s, k, p, w);
+    const int64_t s_kv = s.size(1);
+    for (int64_t t = 0; t < s.size(0); ++t) {
+      int64_t n = 0;
+      while (n < k && ids.get(t * k + n) >= 0) ++n;
+      if (n < 2) continue;
+      const double first = s.get(t * s_kv + static_cast<int64_t>(ids.get(t * k)));
+      bool all_tie = true;
+      for (int64_t c = 0; c < s_kv; ++c) {
+        const double v = s.get(t * s_kv + c);
+        if ((!w || w->contains(t, c)) && !std::isnan(v) && v != -INFINITY && v != first) all_tie = false;
+      }
+      if (!all_tie) continue;
+      const int64_t half = (n + 1) / 2;
+      for (int64_t j = half; j < n; ++j) ids.set(t * k + j, ids.get(t * k + j - half));
+    }
+    return ids;
+  }
+};
+
+// Field fault: when the ties at v* outnumber the free slots, the tie fill takes its overflow
+// exit and leaves those slots unwritten: they hold what the (zero-initialised) output
+// buffer held.
+class TopkUnwrittenOnTieOverflow final : public Wrap {
+ public:
+  TopkUnwrittenOnTieOverflow() : Wrap("topk_unwritten_slots_on_tie_overflow") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    Tensor ids = ref_->select_topk(s, k, p, w);
+    const int64_t s_kv = s.size(1);
+    for (int64_t t = 0; t < s.size(0); ++t) {
+      int64_t n = 0;
+      while (n < k && ids.get(t * k + n) >= 0) ++n;
+      if (n == 0) continue;
+      // v* = the smallest selected value; count the selectable ties at v*.
+      double vstar = INFINITY;
+      for (int64_t j = 0; j < n; ++j) vstar = std::min(vstar, s.get(t * s_kv + static_cast<int64_t>(ids.get(t * k + j))));
+      int64_t ties = 0, picked_ties = 0;
+      for (int64_t c = 0; c < s_kv; ++c)
+        if ((!w || w->contains(t, c)) && s.get(t * s_kv + c) == vstar) ++ties;
+      for (int64_t j = 0; j < n; ++j)
+        if (s.get(t * s_kv + static_cast<int64_t>(ids.get(t * k + j))) == vstar) ++picked_ties;
+      if (ties <= picked_ties) continue;  // the ties fit: no overflow
+      for (int64_t j = 0; j < n; ++j)
+        if (s.get(t * s_kv + static_cast<int64_t>(ids.get(t * k + j))) == vstar) ids.set(t * k + j, 0);
+    }
+    return ids;
+  }
+};
+
+// Field fault: a negative row length (ke < ks: an inverted window, or an end below the start)
+// is not clamped to 0; taken as unsigned it is huge and the scan runs from ks to the row end.
+class TopkNegativeEndNotClamped final : public Wrap {
+ public:
+  TopkNegativeEndNotClamped() : Wrap("topk_negative_row_end_not_clamped") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    if (!w) return ref_->select_topk(s, k, p, w);
+    std::vector<int64_t> ke = w->ke;
+    for (int64_t t = 0; t < w->s_q(); ++t)
+      if (ke[static_cast<size_t>(t)] < w->ks[static_cast<size_t>(t)]) ke[static_cast<size_t>(t)] = w->s_kv;
+    return ref_->select_topk(s, k, p, KeyWindows::explicit_windows(w->ks, ke, w->s_kv));
+  }
+};
+
+// Field fault: a packed batch passes each row's end local to its sequence (ke - ks, the
+// position inside the sequence) where the kernel expects the global column end: rows of
+// every sequence but the first see [ks, ke - ks).
+class TopkLocalRowEnds final : public Wrap {
+ public:
+  TopkLocalRowEnds() : Wrap("topk_packed_local_row_ends") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    if (!w) return ref_->select_topk(s, k, p, w);
+    std::vector<int64_t> ke = w->ke;
+    for (int64_t t = 0; t < w->s_q(); ++t)
+      ke[static_cast<size_t>(t)] = w->ke[static_cast<size_t>(t)] - w->ks[static_cast<size_t>(t)];
+    return ref_->select_topk(s, k, p, KeyWindows::explicit_windows(w->ks, ke, w->s_kv));
+  }
+};
+
 // ---- indexer ---------------------------------------------------------------------------
 
 // Field fault: causal window off by one (the key at ke is visible).
@@ -473,6 +720,37 @@ class UnnormalisedTeacher final : public Wrap {
   }
 };
 
+// Field fault: the KL loss is averaged over all s_q rows, empty ones included (the mean is
+// taken over the batch instead of over rows with a non-empty key set S_t): loss and
+// d_scores are scaled by n_rows / s_q.
+class KlMeanOverAllRows final : public Wrap {
+ public:
+  KlMeanOverAllRows() : Wrap("kl_mean_over_all_rows") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlResult r = ref_->indexer_kl_loss(in);
+    const int64_t s_q = in.windows.s_q(), s_kv = in.windows.s_kv;
+    int64_t n_rows = 0;
+    for (int64_t t = 0; t < s_q; ++t) {
+      bool any = false;
+      auto in_set = [&](int64_t s) {
+        return s >= 0 && s < s_kv && in.windows.contains(t, s) && in.scores.get(t * s_kv + s) != -INFINITY;
+      };
+      if (in.mode == KlMode::Dense) {
+        for (int64_t s = 0; s < s_kv && !any; ++s) any = in_set(s);
+      } else {
+        const int64_t k = in.indices->size(-1);
+        for (int64_t j = 0; j < k && !any; ++j) any = in_set(static_cast<int64_t>(in.indices->get(t * k + j)));
+      }
+      n_rows += any;
+    }
+    if (s_q == 0 || n_rows == 0) return r;
+    const double f = static_cast<double>(n_rows) / static_cast<double>(s_q);
+    for (int64_t i = 0; i < r.loss.numel(); ++i) r.loss.set(i, f * r.loss.get(i));
+    for (int64_t i = 0; i < r.d_scores.numel(); ++i) r.d_scores.set(i, f * r.d_scores.get(i));
+    return r;
+  }
+};
+
 // ---- recompute (block runner) ------------------------------------------------------------
 
 // Field fault: replay under save_dsa_indexer re-runs top-k instead of using the saved ids.
@@ -554,6 +832,16 @@ Subject backend_mutant(const std::string& fault, const std::string& focus) {
   return s;
 }
 
+Subject candidate_overflow_mutant(const char* name, int bits, int64_t capacity) {
+  Subject s;
+  s.make = [=] { return std::unique_ptr<Backend>(new TopkCandidateOverflow(name, bits, capacity)); };
+  s.name = name;
+  s.fault = "radix top-k (" + std::to_string(bits) + "-bit first pass) keeping only the first " +
+            std::to_string(capacity) + " candidates of the threshold bin";
+  s.focus = "topk.";
+  return s;
+}
+
 template <class B>
 Subject block_mutant(const std::string& name, const std::string& fault) {
   Subject s;
@@ -590,6 +878,19 @@ std::vector<Subject> mutant_subjects() {
       backend_mutant<ReluAfterWeight>("ReLU after the weight", "indexer."),
       backend_mutant<Bf16Accumulation>("bf16 accumulation in the indexer", "indexer."),
       backend_mutant<UnnormalisedTeacher>("unnormalised KL teacher", "kl."),
+      // 2026 field faults (issue 9).
+      candidate_overflow_mutant("topk_first_1024_of_threshold_bin", 11, 1024),
+      candidate_overflow_mutant("topk_first_4096_of_threshold_bin", 8, 4096),
+      backend_mutant<TopkReadsPastRowEnd>("top-k reading up to 7 keys past the row's end (unmasked 8-wide tail)", "topk."),
+      backend_mutant<TopkDuplicateIdsOnAllTieRow>("duplicate ids on an all-tie row ('>=' in the threshold pass)", "topk."),
+      backend_mutant<TopkUnwrittenOnTieOverflow>("slots left unwritten (0) when the ties at v* overflow", "topk."),
+      backend_mutant<TopkNegativeEndNotClamped>("negative row length (ke < ks) not clamped: scans to the row end", "topk."),
+      backend_mutant<TopkLocalRowEnds>("packed batch: local row ends (ke - ks) used as global ends", "topk."),
+      backend_mutant<SmlaFiniteMask>("finite mask value -5e4 instead of -inf for invalid slots", "smla."),
+      backend_mutant<SmlaSinkDropped>("attention sink dropped", "smla."),
+      backend_mutant<SmlaSinkHeadMod4>("sink indexed by h & 3", "smla."),
+      backend_mutant<SmlaDkvDropsRowsFrom8>("dkv missing the contributions of query rows t >= 8", "smla."),
+      backend_mutant<KlMeanOverAllRows>("KL mean over all rows, empty ones included", "kl."),
       block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),

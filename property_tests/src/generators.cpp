@@ -6,11 +6,14 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 
 namespace dsa::props {
 namespace {
 
 using Rng = std::mt19937_64;
+
+thread_local int g_level = 0;
 
 Rng draw_rng() { return Rng(*rc::gen::arbitrary<uint64_t>()); }
 
@@ -22,6 +25,31 @@ T draw_of(std::initializer_list<T> xs) {
   return *rc::gen::elementOf(std::vector<T>(xs));
 }
 bool draw_bool() { return *rc::gen::arbitrary<bool>(); }
+
+// `value`, drawn as a RapidCheck value that shrinks toward `floor` (integral shrinking): a
+// failing long row is reported at the shortest length (smallest k) that still fails.
+int64_t draw_shrinking_to(int64_t value, int64_t floor) {
+  return *rc::Gen<int64_t>([=](const rc::Random&, int) {
+    return rc::shrinkable::shrinkRecur(value, [=](int64_t v) { return rc::shrink::towards<int64_t>(v, floor); });
+  });
+}
+
+// Order-preserving uint32 key of an fp32 value (the radix-select key: sign bit flipped for
+// positives, all bits flipped for negatives), and back.
+uint32_t f32_key(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+float key_f32(uint32_t key) {
+  const uint32_t u = (key & 0x80000000u) ? (key & 0x7fffffffu) : ~key;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Logs the case's named fields: RapidCheck prints the log of a failing (shrunk) case.
+void log_case(const std::string& desc) { RC_LOG() << "case: " << desc << "\n"; }
 
 double uni(Rng& r, double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(r); }
 int64_t irand(Rng& r, int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(r); }
@@ -44,6 +72,9 @@ std::vector<int64_t> split(int64_t total, int64_t parts, Rng& r) {
 }
 
 }  // namespace
+
+int generation_level() { return g_level; }
+void set_generation_level(int level) { g_level = level; }
 
 bool all_zero(const Tensor& t) {
   for (int64_t i = 0; i < t.numel(); ++i)
@@ -71,11 +102,16 @@ KeyWindows draw_windows(int64_t s_q, int64_t s_kv, const char* kind, std::string
     return KeyWindows::varlen(cq, ck);
   }
   if (k == "mtp" && s_kv >= s_q && s_q >= 1) {
-    int64_t next_n = 1;
-    for (int64_t n : {3, 2})
-      if (s_q % n == 0) { next_n = n; break; }
+    // next_n 1..4 (the largest divisor of s_q not above the drawn one); contexts longer than
+    // next_n where the keys allow it, so the queries start at positions > 0.
+    int64_t next_n = draw_in(1, 4);
+    while (s_q % next_n != 0) --next_n;
     const int64_t b = s_q / next_n;
     std::vector<int64_t> extra = split(s_kv - s_q, b, r), ctx;
+    if (s_kv - s_q >= b) {
+      extra = split(s_kv - s_q - b, b, r);
+      for (auto& e : extra) ++e;
+    }
     for (int64_t i = 0; i < b; ++i) ctx.push_back(next_n + extra[i]);
     return KeyWindows::mtp(ctx, next_n);
   }
@@ -132,19 +168,245 @@ TopkCase draw_topk_case(const std::string& flavor) {
   }
   c.desc = "topk s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
            std::to_string(c.k) + " values=" + values + " windows=" + (c.windows ? wkind : "none");
+  log_case(c.desc);
+  return c;
+}
+
+namespace {
+
+// One top-k row of `n` scores (row-major at `out`) from distribution `dist`, k the width.
+// Distributions (issue 9): band8/band11/band16 (every value inside one radix bin at that
+// prefix of the order-preserving key), ties_at_kth (thousands equal to the k-th value),
+// all_tie (one value, zeros with random signs or a nonzero constant), relu (a fraction of
+// positives, the rest +0.0/-0.0), mixed (magnitudes from subnormal to 2^127, both signs),
+// specials (uniform with NaN, +inf, -inf sprinkled), few_selectable (fewer finite keys
+// than k, the rest -inf or NaN), uniform.
+void fill_topk_row(float* out, int64_t n, int64_t k, const std::string& dist, Rng& r) {
+  if (dist == "band8" || dist == "band11" || dist == "band16") {
+    const int bits = dist == "band8" ? 8 : dist == "band11" ? 11 : 16;
+    const double base = (irand(r, 0, 1) ? 1.0 : -1.0) * std::ldexp(uni(r, 1.0, 2.0), static_cast<int>(irand(r, -8, 8)));
+    const uint32_t low = (1u << (32 - bits)) - 1u;
+    const uint32_t prefix = f32_key(static_cast<float>(base)) & ~low;
+    for (int64_t i = 0; i < n; ++i) out[i] = key_f32(prefix | (static_cast<uint32_t>(r()) & low));
+    return;
+  }
+  if (dist == "ties_at_kth") {
+    // n_above strictly above v*, then n_tie copies of v* (more than the free slots), the
+    // rest below; shuffled.
+    const float v = static_cast<float>(irand(r, -4, 4)) * 0.5f;
+    const int64_t n_above = std::min<int64_t>(n, irand(r, 0, std::max<int64_t>(0, k - 1)));
+    const int64_t n_tie = std::min<int64_t>(n - n_above, k - n_above + irand(r, 1, 6000));
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = i < n_above ? v + static_cast<float>(uni(r, 0.25, 8.0))
+                           : i < n_above + n_tie ? v : v - static_cast<float>(uni(r, 0.25, 8.0));
+    std::shuffle(out, out + n, r);
+    return;
+  }
+  if (dist == "all_tie") {
+    const int64_t which = irand(r, 0, 2);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = which == 0 ? (irand(r, 0, 1) ? 0.0f : -0.0f) : which == 1 ? 1.5f : -3.0f;
+    return;
+  }
+  if (dist == "relu") {
+    const int64_t one_in = draw_of<int64_t>({2, 8, 64});
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = irand(r, 0, one_in - 1) == 0 ? static_cast<float>(uni(r, 0.0, 4.0))
+                                            : (irand(r, 0, 1) ? 0.0f : -0.0f);
+    return;
+  }
+  if (dist == "mixed") {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = static_cast<float>((irand(r, 0, 1) ? 1.0 : -1.0) *
+                                  std::ldexp(uni(r, 1.0, 2.0), static_cast<int>(irand(r, -149, 126))));
+    return;
+  }
+  if (dist == "few_selectable") {
+    for (int64_t i = 0; i < n; ++i) out[i] = irand(r, 0, 3) == 0 ? NAN : -INFINITY;
+    const int64_t m = std::min<int64_t>(n, irand(r, 0, std::max<int64_t>(0, k - 1)));
+    for (int64_t i = 0; i < m; ++i) out[irand(r, 0, n - 1)] = static_cast<float>(uni(r, -4, 4));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = static_cast<float>(uni(r, -4, 4));
+    if (dist == "specials") {
+      const int64_t c = irand(r, 0, 31);
+      if (c == 0) out[i] = NAN;
+      else if (c == 1) out[i] = INFINITY;
+      else if (c == 2) out[i] = -INFINITY;
+    }
+  }
+}
+
+std::string draw_row_dist() {
+  return *rc::gen::weightedElement<std::string>({{2, "band8"}, {2, "band11"}, {2, "band16"},
+                                                 {1, "ties_at_kth"}, {1, "all_tie"}, {1, "relu"},
+                                                 {1, "mixed"}, {1, "specials"}, {1, "few_selectable"}});
+}
+
+// Raw window ends of one row, as a caller may pass them (negative, inverted, past s_kv); the
+// contract clamps them to [0, s_kv] (SPEC §1).
+std::pair<int64_t, int64_t> draw_raw_ends(int64_t s_kv, Rng& r) {
+  const int64_t a = irand(r, 0, s_kv), b = irand(r, 0, s_kv);
+  const int64_t ks = *rc::gen::element<int64_t>(-7, -1, 0, std::min(a, b), a, s_kv, s_kv + 3);
+  const int64_t ke = *rc::gen::element<int64_t>(-3, -1, 0, std::max(a, b), b, s_kv, s_kv + 5);
+  return {ks, ke};
+}
+
+std::string row_ends_desc(const std::optional<KeyWindows>& w) {
+  if (!w) return "none";
+  std::string d;
+  for (int64_t t = 0; t < w->s_q() && t < 8; ++t)
+    d += (t ? "," : "") + std::string("[") + std::to_string(w->ks[t]) + "," + std::to_string(w->ke[t]) + ")";
+  return d + (w->s_q() > 8 ? ",..." : "");
+}
+
+}  // namespace
+
+TopkCase draw_topk_long_case() {
+  TopkCase c;
+  const int level = generation_level();
+  const int64_t s_q = draw_in(1, level == 0 ? 2 : 3);
+  const int64_t len = level == 0 ? draw_of<int64_t>({32768, 32769})
+                                 : draw_of<int64_t>({32768, 65537, 131072});
+  const int64_t s_kv = draw_shrinking_to(len, 1);
+  c.k = draw_shrinking_to(*rc::gen::weightedElement<int64_t>({{6, 2048}, {1, 512}, {1, 4096}}), 1);
+  c.policy.tie_break = *rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large);
+  c.policy.sorted = draw_bool();
+  std::vector<std::string> dists;
+  for (int64_t t = 0; t < s_q; ++t) dists.push_back(draw_row_dist());
+  std::vector<int64_t> ks, ke;
+  bool any_window = false;
+  Rng r = draw_rng();
+  for (int64_t t = 0; t < s_q; ++t) {
+    const std::string w = *rc::gen::weightedElement<std::string>({{3, "full"}, {1, "prefix"}, {1, "raw"}});
+    int64_t a = 0, b = s_kv;
+    if (w == "prefix") b = irand(r, 0, s_kv + 16);
+    if (w == "raw") std::tie(a, b) = draw_raw_ends(s_kv, r);
+    any_window = any_window || w != "full";
+    ks.push_back(a);
+    ke.push_back(b);
+  }
+  if (any_window) c.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
+  c.scores = Tensor(DType::F32, {s_q, s_kv});
+  float* sc = c.scores.data<float>();
+  for (int64_t t = 0; t < s_q; ++t) fill_topk_row(sc + t * s_kv, s_kv, c.k, dists[static_cast<size_t>(t)], r);
+  std::string dd;
+  for (const auto& d : dists) dd += (dd.empty() ? "" : ",") + d;
+  c.desc = "topk long s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
+           std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) + " sorted=" +
+           (c.policy.sorted ? "1" : "0") + " rows=" + dd + " windows(raw ends, clamped)=" +
+           row_ends_desc(c.windows);
+  log_case(c.desc);
+  return c;
+}
+
+TopkCase draw_topk_windows_case() {
+  TopkCase c;
+  const std::string kind = *rc::gen::element<std::string>("packed", "mtp", "raw", "causal");
+  int64_t s_q = draw_in(1, 12);
+  int64_t s_kv = *rc::gen::weightedOneOf<int64_t>(
+      {{4, rc::gen::inRange<int64_t>(1, 301)},
+       {1, rc::gen::element<int64_t>(63, 64, 65, 1023, 1025, 2049)}});
+  Rng r = draw_rng();
+  if (kind == "packed") {
+    s_q = std::max<int64_t>(s_q, 2);
+    s_kv = std::max(s_kv, s_q);
+    const int64_t b = draw_in(2, std::min<int64_t>(4, s_q));
+    std::vector<int64_t> lq = split(s_q - b, b, r), extra = split(s_kv - s_q, b, r);
+    std::vector<int64_t> cq{0}, ck{0};
+    for (int64_t i = 0; i < b; ++i) {
+      cq.push_back(cq.back() + lq[static_cast<size_t>(i)] + 1);
+      ck.push_back(ck.back() + lq[static_cast<size_t>(i)] + 1 + extra[static_cast<size_t>(i)]);
+    }
+    c.windows = KeyWindows::varlen(cq, ck);
+  } else if (kind == "mtp") {
+    const int64_t next_n = draw_in(1, 4), b = draw_in(1, 3);
+    s_q = next_n * b;
+    std::vector<int64_t> ctx;
+    int64_t total = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      ctx.push_back(next_n + irand(r, 1, std::max<int64_t>(1, s_kv / b)));  // start position > 0
+      total += ctx.back();
+    }
+    s_kv = total;
+    c.windows = KeyWindows::mtp(ctx, next_n);
+  } else if (kind == "raw") {
+    std::vector<int64_t> ks, ke;
+    for (int64_t t = 0; t < s_q; ++t) {
+      const auto e = draw_raw_ends(s_kv, r);
+      ks.push_back(e.first);
+      ke.push_back(e.second);
+    }
+    c.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
+  } else {
+    c.windows = KeyWindows::causal(s_q, s_kv, draw_bool() ? -1 : draw_in(0, s_kv));
+  }
+  c.k = *rc::gen::weightedOneOf<int64_t>({{6, rc::gen::inRange<int64_t>(1, s_kv + 9)},
+                                          {1, rc::gen::element<int64_t>(64, 2048)}});
+  c.policy.tie_break = *rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large);
+  c.policy.sorted = draw_bool();
+  const bool ints = draw_bool(), neg_inf_outside = irand(r, 0, 2) == 0;
+  c.scores = Tensor(DType::F32, {s_q, s_kv});
+  float* sc = c.scores.data<float>();
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < s_kv; ++s)
+      sc[t * s_kv + s] = c.windows->contains(t, s)
+                             ? static_cast<float>(ints ? static_cast<double>(irand(r, -3, 3)) : uni(r, -4, 4))
+                             : neg_inf_outside ? -INFINITY : static_cast<float>(uni(r, 100, 200));
+  c.desc = "topk windows=" + kind + " s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) +
+           " k=" + std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) +
+           " sorted=" + (c.policy.sorted ? "1" : "0") + " values=" + (ints ? "int" : "uniform") +
+           " outside=" + (neg_inf_outside ? "-inf" : "garbage[100,200]") + " ends=" +
+           row_ends_desc(c.windows);
+  log_case(c.desc);
+  return c;
+}
+
+TopkCase draw_topk_ties_case() {
+  TopkCase c;
+  const int64_t s_q = draw_in(1, 3);
+  const int64_t s_kv = draw_shrinking_to(draw_of<int64_t>({33, 65, 1000, 2049, 4097, 6000}), 1);
+  c.k = draw_shrinking_to(*rc::gen::weightedElement<int64_t>({{1, 33}, {1, 64}, {1, 1024}, {3, 2048}}), 1);
+  c.policy.tie_break = *rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large);
+  c.policy.sorted = draw_bool();
+  std::vector<std::string> dists;
+  for (int64_t t = 0; t < s_q; ++t)
+    dists.push_back(*rc::gen::element<std::string>("all_tie", "ties_at_kth", "relu"));
+  Rng r = draw_rng();
+  c.scores = Tensor(DType::F32, {s_q, s_kv});
+  float* sc = c.scores.data<float>();
+  for (int64_t t = 0; t < s_q; ++t) fill_topk_row(sc + t * s_kv, s_kv, c.k, dists[static_cast<size_t>(t)], r);
+  std::string dd;
+  for (const auto& d : dists) dd += (dd.empty() ? "" : ",") + d;
+  c.desc = "topk ties s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
+           std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) + " sorted=" +
+           (c.policy.sorted ? "1" : "0") + " rows=" + dd;
+  log_case(c.desc);
   return c;
 }
 
 IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind) {
   IndexerCase c;
   c.tier = tier ? *tier : (draw_bool() ? Tier::Exact : Tier::Random);
-  const bool edge = *rc::gen::inRange(0, 6) == 0;
-  const int64_t s_q = edge ? draw_of<int64_t>({63, 64, 65}) : draw_in(1, 8);
-  const int64_t s_kv = edge ? draw_in(1, 8) : draw_of<int64_t>({1, 2, 3, 5, 8, 13, 63, 64, 65});
+  // One case in six at tile edges of s_q, one in six long (issue 9): causal rows or MTP
+  // (next_n 1-4, start positions > 0) over 256-2049 keys.
+  const int roll = *rc::gen::inRange(0, 6);
+  const bool edge = roll == 0, long_rows = roll == 1;
+  const int64_t s_q = edge ? draw_of<int64_t>({63, 64, 65}) : long_rows ? draw_in(1, 4) : draw_in(1, 8);
+  const int64_t s_kv = edge ? draw_in(1, 8)
+                       : long_rows ? draw_of<int64_t>({256, 1000, 2049})
+                                   : draw_of<int64_t>({1, 2, 3, 5, 8, 13, 63, 64, 65});
   const int64_t h = draw_in(1, 4);
   const int64_t d = draw_of<int64_t>({1, 2, 8, 16, 64});
   std::string wk;
-  c.windows = draw_windows(s_q, s_kv, window_kind, &wk);
+  const char* kind = window_kind;
+  std::string long_kind;
+  if (!kind && long_rows) {
+    long_kind = *rc::gen::element<std::string>("causal", "mtp");
+    kind = long_kind.c_str();
+  }
+  c.windows = draw_windows(s_q, s_kv, kind, &wk);
   Rng r = draw_rng();
   const bool exact = c.tier == Tier::Exact;
   c.q_idx = fill(DType::BF16, {s_q, h, d}, c.tier, exact ? 3 : 1, r);
@@ -154,6 +416,7 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind)
   c.desc = std::string("indexer ") + (exact ? "exact" : "random") + " s_q=" + std::to_string(s_q) +
            " s_kv=" + std::to_string(s_kv) + " H_I=" + std::to_string(h) + " d_I=" +
            std::to_string(d) + " windows=" + wk;
+  log_case(c.desc);
   return c;
 }
 
@@ -163,15 +426,33 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
       layout_in.empty() ? *rc::gen::element<std::string>("mixed", "poison", "empty", "dups",
                                                          "leading_block", "topk_length")
                         : layout_in;
-  const int64_t s_q = draw_in(1, 6);
-  const int64_t h = draw_in(1, 4);
-  const bool big = *rc::gen::inRange(0, 10) == 0;
-  const int64_t d_qk = big ? 576 : draw_of<int64_t>({8, 16, 32});
+  // Shape regime (documented in generators.h); the regime keeps a case's multiply-adds small.
+  const int level = generation_level();
+  const std::string regime = *rc::gen::weightedElement<std::string>(
+      {{3, "small"}, {2, "heads"}, {2, "rows"}, {2, "wide"}});
+  int64_t s_q = draw_in(1, 6), h = draw_in(1, 4);
+  if (regime == "heads") {
+    s_q = draw_in(1, 4);
+    h = level == 0 ? draw_in(5, 16)
+                   : *rc::gen::weightedOneOf<int64_t>({{3, rc::gen::inRange<int64_t>(5, 17)},
+                                                       {1, rc::gen::element<int64_t>(64, 128)}});
+  } else if (regime == "rows") {
+    s_q = draw_of<int64_t>({8, 9, 16, 17, 64, 65});
+    h = draw_in(1, s_q >= 64 ? 2 : 4);
+  } else if (regime == "wide") {
+    s_q = draw_in(1, 3);
+    h = draw_in(1, level == 0 ? 2 : 16);
+  }
+  const bool big = regime == "small" && *rc::gen::inRange(0, 10) == 0;
+  const int64_t d_qk = big ? 576 : regime == "wide" ? draw_of<int64_t>({8, 16}) : draw_of<int64_t>({8, 16, 32});
   const int64_t d_v = big ? 512 : draw_of<int64_t>({d_qk / 2, d_qk});
-  int64_t s_kv = layout == "dups" ? draw_in(1, 3) : draw_of<int64_t>({2, 3, 5, 9, 17, 63, 64, 65});
+  int64_t s_kv = layout == "dups" ? draw_in(1, 3)
+                 : regime == "wide" ? draw_of<int64_t>({1025, 2049, 4097})
+                                    : draw_of<int64_t>({2, 3, 5, 9, 17, 63, 64, 65});
   if (layout == "poison") s_kv = std::max<int64_t>(s_kv, 3);
-  int64_t k = layout == "leading_block" ? draw_in(65, 80)
-                                        : draw_of<int64_t>({1, 2, 3, 5, 8, 16, 63, 64, 65});
+  int64_t k = regime == "wide" ? draw_of<int64_t>({1025, 2048, 2049})
+              : layout == "leading_block" ? draw_in(65, 80)
+                                          : draw_of<int64_t>({1, 2, 3, 5, 8, 16, 63, 64, 65});
   Rng r = draw_rng();
   // Valid ids: poison layout avoids rows 0 and s_kv-1 (they hold NaN and must never be read).
   const int64_t lo = layout == "poison" ? 1 : 0, hi = layout == "poison" ? s_kv - 2 : s_kv - 1;
@@ -214,26 +495,163 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
     }
   c.in.sm_scale = 1.0 / std::sqrt(static_cast<double>(d_qk)) * (draw_bool() ? 1.0 : 4.0);
   c.in.d_v = d_v;
-  if (layout != "poison" && *rc::gen::inRange(0, 3) == 0) {
+  if (layout != "poison" && *rc::gen::inRange(0, 2) == 0) {
     Tensor sink(DType::F32, {h});
     for (int64_t i = 0; i < h; ++i)
       sink.set(i, draw_of<double>({INFINITY, -INFINITY, 80.0, -80.0, 0.5, -1.5}));
     c.in.attn_sink = sink;
   }
   c.dout = fill(DType::F32, {s_q, h, d_v}, Tier::Random, 1, r);
-  c.desc = "smla layout=" + layout + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
+  c.desc = "smla regime=" + regime + " layout=" + layout + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
            " d_qk=" + std::to_string(d_qk) + " d_v=" + std::to_string(d_v) + " s_kv=" +
            std::to_string(s_kv) + " k=" + std::to_string(k) + (use_len ? " topk_length" : "") + (view3 ? " indices[s_q,1,k]" : "") +
            (c.in.attn_sink ? " sink" : "");
+  log_case(c.desc);
+  return c;
+}
+
+SmlaCase draw_smla_extreme_case() {
+  SmlaCase c;
+  const int level = generation_level();
+  const int64_t s_q = draw_in(2, 12);
+  const int64_t h = level == 0 ? draw_in(1, 16)
+                               : *rc::gen::weightedOneOf<int64_t>({{3, rc::gen::inRange<int64_t>(1, 17)},
+                                                                   {1, rc::gen::element<int64_t>(64, 128)}});
+  const int64_t d_qk = draw_of<int64_t>({16, 32, 64});
+  const int64_t d_v = d_qk - draw_of<int64_t>({4, d_qk / 4});  // >= 4 RoPE columns past d_v
+  const int64_t s_ord = draw_of<int64_t>({5, 17, 64, 65, 300});  // ordinary key rows
+  const int64_t k = draw_of<int64_t>({4, 16, 64, 65});
+  std::vector<std::string> kinds;
+  for (int64_t t = 0; t < s_q; ++t)
+    kinds.push_back(*rc::gen::weightedElement<std::string>(
+        {{4, "ordinary"}, {1, "logit+2^18"}, {1, "logit-2^18"}, {1, "empty"}}));
+  kinds[0] = "ordinary";  // every batch mixes ordinary rows with the extreme ones
+  int64_t n_huge = 0;
+  for (const auto& kd : kinds) n_huge += kd.rfind("logit", 0) == 0;
+  const int64_t s_kv = s_ord + n_huge;  // one dedicated key row per huge-logit row
+  const bool use_len = draw_bool();
+  Rng r = draw_rng();
+  // Columns: cA, cB hold the large RoPE values, cH carries the huge logits.
+  const int64_t cA = d_v, cB = d_v + 1, cH = d_qk - 1;
+  c.in.sm_scale = 1.0 / std::sqrt(static_cast<double>(d_qk));
+  c.in.d_v = d_v;
+  c.in.q = fill(DType::BF16, {s_q, h, d_qk}, Tier::Random, 1, r);
+  c.in.kv = fill(DType::BF16, {s_kv, d_qk}, Tier::Random, 1, r);
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t i = 0; i < h; ++i) {
+      c.in.q.set((t * h + i) * d_qk + cA, irand(r, 0, 1) ? 100.0 : -100.0);
+      c.in.q.set((t * h + i) * d_qk + cB, uni(r, -1.0 / 64, 1.0 / 64));
+    }
+  for (int64_t s = 0; s < s_ord; ++s) {
+    c.in.kv.set(s * d_qk + cA, uni(r, -1.0 / 64, 1.0 / 64));
+    c.in.kv.set(s * d_qk + cB, irand(r, 0, 1) ? 100.0 : -100.0);
+  }
+  const int64_t hot = irand(r, 0, s_ord - 1);  // selected by most rows
+  const std::vector<int64_t> bad = {-1, std::numeric_limits<int32_t>::min(), s_kv,
+                                    std::numeric_limits<int32_t>::max(), s_kv + 7, -5};
+  std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
+  std::vector<int32_t> lengths(static_cast<size_t>(s_q), static_cast<int32_t>(k));
+  int64_t next_dedicated = s_ord;
+  for (int64_t t = 0; t < s_q; ++t) {
+    auto at = [&](int64_t j) -> int32_t& { return ids[static_cast<size_t>(t * k + j)]; };
+    const std::string& kd = kinds[static_cast<size_t>(t)];
+    for (int64_t j = 0; j < k; ++j) at(j) = static_cast<int32_t>(bad[static_cast<size_t>(irand(r, 0, 5))]);
+    if (kd == "ordinary") {
+      for (int64_t j = 0; j < k; ++j)
+        if (irand(r, 0, 4) != 0) at(j) = static_cast<int32_t>(irand(r, 0, s_ord - 1));
+      if (irand(r, 0, 3) != 0) at(irand(r, 0, k - 1)) = static_cast<int32_t>(hot);
+    } else if (kd != "empty") {
+      // One valid slot: the dedicated key row; q of this row is zero except column cH, so
+      // the logit is sm_scale * q[cH] * kv[cH] = +-2^18 (to bf16 rounding of q).
+      const int64_t id = next_dedicated++;
+      at(irand(r, 0, k - 1)) = static_cast<int32_t>(id);
+      c.in.kv.set(id * d_qk + cH, 256.0);
+      const double qv = std::ldexp(1.0, 18) / (c.in.sm_scale * 256.0);
+      for (int64_t i = 0; i < h; ++i)
+        for (int64_t d = 0; d < d_qk; ++d)
+          c.in.q.set((t * h + i) * d_qk + d, d == cH ? (kd == "logit+2^18" ? qv : -qv) : 0.0);
+    }
+    if (use_len) {
+      // topk_length covers every valid slot of this row; slots past it hold valid-looking
+      // ordinary ids (ignored).
+      int64_t last = -1;
+      for (int64_t j = 0; j < k; ++j)
+        if (at(j) >= 0 && at(j) < s_kv) last = j;
+      const int64_t len = irand(r, last + 1, k);
+      lengths[static_cast<size_t>(t)] = static_cast<int32_t>(len);
+      for (int64_t j = len; j < k; ++j) at(j) = static_cast<int32_t>(irand(r, 0, s_ord - 1));
+    }
+  }
+  c.in.indices = Tensor::from_i32({s_q, k}, ids);
+  if (use_len) c.in.topk_length = Tensor::from_i32({s_q}, lengths);
+  std::string sinks;
+  if (draw_bool()) {
+    Tensor sink(DType::F32, {h});
+    for (int64_t i = 0; i < h; ++i) {
+      const double v = std::vector<double>{INFINITY, -INFINITY, 80.0, -80.0, 0.5, -1.5}[static_cast<size_t>(irand(r, 0, 5))];
+      sink.set(i, v);
+      if (i < 8) sinks += (i ? "," : "") + std::to_string(v);
+    }
+    c.in.attn_sink = sink;
+  }
+  c.dout = fill(DType::F32, {s_q, h, d_v}, Tier::Random, 1, r);
+  std::string kk;
+  for (const auto& kd : kinds) kk += (kk.empty() ? "" : ",") + kd;
+  c.desc = "smla extreme s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) + " d_qk=" +
+           std::to_string(d_qk) + " d_v=" + std::to_string(d_v) + " s_kv=" + std::to_string(s_kv) +
+           " k=" + std::to_string(k) + " hot_key=" + std::to_string(hot) + " rows=" + kk +
+           (use_len ? " topk_length" : "") + (c.in.attn_sink ? " sink=" + sinks : "");
+  log_case(c.desc);
+  return c;
+}
+
+SmlaCase draw_smla_production_case() {
+  SmlaCase c;
+  const int level = generation_level();
+  const int64_t h = level == 0 ? 16 : draw_of<int64_t>({64, 128});
+  const bool v32 = draw_bool();  // DeepSeek-V3.2 / GLM-5: d_qk 576 = 512 + 64 RoPE
+  const int64_t d_qk = v32 ? 576 : 512, d_v = 512, k = 2048;
+  const int64_t s_kv = draw_of<int64_t>({2048, 2049, 4097});
+  const int64_t s_q = 1;
+  Rng r = draw_rng();
+  std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
+  const auto pattern = *rc::gen::element<std::string>("distinct", "tail_padding", "holes");
+  std::vector<int32_t> perm(static_cast<size_t>(s_kv));
+  for (int64_t i = 0; i < s_kv; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  std::shuffle(perm.begin(), perm.end(), r);
+  const int64_t tail = pattern == "tail_padding" ? irand(r, 1, k - 1) : k;
+  for (int64_t j = 0; j < k; ++j) {
+    int32_t id = perm[static_cast<size_t>(j)];
+    if (j >= tail || (pattern == "holes" && irand(r, 0, 7) == 0)) id = -1;
+    ids[static_cast<size_t>(j)] = id;
+  }
+  c.in.indices = Tensor::from_i32({s_q, k}, ids);
+  c.in.q = fill(DType::BF16, {s_q, h, d_qk}, Tier::Random, 1, r);
+  c.in.kv = fill(DType::BF16, {s_kv, d_qk}, Tier::Random, 1, r);
+  c.in.sm_scale = 1.0 / std::sqrt(static_cast<double>(d_qk));
+  c.in.d_v = d_v;
+  if (draw_bool()) {
+    Tensor sink(DType::F32, {h});
+    for (int64_t i = 0; i < h; ++i) sink.set(i, uni(r, -2, 2));
+    c.in.attn_sink = sink;
+  }
+  c.dout = fill(DType::F32, {s_q, h, d_v}, Tier::Random, 1, r);
+  c.desc = "smla production s_q=1 h_q=" + std::to_string(h) + " d_qk=" + std::to_string(d_qk) +
+           " d_v=512 s_kv=" + std::to_string(s_kv) + " k=2048 ids=" + pattern +
+           (c.in.attn_sink ? " sink" : "");
+  log_case(c.desc);
   return c;
 }
 
 KlCase draw_kl_case() {
   KlCase c;
-  const int64_t s_q = draw_in(1, 8), s_kv = draw_in(1, 12), h = draw_in(2, 4);
+  // One case in four is long (issue 9): causal or MTP windows over 256 or 1024 keys.
+  const bool long_rows = *rc::gen::inRange(0, 4) == 0;
+  const int64_t s_q = long_rows ? draw_in(1, 4) : draw_in(1, 8);
+  const int64_t s_kv = long_rows ? draw_of<int64_t>({256, 1024}) : draw_in(1, 12), h = draw_in(2, 4);
   const int64_t d = draw_of<int64_t>({4, 8, 16});
   std::string wk;
-  c.in.windows = draw_windows(s_q, s_kv, nullptr, &wk);
+  c.in.windows = draw_windows(s_q, s_kv, long_rows ? (draw_bool() ? "causal" : "mtp") : nullptr, &wk);
   Rng r = draw_rng();
   c.in.q = fill(DType::F32, {s_q, h, d}, Tier::Random, 1, r);
   c.in.kv = fill(DType::F32, {s_kv, d}, Tier::Random, 1, r);
@@ -252,6 +670,7 @@ KlCase draw_kl_case() {
   }
   c.desc = "kl s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " h_q=" +
            std::to_string(h) + " mode=" + to_string(c.in.mode) + " windows=" + wk;
+  log_case(c.desc);
   return c;
 }
 

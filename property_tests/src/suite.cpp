@@ -109,6 +109,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     dump_path = (std::filesystem::path(dir) / (sanitize(s.name) + "__" + sanitize(p.name) + ".safetensors")).string();
   }
   set_dump_target(dump_path);
+  set_generation_level(o.level);
   oracle::Backend& b = *backend;
   // A backend that declares an op but answers "not supported" at run time (a plugin's
   // DSA_STATUS_UNSUPPORTED) makes the property a skip, never a pass or a failure.
@@ -125,6 +126,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   const auto result = o.quiet ? rc::detail::checkProperty(property, md, params, quiet)
                               : rc::detail::checkProperty(property, md, params);
   set_dump_target("");
+  set_generation_level(0);
 
   if (!unsupported.empty()) {
     r.verdict = Verdict::Skip;

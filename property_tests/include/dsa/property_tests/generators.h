@@ -13,6 +13,11 @@
 
 namespace dsa::props {
 
+/// The level (0 CI, 1, 2 soak) of the property being run: the long-row and production-shape
+/// generators scale with it. Set by run_property for the duration of a property; 0 otherwise.
+int generation_level();
+void set_generation_level(int level);
+
 /// Value tier (STYLE "Exact where possible").
 enum class Tier { Exact, Random };
 
@@ -35,6 +40,27 @@ struct TopkCase {
 /// `flavor`: "" (any), "plateau" (integer grid, ties at v*, small/large sorted), "neg_inf"
 /// (mostly -inf rows), "nan" (NaN sprinkled).
 TopkCase draw_topk_case(const std::string& flavor = "");
+
+/// Long top-k rows (issue 9): s_kv >= 32768 at level 0 (32768 or 32769), up to 131072 at
+/// levels 1 and 2; k = 2048 mostly (512, 4096); 1-2 rows (1-3 at level >= 1). Each row draws
+/// its own distribution: a narrow band inside one radix bin at the 8-, 11- or 16-bit prefix
+/// of the order-preserving key (half of the rows), thousands of exact ties at the k-th
+/// value, an all-tie row, ReLU plateaus of +0.0/-0.0, mixed magnitudes (subnormal to 2^127),
+/// NaN/+inf/-inf sprinkled, fewer selectable keys than k; and its own window (full, a prefix,
+/// or raw ends that may be negative, inverted or past s_kv, clamped per SPEC §1). The row
+/// length and k are shrinkable integers (toward 1): a failure shrinks to a short row when the
+/// fault allows it.
+TopkCase draw_topk_long_case();
+
+/// Per-row windows (SPEC §1) on rows of 1..300 keys (or tile edges up to 2049): packed varlen
+/// with 2-4 segments, MTP next_n 1..4 with start positions > 0, causal with offsets, raw
+/// per-row ends (negative, inverted, past s_kv; clamped). Scores outside the windows are
+/// large finite garbage (or -inf, as an indexer writes them).
+TopkCase draw_topk_windows_case();
+
+/// Tie overflow (SPEC §3.3): rows of 1..6000 keys (shrinkable) where every selectable entry
+/// ties, or thousands tie at the k-th value, or ReLU plateaus; k up to 2048.
+TopkCase draw_topk_ties_case();
 
 /// Indexer case (SPEC §2): q_idx [s_q,H_I,d_I], k_idx [s_kv,d_I] BF16, w [s_q,H_I] F32 (may be
 /// negative), d_scores [s_q,s_kv] F32. Exact tier: integers in [-3,3], w and d_scores in
@@ -59,10 +85,27 @@ struct SmlaCase {
   Tensor dout;
   std::string desc;
 };
+///
+/// Shapes (issue 9), one regime per case: "small" (s_q 1-6, h_q 1-4, s_kv <= 65, k <= 65,
+/// d_qk 576 one case in ten), "heads" (h_q 5-16; 64 or 128 at level >= 1), "rows" (s_q 8, 9,
+/// 16, 17, 64 or 65 over few keys, so key rows are shared across 64-row tiles), "wide" (k
+/// 1025, 2048 or 2049 over s_kv 1025-4097 keys). Level 0 stays under ~2^20 multiply-adds a case.
 SmlaCase draw_smla_case(const std::string& layout = "");
 
+/// Extreme rows inside an ordinary batch (issue 9): some rows have one valid slot whose logit
+/// is +-2^18 (a dedicated key row that no ordinary row selects: well conditioned for fp32,
+/// since the row's softmax is exact whatever the offset), some rows are empty, one "hot" key
+/// is selected by most rows, two RoPE columns (>= d_v) hold +-100 in q (small in kv) and in
+/// kv (small in q) so the logits stay O(1); sinks +-80, +-inf or finite per head.
+SmlaCase draw_smla_extreme_case();
+
+/// Production shapes: level 0: s_q 1, h_q 16, d_qk 576/d_v 512 or 512/512, k 2048 over
+/// 2048-4097 keys; levels >= 1: h_q 64 or 128.
+SmlaCase draw_smla_production_case();
+
 /// KL loss case (SPEC §7): scores F32 (-inf outside windows), q [s_q,h_q>=2,d], kv, dense or
-/// sparse (with indices) mode, coeff > 0.
+/// sparse (with indices) mode, coeff > 0. One case in four is long (issue 9): causal rows over
+/// 256-1024 keys, or MTP next_n 1-4 with start positions > 0.
 struct KlCase {
   IndexerKlInputs in;
   std::string desc;
