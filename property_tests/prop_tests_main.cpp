@@ -150,6 +150,42 @@ TEST(Repro, FailingCaseIsDumpedAsAReplayableFixture) {
   EXPECT_FALSE(replay.passed());
 }
 
+// A counterexample on a long row names its fields (the generator's case log) and shrinks the
+// row: a fault that shows on any row (ignoring sorted) shrinks far below 32768 keys; the
+// candidate-buffer overflow cannot shrink below its buffer (1024 candidates).
+int64_t last_field(const std::string& message, const std::string& key) {
+  const auto at = message.rfind(key);
+  return at == std::string::npos ? -1 : std::atoll(message.c_str() + at + key.size());
+}
+
+TEST(Repro, LongRowCounterexampleNamesFieldsAndShrinks) {
+  const Property* prop = nullptr;
+  for (const auto& p : all_properties())
+    if (p.name == "topk.long_rows") prop = &p;
+  ASSERT_NE(prop, nullptr);
+  for (const std::string name : {"topk_ignores_sorted", "topk_first_1024_of_threshold_bin"}) {
+    Subject mutant;
+    for (const auto& m : mutant_subjects())
+      if (m.name == name) mutant = m;
+    ASSERT_TRUE(mutant.make) << name;
+    SuiteOptions o;
+    o.seed = 5;
+    o.quiet = true;
+    o.dump = false;
+    const PropertyResult r = run_property(mutant, *prop, o);
+    ASSERT_EQ(r.verdict, oracle::Verdict::Fail) << name;
+    const int64_t s_kv = last_field(r.message, " s_kv="), k = last_field(r.message, " k=");
+    std::cout << name << ": shrunk to s_kv=" << s_kv << " k=" << k << "\n"
+              << r.message.substr(0, 600) << "\n";
+    EXPECT_NE(r.message.find("case: topk long"), std::string::npos) << "fields are named";
+    EXPECT_NE(r.message.find("rows="), std::string::npos);
+    ASSERT_GT(s_kv, 0);
+    EXPECT_LT(s_kv, 32768) << name << " did not shrink the row";
+    if (name == "topk_ignores_sorted") EXPECT_LE(s_kv, 64) << "a short row shows this fault";
+    else EXPECT_GT(s_kv, 1024) << "the overflow needs more than 1024 candidates";
+  }
+}
+
 }  // namespace
 }  // namespace dsa::props
 
