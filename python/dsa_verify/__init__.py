@@ -75,49 +75,53 @@ def load_fixture(path, device="cpu"):
                    expected=_torch(d["expected"], device), calls=calls)
 
 
-class _Outputs:
-    """A backend that returns given outputs (the file route of `dsa-verify compare`, without files)."""
-    deterministic = True  # not run twice (check_determinism off), like a file
-
-    def __init__(self, outputs):
-        self.name = "candidate-outputs"
-        self._outputs = dict(outputs)
-        self.outputs = {op: [n for n in names if n in self._outputs] for op, names in OUTPUTS.items()}
-        for op, names in self.outputs.items():
-            if names and (op not in ("indexer_scores", "topk") or names == list(OUTPUTS[op])):
-                setattr(self, op, self._returner(names))
-
-    def _returner(self, names):
-        return lambda **_: {n: self._outputs[n] for n in names}
-
-
 @dataclass
 class CompareResult:
-    """Verdict of compare(): the oracle's fixture report (as `dsa-verify compare` prints it)."""
-    passed: bool
-    report: str
+    """Verdict of compare(), as `dsa-verify compare` prints it."""
+    passed: bool  # the verdict line is AGREES (possibly "partial")
+    verdict_line: str  # "AGREES", "AGREES (partial: max_logits not judged)", "DISAGREES", "INCOMPLETE", ...
+    report: str  # the op reports: per-output table, bounds, notes
     ops: list  # one dict per op judged: op, verdict, reason, worst_ratio, notes, details
+    conventions_applied: list
 
     def __bool__(self):
         return self.passed
 
 
-def compare(golden, outputs):
+def _host_capsule(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"compare: output '{name}' is {type(t).__name__}, expected a torch.Tensor")
+    if not t.is_contiguous():
+        raise ValueError(f"compare: output '{name}' is not contiguous (strides {list(t.stride())})")
+    return _dlpack.to_dlpack(t.detach().cpu())
+
+
+def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=False):
     """`dsa-verify compare` without files: judges a kernel's outputs on a golden fixture.
 
     golden: path of a fixture (or a Fixture). outputs: {name: torch tensor} under the SPEC
     output names (out, lse, max_logits, dq, dkv, dsink, indices, scores, dq_idx, dk_idx, dw,
-    loss, d_scores), any device, in the dtypes the kernel produces (indices int32). Outputs
-    left out are listed as not provided; every output given is judged by the ratio rule
-    (SPEC §9) against the float64 reference. Raises ValueError for unknown output names or
-    when no output of the fixture's op is given.
+    loss, d_scores), any device, in the dtypes the kernel produces; moved to the host once.
+    conventions: names from the closed list (lse_base2, int64_ids, ids_s_q_1_k,
+    topk_width_min_k_s_kv) converting a representation, never loosening a check.
+    provided_outputs: the output names the kernel provides (--outputs): the others are "not
+    judged"; without it a missing output is INCOMPLETE (SPEC §9). allow_weak: --allow-weak.
+    The judgement is the candidate-file route's (oracle::CandidateBackend, check_op).
+    Raises ValueError for an unknown output or convention name, or when no output of the
+    fixture's op is given.
     """
     path = golden.path if isinstance(golden, Fixture) else str(golden)
-    unknown = [n for n in outputs if not any(n in names for names in OUTPUTS.values())]
+    known = set(_core.output_name_list())
+    unknown = [n for n in outputs if n not in known]
     if unknown:
-        raise ValueError(f"compare: outputs {unknown} are not output names; expected some of "
-                         f"{sorted({n for names in OUTPUTS.values() for n in names})}")
-    r = _core.check_fixture(Bridge(_Outputs(outputs)), path, True, False)
-    if not any(o["verdict"] != "skip" for o in r["ops"]):
+        raise ValueError(f"compare: outputs {unknown} are not output names; expected some of {sorted(known)}")
+    caps = {n: _host_capsule(n, t) for n, t in outputs.items()}
+    try:
+        r = _core.compare_outputs(path, caps, list(conventions),
+                                  None if provided_outputs is None else list(provided_outputs), allow_weak)
+    except RuntimeError as e:
+        raise ValueError(str(e)) from e
+    if r["verdict"] == "skip":
         raise ValueError(f"compare: none of the given outputs {sorted(outputs)} belongs to the op of {path}")
-    return CompareResult(passed=r["passed"], report=r["report"], ops=r["ops"])
+    return CompareResult(passed=r["exit"] == 0, verdict_line=r["verdict_line"], report=r["report"], ops=r["ops"],
+                         conventions_applied=list(r["conventions_applied"]))

@@ -2,8 +2,8 @@
 
     python3 -m dsa_verify audit mypkg.kernels:MyKernel [--ops topk,sparse_mla_fwd] [--only P]
         [--level 0|1|2] [--seed N] [--device cpu|cuda] [--json F] [--junit F] [--isolate]
-        [--timeout S] [--dump-dir D] [--fail-fast] [--no-fixtures]
-    python3 -m dsa_verify replay FIXTURE mypkg.kernels:MyKernel [--device cuda]
+        [--timeout S] [--dump-dir D] [--fail-fast] [--no-fixtures] [--allow-weak]
+    python3 -m dsa_verify replay FIXTURE mypkg.kernels:MyKernel [--device cuda] [--allow-weak]
 
 Exit code: 0 everything passed, 1 a failure, 2 usage or input errors (as dsa-verify).
 """
@@ -33,25 +33,29 @@ def main(argv=None):
     a.add_argument("--dump-dir", default="dsa-verify-failures", help="Where failing cases are dumped")
     a.add_argument("--fail-fast", action="store_true", help="Stop at the first failure")
     a.add_argument("--no-fixtures", action="store_true", help="Properties only")
+    a.add_argument("--allow-weak", action="store_true", help="A WEAK output does not fail (SPEC §9)")
     r = sub.add_parser("replay", help="Re-run one fixture (e.g. a dumped failing case)")
     r.add_argument("fixture")
     r.add_argument("backend")
     r.add_argument("--device", default="cpu")
+    r.add_argument("--allow-weak", action="store_true", help="A WEAK output does not fail (SPEC §9)")
     args = p.parse_args(argv)
 
     import dsa_verify
     from dsa_verify import _core
     try:
         if args.command == "replay":
+            from dsa_verify._audit import provided_outputs
             bridge = dsa_verify.Bridge(dsa_verify.load_backend(args.backend), args.device)
-            res = _core.check_fixture(bridge, args.fixture)
-            print(res["report"])
-            return 0 if res["passed"] else 1
+            res = _core.replay_fixture(bridge, args.fixture, provided_outputs(bridge), args.allow_weak)
+            sys.stdout.write(res["report"])
+            print(f"replay: {res['verdict_line']}")
+            return res["exit"]
         report = dsa_verify.audit(args.backend, ops=_list(args.ops), only=_list(args.only), level=args.level,
                                   seed=args.seed, device=args.device, json=args.json or None,
                                   junit=args.junit or None, isolate=args.isolate, timeout=args.timeout,
                                   dump_dir=args.dump_dir, fail_fast=args.fail_fast,
-                                  fixtures=not args.no_fixtures)
+                                  fixtures=not args.no_fixtures, allow_weak=args.allow_weak)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"dsa_verify: error: {e}", file=sys.stderr)
         return 2

@@ -126,6 +126,15 @@ def python_command():
     return "python3" if same else sys.executable
 
 
+def provided_outputs(bridge):
+    """The --outputs list of a backend's `outputs` attribute: for each op, the names it
+    declares, or every output of an op it does not declare; None when it declares none."""
+    from ._bridge import OUTPUTS
+    if not bridge.outputs:
+        return None
+    return [n for op, names in OUTPUTS.items() for n in bridge.outputs.get(op, names)]
+
+
 def _options(spec, ops, only, level, seed, dump_dir, fixtures, device):
     target = spec or "<module:Class>"
     dev = "" if device == "cpu" else f" --device {device}"
@@ -219,7 +228,7 @@ def _payload(backend):
 
 def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=None, only=None,
           fixtures=True, isolate=False, timeout=DEFAULT_TIMEOUT_S, dump_dir="dsa-verify-failures",
-          fail_fast=False, progress=True):
+          fail_fast=False, progress=True, allow_weak=False):
     """Audits a Python backend with the full suite of `dsa-verify audit`.
 
     backend: an object with methods named after the ops (indexer_scores,
@@ -233,7 +242,10 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
       fixtures: also run the golden and peer fixtures; isolate: each task (property or
       fixture) in a fresh spawned worker process with `timeout` seconds, so a crash or hang
       is a failed case (default False: in this process, fastest, shares its faults);
-      dump_dir: where failing property cases are dumped as fixtures.
+      dump_dir: where failing property cases are dumped as fixtures; allow_weak: a WEAK
+      output (a bound too wide to detect a fault, SPEC §9) does not fail (--allow-weak).
+      The backend's `outputs` attribute is the CLI's --outputs: outputs it does not return
+      are "not judged" instead of INCOMPLETE.
     Returns a Report (same verdicts, ratios, repro lines and dumps as the CLI). Raises
     ValueError for unknown ops/properties or a bad backend attribute, OSError for an
     unwritable report path.
@@ -246,6 +258,8 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
             with open(path, "w", encoding="utf-8"):
                 pass
     options = _options(spec, ops, only, level, seed, dump_dir, fixtures, device)
+    options["provided_outputs"] = provided_outputs(bridge)
+    options["allow_weak"] = bool(allow_weak)
     report = Report(backend=bridge.name, level=int(level), seed=int(seed or 0), device=device, spec=spec)
     why = bridge.unavailable_reason()
     if why:

@@ -27,6 +27,7 @@ def pytest_addoption(parser):
     g.addoption("--dsa-timeout", type=float, default=300.0, help="seconds per isolated task")
     g.addoption("--dsa-dump-dir", default="dsa-verify-failures", help="where failing cases are dumped")
     g.addoption("--dsa-no-fixtures", action="store_true", help="properties only")
+    g.addoption("--dsa-allow-weak", action="store_true", help="a WEAK output does not fail (SPEC §9)")
 
 
 class _State:
@@ -45,6 +46,8 @@ class _State:
         self.options = _audit._options(self.spec, split(opt("--dsa-ops")), split(opt("--dsa-only")),
                                        opt("--dsa-level"), opt("--dsa-seed"), opt("--dsa-dump-dir"),
                                        not opt("--dsa-no-fixtures"), self.device)
+        self.options["provided_outputs"] = _audit.provided_outputs(self.bridge)
+        self.options["allow_weak"] = bool(opt("--dsa-allow-weak"))
         self.tasks = _core.list_tasks(self.bridge, self.options)
         self.results = {}
 

@@ -12,6 +12,8 @@
 #include <memory>
 
 #include "audit_tasks.h"
+#include "dsa/oracle/candidate_backend.h"
+#include "judge.h"
 #include "dlpack_capsule.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
@@ -85,10 +87,15 @@ std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o
   ts->opts.level = o["level"].cast<int>();
   ts->opts.seed = o["seed"].cast<uint64_t>();
   ts->opts.dump_dir = o["dump_dir"].cast<std::string>();
+  if (o.contains("provided_outputs") && !o["provided_outputs"].is_none())
+    ts->opts.judge.outputs = cli::parse_output_names(o["provided_outputs"].cast<std::vector<std::string>>(),
+                                                     "outputs");
+  if (o.contains("allow_weak")) ts->opts.judge.allow_weak = o["allow_weak"].cast<bool>();
   cli::validate_selection(ts->opts);
-  ts->backend = std::make_unique<PyBackend>(bridge);
+  const PyBackend::BridgeHandle shared = PyBackend::share(bridge);
+  ts->backend = std::make_unique<PyBackend>(shared);
   ts->subject.name = ts->backend->name();
-  ts->subject.make = [bridge]() -> std::unique_ptr<oracle::Backend> { return std::make_unique<PyBackend>(bridge); };
+  ts->subject.make = [shared]() -> std::unique_ptr<oracle::Backend> { return std::make_unique<PyBackend>(shared); };
   cli::ReproCommands repro;
   repro.audit = o["repro_audit"].cast<std::string>();
   repro.replay = [tmpl = o["repro_replay"].cast<std::string>()](const std::string& file) {
@@ -149,6 +156,7 @@ py::list run_task(const py::object& bridge, const py::dict& o, const std::string
     std::vector<cli::CaseResult> results;
     bool input_error = false;
     try {
+      py::gil_scoped_release nogil;  // backends take the GIL per call (any thread)
       results = task.run();
     } catch (const fixtures::FileError& e) {
       input_error = true;
@@ -217,22 +225,19 @@ py::dict load_fixture(const std::string& path) {
   return d;
 }
 
-// check_fixture on a Python backend: passed, report (format_fixture_report) and one dict per
-// op judged (op, verdict, reason, worst_ratio, notes).
-py::dict check_fixture(const py::object& bridge, const std::string& path, bool allow_missing_outputs,
-                       bool check_determinism) {
-  const fixtures::Fixture f = fixtures::load_fixture(path);
-  PyBackend backend(bridge);
-  oracle::CheckOptions opt;
-  opt.allow_missing_outputs = allow_missing_outputs;
-  opt.check_determinism = check_determinism;
-  const oracle::FixtureReport r = oracle::check_fixture(f, &backend, opt);
+// The judgement of every route (judge_fixture_ops with the CLI's check_options) as a dict:
+// verdict (pass/fail/skip, as the audit's status), verdict_line ("AGREES", "DISAGREES", ...),
+// exit (0 agrees, 1 not), report (the op reports as printed by compare/replay) and one dict per
+// op (op, verdict, reason, worst_ratio, notes, details).
+py::dict judged(const std::vector<oracle::OpReport>& reports) {
   py::dict d;
-  d["passed"] = r.passed();
-  d["reference_vs_producer_passed"] = r.reference_vs_expected.passed();
-  d["report"] = oracle::format_fixture_report(r);
+  d["verdict"] = cli::status_of(oracle::overall_verdict(reports));
+  d["verdict_line"] = oracle::verdict_line(reports);
+  d["exit"] = cli::exit_code(reports);
+  std::string text;
   py::list ops;
-  for (const auto& op : r.backend_vs_reference) {
+  for (const auto& op : reports) {
+    text += oracle::format_op_report(op);
     py::dict o;
     o["op"] = op.op;
     o["verdict"] = oracle::to_string(op.verdict);
@@ -242,7 +247,54 @@ py::dict check_fixture(const py::object& bridge, const std::string& path, bool a
     o["details"] = oracle::format_op_report(op);
     ops.append(o);
   }
+  d["report"] = text;
   d["ops"] = ops;
+  return d;
+}
+
+cli::JudgeOptions judge_options(const py::object& provided, bool allow_weak) {
+  cli::JudgeOptions j;
+  if (!provided.is_none()) j.outputs = cli::parse_output_names(provided.cast<std::vector<std::string>>(), "outputs");
+  j.allow_weak = allow_weak;
+  return j;
+}
+
+// `dsa-verify replay FIXTURE` for a Python backend.
+py::dict replay_fixture(const py::object& bridge, const std::string& path, const py::object& provided,
+                        bool allow_weak) {
+  const fixtures::Fixture f = fixtures::load_fixture(path);
+  PyBackend backend(PyBackend::share(bridge));
+  const oracle::CheckOptions opt = cli::check_options(judge_options(provided, allow_weak), false);
+  std::vector<oracle::OpReport> reports;
+  {
+    py::gil_scoped_release nogil;
+    reports = oracle::judge_fixture_ops(f, backend, opt);
+  }
+  return judged(reports);
+}
+
+// `dsa-verify compare` without files: `outputs` name -> capsule (host, contiguous) judged as
+// the candidate file route judges a file (oracle::CandidateBackend, the same conventions).
+py::dict compare_outputs(const std::string& golden, const py::dict& outputs,
+                         const std::vector<std::string>& conventions, const py::object& provided,
+                         bool allow_weak) {
+  const fixtures::Fixture f = fixtures::load_fixture(golden);
+  std::map<std::string, Tensor> tensors;
+  for (auto item : outputs) {
+    const std::string name = item.first.cast<std::string>();
+    tensors[name] = from_capsule(item.second, "compare: output '" + name + "'");
+  }
+  oracle::CandidateBackend backend(std::move(tensors), "compare(outputs)",
+                                   fixtures::parse_conventions(conventions, "conventions"),
+                                   "candidate-outputs");
+  const oracle::CheckOptions opt = cli::check_options(judge_options(provided, allow_weak), true);
+  std::vector<oracle::OpReport> reports;
+  {
+    py::gil_scoped_release nogil;
+    reports = oracle::judge_fixture_ops(f, backend, opt);
+  }
+  py::dict d = judged(reports);
+  d["conventions_applied"] = backend.adapter_notes();
   return d;
 }
 
@@ -291,6 +343,9 @@ PYBIND11_MODULE(_core, m) {
       .def("update", [](dsa::cli::Progress& p, const py::dict& c) { p.update(case_from_dict(c)); })
       .def("finish", &dsa::cli::Progress::finish);
   m.def("load_fixture", &load_fixture, py::arg("path"));
-  m.def("check_fixture", &check_fixture, py::arg("bridge"), py::arg("path"),
-        py::arg("allow_missing_outputs") = false, py::arg("check_determinism") = true);
+  m.def("replay_fixture", &replay_fixture, py::arg("bridge"), py::arg("path"), py::arg("provided_outputs") = py::none(),
+        py::arg("allow_weak") = false);
+  m.def("compare_outputs", &compare_outputs, py::arg("golden"), py::arg("outputs"), py::arg("conventions"),
+        py::arg("provided_outputs") = py::none(), py::arg("allow_weak") = false);
+  m.def("output_name_list", [] { return dsa::oracle::all_output_names(); }, "Every output name of every op");
 }

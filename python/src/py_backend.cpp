@@ -62,6 +62,7 @@ std::vector<OutputRule> output_rules(Op op, const oracle::OpCase& c) {
 // output is missing from the map).
 std::map<std::string, Tensor> call(const py::object& bridge, const std::string& backend_name, Op op,
                                    const oracle::OpCase& c) {
+  py::gil_scoped_acquire gil;
   const std::string op_name = oracle::to_string(op);
   OpArgs args = op_args(op, c);
   const std::vector<OutputRule> rules = output_rules(op, c);
@@ -194,23 +195,33 @@ OpArgs op_args(Op op, const oracle::OpCase& c) {
   return a;
 }
 
-PyBackend::PyBackend(py::object bridge) : bridge_(std::move(bridge)) {}
-
-PyBackend::~PyBackend() {
-  py::gil_scoped_acquire gil;
-  bridge_ = py::object();
+PyBackend::BridgeHandle PyBackend::share(const py::object& bridge) {
+  return BridgeHandle(new py::object(bridge), [](py::object* o) {
+    py::gil_scoped_acquire gil;
+    delete o;
+  });
 }
 
-std::string PyBackend::name() const { return bridge_.attr("name").cast<std::string>(); }
+PyBackend::PyBackend(BridgeHandle bridge) : bridge_(std::move(bridge)) {}
+
+std::string PyBackend::name() const {
+  py::gil_scoped_acquire gil;
+  return bridge_->attr("name").cast<std::string>();
+}
 
 std::string PyBackend::unavailable_reason() const {
-  return bridge_.attr("unavailable_reason")().cast<std::string>();
+  py::gil_scoped_acquire gil;
+  return bridge_->attr("unavailable_reason")().cast<std::string>();
 }
 
-bool PyBackend::deterministic() const { return bridge_.attr("deterministic").cast<bool>(); }
+bool PyBackend::deterministic() const {
+  py::gil_scoped_acquire gil;
+  return bridge_->attr("deterministic").cast<bool>();
+}
 
 bool PyBackend::supports(Op op) const {
-  return bridge_.attr("supports")(oracle::to_string(op)).cast<bool>();
+  py::gil_scoped_acquire gil;
+  return bridge_->attr("supports")(oracle::to_string(op)).cast<bool>();
 }
 
 Tensor PyBackend::indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
@@ -220,7 +231,7 @@ Tensor PyBackend::indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const
   c.k_idx = k_idx;
   c.w = w;
   c.windows = windows;
-  auto o = call(bridge_, name(), Op::IndexerScores, c);
+  auto o = call(*bridge_, name(), Op::IndexerScores, c);
   return take(o, "scores");
 }
 
@@ -233,7 +244,7 @@ IndexerGrads PyBackend::indexer_scores_backward(const Tensor& q_idx, const Tenso
   c.w = w;
   c.windows = windows;
   c.d_scores = d_scores;
-  auto o = call(bridge_, name(), Op::IndexerScoresBackward, c);
+  auto o = call(*bridge_, name(), Op::IndexerScoresBackward, c);
   return IndexerGrads{take(o, "dq_idx"), take(o, "dk_idx"), take(o, "dw")};
 }
 
@@ -244,14 +255,14 @@ Tensor PyBackend::select_topk(const Tensor& scores, int64_t k, const TopkPolicy&
   c.k = k;
   c.policy = policy;
   c.topk_windows = windows;
-  auto o = call(bridge_, name(), Op::Topk, c);
+  auto o = call(*bridge_, name(), Op::Topk, c);
   return take(o, "indices");
 }
 
 SparseMlaForward PyBackend::sparse_mla_forward(const SparseMlaInputs& in) {
   oracle::OpCase c;
   c.mla = in;
-  auto o = call(bridge_, name(), Op::SparseMlaFwd, c);
+  auto o = call(*bridge_, name(), Op::SparseMlaFwd, c);
   return SparseMlaForward{take(o, "out"), take(o, "lse"), take(o, "max_logits")};
 }
 
@@ -259,7 +270,7 @@ SparseMlaGrads PyBackend::sparse_mla_backward(const SparseMlaInputs& in, const T
   oracle::OpCase c;
   c.mla = in;
   c.dout = dout;
-  auto o = call(bridge_, name(), Op::SparseMlaBwd, c);
+  auto o = call(*bridge_, name(), Op::SparseMlaBwd, c);
   SparseMlaGrads g{take(o, "dq"), take(o, "dkv"), std::nullopt};
   if (o.count("dsink")) g.dsink = take(o, "dsink");
   return g;
@@ -268,7 +279,7 @@ SparseMlaGrads PyBackend::sparse_mla_backward(const SparseMlaInputs& in, const T
 IndexerKlResult PyBackend::indexer_kl_loss(const IndexerKlInputs& in) {
   oracle::OpCase c;
   c.kl = in;
-  auto o = call(bridge_, name(), Op::IndexerKlLoss, c);
+  auto o = call(*bridge_, name(), Op::IndexerKlLoss, c);
   return IndexerKlResult{take(o, "loss"), take(o, "d_scores")};
 }
 

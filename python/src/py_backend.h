@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,8 +16,8 @@
 
 namespace dsa::python {
 
-/// Wraps a dsa_verify._bridge.Bridge. Every call must hold the GIL (the module's functions
-/// run with it held). Per op call: inputs are copied once into host tensors handed over as
+/// Wraps a dsa_verify._bridge.Bridge. Safe on any thread: every method takes the GIL itself,
+/// so callers that may run backends on worker threads release it first. Per op call: inputs are copied once into host tensors handed over as
 /// DLPack capsules (the bridge moves them to the backend's device in one copy per tensor);
 /// outputs come back as capsules and are checked: a missing, non-contiguous, wrong-dtype or
 /// wrong-shape output throws std::runtime_error naming the op and the output (the oracle
@@ -25,8 +26,11 @@ namespace dsa::python {
 /// the host, an input the backend modified in place is a failure naming the input.
 class PyBackend final : public oracle::Backend {
  public:
-  explicit PyBackend(pybind11::object bridge);
-  ~PyBackend() override;
+  /// Shared handle of a bridge whose last owner drops it under the GIL.
+  using BridgeHandle = std::shared_ptr<pybind11::object>;
+  /// Requires the GIL (copies the Python reference).
+  static BridgeHandle share(const pybind11::object& bridge);
+  explicit PyBackend(BridgeHandle bridge);
 
   std::string name() const override;
   std::string unavailable_reason() const override;
@@ -44,7 +48,7 @@ class PyBackend final : public oracle::Backend {
   IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override;
 
  private:
-  pybind11::object bridge_;
+  BridgeHandle bridge_;
 };
 
 /// Keyword arguments of one op call as the Python backend receives them (SPEC argument

@@ -1,4 +1,5 @@
 """dsa_verify.load_fixture and the file-free compare (`dsa-verify compare` without files)."""
+import math
 import os
 
 import pytest
@@ -53,12 +54,24 @@ def test_compare_disagrees_on_perturbed_outputs(name, scale):
     assert f"{name}:" in r.report and "FAIL" in r.report
 
 
-def test_compare_lists_outputs_not_provided():
+def test_compare_missing_output_is_incomplete_unless_named():
     outputs = sparse_mla_outputs("smla_basic")
     del outputs["max_logits"]
     r = dsa_verify.compare(golden("smla_basic"), outputs)
+    assert not r.passed and "INCOMPLETE" in r.verdict_line, r.verdict_line
+    r = dsa_verify.compare(golden("smla_basic"), outputs, provided_outputs=["out", "lse", "dq", "dkv"])
+    assert r.passed and "max_logits" in r.verdict_line, r.verdict_line + r.report
+
+
+def test_compare_conventions_convert_representations():
+    outputs = sparse_mla_outputs("smla_basic")
+    outputs["lse"] = outputs["lse"] / math.log(2.0)
+    outputs["max_logits"] = outputs["max_logits"] / math.log(2.0)
+    assert not dsa_verify.compare(golden("smla_basic"), outputs).passed
+    r = dsa_verify.compare(golden("smla_basic"), outputs, conventions=["lse_base2"])
     assert r.passed, r.report
-    assert "max_logits: not provided" in r.report
+    with pytest.raises(ValueError, match="lse_base3"):
+        dsa_verify.compare(golden("smla_basic"), outputs, conventions=["lse_base3"])
 
 
 def test_compare_topk_exact():
