@@ -1,6 +1,8 @@
 // dsa_gpu_bench: the hand-written CUDA kernels (dsa/cuda/kernels.h) against a LibTorch peer
-// measured in the same run on the same inputs. (a) top-k, s_q 4096, k 2048, s_kv 4096 /
-// 32768 / 65536: select_topk_device vs torch::topk; (b) sparse MLA forward at the GLM-5 shape
+// measured in the same run on the same inputs. (a) top-k, k 2048, [s_q, s_kv] = [128, 131072],
+// [4096, 32768], [4096, 131072], [4096, 4096]: select_topk_device (cluster sorted/unsorted,
+// two-read, radix) vs torch::topk sorted and unsorted; effective GB/s counts the scores read
+// once plus the int32 ids written; (b) sparse MLA forward at the GLM-5 shape
 // (s_q 4096, h_q 64, d_qk 576, d_v 512, k 2048, s_kv 8192): sparse_mla_forward_device vs a
 // gathered attention composed from ATen ops (index_select + bmm + logsumexp + exp + bmm, bf16
 // operands, fp32 accumulation inside cuBLAS). CUDA events on the default stream, warm-up,
@@ -35,8 +37,10 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
-/// Median milliseconds of fn(i) over `iters` timed calls after `warmup` calls; i rotates inputs.
-double median_ms(const std::function<void(int)>& fn, int warmup, int iters) {
+/// Median milliseconds of one fn(i) call over `iters` timed samples after `warmup` calls; a
+/// sample times `batch` back-to-back calls (so launch latency does not count for short
+/// kernels) and divides; i rotates inputs.
+double median_ms(const std::function<void(int)>& fn, int warmup, int iters, int batch = 1) {
   for (int i = 0; i < warmup; ++i) fn(i);
   check(cudaDeviceSynchronize(), "warm-up");
   cudaEvent_t a, b;
@@ -45,12 +49,12 @@ double median_ms(const std::function<void(int)>& fn, int warmup, int iters) {
   std::vector<double> ms;
   for (int i = 0; i < iters; ++i) {
     check(cudaEventRecord(a, 0), "record");
-    fn(warmup + i);
+    for (int j = 0; j < batch; ++j) fn(warmup + i * batch + j);
     check(cudaEventRecord(b, 0), "record");
     check(cudaEventSynchronize(b), "sync");
     float t = 0;
     check(cudaEventElapsedTime(&t, a, b), "elapsed");
-    ms.push_back(t);
+    ms.push_back(t / batch);
   }
   check(cudaGetLastError(), "timed launches");
   cudaEventDestroy(a);
@@ -86,12 +90,14 @@ int main() {
   std::ostringstream table;
   table << "card: " << prop.name << ", " << prop.multiProcessorCount << " SMs, L2 "
         << prop.l2CacheSize / (1 << 20) << " MiB\n\n";
-  table << "| op | shape | impl | median ms | TFLOP/s | % of 790 TFLOP/s | GB/s | % of 4.3 TB/s | check |\n";
-  table << "|---|---|---|---|---|---|---|---|---|\n";
+  table << "| op | shape | impl | median ms | speed-up vs torch::topk (same sortedness) | effective GB/s | % of 4.3 TB/s | check |\n";
+  table << "|---|---|---|---|---|---|---|---|\n";
 
-  // (a) top-k
-  const int64_t s_q = 4096, k = 2048;
-  for (int64_t s_kv : {int64_t{4096}, int64_t{32768}, int64_t{65536}}) {
+  // (a) top-k, k 2048, against torch::topk (sorted and unsorted) on the same inputs.
+  const int64_t k = 2048;
+  const int64_t shapes[][2] = {{128, 131072}, {4096, 32768}, {4096, 131072}, {4096, 4096}};
+  for (const auto& sh : shapes) {
+    const int64_t s_q = sh[0], s_kv = sh[1];
     const double in_bytes = 4.0 * s_q * s_kv;
     const int r = rotations(in_bytes);
     std::vector<torch::Tensor> x;
@@ -100,7 +106,7 @@ int main() {
     auto scratch = torch::empty(
         {static_cast<int64_t>(std::max<size_t>(8, dsa::cuda::topk_scratch_bytes(s_q, s_kv, k)))},
         torch::TensorOptions().device(torch::kCUDA).dtype(torch::kUInt8));
-    const dsa::TopkPolicy policy{dsa::TieBreak::Small, true};
+    dsa::TopkPolicy policy{dsa::TieBreak::Small, true};
     dsa::cuda::TopkKernel variant = dsa::cuda::TopkKernel::Radix;
     auto mine = [&](int i) {
       dsa::cuda::select_topk_device(x[i % r].data_ptr<float>(), s_q, s_kv, k, nullptr, nullptr,
@@ -108,38 +114,63 @@ int main() {
                                     variant);
     };
     torch::Tensor pv, pi;
-    auto peer = [&](int i) { std::tie(pv, pi) = torch::topk(x[i % r], k, 1, true, true); };
-    const int iters = s_kv >= 32768 ? 9 : 21;
-    const double t_peer = median_ms(peer, 3, iters);
-    peer(0);
+    bool peer_sorted = true;
+    auto peer = [&](int i) { std::tie(pv, pi) = torch::topk(x[i % r], k, 1, true, peer_sorted); };
+    const int iters = in_bytes > 1e9 ? 9 : 21;
+    const int batch = in_bytes > 1e9 ? 1 : 10;  // short kernels: time 10 calls per sample
+    const double t_peer_unsorted = (peer_sorted = false, median_ms(peer, 3, iters, batch));
+    const double t_peer = (peer_sorted = true, median_ms(peer, 3, iters, batch));
+    peer(0);  // sorted ids of input 0 (random normal: ties unlikely)
     check(cudaDeviceSynchronize(), "peer check run");
+    const auto peer_set = std::get<0>(pi.sort(1));
     const double bytes = in_bytes + 4.0 * s_q * k;
-    const std::string shape = "s_q 4096, s_kv " + std::to_string(s_kv) + ", k 2048";
-    auto row = [&](const std::string& impl, double t, const std::string& note) {
+    const std::string shape = "[" + std::to_string(s_q) + ", " + std::to_string(s_kv) + "], k 2048";
+    auto row = [&](const std::string& impl, double t, double t_ref, const std::string& note) {
       const double gbs = bytes / (t * 1e-3) / 1e9;
-      table << "| topk | " << shape << " | " << impl << " | " << fmt("%.3f", t) << " | - | - | "
+      table << "| topk | " << shape << " | " << impl << " | " << fmt("%.4f", t) << " | "
+            << (t_ref > 0 ? fmt("%.2fx", t_ref / t) : std::string("-")) << " | "
             << fmt("%.0f", gbs) << " | " << fmt("%.1f%%", 100.0 * gbs / (kCopyTBs * 1e3)) << " | "
             << note << " |\n";
     };
-    double t_mine = 0;
-    for (auto v : {dsa::cuda::TopkKernel::Radix, dsa::cuda::TopkKernel::TwoRead}) {
-      variant = v;
-      t_mine = median_ms(mine, 3, iters);
+    struct Variant {
+      dsa::cuda::TopkKernel kernel;
+      bool sorted;
+      const char* name;
+    };
+    const Variant variants[] = {
+        {dsa::cuda::TopkKernel::Cluster, true, "dsa cuda cluster, sorted, small"},
+        {dsa::cuda::TopkKernel::Cluster, false, "dsa cuda cluster, unsorted, small"},
+        {dsa::cuda::TopkKernel::TwoRead, false, "dsa cuda two-read, unsorted, small"},
+        {dsa::cuda::TopkKernel::Radix, true, "dsa cuda radix (5 reads), sorted, small"},
+    };
+    double t_cluster = 0;
+    for (const Variant& v : variants) {
+      variant = v.kernel;
+      policy.sorted = v.sorted;
+      const double t_mine = median_ms(mine, 3, iters, batch);
       out.fill_(-7);
-      mine(0);  // same input as the peer's check run; random normal data: ties unlikely
+      mine(0);
       check(cudaDeviceSynchronize(), "check run");
-      const int64_t mism = (out.to(torch::kLong) != pi).sum().item<int64_t>();
-      row(v == dsa::cuda::TopkKernel::Radix ? "dsa cuda, radix (5 reads)" : "dsa cuda, two-read",
-          t_mine, std::to_string(mism) + " of " + std::to_string(s_q * k) + " ids differ from torch::topk");
+      const auto ids = out.to(torch::kLong);
+      const int64_t mism = v.sorted ? (ids != pi).sum().item<int64_t>()
+                                    : (std::get<0>(ids.sort(1)) != peer_set).sum().item<int64_t>();
+      row(v.name, t_mine, v.sorted ? t_peer : t_peer_unsorted,
+          std::to_string(mism) + " of " + std::to_string(s_q * k) +
+              (v.sorted ? " ids differ from torch::topk sorted" : " ids differ from torch::topk's set"));
+      if (v.kernel == dsa::cuda::TopkKernel::Cluster && v.sorted) t_cluster = t_mine;
     }
-    row("torch::topk (values + int64 ids)", t_peer, "peer");
-    std::printf("topk s_kv=%lld done (%.3f ms vs %.3f ms)\n", (long long)s_kv, t_mine, t_peer);
+    row("torch::topk sorted (values + int64 ids)", t_peer, 0, "peer");
+    row("torch::topk unsorted (values + int64 ids)", t_peer_unsorted, 0, "peer");
+    std::printf("topk [%lld, %lld] done (cluster sorted %.4f ms vs torch %.4f ms)\n",
+                (long long)s_q, (long long)s_kv, t_cluster, t_peer);
     std::fflush(stdout);
   }
+  table << "\n| op | shape | impl | median ms | TFLOP/s | % of 790 TFLOP/s | GB/s | % of 4.3 TB/s | check |\n";
+  table << "|---|---|---|---|---|---|---|---|---|\n";
 
   // (b) sparse MLA forward, GLM-5 shape, every slot valid (the peer has no masking).
   {
-    const int64_t h_q = 64, d_qk = 576, d_v = 512, s_kv = 8192;
+    const int64_t s_q = 4096, h_q = 64, d_qk = 576, d_v = 512, s_kv = 8192;
     const float sm_scale = 1.0f / std::sqrt(static_cast<float>(d_qk));
     const double set_bytes = 2.0 * s_q * h_q * d_qk + 4.0 * s_q * k;
     const int r = rotations(set_bytes);

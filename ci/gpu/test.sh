@@ -1,21 +1,62 @@
 #!/usr/bin/env bash
-# Run on the GPU machine (one H200), from the repo root, with .gpu-deps carried:
-# configures with the LibTorch inside PyTorch and the staged deps, builds, runs the `gpu`
-# label (and, with RUN_ALL=1, the CPU labels too), then the GPU benchmarks. Everything it
-# reports is written under ${OUT:-out}/.
+# Run on the GPU machine (one H200) with .gpu-deps carried (made here by ci/gpu/stage-deps.sh),
+# from the repo root or from .gpu-deps/wt: configures with the LibTorch inside PyTorch and the
+# staged deps, builds dsa_cuda_tests, dsa_prop_tests and dsa_gpu_bench for sm_90, then runs
+# (1) the CUDA tests, (2) compute-sanitizer memcheck and racecheck on the small sanitizer case
+# (exit codes must be 0), (3) the property suite's top-k properties on the `cuda` backend,
+# (4) the benchmark. Logs and the benchmark table go to ${OUT:-out}/ (at most 8 files); the
+# last lines printed are the summary. SKIP_BENCH=1 / SKIP_PROPS=1 leave steps out.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-out}
 mkdir -p "$out"
+deps=$PWD/.gpu-deps
 torch_dir=$(python3 -c "import torch;print(torch.utils.cmake_prefix_path)")/Torch
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DDSA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DDSA_BUILD_BENCH=OFF \
-  -DTorch_DIR="$torch_dir" -DCMAKE_PREFIX_PATH="$PWD/.gpu-deps/prefix" \
-  -DDSA_GTEST_SOURCE_DIR="$PWD/.gpu-deps/googletest" 2>&1 | tail -5 | tee "$out/configure.txt"
-time cmake --build build/gpu -j 16 2>&1 | tail -30 | tee "$out/build.txt"
-labels=${LABELS:-gpu}
-ctest --test-dir build/gpu -L "$labels" --output-on-failure -j 4 2>&1 | tee "$out/ctest.txt" | tail -40
-for b in build/gpu/bench/dsa_gpu_bench build/gpu/optimized/cuda/dsa_gpu_bench; do
-  [ -x "$b" ] && "$b" 2>&1 | tee "$out/bench.txt"
+{ date -u; cat COMMIT 2>/dev/null || git log -1 --format='commit %H' 2>/dev/null;
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; } | tee "$out/gpu.txt"
+SECONDS=0
+bd=${BUILD_DIR:-/tmp/dsa-gpu-build}
+# GoogleTest built and installed from the staged sources, then found by find_package (the
+# add_subdirectory route of the top-level CMakeLists clashes with googletest's own aliases).
+cmake -S "$deps/googletest" -B "$bd/gtest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_INSTALL_PREFIX="$bd/gtest-prefix" -DCMAKE_POSITION_INDEPENDENT_CODE=ON >"$out/build.txt" 2>&1 \
+  && cmake --build "$bd/gtest" -j 16 --target install >>"$out/build.txt" 2>&1 \
+  && cmake -S . -B "$bd/main" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DDSA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DDSA_BUILD_BENCH=OFF \
+    -DTorch_DIR="$torch_dir" -DCMAKE_PREFIX_PATH="$deps/prefix;$bd/gtest-prefix" \
+    -DDSA_GTEST_SOURCE_DIR= >>"$out/build.txt" 2>&1 \
+  && cmake --build "$bd/main" -j 16 --target dsa_cuda_tests dsa_gpu_bench \
+    $([ "${SKIP_PROPS:-0}" = 1 ] || echo dsa_prop_tests) >>"$out/build.txt" 2>&1
+rc=$?
+echo "build rc=$rc (${SECONDS}s)" | tee -a "$out/summary.txt"
+[ $rc = 0 ] || { grep -v "ptxas info\|bytes stack frame" "$out/build.txt" | grep -B2 -A10 -i "error" | head -60; exit 1; }
+grep -A2 "topk_cluster_kernel" "$out/build.txt" | grep -E "registers|spill" | head -3
+bin=$bd/main/optimized/cuda
+SECONDS=0
+timeout 300 "$bin/dsa_cuda_tests" >"$out/tests.txt" 2>&1
+echo "dsa_cuda_tests rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|^\[       OK|^\[  FAILED" "$out/tests.txt" | tail -20
+grep -B2 -A14 "Failure" "$out/tests.txt" | head -50
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+small='*TopkSanitizerSmall*:*EmptyRows*:*Unselectable*'
+for tool in memcheck racecheck; do
+  SECONDS=0
+  timeout 150 "$san" --tool $tool --error-exitcode 3 "$bin/dsa_cuda_tests" --gtest_filter="$small" \
+    >"$out/sanitizer.txt.$tool" 2>&1
+  echo "compute-sanitizer $tool rc=$? (${SECONDS}s): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer.txt.$tool" | tail -1)" | tee -a "$out/summary.txt"
 done
+cat "$out/sanitizer.txt.memcheck" > "$out/sanitizer.txt"; cat "$out/sanitizer.txt.racecheck" >> "$out/sanitizer.txt"
+rm -f "$out"/sanitizer.txt.*
+if [ "${SKIP_PROPS:-0}" != 1 ]; then
+  SECONDS=0
+  timeout 200 "$bd/main/property_tests/dsa_prop_tests" --gtest_filter='Prop_cuda.topk*' >"$out/props.txt" 2>&1
+  echo "dsa_prop_tests Prop_cuda.topk* rc=$? (${SECONDS}s): $(grep -E '^\[  PASSED|^\[  FAILED' "$out/props.txt" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+  grep -E "^\[  FAILED|repro" "$out/props.txt" | head -10
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  SECONDS=0
+  OUT=$out timeout 240 "$bin/dsa_gpu_bench" >"$out/bench.txt" 2>&1
+  echo "dsa_gpu_bench rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
+fi
+echo "=== summary"; cat "$out/summary.txt"
+[ -f "$out/gpu_bench.md" ] && cat "$out/gpu_bench.md" || tail -20 "$out/bench.txt" 2>/dev/null

@@ -12,6 +12,8 @@
 
 #include "cuda_check.h"
 #include "dsa/cuda/kernels.h"
+#include "topk_cluster.h"
+#include "topk_common.cuh"
 
 namespace dsa::cuda {
 namespace {
@@ -21,48 +23,19 @@ constexpr int kWarps = kThreads / 32;
 /// Sort buffers up to this many composites live in shared memory (64 KB), larger in scratch.
 constexpr int64_t kSmemSortCap = 8192;
 
-/// Order-preserving key: larger float → larger key; -0.0 canonicalised to +0.0.
-/// `selectable` is false for NaN and -inf (SPEC §3.1).
-__device__ __forceinline__ uint32_t float_key(float x, bool& selectable) {
-  uint32_t b = __float_as_uint(x);
-  if (b == 0x80000000u) b = 0u;
-  selectable = ((b & 0x7fffffffu) <= 0x7f800000u) && (b != 0xff800000u);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
 int64_t next_pow2(int64_t n) {
   int64_t p = 1;
   while (p < n) p <<= 1;
   return p;
 }
 
-__device__ __forceinline__ int64_t next_pow2_dev(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
+using detail::float_key;
+using detail::next_pow2_dev;
+using detail::row_window;
 
-/// Block-wide bitonic sort of buf[0, n) into descending order; first pads buf[count, n)
-/// with 0 (below every selectable key). n = next_pow2_dev(count); every thread must call it.
 __device__ __forceinline__ void bitonic_sort_desc(unsigned long long* buf, int64_t count,
                                                   int64_t n, int tid) {
-  for (int64_t i = count + tid; i < n; i += kThreads) buf[i] = 0ull;
-  __syncthreads();
-  for (int64_t size = 2; size <= n; size <<= 1) {
-    for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int64_t j = tid; j < n / 2; j += kThreads) {
-        const int64_t a = 2 * stride * (j / stride) + (j % stride);
-        const int64_t b = a + stride;
-        const bool desc = (a & size) == 0;
-        const unsigned long long x = buf[a], y = buf[b];
-        if (desc ? (x < y) : (x > y)) {
-          buf[a] = y;
-          buf[b] = x;
-        }
-      }
-      __syncthreads();
-    }
-  }
+  detail::bitonic_sort_desc<kThreads>(buf, count, n, tid);
 }
 
 /// Sorts buf[0, keff) descending (bitonic over next_pow2(keff), padding with 0 which is below
@@ -134,6 +107,7 @@ __device__ __forceinline__ void topk_row_radix(const float* __restrict__ row, in
       } else {
         target = sh_remaining;
       }
+      __syncwarp();  // every lane has read sh_remaining before one lane rewrites it below
       const uint32_t excl = incl - g;
       if (target > 0 && excl < (uint32_t)target && (uint32_t)target <= incl) {
         uint32_t acc = excl;
@@ -210,15 +184,6 @@ __device__ __forceinline__ void topk_row_radix(const float* __restrict__ row, in
     }
   }
   sort_and_write(buf, keff, k, large, sorted, orow);
-}
-
-__device__ __forceinline__ void row_window(const int64_t* ks, const int64_t* ke, int64_t t,
-                                           int64_t s_kv, int64_t& lo, int64_t& hi) {
-  lo = 0;
-  hi = s_kv;
-  if (ks) lo = min(max(ks[t], (int64_t)0), s_kv);
-  if (ke) hi = min(max(ke[t], (int64_t)0), s_kv);
-  if (hi < lo) hi = lo;
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -374,6 +339,14 @@ void select_topk_device(const float* scores, int64_t s_q, int64_t s_kv, int64_t 
   if (s_q > INT32_MAX)
     throw std::invalid_argument(std::string(where) + ": argument 's_q' got " +
                                 std::to_string(s_q) + ", expected <= 2^31-1");
+  const bool large = policy.tie_break == TieBreak::Large;
+  if (variant == TopkKernel::Cluster) {
+    if (detail::topk_cluster_supported(s_q, s_kv, k, policy.sorted)) {
+      detail::topk_cluster_launch(scores, s_q, s_kv, k, ks, ke, large, policy.sorted, out, stream);
+      return;
+    }
+    variant = TopkKernel::Radix;
+  }
   const int64_t len = next_pow2(std::max<int64_t>(1, std::min(k, s_kv)));
   const bool use_scratch = len > kSmemSortCap;
   if (use_scratch && scratch == nullptr)
@@ -385,7 +358,6 @@ void select_topk_device(const float* scores, int64_t s_q, int64_t s_kv, int64_t 
   // dynamic shared memory under the default 48 KB limit.
   DSA_CUDA_CHECK(where, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem));
-  const bool large = policy.tie_break == TieBreak::Large;
   fn<<<(unsigned)s_q, kThreads, smem, stream>>>(
       scores, s_kv, k, ks, ke, large ? 1 : 0, policy.sorted ? 1 : 0, out,
       use_scratch ? static_cast<unsigned long long*>(scratch) : nullptr, len);

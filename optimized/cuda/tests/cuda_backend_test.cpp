@@ -2,6 +2,7 @@
 // bit-exact (§3) on random, plateau, NaN/-inf/±0 and window cases at tile-edge sizes; sparse
 // MLA forward (§4, §6) by the ratio rule with invalid ids, topk_length, sinks, duplicates,
 // empty rows and leading invalid blocks. Every test skips (with the reason) without a device.
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <limits>
@@ -80,15 +81,28 @@ KeyWindows random_windows(int64_t s_q, int64_t s_kv, uint64_t seed) {
   return KeyWindows::explicit_windows(ks, ke, s_kv);
 }
 
-// Both top-k kernels (radix, two-read) are checked on every case.
-void expect_topk_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label) {
-  for (auto kernel : {dsa::cuda::TopkKernel::Radix, dsa::cuda::TopkKernel::TwoRead}) {
+const char* kernel_name(dsa::cuda::TopkKernel k) {
+  switch (k) {
+    case dsa::cuda::TopkKernel::Radix: return "[radix] ";
+    case dsa::cuda::TopkKernel::TwoRead: return "[two-read] ";
+    case dsa::cuda::TopkKernel::Cluster: return "[cluster] ";
+  }
+  return "[?] ";
+}
+
+// Every top-k kernel (radix, two-read, cluster) is checked on every case unless `kernels`
+// narrows it.
+void expect_topk_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label,
+                      std::vector<dsa::cuda::TopkKernel> kernels = {
+                          dsa::cuda::TopkKernel::Radix, dsa::cuda::TopkKernel::TwoRead,
+                          dsa::cuda::TopkKernel::Cluster}) {
+  for (auto kernel : kernels) {
     dsa::cuda::CudaBackendOptions o;
     o.topk_kernel = kernel;
     auto b = dsa::cuda::make_cuda_backend(o);
     const dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::Topk, c);
     EXPECT_EQ(r.verdict, Verdict::Pass)
-        << (kernel == dsa::cuda::TopkKernel::Radix ? "[radix] " : "[two-read] ") << label << "\n"
+        << kernel_name(kernel) << label << "\n"
         << dsa::oracle::format_op_report(r);
   }
 }
@@ -149,6 +163,86 @@ TEST_F(CudaBackendTest, TopkProductionWidthsAndScratchPath) {
   }
 }
 
+// Long rows split over a cluster of CTAs (131072 keys: 8 CTAs per row), with the rows whose
+// boundary holds more candidates than any buffer: 131072 equal values, a narrow band of a few
+// ulps (one bin of every radix digit but the last), a ReLU plateau of zeros; random rows too.
+// Then an unaligned row length (40001 keys, 4-byte copies, partial last chunk) with windows.
+TEST_F(CudaBackendTest, TopkClusterLongRowsPlateausBandsAndWindows) {
+  const int64_t s_kv = 131072;
+  Tensor scores(DType::F32, {4, s_kv});
+  std::mt19937_64 rng(4242);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> ulps(0, 5);
+  float* p = scores.data<float>();
+  for (int64_t i = 0; i < s_kv; ++i) {
+    p[i] = normal(rng);                                   // random
+    p[s_kv + i] = 0.75f;                                  // 131072 equal values
+    float b = 1.0f;                                       // narrow band: 1.0 + 0..5 ulps
+    for (int u = ulps(rng); u > 0; --u) b = std::nextafter(b, 2.0f);
+    p[2 * s_kv + i] = b;
+    p[3 * s_kv + i] = std::max(0.0f, normal(rng) - 2.5f);  // ReLU: ~99% exact zeros
+  }
+  for (TieBreak tb : {TieBreak::Small, TieBreak::Large, TieBreak::Any}) {
+    for (bool sorted : {true, false}) {
+      for (int64_t k : {int64_t{2048}, int64_t{1}, int64_t{5000}}) {
+        OpCase c;
+        c.scores = scores;
+        c.k = k;
+        c.policy = TopkPolicy{tb, sorted};
+        expect_topk_pass(*backend_, c,
+                         "131072 k=" + std::to_string(k) + " tie=" + dsa::to_string(tb) +
+                             " sorted=" + std::to_string(sorted),
+                         {dsa::cuda::TopkKernel::Cluster});
+      }
+    }
+  }
+  {
+    OpCase c;  // the other kernels on the same rows, once
+    c.scores = scores;
+    c.k = 2048;
+    c.policy = TopkPolicy{TieBreak::Small, true};
+    expect_topk_pass(*backend_, c, "131072 k=2048 small sorted",
+                     {dsa::cuda::TopkKernel::Radix, dsa::cuda::TopkKernel::TwoRead});
+  }
+  uint64_t seed = 900;
+  for (Fill fill : {Fill::Random, Fill::Plateau, Fill::Special}) {
+    for (TieBreak tb : {TieBreak::Small, TieBreak::Large}) {
+      for (bool sorted : {true, false}) {
+        OpCase c;
+        c.scores = make_scores(6, 40001, fill, seed++);
+        c.k = 3000;
+        c.policy = TopkPolicy{tb, sorted};
+        c.topk_windows = random_windows(6, 40001, seed++);
+        expect_topk_pass(*backend_, c, "40001 windows fill=" + std::to_string(static_cast<int>(fill)),
+                         {dsa::cuda::TopkKernel::Cluster});
+        c.topk_windows = std::nullopt;
+        c.k = 50000;  // k > s_kv
+        expect_topk_pass(*backend_, c, "40001 k=50000 fill=" + std::to_string(static_cast<int>(fill)),
+                         {dsa::cuda::TopkKernel::Cluster});
+      }
+    }
+  }
+}
+
+// Small cases for compute-sanitizer (memcheck, racecheck: ci/gpu/test.sh): every kernel,
+// a one-CTA row and a row over a 4-CTA cluster (16384 keys, 2 rows), random and plateau
+// rows, sorted and unsorted, with windows.
+TEST_F(CudaBackendTest, TopkSanitizerSmall) {
+  uint64_t seed = 500;
+  for (int64_t s_kv : {int64_t{700}, int64_t{16384}}) {
+    for (Fill fill : {Fill::Random, Fill::Plateau}) {
+      for (bool sorted : {true, false}) {
+        OpCase c;
+        c.scores = make_scores(2, s_kv, fill, seed++);
+        c.k = 300;
+        c.policy = TopkPolicy{TieBreak::Large, sorted};
+        c.topk_windows = random_windows(2, s_kv, seed++);
+        expect_topk_pass(*backend_, c, "sanitizer s_kv=" + std::to_string(s_kv));
+      }
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, TopkAllUnselectableRowsAndEmptyShapes) {
   OpCase c;
   c.scores = Tensor(DType::F32, {3, 70});
@@ -164,7 +258,7 @@ TEST_F(CudaBackendTest, TopkAllUnselectableRowsAndEmptyShapes) {
     expect_topk_pass(*backend_, c, "unselectable rows");
   }
   dsa::cuda::CudaBackendOptions two_read;
-  two_read.topk_kernel = dsa::cuda::TopkKernel::TwoRead;
+  two_read.topk_kernel = dsa::cuda::TopkKernel::TwoRead;  // radix and cluster: expect_topk_pass
   const Tensor out = dsa::cuda::make_cuda_backend(two_read)->select_topk(c.scores, 80, TopkPolicy{}, std::nullopt);
   EXPECT_EQ(out.data<int32_t>()[0], -1);
   EXPECT_EQ(out.data<int32_t>()[80 + 79], -1);

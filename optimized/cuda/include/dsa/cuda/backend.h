@@ -19,7 +19,7 @@ namespace dsa::cuda {
 /// on the H200, bench/results/2026-11-30-gpu-topk-sparse-mla.md; the defaults are what the
 /// registered "cuda" backend uses: the tensor-core MLA, 2.4x faster than the CUDA-core one).
 struct CudaBackendOptions {
-  TopkKernel topk_kernel = TopkKernel::Radix;
+  TopkKernel topk_kernel = TopkKernel::Cluster;
   SparseMlaKernel mla_kernel = SparseMlaKernel::TensorCore;
 };
 std::unique_ptr<oracle::Backend> make_cuda_backend(const CudaBackendOptions& options = {});

@@ -22,7 +22,11 @@ size_t topk_scratch_bytes(int64_t s_q, int64_t s_kv, int64_t k);
 /// row plus an ordered collection (five reads). TwoRead: an 11-bit histogram, then one read
 /// that collects the ids above the boundary bin and sorts the bin's candidates in shared
 /// memory (two reads); rows whose boundary bin holds over 4096 keys fall back to Radix.
-enum class TopkKernel { Radix, TwoRead };
+/// Cluster: one read; a cluster of up to 8 CTAs per row keeps the row in shared memory and
+/// runs an 11/11/10-bit radix select with cluster-combined histograms, then places ids by
+/// prefix sums (sm_90; shapes it does not take, s_kv over about 430000 or sorted k over
+/// 16384, run Radix).
+enum class TopkKernel { Radix, TwoRead, Cluster };
 
 /// Top-k per row (SPEC §3). scores [s_q,s_kv] fp32 row-major; ks/ke [s_q] int64 key windows
 /// (both null = every key; clamped to [0,s_kv], ks >= ke empty); k >= 0 (k > s_kv legal);
@@ -34,7 +38,7 @@ enum class TopkKernel { Radix, TwoRead };
 void select_topk_device(const float* scores, int64_t s_q, int64_t s_kv, int64_t k,
                         const int64_t* ks, const int64_t* ke, const TopkPolicy& policy,
                         int32_t* out, void* scratch, cudaStream_t stream,
-                        TopkKernel kernel = TopkKernel::Radix);
+                        TopkKernel kernel = TopkKernel::Cluster);
 
 /// Largest d_qk / d_v the sparse MLA forward kernel takes (shared-memory tile and
 /// per-thread accumulator limits); larger shapes throw std::invalid_argument.
