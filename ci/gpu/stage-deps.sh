@@ -29,6 +29,5 @@ mkdir -p "$dst/wt"
 git ls-files -co --exclude-standard | grep -v '^fixtures/peer/.*\.safetensors$' |
   while read -r f; do [ -f "$f" ] && printf '%s\n' "$f"; done |
   tar -cf - -T - | tar -xf - -C "$dst/wt"
-ln -sfn .. "$dst/wt/.gpu-deps"
 echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!.gpu-deps' || echo ' plus uncommitted changes')" > "$dst/wt/COMMIT"
 du -sh "$dst"

@@ -11,6 +11,7 @@ cd "$(dirname "$0")/../.."
 out=${OUT:-out}
 mkdir -p "$out"
 deps=$PWD/.gpu-deps
+[ -d "$deps/googletest" ] || deps=$(cd .. && pwd)  # run from .gpu-deps/wt
 torch_dir=$(python3 -c "import torch;print(torch.utils.cmake_prefix_path)")/Torch
 { date -u; cat COMMIT 2>/dev/null || git log -1 --format='commit %H' 2>/dev/null;
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; } | tee "$out/gpu.txt"
