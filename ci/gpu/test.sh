@@ -34,7 +34,7 @@ echo "build rc=$rc (${SECONDS}s)" | tee -a "$out/summary.txt"
 grep -A2 "topk_cluster_kernel" "$out/build.txt" | grep -E "registers|spill" | head -3
 bin=$bd/main/optimized/cuda
 SECONDS=0
-timeout 300 "$bin/dsa_cuda_tests" >"$out/tests.txt" 2>&1
+timeout 170 "$bin/dsa_cuda_tests" >"$out/tests.txt" 2>&1
 echo "dsa_cuda_tests rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|^\[       OK|^\[  FAILED" "$out/tests.txt" | tail -20
 grep -B2 -A14 "Failure" "$out/tests.txt" | head -50
@@ -42,7 +42,7 @@ san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 small='*TopkSanitizerSmall*:*EmptyRows*:*Unselectable*'
 for tool in memcheck racecheck; do
   SECONDS=0
-  timeout 150 "$san" --tool $tool --error-exitcode 3 "$bin/dsa_cuda_tests" --gtest_filter="$small" \
+  timeout 100 "$san" --tool $tool --error-exitcode 3 "$bin/dsa_cuda_tests" --gtest_filter="$small" \
     >"$out/sanitizer.txt.$tool" 2>&1
   echo "compute-sanitizer $tool rc=$? (${SECONDS}s): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer.txt.$tool" | tail -1)" | tee -a "$out/summary.txt"
 done
@@ -50,13 +50,13 @@ cat "$out/sanitizer.txt.memcheck" > "$out/sanitizer.txt"; cat "$out/sanitizer.tx
 rm -f "$out"/sanitizer.txt.*
 if [ "${SKIP_PROPS:-0}" != 1 ]; then
   SECONDS=0
-  timeout 200 "$bd/main/property_tests/dsa_prop_tests" --gtest_filter='Prop_cuda.topk*' >"$out/props.txt" 2>&1
+  timeout 120 "$bd/main/property_tests/dsa_prop_tests" --gtest_filter='Prop_cuda.topk*' >"$out/props.txt" 2>&1
   echo "dsa_prop_tests Prop_cuda.topk* rc=$? (${SECONDS}s): $(grep -E '^\[  PASSED|^\[  FAILED' "$out/props.txt" | tr '\n' ' ')" | tee -a "$out/summary.txt"
   grep -E "^\[  FAILED|repro" "$out/props.txt" | head -10
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   SECONDS=0
-  OUT=$out timeout 240 "$bin/dsa_gpu_bench" >"$out/bench.txt" 2>&1
+  OUT=$out timeout 150 "$bin/dsa_gpu_bench" >"$out/bench.txt" 2>&1
   echo "dsa_gpu_bench rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
 fi
 echo "=== summary"; cat "$out/summary.txt"
