@@ -59,5 +59,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   OUT=$out timeout 150 "$bin/dsa_gpu_bench" >"$out/bench.txt" 2>&1
   echo "dsa_gpu_bench rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
 fi
+if [ "${PROFILE:-0}" = 1 ]; then  # one launch of the cluster top-k kernel under Nsight Compute
+  SECONDS=0
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  DSA_BENCH_TOPK_ONLY=1 timeout 120 "$ncu" --clock-control none -k regex:topk_cluster \
+    --launch-skip ${PROFILE_SKIP:-3} --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+    --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    "$bin/dsa_gpu_bench" >"$out/ncu.txt" 2>&1
+  echo "ncu rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
+  grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers|Eligible|No Eligible|One or More" "$out/ncu.txt" | head -60
+fi
 echo "=== summary"; cat "$out/summary.txt"
 [ -f "$out/gpu_bench.md" ] && cat "$out/gpu_bench.md" || tail -20 "$out/bench.txt" 2>/dev/null

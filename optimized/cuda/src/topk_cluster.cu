@@ -75,13 +75,18 @@ Plan make_plan(int64_t s_q, int64_t s_kv, int64_t k, bool sorted) {
   return p;
 }
 
-/// Adds 1 to h[bin] for every lane with `active`, one shared-memory atomic per distinct bin
-/// of the warp. Every lane of the warp must call it.
+/// Adds 1 to h[bin] for every lane with `active`. When every active lane of the warp has the
+/// same bin (plateaus, narrow bands) one lane adds the count; otherwise each active lane
+/// issues its own shared-memory atomic. Every lane of the warp must call it.
 __device__ __forceinline__ void hist_add(uint32_t* h, uint32_t bin, bool active, int lane) {
   const unsigned act = __ballot_sync(0xffffffffu, active);
-  if (active) {
-    const unsigned peers = __match_any_sync(act, bin);
-    if (lane == __ffs(peers) - 1) atomicAdd(&h[bin], (uint32_t)__popc(peers));
+  if (act == 0u) return;
+  const int leader = __ffs(act) - 1;
+  const uint32_t lb = __shfl_sync(0xffffffffu, bin, leader);
+  if (__all_sync(0xffffffffu, !active || bin == lb)) {
+    if (lane == leader) atomicAdd(&h[lb], (uint32_t)__popc(act));
+  } else if (active) {
+    atomicAdd(&h[bin], 1u);
   }
 }
 
@@ -96,44 +101,55 @@ __device__ __forceinline__ void combine(cg::cluster_group& cluster, uint32_t* h,
   __syncthreads();
 }
 
-/// Warp 0 finds the bin d (scanning from the top) holding the target-th largest key:
-/// above = #keys in bins > d, cnt = #keys in bin d; also total = #keys. target <= 0 or
-/// target > total leave d = -1. Results in sel[0..3]; every thread must call it.
+/// Finds the bin d (scanning from the top) holding the target-th largest key: above = #keys
+/// in bins > d, cnt = #keys in bin d; also total = #keys. target <= 0 or target > total
+/// leave d = -1. Results in sel[0..3]; every thread must call it (nbins = 1024 or 2048:
+/// thread i owns the nbins/512 bins counted down from nbins-1-(nbins/512)*i, read as one
+/// conflict-free vector). Ends with __syncthreads().
 __device__ __forceinline__ void find_bin(const uint32_t* tot, int nbins, int64_t target,
-                                         int* sel, int tid) {
-  if (tid < 32) {
-    const int lane = tid;
-    const int per = nbins / 32;  // lane 0 owns the top bins
-    uint32_t g = 0;
-    for (int b = 0; b < per; ++b) g += tot[nbins - 1 - per * lane - b];
-    uint32_t incl = g;
+                                         int* sel, int (*warp_sums)[kWarps], int tid) {
+  const int lane = tid & 31, warp = tid >> 5;
+  const int per = nbins / kThreads;  // 2 or 4
+  const int top = nbins - 1 - per * tid;  // highest bin of this thread
+  uint32_t h[4] = {0u, 0u, 0u, 0u};
+  if (per == 4) {
+    const uint4 v = reinterpret_cast<const uint4*>(tot)[top >> 2];  // bins top-3..top
+    h[0] = v.w; h[1] = v.z; h[2] = v.y; h[3] = v.x;
+  } else {
+    const uint2 v = reinterpret_cast<const uint2*>(tot)[top >> 1];  // bins top-1..top
+    h[0] = v.y; h[1] = v.x;
+  }
+  const uint32_t g = h[0] + h[1] + h[2] + h[3];
+  uint32_t incl = g;
 #pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const uint32_t v = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += v;
-    }
-    const uint32_t total = __shfl_sync(0xffffffffu, incl, 31);
-    if (lane == 0) {
-      sel[0] = -1;
-      sel[3] = (int)total;
-    }
-    __syncwarp();
-    const uint32_t excl = incl - g;
-    if (target > 0 && (int64_t)excl < target && target <= (int64_t)incl) {
-      uint32_t acc = excl;
-      for (int b = 0; b < per; ++b) {
-        const int d = nbins - 1 - per * lane - b;
-        const uint32_t h = tot[d];
-        if (acc + h >= (uint64_t)target) {
-          sel[0] = d;
-          sel[1] = (int)acc;
-          sel[2] = (int)h;
-          break;
-        }
-        acc += h;
+  for (int off = 1; off < 32; off <<= 1) {
+    const uint32_t v = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += v;
+  }
+  if (lane == 31) warp_sums[0][warp] = (int)incl;
+  if (tid == 0) sel[0] = -1;
+  __syncthreads();
+  uint32_t before = 0, total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const uint32_t x = (uint32_t)warp_sums[0][w];
+    if (w < warp) before += x;
+    total += x;
+  }
+  const uint32_t excl = before + incl - g;
+  if (target > 0 && (int64_t)excl < target && target <= (int64_t)(excl + g)) {
+    uint32_t acc = excl;
+    for (int b = 0; b < per; ++b) {
+      if ((int64_t)(acc + h[b]) >= target) {
+        sel[0] = top - b;
+        sel[1] = (int)acc;
+        sel[2] = (int)h[b];
+        break;
       }
+      acc += h[b];
     }
   }
+  if (tid == 0) sel[3] = (int)total;
   __syncthreads();
 }
 
@@ -179,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                         int large, int sorted, int32_t* __restrict__ out, int64_t slice,
                         int chunks) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ uint32_t tot[kBins1];
+  __shared__ __align__(16) uint32_t tot[kBins1];
   __shared__ int warp_sums[2][kWarps];
   __shared__ int sel[4];
   __shared__ int cta_counts[2];  // this CTA's #gt, #eq; read by higher ranks
@@ -257,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   cluster.sync();
   combine(cluster, h1, tot, kBins1, csize, tid);
-  find_bin(tot, kBins1, k, sel, tid);  // k > total: sel[0] = -1, handled below
+  find_bin(tot, kBins1, k, sel, warp_sums, tid);  // k > total: sel[0] = -1, handled below
   const int64_t total = sel[3];
   const int64_t keff = min(k, total);
   int64_t above = 0, cnt = 0, rem = keff;
@@ -268,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (keff == total) {
       // Every selectable key is taken: the boundary bin is the lowest non-empty one.
       __syncthreads();
-      find_bin(tot, kBins1, keff, sel, tid);
+      find_bin(tot, kBins1, keff, sel, warp_sums, tid);
     }
     prefix = (uint32_t)sel[0];
     above = sel[1];
@@ -286,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       cluster.sync();
       combine(cluster, h2, tot, kBins2, csize, tid);
-      find_bin(tot, kBins2, rem, sel, tid);
+      find_bin(tot, kBins2, rem, sel, warp_sums, tid);
       prefix = (prefix << 11) | (uint32_t)sel[0];
       shift = 10;
       rem -= sel[1];
@@ -304,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       cluster.sync();
       combine(cluster, h3, tot, kBins3, csize, tid);
-      find_bin(tot, kBins3, rem, sel, tid);
+      find_bin(tot, kBins3, rem, sel, warp_sums, tid);
       prefix = (prefix << 10) | (uint32_t)sel[0];
       shift = 0;
       rem -= sel[1];

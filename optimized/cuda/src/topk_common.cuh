@@ -32,18 +32,20 @@ __device__ __forceinline__ void row_window(const int64_t* ks, const int64_t* ke,
 }
 
 /// Block-wide bitonic sort of buf[0, n) into descending order over NT threads; first pads
-/// buf[count, n) with 0 (below every selectable composite). n = next_pow2_dev(count); every
-/// thread of the block must call it. Ends with __syncthreads().
+/// buf[count, n) with 0 (below every selectable composite). n = next_pow2_dev(count) <= 2^30;
+/// every thread of the block must call it. Ends with __syncthreads(). 32-bit index math
+/// (shifts and masks: stride is a power of two).
 template <int NT>
 __device__ __forceinline__ void bitonic_sort_desc(unsigned long long* buf, int64_t count,
-                                                  int64_t n, int tid) {
-  for (int64_t i = count + tid; i < n; i += NT) buf[i] = 0ull;
+                                                  int64_t n64, int tid) {
+  const int n = (int)n64;
+  for (int i = (int)count + tid; i < n; i += NT) buf[i] = 0ull;
   __syncthreads();
-  for (int64_t size = 2; size <= n; size <<= 1) {
-    for (int64_t stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int64_t j = tid; j < n / 2; j += NT) {
-        const int64_t a = 2 * stride * (j / stride) + (j % stride);
-        const int64_t b = a + stride;
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int j = tid; j < n / 2; j += NT) {
+        const int a = ((j & ~(stride - 1)) << 1) | (j & (stride - 1));
+        const int b = a + stride;
         const bool desc = (a & size) == 0;
         const unsigned long long x = buf[a], y = buf[b];
         if (desc ? (x < y) : (x > y)) {
