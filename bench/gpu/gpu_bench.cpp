@@ -143,6 +143,12 @@ int main() {
         {dsa::cuda::TopkKernel::TwoRead, false, "dsa cuda two-read, unsorted, small"},
         {dsa::cuda::TopkKernel::Radix, true, "dsa cuda radix (5 reads), sorted, small"},
     };
+    struct Result {
+      const Variant* v;
+      double t;
+      int64_t mism;
+    };
+    std::vector<Result> results;
     double t_cluster = 0;
     for (const Variant& v : variants) {
       variant = v.kernel;
@@ -154,13 +160,25 @@ int main() {
       const auto ids = out.to(torch::kLong);
       const int64_t mism = v.sorted ? (ids != pi).sum().item<int64_t>()
                                     : (std::get<0>(ids.sort(1)) != peer_set).sum().item<int64_t>();
-      row(v.name, t_mine, v.sorted ? t_peer : t_peer_unsorted,
-          std::to_string(mism) + " of " + std::to_string(s_q * k) +
-              (v.sorted ? " ids differ from torch::topk sorted" : " ids differ from torch::topk's set"));
+      results.push_back({&v, t_mine, mism});
       if (v.kernel == dsa::cuda::TopkKernel::Cluster && v.sorted) t_cluster = t_mine;
     }
-    row("torch::topk sorted (values + int64 ids)", t_peer, 0, "peer");
-    row("torch::topk unsorted (values + int64 ids)", t_peer_unsorted, 0, "peer");
+    // The peer again after our kernels (its timing can differ from one measurement to the
+    // next); speed-ups use the faster of its two medians.
+    const double t_peer_unsorted2 = (peer_sorted = false, median_ms(peer, 3, iters, batch));
+    const double t_peer2 = (peer_sorted = true, median_ms(peer, 3, iters, batch));
+    const double ref_sorted = std::min(t_peer, t_peer2);
+    const double ref_unsorted = std::min(t_peer_unsorted, t_peer_unsorted2);
+    for (const Result& res : results)
+      row(res.v->name, res.t, res.v->sorted ? ref_sorted : ref_unsorted,
+          std::to_string(res.mism) + " of " + std::to_string(s_q * k) +
+              (res.v->sorted ? " ids differ from torch::topk sorted"
+                             : " ids differ from torch::topk's set"));
+    row("torch::topk sorted (values + int64 ids)", ref_sorted, 0,
+        "peer (medians " + fmt("%.4f", t_peer) + " before, " + fmt("%.4f", t_peer2) + " after)");
+    row("torch::topk unsorted (values + int64 ids)", ref_unsorted, 0,
+        "peer (medians " + fmt("%.4f", t_peer_unsorted) + " before, " +
+            fmt("%.4f", t_peer_unsorted2) + " after)");
     std::printf("topk [%lld, %lld] done (cluster sorted %.4f ms vs torch %.4f ms)\n",
                 (long long)s_q, (long long)s_kv, t_cluster, t_peer);
     std::fflush(stdout);

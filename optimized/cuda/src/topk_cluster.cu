@@ -63,6 +63,7 @@ Plan make_plan(int64_t s_q, int64_t s_kv, int64_t k, bool sorted) {
   const int64_t slice = ((s_kv + c - 1) / c + 3) / 4 * 4;
   int chunks = (int)((slice / 4 + kThreads - 1) / kThreads);
   if (chunks % 2 == 0) ++chunks;
+  if (chunks > 15) return p;  // per-thread selection masks are 64-bit (4 keys per chunk)
   const int64_t sort_len = sorted ? next_pow2_host(std::min(k, s_kv)) : 0;
   const size_t region = std::max<size_t>(kHistBytes, (size_t)sort_len * 8);
   const size_t smem = (size_t)chunks * kThreads * 16 + region;
@@ -73,21 +74,6 @@ Plan make_plan(int64_t s_q, int64_t s_kv, int64_t k, bool sorted) {
   p.chunks = chunks;
   p.smem = smem;
   return p;
-}
-
-/// Adds 1 to h[bin] for every lane with `active`. When every active lane of the warp has the
-/// same bin (plateaus, narrow bands) one lane adds the count; otherwise each active lane
-/// issues its own shared-memory atomic. Every lane of the warp must call it.
-__device__ __forceinline__ void hist_add(uint32_t* h, uint32_t bin, bool active, int lane) {
-  const unsigned act = __ballot_sync(0xffffffffu, active);
-  if (act == 0u) return;
-  const int leader = __ffs(act) - 1;
-  const uint32_t lb = __shfl_sync(0xffffffffu, bin, leader);
-  if (__all_sync(0xffffffffu, !active || bin == lb)) {
-    if (lane == leader) atomicAdd(&h[lb], (uint32_t)__popc(act));
-  } else if (active) {
-    atomicAdd(&h[bin], 1u);
-  }
 }
 
 /// Cluster sum of the histograms h (nbins words at the same offset in every CTA) into tot.
@@ -189,6 +175,80 @@ __device__ __forceinline__ void block_scan2(int a, int b, int& ea, int& eb, int&
   eb = ob + ib - b;
 }
 
+/// Adds the 4 keys of a chunk (bins b[], predicates p[]) of every lane to h: one atomic of 128
+/// when the whole warp's 128 keys share a bin (plateaus, narrow bands), else one shared-memory
+/// atomic per key with its predicate. Every lane of the warp must call it.
+__device__ __forceinline__ void hist_add4(uint32_t* h, const uint32_t (&b)[4], const bool (&p)[4],
+                                          int lane) {
+  const bool same = p[0] && p[1] && p[2] && p[3] && b[0] == b[1] && b[1] == b[2] && b[2] == b[3];
+  const uint32_t b0 = __shfl_sync(0xffffffffu, b[0], 0);
+  if (__all_sync(0xffffffffu, same && b[0] == b0)) {
+    if (lane == 0) atomicAdd(&h[b0], 128u);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (p[e]) atomicAdd(&h[b[e]], 1u);
+  }
+}
+
+/// max(x, y) when keep_max, else min(x, y).
+__device__ __forceinline__ unsigned long long cmpx(unsigned long long x, unsigned long long y,
+                                                   bool keep_max) {
+  return (keep_max == (x > y)) ? x : y;
+}
+
+/// Sorts sbuf[0, 2048) descending over the 512 threads of the block: element e = 4*tid + r
+/// lives in register x[r]; bitonic stages of stride 1-2 run in registers, 4-64 through warp
+/// shuffles, 128-1024 through shared memory (sbuf, transposed: conflict-free). On return x[r]
+/// holds rank 4*tid + r. Every thread must call it; ends with __syncthreads().
+__device__ __forceinline__ void sort2048_desc(unsigned long long* sbuf, unsigned long long (&x)[4],
+                                              int tid) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) x[r] = sbuf[4 * tid + r];
+  __syncthreads();
+  for (int size = 2; size <= 2048; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      if (stride >= 128) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) sbuf[r * kThreads + tid] = x[r];
+        __syncthreads();
+        const int pt = tid ^ (stride >> 2);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int e = 4 * tid + r;
+          x[r] = cmpx(x[r], sbuf[r * kThreads + pt], ((e & stride) == 0) == ((e & size) == 0));
+        }
+        __syncthreads();
+      } else if (stride >= 4) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int e = 4 * tid + r;
+          const unsigned long long y = __shfl_xor_sync(0xffffffffu, x[r], stride >> 2);
+          x[r] = cmpx(x[r], y, ((e & stride) == 0) == ((e & size) == 0));
+        }
+      } else if (stride == 2) {
+        const bool desc = ((4 * tid) & size) == 0;  // size >= 4: same for the 4 elements
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+          const unsigned long long hi = x[a] > x[a + 2] ? x[a] : x[a + 2];
+          const unsigned long long lo = x[a] > x[a + 2] ? x[a + 2] : x[a];
+          x[a] = desc ? hi : lo;
+          x[a + 2] = desc ? lo : hi;
+        }
+      } else {
+#pragma unroll
+        for (int a = 0; a < 4; a += 2) {
+          const bool desc = ((4 * tid + a) & size) == 0;
+          const unsigned long long hi = x[a] > x[a + 1] ? x[a] : x[a + 1];
+          const unsigned long long lo = x[a] > x[a + 1] ? x[a + 1] : x[a];
+          x[a] = desc ? hi : lo;
+          x[a + 1] = desc ? lo : hi;
+        }
+      }
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 2)
     topk_cluster_kernel(const float* __restrict__ scores, int64_t s_kv, int64_t k,
                         const int64_t* __restrict__ ks, const int64_t* __restrict__ ke,
@@ -207,35 +267,38 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t t = blockIdx.x / csize;
 
   uint4* keys4 = reinterpret_cast<uint4*>(smem);
+  const uint32_t* keys = reinterpret_cast<const uint32_t*>(smem);
   uint32_t* hist = reinterpret_cast<uint32_t*>(smem + (size_t)chunks * kThreads * 16);
   uint32_t* h1 = hist;
   uint32_t* h2 = hist + kBins1;
   uint32_t* h3 = hist + kBins1 + kBins2;
   unsigned long long* sortbuf = reinterpret_cast<unsigned long long*>(hist);
 
+  // Slice [s0, s0 + n) of the row; local coordinates (int) from here on.
   int64_t lo, hi;
   row_window(ks, ke, t, s_kv, lo, hi);
   const int64_t s0 = (int64_t)rank * slice;
-  const int64_t s1 = min(s0 + slice, s_kv);
-  const int64_t w0 = max(s0, lo), w1 = min(s1, hi);  // selectable part of this slice
-  const float* row = scores + t * s_kv;
+  const int n = (int)max((int64_t)0, min(slice, s_kv - s0));
+  const int wl = (int)min(max(lo - s0, (int64_t)0), (int64_t)n);  // window, local: [wl, wh)
+  const int wh = (int)min(max(hi - s0, (int64_t)0), (int64_t)n);
+  const float* src = scores + t * s_kv + s0;
 
   // Copy the window part of the slice into shared memory (16-byte copies when aligned).
   {
-    const bool aligned = (reinterpret_cast<uintptr_t>(row) & 15u) == 0;
-    const int64_t nchunk = (s1 - s0 + 3) / 4;
-    for (int64_t q = tid; q < nchunk; q += kThreads) {
-      const int64_t base = s0 + 4 * q;
-      if (base >= w1 || base + 4 <= w0) continue;
+    const bool aligned = (reinterpret_cast<uintptr_t>(src) & 15u) == 0;
+    const int nchunk = (n + 3) / 4;
+    for (int q = tid; q < nchunk; q += kThreads) {
+      const int base = 4 * q;
+      if (base >= wh || base + 4 <= wl) continue;
       const uint32_t dst = (uint32_t)__cvta_generic_to_shared(keys4 + q);
-      if (aligned && base + 4 <= s1) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(row + base)
+      if (aligned && base + 4 <= n) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src + base)
                      : "memory");
       } else {
         for (int e = 0; e < 4; ++e)
-          if (base + e >= w0 && base + e < w1)
+          if (base + e >= wl && base + e < wh)
             asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst + 4u * e),
-                         "l"(row + base + e)
+                         "l"(src + base + e)
                          : "memory");
       }
     }
@@ -245,41 +308,36 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
   }
 
-  // Pass 1: keys in place (0 = not selectable), histogram of bits 31..21.
-  const int64_t my0 = s0 + (int64_t)tid * chunks * 4;  // first id of this thread's chunks
+  // Pass 1: keys in place (0 = not selectable or outside the window), histogram of bits 31..21.
+  const int my0 = tid * chunks * 4;  // first local id of this thread's chunks
+  uint4* mine = keys4 + tid * chunks;
   for (int j = 0; j < chunks; ++j) {
-    const int64_t base = my0 + 4 * j;
-    const bool any = base < w1 && base + 4 > w0;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (any) {
-      const uint4 raw = keys4[(int64_t)tid * chunks + j];
-      uint32_t r[4] = {raw.x, raw.y, raw.z, raw.w};
-      uint32_t o[4];
+    const int base = my0 + 4 * j;
+    uint32_t o[4] = {0u, 0u, 0u, 0u};
+    if (base < wh && base + 4 > wl) {
+      const uint4 raw = mine[j];
+      const uint32_t r[4] = {raw.x, raw.y, raw.z, raw.w};
+      const bool inside = base >= wl && base + 4 <= wh;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         bool ok = false;
         const uint32_t key = float_key(__uint_as_float(r[e]), ok);
-        o[e] = (ok && base + e >= w0 && base + e < w1) ? key : 0u;
+        o[e] = (ok && (inside || (base + e >= wl && base + e < wh))) ? key : 0u;
       }
-      v = make_uint4(o[0], o[1], o[2], o[3]);
-      keys4[(int64_t)tid * chunks + j] = v;
-    } else {
-      keys4[(int64_t)tid * chunks + j] = v;  // every chunk of the buffer holds keys (0 here)
     }
-    hist_add(h1, v.x >> 21, v.x != 0u, lane);
-    hist_add(h1, v.y >> 21, v.y != 0u, lane);
-    hist_add(h1, v.z >> 21, v.z != 0u, lane);
-    hist_add(h1, v.w >> 21, v.w != 0u, lane);
+    mine[j] = make_uint4(o[0], o[1], o[2], o[3]);  // every chunk of the buffer holds keys
+    const uint32_t b[4] = {o[0] >> 21, o[1] >> 21, o[2] >> 21, o[3] >> 21};
+    const bool p[4] = {o[0] != 0u, o[1] != 0u, o[2] != 0u, o[3] != 0u};
+    hist_add4(h1, b, p, lane);
   }
   cluster.sync();
   combine(cluster, h1, tot, kBins1, csize, tid);
   find_bin(tot, kBins1, k, sel, warp_sums, tid);  // k > total: sel[0] = -1, handled below
   const int64_t total = sel[3];
   const int64_t keff = min(k, total);
-  int64_t above = 0, cnt = 0, rem = keff;
+  int rem = 0, cnt = 0;
   uint32_t prefix = 0;
   int shift = 21;
-  bool done = false;
   if (keff > 0) {
     if (keff == total) {
       // Every selectable key is taken: the boundary bin is the lowest non-empty one.
@@ -287,18 +345,18 @@ __global__ void __launch_bounds__(kThreads, 2)
       find_bin(tot, kBins1, keff, sel, warp_sums, tid);
     }
     prefix = (uint32_t)sel[0];
-    above = sel[1];
+    rem = (int)keff - sel[1];
     cnt = sel[2];
-    rem = keff - above;
-    done = rem == cnt;
-    if (!done) {
-      // Pass 2: bits 20..10 of the keys in bin `prefix`.
+    if (rem != cnt) {
+      // Pass 2: bits 20..10 of the keys in bin `prefix` (>= 4, so key 0 never matches).
       for (int j = 0; j < chunks; ++j) {
-        const uint4 v = keys4[(int64_t)tid * chunks + j];
-        hist_add(h2, (v.x >> 10) & 2047u, v.x != 0u && (v.x >> 21) == prefix, lane);
-        hist_add(h2, (v.y >> 10) & 2047u, v.y != 0u && (v.y >> 21) == prefix, lane);
-        hist_add(h2, (v.z >> 10) & 2047u, v.z != 0u && (v.z >> 21) == prefix, lane);
-        hist_add(h2, (v.w >> 10) & 2047u, v.w != 0u && (v.w >> 21) == prefix, lane);
+        const uint4 v = mine[j];
+        const bool p[4] = {(v.x >> 21) == prefix, (v.y >> 21) == prefix, (v.z >> 21) == prefix,
+                           (v.w >> 21) == prefix};
+        if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
+        const uint32_t b[4] = {(v.x >> 10) & 2047u, (v.y >> 10) & 2047u, (v.z >> 10) & 2047u,
+                               (v.w >> 10) & 2047u};
+        hist_add4(h2, b, p, lane);
       }
       cluster.sync();
       combine(cluster, h2, tot, kBins2, csize, tid);
@@ -307,48 +365,48 @@ __global__ void __launch_bounds__(kThreads, 2)
       shift = 10;
       rem -= sel[1];
       cnt = sel[2];
-      done = rem == cnt;
-    }
-    if (!done) {
-      // Pass 3: bits 9..0 of the keys with bits 31..10 equal to `prefix`.
-      for (int j = 0; j < chunks; ++j) {
-        const uint4 v = keys4[(int64_t)tid * chunks + j];
-        hist_add(h3, v.x & 1023u, v.x != 0u && (v.x >> 10) == prefix, lane);
-        hist_add(h3, v.y & 1023u, v.y != 0u && (v.y >> 10) == prefix, lane);
-        hist_add(h3, v.z & 1023u, v.z != 0u && (v.z >> 10) == prefix, lane);
-        hist_add(h3, v.w & 1023u, v.w != 0u && (v.w >> 10) == prefix, lane);
+      if (rem != cnt) {
+        // Pass 3: bits 9..0 of the keys with bits 31..10 equal to `prefix`.
+        for (int j = 0; j < chunks; ++j) {
+          const uint4 v = mine[j];
+          const bool p[4] = {(v.x >> 10) == prefix, (v.y >> 10) == prefix,
+                             (v.z >> 10) == prefix, (v.w >> 10) == prefix};
+          if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
+          const uint32_t b[4] = {v.x & 1023u, v.y & 1023u, v.z & 1023u, v.w & 1023u};
+          hist_add4(h3, b, p, lane);
+        }
+        cluster.sync();
+        combine(cluster, h3, tot, kBins3, csize, tid);
+        find_bin(tot, kBins3, rem, sel, warp_sums, tid);
+        prefix = (prefix << 10) | (uint32_t)sel[0];
+        shift = 0;
+        rem -= sel[1];
+        cnt = sel[2];
       }
-      cluster.sync();
-      combine(cluster, h3, tot, kBins3, csize, tid);
-      find_bin(tot, kBins3, rem, sel, warp_sums, tid);
-      prefix = (prefix << 10) | (uint32_t)sel[0];
-      shift = 0;
-      rem -= sel[1];
-      cnt = sel[2];
     }
   }
   // Boundary range [blo, bhi] of keys: everything above is taken, `rem` of the `cnt` keys
   // inside are taken (all of them unless shift == 0, i.e. ties at the exact key v*).
   const uint32_t blo = keff > 0 ? prefix << shift : 0xffffffffu;
   const uint32_t bhi = keff > 0 ? blo + ((1u << shift) - 1u) : 0xffffffffu;
-  const int64_t need_eq = keff > 0 ? rem : 0;
-  const int64_t n_gt = keff - need_eq;
-  const int64_t first = large ? cnt - need_eq : 0;  // tie ranks taken: [first, first + need_eq)
+  const int need_eq = keff > 0 ? rem : 0;
+  const int n_gt = (int)keff - need_eq;
+  const int first = large ? cnt - need_eq : 0;  // tie ranks taken: [first, first + need_eq)
 
-  // Count this thread's keys above / inside the boundary range, in id order.
-  int my_gt = 0, my_eq = 0;
+  // This thread's keys above / inside the boundary range as bit masks (bit = local offset).
+  unsigned long long gt_m = 0ull, eq_m = 0ull;
   if (keff > 0) {
     for (int j = 0; j < chunks; ++j) {
-      if (my0 + 4 * j >= s1) break;
-      const uint4 v = keys4[(int64_t)tid * chunks + j];
+      const uint4 v = mine[j];
       const uint32_t r[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        my_gt += r[e] > bhi;
-        my_eq += (r[e] >= blo && r[e] <= bhi);
+        gt_m |= (unsigned long long)(r[e] > bhi) << (4 * j + e);
+        eq_m |= (unsigned long long)(r[e] >= blo && r[e] <= bhi) << (4 * j + e);
       }
     }
   }
+  const int my_gt = __popcll(gt_m), my_eq = __popcll(eq_m);
   int off_gt, off_eq, cta_gt, cta_eq;
   block_scan2(my_gt, my_eq, off_gt, off_eq, cta_gt, cta_eq, warp_sums, tid);
   if (tid == 0) {
@@ -356,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     cta_counts[1] = cta_eq;
   }
   cluster.sync();  // counts visible; every histogram read of the passes is finished
-  int64_t base_gt = 0, base_eq = 0;
+  int base_gt = 0, base_eq = 0;
   for (int r = 0; r < rank; ++r) {
     const int* c = cluster.map_shared_rank(cta_counts, r);
     base_gt += c[0];
@@ -364,30 +422,28 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   unsigned long long* dst_sort = cluster.map_shared_rank(sortbuf, 0);
   int32_t* orow = out + t * k;
-  if (my_gt + my_eq > 0) {
-    int64_t pg = base_gt + off_gt, pe = base_eq + off_eq;
-    for (int j = 0; j < chunks; ++j) {
-      const int64_t base = my0 + 4 * j;
-      if (base >= s1) break;
-      const uint4 v = keys4[(int64_t)tid * chunks + j];
-      const uint32_t r[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        int64_t pos = -1;
-        if (r[e] > bhi) {
-          pos = pg++;
-        } else if (r[e] >= blo && r[e] <= bhi) {
-          const int64_t rk = pe++ - first;
-          if (rk >= 0 && rk < need_eq) pos = n_gt + rk;
-        }
-        if (pos >= 0) {
-          const uint32_t id = (uint32_t)(base + e);
-          if (sorted) {
-            dst_sort[pos] = ((unsigned long long)r[e] << 32) | (large ? id : ~id);
-          } else {
-            orow[pos] = (int32_t)id;
-          }
-        }
+  const uint32_t id0 = (uint32_t)(s0 + my0);
+  {
+    int pg = base_gt + off_gt;
+    for (unsigned long long m = gt_m; m; m &= m - 1) {
+      const int bit = __ffsll((long long)m) - 1;
+      const uint32_t id = id0 + (uint32_t)bit;
+      if (sorted) {
+        dst_sort[pg] = ((unsigned long long)keys[my0 + bit] << 32) | (large ? id : ~id);
+      } else {
+        orow[pg] = (int32_t)id;
+      }
+      ++pg;
+    }
+    int pe = base_eq + off_eq - first;
+    for (unsigned long long m = eq_m; m; m &= m - 1, ++pe) {
+      if (pe < 0 || pe >= need_eq) continue;
+      const int bit = __ffsll((long long)m) - 1;
+      const uint32_t id = id0 + (uint32_t)bit;
+      if (sorted) {
+        dst_sort[n_gt + pe] = ((unsigned long long)keys[my0 + bit] << 32) | (large ? id : ~id);
+      } else {
+        orow[n_gt + pe] = (int32_t)id;
       }
     }
   }
@@ -397,7 +453,23 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   cluster.sync();  // composites in CTA 0; no CTA reads another's shared memory after this
   if (!sorted || rank != 0) return;
-  if (keff > 1) bitonic_sort_desc<kThreads>(sortbuf, keff, next_pow2_dev(keff), tid);
+  if (keff <= 2048) {
+    for (int i = (int)keff + tid; i < 2048; i += kThreads) sortbuf[i] = 0ull;  // below all
+    __syncthreads();
+    unsigned long long x[4];
+    sort2048_desc(sortbuf, x, tid);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int e = 4 * tid + r;
+      if (e < k) {
+        const uint32_t low = (uint32_t)(x[r] & 0xffffffffull);
+        orow[e] = e < keff ? (int32_t)(large ? low : ~low) : -1;
+      }
+    }
+    for (int64_t j = 2048 + tid; j < k; j += kThreads) orow[j] = -1;
+    return;
+  }
+  bitonic_sort_desc<kThreads>(sortbuf, keff, next_pow2_dev(keff), tid);
   for (int64_t j = tid; j < k; j += kThreads) {
     int32_t id = -1;
     if (j < keff) {

@@ -9,7 +9,7 @@ namespace dsa::cuda::detail {
 
 /// True when topk_cluster_launch takes (s_q, s_kv, k, sorted): a row slice of at most
 /// s_kv/8 keys and, for sorted, a next_pow2(min(k, s_kv)) composite sort buffer fit in one
-/// CTA's shared memory (s_kv up to about 430000 keys; sorted k up to 16384).
+/// CTA's shared memory (s_kv up to 245760 keys: 15 16-byte chunks a thread; sorted k up to 16384).
 bool topk_cluster_supported(int64_t s_q, int64_t s_kv, int64_t k, bool sorted);
 
 /// Top-k per row (SPEC §3) with the contract of select_topk_device; asynchronous on stream.

@@ -24,7 +24,7 @@ size_t topk_scratch_bytes(int64_t s_q, int64_t s_kv, int64_t k);
 /// memory (two reads); rows whose boundary bin holds over 4096 keys fall back to Radix.
 /// Cluster: one read; a cluster of up to 8 CTAs per row keeps the row in shared memory and
 /// runs an 11/11/10-bit radix select with cluster-combined histograms, then places ids by
-/// prefix sums (sm_90; shapes it does not take, s_kv over about 430000 or sorted k over
+/// prefix sums (sm_90; shapes it does not take, s_kv over 245760 or sorted k over
 /// 16384, run Radix).
 enum class TopkKernel { Radix, TwoRead, Cluster };
 
