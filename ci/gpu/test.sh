@@ -65,9 +65,10 @@ if [ "${PROFILE:-0}" = 1 ]; then  # one launch of the cluster top-k kernel under
   DSA_BENCH_TOPK_ONLY=1 timeout 120 "$ncu" --clock-control none -k regex:topk_cluster \
     --launch-skip ${PROFILE_SKIP:-3} --launch-count 1 --section SpeedOfLight --section WarpStateStats \
     --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    --section InstructionStats --section SourceCounters --page raw \
     "$bin/dsa_gpu_bench" >"$out/ncu.txt" 2>&1
   echo "ncu rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
-  grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Achieved Occupancy|Theoretical Occupancy|Block Limit|Registers|Eligible|No Eligible|One or More" "$out/ncu.txt" | head -60
+  grep -E "gpu__time_duration.sum|smsp__inst_executed.sum |smsp__inst_issued.sum |issue_stalled.*per_issue_active|bank_conflicts|op_shared" "$out/ncu.txt" | head -60
 fi
 echo "=== summary"; cat "$out/summary.txt"
 [ -f "$out/gpu_bench.md" ] && cat "$out/gpu_bench.md" || tail -20 "$out/bench.txt" 2>/dev/null
