@@ -62,7 +62,7 @@ fi
 if [ "${PROFILE:-0}" = 1 ]; then  # one launch of the cluster top-k kernel under Nsight Compute
   SECONDS=0
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  DSA_BENCH_TOPK_ONLY=1 timeout 120 "$ncu" --clock-control none -k regex:topk_cluster \
+  env -u OUT DSA_BENCH_TOPK_ONLY=1 timeout 120 "$ncu" --clock-control none -k regex:topk_cluster \
     --launch-skip ${PROFILE_SKIP:-3} --launch-count 1 --section SpeedOfLight --section WarpStateStats \
     --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
     --section InstructionStats --section SourceCounters --page raw \
