@@ -133,3 +133,18 @@ def test_isolated_passing_backend_gives_the_same_verdicts():
     iso = only_topk("torch_backend:TorchBackend", only=["topk.contract_exact", "topk.nan_never_selected"],
                     seed=11, isolate=True)
     assert inproc.verdicts() == iso.verdicts() and inproc.passed
+
+
+def test_triton_example_skips_without_cuda_and_says_why():
+    from triton_backend import TritonIndexer
+    rep = dsa_verify.audit(TritonIndexer(), ops=["indexer_scores", "topk"], progress=False)
+    if torch_cuda_available():
+        pytest.skip("a CUDA device is present: the Triton example is audited for real (see its docstring)")
+    assert rep.cases and statuses(rep) == {"skip"}, rep.summary()
+    judged = [c for c in rep.cases if not c.property.startswith("property:block.")]  # need sparse MLA
+    assert judged and all("triton is not installed" in c.message or "CUDA" in c.message for c in judged), rep.summary()
+
+
+def torch_cuda_available():
+    import torch
+    return torch.cuda.is_available()
