@@ -3,9 +3,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "commands.h"
+#include "dsa/contract/parallel.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/fixtures/manifest.h"
 #include "dsa/oracle/fixture_check.h"
@@ -108,18 +110,26 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
 
   size_t pass = 0, fail = 0, skip = 0;
   std::vector<std::string> summary;
-  auto row = [&](const fixtures::Fixture& f, const std::string& who, const char* word) {
-    char line[512];
-    std::snprintf(line, sizeof line, "%-28s %-20s %-16s %s", f.case_name.c_str(), f.op.c_str(),
-                  who.c_str(), word);
-    summary.push_back(line);
-    const std::string w = word;
-    (w == "agree" ? pass : w == "skip" ? skip : fail)++;
-    if (w != "agree" && w != "skip" && code == kExitOk) code = kExitDisagree;
-  };
   const oracle::CheckOptions opt = check_options(judge, /*file_route=*/false);
   nlohmann::json json_files = nlohmann::json::array();
-  for (const auto& file : files) {
+  // Files are judged concurrently (--jobs); each file's text, rows and JSON are kept and
+  // printed in file order, so the report does not depend on the thread count.
+  struct FileResult {
+    std::string text;                                      // reports and errors, as printed
+    std::vector<std::pair<std::string, std::string>> rows;  // (summary line, result word)
+    bool usage_error = false;
+    std::optional<nlohmann::json> json;
+  };
+  std::vector<FileResult> results(files.size());
+  auto judge_file = [&](int64_t i) {
+    const std::string& file = files[static_cast<size_t>(i)];
+    FileResult& out = results[static_cast<size_t>(i)];
+    auto row = [&](const fixtures::Fixture& f, const std::string& who, const char* word) {
+      char line[512];
+      std::snprintf(line, sizeof line, "%-28s %-20s %-16s %s", f.case_name.c_str(), f.op.c_str(),
+                    who.c_str(), word);
+      out.rows.emplace_back(line, word);
+    };
     fixtures::Fixture f;
     oracle::FixtureReport r;
     try {
@@ -128,12 +138,12 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     } catch (const std::exception& e) {
       // FileError already names the file; anything else gets its path here.
       const std::string msg = e.what();
-      std::printf("error: %s\n", msg.rfind(file, 0) == 0 ? msg.c_str() : (file + ": " + msg).c_str());
-      code = kExitUsage;
-      continue;
+      out.text += "error: " + (msg.rfind(file, 0) == 0 ? msg : file + ": " + msg) + "\n";
+      out.usage_error = true;
+      return;
     }
     const bool producer_ok = r.passed();
-    if (verbose || !producer_ok) std::printf("%s\n", oracle::format_fixture_report(r).c_str());
+    if (verbose || !producer_ok) out.text += oracle::format_fixture_report(r) + "\n";
     row(f, "producer", status_word(r.producer_vs_reference));
     nlohmann::json jf = {{"path", file}, {"case", f.case_name}, {"producer", reports_json(r.producer_vs_reference)},
                          {"backends", nlohmann::json::object()}};
@@ -142,19 +152,33 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
       try {
         reports = oracle::judge_fixture_ops(f, *b, opt);
       } catch (const std::exception& e) {
-        std::printf("error: %s: %s\n", file.c_str(), e.what());
-        code = kExitUsage;
+        out.text += "error: " + file + ": " + e.what() + "\n";
+        out.usage_error = true;
         continue;
       }
       const char* word = status_word(reports);
       const oracle::Verdict v = oracle::overall_verdict(reports);
       if (verbose || (v != oracle::Verdict::Pass && v != oracle::Verdict::Skip))
-        for (const auto& rep : reports) std::printf("%s", oracle::format_op_report(rep).c_str());
+        for (const auto& rep : reports) out.text += oracle::format_op_report(rep);
       row(f, b->name(), word);
       jf["backends"][b->name()] = reports_json(reports);
     }
-    json_files.push_back(jf);
-  }
+    out.json = std::move(jf);
+  };
+  auto print_file = [&](int64_t i) {
+    FileResult& out = results[static_cast<size_t>(i)];
+    std::fputs(out.text.c_str(), stdout);
+    std::fflush(stdout);
+    if (out.usage_error) code = kExitUsage;
+    for (const auto& [line, w] : out.rows) {
+      summary.push_back(line);
+      (w == "agree" ? pass : w == "skip" ? skip : fail)++;
+      if (w != "agree" && w != "skip" && code == kExitOk) code = kExitDisagree;
+    }
+    if (out.json) json_files.push_back(std::move(*out.json));
+    out = FileResult{};  // free the text early
+  };
+  parallel_ordered(static_cast<int64_t>(files.size()), judge_file, print_file);
   if (!judge.json_path.empty())
     write_text_file(judge.json_path, nlohmann::json{{"files", json_files}}.dump(2) + "\n");
   std::printf("\nfixtures check %s\n%-28s %-20s %-16s %s\n", path.c_str(), "case", "op", "judged", "result");

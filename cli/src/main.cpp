@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "commands.h"
+#include "dsa/contract/parallel.h"
 #include "dsa/backends/builtin.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +16,10 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("dsa-verify ") + DSA_VERSION +
                                         " (contract " + DSA_CONTRACT_VERSION + ")");
 
+  // --jobs N (audit, fixtures check): threads for concurrent cases and the reference's rows,
+  // all together (dsa::set_max_threads); default all cores of this process.
+  int jobs = 0;
+  const char* jobs_help = "Threads in all (concurrent cases and reference rows; default: all cores)";
   AuditOptions audit;
   auto* audit_cmd = app.add_subcommand("audit", "Audit a backend: properties, golden and peer fixtures");
   auto* backend_opt = audit_cmd->add_option("--backend", audit.backends,
@@ -37,6 +42,7 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   audit_cmd->add_flag("--allow-weak", audit.judge.allow_weak,
       "Accept WEAK outputs (whose bound exceeds their detection threshold) instead of failing");
+  audit_cmd->add_option("--jobs,-j", jobs, jobs_help)->check(CLI::PositiveNumber);
 
   auto* fixtures_cmd = app.add_subcommand("fixtures", "Generate or check golden fixtures");
   fixtures_cmd->require_subcommand(1);
@@ -54,6 +60,7 @@ int main(int argc, char** argv) {
   check->add_flag("-v,--verbose", verbose, "Print every tensor table, not only failures");
   check->add_flag("--allow-weak", check_judge.allow_weak, "Accept WEAK outputs instead of failing");
   check->add_option("--json", check_judge.json_path, "Write per-file, per-output verdicts and bounds as JSON");
+  check->add_option("--jobs,-j", jobs, jobs_help)->check(CLI::PositiveNumber);
 
   std::string golden, candidate;
   std::vector<std::string> convention_names, compare_outputs;
@@ -98,6 +105,7 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitUsage;
   }
   try {
+    if (jobs > 0) dsa::set_max_threads(jobs);
     dsa::backends::register_builtin_backends();
     if (!audit_outputs.empty()) audit.judge.outputs = parse_output_names(audit_outputs, "--outputs");
     if (!compare_outputs.empty()) compare_judge.outputs = parse_output_names(compare_outputs, "--outputs");
