@@ -1,4 +1,7 @@
-// Indexer KL loss properties (SPEC §7): loss and d_scores by the ratio rule.
+// Indexer KL loss properties (SPEC §7): loss and d_scores by the ratio rule, and -inf scores.
+#include <cmath>
+#include <random>
+
 #include "src/props_common.h"
 
 namespace dsa::props {
@@ -14,10 +17,52 @@ void loss_and_gradient_ratio(oracle::Backend& b, const oracle::BlockFactory&) {
   DSA_PROP_ASSERT_PASSED(oracle::check_indexer_kl_loss(b, oc));
 }
 
+// SPEC §7: a key whose indexer score is -inf is not in S_t. One drawn row gets -inf on every
+// key (an empty S_t: out of the mean, d_scores 0); the other rows lose a drawn share of their
+// keys (the teacher renormalises over the rest). Besides the ratio rule (the reference follows
+// the rule), the backend's own outputs must be finite with d_scores 0 on every -inf key, so a
+// NaN there fails even where the reference would also give NaN.
+void neg_inf_scores(oracle::Backend& b, const oracle::BlockFactory&) {
+  KlCase c = draw_kl_case();
+  const int64_t s_q = c.in.scores.size(0), s_kv = c.in.scores.size(1);
+  const int64_t dead_row = *rc::gen::inRange<int64_t>(0, s_q);
+  const int share = *rc::gen::inRange(1, 4);  // each other key is -inf with probability share/4
+  std::mt19937_64 r(*rc::gen::arbitrary<uint64_t>());
+  int64_t partial = 0;  // keys set to -inf in rows other than the dead one
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < s_kv; ++s) {
+      const bool dead = t == dead_row || static_cast<int>(r() % 4) < share;
+      if (!dead || !c.in.windows.contains(t, s)) continue;
+      c.in.scores.set(t * s_kv + s, -INFINITY);
+      partial += t != dead_row;
+    }
+  c.desc += " -inf: row " + std::to_string(dead_row) + " all, " + std::to_string(partial) +
+            " keys elsewhere";
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  RC_ASSERT(!all_zero(c.in.q));
+  RC_ASSERT(!all_zero(c.in.kv));
+
+  const IndexerKlResult got = b.indexer_kl_loss(c.in);
+  RC_ASSERT(got.loss.numel() == 1);
+  RC_ASSERT(got.d_scores.shape() == c.in.scores.shape());
+  if (!std::isfinite(got.loss.get(0))) RC_FAIL("loss is " + std::to_string(got.loss.get(0)));
+  for (int64_t i = 0; i < got.d_scores.numel(); ++i) {
+    const double g = got.d_scores.get(i), score = c.in.scores.get(i);
+    if (!std::isfinite(g) || (std::isinf(score) && score < 0 && g != 0.0))
+      RC_FAIL("d_scores[" + std::to_string(i / s_kv) + ", " + std::to_string(i % s_kv) +
+              "] is " + std::to_string(g) + " for score " + std::to_string(score) +
+              ", expected finite and 0 where the score is -inf (not in S_t)");
+  }
+  oracle::OpCase oc;
+  oc.kl = c.in;
+  DSA_PROP_ASSERT_PASSED(oracle::check_indexer_kl_loss(b, oc));
+}
+
 }  // namespace
 
 void add_kl_loss_properties(std::vector<Property>& out) {
   out.push_back({"kl.loss_and_gradient_ratio", {oracle::Op::IndexerKlLoss}, 1, loss_and_gradient_ratio});
+  out.push_back({"kl.neg_inf_scores", {oracle::Op::IndexerKlLoss}, 1, neg_inf_scores});
 }
 
 }  // namespace dsa::props

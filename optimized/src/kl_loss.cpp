@@ -49,6 +49,8 @@ std::tuple<at::Tensor, at::Tensor> indexer_kl_loss(
       hits.scatter_add_(1, vs.second, vs.first.to(at::kInt));  // duplicates count once below
     in_set = in_set.logical_and(hits.gt(0));
   }
+  // A key whose indexer score is -inf is not in S_t (SPEC §7): an all -inf row is empty.
+  in_set = in_set.logical_and(scores.isneginf().logical_not());
   const auto cdt = compute_dtype({scores, q, kv});
   const double ninf = -std::numeric_limits<double>::infinity();
   const auto out_set = in_set.logical_not();

@@ -751,6 +751,35 @@ class KlMeanOverAllRows final : public Wrap {
   }
 };
 
+// Field fault: -inf scores stay in S_t, so a row whose keys all score -inf gives NaN
+// (log_softmax over only -inf) in its d_scores and in the loss; other rows are correct.
+class KlNegInfRowNaN final : public Wrap {
+ public:
+  KlNegInfRowNaN() : Wrap("kl_neg_inf_row_nan") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlResult r = ref_->indexer_kl_loss(in);
+    const int64_t s_kv = in.windows.s_kv;
+    for (int64_t t = 0; t < in.windows.s_q(); ++t) {
+      std::vector<int64_t> keys;  // S_t without the -inf rule
+      if (in.mode == KlMode::Dense) {
+        for (int64_t s = in.windows.ks[t]; s < in.windows.ke[t]; ++s) keys.push_back(s);
+      } else {
+        const int64_t k = in.indices->size(-1);
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t id = static_cast<int64_t>(in.indices->get(t * k + j));
+          if (id >= 0 && id < s_kv && in.windows.contains(t, id)) keys.push_back(id);
+        }
+      }
+      bool all_neg_inf = !keys.empty();
+      for (int64_t s : keys) all_neg_inf = all_neg_inf && in.scores.get(t * s_kv + s) == -INFINITY;
+      if (!all_neg_inf) continue;
+      for (int64_t s : keys) r.d_scores.set(t * s_kv + s, NAN);
+      r.loss.set(0, NAN);
+    }
+    return r;
+  }
+};
+
 // ---- recompute (block runner) ------------------------------------------------------------
 
 // Field fault: replay under save_dsa_indexer re-runs top-k instead of using the saved ids.
@@ -891,6 +920,7 @@ std::vector<Subject> mutant_subjects() {
       backend_mutant<SmlaSinkHeadMod4>("sink indexed by h & 3", "smla."),
       backend_mutant<SmlaDkvDropsRowsFrom8>("dkv missing the contributions of query rows t >= 8", "smla."),
       backend_mutant<KlMeanOverAllRows>("KL mean over all rows, empty ones included", "kl."),
+      backend_mutant<KlNegInfRowNaN>("NaN for a KL row whose scores are all -inf", "kl."),
       block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),

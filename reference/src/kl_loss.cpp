@@ -47,18 +47,28 @@ KlDims validate(const IndexerKlInputs& in) {
   return d;
 }
 
+/// True when the indexer score of key s in row t is -inf: such a key is not in S_t (SPEC §7).
+/// Read from the scores as given (F32 or F64), so both precisions agree on S_t.
+bool neg_inf_score(const Tensor& scores, int64_t s_kv, int64_t t, int64_t s) {
+  const double v = scores.get(t * s_kv + s);
+  return std::isinf(v) && v < 0;
+}
+
 /// S_t: the window keys (dense) or the distinct valid selected ids inside the window
-/// (sparse), ascending.
+/// (sparse), without keys whose score is -inf, ascending.
 void key_set(const IndexerKlInputs& in, const KlDims& d, int64_t t, std::vector<int32_t>& S) {
   S.clear();
   const int64_t ks = in.windows.ks[t], ke = in.windows.ke[t];
   if (in.mode == KlMode::Dense) {
-    for (int64_t s = ks; s < ke; ++s) S.push_back(static_cast<int32_t>(s));
+    for (int64_t s = ks; s < ke; ++s)
+      if (!neg_inf_score(in.scores, d.s_kv, t, s)) S.push_back(static_cast<int32_t>(s));
     return;
   }
   const int32_t* row = in.indices->data<int32_t>() + t * d.k;
   for (int64_t j = 0; j < d.k; ++j)
-    if (row[j] >= 0 && row[j] < d.s_kv && in.windows.contains(t, row[j])) S.push_back(row[j]);
+    if (row[j] >= 0 && row[j] < d.s_kv && in.windows.contains(t, row[j]) &&
+        !neg_inf_score(in.scores, d.s_kv, t, row[j]))
+      S.push_back(row[j]);
   std::sort(S.begin(), S.end());
   S.erase(std::unique(S.begin(), S.end()), S.end());
 }

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "test_support.h"
 
 namespace dsa {
@@ -68,6 +70,32 @@ TEST(KlLossTest, NoRowWithKeysGivesZeroLoss) {
   const IndexerKlResult r = indexer_kl_loss(in);
   EXPECT_EQ(r.loss.get(0), 0.0);
   EXPECT_EQ(test::max_abs(r.d_scores), 0.0);
+}
+
+// SPEC §7: a key whose score is -inf is not in S_t. Row 0 sees all three keys but key 2 scores
+// -inf: S_0 = {0, 1}, the hand case's row (the teacher renormalised without key 2's large
+// logit). Row 1's scores are all -inf: empty, out of the mean (n_rows = 1), d_scores 0.
+TEST(KlLossTest, NegInfScoresAreNotInTheKeySet) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+  IndexerKlInputs in = hand_inputs();
+  in.scores = Tensor::from_f64({2, 3}, {0, 0, ninf, ninf, ninf, ninf});
+  in.windows = KeyWindows::explicit_windows({0, 0}, {3, 3}, 3);
+  const IndexerKlResult hand = indexer_kl_loss(hand_inputs());
+  for (KlMode mode : {KlMode::Dense, KlMode::Sparse}) {
+    in.mode = mode;
+    in.indices = Tensor::from_i32({2, 4}, {2, 0, -1, 1, 1, 2, 0, -1});
+    for (Precision p : {Precision::Reference, Precision::Baseline}) {
+      const IndexerKlResult r = indexer_kl_loss(in, p);
+      const double tol = p == Precision::Reference ? test::kHandRelTol : test::kBaselineRelTol;
+      EXPECT_TRUE(test::close(r.loss.to(DType::F64), hand.loss, tol)) << to_string(mode);
+      EXPECT_TRUE(test::close(r.d_scores.to(DType::F64), hand.d_scores, tol)) << to_string(mode);
+    }
+  }
+  // Every score -inf: no row has keys, loss 0 (not NaN).
+  in.scores = Tensor::from_f64({2, 3}, {ninf, ninf, ninf, ninf, ninf, ninf});
+  const IndexerKlResult none = indexer_kl_loss(in);
+  EXPECT_EQ(none.loss.get(0), 0.0);
+  EXPECT_EQ(test::max_abs(none.d_scores), 0.0);
 }
 
 class KlLossFdTest : public ::testing::TestWithParam<KlMode> {};

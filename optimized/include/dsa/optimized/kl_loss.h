@@ -8,7 +8,8 @@
 namespace dsa::optimized {
 
 /// (loss [1], d_scores [s_q,s_kv]) at f32 (f64 when an input is f64). Per row t over S_t
-/// (mode "dense": window keys; "sparse": distinct valid ids of indices[t] inside the window):
+/// (mode "dense": window keys; "sparse": distinct valid ids of indices[t] inside the window;
+/// never a key whose score is -inf, so an all -inf row is empty: no NaN, d_scores 0):
 /// teacher p = Σ_h softmax_S(sm_scale·q[t,h]·kv) L1-normalised (detached); student
 /// log softmax_S(scores[t]); loss = coeff·mean over rows with |S_t|>0 of KL(p‖q), 0·ln0 = 0;
 /// d_scores = coeff/n_rows·(softmax_S(scores) - p), 0 outside S_t. SPEC §7.
