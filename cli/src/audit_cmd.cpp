@@ -1,9 +1,11 @@
 // `dsa-verify audit`: the main job. For each chosen backend, runs the property suite, the
 // golden fixtures and the peer fixtures op by op through the oracle, shows progress, prints
-// the summary table and writes JSON / JUnit reports.
+// the summary table and writes JSON / JUnit reports. SIGINT/SIGTERM end the running plugin
+// child and still write the report of what was done (issue 14).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -11,6 +13,7 @@
 #include "commands.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/plugin/isolation.h"
 #include "dsa/plugin/plugin_backend.h"
 #include "dsa/property_tests/suite.h"
 #include "audit_tasks.h"
@@ -44,9 +47,28 @@ std::vector<std::string> default_backends() {
   return names;
 }
 
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
+// The case that was running when the audit was interrupted: its partial outcome (a killed
+// plugin call reads as a failure) is kept in the message, never reported as a verdict.
+CaseResult interrupted_case(const AuditTask& task, int sig, const std::vector<CaseResult>& partial) {
+  CaseResult c = make_case(task.op, task.property, "interrupted");
+  c.message = std::string("interrupted by ") + signal_name(sig) + " while this case ran; not a verdict";
+  for (const auto& r : partial)
+    if (!r.message.empty()) {
+      c.message += " (partial outcome " + r.status + ": " + r.message.substr(0, 300) + ")";
+      break;
+    }
+  return c;
+}
+
 }  // namespace
 
 int run_audit(const AuditOptions& opts) {
+  // SIGINT/SIGTERM: the running plugin child is killed, the audit stops, marks the running
+  // case "interrupted" and writes the partial report; exit 128 + signal. A second signal
+  // ends the process at once.
+  plugin::InterruptHandlers interrupts;
   FixtureDirs dirs = default_fixture_dirs();
   std::vector<std::string> names = opts.backends.empty() ? default_backends() : opts.backends;
   // A plugin is checked now (a library that cannot be used throws PluginLoadError: exit 2)
@@ -54,7 +76,16 @@ int run_audit(const AuditOptions& opts) {
   if (!opts.plugin.empty()) {
     plugin::PluginOptions po;
     po.timeout = std::chrono::milliseconds(static_cast<int64_t>(opts.timeout_s * 1000));
-    names = {plugin::register_plugin(opts.plugin, po)};
+    try {
+      names = {plugin::register_plugin(opts.plugin, po)};
+    } catch (const std::exception&) {
+      if (int sig = interrupts.signal()) {
+        std::fprintf(stderr, "audit: interrupted by %s while loading the plugin; nothing audited\n",
+                     signal_name(sig));
+        return kExitInterruptedBase + sig;
+      }
+      throw;
+    }
   }
   validate_selection(opts);
   // Report paths are checked before the run, so a typo does not cost the audit's results.
@@ -67,6 +98,8 @@ int run_audit(const AuditOptions& opts) {
   bool input_error = false;
   std::string label;
   bool stop = false;
+  int interrupted = 0;      // the signal that stopped the audit, else 0
+  size_t tasks_not_run = 0;  // of the backend that was interrupted
   for (const auto& name : names) {
     std::unique_ptr<oracle::Backend> backend = oracle::make_backend(name);
     label += (label.empty() ? "" : ",") + name;
@@ -92,7 +125,12 @@ int run_audit(const AuditOptions& opts) {
     std::fprintf(stderr, "audit %s: %zu tasks (level %d, seed %s)\n", name.c_str(), tasks.size(),
                  opts.level, opts.seed ? std::to_string(opts.seed).c_str() : "random per property");
     Progress progress(tasks.size());
-    for (auto& task : tasks) {
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      const AuditTask& task = tasks[i];
+      if ((interrupted = interrupts.signal())) {  // arrived between two tasks
+        tasks_not_run = tasks.size() - i;
+        break;
+      }
       auto t0 = std::chrono::steady_clock::now();
       std::vector<CaseResult> results;
       try {
@@ -110,6 +148,15 @@ int run_audit(const AuditOptions& opts) {
         results.push_back(c);
       }
       double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if ((interrupted = interrupts.signal())) {
+        CaseResult c = interrupted_case(task, interrupted, results);
+        c.seconds = secs;
+        if (names.size() > 1) c.op = name + "/" + c.op;
+        all.push_back(c);
+        progress.update(c);
+        tasks_not_run = tasks.size() - i - 1;
+        break;
+      }
       // The progress line says skip when nothing ran (never pass), fail when anything failed.
       CaseResult shown = make_case(task.op, task.property, "skip");
       for (auto& r : results) {
@@ -123,19 +170,28 @@ int run_audit(const AuditOptions& opts) {
       if (opts.fail_fast && shown.status == "fail") { stop = true; break; }
     }
     progress.finish();
-    if (stop) break;
+    if (stop || interrupted) break;
   }
   print_summary(stdout, label, all);
+  const size_t backends_not_run = interrupted ? names.size() - 1 - std::count(label.begin(), label.end(), ',') : 0;
+  if (interrupted)
+    std::printf("audit interrupted by %s: partial report; %zu task(s) of the running backend and "
+                "%zu later backend(s) not run\n",
+                signal_name(interrupted), tasks_not_run, backends_not_run);
   if (!opts.json_path.empty()) {
     nlohmann::json j = to_json(label, all);
     j["level"] = opts.level;
     j["seed"] = opts.seed;  // 0: RapidCheck drew a seed per property (see each repro line)
     j["plugin"] = opts.plugin;
     j["version"] = DSA_VERSION;
+    j["interrupted"] = interrupted ? nlohmann::json(signal_name(interrupted)) : nlohmann::json(nullptr);
+    j["tasks_not_run"] = tasks_not_run;
+    j["backends_not_run"] = backends_not_run;
     write_text_file(opts.json_path, j.dump(2) + "\n");
   }
   if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, all));
   bool failed = std::any_of(all.begin(), all.end(), [](const CaseResult& c) { return c.status == "fail"; });
+  if (interrupted) return kExitInterruptedBase + interrupted;
   if (input_error) return kExitUsage;
   return failed ? kExitDisagree : kExitOk;
 }

@@ -1,5 +1,6 @@
 // The dsa-verify subcommands. Each returns the process exit code: 0 everything agreed,
-// 1 a disagreement was found, 2 usage, file or input error.
+// 1 a disagreement was found, 2 usage, file or input error; audit: 128 + signal when
+// interrupted by SIGINT (130) or SIGTERM (143), after writing the partial report.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@ namespace dsa::cli {
 constexpr int kExitOk = 0;
 constexpr int kExitDisagree = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitInterruptedBase = 128;  ///< + the signal number (shell convention)
 
 /// Directories of the shipped fixtures (compiled-in source paths, overridable).
 struct FixtureDirs {
@@ -71,7 +73,9 @@ struct AuditOptions {
   JudgeOptions judge;                 ///< --outputs, --allow-weak for every judged case
 };
 /// Exit 0 all passed, 1 a failure, 2 usage or input errors (an unreadable fixture: reported as
-/// a failed case, the rest of the audit still runs and its reports are written).
+/// a failed case, the rest of the audit still runs and its reports are written). SIGINT or
+/// SIGTERM: the running plugin child is killed, the running case is reported "interrupted",
+/// the cases done so far and the JSON/JUnit reports are written; exit 128 + signal.
 int run_audit(const AuditOptions& opts);
 
 /// `dsa-verify replay FIXTURE [--backend NAME | --plugin PATH | --candidate FILE]`: re-runs

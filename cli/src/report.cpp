@@ -42,7 +42,7 @@ void Progress::finish() {
 }
 
 void print_summary(std::FILE* out, const std::string& backend, const std::vector<CaseResult>& cases) {
-  size_t pass = 0, fail = 0, skip = 0;
+  size_t pass = 0, fail = 0, skip = 0, interrupted = 0;
   std::fprintf(out, "\ndsa-verify audit: backend %s\n", backend.c_str());
   std::fprintf(out, "%-24s %-44s %-6s %11s %7s\n", "op", "property", "result", "worst ratio", "cases");
   for (const auto& c : cases) {
@@ -50,21 +50,23 @@ void print_summary(std::FILE* out, const std::string& backend, const std::vector
     if (c.has_ratio) std::snprintf(ratio, sizeof ratio, "%.3g", c.worst_ratio);
     std::fprintf(out, "%-24s %-44s %-6s %11s %7lld\n", c.op.c_str(), c.property.c_str(),
                  c.status.c_str(), ratio, static_cast<long long>(c.cases));
-    (c.status == "pass" ? pass : c.status == "fail" ? fail : skip)++;
+    (c.status == "pass" ? pass : c.status == "fail" ? fail : c.status == "interrupted" ? interrupted : skip)++;
   }
   for (const auto& c : cases) {
     if (c.status == "skip" && !c.message.empty())
       std::fprintf(out, "skipped %s %s: %s\n", c.op.c_str(), c.property.c_str(), c.message.c_str());
   }
   for (const auto& c : cases) {
-    if (c.status != "fail") continue;
-    std::fprintf(out, "\nFAIL %s %s\n  %s\n", c.op.c_str(), c.property.c_str(), c.message.c_str());
+    if (c.status != "fail" && c.status != "interrupted") continue;
+    std::fprintf(out, "\n%s %s %s\n  %s\n", c.status == "fail" ? "FAIL" : "INTERRUPTED", c.op.c_str(),
+                 c.property.c_str(), c.message.c_str());
     if (!c.repro.empty()) std::fprintf(out, "  reproduce: %s\n", c.repro.c_str());
     if (!c.fixture.empty()) std::fprintf(out, "  fixture:   %s\n", c.fixture.c_str());
   }
-  if (pass == 0 && fail == 0)
+  if (pass == 0 && fail == 0 && interrupted == 0)
     std::fprintf(out, "\nwarning: no case ran (every op was skipped: see the reasons above)\n");
-  std::fprintf(out, "\naudit: %zu passed, %zu failed, %zu skipped\n", pass, fail, skip);
+  std::fprintf(out, "\naudit: %zu passed, %zu failed, %zu skipped", pass, fail, skip);
+  std::fprintf(out, interrupted ? ", %zu interrupted\n" : "\n", interrupted);
 }
 
 nlohmann::json to_json(const std::string& backend, const std::vector<CaseResult>& cases) {
@@ -73,15 +75,15 @@ nlohmann::json to_json(const std::string& backend, const std::vector<CaseResult>
   j["backend"] = backend;
   j["contract_version"] = DSA_CONTRACT_VERSION;
   nlohmann::json arr = nlohmann::json::array();
-  size_t pass = 0, fail = 0, skip = 0;
+  size_t pass = 0, fail = 0, skip = 0, interrupted = 0;
   for (const auto& c : cases) {
     arr.push_back({{"op", c.op}, {"property", c.property}, {"status", c.status},
                    {"worst_ratio", c.has_ratio ? nlohmann::json(c.worst_ratio) : nlohmann::json(nullptr)}, {"cases", c.cases}, {"message", c.message},
                    {"repro", c.repro}, {"fixture", c.fixture}, {"seconds", c.seconds}});
-    (c.status == "pass" ? pass : c.status == "fail" ? fail : skip)++;
+    (c.status == "pass" ? pass : c.status == "fail" ? fail : c.status == "interrupted" ? interrupted : skip)++;
   }
   j["cases"] = arr;
-  j["summary"] = {{"passed", pass}, {"failed", fail}, {"skipped", skip}};
+  j["summary"] = {{"passed", pass}, {"failed", fail}, {"skipped", skip}, {"interrupted", interrupted}};
   return j;
 }
 
@@ -106,25 +108,26 @@ static std::string xml_escape(const std::string& s) {
 std::string to_junit(const std::string& backend, const std::vector<CaseResult>& cases) {
   std::map<std::string, std::vector<const CaseResult*>> by_op;
   for (const auto& c : cases) by_op[c.op].push_back(&c);
-  size_t total_fail = 0, total_skip = 0;
+  size_t total_fail = 0, total_skip = 0, total_error = 0;
   double total_time = 0;
   for (const auto& c : cases) {
     total_fail += c.status == "fail";
     total_skip += c.status == "skip";
+    total_error += c.status == "interrupted";
     total_time += c.seconds;
   }
   std::string x = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   x += "<testsuites name=\"dsa-verify audit " + xml_escape(backend) + "\" tests=\"" +
        std::to_string(cases.size()) + "\" failures=\"" + std::to_string(total_fail) +
-       "\" errors=\"0\" skipped=\"" + std::to_string(total_skip) + "\" time=\"" +
+       "\" errors=\"" + std::to_string(total_error) + "\" skipped=\"" + std::to_string(total_skip) + "\" time=\"" +
        std::to_string(total_time) + "\">\n";
   for (const auto& [op, list] : by_op) {
-    size_t f = 0, s = 0;
+    size_t f = 0, s = 0, e = 0;
     double t = 0;
-    for (auto* c : list) { f += c->status == "fail"; s += c->status == "skip"; t += c->seconds; }
+    for (auto* c : list) { f += c->status == "fail"; s += c->status == "skip"; e += c->status == "interrupted"; t += c->seconds; }
     x += "  <testsuite name=\"" + xml_escape(backend + "." + op) + "\" tests=\"" +
          std::to_string(list.size()) + "\" failures=\"" + std::to_string(f) +
-         "\" errors=\"0\" skipped=\"" + std::to_string(s) + "\" time=\"" + std::to_string(t) + "\">\n";
+         "\" errors=\"" + std::to_string(e) + "\" skipped=\"" + std::to_string(s) + "\" time=\"" + std::to_string(t) + "\">\n";
     for (auto* c : list) {
       x += "    <testcase classname=\"" + xml_escape(backend + "." + op) + "\" name=\"" +
            xml_escape(c->property) + "\" time=\"" + std::to_string(c->seconds) + "\"";
@@ -136,6 +139,9 @@ std::string to_junit(const std::string& backend, const std::vector<CaseResult>& 
         if (!c->fixture.empty()) body += "\nfixture: " + c->fixture;
         x += "      <failure message=\"" + xml_escape(c->message.substr(0, 200)) +
              "\" type=\"oracle\">" + xml_escape(body) + "</failure>\n";
+      } else if (c->status == "interrupted") {  // no verdict: a JUnit error, not a failure
+        x += "      <error message=\"" + xml_escape(c->message.substr(0, 200)) +
+             "\" type=\"interrupted\">" + xml_escape(c->message) + "</error>\n";
       } else {
         x += "      <skipped message=\"" + xml_escape(c->message) + "\"/>\n";
       }

@@ -15,7 +15,7 @@ namespace dsa::cli {
 struct CaseResult {
   std::string op;        ///< e.g. "sparse_mla_fwd"
   std::string property;  ///< e.g. "empty_rows", "golden:smla_sink"
-  std::string status;    ///< "pass" | "fail" | "skip"
+  std::string status;    ///< "pass" | "fail" | "skip" | "interrupted" (SIGINT/SIGTERM, no verdict)
   double worst_ratio = 0.0;  ///< worst measured err(candidate)/err(baseline) over judged tensors
   bool has_ratio = false;    ///< false when the case measures no ratio (properties)
   int64_t cases = 0;     ///< generated cases (properties) or tensors (fixtures)

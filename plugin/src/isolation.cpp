@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +20,42 @@
 
 namespace dsa::plugin {
 namespace {
+
+// ---- interruption (InterruptHandlers). Lock-free atomics only: the handler may run on any
+// thread, between any two instructions of run_isolated.
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs lock-free atomics");
+std::atomic<int> g_interrupt_signal{0};  // SIGINT/SIGTERM once recorded, else 0
+std::atomic<int> g_running_child{0};     // pid (= process group) run_isolated waits for, else 0
+std::atomic<bool> g_handlers_live{false};
+struct sigaction g_previous_int, g_previous_term;
+
+void on_interrupt_signal(int sig) {
+  const int saved_errno = errno;
+  int none = 0;
+  g_interrupt_signal.compare_exchange_strong(none, sig);
+  // Set after the fork and cleared before the child is reaped, so this pid is ours (alive or
+  // a zombie). If the fork is newer than this read, run_isolated sees the flag and kills it.
+  const int child = g_running_child.load();
+  if (child > 0) {
+    ::kill(-child, SIGKILL);
+    ::kill(child, SIGKILL);
+  }
+  errno = saved_errno;
+}
+
+std::string signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal " + std::to_string(sig);
+}
+
+IsolatedResult interrupted_result(bool started, const std::string& tail) {
+  IsolatedResult r;
+  r.status = IsolatedStatus::Interrupted;
+  r.signal = started ? SIGKILL : 0;
+  r.output_tail = tail;
+  r.message = "interrupted by " + signal_name(g_interrupt_signal.load()) +
+              (started ? ": the child was killed with SIGKILL" : ": the call was not started");
+  return r;
+}
 
 // Wire format child → parent (native byte order; both sides are the same binary):
 //   "DSAISO1\n" u8 tag
@@ -150,7 +188,13 @@ bool write_all(int fd, const std::string& buf) {
 
 // Runs in the child: never returns.
 [[noreturn]] void child_main(const std::function<std::vector<Tensor>()>& fn, int result_fd,
-                             int output_fd) {
+                             int output_fd, pid_t parent) {
+  // Die with the parent (a killed auditor must not leave a hung kernel behind); the check
+  // after prctl covers a parent that died before it.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(4);
+  ::signal(SIGINT, SIG_DFL);  // the parent's InterruptHandlers are not ours
+  ::signal(SIGTERM, SIG_DFL);
   ::setpgid(0, 0);  // own process group, so the parent can kill anything we spawn
   struct rlimit no_core = {0, 0};
   ::setrlimit(RLIMIT_CORE, &no_core);  // a crash should not spend seconds writing a core
@@ -217,6 +261,7 @@ const char* to_string(IsolatedStatus status) {
     case IsolatedStatus::Crashed: return "crashed";
     case IsolatedStatus::TimedOut: return "timed_out";
     case IsolatedStatus::Threw: return "threw";
+    case IsolatedStatus::Interrupted: return "interrupted";
   }
   return "unknown";
 }
@@ -236,7 +281,12 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
     ::close(result_pipe[1]);
     throw std::runtime_error(std::string("run_isolated: pipe failed: ") + std::strerror(err));
   }
+  if (g_interrupt_signal.load() != 0) {
+    for (int fd : {result_pipe[0], result_pipe[1], output_pipe[0], output_pipe[1]}) ::close(fd);
+    return interrupted_result(false, "");
+  }
   ::fflush(nullptr);  // nothing buffered in the parent is written twice
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     int err = errno;
@@ -246,9 +296,10 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
   if (pid == 0) {
     ::close(result_pipe[0]);
     ::close(output_pipe[0]);
-    child_main(fn, result_pipe[1], output_pipe[1]);
+    child_main(fn, result_pipe[1], output_pipe[1], parent);
   }
   ::setpgid(pid, pid);  // also done by the child; whichever runs first wins, same effect
+  g_running_child.store(pid);  // from here the signal handler kills it
   ::close(result_pipe[1]);
   ::close(output_pipe[1]);
 
@@ -257,10 +308,15 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
   std::string payload;
   std::string tail;
   bool timed_out = false;
+  bool interrupted = false;
   struct pollfd fds[2] = {{result_pipe[0], POLLIN, 0}, {output_pipe[0], POLLIN, 0}};
   int open_fds = 2;
   char chunk[65536];
   while (open_fds > 0) {
+    if (g_interrupt_signal.load() != 0) {  // after the store above: no signal is missed
+      interrupted = true;
+      break;
+    }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) {
       timed_out = true;
@@ -290,8 +346,10 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
     if (f.fd >= 0) ::close(f.fd);
 
   // The pipes are closed; wait for the child itself (it may still hang after closing them).
+  // The handler no longer kills it: once reaped, its pid may belong to another process.
+  g_running_child.store(0);
   int wstatus = 0;
-  while (!timed_out) {
+  while (!timed_out && !interrupted) {
     pid_t w = ::waitpid(pid, &wstatus, WNOHANG);
     if (w == pid) break;
     if (w < 0 && errno != EINTR) break;
@@ -299,9 +357,13 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
       timed_out = true;
       break;
     }
+    if (g_interrupt_signal.load() != 0) {
+      interrupted = true;
+      break;
+    }
     ::usleep(1000);
   }
-  if (timed_out) {
+  if (timed_out || interrupted) {
     ::kill(-pid, SIGKILL);
     ::kill(pid, SIGKILL);
     while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
@@ -309,6 +371,7 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
   }
   if (tail.size() > kTailBytes) tail.erase(0, tail.size() - kTailBytes);
 
+  if (interrupted) return interrupted_result(true, tail);
   IsolatedResult r;
   r.output_tail = tail;
   if (timed_out) {
@@ -320,6 +383,8 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
     return r;
   }
   if (WIFSIGNALED(wstatus)) {
+    if (WTERMSIG(wstatus) == SIGKILL && g_interrupt_signal.load() != 0)
+      return interrupted_result(true, tail);  // the handler killed it
     r.status = IsolatedStatus::Crashed;
     r.signal = WTERMSIG(wstatus);
     r.message = with_tail(std::string("crashed with ") + signal_abbrev(r.signal) + " (" +
@@ -328,7 +393,8 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
     return r;
   }
   r.exit_code = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
-  if (r.exit_code == 0 && parse_payload(payload, r)) return r;
+  if (r.exit_code == 0 && parse_payload(payload, r)) return r;  // done before any signal
+  if (g_interrupt_signal.load() != 0) return interrupted_result(true, tail);  // killed by it
   r.status = IsolatedStatus::Crashed;
   r.outputs.clear();
   r.message = with_tail("exited with code " + std::to_string(r.exit_code) +
@@ -343,6 +409,7 @@ void rethrow_in_parent(const IsolatedResult& r, const std::string& context) {
       return;
     case IsolatedStatus::Crashed:
     case IsolatedStatus::TimedOut:
+    case IsolatedStatus::Interrupted:
       throw IsolatedFailure(context + ": " + r.message);
     case IsolatedStatus::Threw:
       break;
@@ -358,5 +425,31 @@ void rethrow_in_parent(const IsolatedResult& r, const std::string& context) {
   }
   throw std::runtime_error(r.message);
 }
+
+InterruptHandlers::InterruptHandlers() {
+  if (g_handlers_live.exchange(true))
+    throw std::logic_error("InterruptHandlers: an instance is already live");
+  g_interrupt_signal.store(0);
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_interrupt_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
+  sa.sa_flags = SA_RESETHAND;  // no SA_RESTART: a blocking poll returns EINTR and rechecks
+  ::sigaction(SIGINT, &sa, &g_previous_int);
+  ::sigaction(SIGTERM, &sa, &g_previous_term);
+}
+
+InterruptHandlers::~InterruptHandlers() {
+  ::sigaction(SIGINT, &g_previous_int, nullptr);
+  ::sigaction(SIGTERM, &g_previous_term, nullptr);
+  g_interrupt_signal.store(0);
+  g_handlers_live.store(false);
+}
+
+int InterruptHandlers::signal() const { return g_interrupt_signal.load(); }
+
+int interrupt_signal() { return g_interrupt_signal.load(); }
 
 }  // namespace dsa::plugin

@@ -3,6 +3,7 @@
  * dsa/backend_abi.h, so the loader's tests can check that every failure becomes a clear
  * error or finding and never crashes the test process. */
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -11,7 +12,7 @@
 
 #define KIND_SEGFAULT 1       /* dereferences NULL */
 #define KIND_ABORT 2          /* calls abort() */
-#define KIND_HANG 3           /* never returns */
+#define KIND_HANG 3           /* never returns (writes its pid to $DSA_HANG_PIDFILE first) */
 #define KIND_OVERRUN 4        /* writes 16 int32 past the end of indices */
 #define KIND_WRONG_ABI 5      /* abi_version 99 */
 #define KIND_ERROR_STATUS 6   /* returns DSA_STATUS_INTERNAL_ERROR with a message */
@@ -41,6 +42,20 @@ static dsa_status bad_topk(const dsa_topk_args* a, char* err, size_t err_size) {
 #elif DSA_BAD_KIND == KIND_ABORT
   abort();
 #elif DSA_BAD_KIND == KIND_HANG
+  {
+    /* cli/tests/audit_interrupt.sh waits for this file: a call is running (rename: whole). */
+    const char* path = getenv("DSA_HANG_PIDFILE");
+    if (path) {
+      char tmp[4096];
+      FILE* f;
+      snprintf(tmp, sizeof tmp, "%s.tmp", path);
+      f = fopen(tmp, "w");
+      if (f) {
+        fprintf(f, "%ld\n", (long)getpid());
+        if (fclose(f) == 0) rename(tmp, path);
+      }
+    }
+  }
   for (;;) pause();
 #elif DSA_BAD_KIND == KIND_OVERRUN
   for (i = n; i < n + 16; ++i) out[i] = -1;

@@ -1,15 +1,18 @@
 // run_isolated: results, exceptions, crashes, aborts, exits and hangs of the child all come
-// back as an IsolatedResult; the test process keeps going.
+// back as an IsolatedResult; the test process keeps going. The child never outlives its
+// caller (SIGTERM under InterruptHandlers, SIGKILL of the caller).
 #include "dsa/plugin/isolation.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "dsa/oracle/backend.h"
@@ -162,6 +165,93 @@ TEST(RunIsolated, HangAfterClosingOutputStillTimesOut) {
 
 TEST(RunIsolated, RejectsANonPositiveTimeout) {
   EXPECT_THROW(run_isolated([] { return std::vector<Tensor>{}; }, 0ms), std::invalid_argument);
+}
+
+// A child that writes its pid to `fd`, then hangs.
+std::function<std::vector<Tensor>()> report_pid_then_hang(int fd) {
+  return [fd]() -> std::vector<Tensor> {
+    const pid_t self = ::getpid();
+    if (::write(fd, &self, sizeof self) != sizeof self) ::_exit(5);
+    for (;;) ::pause();
+  };
+}
+
+pid_t read_pid(int fd) {
+  pid_t pid = 0;
+  EXPECT_EQ(::read(fd, &pid, sizeof pid), static_cast<ssize_t>(sizeof pid));
+  return pid;
+}
+
+// Gone, or a zombie nobody reaped yet.
+bool process_ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
+}
+
+bool ends_within(pid_t pid, std::chrono::seconds limit) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!process_ended(pid)) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+// Issue 14: SIGTERM while a child hangs kills it at once; later calls do not start.
+TEST(InterruptHandlers, SigtermKillsTheRunningChildAndStopsLaterCalls) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t child = 0;
+  {
+    InterruptHandlers handlers;
+    std::thread signaller([&] {
+      child = read_pid(fds[0]);  // the child is inside fn
+      ::kill(::getpid(), SIGTERM);
+    });
+    IsolatedResult r = run_isolated(report_pid_then_hang(fds[1]), kGenerous);
+    signaller.join();
+    EXPECT_EQ(r.status, IsolatedStatus::Interrupted) << r.message;
+    EXPECT_NE(r.message.find("interrupted by SIGTERM"), std::string::npos) << r.message;
+    EXPECT_EQ(handlers.signal(), SIGTERM);
+    EXPECT_EQ(interrupt_signal(), SIGTERM);
+    ASSERT_GT(child, 0);
+    EXPECT_TRUE(process_ended(child));  // reaped before run_isolated returned
+    IsolatedResult later = run_isolated([] { return std::vector<Tensor>{}; }, kGenerous);
+    EXPECT_EQ(later.status, IsolatedStatus::Interrupted);
+    EXPECT_NE(later.message.find("not started"), std::string::npos) << later.message;
+    EXPECT_THROW(rethrow_in_parent(later, "ctx"), IsolatedFailure);
+    EXPECT_THROW(InterruptHandlers second, std::logic_error);
+  }
+  ::close(fds[0]);
+  ::close(fds[1]);
+  // Handlers gone: the record is cleared and calls run again.
+  EXPECT_EQ(interrupt_signal(), 0);
+  EXPECT_TRUE(run_isolated([] { return std::vector<Tensor>{}; }, kGenerous).ok());
+}
+
+// Issue 14: SIGKILL of the caller (nothing runs in it) still ends the child: PR_SET_PDEATHSIG.
+TEST(RunIsolated, ChildDiesWithItsParent) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t caller = ::fork();
+  ASSERT_GE(caller, 0);
+  if (caller == 0) {  // the "auditor": waits on a child that hangs
+    run_isolated(report_pid_then_hang(fds[1]), kGenerous);
+    ::_exit(0);
+  }
+  const pid_t child = read_pid(fds[0]);
+  ASSERT_GT(child, 0);
+  EXPECT_FALSE(process_ended(child));
+  ::kill(caller, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(caller, &status, 0), caller);
+  EXPECT_TRUE(ends_within(child, 20s)) << "child " << child << " outlived its killed parent";
+  if (!process_ended(child)) ::kill(child, SIGKILL);
+  ::close(fds[0]);
+  ::close(fds[1]);
 }
 
 }  // namespace
