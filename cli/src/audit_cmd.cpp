@@ -52,7 +52,8 @@ const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGT
 // The case that was running when the audit was interrupted: its partial outcome (a killed
 // plugin call reads as a failure) is kept in the message, never reported as a verdict.
 CaseResult interrupted_case(const AuditTask& task, int sig, const std::vector<CaseResult>& partial) {
-  CaseResult c = make_case(task.op, task.property, "interrupted");
+  // Named like the task's own results: fixture tasks "golden:x", property tasks "property:x".
+  CaseResult c = make_case(task.op, (task.op == "fixture" ? "" : "property:") + task.property, "interrupted");
   c.message = std::string("interrupted by ") + signal_name(sig) + " while this case ran; not a verdict";
   for (const auto& r : partial)
     if (!r.message.empty()) {

@@ -92,7 +92,7 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
     if (!property_selected(opts, p)) continue;
     std::string op = p.name.rfind("block.", 0) == 0 || p.ops.empty() ? "dsa_block"
                                                                   : oracle::to_string(p.ops.front());
-    tasks.push_back({op, "property:" + p.name, [&subject, &p, op, &opts, audit = repro_cmds.audit]() {
+    tasks.push_back({op, p.name, [&subject, &p, op, &opts, audit = repro_cmds.audit]() {
       props::SuiteOptions so;
       so.level = opts.level;
       so.seed = opts.seed;
