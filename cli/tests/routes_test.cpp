@@ -119,3 +119,32 @@ INSTANTIATE_TEST_SUITE_P(Outputs, RouteIdentity, ::testing::Values(false, true),
 
 }  // namespace
 }  // namespace dsa::cli
+
+namespace dsa::cli {
+namespace {
+
+// A plugin built against the first ABI 1 header (no provided_outputs field) still loads and
+// writes every output.
+TEST(PluginOutputs, OldHeaderPluginLoadsWithEveryOutput) {
+  auto p = plugin::open_plugin(DSA_OLD_HEADER_PLUGIN);
+  EXPECT_EQ(p->info().provided_outputs, 0u);
+  EXPECT_FALSE(p->provided_outputs().has_value());
+}
+
+// A plugin declaring only out and lse: max_logits is not judged (partial), never missing.
+TEST(PluginOutputs, DeclaredOutputsMakeAPartialVerdictOnEveryPluginRoute) {
+  auto p = plugin::open_plugin(DSA_PARTIAL_PLUGIN);
+  ASSERT_TRUE(p->provided_outputs().has_value());
+  EXPECT_EQ(*p->provided_outputs(), (std::set<std::string>{"out", "lse"}));
+  EXPECT_NE(plugin::describe(p->info()).find("provides only lse,out"), std::string::npos);
+  const std::string golden = std::string(DSA_GOLDEN_FIXTURE_DIR) + "/smla_sink.safetensors";
+  const fixtures::Fixture f = fixtures::load_fixture(golden);
+  const auto reports = oracle::judge_fixture_ops(f, *p, {});
+  EXPECT_EQ(oracle::verdict_line(reports), "AGREES (partial: max_logits not judged)");
+  Scratch dir("partial_plugin");
+  EXPECT_EQ(run_cli("replay " + golden + " --plugin " + DSA_PARTIAL_PLUGIN + " --json " + dir.file("r.json")), 0);
+  EXPECT_EQ(test::read_json(dir.file("r.json")).value("verdict", ""), "AGREES (partial: max_logits not judged)");
+}
+
+}  // namespace
+}  // namespace dsa::cli

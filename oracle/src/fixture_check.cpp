@@ -1,5 +1,6 @@
 #include "dsa/oracle/fixture_check.h"
 
+#include <set>
 #include <sstream>
 
 
@@ -130,9 +131,22 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, Backend& candidate,
                                         const CheckOptions& opt) {
   const OpCase c = op_case_from_fixture(f);
   const auto* stored = dynamic_cast<const CandidateBackend*>(&candidate);
+  // Outputs a backend declares it writes (a plugin's provided_outputs) narrow the judged set
+  // like --outputs does; the others are listed as not judged.
+  CheckOptions eff = opt;
+  if (auto declared = candidate.provided_outputs()) {
+    if (!eff.provided_outputs) {
+      eff.provided_outputs = *declared;
+    } else {
+      std::set<std::string> both;
+      for (const auto& n : *eff.provided_outputs)
+        if (declared->count(n)) both.insert(n);
+      eff.provided_outputs = both;
+    }
+  }
   std::vector<OpReport> out;
   for (Op op : fixture_ops(f)) {
-    OpReport r = check_op(candidate, op, c, opt);
+    OpReport r = check_op(candidate, op, c, eff);
     // Stored outputs: an op of the fixture for which the candidate holds nothing is not a
     // skip (a backend that cannot run it) but missing outputs (SPEC §9 complete outputs).
     if (stored && r.verdict == Verdict::Skip && stored->stored_outputs(op).empty()) {
@@ -142,8 +156,8 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, Backend& candidate,
       std::string list;
       for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
       bool named = false;
-      for (const auto& n : names) named |= opt.provided_outputs && opt.provided_outputs->count(n);
-      if (opt.provided_outputs && !named) {
+      for (const auto& n : names) named |= eff.provided_outputs && eff.provided_outputs->count(n);
+      if (eff.provided_outputs && !named) {
         r.not_judged = names;
         r.reason = list + ": not provided; not judged";
       } else {

@@ -268,6 +268,8 @@ static const dsa_backend_v1 example_table = {
     /* sparse_mla_fwd */ example_sparse_mla_fwd,
     /* sparse_mla_bwd */ NULL,
     /* indexer_kl_loss */ NULL,
+    /* provided_outputs: 0 = every output of each declared op (e.g. DSA_OUTPUT_OUT |
+       DSA_OUTPUT_LSE for a forward without max_logits, which is then not judged) */ 0,
 };
 
 DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t loader_abi_version) {

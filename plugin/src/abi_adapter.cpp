@@ -70,7 +70,7 @@ std::optional<Tensor> in_opt(const DLTensor* t, const char* where, const char* a
   return tensor_from_dl(*t, where, arg);
 }
 void out(const Tensor& src, DLTensor* dst, const char* where, const char* arg) {
-  check_arg(dst != nullptr, where, arg, "NULL", "an output tensor");
+  if (dst == nullptr) return;  // not among the table's provided_outputs: the loader passed NULL
   // Float outputs are converted to the declared dtype with one rounding; integer outputs
   // (top-k ids) are never converted: a backend returning I64 ids breaks the ABI's I32
   // contract (SPEC §3) and must surface as an error, not be narrowed silently.
@@ -222,7 +222,8 @@ dsa_capabilities reference_like_capabilities() {
 
 const dsa_backend_v1* make_adapter_table(const char* name, const char* version,
                                          const dsa_capabilities& caps,
-                                         std::function<std::unique_ptr<Backend>()> factory) {
+                                         std::function<std::unique_ptr<Backend>()> factory,
+                                         uint32_t provided_outputs) {
   static std::once_flag built;
   std::call_once(built, [&] {
     AdapterState& s = state();
@@ -233,6 +234,7 @@ const dsa_backend_v1* make_adapter_table(const char* name, const char* version,
     t.name = name;
     t.version = version;
     t.caps = caps;
+    t.provided_outputs = provided_outputs;
     t.is_available = &is_available;
     const uint32_t ops = caps.ops;
     t.indexer_scores = (ops & DSA_OP_INDEXER_SCORES) ? &indexer_scores : nullptr;

@@ -77,6 +77,8 @@ std::string serialize_outputs(const std::vector<Tensor>& outputs) {
   put<uint8_t>(buf, 0);
   put<uint32_t>(buf, static_cast<uint32_t>(outputs.size()));
   for (const Tensor& t : outputs) {
+    put<uint8_t>(buf, t.defined() ? 1 : 0);  // an output the plugin does not provide: undefined
+    if (!t.defined()) continue;
     put<uint8_t>(buf, static_cast<uint8_t>(t.dtype()));
     put<uint32_t>(buf, static_cast<uint32_t>(t.dim()));
     for (int64_t s : t.shape()) put<int64_t>(buf, s);
@@ -137,6 +139,12 @@ bool parse_payload(const std::string& payload, IsolatedResult& r) {
     if (!in.get(count)) return false;
     std::vector<Tensor> outputs;
     for (uint32_t i = 0; i < count; ++i) {
+      uint8_t defined = 0;
+      if (!in.get(defined) || defined > 1) return false;
+      if (!defined) {
+        outputs.emplace_back();
+        continue;
+      }
       uint8_t dtype = 0;
       uint32_t ndim = 0;
       if (!in.get(dtype) || !in.get(ndim) || dtype > static_cast<uint8_t>(DType::Bool) ||

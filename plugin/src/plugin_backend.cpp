@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -60,12 +61,45 @@ std::string dtype_bits_str(uint32_t bits) {
   return s.empty() ? "none" : s;
 }
 
+// Size of the table of the first ABI 1 header (before provided_outputs was appended).
+constexpr size_t kFirstTableSize = offsetof(dsa_backend_v1, provided_outputs);
+
+// provided_outputs as declared; 0 (every output) for tables of the first ABI 1 header.
+uint32_t declared_outputs(const dsa_backend_v1& t) {
+  return t.struct_size >= offsetof(dsa_backend_v1, provided_outputs) + sizeof(uint32_t)
+             ? t.provided_outputs
+             : 0u;
+}
+
+// The DSA_OUTPUT_* bits of each op's outputs, with their names (oracle output names).
+struct OutputBit {
+  uint32_t op_bit, bit;
+  const char* name;
+};
+const std::vector<OutputBit>& output_bits() {
+  static const std::vector<OutputBit> bits = {
+      {DSA_OP_INDEXER_SCORES, DSA_OUTPUT_SCORES, "scores"},
+      {DSA_OP_INDEXER_SCORES_BACKWARD, DSA_OUTPUT_DQ_IDX, "dq_idx"},
+      {DSA_OP_INDEXER_SCORES_BACKWARD, DSA_OUTPUT_DK_IDX, "dk_idx"},
+      {DSA_OP_INDEXER_SCORES_BACKWARD, DSA_OUTPUT_DW, "dw"},
+      {DSA_OP_TOPK_INDICES, DSA_OUTPUT_INDICES, "indices"},
+      {DSA_OP_SPARSE_MLA_FWD, DSA_OUTPUT_OUT, "out"},
+      {DSA_OP_SPARSE_MLA_FWD, DSA_OUTPUT_LSE, "lse"},
+      {DSA_OP_SPARSE_MLA_FWD, DSA_OUTPUT_MAX_LOGITS, "max_logits"},
+      {DSA_OP_SPARSE_MLA_BWD, DSA_OUTPUT_DQ, "dq"},
+      {DSA_OP_SPARSE_MLA_BWD, DSA_OUTPUT_DKV, "dkv"},
+      {DSA_OP_SPARSE_MLA_BWD, DSA_OUTPUT_DSINK, "dsink"},
+      {DSA_OP_INDEXER_KL_LOSS, DSA_OUTPUT_LOSS, "loss"},
+      {DSA_OP_INDEXER_KL_LOSS, DSA_OUTPUT_D_SCORES, "d_scores"}};
+  return bits;
+}
+
 // Problems of a function table, one line each; empty when the table is consistent.
 std::vector<std::string> table_problems(const dsa_backend_v1& t) {
   std::vector<std::string> p;
-  if (t.struct_size < sizeof(dsa_backend_v1))
+  if (t.struct_size < kFirstTableSize)
     p.push_back("struct_size " + std::to_string(t.struct_size) + " < " +
-                std::to_string(sizeof(dsa_backend_v1)) + " (built against an older header?)");
+                std::to_string(kFirstTableSize) + " (built against an older header?)");
   if (t.name == nullptr || t.name[0] == '\0') {
     p.push_back("name is empty");
   } else {
@@ -130,6 +164,16 @@ std::vector<std::string> table_problems(const dsa_backend_v1& t) {
   check_family("mla_stats", o.mla_stats, mla, false, false);
   check_family("mla_grads", o.mla_grads, c.ops & DSA_OP_SPARSE_MLA_BWD, true, true);
   check_family("kl", o.kl, c.ops & DSA_OP_INDEXER_KL_LOSS, false, true);
+  const uint32_t provided = declared_outputs(t);
+  if (provided & ~DSA_OUTPUT_ALL_V1) p.push_back("provided_outputs has unknown bits");
+  if (provided != 0) {
+    for (const OpFn& f : fns) {
+      if (!(c.ops & f.bit)) continue;
+      bool any = false;
+      for (const OutputBit& o : output_bits()) any |= o.op_bit == f.bit && (provided & o.bit);
+      if (!any) p.push_back(std::string("provided_outputs declares no output of ") + f.name);
+    }
+  }
   return p;
 }
 
@@ -341,7 +385,10 @@ constexpr size_t kErrBytes = 4096;
 // One call into the plugin: owns the buffers, checks the rules afterwards.
 class Call {
  public:
-  explicit Call(std::string context) : context_(std::move(context)) { err_.assign(kErrBytes, '\0'); }
+  // `provided`: DSA_OUTPUT_* bits of the outputs the plugin writes (0: every output).
+  Call(std::string context, uint32_t provided) : provided_bits_(provided), context_(std::move(context)) {
+    err_.assign(kErrBytes, '\0');
+  }
 
   const DLTensor* in(const char* name, const Tensor& t) {
     inputs_.push_back(GuardedBuffer::input(name, t));
@@ -350,10 +397,17 @@ class Call {
   const DLTensor* in_opt(const char* name, const std::optional<Tensor>& t) {
     return t ? in(name, *t) : nullptr;
   }
+  // An output the plugin does not provide (provided_outputs) is passed as NULL and comes
+  // back as an undefined Tensor in its position.
   DLTensor* out(const char* name, DType dtype, std::vector<int64_t> shape) {
+    if (!provided(name)) {
+      outputs_.push_back(nullptr);
+      return nullptr;
+    }
     outputs_.push_back(std::make_unique<GuardedBuffer>(name, true, dtype, std::move(shape)));
     return outputs_.back()->dl();
   }
+
   char* err() { return err_.data(); }
   size_t err_size() const { return err_.size() - 1; }  // last byte stays NUL
 
@@ -362,7 +416,8 @@ class Call {
     std::string msg(err_.data(), ::strnlen(err_.data(), err_.size()));
     std::vector<std::string> violations;
     for (const auto& b : inputs_) b->check(violations, st == DSA_STATUS_OK);
-    for (const auto& b : outputs_) b->check(violations, st == DSA_STATUS_OK);
+    for (const auto& b : outputs_)
+      if (b) b->check(violations, st == DSA_STATUS_OK);
     if (!violations.empty()) {
       std::string m = context_ + " broke the ABI's memory rules (dsa/backend_abi.h)";
       if (st != DSA_STATUS_OK) m += " and returned " + std::string(status_name(st));
@@ -379,11 +434,19 @@ class Call {
                                 (msg.empty() ? std::string("(no message)") : msg),
                             st);
     std::vector<Tensor> res;
-    for (const auto& b : outputs_) res.push_back(b->to_tensor());
+    for (const auto& b : outputs_) res.push_back(b ? b->to_tensor() : Tensor());
     return res;
   }
 
  private:
+  bool provided(const char* name) const {
+    if (provided_bits_ == 0) return true;
+    for (const OutputBit& o : output_bits())
+      if (std::strcmp(o.name, name) == 0) return (provided_bits_ & o.bit) != 0;
+    return true;
+  }
+
+  uint32_t provided_bits_ = 0;
   std::string context_;
   std::vector<char> err_;
   std::vector<std::unique_ptr<GuardedBuffer>> inputs_;
@@ -460,6 +523,9 @@ std::string PluginBackend::name() const { return "plugin:" + impl_->info.name; }
 bool PluginBackend::deterministic() const { return impl_->info.caps.deterministic == 1; }
 bool PluginBackend::supports(Op op) const { return (impl_->info.caps.ops & op_bit(op)) != 0; }
 const PluginInfo& PluginBackend::info() const { return impl_->info; }
+std::optional<std::set<std::string>> PluginBackend::provided_outputs() const {
+  return provided_output_names(impl_->info);
+}
 const PluginOptions& PluginBackend::options() const { return impl_->options; }
 
 std::string PluginBackend::unavailable_reason() const {
@@ -513,7 +579,7 @@ Tensor PluginBackend::indexer_scores(const Tensor& q_idx, const Tensor& k_idx, c
   const DType odt = Impl::out_dtype(I.info.caps.outputs.index_scores, DType::F32);
   auto fn = I.lib.table->indexer_scores;
   auto res = I.run(op, [&]() {
-    Call c(I.context(op));
+    Call c(I.context(op), I.info.provided_outputs);
     dsa_indexer_scores_args a{};
     a.q_idx = c.in("q_idx", q_idx);
     a.k_idx = c.in("k_idx", k_idx);
@@ -543,7 +609,7 @@ IndexerGrads PluginBackend::indexer_scores_backward(const Tensor& q_idx, const T
   const int32_t code = I.info.caps.outputs.indexer_grads;
   auto fn = I.lib.table->indexer_scores_backward;
   auto res = I.run(op, [&]() {
-    Call c(I.context(op));
+    Call c(I.context(op), I.info.provided_outputs);
     dsa_indexer_scores_backward_args a{};
     a.q_idx = c.in("q_idx", q_idx);
     a.k_idx = c.in("k_idx", k_idx);
@@ -600,7 +666,7 @@ Tensor PluginBackend::select_topk(const Tensor& scores, int64_t k, const TopkPol
   }
   auto fn = I.lib.table->topk_indices;
   auto res = I.run(op, [&]() {
-    Call c(I.context(op));
+    Call c(I.context(op), I.info.provided_outputs);
     dsa_topk_args a{};
     a.scores = c.in("scores", scores);
     a.k = k;
@@ -688,7 +754,7 @@ SparseMlaForward PluginBackend::sparse_mla_forward(const SparseMlaInputs& in) {
   const DType stat_dt = Impl::out_dtype(I.info.caps.outputs.mla_stats, DType::F32);
   auto fn = I.lib.table->sparse_mla_fwd;
   auto res = I.run(op, [&]() {
-    Call c(I.context(op));
+    Call c(I.context(op), I.info.provided_outputs);
     return run_sparse_mla_fwd(c, fn, in, s, out_dt, stat_dt);
   });
   return SparseMlaForward{std::move(res.at(0)), std::move(res.at(1)), std::move(res.at(2))};
@@ -715,12 +781,13 @@ SparseMlaGrads PluginBackend::sparse_mla_backward(const SparseMlaInputs& in, con
   auto res = I.run(op, [&]() {
     std::optional<Tensor> out, lse;
     if (with_fwd) {  // the plugin's own forward, judged as part of this call
-      Call c(I.context("sparse_mla_fwd (run for sparse_mla_bwd)"));
+      Call c(I.context("sparse_mla_fwd (run for sparse_mla_bwd)"), I.info.provided_outputs);
       auto r = run_sparse_mla_fwd(c, fwd, in, s, out_dt, stat_dt);
-      out = std::move(r.at(0));
-      lse = std::move(r.at(1));
+      // An output the plugin does not provide is passed to its backward as NULL.
+      if (r.at(0).defined()) out = std::move(r.at(0));
+      if (r.at(1).defined()) lse = std::move(r.at(1));
     }
-    Call c(I.context(op));
+    Call c(I.context(op), I.info.provided_outputs);
     dsa_sparse_mla_bwd_args a{};
     pass_mla_inputs(c, a, in, s);
     a.out = c.in_opt("out", out);
@@ -766,7 +833,7 @@ IndexerKlResult PluginBackend::indexer_kl_loss(const IndexerKlInputs& in) {
   const DType odt = Impl::out_dtype(I.info.caps.outputs.kl, in.scores.dtype());
   auto fn = I.lib.table->indexer_kl_loss;
   auto res = I.run(op, [&]() {
-    Call c(I.context(op));
+    Call c(I.context(op), I.info.provided_outputs);
     dsa_indexer_kl_loss_args a{};
     a.scores = c.in("scores", in.scores);
     a.q = c.in("q", in.q);
@@ -787,6 +854,14 @@ IndexerKlResult PluginBackend::indexer_kl_loss(const IndexerKlInputs& in) {
 // ---------------------------------------------------------------------------------------
 // Loading
 // ---------------------------------------------------------------------------------------
+
+std::optional<std::set<std::string>> provided_output_names(const PluginInfo& info) {
+  if (info.provided_outputs == 0) return std::nullopt;
+  std::set<std::string> names;
+  for (const OutputBit& o : output_bits())
+    if (info.provided_outputs & o.bit) names.insert(o.name);
+  return names;
+}
 
 std::string describe(const PluginInfo& info) {
   const dsa_capabilities& c = info.caps;
@@ -828,6 +903,11 @@ std::string describe(const PluginInfo& info) {
   add(c.ops & DSA_OP_SPARSE_MLA_BWD, "mla_grads", o.mla_grads);
   add(c.ops & DSA_OP_INDEXER_KL_LOSS, "kl", o.kl);
   if (!outs.empty()) s += "; outputs" + outs;
+  if (auto names = provided_output_names(info)) {
+    std::string list;
+    for (const auto& n : *names) list += (list.empty() ? "" : ",") + n;
+    s += "; provides only " + list;
+  }
   return s;
 }
 
@@ -854,6 +934,7 @@ std::unique_ptr<PluginBackend> open_plugin(const std::string& path, const Plugin
   impl->info.version = t.version ? t.version : "";
   impl->info.abi_version = t.abi_version;
   impl->info.caps = t.caps;
+  impl->info.provided_outputs = declared_outputs(t);
   return std::unique_ptr<PluginBackend>(new PluginBackend(std::move(impl)));
 }
 

@@ -25,6 +25,8 @@
 #define KIND_UNSUPPORTED 13   /* returns DSA_STATUS_UNSUPPORTED */
 #define KIND_OVERRUN_THEN_ERROR 14 /* writes past the end, then returns an error status */
 #define KIND_UNDERRUN 15      /* writes one int32 8 bytes before the start of indices */
+#define KIND_OLD_HEADER 16    /* a correct plugin built against the first ABI 1 header (its
+                                 struct_size ends before provided_outputs): must still load */
 
 #ifndef DSA_BAD_KIND
 #error "define DSA_BAD_KIND"
@@ -101,7 +103,11 @@ static const dsa_backend_v1 bad_table = {
 #else
     DSA_BACKEND_ABI_VERSION,
 #endif
+#if DSA_BAD_KIND == KIND_OLD_HEADER
+    (uint32_t)offsetof(dsa_backend_v1, provided_outputs),
+#else
     (uint32_t)sizeof(dsa_backend_v1),
+#endif
     "bad",
     "0",
     {
@@ -128,6 +134,7 @@ static const dsa_backend_v1 bad_table = {
     NULL,
     NULL,
     NULL,
+    0,
 };
 
 DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t loader_abi_version) {

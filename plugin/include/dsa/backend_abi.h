@@ -125,6 +125,24 @@ typedef int32_t dsa_status;
 #define DSA_KL_DENSE 0
 #define DSA_KL_SPARSE 1
 
+/** Output bits for dsa_backend_v1.provided_outputs (SPEC §9 "complete outputs"): the outputs
+ *  a plugin writes. An output whose bit is not set is passed as NULL and reported as "not
+ *  judged" (the verdict reads "AGREES (partial: max_logits not judged)"). */
+#define DSA_OUTPUT_SCORES (1u << 0)     /**< indexer_scores: scores */
+#define DSA_OUTPUT_DQ_IDX (1u << 1)     /**< indexer_scores_backward: dq_idx */
+#define DSA_OUTPUT_DK_IDX (1u << 2)     /**< indexer_scores_backward: dk_idx */
+#define DSA_OUTPUT_DW (1u << 3)         /**< indexer_scores_backward: dw */
+#define DSA_OUTPUT_INDICES (1u << 4)    /**< topk_indices: indices */
+#define DSA_OUTPUT_OUT (1u << 5)        /**< sparse_mla_fwd: out */
+#define DSA_OUTPUT_LSE (1u << 6)        /**< sparse_mla_fwd: lse */
+#define DSA_OUTPUT_MAX_LOGITS (1u << 7) /**< sparse_mla_fwd: max_logits */
+#define DSA_OUTPUT_DQ (1u << 8)         /**< sparse_mla_bwd: dq */
+#define DSA_OUTPUT_DKV (1u << 9)        /**< sparse_mla_bwd: dkv */
+#define DSA_OUTPUT_DSINK (1u << 10)     /**< sparse_mla_bwd: dsink */
+#define DSA_OUTPUT_LOSS (1u << 11)      /**< indexer_kl_loss: loss */
+#define DSA_OUTPUT_D_SCORES (1u << 12)  /**< indexer_kl_loss: d_scores */
+#define DSA_OUTPUT_ALL_V1 0x1FFFu
+
 /** Dtype code of each output family; the loader allocates outputs with these dtypes. */
 typedef struct dsa_output_dtypes {
   /** indexer_scores I: DSA_DTYPE_F32 (SPEC §2) or DSA_DTYPE_F64. */
@@ -286,6 +304,11 @@ typedef struct dsa_backend_v1 {
                                size_t err_size);
   dsa_status (*indexer_kl_loss)(const dsa_indexer_kl_loss_args* args, char* err,
                                 size_t err_size);
+  /** DSA_OUTPUT_* bits of the outputs this plugin writes; 0 = every output of each declared
+   *  op. Outputs not declared are passed as NULL and not judged; each declared op keeps at
+   *  least one output. Added after the first release of ABI 1: a table whose struct_size
+   *  ends before this field (an older header) is read as 0, so older plugins keep loading. */
+  uint32_t provided_outputs;
 } dsa_backend_v1;
 
 /** Type of the exported entry point. `loader_abi_version` is the loader's

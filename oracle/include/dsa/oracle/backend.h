@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -39,6 +40,10 @@ class Backend {
   virtual bool deterministic() const { return true; }
   /// True when the backend implements `op`.
   virtual bool supports(Op op) const = 0;
+  /// The outputs the backend writes (output names as in SPEC §2-§7, e.g. {"out", "lse"});
+  /// std::nullopt = every output of each op it supports (SPEC §9 complete outputs). A plugin
+  /// declares them in dsa_backend_v1::provided_outputs; the others are not judged.
+  virtual std::optional<std::set<std::string>> provided_outputs() const { return std::nullopt; }
 
   virtual Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
                                 const KeyWindows& windows);

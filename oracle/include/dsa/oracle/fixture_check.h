@@ -43,7 +43,8 @@ std::vector<Op> fixture_ops(const fixtures::Fixture& f);
 CandidateBackend expected_candidate(const fixtures::Fixture& f);
 
 /// check_op of `candidate` for every op of `f` on op_case_from_fixture(f) with `opt`: the
-/// one judging function behind every route. For a CandidateBackend (stored outputs), an op
+/// one judging function behind every route. Backend::provided_outputs (a plugin's
+/// declaration) narrows opt.provided_outputs (intersection). For a CandidateBackend (stored outputs), an op
 /// of which it stores no output is Incomplete, or not judged (Skip, names in not_judged)
 /// when opt.provided_outputs names none of that op's outputs.
 std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& candidate,

@@ -24,8 +24,11 @@ namespace dsa::plugin {
 /// inputs, CPU, all tie policies and orders, deterministic, every float output F64.
 dsa_capabilities reference_like_capabilities();
 
+/// `provided_outputs`: the table's DSA_OUTPUT_* bits (0: every output); outputs the loader
+/// passes as NULL (not provided) are not written.
 const dsa_backend_v1* make_adapter_table(
     const char* name, const char* version, const dsa_capabilities& caps,
-    std::function<std::unique_ptr<dsa::oracle::Backend>()> factory);
+    std::function<std::unique_ptr<dsa::oracle::Backend>()> factory,
+    uint32_t provided_outputs = 0);
 
 }  // namespace dsa::plugin

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "dsa/backend_abi.h"
@@ -31,7 +33,14 @@ struct PluginInfo {
   std::string version;  ///< dsa_backend_v1::version ("" when NULL)
   uint32_t abi_version = 0;
   dsa_capabilities caps{};
+  /// dsa_backend_v1::provided_outputs (DSA_OUTPUT_* bits; 0: every output of each op, also
+  /// for tables built against the first ABI 1 header, which lack the field).
+  uint32_t provided_outputs = 0;
 };
+
+/// Names of the outputs declared in provided_outputs (oracle output names, e.g. {"out",
+/// "lse"}); std::nullopt when the plugin writes every output (bits 0).
+std::optional<std::set<std::string>> provided_output_names(const PluginInfo& info);
 
 /// Bit of `op` in dsa_capabilities::ops (DSA_OP_*).
 uint32_t op_bit(dsa::oracle::Op op);
@@ -62,6 +71,8 @@ class PluginBackend : public dsa::oracle::Backend {
   std::string unavailable_reason() const override;
   bool deterministic() const override;
   bool supports(dsa::oracle::Op op) const override;
+  /// provided_output_names(info()): the outputs declared in provided_outputs.
+  std::optional<std::set<std::string>> provided_outputs() const override;
   const PluginInfo& info() const;
   const PluginOptions& options() const;
 
@@ -96,10 +107,11 @@ class PluginBackend : public dsa::oracle::Backend {
 /// Throws PluginLoadError naming the path for: a missing file, a file dlopen rejects (not a
 /// shared object, unresolved symbols), a library without the entry symbol ("not a dsa
 /// plugin"), a NULL table, abi_version != DSA_BACKEND_ABI_VERSION, a struct_size smaller
-/// than this loader's, an empty or non-printable name, or inconsistent capabilities
+/// than the first ABI 1 table (one ending before provided_outputs is accepted), an empty or non-printable name, or inconsistent capabilities
 /// (unknown bits, no ops, a declared op whose function is NULL, no input dtype, no device,
 /// no tie policy/order for top-k, an output dtype code illegal for its family, deterministic
-/// not 0/1), or a crash/hang of the probe.
+/// not 0/1, unknown provided_outputs bits or a declared op none of whose outputs is
+/// provided), or a crash/hang of the probe.
 std::unique_ptr<PluginBackend> open_plugin(const std::string& path,
                                            const PluginOptions& options = {});
 
