@@ -146,7 +146,13 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, Backend& candidate,
   }
   std::vector<OpReport> out;
   for (Op op : fixture_ops(f)) {
-    OpReport r = check_op(candidate, op, c, eff);
+    OpReport r;
+    try {
+      r = check_op(candidate, op, c, eff);
+    } catch (const std::invalid_argument& e) {
+      // The reference rejects the fixture's inputs: the file is at fault, so name it.
+      throw FileError(label_of(f), std::string("inputs of ") + to_string(op) + " rejected: " + e.what());
+    }
     // Stored outputs: an op of the fixture for which the candidate holds nothing is not a
     // skip (a backend that cannot run it) but missing outputs (SPEC §9 complete outputs).
     if (stored && r.verdict == Verdict::Skip && stored->stored_outputs(op).empty()) {
