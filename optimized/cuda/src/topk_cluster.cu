@@ -16,6 +16,7 @@
 #include <string>
 
 #include <cooperative_groups.h>
+#include <cub/block/block_radix_sort.cuh>
 #include <cuda_runtime.h>
 
 #include "cuda_check.h"
@@ -39,6 +40,16 @@ constexpr size_t kHistBytes = kHistWords * sizeof(uint32_t);
 constexpr int64_t kTargetSlice = 16384;
 /// Largest dynamic shared memory a CTA asks for (227 KB opt-in less the static part).
 constexpr size_t kMaxDynSmem = 227 * 1024 - 9 * 1024;
+
+using SortT = cub::BlockRadixSort<uint32_t, kThreads, 4, uint32_t>;
+
+/// Bytes of the key slice region for CH chunks a thread; the sorted path's CUB scratch
+/// reuses it, so it is at least that large.
+__host__ __device__ constexpr size_t keys_region_bytes(int ch) {
+  return (size_t)ch * kThreads * 16 > sizeof(SortT::TempStorage)
+             ? (size_t)ch * kThreads * 16
+             : sizeof(SortT::TempStorage);
+}
 
 struct Plan {
   int cluster = 0;     // CTAs per row (0: not supported)
@@ -66,7 +77,7 @@ Plan make_plan(int64_t s_q, int64_t s_kv, int64_t k, bool sorted) {
   if (chunks > 15) return p;  // per-thread selection masks are 64-bit (4 keys per chunk)
   const int64_t sort_len = sorted ? next_pow2_host(std::min(k, s_kv)) : 0;
   const size_t region = std::max<size_t>(kHistBytes, (size_t)sort_len * 8);
-  const size_t smem = (size_t)chunks * kThreads * 16 + region;
+  const size_t smem = keys_region_bytes(chunks) + region;
   if (smem > kMaxDynSmem) return p;
   if (s_q * (int64_t)c > INT32_MAX) return p;
   p.cluster = c;
@@ -76,35 +87,35 @@ Plan make_plan(int64_t s_q, int64_t s_kv, int64_t k, bool sorted) {
   return p;
 }
 
-/// Cluster sum of the histograms h (nbins words at the same offset in every CTA) into tot.
-__device__ __forceinline__ void combine(cg::cluster_group& cluster, uint32_t* h, uint32_t* tot,
-                                        int nbins, int csize, int tid) {
-  for (int b = tid; b < nbins; b += kThreads) {
-    uint32_t s = 0;
-    for (int r = 0; r < csize; ++r) s += cluster.map_shared_rank(h, r)[b];
-    tot[b] = s;
+/// This thread's nbins/512 bins of the cluster-summed histogram h (nbins words at the same
+/// offset in every CTA): thread i owns the bins counted down from top = nbins-1-(nbins/512)*i,
+/// out[0] = bin top. One vector load per cluster rank through distributed shared memory.
+__device__ __forceinline__ void cluster_bins(cg::cluster_group& cluster, uint32_t* h, int nbins,
+                                             int csize, int tid, uint32_t (&out)[4]) {
+  const int per = nbins / kThreads;  // 2 or 4
+  const int top = nbins - 1 - per * tid;
+  out[0] = out[1] = out[2] = out[3] = 0u;
+  for (int r = 0; r < csize; ++r) {
+    const uint32_t* hr = cluster.map_shared_rank(h, r);
+    if (per == 4) {
+      const uint4 v = reinterpret_cast<const uint4*>(hr)[top >> 2];  // bins top-3..top
+      out[0] += v.w; out[1] += v.z; out[2] += v.y; out[3] += v.x;
+    } else {
+      const uint2 v = reinterpret_cast<const uint2*>(hr)[top >> 1];  // bins top-1..top
+      out[0] += v.y; out[1] += v.x;
+    }
   }
-  __syncthreads();
 }
 
-/// Finds the bin d (scanning from the top) holding the target-th largest key: above = #keys
-/// in bins > d, cnt = #keys in bin d; also total = #keys. target <= 0 or target > total
-/// leave d = -1. Results in sel[0..3]; every thread must call it (nbins = 1024 or 2048:
-/// thread i owns the nbins/512 bins counted down from nbins-1-(nbins/512)*i, read as one
-/// conflict-free vector). Ends with __syncthreads().
-__device__ __forceinline__ void find_bin(const uint32_t* tot, int nbins, int64_t target,
+/// Finds the bin d (scanning from the top) holding the target-th largest key, from the bins
+/// of cluster_bins: above = #keys in bins > d, cnt = #keys in bin d; also total = #keys.
+/// target <= 0 or target > total leave d = -1. Results in sel[0..3]; every thread must call
+/// it. Starts and ends with __syncthreads().
+__device__ __forceinline__ void find_bin(const uint32_t (&h)[4], int nbins, int64_t target,
                                          int* sel, int (*warp_sums)[kWarps], int tid) {
   const int lane = tid & 31, warp = tid >> 5;
-  const int per = nbins / kThreads;  // 2 or 4
-  const int top = nbins - 1 - per * tid;  // highest bin of this thread
-  uint32_t h[4] = {0u, 0u, 0u, 0u};
-  if (per == 4) {
-    const uint4 v = reinterpret_cast<const uint4*>(tot)[top >> 2];  // bins top-3..top
-    h[0] = v.w; h[1] = v.z; h[2] = v.y; h[3] = v.x;
-  } else {
-    const uint2 v = reinterpret_cast<const uint2*>(tot)[top >> 1];  // bins top-1..top
-    h[0] = v.y; h[1] = v.x;
-  }
+  const int per = nbins / kThreads;
+  const int top = nbins - 1 - per * tid;
   const uint32_t g = h[0] + h[1] + h[2] + h[3];
   uint32_t incl = g;
 #pragma unroll
@@ -112,6 +123,7 @@ __device__ __forceinline__ void find_bin(const uint32_t* tot, int nbins, int64_t
     const uint32_t v = __shfl_up_sync(0xffffffffu, incl, off);
     if (lane >= off) incl += v;
   }
+  __syncthreads();  // earlier readers of warp_sums and sel are done
   if (lane == 31) warp_sums[0][warp] = (int)incl;
   if (tid == 0) sel[0] = -1;
   __syncthreads();
@@ -191,71 +203,50 @@ __device__ __forceinline__ void hist_add4(uint32_t* h, const uint32_t (&b)[4], c
   }
 }
 
-/// max(x, y) when keep_max, else min(x, y).
-__device__ __forceinline__ unsigned long long cmpx(unsigned long long x, unsigned long long y,
-                                                   bool keep_max) {
-  return (keep_max == (x > y)) ? x : y;
+/// Order-preserving key of raw float bits (SPEC §3.1): larger float → larger key, -0.0 and
+/// +0.0 → 0x80000000, NaN and -inf → 0 (every selectable key is >= 0x00800000).
+__device__ __forceinline__ uint32_t select_key(uint32_t b) {
+  uint32_t key = b ^ ((uint32_t)((int32_t)b >> 31) | 0x80000000u);
+  key = key == 0x7fffffffu ? 0x80000000u : key;  // -0.0 == +0.0
+  // Selectable keys lie in [key(-FLT_MAX), key(+inf)] = [0x00800000, 0xff800000].
+  return (key - 0x00800000u) <= (0xff800000u - 0x00800000u) ? key : 0u;
 }
 
-/// Sorts sbuf[0, 2048) descending over the 512 threads of the block: element e = 4*tid + r
-/// lives in register x[r]; bitonic stages of stride 1-2 run in registers, 4-64 through warp
-/// shuffles, 128-1024 through shared memory (sbuf, transposed: conflict-free). On return x[r]
-/// holds rank 4*tid + r. Every thread must call it; ends with __syncthreads().
-__device__ __forceinline__ void sort2048_desc(unsigned long long* sbuf, unsigned long long (&x)[4],
-                                              int tid) {
+/// Sorts the keff <= 2048 composites (key << 32 | id-rank part) in sbuf, which are in id
+/// order within equal keys, by key descending, stably (CUB's block radix sort): equal keys
+/// keep id order ascending (small), or descending (large: fed in reverse). Writes the ids and
+/// the -1 padding of orow[0, k). `temp` may alias sbuf. Every thread must call it.
+__device__ __forceinline__ void sort_write_small(const unsigned long long* sbuf, int keff,
+                                                 int64_t k, bool large,
+                                                 typename SortT::TempStorage& temp,
+                                                 int32_t* orow, int tid) {
+  uint32_t key[4], id[4];
 #pragma unroll
-  for (int r = 0; r < 4; ++r) x[r] = sbuf[4 * tid + r];
-  __syncthreads();
-  for (int size = 2; size <= 2048; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      if (stride >= 128) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) sbuf[r * kThreads + tid] = x[r];
-        __syncthreads();
-        const int pt = tid ^ (stride >> 2);
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int e = 4 * tid + r;
-          x[r] = cmpx(x[r], sbuf[r * kThreads + pt], ((e & stride) == 0) == ((e & size) == 0));
-        }
-        __syncthreads();
-      } else if (stride >= 4) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int e = 4 * tid + r;
-          const unsigned long long y = __shfl_xor_sync(0xffffffffu, x[r], stride >> 2);
-          x[r] = cmpx(x[r], y, ((e & stride) == 0) == ((e & size) == 0));
-        }
-      } else if (stride == 2) {
-        const bool desc = ((4 * tid) & size) == 0;  // size >= 4: same for the 4 elements
-#pragma unroll
-        for (int a = 0; a < 2; ++a) {
-          const unsigned long long hi = x[a] > x[a + 2] ? x[a] : x[a + 2];
-          const unsigned long long lo = x[a] > x[a + 2] ? x[a + 2] : x[a];
-          x[a] = desc ? hi : lo;
-          x[a + 2] = desc ? lo : hi;
-        }
-      } else {
-#pragma unroll
-        for (int a = 0; a < 4; a += 2) {
-          const bool desc = ((4 * tid + a) & size) == 0;
-          const unsigned long long hi = x[a] > x[a + 1] ? x[a] : x[a + 1];
-          const unsigned long long lo = x[a] > x[a + 1] ? x[a + 1] : x[a];
-          x[a] = desc ? hi : lo;
-          x[a + 1] = desc ? lo : hi;
-        }
-      }
-    }
+  for (int r = 0; r < 4; ++r) {
+    const int e = 4 * tid + r;
+    const int src = large ? keff - 1 - e : e;
+    unsigned long long c = 0ull;  // padding: key 0, below every selectable key
+    if (e < keff) c = sbuf[src];
+    key[r] = (uint32_t)(c >> 32);
+    const uint32_t low = (uint32_t)(c & 0xffffffffull);
+    id[r] = large ? low : ~low;
   }
+  __syncthreads();  // sbuf read before temp (which may alias it) is written
+  SortT(temp).SortDescending(key, id);
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int e = 4 * tid + r;
+    if (e < k) orow[e] = e < keff ? (int32_t)id[r] : -1;
+  }
+  for (int64_t j = 2048 + tid; j < k; j += kThreads) orow[j] = -1;
 }
 
+template <int CH>
 __global__ void __launch_bounds__(kThreads, 2)
     topk_cluster_kernel(const float* __restrict__ scores, int64_t s_kv, int64_t k,
                         const int64_t* __restrict__ ks, const int64_t* __restrict__ ke,
-                        int large, int sorted, int32_t* __restrict__ out, int64_t slice,
-                        int chunks) {
+                        int large, int sorted, int32_t* __restrict__ out, int64_t slice) {
   extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ __align__(16) uint32_t tot[kBins1];
   __shared__ int warp_sums[2][kWarps];
   __shared__ int sel[4];
   __shared__ int cta_counts[2];  // this CTA's #gt, #eq; read by higher ranks
@@ -268,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   uint4* keys4 = reinterpret_cast<uint4*>(smem);
   const uint32_t* keys = reinterpret_cast<const uint32_t*>(smem);
-  uint32_t* hist = reinterpret_cast<uint32_t*>(smem + (size_t)chunks * kThreads * 16);
+  uint32_t* hist = reinterpret_cast<uint32_t*>(smem + keys_region_bytes(CH));
   uint32_t* h1 = hist;
   uint32_t* h2 = hist + kBins1;
   uint32_t* h3 = hist + kBins1 + kBins2;
@@ -309,21 +300,24 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   // Pass 1: keys in place (0 = not selectable or outside the window), histogram of bits 31..21.
-  const int my0 = tid * chunks * 4;  // first local id of this thread's chunks
-  uint4* mine = keys4 + tid * chunks;
-  for (int j = 0; j < chunks; ++j) {
+  const int my0 = tid * CH * 4;  // first local id of this thread's chunks
+  uint4* mine = keys4 + tid * CH;
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
     const int base = my0 + 4 * j;
     uint32_t o[4] = {0u, 0u, 0u, 0u};
-    if (base < wh && base + 4 > wl) {
+    if (base >= wl && base + 4 <= wh) {
+      const uint4 raw = mine[j];
+      o[0] = select_key(raw.x);
+      o[1] = select_key(raw.y);
+      o[2] = select_key(raw.z);
+      o[3] = select_key(raw.w);
+    } else if (base < wh && base + 4 > wl) {
       const uint4 raw = mine[j];
       const uint32_t r[4] = {raw.x, raw.y, raw.z, raw.w};
-      const bool inside = base >= wl && base + 4 <= wh;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        bool ok = false;
-        const uint32_t key = float_key(__uint_as_float(r[e]), ok);
-        o[e] = (ok && (inside || (base + e >= wl && base + e < wh))) ? key : 0u;
-      }
+      for (int e = 0; e < 4; ++e)
+        o[e] = (base + e >= wl && base + e < wh) ? select_key(r[e]) : 0u;
     }
     mine[j] = make_uint4(o[0], o[1], o[2], o[3]);  // every chunk of the buffer holds keys
     const uint32_t b[4] = {o[0] >> 21, o[1] >> 21, o[2] >> 21, o[3] >> 21};
@@ -331,25 +325,24 @@ __global__ void __launch_bounds__(kThreads, 2)
     hist_add4(h1, b, p, lane);
   }
   cluster.sync();
-  combine(cluster, h1, tot, kBins1, csize, tid);
-  find_bin(tot, kBins1, k, sel, warp_sums, tid);  // k > total: sel[0] = -1, handled below
+  uint32_t hb[4];
+  cluster_bins(cluster, h1, kBins1, csize, tid, hb);
+  find_bin(hb, kBins1, k, sel, warp_sums, tid);  // k > total: sel[0] = -1, handled below
   const int64_t total = sel[3];
   const int64_t keff = min(k, total);
   int rem = 0, cnt = 0;
   uint32_t prefix = 0;
   int shift = 21;
   if (keff > 0) {
-    if (keff == total) {
-      // Every selectable key is taken: the boundary bin is the lowest non-empty one.
-      __syncthreads();
-      find_bin(tot, kBins1, keff, sel, warp_sums, tid);
-    }
+    // keff == total: every selectable key is taken, the boundary bin is the lowest non-empty.
+    if (keff == total) find_bin(hb, kBins1, keff, sel, warp_sums, tid);
     prefix = (uint32_t)sel[0];
     rem = (int)keff - sel[1];
     cnt = sel[2];
     if (rem != cnt) {
       // Pass 2: bits 20..10 of the keys in bin `prefix` (>= 4, so key 0 never matches).
-      for (int j = 0; j < chunks; ++j) {
+#pragma unroll
+      for (int j = 0; j < CH; ++j) {
         const uint4 v = mine[j];
         const bool p[4] = {(v.x >> 21) == prefix, (v.y >> 21) == prefix, (v.z >> 21) == prefix,
                            (v.w >> 21) == prefix};
@@ -359,15 +352,16 @@ __global__ void __launch_bounds__(kThreads, 2)
         hist_add4(h2, b, p, lane);
       }
       cluster.sync();
-      combine(cluster, h2, tot, kBins2, csize, tid);
-      find_bin(tot, kBins2, rem, sel, warp_sums, tid);
+      cluster_bins(cluster, h2, kBins2, csize, tid, hb);
+      find_bin(hb, kBins2, rem, sel, warp_sums, tid);
       prefix = (prefix << 11) | (uint32_t)sel[0];
       shift = 10;
       rem -= sel[1];
       cnt = sel[2];
       if (rem != cnt) {
         // Pass 3: bits 9..0 of the keys with bits 31..10 equal to `prefix`.
-        for (int j = 0; j < chunks; ++j) {
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
           const uint4 v = mine[j];
           const bool p[4] = {(v.x >> 10) == prefix, (v.y >> 10) == prefix,
                              (v.z >> 10) == prefix, (v.w >> 10) == prefix};
@@ -376,8 +370,8 @@ __global__ void __launch_bounds__(kThreads, 2)
           hist_add4(h3, b, p, lane);
         }
         cluster.sync();
-        combine(cluster, h3, tot, kBins3, csize, tid);
-        find_bin(tot, kBins3, rem, sel, warp_sums, tid);
+        cluster_bins(cluster, h3, kBins3, csize, tid, hb);
+        find_bin(hb, kBins3, rem, sel, warp_sums, tid);
         prefix = (prefix << 10) | (uint32_t)sel[0];
         shift = 0;
         rem -= sel[1];
@@ -396,13 +390,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   // This thread's keys above / inside the boundary range as bit masks (bit = local offset).
   unsigned long long gt_m = 0ull, eq_m = 0ull;
   if (keff > 0) {
-    for (int j = 0; j < chunks; ++j) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j) {
       const uint4 v = mine[j];
       const uint32_t r[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        gt_m |= (unsigned long long)(r[e] > bhi) << (4 * j + e);
-        eq_m |= (unsigned long long)(r[e] >= blo && r[e] <= bhi) << (4 * j + e);
+        if (r[e] > bhi) gt_m |= 1ull << (4 * j + e);
+        if (r[e] >= blo && r[e] <= bhi) eq_m |= 1ull << (4 * j + e);
       }
     }
   }
@@ -454,19 +449,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   cluster.sync();  // composites in CTA 0; no CTA reads another's shared memory after this
   if (!sorted || rank != 0) return;
   if (keff <= 2048) {
-    for (int i = (int)keff + tid; i < 2048; i += kThreads) sortbuf[i] = 0ull;  // below all
-    __syncthreads();
-    unsigned long long x[4];
-    sort2048_desc(sortbuf, x, tid);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int e = 4 * tid + r;
-      if (e < k) {
-        const uint32_t low = (uint32_t)(x[r] & 0xffffffffull);
-        orow[e] = e < keff ? (int32_t)(large ? low : ~low) : -1;
-      }
-    }
-    for (int64_t j = 2048 + tid; j < k; j += kThreads) orow[j] = -1;
+    // The key slice of this CTA is no longer needed: the sort's scratch lives there.
+    sort_write_small(sortbuf, (int)keff, k, large != 0,
+                     *reinterpret_cast<typename SortT::TempStorage*>(smem), orow, tid);
     return;
   }
   bitonic_sort_desc<kThreads>(sortbuf, keff, next_pow2_dev(keff), tid);
@@ -477,6 +462,23 @@ __global__ void __launch_bounds__(kThreads, 2)
       id = (int32_t)(large ? low : ~low);
     }
     orow[j] = id;
+  }
+}
+
+using KernelFn = void (*)(const float*, int64_t, int64_t, const int64_t*, const int64_t*, int,
+                          int, int32_t*, int64_t);
+
+KernelFn kernel_for(int chunks) {
+  switch (chunks) {
+    case 1: return topk_cluster_kernel<1>;
+    case 3: return topk_cluster_kernel<3>;
+    case 5: return topk_cluster_kernel<5>;
+    case 7: return topk_cluster_kernel<7>;
+    case 9: return topk_cluster_kernel<9>;
+    case 11: return topk_cluster_kernel<11>;
+    case 13: return topk_cluster_kernel<13>;
+    case 15: return topk_cluster_kernel<15>;
+    default: return nullptr;
   }
 }
 
@@ -494,12 +496,15 @@ void topk_cluster_launch(const float* scores, int64_t s_q, int64_t s_kv, int64_t
   if (p.cluster == 0)
     throw std::invalid_argument(std::string(where) + ": shape s_kv=" + std::to_string(s_kv) +
                                 ", k=" + std::to_string(k) + " exceeds the cluster kernel");
-  static bool attr_set = false;  // one process-wide opt-in to the large shared memory size
-  if (!attr_set) {
-    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(topk_cluster_kernel,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const KernelFn fn = kernel_for(p.chunks);
+  if (fn == nullptr)
+    throw std::invalid_argument(std::string(where) + ": internal plan with " +
+                                std::to_string(p.chunks) + " chunks a thread");
+  static bool attr_set[16] = {};  // one opt-in to the large shared memory size per variant
+  if (!attr_set[p.chunks]) {
+    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                (int)kMaxDynSmem));
-    attr_set = true;
+    attr_set[p.chunks] = true;
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)(s_q * p.cluster), 1, 1);
@@ -513,9 +518,8 @@ void topk_cluster_launch(const float* scores, int64_t s_q, int64_t s_kv, int64_t
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  DSA_CUDA_CHECK(where, cudaLaunchKernelEx(&cfg, topk_cluster_kernel, scores, s_kv, k, ks, ke,
-                                           large ? 1 : 0, sorted ? 1 : 0, out, p.slice,
-                                           p.chunks));
+  DSA_CUDA_CHECK(where, cudaLaunchKernelEx(&cfg, fn, scores, s_kv, k, ks, ke, large ? 1 : 0,
+                                           sorted ? 1 : 0, out, p.slice));
 }
 
 }  // namespace dsa::cuda::detail
