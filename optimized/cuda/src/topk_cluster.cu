@@ -73,7 +73,9 @@ Plan make_plan(int64_t s_q, int64_t s_kv, int64_t k, bool sorted) {
   c = std::min(c, kMaxCluster);
   const int64_t slice = ((s_kv + c - 1) / c + 3) / 4 * 4;
   int chunks = (int)((slice / 4 + kThreads - 1) / kThreads);
-  if (chunks % 2 == 0) ++chunks;
+  // Conflict-free 128-bit shared-memory reads: 8 chunks a thread use an XOR swizzle, other
+  // counts an odd stride.
+  if (chunks % 2 == 0 && chunks != 8) ++chunks;
   if (chunks > 15) return p;  // per-thread selection masks are 64-bit (4 keys per chunk)
   const int64_t sort_len = sorted ? next_pow2_host(std::min(k, s_kv)) : 0;
   const size_t region = std::max<size_t>(kHistBytes, (size_t)sort_len * 8);
@@ -241,6 +243,16 @@ __device__ __forceinline__ void sort_write_small(const unsigned long long* sbuf,
   for (int64_t j = 2048 + tid; j < k; j += kThreads) orow[j] = -1;
 }
 
+/// Shared-memory slot of logical chunk q (ids 4q..4q+3 of the slice; thread q / CH owns it):
+/// with 8 chunks a thread, chunk j of thread t sits at slot 8t + (j ^ (t & 7)), so 8 threads
+/// reading their chunk j hit 8 different bank groups; odd CH needs no swizzle.
+template <int CH>
+__device__ __forceinline__ int phys_chunk(int q) {
+  if (CH != 8) return q;
+  const int t = q >> 3;
+  return (t << 3) | ((q & 7) ^ (t & 7));
+}
+
 template <int CH>
 __global__ void __launch_bounds__(kThreads, 2)
     topk_cluster_kernel(const float* __restrict__ scores, int64_t s_kv, int64_t k,
@@ -281,7 +293,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int q = tid; q < nchunk; q += kThreads) {
       const int base = 4 * q;
       if (base >= wh || base + 4 <= wl) continue;
-      const uint32_t dst = (uint32_t)__cvta_generic_to_shared(keys4 + q);
+      const uint32_t dst = (uint32_t)__cvta_generic_to_shared(keys4 + phys_chunk<CH>(q));
       if (aligned && base + 4 <= n) {
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src + base)
                      : "memory");
@@ -301,25 +313,27 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // Pass 1: keys in place (0 = not selectable or outside the window), histogram of bits 31..21.
   const int my0 = tid * CH * 4;  // first local id of this thread's chunks
+  // This thread's chunk j (ids my0 + 4j .. my0 + 4j + 3) is keys4[phys_chunk<CH>(tid*CH + j)].
   uint4* mine = keys4 + tid * CH;
+  const int swz = CH == 8 ? (tid & 7) : 0;
 #pragma unroll
   for (int j = 0; j < CH; ++j) {
     const int base = my0 + 4 * j;
     uint32_t o[4] = {0u, 0u, 0u, 0u};
     if (base >= wl && base + 4 <= wh) {
-      const uint4 raw = mine[j];
+      const uint4 raw = mine[j ^ swz];
       o[0] = select_key(raw.x);
       o[1] = select_key(raw.y);
       o[2] = select_key(raw.z);
       o[3] = select_key(raw.w);
     } else if (base < wh && base + 4 > wl) {
-      const uint4 raw = mine[j];
+      const uint4 raw = mine[j ^ swz];
       const uint32_t r[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         o[e] = (base + e >= wl && base + e < wh) ? select_key(r[e]) : 0u;
     }
-    mine[j] = make_uint4(o[0], o[1], o[2], o[3]);  // every chunk of the buffer holds keys
+    mine[j ^ swz] = make_uint4(o[0], o[1], o[2], o[3]);  // every chunk of the buffer holds keys
     const uint32_t b[4] = {o[0] >> 21, o[1] >> 21, o[2] >> 21, o[3] >> 21};
     const bool p[4] = {o[0] != 0u, o[1] != 0u, o[2] != 0u, o[3] != 0u};
     hist_add4(h1, b, p, lane);
@@ -343,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       // Pass 2: bits 20..10 of the keys in bin `prefix` (>= 4, so key 0 never matches).
 #pragma unroll
       for (int j = 0; j < CH; ++j) {
-        const uint4 v = mine[j];
+        const uint4 v = mine[j ^ swz];
         const bool p[4] = {(v.x >> 21) == prefix, (v.y >> 21) == prefix, (v.z >> 21) == prefix,
                            (v.w >> 21) == prefix};
         if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
@@ -362,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         // Pass 3: bits 9..0 of the keys with bits 31..10 equal to `prefix`.
 #pragma unroll
         for (int j = 0; j < CH; ++j) {
-          const uint4 v = mine[j];
+          const uint4 v = mine[j ^ swz];
           const bool p[4] = {(v.x >> 10) == prefix, (v.y >> 10) == prefix,
                              (v.z >> 10) == prefix, (v.w >> 10) == prefix};
           if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
@@ -392,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if (keff > 0) {
 #pragma unroll
     for (int j = 0; j < CH; ++j) {
-      const uint4 v = mine[j];
+      const uint4 v = mine[j ^ swz];
       const uint32_t r[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -424,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int bit = __ffsll((long long)m) - 1;
       const uint32_t id = id0 + (uint32_t)bit;
       if (sorted) {
-        dst_sort[pg] = ((unsigned long long)keys[my0 + bit] << 32) | (large ? id : ~id);
+        dst_sort[pg] = ((unsigned long long)keys[4 * phys_chunk<CH>(tid * CH + (bit >> 2)) + (bit & 3)] << 32) | (large ? id : ~id);
       } else {
         orow[pg] = (int32_t)id;
       }
@@ -436,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int bit = __ffsll((long long)m) - 1;
       const uint32_t id = id0 + (uint32_t)bit;
       if (sorted) {
-        dst_sort[n_gt + pe] = ((unsigned long long)keys[my0 + bit] << 32) | (large ? id : ~id);
+        dst_sort[n_gt + pe] = ((unsigned long long)keys[4 * phys_chunk<CH>(tid * CH + (bit >> 2)) + (bit & 3)] << 32) | (large ? id : ~id);
       } else {
         orow[n_gt + pe] = (int32_t)id;
       }
@@ -474,6 +488,7 @@ KernelFn kernel_for(int chunks) {
     case 3: return topk_cluster_kernel<3>;
     case 5: return topk_cluster_kernel<5>;
     case 7: return topk_cluster_kernel<7>;
+    case 8: return topk_cluster_kernel<8>;
     case 9: return topk_cluster_kernel<9>;
     case 11: return topk_cluster_kernel<11>;
     case 13: return topk_cluster_kernel<13>;

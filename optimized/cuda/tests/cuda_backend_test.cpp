@@ -225,18 +225,20 @@ TEST_F(CudaBackendTest, TopkClusterLongRowsPlateausBandsAndWindows) {
 }
 
 // Small cases for compute-sanitizer (memcheck, racecheck: ci/gpu/test.sh): every kernel,
-// a one-CTA row and a row over a 4-CTA cluster (16384 keys, 2 rows), random and plateau
-// rows, sorted and unsorted, with windows.
+// a one-CTA row, rows over a 4-CTA cluster (16384 keys, 2 rows; odd chunk stride) and an
+// 8-CTA cluster (131072 keys: 8 swizzled chunks a thread), random and plateau rows, sorted
+// and unsorted, with windows.
 TEST_F(CudaBackendTest, TopkSanitizerSmall) {
   uint64_t seed = 500;
-  for (int64_t s_kv : {int64_t{700}, int64_t{16384}}) {
+  for (int64_t s_kv : {int64_t{700}, int64_t{16384}, int64_t{131072}}) {
     for (Fill fill : {Fill::Random, Fill::Plateau}) {
       for (bool sorted : {true, false}) {
         OpCase c;
-        c.scores = make_scores(2, s_kv, fill, seed++);
+        const int64_t rows = s_kv > 65536 ? 1 : 2;
+        c.scores = make_scores(rows, s_kv, fill, seed++);
         c.k = 300;
         c.policy = TopkPolicy{TieBreak::Large, sorted};
-        c.topk_windows = random_windows(2, s_kv, seed++);
+        c.topk_windows = random_windows(rows, s_kv, seed++);
         expect_topk_pass(*backend_, c, "sanitizer s_kv=" + std::to_string(s_kv));
       }
     }
