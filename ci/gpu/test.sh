@@ -26,7 +26,7 @@ cmake -S "$deps/googletest" -B "$bd/gtest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DDSA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DDSA_BUILD_BENCH=OFF \
     -DTorch_DIR="$torch_dir" -DCMAKE_PREFIX_PATH="$deps/prefix;$bd/gtest-prefix" \
     -DDSA_GTEST_SOURCE_DIR= >>"$out/build.txt" 2>&1 \
-  && cmake --build "$bd/main" -j 16 --target dsa_cuda_tests dsa_gpu_bench \
+  && cmake --build "$bd/main" -j 16 --target dsa_cuda_tests dsa_gpu_bench dsa_torch_ops dsa_torch_ops_tests \
     $([ "${SKIP_PROPS:-0}" = 1 ] || echo dsa_prop_tests) >>"$out/build.txt" 2>&1
 rc=$?
 echo "build rc=$rc (${SECONDS}s)" | tee -a "$out/summary.txt"
@@ -38,6 +38,12 @@ timeout 170 "$bin/dsa_cuda_tests" >"$out/tests.txt" 2>&1
 echo "dsa_cuda_tests rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|^\[       OK|^\[  FAILED" "$out/tests.txt" | tail -20
 grep -B2 -A14 "Failure" "$out/tests.txt" | head -50
+SECONDS=0
+timeout 120 "$bin/dsa_torch_ops_tests" >>"$out/tests.txt" 2>&1
+echo "dsa_torch_ops_tests (C++, CUDA dispatch) rc=$? (${SECONDS}s): $(grep -E '^\[  PASSED|^\[  FAILED|SKIPPED' "$out/tests.txt" | tail -2 | tr '\n' ' ')" | tee -a "$out/summary.txt"
+SECONDS=0
+PYTHONUNBUFFERED=1 timeout 120 python3 optimized/cuda/tests/torch_ops_check.py "$bin/libdsa_torch_ops.so" >>"$out/tests.txt" 2>&1
+echo "torch_ops_check.py (Python, torch.ops.load_library) rc=$? (${SECONDS}s): $(grep -E 'torch_ops_check:|MISMATCH|Error' "$out/tests.txt" | tail -3 | tr '\n' ' ')" | tee -a "$out/summary.txt"
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 small='*TopkSanitizerSmall*:*EmptyRows*:*Unselectable*'
 for tool in memcheck racecheck; do

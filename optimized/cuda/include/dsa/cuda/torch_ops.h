@@ -1,0 +1,12 @@
+// The CUDA dispatch of the `dsa` operator library (optimized/cuda/src/torch_ops.cpp):
+// TORCH_LIBRARY_IMPL(dsa, CUDA) registers the hand-written kernels, so torch.ops.dsa.* /
+// the dispatcher run them on CUDA tensors. Today: dsa::topk_indices (cluster top-k, SPEC §3).
+// Built as libdsa_torch_ops.so (torch.ops.load_library from Python; link it from C++).
+#pragma once
+
+namespace dsa::cuda {
+
+/// Always true; referencing it makes a C++ program link (and so load) the registration.
+bool torch_ops_registered();
+
+}  // namespace dsa::cuda
