@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <random>
+#include <tuple>
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/candidate_backend.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/op_check.h"
 #include "dsa/reference/sparse_mla.h"
 #include "dsa/reference/topk.h"
 #include "route_test_util.h"
@@ -246,6 +249,85 @@ TEST(SharedCases, ASelectedNaNDeviatesFromTheContractWhateverTheConventions) {
   EXPECT_NE(p.at("ops").at(0).value("reason", "").find("deviates from the contract: selected NaN in rows 2, 3"),
             std::string::npos)
       << p.dump(2);
+}
+
+}  // namespace
+}  // namespace dsa::cli
+
+namespace dsa::cli {
+namespace {
+
+// A correct kernel of SPEC §4/§5: its forward returns `out` in q's dtype (bf16) and its
+// backward takes Δ = out·dout from that bf16 `out`. One query, one head, one key and a sink,
+// in closed form (float64, outputs F32).
+class Bf16OutKernel : public oracle::Backend {
+ public:
+  std::string name() const override { return "bf16-out-kernel"; }
+  bool supports(oracle::Op op) const override {
+    return op == oracle::Op::SparseMlaFwd || op == oracle::Op::SparseMlaBwd;
+  }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    const auto [P, L, w] = logits(in);
+    SparseMlaForward f{Tensor(DType::F32, {1, 1, in.d_v}), Tensor(DType::F32, {1, 1}),
+                       Tensor(DType::F32, {1, 1})};
+    for (int64_t d = 0; d < in.d_v; ++d) f.out.set(d, in.kv.get(d) * w);
+    f.out = f.out.to(in.q.dtype());  // rounded to bf16, as returned
+    f.lse.set(0, P);
+    f.max_logits.set(0, P);
+    return f;
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    const Tensor out = sparse_mla_forward(in).out;  // the kernel's own bf16 out
+    const auto [P, L, w] = logits(in);
+    const double p = std::exp(P - L);
+    double delta = 0, dout_v = 0;
+    for (int64_t d = 0; d < in.d_v; ++d) {
+      delta += out.get(d) * dout.get(d);
+      dout_v += dout.get(d) * in.kv.get(d);
+    }
+    const double dS = p * (dout_v - delta);
+    const int64_t d_qk = in.q.size(2);
+    SparseMlaGrads g{Tensor(DType::F32, {1, 1, d_qk}), Tensor(DType::F32, {1, d_qk}),
+                     Tensor(DType::F32, {1})};
+    for (int64_t d = 0; d < d_qk; ++d) {
+      g.dq.set(d, in.sm_scale * dS * in.kv.get(d));
+      g.dkv.set(d, in.sm_scale * dS * in.q.get(d) + (d < in.d_v ? p * dout.get(d) : 0.0));
+    }
+    g.dsink->set(0, -std::exp(in.attn_sink->get(0) - L) * delta);
+    return g;
+  }
+
+ private:
+  // P = sm_scale·q·kv, L = ln(e^P + e^sink), w = e^P / (e^P + e^sink).
+  static std::tuple<double, double, double> logits(const SparseMlaInputs& in) {
+    double P = 0;
+    for (int64_t d = 0; d < in.q.size(2); ++d) P += in.q.get(d) * in.kv.get(d);
+    P *= in.sm_scale;
+    const double s = in.attn_sink->get(0);
+    const double L = std::max(P, s) + std::log1p(std::exp(-std::abs(P - s)));
+    return {P, L, std::exp(P - L)};
+  }
+};
+
+TEST(SharedCases, DISABLED_Bf16OutBackwardTakingDeltaFromItsOwnOutPasses) {
+  oracle::OpCase c;
+  c.mla.q = Tensor::from_f64({1, 1, 2}, {1.0, 0.5}).to(DType::BF16);
+  c.mla.kv = Tensor::from_f64({1, 2}, {2.0, -1.0}).to(DType::BF16);
+  c.mla.indices = Tensor::from_i32({1, 1}, {0});
+  c.mla.attn_sink = Tensor::from_f64({1}, {0.3}).to(DType::F32);
+  c.mla.sm_scale = 0.5;
+  c.mla.d_v = 2;
+  c.dout = Tensor::from_f64({1, 1, 2}, {0.75, -0.25}).to(DType::BF16);
+  Bf16OutKernel k;
+  // Its bf16 out differs from the fp32 one, so Δ differs: the case is not trivial.
+  const double w32 = static_cast<float>(k.sparse_mla_forward(c.mla).out.get(0));
+  ASSERT_EQ(k.sparse_mla_forward(c.mla).out.dtype(), DType::BF16);
+  ASSERT_NE(w32, reference::sparse_mla_forward(c.mla).out.to(DType::F32).get(0));
+  for (oracle::Op op : {oracle::Op::SparseMlaFwd, oracle::Op::SparseMlaBwd}) {
+    const oracle::OpReport r = oracle::check_op(k, op, c);
+    std::cout << oracle::format_op_report(r);
+    EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << r.reason;
+  }
 }
 
 }  // namespace
