@@ -12,11 +12,13 @@
 #include <memory>
 
 #include "audit_tasks.h"
+#include "cpp_backend_object.h"
 #include "dsa/oracle/candidate_backend.h"
 #include "judge.h"
 #include "dlpack_capsule.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/reference_backend.h"
 #include "py_backend.h"
 #include "report.h"
 
@@ -343,6 +345,19 @@ PYBIND11_MODULE(_core, m) {
       .def("update", [](dsa::cli::Progress& p, const py::dict& c) { p.update(case_from_dict(c)); })
       .def("finish", &dsa::cli::Progress::finish);
   m.def("load_fixture", &load_fixture, py::arg("path"));
+  bind_cpp_backend(m);
+  m.def("mutant_names", [] {
+    std::vector<std::string> v;
+    for (const auto& s : dsa::props::mutant_subjects()) v.push_back(s.name);
+    return v;
+  }, "The property suite's mutants (reference backends with one field fault each)");
+  m.def("make_mutant", [](const std::string& name) {
+    for (const auto& s : dsa::props::mutant_subjects())
+      if (s.name == name) return CppBackend{std::shared_ptr<dsa::oracle::Backend>(s.make())};
+    throw std::invalid_argument("make_mutant: argument 'name' got \"" + name + "\", expected a mutant_names() entry");
+  }, py::arg("name"));
+  m.def("make_reference", [] { return CppBackend{std::shared_ptr<dsa::oracle::Backend>(dsa::oracle::make_reference_backend())}; },
+        "The float64 reference backend");
   m.def("replay_fixture", &replay_fixture, py::arg("bridge"), py::arg("path"), py::arg("provided_outputs") = py::none(),
         py::arg("allow_weak") = false);
   m.def("compare_outputs", &compare_outputs, py::arg("golden"), py::arg("outputs"), py::arg("conventions"),

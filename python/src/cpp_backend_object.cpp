@@ -1,0 +1,130 @@
+#include "cpp_backend_object.h"
+
+#include <pybind11/stl.h>
+
+#include <map>
+
+#include "dlpack_capsule.h"
+#include "py_backend.h"
+
+namespace py = pybind11;
+
+namespace dsa::python {
+namespace {
+
+using oracle::Op;
+
+Op op_from(const std::string& name) {
+  for (Op op : oracle::all_ops())
+    if (name == oracle::to_string(op)) return op;
+  throw std::invalid_argument("call: argument 'op' got \"" + name + "\", expected an op name");
+}
+
+std::optional<Tensor> optional_tensor(const py::dict& t, const char* name) {
+  if (!t.contains(name) || t[name].is_none()) return std::nullopt;
+  return from_capsule(t[name], std::string("input '") + name + "'");
+}
+
+Tensor tensor(const py::dict& t, const char* name) {
+  auto v = optional_tensor(t, name);
+  if (!v) throw std::invalid_argument(std::string("call: missing input '") + name + "'");
+  return *v;
+}
+
+std::vector<int64_t> ints(const Tensor& t) {
+  std::vector<int64_t> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = static_cast<int64_t>(t.get(i));
+  return v;
+}
+
+KeyWindows windows(const py::dict& t, int64_t s_kv) {
+  return KeyWindows::explicit_windows(ints(tensor(t, "ks")), ints(tensor(t, "ke")), s_kv);
+}
+
+SparseMlaInputs mla(const py::dict& t, const py::dict& s) {
+  SparseMlaInputs in;
+  in.q = tensor(t, "q");
+  in.kv = tensor(t, "kv");
+  in.indices = tensor(t, "indices");
+  in.topk_length = optional_tensor(t, "topk_length");
+  in.attn_sink = optional_tensor(t, "attn_sink");
+  in.sm_scale = s["sm_scale"].cast<double>();
+  in.d_v = s["d_v"].cast<int64_t>();
+  return in;
+}
+
+py::dict call(CppBackend& self, const std::string& op_name, const py::dict& t, const py::dict& s) {
+  oracle::Backend& b = *self.backend;
+  std::map<std::string, Tensor> out;
+  switch (op_from(op_name)) {
+    case Op::IndexerScores: {
+      const Tensor k_idx = tensor(t, "k_idx");
+      out["scores"] = b.indexer_scores(tensor(t, "q_idx"), k_idx, tensor(t, "w"), windows(t, k_idx.size(0)));
+      break;
+    }
+    case Op::IndexerScoresBackward: {
+      const Tensor k_idx = tensor(t, "k_idx");
+      IndexerGrads g = b.indexer_scores_backward(tensor(t, "q_idx"), k_idx, tensor(t, "w"),
+                                                 windows(t, k_idx.size(0)), tensor(t, "d_scores"));
+      out = {{"dq_idx", g.dq_idx}, {"dk_idx", g.dk_idx}, {"dw", g.dw}};
+      break;
+    }
+    case Op::Topk: {
+      const Tensor scores = tensor(t, "scores");
+      std::optional<KeyWindows> w;
+      if (t.contains("ks") && !t["ks"].is_none()) w = windows(t, scores.size(1));
+      TopkPolicy policy{parse_tie_break(s["tie_break"].cast<std::string>()), s["sorted"].cast<bool>()};
+      out["indices"] = b.select_topk(scores, s["k"].cast<int64_t>(), policy, w);
+      break;
+    }
+    case Op::SparseMlaFwd: {
+      SparseMlaForward f = b.sparse_mla_forward(mla(t, s));
+      out = {{"out", f.out}, {"lse", f.lse}, {"max_logits", f.max_logits}};
+      break;
+    }
+    case Op::SparseMlaBwd: {
+      SparseMlaGrads g = b.sparse_mla_backward(mla(t, s), tensor(t, "dout"));
+      out = {{"dq", g.dq}, {"dkv", g.dkv}};
+      if (g.dsink) out["dsink"] = *g.dsink;
+      break;
+    }
+    case Op::IndexerKlLoss: {
+      IndexerKlInputs in;
+      in.scores = tensor(t, "scores");
+      in.q = tensor(t, "q");
+      in.kv = tensor(t, "kv");
+      in.sm_scale = s["sm_scale"].cast<double>();
+      in.windows = windows(t, in.scores.size(1));
+      in.mode = parse_kl_mode(s["mode"].cast<std::string>());
+      in.indices = optional_tensor(t, "indices");
+      in.coeff = s["coeff"].cast<double>();
+      IndexerKlResult r = b.indexer_kl_loss(in);
+      out = {{"loss", r.loss}, {"d_scores", r.d_scores}};
+      break;
+    }
+  }
+  py::dict d;
+  for (auto& [name, v] : out)
+    if (v.defined()) d[py::str(name)] = to_capsule(std::make_shared<Tensor>(std::move(v)));
+  return d;
+}
+
+}  // namespace
+
+void bind_cpp_backend(py::module_& m) {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const oracle::NotSupported& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
+    }
+  });
+  py::class_<CppBackend>(m, "CppBackend", py::module_local(), "A C++ dsa::oracle::Backend called with DLPack capsules")
+      .def_property_readonly("name", [](const CppBackend& b) { return b.backend->name(); })
+      .def_property_readonly("deterministic", [](const CppBackend& b) { return b.backend->deterministic(); })
+      .def("unavailable_reason", [](const CppBackend& b) { return b.backend->unavailable_reason(); })
+      .def("supports", [](const CppBackend& b, const std::string& op) { return b.backend->supports(op_from(op)); })
+      .def("call", &call, py::arg("op"), py::arg("tensors"), py::arg("scalars"));
+}
+
+}  // namespace dsa::python
