@@ -608,7 +608,7 @@ SmlaCase draw_smla_extreme_case() {
 SmlaCase draw_smla_production_case() {
   SmlaCase c;
   const int level = generation_level();
-  const int64_t h = level == 0 ? 16 : draw_of<int64_t>({64, 128});
+  const int64_t h = level == 0 ? 16 : draw_of<int64_t>({64, 128});  // level 0: audit --only
   const bool v32 = draw_bool();  // DeepSeek-V3.2 / GLM-5: d_qk 576 = 512 + 64 RoPE
   const int64_t d_qk = v32 ? 576 : 512, d_v = 512, k = 2048;
   const int64_t s_kv = draw_of<int64_t>({2048, 2049, 4097});

@@ -84,6 +84,11 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     r.message = why;
     return r;
   }
+  if (o.level < p.min_level) {
+    r.verdict = Verdict::Skip;
+    r.message = "runs at level >= " + std::to_string(p.min_level) + " (DSA_TEST_LEVEL / --level)";
+    return r;
+  }
   for (oracle::Op op : p.ops)
     if (!backend->supports(op)) {
       r.verdict = Verdict::Skip;

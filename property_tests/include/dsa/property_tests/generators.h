@@ -99,8 +99,9 @@ SmlaCase draw_smla_case(const std::string& layout = "");
 /// kv (small in q) so the logits stay O(1); sinks +-80, +-inf or finite per head.
 SmlaCase draw_smla_extreme_case();
 
-/// Production shapes: level 0: s_q 1, h_q 16, d_qk 576/d_v 512 or 512/512, k 2048 over
-/// 2048-4097 keys; levels >= 1: h_q 64 or 128.
+/// Production shapes: s_q 1, h_q 64 or 128, d_qk 576/d_v 512 or 512/512, k 2048 over
+/// 2048-4097 keys, ids distinct with tail padding or holes (h_q 16 if drawn at level 0; the
+/// property smla.production_shapes runs from level 1).
 SmlaCase draw_smla_production_case();
 
 /// KL loss case (SPEC §7): scores F32 (-inf outside windows), q [s_q,h_q>=2,d], kv, dense or

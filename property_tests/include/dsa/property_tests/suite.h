@@ -31,6 +31,7 @@ struct Property {
   std::vector<oracle::Op> ops;   ///< ops the backend must support, else the property is skipped
   int cost = 1;                  ///< divides the case count (expensive properties run fewer)
   std::function<void(oracle::Backend&, const oracle::BlockFactory&)> body;
+  int min_level = 0;             ///< below this DSA_TEST_LEVEL the property is a skip (cost)
 };
 
 /// Every property, in file order (topk, indexer, sparse MLA, KL loss, block).
