@@ -23,12 +23,15 @@ int run_compare(const std::string& golden, const std::string& candidate,
   for (fixtures::Convention c : backend->conventions())
     std::printf("convention: %s (converts the candidate's representation; no check is loosened)\n",
                 fixtures::to_string(c));
+  // A file with no output of the golden's op at all is the wrong file (usage error, exit 2);
+  // one missing some outputs is INCOMPLETE (exit 1) unless --outputs names what it provides.
+  bool any = false;
+  for (oracle::Op op : oracle::fixture_ops(f)) any |= !backend->stored_outputs(op).empty();
+  if (!any) throw fixtures::FileError(candidate, "holds no outputs for the golden's op " + f.op);
   const std::vector<oracle::OpReport> reports =
       oracle::judge_fixture_ops(f, *backend, check_options(judge, /*file_route=*/true));
   for (const auto& n : backend->adapter_notes()) std::printf("convention applied: %s\n", n.c_str());
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
-  if (oracle::overall_verdict(reports) == oracle::Verdict::Skip)
-    throw fixtures::FileError(candidate, "holds no outputs for the golden's op " + f.op);
   if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");
   std::printf("compare: %s\n", oracle::verdict_line(reports).c_str());
   return exit_code(reports);
