@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <set>
 
 #include "commands.h"
 #include "dsa/fixtures/fixture.h"
@@ -17,6 +18,7 @@
 #include "dsa/plugin/plugin_backend.h"
 #include "dsa/property_tests/suite.h"
 #include "audit_tasks.h"
+#include "judge.h"
 
 namespace fs = std::filesystem;
 
@@ -113,6 +115,11 @@ int run_audit(const AuditOptions& opts) {
     }
     std::vector<AuditTask> tasks;
     props::Subject subject = props::backend_subject(name);
+    // --outputs reaches the properties too: their backend declares what the kernel provides.
+    if (opts.judge.outputs) {
+      const std::set<std::string> outs(opts.judge.outputs->begin(), opts.judge.outputs->end());
+      subject.make = [inner = subject.make, outs] { return with_provided_outputs(inner(), outs); };
+    }
     ReproCommands repro;
     repro.audit = "dsa-verify audit " + target_flag(opts, name);
     repro.replay = [flag = target_flag(opts, name)](const std::string& file) {

@@ -55,6 +55,12 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
         c.has_ratio = !op.tensors.empty();
         c.cases = 1;
         c.message = op.verdict == oracle::Verdict::Pass ? "" : op.reason;
+        if (op.verdict == oracle::Verdict::Pass && !op.not_judged.empty()) {
+          c.message = "partial: ";
+          for (size_t i = 0; i < op.not_judged.size(); ++i)
+            c.message += (i ? ", " : "") + op.not_judged[i];
+          c.message += " not judged";
+        }
         if (!op.passed()) {
           c.message += "\n" + oracle::format_op_report(op);
           c.repro = repro;

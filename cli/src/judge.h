@@ -3,12 +3,15 @@
 // check, audit).
 #pragma once
 
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "dsa/oracle/backend.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
 
@@ -17,6 +20,11 @@ namespace dsa::cli {
 /// CheckOptions of a route: --outputs and --allow-weak; `file_route` turns the determinism
 /// run off (a stored file returns the same bytes twice by construction).
 oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route);
+
+/// `inner` with provided_outputs() = `outputs` ∩ inner's declaration (everything else is
+/// forwarded): how `audit --outputs` reaches every check of a backend, properties included.
+std::unique_ptr<oracle::Backend> with_provided_outputs(std::unique_ptr<oracle::Backend> inner,
+                                                       std::set<std::string> outputs);
 
 /// Exit code of one candidate's op reports: kExitOk when overall_verdict is Pass,
 /// kExitDisagree otherwise (a failure, INCOMPLETE, WEAK without --allow-weak, or nothing judged).
