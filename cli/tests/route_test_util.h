@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -21,8 +22,10 @@ namespace dsa::cli::test {
 /// A fresh directory under the system temp dir, removed at the end of the test.
 class Scratch {
  public:
+  // Unique per process: tests of several checkouts (or ctest -j) may run at once.
   explicit Scratch(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() / ("dsa_routes_" + name)) {
+      : path_(std::filesystem::temp_directory_path() /
+              ("dsa_routes_" + std::to_string(::getpid()) + "_" + name)) {
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
@@ -38,7 +41,8 @@ class Scratch {
 
 /// Runs `dsa-verify ARGS`, printing its output; returns its exit status (-1 if it did not exit).
 inline int run_cli(const std::string& args) {
-  const std::string log = (std::filesystem::temp_directory_path() / "dsa_routes_cli.log").string();
+  const std::string log = (std::filesystem::temp_directory_path() /
+                           ("dsa_routes_cli_" + std::to_string(::getpid()) + ".log")).string();
   const std::string cmd = std::string(DSA_VERIFY) + " " + args + " > " + log + " 2>&1";
   const int status = std::system(cmd.c_str());
   std::ifstream in(log);
