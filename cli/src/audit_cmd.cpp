@@ -12,6 +12,7 @@
 #include <set>
 
 #include "commands.h"
+#include "dsa/contract/parallel.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/plugin/isolation.h"
@@ -133,50 +134,77 @@ int run_audit(const AuditOptions& opts) {
     std::fprintf(stderr, "audit %s: %zu tasks (level %d, seed %s)\n", name.c_str(), tasks.size(),
                  opts.level, opts.seed ? std::to_string(opts.seed).c_str() : "random per property");
     Progress progress(tasks.size());
-    for (size_t i = 0; i < tasks.size(); ++i) {
-      const AuditTask& task = tasks[i];
-      if ((interrupted = interrupts.signal())) {  // arrived between two tasks
-        tasks_not_run = tasks.size() - i;
-        break;
-      }
-      auto t0 = std::chrono::steady_clock::now();
+    // Tasks run concurrently (--jobs; property tasks one at a time, audit_tasks.cpp); their
+    // results are emitted in task order, so the report does not depend on the thread count.
+    struct Outcome {
+      bool ran = false, input_error = false;
+      int interrupted = 0;  // the signal recorded when the task ended, else 0
+      double secs = 0;
       std::vector<CaseResult> results;
+    };
+    std::vector<Outcome> outcomes(tasks.size());
+    size_t emitted = 0;
+    bool last_stops = false;  // the last emitted task stops the audit (fail-fast, interrupt)
+    auto work = [&](int64_t i) {
+      const AuditTask& task = tasks[static_cast<size_t>(i)];
+      Outcome& o = outcomes[static_cast<size_t>(i)];
+      if (interrupts.signal()) return;  // arrived before this task started: not run
+      o.ran = true;
+      auto t0 = std::chrono::steady_clock::now();
       try {
-        results = task.run();
+        o.results = task.run();
       } catch (const fixtures::FileError& e) {
         // A shipped fixture that cannot be read is an input error (exit 2), reported as a
         // failed case so that every other result is still printed and written.
-        input_error = true;
+        o.input_error = true;
         CaseResult c = make_case(task.op, task.property, "fail");
         c.message = std::string("input error: ") + e.what();
-        results.push_back(c);
+        o.results.push_back(c);
       } catch (const std::exception& e) {
         CaseResult c = make_case(task.op, task.property, "fail");
         c.message = std::string("error: ") + e.what();
-        results.push_back(c);
+        o.results.push_back(c);
       }
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if ((interrupted = interrupts.signal())) {
-        CaseResult c = interrupted_case(task, interrupted, results);
-        c.seconds = secs;
+      o.secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      o.interrupted = interrupts.signal();
+    };
+    auto emit = [&](int64_t i) {
+      const AuditTask& task = tasks[static_cast<size_t>(i)];
+      Outcome& o = outcomes[static_cast<size_t>(i)];
+      last_stops = false;
+      if (!o.ran) {  // the signal arrived before it started
+        interrupted = interrupts.signal();
+        last_stops = true;
+        return;
+      }
+      ++emitted;
+      if (o.interrupted) {
+        interrupted = o.interrupted;
+        CaseResult c = interrupted_case(task, interrupted, o.results);
+        c.seconds = o.secs;
         if (names.size() > 1) c.op = name + "/" + c.op;
         all.push_back(c);
         progress.update(c);
-        tasks_not_run = tasks.size() - i - 1;
-        break;
+        last_stops = true;
+        return;
       }
+      input_error |= o.input_error;
       // The progress line says skip when nothing ran (never pass), fail when anything failed.
       CaseResult shown = make_case(task.op, task.property, "skip");
-      for (auto& r : results) {
-        r.seconds = secs / std::max<size_t>(results.size(), 1);
+      for (auto& r : o.results) {
+        r.seconds = o.secs / std::max<size_t>(o.results.size(), 1);
         if (names.size() > 1) r.op = name + "/" + r.op;
         if (r.status == "fail") shown.status = "fail";
         else if (r.status == "pass" && shown.status == "skip") shown.status = "pass";
         all.push_back(r);
       }
+      o.results.clear();
       progress.update(shown);
-      if (opts.fail_fast && shown.status == "fail") { stop = true; break; }
-    }
+      if (opts.fail_fast && shown.status == "fail") stop = last_stops = true;
+    };
+    parallel_ordered(static_cast<int64_t>(tasks.size()), work, emit,
+                     [&](int64_t) { return last_stops; });
+    if (interrupted) tasks_not_run = tasks.size() - emitted;
     progress.finish();
     if (stop || interrupted) break;
   }

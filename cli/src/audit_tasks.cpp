@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <mutex>
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
@@ -109,7 +110,12 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       so.shrink = opts.plugin.empty();
       so.repro_command = audit + " --only " + p.name +
                          " --level " + std::to_string(opts.level);
+      // RapidCheck keeps its configuration in process-wide state: one property at a time,
+      // while fixture tasks run alongside (--jobs).
+      static std::mutex rapidcheck_mu;
+      std::unique_lock<std::mutex> one_property(rapidcheck_mu);
       props::PropertyResult r = props::run_property(subject, p, so);
+      one_property.unlock();
       CaseResult c = make_case(op, "property:" + p.name, status_of(r.verdict));
       c.cases = r.cases;
       c.message = r.message;

@@ -25,7 +25,10 @@ namespace {
 // thread, between any two instructions of run_isolated.
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs lock-free atomics");
 std::atomic<int> g_interrupt_signal{0};  // SIGINT/SIGTERM once recorded, else 0
-std::atomic<int> g_running_child{0};     // pid (= process group) run_isolated waits for, else 0
+// Pids (= process groups) that run_isolated calls wait for, one slot per concurrent call
+// (the audit runs cases on several threads, --jobs); 0 = free slot.
+constexpr int kChildSlots = 1024;
+std::atomic<int> g_running_children[kChildSlots] = {};
 std::atomic<bool> g_handlers_live{false};
 struct sigaction g_previous_int, g_previous_term;
 
@@ -35,10 +38,12 @@ void on_interrupt_signal(int sig) {
   g_interrupt_signal.compare_exchange_strong(none, sig);
   // Set after the fork and cleared before the child is reaped, so this pid is ours (alive or
   // a zombie). If the fork is newer than this read, run_isolated sees the flag and kills it.
-  const int child = g_running_child.load();
-  if (child > 0) {
-    ::kill(-child, SIGKILL);
-    ::kill(child, SIGKILL);
+  for (auto& slot : g_running_children) {
+    const int child = slot.load();
+    if (child > 0) {
+      ::kill(-child, SIGKILL);
+      ::kill(child, SIGKILL);
+    }
   }
   errno = saved_errno;
 }
@@ -307,7 +312,16 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
     child_main(fn, result_pipe[1], output_pipe[1], parent);
   }
   ::setpgid(pid, pid);  // also done by the child; whichever runs first wins, same effect
-  g_running_child.store(pid);  // from here the signal handler kills it
+  // From here the signal handler kills it. More concurrent calls than slots (never with
+  // thread counts up to 1024) would leave this child to the interrupt check below.
+  std::atomic<int>* slot = nullptr;
+  for (auto& s : g_running_children) {
+    int free_slot = 0;
+    if (s.compare_exchange_strong(free_slot, pid)) {
+      slot = &s;
+      break;
+    }
+  }
   ::close(result_pipe[1]);
   ::close(output_pipe[1]);
 
@@ -355,7 +369,7 @@ IsolatedResult run_isolated(const std::function<std::vector<Tensor>()>& fn,
 
   // The pipes are closed; wait for the child itself (it may still hang after closing them).
   // The handler no longer kills it: once reaped, its pid may belong to another process.
-  g_running_child.store(0);
+  if (slot) slot->store(0);
   int wstatus = 0;
   while (!timed_out && !interrupted) {
     pid_t w = ::waitpid(pid, &wstatus, WNOHANG);
