@@ -14,6 +14,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "dsa/oracle/backend.h"
 #include "dsa/plugin/findings.h"
@@ -36,6 +37,8 @@ void on_interrupt_signal(int sig) {
   const int saved_errno = errno;
   int none = 0;
   g_interrupt_signal.compare_exchange_strong(none, sig);
+  ::signal(SIGINT, SIG_DFL);  // a second signal, of either kind, ends the process
+  ::signal(SIGTERM, SIG_DFL);
   // Set after the fork and cleared before the child is reaped, so this pid is ours (alive or
   // a zombie). If the fork is newer than this read, run_isolated sees the flag and kills it.
   for (auto& slot : g_running_children) {
@@ -459,8 +462,12 @@ InterruptHandlers::InterruptHandlers() {
   sigaddset(&sa.sa_mask, SIGINT);
   sigaddset(&sa.sa_mask, SIGTERM);
   sa.sa_flags = SA_RESETHAND;  // no SA_RESTART: a blocking poll returns EINTR and rechecks
-  ::sigaction(SIGINT, &sa, &g_previous_int);
-  ::sigaction(SIGTERM, &sa, &g_previous_term);
+  // A signal ignored by whoever started us (nohup; `cmd &` in a script ignores SIGINT) stays
+  // ignored.
+  for (auto [sig, previous] : {std::pair{SIGINT, &g_previous_int}, std::pair{SIGTERM, &g_previous_term}}) {
+    ::sigaction(sig, nullptr, previous);
+    if (previous->sa_handler != SIG_IGN) ::sigaction(sig, &sa, nullptr);
+  }
 }
 
 InterruptHandlers::~InterruptHandlers() {

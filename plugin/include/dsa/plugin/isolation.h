@@ -78,8 +78,9 @@ void rethrow_in_parent(const IsolatedResult& result, const std::string& context)
 /// While an instance lives, SIGINT and SIGTERM do not end the process: the first one is
 /// recorded (signal()), the child run_isolated is waiting for is killed with SIGKILL (its
 /// process group too) from the handler, and run_isolated returns Interrupted from then on;
-/// the caller is expected to stop, report what it has and exit. A second signal ends the
-/// process the default way (SA_RESETHAND). The destructor restores the previous handlers and
+/// the caller is expected to stop, report what it has and exit. A second signal (SIGINT or
+/// SIGTERM) ends the process the default way. A signal the process inherited as ignored
+/// (nohup, a background job of a script) stays ignored. The destructor restores the previous handlers and
 /// clears the record. At most one instance at a time: a second throws std::logic_error.
 /// Use: `dsa-verify audit` (partial report on Ctrl-C or a CI timeout; issue 14).
 class InterruptHandlers {
