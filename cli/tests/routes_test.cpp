@@ -28,14 +28,43 @@ using test::run_cli;
 std::map<std::string, Tensor> outputs_of(oracle::Backend& b, const fixtures::Fixture& f) {
   const oracle::OpCase c = oracle::op_case_from_fixture(f);
   std::map<std::string, Tensor> out;
-  const SparseMlaForward fwd = b.sparse_mla_forward(c.mla);
-  out["out"] = fwd.out;
-  out["lse"] = fwd.lse;
-  out["max_logits"] = fwd.max_logits;
-  const SparseMlaGrads g = b.sparse_mla_backward(c.mla, c.dout);
-  out["dq"] = g.dq;
-  out["dkv"] = g.dkv;
-  if (g.dsink) out["dsink"] = *g.dsink;
+  for (oracle::Op op : oracle::fixture_ops(f)) {
+    switch (op) {
+      case oracle::Op::IndexerScores:
+        out["scores"] = b.indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
+        break;
+      case oracle::Op::IndexerScoresBackward: {
+        const IndexerGrads g = b.indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+        out["dq_idx"] = g.dq_idx;
+        out["dk_idx"] = g.dk_idx;
+        out["dw"] = g.dw;
+        break;
+      }
+      case oracle::Op::Topk:
+        out["indices"] = b.select_topk(c.scores, c.k, c.policy, c.topk_windows);
+        break;
+      case oracle::Op::SparseMlaFwd: {
+        const SparseMlaForward fwd = b.sparse_mla_forward(c.mla);
+        out["out"] = fwd.out;
+        out["lse"] = fwd.lse;
+        out["max_logits"] = fwd.max_logits;
+        break;
+      }
+      case oracle::Op::SparseMlaBwd: {
+        const SparseMlaGrads g = b.sparse_mla_backward(c.mla, c.dout);
+        out["dq"] = g.dq;
+        out["dkv"] = g.dkv;
+        if (g.dsink) out["dsink"] = *g.dsink;
+        break;
+      }
+      case oracle::Op::IndexerKlLoss: {
+        const IndexerKlResult r = b.indexer_kl_loss(c.kl);
+        out["loss"] = r.loss;
+        out["d_scores"] = r.d_scores;
+        break;
+      }
+    }
+  }
   return out;
 }
 
@@ -54,13 +83,18 @@ nlohmann::json judged_part(const nlohmann::json& reports) {
   return out;
 }
 
-class RouteIdentity : public ::testing::TestWithParam<bool> {};
+// A golden fixture and a mutant kernel of its ops (property_tests/mutants); "" = the
+// correct reference.
+struct RouteCase {
+  std::string golden, mutant;
+};
 
-// Parameter: false = the correct reference outputs, true = a faulty kernel (base-2 lse).
+class RouteIdentity : public ::testing::TestWithParam<RouteCase> {};
+
 TEST_P(RouteIdentity, EveryRouteGivesTheSameVerdictsAndBounds) {
-  const bool faulty = GetParam();
-  Scratch dir(faulty ? "route_identity_faulty" : "route_identity_correct");
-  const std::string golden = std::string(DSA_GOLDEN_FIXTURE_DIR) + "/smla_sink.safetensors";
+  const bool faulty = !GetParam().mutant.empty();
+  Scratch dir("route_identity_" + GetParam().golden + "_" + (faulty ? GetParam().mutant : "correct"));
+  const std::string golden = std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + GetParam().golden + ".safetensors";
   const fixtures::Fixture f = fixtures::load_fixture(golden);
 
   // (a) in process and (b) through the plugin ABI: the same kernel, two ways.
@@ -68,11 +102,12 @@ TEST_P(RouteIdentity, EveryRouteGivesTheSameVerdictsAndBounds) {
   std::string plugin_path;
   if (faulty) {
     for (size_t i = 0; i < props::mutant_subjects().size(); ++i)
-      if (props::mutant_subjects()[i].name == "smla_base2_lse") {
+      if (props::mutant_subjects()[i].name == GetParam().mutant) {
         in_process = props::mutant_subjects()[i].make();
         plugin_path = test::mutant_plugin(i);
       }
-    ASSERT_TRUE(in_process) << "mutant smla_base2_lse not found";
+    ASSERT_TRUE(in_process) << "mutant " << GetParam().mutant << " not found";
+    ASSERT_FALSE(plugin_path.empty()) << "no plugin build of " << GetParam().mutant;
   } else {
     in_process = oracle::make_reference_backend();
     plugin_path = DSA_REFERENCE_PLUGIN;
@@ -101,7 +136,7 @@ TEST_P(RouteIdentity, EveryRouteGivesTheSameVerdictsAndBounds) {
   const nlohmann::json d = test::read_json(dir.file("check.json")).at("files").at(0).at("producer");
 
   const nlohmann::json want = judged_part(a);
-  ASSERT_EQ(want.size(), 2u);  // forward and backward
+  ASSERT_EQ(want.size(), oracle::fixture_ops(f).size());
   EXPECT_EQ(judged_part(b), want) << "plugin path";
   EXPECT_EQ(judged_part(c), want) << "compare";
   EXPECT_EQ(judged_part(d), want) << "fixtures check";
@@ -114,8 +149,17 @@ TEST_P(RouteIdentity, EveryRouteGivesTheSameVerdictsAndBounds) {
   EXPECT_EQ(check_rc, want_rc);
 }
 
-INSTANTIATE_TEST_SUITE_P(Outputs, RouteIdentity, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "Faulty" : "Correct"; });
+// A correct and a faulty kernel on a sparse MLA (fwd+bwd, sink), an indexer (fwd+bwd) and a
+// KL-loss golden: the faults are a base-2 lse, bf16 accumulation, an unnormalised teacher.
+INSTANTIATE_TEST_SUITE_P(Outputs, RouteIdentity,
+                         ::testing::Values(RouteCase{"smla_sink", ""}, RouteCase{"smla_sink", "smla_base2_lse"},
+                                           RouteCase{"idx_causal", ""},
+                                           RouteCase{"idx_causal", "indexer_bf16_accumulation"},
+                                           RouteCase{"kl_dense_causal", ""},
+                                           RouteCase{"kl_dense_causal", "kl_unnormalised_teacher"}),
+                         [](const ::testing::TestParamInfo<RouteCase>& i) {
+                           return i.param.golden + "_" + (i.param.mutant.empty() ? "correct" : i.param.mutant);
+                         });
 
 }  // namespace
 }  // namespace dsa::cli
