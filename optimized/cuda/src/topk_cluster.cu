@@ -50,10 +50,7 @@ constexpr size_t kSortTemp = sizeof(SortT::TempStorage) > sizeof(SortT1::TempSto
 /// Bytes of the key slice region for CH chunks a thread; the sorted path's CUB scratch
 /// reuses it, so it is at least that large.
 __host__ __device__ constexpr size_t keys_region_bytes(int ch) {
-  // Also holds the sorted path's copy of all the cluster's lists (2048 composites).
-  return (size_t)ch * kThreads * 16 > kSortTemp
-             ? ((size_t)ch * kThreads * 16 > 16384 ? (size_t)ch * kThreads * 16 : 16384)
-             : (kSortTemp > 16384 ? kSortTemp : 16384);
+  return (size_t)ch * kThreads * 16 > kSortTemp ? (size_t)ch * kThreads * 16 : kSortTemp;
 }
 
 struct Plan {
@@ -464,36 +461,25 @@ __global__ void __launch_bounds__(kThreads, 2)
       sort_local<4>(loc, L, large != 0, smem, tid);
     }
     cluster.sync();  // every CTA's sorted list and length visible
-    // Copy every CTA's sorted list into this CTA's key slice (free since the sort), back to
-    // back in rank order: coalesced distributed-shared-memory reads, then local searches.
-    unsigned long long* all = reinterpret_cast<unsigned long long*>(smem);
-    int seg[kMaxCluster + 1];
-    seg[0] = 0;
-    for (int r = 0; r < csize; ++r) {
-      const int n_r = cluster.map_shared_rank(cta_counts, r)[2];
-      seg[r + 1] = seg[r] + n_r;
-      if (r == rank) continue;
-      const unsigned long long* lr = cluster.map_shared_rank(loc, r);
-      for (int j = tid; j < n_r; j += kThreads) all[seg[r] + j] = lr[j];
-    }
-    cluster.sync();  // lists copied: no CTA reads another's shared memory after this
     for (int i = tid; i < L; i += kThreads) {
       const unsigned long long c = loc[i];
       int pos = i;
       for (int r = 0; r < csize; ++r) {
         if (r == rank) continue;
-        int a = seg[r], b = seg[r + 1];
+        const unsigned long long* lr = cluster.map_shared_rank(loc, r);
+        int a = 0, b = cluster.map_shared_rank(cta_counts, r)[2];
         while (a < b) {  // lists are descending: count the entries above c
           const int mid = (a + b) >> 1;
-          if (all[mid] > c) a = mid + 1; else b = mid;
+          if (lr[mid] > c) a = mid + 1; else b = mid;
         }
-        pos += a - seg[r];
+        pos += a;
       }
       const uint32_t low = (uint32_t)(c & 0xffffffffull);
       orow[pos] = (int32_t)(large ? low : ~low);
     }
     for (int64_t j = keff + (int64_t)rank * kThreads + tid; j < k; j += (int64_t)csize * kThreads)
       orow[j] = -1;
+    cluster.sync();  // no CTA reads another's list after this
     return;
   }
   unsigned long long* dst_sort = cluster.map_shared_rank(sortbuf, 0);
