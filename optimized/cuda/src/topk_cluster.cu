@@ -42,15 +42,13 @@ constexpr int64_t kTargetSlice = 16384;
 constexpr size_t kMaxDynSmem = 227 * 1024 - 9 * 1024;
 
 using SortT = cub::BlockRadixSort<uint32_t, kThreads, 4, uint32_t>;
-using SortT1 = cub::BlockRadixSort<uint32_t, kThreads, 1, uint32_t>;
-constexpr size_t kSortTemp = sizeof(SortT::TempStorage) > sizeof(SortT1::TempStorage)
-                                 ? sizeof(SortT::TempStorage)
-                                 : sizeof(SortT1::TempStorage);
 
 /// Bytes of the key slice region for CH chunks a thread; the sorted path's CUB scratch
 /// reuses it, so it is at least that large.
 __host__ __device__ constexpr size_t keys_region_bytes(int ch) {
-  return (size_t)ch * kThreads * 16 > kSortTemp ? (size_t)ch * kThreads * 16 : kSortTemp;
+  return (size_t)ch * kThreads * 16 > sizeof(SortT::TempStorage)
+             ? (size_t)ch * kThreads * 16
+             : sizeof(SortT::TempStorage);
 }
 
 struct Plan {
@@ -216,31 +214,33 @@ __device__ __forceinline__ uint32_t select_key(uint32_t b) {
   return (key - 0x00800000u) <= (0xff800000u - 0x00800000u) ? key : 0u;
 }
 
-/// Sorts loc[0, L) (this CTA's composites key << 32 | id part, in id order within equal keys)
-/// descending with CUB's stable block radix sort on the 32-bit key (ids ascending among equal
-/// keys for small; large feeds the list reversed so they come out descending); L <= 512 *
-/// ITEMS. `temp` (shared memory, not aliasing loc) holds the sort's scratch. Every thread
-/// must call it; ends with loc sorted and a __syncthreads() inside the sort before the stores.
-template <int ITEMS>
-__device__ __forceinline__ void sort_local(unsigned long long* loc, int L, bool large,
-                                           unsigned char* temp, int tid) {
-  using S = cub::BlockRadixSort<uint32_t, kThreads, ITEMS, uint32_t>;
-  uint32_t key[ITEMS], val[ITEMS];
+/// Sorts the keff <= 2048 composites (key << 32 | id-rank part) in sbuf, which are in id
+/// order within equal keys, by key descending, stably (CUB's block radix sort): equal keys
+/// keep id order ascending (small), or descending (large: fed in reverse). Writes the ids and
+/// the -1 padding of orow[0, k). `temp` may alias sbuf. Every thread must call it.
+__device__ __forceinline__ void sort_write_small(const unsigned long long* sbuf, int keff,
+                                                 int64_t k, bool large,
+                                                 typename SortT::TempStorage& temp,
+                                                 int32_t* orow, int tid) {
+  uint32_t key[4], id[4];
 #pragma unroll
-  for (int r = 0; r < ITEMS; ++r) {
-    const int e = tid * ITEMS + r;
+  for (int r = 0; r < 4; ++r) {
+    const int e = 4 * tid + r;
+    const int src = large ? keff - 1 - e : e;
     unsigned long long c = 0ull;  // padding: key 0, below every selectable key
-    if (e < L) c = loc[large ? L - 1 - e : e];
+    if (e < keff) c = sbuf[src];
     key[r] = (uint32_t)(c >> 32);
-    val[r] = (uint32_t)(c & 0xffffffffull);
+    const uint32_t low = (uint32_t)(c & 0xffffffffull);
+    id[r] = large ? low : ~low;
   }
-  S(*reinterpret_cast<typename S::TempStorage*>(temp)).SortDescending(key, val);
+  __syncthreads();  // sbuf read before temp (which may alias it) is written
+  SortT(temp).SortDescending(key, id);
 #pragma unroll
-  for (int r = 0; r < ITEMS; ++r) {
-    const int e = tid * ITEMS + r;
-    if (e < L) loc[e] = ((unsigned long long)key[r] << 32) | val[r];
+  for (int r = 0; r < 4; ++r) {
+    const int e = 4 * tid + r;
+    if (e < k) orow[e] = e < keff ? (int32_t)id[r] : -1;
   }
-  __syncthreads();
+  for (int64_t j = 2048 + tid; j < k; j += kThreads) orow[j] = -1;
 }
 
 /// Shared-memory slot of logical chunk q (ids 4q..4q+3 of the slice; thread q / CH owns it):
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int warp_sums[2][kWarps];
   __shared__ int sel[4];
-  __shared__ int cta_counts[3];  // this CTA's #gt, #eq (read by higher ranks), #selected
+  __shared__ int cta_counts[2];  // this CTA's #gt, #eq; read by higher ranks
 
   cg::cluster_group cluster = cg::this_cluster();
   const int csize = (int)cluster.num_blocks();
@@ -429,67 +429,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     base_gt += c[0];
     base_eq += c[1];
   }
+  unsigned long long* dst_sort = cluster.map_shared_rank(sortbuf, 0);
   int32_t* orow = out + t * k;
   const uint32_t id0 = (uint32_t)(s0 + my0);
-  auto composite = [&](int bit) {
-    const uint32_t id = id0 + (uint32_t)bit;
-    const uint32_t key = keys[4 * phys_chunk<CH>(tid * CH + (bit >> 2)) + (bit & 3)];
-    return ((unsigned long long)key << 32) | (large ? id : ~id);
-  };
-  if (sorted && keff <= 2048) {
-    // Sorted, k_eff <= 2048: every CTA sorts its own selection (id order in, stable), then
-    // places each id at its rank in the row: its index in the local list plus, for every
-    // other CTA, the number of larger composites there (binary search through distributed
-    // shared memory). Composites are distinct, so the ranks are a permutation of [0, k_eff).
-    const int t_lo = max(base_eq, first), t_hi = min(base_eq + cta_eq, first + need_eq);
-    const int taken_eq = max(0, t_hi - t_lo);  // this CTA's ties inside the taken rank window
-    const int L = cta_gt + taken_eq;
-    unsigned long long* loc = sortbuf;  // this CTA's selection (hist region, 2048 entries)
-    {
-      int pg = off_gt;
-      for (unsigned long long m = gt_m; m; m &= m - 1) loc[pg++] = composite(__ffsll((long long)m) - 1);
-      int pe = base_eq + off_eq;
-      for (unsigned long long m = eq_m; m; m &= m - 1, ++pe)
-        if (pe >= t_lo && pe < t_hi) loc[cta_gt + pe - t_lo] = composite(__ffsll((long long)m) - 1);
-    }
-    if (tid == 0) cta_counts[2] = L;
-    __syncthreads();
-    // The key slice is no longer needed: the sort's scratch lives there.
-    if (L <= kThreads) {
-      sort_local<1>(loc, L, large != 0, smem, tid);
-    } else {
-      sort_local<4>(loc, L, large != 0, smem, tid);
-    }
-    cluster.sync();  // every CTA's sorted list and length visible
-    for (int i = tid; i < L; i += kThreads) {
-      const unsigned long long c = loc[i];
-      int pos = i;
-      for (int r = 0; r < csize; ++r) {
-        if (r == rank) continue;
-        const unsigned long long* lr = cluster.map_shared_rank(loc, r);
-        int a = 0, b = cluster.map_shared_rank(cta_counts, r)[2];
-        while (a < b) {  // lists are descending: count the entries above c
-          const int mid = (a + b) >> 1;
-          if (lr[mid] > c) a = mid + 1; else b = mid;
-        }
-        pos += a;
-      }
-      const uint32_t low = (uint32_t)(c & 0xffffffffull);
-      orow[pos] = (int32_t)(large ? low : ~low);
-    }
-    for (int64_t j = keff + (int64_t)rank * kThreads + tid; j < k; j += (int64_t)csize * kThreads)
-      orow[j] = -1;
-    cluster.sync();  // no CTA reads another's list after this
-    return;
-  }
-  unsigned long long* dst_sort = cluster.map_shared_rank(sortbuf, 0);
   {
     int pg = base_gt + off_gt;
     for (unsigned long long m = gt_m; m; m &= m - 1) {
       const int bit = __ffsll((long long)m) - 1;
       const uint32_t id = id0 + (uint32_t)bit;
       if (sorted) {
-        dst_sort[pg] = composite(bit);
+        dst_sort[pg] = ((unsigned long long)keys[4 * phys_chunk<CH>(tid * CH + (bit >> 2)) + (bit & 3)] << 32) | (large ? id : ~id);
       } else {
         orow[pg] = (int32_t)id;
       }
@@ -501,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int bit = __ffsll((long long)m) - 1;
       const uint32_t id = id0 + (uint32_t)bit;
       if (sorted) {
-        dst_sort[n_gt + pe] = composite(bit);
+        dst_sort[n_gt + pe] = ((unsigned long long)keys[4 * phys_chunk<CH>(tid * CH + (bit >> 2)) + (bit & 3)] << 32) | (large ? id : ~id);
       } else {
         orow[n_gt + pe] = (int32_t)id;
       }
@@ -513,6 +462,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   cluster.sync();  // composites in CTA 0; no CTA reads another's shared memory after this
   if (!sorted || rank != 0) return;
+  if (keff <= 2048) {
+    // The key slice of this CTA is no longer needed: the sort's scratch lives there.
+    sort_write_small(sortbuf, (int)keff, k, large != 0,
+                     *reinterpret_cast<typename SortT::TempStorage*>(smem), orow, tid);
+    return;
+  }
   bitonic_sort_desc<kThreads>(sortbuf, keff, next_pow2_dev(keff), tid);
   for (int64_t j = tid; j < k; j += kThreads) {
     int32_t id = -1;
