@@ -170,6 +170,10 @@ py::list run_task(const py::object& bridge, const py::dict& o, const std::string
       c.message = std::string("error: ") + e.what();
       results.push_back(c);
     }
+    if (interrupted().exchange(false)) {
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
+      throw py::error_already_set();
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     py::list out;
     for (auto& r : results) {

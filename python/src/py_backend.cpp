@@ -1,5 +1,6 @@
 #include "py_backend.h"
 
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -77,7 +78,15 @@ std::map<std::string, Tensor> call(const py::object& bridge, const std::string& 
   py::list names;
   for (const auto& r : rules) names.append(r.name);
 
-  py::tuple res = bridge.attr("call")(op_name, tensors, args.scalars, names);
+  py::tuple res;
+  try {
+    res = bridge.attr("call")(op_name, tensors, args.scalars, names);
+  } catch (py::error_already_set& e) {
+    // Only BaseExceptions the bridge does not catch get here (KeyboardInterrupt, SystemExit):
+    // remembered, so run_task re-raises them after the oracle unwinds.
+    if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) interrupted().store(true);
+    throw std::runtime_error("python backend '" + backend_name + "': " + op_name + ": " + e.what());
+  }
   const std::string status = res[0].cast<std::string>();
   const std::string where = "python backend '" + backend_name + "': " + op_name;
   if (status == "not_supported") throw oracle::NotSupported(res[1].cast<std::string>());
@@ -122,6 +131,11 @@ Tensor take(std::map<std::string, Tensor>& m, const char* name) {
 }
 
 }  // namespace
+
+std::atomic<bool>& interrupted() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
 
 std::vector<std::string> output_names(Op op, bool with_sink) {
   switch (op) {

@@ -4,6 +4,7 @@
 // exceptions) lives in dsa_verify/_bridge.py; this class moves tensors and checks outputs.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -63,6 +64,10 @@ struct OpArgs {
 /// The arguments of `op` for case `c` (the members check_op would pass to the backend); used
 /// by PyBackend and by load_fixture's per-op keyword arguments.
 OpArgs op_args(oracle::Op op, const oracle::OpCase& c);
+
+/// Set when a backend call was interrupted (KeyboardInterrupt / SystemExit in Python); the
+/// module's entry points re-raise KeyboardInterrupt once the oracle has unwound.
+std::atomic<bool>& interrupted();
 
 /// Output names of an op (SPEC order); sparse_mla_bwd lists dsink only with a sink.
 std::vector<std::string> output_names(oracle::Op op, bool with_sink);

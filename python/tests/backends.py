@@ -115,3 +115,11 @@ class Nondeterministic(TopkOnly):
         if tie_break == "any":
             tie_break = "small" if Nondeterministic.calls % 2 else "large"
         return super().topk(scores, k, tie_break, sorted, ks, ke)
+
+
+class Interrupts(TopkOnly):
+    """Ctrl-C inside the kernel: the audit stops with KeyboardInterrupt (not a failed case)."""
+    name = "interrupts"
+
+    def topk(self, scores, k, tie_break, sorted, ks=None, ke=None):
+        raise KeyboardInterrupt

@@ -148,3 +148,8 @@ def test_triton_example_skips_without_cuda_and_says_why():
 def torch_cuda_available():
     import torch
     return torch.cuda.is_available()
+
+
+def test_keyboard_interrupt_stops_the_audit():
+    with pytest.raises(KeyboardInterrupt):
+        only_topk(backends.Interrupts(), only=["topk.contract_exact"])
