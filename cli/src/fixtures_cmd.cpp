@@ -131,10 +131,12 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
       out.rows.emplace_back(line, word);
     };
     fixtures::Fixture f;
+    oracle::OpCase c;  // built once: the producer and every backend share its reference results
     oracle::FixtureReport r;
     try {
       f = fixtures::load_fixture(file);
-      r = oracle::check_fixture(f, nullptr, opt);
+      c = oracle::op_case_from_fixture(f);
+      r = oracle::check_fixture(f, c, nullptr, opt);
     } catch (const std::exception& e) {
       // FileError already names the file; anything else gets its path here.
       const std::string msg = e.what();
@@ -150,7 +152,7 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     for (auto& b : backends) {
       std::vector<oracle::OpReport> reports;
       try {
-        reports = oracle::judge_fixture_ops(f, *b, opt);
+        reports = oracle::judge_fixture_ops(f, c, *b, opt);
       } catch (const std::exception& e) {
         out.text += "error: " + file + ": " + e.what() + "\n";
         out.usage_error = true;

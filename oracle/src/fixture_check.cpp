@@ -129,7 +129,11 @@ CandidateBackend expected_candidate(const Fixture& f) {
 
 std::vector<OpReport> judge_fixture_ops(const Fixture& f, Backend& candidate,
                                         const CheckOptions& opt) {
-  const OpCase c = op_case_from_fixture(f);
+  return judge_fixture_ops(f, op_case_from_fixture(f), candidate, opt);
+}
+
+std::vector<OpReport> judge_fixture_ops(const Fixture& f, const OpCase& c, Backend& candidate,
+                                        const CheckOptions& opt) {
   const auto* stored = dynamic_cast<const CandidateBackend*>(&candidate);
   // Outputs a backend declares it writes (a plugin's provided_outputs) narrow the judged set
   // like --outputs does; the others are listed as not judged.
@@ -178,6 +182,11 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, Backend& candidate,
 }
 
 FixtureReport check_fixture(const Fixture& f, Backend* backend, const CheckOptions& opt) {
+  return check_fixture(f, op_case_from_fixture(f), backend, opt);
+}
+
+FixtureReport check_fixture(const Fixture& f, const OpCase& c, Backend* backend,
+                            const CheckOptions& opt) {
   FixtureReport rep;
   rep.case_name = f.case_name;
   rep.op = f.op;
@@ -192,10 +201,10 @@ FixtureReport check_fixture(const Fixture& f, Backend* backend, const CheckOptio
   popt.check_determinism = false;
   popt.provided_outputs.emplace();
   for (const auto& [name, t] : f.expected) popt.provided_outputs->insert(name);
-  rep.producer_vs_reference = judge_fixture_ops(f, producer, popt);
+  rep.producer_vs_reference = judge_fixture_ops(f, c, producer, popt);
   for (auto& r : rep.producer_vs_reference)
     for (const auto& n : producer.adapter_notes()) r.notes.push_back("convention " + n);
-  if (backend) rep.backend_vs_reference = judge_fixture_ops(f, *backend, opt);
+  if (backend) rep.backend_vs_reference = judge_fixture_ops(f, c, *backend, opt);
   return rep;
 }
 

@@ -49,12 +49,20 @@ CandidateBackend expected_candidate(const fixtures::Fixture& f);
 /// when opt.provided_outputs names none of that op's outputs.
 std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& candidate,
                                         const CheckOptions& opt = {});
+/// Same on a case already built by op_case_from_fixture(f): a caller judging several
+/// candidates on one file builds it once, so they share its reference results (issue 13).
+std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, const OpCase& c,
+                                        Backend& candidate, const CheckOptions& opt = {});
 
 /// Judges the producer's expected.* (judge_fixture_ops on expected_candidate with
 /// provided_outputs = the stored expected names, no determinism run) and, when `backend` is not
 /// null, the backend (judge_fixture_ops with `opt`). Never throws for numeric disagreement;
 /// throws FileError on malformed fixtures.
 FixtureReport check_fixture(const fixtures::Fixture& f, Backend* backend = nullptr,
+                            const CheckOptions& opt = {});
+/// Same on a case already built by op_case_from_fixture(f) (shared with later
+/// judge_fixture_ops calls on the same file).
+FixtureReport check_fixture(const fixtures::Fixture& f, const OpCase& c, Backend* backend,
                             const CheckOptions& opt = {});
 
 /// The most severe verdict of one candidate's op reports (Fail > Incomplete > Weak > Pass >
