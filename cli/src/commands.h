@@ -82,6 +82,7 @@ int run_audit(const AuditOptions& opts);
 /// one case from its fixture on a registered backend, a plugin (isolated calls) or a
 /// candidate file, judged like compare. Exit 0 agrees, 1 disagrees / INCOMPLETE / WEAK.
 int run_replay(const std::string& fixture, const std::string& backend, const std::string& plugin,
-               const std::string& candidate, const JudgeOptions& judge = {});
+               const std::string& candidate, const JudgeOptions& judge = {},
+               const std::vector<fixtures::Convention>& conventions = {});
 
 }  // namespace dsa::cli

@@ -201,12 +201,15 @@ int run_fixtures_generate(const std::string& preset, const std::string& out_dir)
 }
 
 int run_replay(const std::string& file, const std::string& backend_arg, const std::string& plugin_path,
-               const std::string& candidate, const JudgeOptions& judge) {
+               const std::string& candidate, const JudgeOptions& judge,
+               const std::vector<fixtures::Convention>& conventions) {
+  if (!conventions.empty() && candidate.empty())
+    throw std::invalid_argument("replay: argument '--convention' converts a candidate file; it needs --candidate");
   fixtures::Fixture f = fixtures::load_fixture(file);
   std::unique_ptr<oracle::Backend> b;
   bool file_route = false;
   if (!candidate.empty()) {
-    b = oracle::load_candidate_file(candidate, {});
+    b = oracle::load_candidate_file(candidate, conventions);
     file_route = true;
   } else {
     const std::string name = plugin_path.empty() ? backend_arg : plugin::register_plugin(plugin_path);

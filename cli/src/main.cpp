@@ -93,6 +93,10 @@ int main(int argc, char** argv) {
   replay->add_option("--candidate", replay_candidate, "Judge stored outputs (.safetensors) instead of running a backend")
       ->check(CLI::ExistingFile)->excludes(replay_backend_opt)->excludes(replay_plugin_opt);
   replay->add_option("--outputs", replay_outputs, "Outputs the kernel provides (comma-separated)")->delimiter(',');
+  std::vector<std::string> replay_conventions;
+  replay->add_option("--convention", replay_conventions,
+      "With --candidate: how the file represents its outputs (" + dsa::fixtures::convention_names() + ")")
+      ->delimiter(',');
   replay->add_flag("--allow-weak", replay_judge.allow_weak, "Accept WEAK outputs instead of failing");
   replay->add_option("--json", replay_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
@@ -125,7 +129,9 @@ int main(int argc, char** argv) {
       add(indices_3d, Convention::IdsSq1K);
       return run_compare(golden, candidate, conv, compare_judge);
     }
-    if (*replay) return run_replay(replay_fixture, replay_backend, replay_plugin, replay_candidate, replay_judge);
+    if (*replay)
+      return run_replay(replay_fixture, replay_backend, replay_plugin, replay_candidate, replay_judge,
+                        dsa::fixtures::parse_conventions(replay_conventions, "--convention"));
     if (*list) return run_list_backends();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dsa-verify: error: %s\n", e.what());

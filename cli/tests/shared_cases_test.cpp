@@ -332,3 +332,56 @@ TEST(SharedCases, DISABLED_Bf16OutBackwardTakingDeltaFromItsOwnOutPasses) {
 
 }  // namespace
 }  // namespace dsa::cli
+
+namespace dsa::cli {
+namespace {
+
+using fixtures::Convention;
+
+std::vector<oracle::OpReport> judge_stored(const fixtures::Fixture& golden,
+                                           std::map<std::string, Tensor> outputs,
+                                           std::vector<Convention> conv) {
+  oracle::CandidateBackend b(std::move(outputs), "test-candidate", std::move(conv));
+  oracle::CheckOptions opt;
+  opt.check_determinism = false;
+  return oracle::judge_fixture_ops(golden, b, opt);
+}
+
+// Each convention converts one representation; without it the same outputs disagree.
+TEST(Conventions, ConvertRepresentationsAndNothingElse) {
+  // lse_base2 on a sparse MLA forward golden.
+  fixtures::Fixture smla = fixtures::load_fixture(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/smla_basic.safetensors");
+  smla.op = "sparse_mla_fwd";
+  std::map<std::string, Tensor> fwd = {{"out", smla.expected.at("out")}};
+  for (const char* n : {"lse", "max_logits"}) {
+    Tensor t = smla.expected.at(n);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, t.get(i) / std::log(2.0));
+    fwd[n] = t;
+  }
+  EXPECT_EQ(oracle::verdict_line(judge_stored(smla, fwd, {})), "DISAGREES");
+  EXPECT_EQ(oracle::verdict_line(judge_stored(smla, fwd, {Convention::LseBase2})), "AGREES");
+
+  // int64_ids and ids_s_q_1_k on a top-k golden.
+  const fixtures::Fixture topk = fixtures::load_fixture(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/topk_distinct_causal.safetensors");
+  const Tensor& ids = topk.expected.at("indices");
+  Tensor wide(DType::I64, {ids.size(0), 1, ids.size(1)});
+  for (int64_t i = 0; i < ids.numel(); ++i) wide.set(i, ids.get(i));
+  EXPECT_EQ(oracle::verdict_line(judge_stored(topk, {{"indices", wide}}, {Convention::Int64Ids})), "DISAGREES");
+  EXPECT_EQ(oracle::verdict_line(judge_stored(topk, {{"indices", wide}}, {Convention::Int64Ids, Convention::IdsSq1K})),
+            "AGREES");
+  // An I64 id that does not fit int32 stays a contract violation after the conversion.
+  wide.set(3, 1e12);
+  const auto bad = judge_stored(topk, {{"indices", wide}}, {Convention::Int64Ids, Convention::IdsSq1K});
+  EXPECT_EQ(oracle::verdict_line(bad), "DISAGREES");
+  EXPECT_EQ(bad.at(0).reason.rfind("deviates from the contract: id out of range in row 0", 0), 0u) << bad.at(0).reason;
+
+  // topk_width_min_k_s_kv: the peer's narrowed short rows against the contract's width.
+  const fixtures::Fixture peer_rows = fixtures::load_fixture(peer("topk_short_rows"));
+  fixtures::Fixture contract = short_rows_contract_correct();
+  const std::map<std::string, Tensor> narrowed = {{"indices", peer_rows.expected.at("indices")}};
+  EXPECT_EQ(oracle::verdict_line(judge_stored(contract, narrowed, {})), "DISAGREES");
+  EXPECT_EQ(oracle::verdict_line(judge_stored(contract, narrowed, {Convention::TopkWidthMinKSkv})), "AGREES");
+}
+
+}  // namespace
+}  // namespace dsa::cli
