@@ -192,3 +192,32 @@ TEST(PluginOutputs, DeclaredOutputsMakeAPartialVerdictOnEveryPluginRoute) {
 
 }  // namespace
 }  // namespace dsa::cli
+
+namespace dsa::cli {
+namespace {
+
+// A kernel that cannot run an op is `skip`, never `pass`/`agree`: in the audit's progress
+// lines and in its table (the example plugin declares no KL loss).
+TEST(SkipIsNotAgree, AuditProgressOfAnUndeclaredOpSaysSkip) {
+  Scratch dir("skip_progress");
+  const std::string log = dir.file("audit.log");
+  const std::string cmd = std::string(DSA_VERIFY) + " audit --plugin " + DSA_EXAMPLE_PLUGIN +
+                          " --ops indexer_kl_loss > " + log + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(log);
+  std::stringstream all;
+  all << in.rdbuf();
+  std::cout << all.str();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  int progress = 0;
+  std::string line;
+  while (std::getline(all, line)) {
+    if (line.rfind("[", 0) != 0 || line.find("/") == std::string::npos) continue;  // "[3/9] skip ..."
+    ++progress;
+    EXPECT_NE(line.find("] skip "), std::string::npos) << line;
+  }
+  EXPECT_GE(progress, 4) << "the KL properties and the kl_* fixtures each print a progress line";
+}
+
+}  // namespace
+}  // namespace dsa::cli
