@@ -143,14 +143,13 @@ TEST(SharedCases, DISABLED_OneLargeLogitRowDoesNotHideZeroedRows) {
 }
 
 // A finite mask value (-5e4) hides a real logit of -280576: the kernel returns out = 0 and
-// only `out`. Without --outputs the missing lse and max_logits make it INCOMPLETE; naming
-// `out` as all it provides, the zero out itself must be caught.
-TEST(SharedCases, DISABLED_FiniteMaskValueWithOnlyOutIsIncompleteAndItsOutIsWrong) {
-  Scratch dir("finite_mask");
+// only `out`. Writes the golden and that candidate into `dir`.
+void write_finite_mask_case(const Scratch& dir) {
   Tensor q = grid({2, 2, 16}, 3), kv = grid({4, 16}, 4);
+  // The logit comes from column 15, outside V (d_v = 8): |v| stays small while the logit is huge.
   for (int64_t d = 0; d < 16; ++d) {
-    q.set(0 * 16 + d, d == 0 ? -137.0 : 0.0);  // row 0, head 0
-    kv.set(1 * 16 + d, d == 0 ? 256.0 : kv.get(1 * 16 + d));
+    q.set(0 * 16 + d, d == 15 ? -137.0 : 0.0);  // row 0, head 0
+    kv.set(1 * 16 + d, d == 15 ? 256.0 : kv.get(1 * 16 + d));
   }
   const Tensor ids = Tensor::from_i32({2, 2}, {1, -1, 0, 2});  // row 0: one valid key
   const fixtures::Fixture g = smla_golden("finite_mask_value", q, kv, ids, std::nullopt, false);
@@ -159,16 +158,34 @@ TEST(SharedCases, DISABLED_FiniteMaskValueWithOnlyOutIsIncompleteAndItsOutIsWron
   Tensor out = g.expected.at("out");
   for (int64_t i = 0; i < 8; ++i) out.set(i, 0.0);  // row 0, head 0: masked away
   test::write_outputs(dir.file("cand.safetensors"), {{"out", out}});
-  const std::string base = "compare --golden " + dir.file("golden.safetensors") + " --candidate " + dir.file("cand.safetensors");
-  EXPECT_EQ(run_cli(base + " --json " + dir.file("a.json")), 1);
-  EXPECT_EQ(test::read_json(dir.file("a.json")).value("verdict", ""), "INCOMPLETE");
-  EXPECT_EQ(run_cli(base + " --outputs out --json " + dir.file("b.json")), 1);
-  EXPECT_EQ(test::read_json(dir.file("b.json")).value("verdict", ""), "DISAGREES");
-  // The correct out alone, with --outputs out: agrees and says what was not judged.
   test::write_outputs(dir.file("good.safetensors"), {{"out", g.expected.at("out")}});
-  EXPECT_EQ(run_cli("compare --golden " + dir.file("golden.safetensors") + " --candidate " +
-                    dir.file("good.safetensors") + " --outputs out --json " + dir.file("c.json")), 0);
+}
+
+// Without --outputs, the missing lse and max_logits (which would catch the fault) never let
+// the candidate agree: INCOMPLETE (or DISAGREES once `out` itself is caught), exit 1. A
+// correct `out` alone is INCOMPLETE without --outputs and agrees, saying what was not
+// judged, with --outputs out.
+TEST(SharedCases, FiniteMaskValueWithOnlyOutNeverAgrees) {
+  Scratch dir("finite_mask_incomplete");
+  write_finite_mask_case(dir);
+  const std::string golden = " --golden " + dir.file("golden.safetensors");
+  EXPECT_EQ(run_cli("compare" + golden + " --candidate " + dir.file("cand.safetensors") + " --json " + dir.file("a.json")), 1);
+  const std::string v = test::read_json(dir.file("a.json")).value("verdict", "");
+  EXPECT_TRUE(v == "INCOMPLETE" || v == "DISAGREES") << v;
+  EXPECT_EQ(run_cli("compare" + golden + " --candidate " + dir.file("good.safetensors") + " --json " + dir.file("b.json")), 1);
+  EXPECT_EQ(test::read_json(dir.file("b.json")).value("verdict", ""), "INCOMPLETE");
+  EXPECT_EQ(run_cli("compare" + golden + " --candidate " + dir.file("good.safetensors") + " --outputs out --json " +
+                    dir.file("c.json")), 0);
   EXPECT_EQ(test::read_json(dir.file("c.json")).value("verdict", ""), "AGREES (partial: lse, max_logits not judged)");
+}
+
+// Naming `out` as all the kernel provides, the zeroed out itself must be caught.
+TEST(SharedCases, DISABLED_FiniteMaskValueZeroOutAloneDisagrees) {
+  Scratch dir("finite_mask_out");
+  write_finite_mask_case(dir);
+  EXPECT_EQ(run_cli("compare --golden " + dir.file("golden.safetensors") + " --candidate " + dir.file("cand.safetensors") +
+                    " --outputs out --json " + dir.file("b.json")), 1);
+  EXPECT_EQ(test::read_json(dir.file("b.json")).value("verdict", ""), "DISAGREES");
 }
 
 // All scores in one narrow band [10, 10.2): a radix top-k that keeps only the first 1024
