@@ -104,6 +104,7 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       so.level = opts.level;
       so.seed = opts.seed;
       so.dump_dir = opts.dump_dir;
+      so.check = check_options(opts.judge, false);  // --outputs, --allow-weak: as the fixtures
       so.quiet = true;
       // Through a plugin every call is a forked child with a timeout: no shrinking, so a
       // hanging or crashing kernel costs one timeout per property, not one per shrink step.

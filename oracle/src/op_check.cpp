@@ -314,6 +314,21 @@ OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOption
   return r;
 }
 
+namespace {
+thread_local const CheckOptions* current_defaults = nullptr;
+}  // namespace
+
+const CheckOptions& default_check_options() {
+  static const CheckOptions plain;
+  return current_defaults ? *current_defaults : plain;
+}
+
+ScopedCheckDefaults::ScopedCheckDefaults(CheckOptions opt) : previous_(current_defaults), opt_(std::move(opt)) {
+  current_defaults = &opt_;
+}
+
+ScopedCheckDefaults::~ScopedCheckDefaults() { current_defaults = previous_; }
+
 OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& opt) {
   switch (op) {
     case Op::IndexerScores: return check_indexer_scores(backend, c, opt);

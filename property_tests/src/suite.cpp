@@ -128,6 +128,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     }
   });
   NullListener quiet;
+  const oracle::ScopedCheckDefaults check_defaults(o.check);
   const auto result = o.quiet ? rc::detail::checkProperty(property, md, params, quiet)
                               : rc::detail::checkProperty(property, md, params);
   set_dump_target("");

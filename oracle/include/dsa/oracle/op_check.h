@@ -47,25 +47,42 @@ struct CheckOptions {
   std::optional<std::set<std::string>> provided_outputs;
 };
 
+/// The options of a check called without options: CheckOptions{} unless a
+/// ScopedCheckDefaults is alive on this thread. The property runner sets the audit's
+/// --outputs / --allow-weak this way, so properties judge like the audit's other cases.
+const CheckOptions& default_check_options();
+/// Sets default_check_options() for this thread while alive (nestable).
+class ScopedCheckDefaults {
+ public:
+  explicit ScopedCheckDefaults(CheckOptions opt);
+  ~ScopedCheckDefaults();
+  ScopedCheckDefaults(const ScopedCheckDefaults&) = delete;
+  ScopedCheckDefaults& operator=(const ScopedCheckDefaults&) = delete;
+
+ private:
+  const CheckOptions* previous_;
+  CheckOptions opt_;
+};
+
 /// Runs `op` of `backend` on `c` and judges it. Verdict Skip when the backend is unavailable
 /// (unavailable_reason), does not support the op, or throws NotSupported; Fail when it throws
 /// anything else (reason = the message), when an output fails the ratio rule or NaN/±inf
 /// positions differ, when top-k violates §3, or when a deterministic backend differs between
 /// two runs. Invalid inputs make the reference throw std::invalid_argument (propagated).
-OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& opt = {});
+OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& opt = default_check_options());
 
 /// Same as check_op for each op (one function per op, SPEC section in brackets).
-OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §2
-OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §2
-OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §3 exact
-OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §4,§6
-OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §5
-OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& opt = {});  // §7
+OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §2
+OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §2
+OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §3 exact
+OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §4,§6
+OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §5
+OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §7
 
 /// Fused indexer + top-k (SPEC §9): the backend's own indexer scores fed to its own top-k,
 /// judged by check_fused_topk with score_bound = 2x the ratio-rule bound of its scores (both
 /// entries of a swapped pair may err by the bound).
-OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOptions& opt = {});
+OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());
 
 /// Per-output bounds on the magnitude of the terms summed into each output, from the inputs'
 /// maxima (tolerances.h: the floor scales with max(|reference|, term scale), so outputs that

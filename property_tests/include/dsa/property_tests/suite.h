@@ -12,6 +12,7 @@
 
 #include "dsa/oracle/backend.h"
 #include "dsa/oracle/dsa_block.h"
+#include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
 
 namespace dsa::props {
@@ -53,6 +54,9 @@ struct SuiteOptions {
   std::vector<std::string> only;  ///< property names or families ("topk") to run (empty: all)
   std::string repro_command;  ///< printed in repro lines (e.g. the test binary + filter)
   std::ostream* log = nullptr;    ///< progress and failure messages
+  /// Options of every check a property makes (oracle::ScopedCheckDefaults): the audit's
+  /// --outputs and --allow-weak.
+  oracle::CheckOptions check;
 };
 
 struct PropertyResult {
