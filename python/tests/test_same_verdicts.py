@@ -1,6 +1,7 @@
-"""The Python route gives the CLI's verdicts: the project's libtorch-cpu backend audited through
-dsa_verify (DLPack in and out, the Python bridge) against `dsa-verify audit --backend
-libtorch-cpu`, and mutants through dsa_verify against the same mutants as plugins, same seed."""
+"""The Python route gives the CLI's verdicts: the project's own LibTorch operator library called
+from Python (torch.ops.dsa.*, docs/examples/dsa_torch_ops_backend.py) audited by dsa_verify
+against `dsa-verify audit --backend libtorch-cpu` (the same ops through C++), and mutants through
+dsa_verify against the same mutants as plugins; same seed."""
 import json
 import os
 import subprocess
@@ -29,9 +30,10 @@ def py_audit(tmp_path, backend, **kw):
 
 
 @pytest.mark.skipif(not CLI, reason="DSA_VERIFY_BIN not set")
-def test_libtorch_cpu_same_verdicts_ratios_and_counts(tmp_path):
+def test_torch_ops_from_python_same_verdicts_ratios_and_counts_as_libtorch_cpu(tmp_path):
     try:
-        backend = builtin.BuiltinBackend("libtorch-cpu")
+        from dsa_torch_ops_backend import DsaTorchOps
+        backend = DsaTorchOps()
     except ImportError as e:
         pytest.skip(f"dsa_verify._backends not built (no LibTorch): {e}")
     cli = cli_audit(tmp_path, "--backend", "libtorch-cpu")
