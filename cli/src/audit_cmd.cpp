@@ -116,11 +116,7 @@ int run_audit(const AuditOptions& opts) {
     }
     std::vector<AuditTask> tasks;
     props::Subject subject = props::backend_subject(name);
-    // --outputs reaches the properties too: their backend declares what the kernel provides.
-    if (opts.judge.outputs) {
-      const std::set<std::string> outs(opts.judge.outputs->begin(), opts.judge.outputs->end());
-      subject.make = [inner = subject.make, outs] { return with_provided_outputs(inner(), outs); };
-    }
+
     ReproCommands repro;
     repro.audit = "dsa-verify audit " + target_flag(opts, name);
     repro.replay = [flag = target_flag(opts, name)](const std::string& file) {

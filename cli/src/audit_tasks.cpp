@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
+#include <set>
 #include <mutex>
 
 #include "dsa/fixtures/fixture.h"
@@ -47,7 +49,7 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       std::vector<CaseResult> out;
       fixtures::Fixture f = fixtures::load_fixture(file);
       // The same judging code and options as compare, replay and fixtures check.
-      oracle::FixtureReport r = oracle::check_fixture(f, &backend, check_options(opts.judge, false));
+      oracle::FixtureReport r = oracle::check_fixture(f, &backend, check_options(opts.judge, false, backend));
       std::string repro = replay(file);
       for (const auto& op : r.backend_vs_reference) {
         if (!op_selected(opts, op.op)) continue;
@@ -95,16 +97,32 @@ bool property_selected(const AuditOptions& o, const props::Property& p) {
 // Property tasks: one per property of the suite (dsa/property_tests/suite.h).
 void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& subject,
                         const AuditOptions& opts, const ReproCommands& repro_cmds) {
+  // The outputs the subject declares it writes (a plugin's provided_outputs) are judged like
+  // --outputs: the others are not judged (SPEC §9 complete outputs).
+  std::optional<std::set<std::string>> declared;
+  if (subject.make) {
+    try {
+      declared = subject.make()->provided_outputs();
+    } catch (const std::exception&) {
+      // A backend that cannot be created fails in each property, with its own message.
+    }
+  }
   for (const props::Property& p : props::all_properties()) {
     if (!property_selected(opts, p)) continue;
     std::string op = p.name.rfind("block.", 0) == 0 || p.ops.empty() ? "dsa_block"
                                                                   : oracle::to_string(p.ops.front());
-    tasks.push_back({op, p.name, [&subject, &p, op, &opts, audit = repro_cmds.audit]() {
+    tasks.push_back({op, p.name, [&subject, &p, op, &opts, declared, audit = repro_cmds.audit]() {
       props::SuiteOptions so;
       so.level = opts.level;
       so.seed = opts.seed;
       so.dump_dir = opts.dump_dir;
       so.check = check_options(opts.judge, false);  // --outputs, --allow-weak: as the fixtures
+      if (declared) {
+        std::set<std::string> both;
+        for (const auto& n : *declared)
+          if (!so.check.provided_outputs || so.check.provided_outputs->count(n)) both.insert(n);
+        so.check.provided_outputs = both;
+      }
       so.quiet = true;
       // Through a plugin every call is a forked child with a timeout: no shrinking, so a
       // hanging or crashing kernel costs one timeout per property, not one per shrink step.

@@ -34,53 +34,19 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route) {
   return o;
 }
 
-namespace {
-
-class ProvidedOutputsBackend : public oracle::Backend {
- public:
-  ProvidedOutputsBackend(std::unique_ptr<oracle::Backend> inner, std::set<std::string> outputs)
-      : inner_(std::move(inner)), outputs_(std::move(outputs)) {
-    if (auto declared = inner_->provided_outputs()) {
+oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route, const oracle::Backend& backend) {
+  oracle::CheckOptions o = check_options(j, file_route);
+  if (auto declared = backend.provided_outputs()) {
+    if (!o.provided_outputs) {
+      o.provided_outputs = *declared;
+    } else {
       std::set<std::string> both;
-      for (const auto& n : outputs_)
+      for (const auto& n : *o.provided_outputs)
         if (declared->count(n)) both.insert(n);
-      outputs_ = both;
+      o.provided_outputs = both;
     }
   }
-  std::string name() const override { return inner_->name(); }
-  std::string unavailable_reason() const override { return inner_->unavailable_reason(); }
-  bool deterministic() const override { return inner_->deterministic(); }
-  bool supports(oracle::Op op) const override { return inner_->supports(op); }
-  std::optional<std::set<std::string>> provided_outputs() const override { return outputs_; }
-  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
-    return inner_->indexer_scores(q, k, w, win);
-  }
-  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
-                                       const KeyWindows& win, const Tensor& d) override {
-    return inner_->indexer_scores_backward(q, k, w, win, d);
-  }
-  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p,
-                     const std::optional<KeyWindows>& win) override {
-    return inner_->select_topk(s, k, p, win);
-  }
-  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
-    return inner_->sparse_mla_forward(in);
-  }
-  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
-    return inner_->sparse_mla_backward(in, dout);
-  }
-  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override { return inner_->indexer_kl_loss(in); }
-
- private:
-  std::unique_ptr<oracle::Backend> inner_;
-  std::set<std::string> outputs_;
-};
-
-}  // namespace
-
-std::unique_ptr<oracle::Backend> with_provided_outputs(std::unique_ptr<oracle::Backend> inner,
-                                                       std::set<std::string> outputs) {
-  return std::make_unique<ProvidedOutputsBackend>(std::move(inner), std::move(outputs));
+  return o;
 }
 
 int exit_code(const std::vector<oracle::OpReport>& reports) {

@@ -21,10 +21,9 @@ namespace dsa::cli {
 /// run off (a stored file returns the same bytes twice by construction).
 oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route);
 
-/// `inner` with provided_outputs() = `outputs` ∩ inner's declaration (everything else is
-/// forwarded): how `audit --outputs` reaches every check of a backend, properties included.
-std::unique_ptr<oracle::Backend> with_provided_outputs(std::unique_ptr<oracle::Backend> inner,
-                                                       std::set<std::string> outputs);
+/// check_options with the outputs `backend` declares it writes (Backend::provided_outputs, a
+/// plugin's provided_outputs) intersected into provided_outputs: the others are not judged.
+oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route, const oracle::Backend& backend);
 
 /// Exit code of one candidate's op reports: kExitOk when overall_verdict is Pass,
 /// kExitDisagree otherwise (a failure, INCOMPLETE, WEAK without --allow-weak, or nothing judged).

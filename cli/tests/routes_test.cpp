@@ -188,6 +188,8 @@ TEST(PluginOutputs, DeclaredOutputsMakeAPartialVerdictOnEveryPluginRoute) {
   Scratch dir("partial_plugin");
   EXPECT_EQ(run_cli("replay " + golden + " --plugin " + DSA_PARTIAL_PLUGIN + " --json " + dir.file("r.json")), 0);
   EXPECT_EQ(test::read_json(dir.file("r.json")).value("verdict", ""), "AGREES (partial: max_logits not judged)");
+  // The audit's properties judge what the plugin declares too (never INCOMPLETE for max_logits).
+  EXPECT_EQ(run_cli(std::string("audit --plugin ") + DSA_PARTIAL_PLUGIN + " --only smla.forward_ratio,smla.empty_rows"), 0);
 }
 
 }  // namespace
