@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libeigen3-dev          # reference maths
   libtorch-dev           # LibTorch ops (optimized/)
+  libopenblas0-openmp    # LibTorch's CPU BLAS: without it libblas.so.3 is the netlib reference (issue 13)
   librapidcheck-dev      # property tests
   libgtest-dev libgmock-dev
   libbenchmark-dev       # bench/
