@@ -474,9 +474,11 @@ class TopkNonContiguousIds final : public Wrap {
   }
 };
 
-// Order-preserving uint32 key of an fp32 score (the radix-select key).
+// Order-preserving uint32 key of an fp32 score (the radix-select key); -0.0 is folded onto
+// +0.0 first (SPEC §3.3: they tie), as a correct radix kernel does, so the overflow below is
+// the mutant's only fault.
 uint32_t radix_key(double v) {
-  const float f = static_cast<float>(v);
+  const float f = v == 0.0 ? 0.0f : static_cast<float>(v);
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
