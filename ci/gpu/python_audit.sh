@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The Python route on the GPU machine (issue 10). Run after ci/gpu/test.sh has configured and
+# built ${BUILD_DIR:-/tmp/dsa-gpu-build}/main (cuda, LibTorch from the pip PyTorch; pybind11
+# then comes from the torch package). Builds the dsa_verify modules there, then audits on CUDA:
+# (1) the PyTorch example backend (must pass), (2) the Triton example (when triton is
+# installed), (3) the project's torch.ops.dsa library called from Python, compared with
+# `dsa-verify audit --backend libtorch-cuda` on the same seed (statuses must be equal).
+# Logs and JSON reports go to ${OUT:-out}/. NOT RUN YET: written without GPU access.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-out}
+mkdir -p "$out"
+bd=${BUILD_DIR:-/tmp/dsa-gpu-build}/main
+seed=${SEED:-7}
+cmake --build "$bd" -j 16 --target dsa_verify_core dsa_verify_backends dsa-verify dsa_torch_ops \
+  >"$out/py_build.txt" 2>&1 || { grep -B2 -A10 -i error "$out/py_build.txt" | head -40; exit 1; }
+export PYTHONPATH=$bd/python:$PWD/docs/examples
+py=python3
+status=0
+run() {  # name, then the command
+  local name=$1; shift
+  SECONDS=0
+  "$@" >"$out/$name.txt" 2>&1
+  local rc=$?
+  echo "$name rc=$rc (${SECONDS}s): $(grep -E '^audit:' "$out/$name.txt" | tail -1)" | tee -a "$out/py_summary.txt"
+  return $rc
+}
+run py_torch_example_cuda $py -m dsa_verify audit torch_backend:TorchBackend --device cuda --seed "$seed" \
+  --json "$out/py_torch_example_cuda.json" || status=1
+run py_torch_example_cuda_isolated $py -m dsa_verify audit torch_backend:TorchBackend --device cuda --seed "$seed" \
+  --ops topk,sparse_mla_fwd --isolate --timeout 300 || status=1
+if $py -c "import triton" 2>/dev/null; then
+  run py_triton_indexer_cuda $py -m dsa_verify audit triton_backend:TritonIndexer --device cuda \
+    --ops indexer_scores,topk --seed "$seed" --json "$out/py_triton_indexer_cuda.json" || status=1
+else
+  echo "py_triton_indexer_cuda: skipped (triton not installed)" | tee -a "$out/py_summary.txt"
+fi
+DSA_TORCH_OPS_LIB=$bd/optimized/cuda/libdsa_torch_ops.so run py_torch_ops_cuda \
+  $py -m dsa_verify audit dsa_torch_ops_backend:DsaTorchOpsCuda --device cuda --seed "$seed" \
+  --json "$out/py_torch_ops_cuda.json"
+run cli_libtorch_cuda "$bd/cli/dsa-verify" audit --backend libtorch-cuda --seed "$seed" \
+  --json "$out/cli_libtorch_cuda.json"
+$py - "$out/cli_libtorch_cuda.json" "$out/py_torch_ops_cuda.json" <<'PY' | tee -a "$out/py_summary.txt" || status=1
+import json, sys
+cli, py = (json.load(open(p)) for p in sys.argv[1:3])
+a = {(c["op"], c["property"]): c["status"] for c in cli["cases"]}
+b = {(c["op"], c["property"]): c["status"] for c in py["cases"]}
+diff = {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)}
+print(f"libtorch-cuda CLI vs torch.ops.dsa from Python: {len(a)} vs {len(b)} cases, {len(diff)} differ")
+for k, v in sorted(diff.items()):
+    print("  differ:", k, v)
+sys.exit(1 if diff else 0)
+PY
+exit $status
