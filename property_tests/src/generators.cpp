@@ -270,7 +270,10 @@ TopkCase draw_topk_long_case() {
   const int64_t len = level == 0 ? draw_of<int64_t>({32768, 32769})
                                  : draw_of<int64_t>({32768, 65537, 131072});
   const int64_t s_kv = draw_shrinking_to(len, 1);
-  c.k = draw_shrinking_to(*rc::gen::weightedElement<int64_t>({{6, 2048}, {1, 512}, {1, 4096}}), 1);
+  // Level 0: every case has k = 2048 (production); levels >= 1 also 512 and 4096.
+  c.k = draw_shrinking_to(level == 0 ? 2048
+                                     : *rc::gen::weightedElement<int64_t>({{6, 2048}, {1, 512}, {1, 4096}}),
+                          1);
   c.policy.tie_break = *rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large);
   c.policy.sorted = draw_bool();
   std::vector<std::string> dists;

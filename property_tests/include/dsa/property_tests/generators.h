@@ -42,7 +42,8 @@ struct TopkCase {
 TopkCase draw_topk_case(const std::string& flavor = "");
 
 /// Long top-k rows (issue 9): s_kv >= 32768 at level 0 (32768 or 32769), up to 131072 at
-/// levels 1 and 2; k = 2048 mostly (512, 4096); 1-2 rows (1-3 at level >= 1). Each row draws
+/// levels 1 and 2; k = 2048 (levels >= 1: 512 or 4096 one case in four); 1-2 rows (1-3 at
+/// level >= 1). Each row draws
 /// its own distribution: a narrow band inside one radix bin at the 8-, 11- or 16-bit prefix
 /// of the order-preserving key (half of the rows), thousands of exact ties at the k-th
 /// value, an all-tie row, ReLU plateaus of +0.0/-0.0, mixed magnitudes (subnormal to 2^127),
