@@ -26,7 +26,7 @@ from ._bridge import OPS, OUTPUTS, Bridge  # noqa: F401
 
 __version__ = _core.version
 __all__ = ["audit", "load_fixture", "compare", "Report", "CaseResult", "Fixture", "CompareResult",
-           "load_backend", "OPS", "OUTPUTS"]
+           "load_backend", "Bridge", "OPS", "OUTPUTS"]
 
 
 def _torch(caps, device):

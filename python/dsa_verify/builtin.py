@@ -6,7 +6,6 @@ the property suite's mutants (one field fault each).
     rep = dsa_verify.audit(dsa_verify.builtin.BuiltinBackend("libtorch-cpu"), seed=7)
     # same verdicts as: dsa-verify audit --backend libtorch-cpu --seed 7
 """
-import torch
 from torch.utils import dlpack as _dlpack
 
 from . import _core

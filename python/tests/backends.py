@@ -3,8 +3,6 @@ import os
 import signal
 import time
 
-import torch
-
 from torch_backend import TorchBackend
 
 
