@@ -45,6 +45,25 @@ std::vector<Tolerance> build_table() {
   rows("indexer_kl_loss", "d_scores", kFloat, 2.0, 4.0,
        "rho=2; softmax(I) - p cancels, floor: 4 fp32 ulps of coeff/n_rows");
 
+  // §10 FP8 / paged inference ops. Baseline: exact fp8 products (8-bit significands: exact
+  // in fp32), fp32 accumulation; sparse MLA: kv dequantized to q's dtype, then §4's baseline.
+  for (const char* op : {"fp8_indexer_scores", "paged_indexer_scores"})
+    rows(op, "scores", kFloat, 2.0, 4.0,
+         "rho=2 over the exact-product fp32 baseline; floor: 4 fp32 ulps of sum|w·ReLU(k_scale·q·k)|");
+  // Hopper FP8 tensor cores keep about 14 significant bits of the accumulator between
+  // promotions to fp32 (DeepSeek-V3 technical report §3.3.2, "Increasing Accumulation
+  // Precision"); used only for a backend that declares fp8_reduced_accumulation().
+  for (const char* op : {"fp8_indexer_scores:fp8_tensor_core", "paged_indexer_scores:fp8_tensor_core"})
+    rows(op, "scores", kFloat, 2.0, 4.0 * 512.0,
+         "FP8 tensor-core accumulation (~14 bits, DeepSeek-V3 report §3.3.2): floor 4 units of "
+         "2^-14 (= 2048 fp32 ulps) of sum|terms|");
+  rows("sparse_mla_fp8_fwd", "out", kFloat, 2.0, 4.0,
+       "rho=2 over the baseline with kv dequantized to q's dtype (FlashMLA); floor as sparse_mla_fwd out");
+  rows("sparse_mla_fp8_fwd", "lse", kFloat, 2.0, 4.0,
+       "rho=2; floor: 4 fp32 ulps of |logits|+ln k (as sparse_mla_fwd)");
+  rows("sparse_mla_fp8_fwd", "max_logits", kFloat, 2.0, 4.0,
+       "rho=2; a max of fp32 dot products (as sparse_mla_fwd)");
+
   // Peer producers (fixtures/peer): fp32 PyTorch references; expected values carry fp32
   // rounding (~1e-7 relative) in the producer's own order, judged like an fp32 candidate.
   const auto kPeer = {DType::F32, DType::BF16};
