@@ -14,13 +14,17 @@ const char* to_string(Op op) {
     case Op::SparseMlaFwd: return "sparse_mla_fwd";
     case Op::SparseMlaBwd: return "sparse_mla_bwd";
     case Op::IndexerKlLoss: return "indexer_kl_loss";
+    case Op::Fp8IndexerScores: return "fp8_indexer_scores";
+    case Op::PagedIndexerScores: return "paged_indexer_scores";
+    case Op::SparseMlaFp8Fwd: return "sparse_mla_fp8_fwd";
   }
   return "?";
 }
 
 const std::vector<Op>& all_ops() {
   static const std::vector<Op> ops = {Op::IndexerScores, Op::IndexerScoresBackward, Op::Topk,
-                                      Op::SparseMlaFwd,  Op::SparseMlaBwd,          Op::IndexerKlLoss};
+                                      Op::SparseMlaFwd,  Op::SparseMlaBwd,          Op::IndexerKlLoss,
+                                      Op::Fp8IndexerScores, Op::PagedIndexerScores, Op::SparseMlaFp8Fwd};
   return ops;
 }
 
@@ -58,6 +62,15 @@ SparseMlaGrads Backend::sparse_mla_backward(const SparseMlaInputs&, const Tensor
 }
 IndexerKlResult Backend::indexer_kl_loss(const IndexerKlInputs&) {
   not_supported(*this, Op::IndexerKlLoss);
+}
+Tensor Backend::fp8_indexer_scores(const Fp8IndexerInputs&) {
+  not_supported(*this, Op::Fp8IndexerScores);
+}
+Tensor Backend::paged_indexer_scores(const PagedIndexerInputs&) {
+  not_supported(*this, Op::PagedIndexerScores);
+}
+SparseMlaForward Backend::sparse_mla_fp8_forward(const SparseMlaFp8Inputs&) {
+  not_supported(*this, Op::SparseMlaFp8Fwd);
 }
 
 void register_backend(const std::string& name, BackendFactory factory) {

@@ -23,7 +23,10 @@ const std::vector<std::string>& op_output_names(Op op) {
       {Op::Topk, {"indices"}},
       {Op::SparseMlaFwd, {"out", "lse", "max_logits"}},
       {Op::SparseMlaBwd, {"dq", "dkv", "dsink"}},
-      {Op::IndexerKlLoss, {"loss", "d_scores"}}};
+      {Op::IndexerKlLoss, {"loss", "d_scores"}},
+      {Op::Fp8IndexerScores, {"scores"}},
+      {Op::PagedIndexerScores, {"scores"}},
+      {Op::SparseMlaFp8Fwd, {"out", "lse", "max_logits"}}};
   return names.at(op);
 }
 
@@ -124,8 +127,27 @@ Tensor CandidateBackend::select_topk(const Tensor& scores, int64_t k, const Topk
   return idx;
 }
 
+Tensor CandidateBackend::fp8_indexer_scores(const Fp8IndexerInputs&) {
+  need(Op::Fp8IndexerScores);
+  return get("scores");
+}
+
+Tensor CandidateBackend::paged_indexer_scores(const PagedIndexerInputs&) {
+  need(Op::PagedIndexerScores);
+  return get("scores");
+}
+
+SparseMlaForward CandidateBackend::sparse_mla_fp8_forward(const SparseMlaFp8Inputs&) {
+  need(Op::SparseMlaFp8Fwd);
+  return stored_forward();
+}
+
 SparseMlaForward CandidateBackend::sparse_mla_forward(const SparseMlaInputs&) {
   need(Op::SparseMlaFwd);
+  return stored_forward();
+}
+
+SparseMlaForward CandidateBackend::stored_forward() {
   SparseMlaForward r{get("out"), get("lse"), get("max_logits")};
   if (uses(Convention::LseBase2)) {
     // log2-based: ln x = log2 x · ln 2, one rounding in the candidate's own dtype.

@@ -3,6 +3,8 @@
 #include <set>
 #include <sstream>
 
+#include "dsa/fixtures/fp8_fixture.h"
+
 
 namespace dsa::oracle {
 
@@ -64,6 +66,9 @@ std::vector<Op> fixture_ops(const Fixture& f) {
   if (f.op == "indexer_scores") return {Op::IndexerScores};
   if (f.op == "topk") return {Op::Topk};
   if (f.op == "indexer_kl_loss") return {Op::IndexerKlLoss};
+  if (f.op == "fp8_indexer_scores") return {Op::Fp8IndexerScores};
+  if (f.op == "paged_indexer_scores") return {Op::PagedIndexerScores};
+  if (f.op == "sparse_mla_fp8_fwd") return {Op::SparseMlaFp8Fwd};
   throw FileError(label_of(f), "unknown op '" + f.op + "'");
 }
 
@@ -105,6 +110,12 @@ OpCase op_case_unchecked(const Fixture& f) {
       c.kl.mode = parse_kl_mode(param_or<std::string>(f, "mode", "dense"));
       c.kl.windows = windows_of(f, c.kl.scores.size(0), c.kl.scores.size(1));
       if (const Tensor* t = find(f.inputs, "indices")) c.kl.indices = *t;
+    } else if (op == Op::Fp8IndexerScores) {  // §10: U8 bytes + fp8_dtypes tags
+      c.fp8_indexer = fixtures::fp8_indexer_inputs(f, label);
+    } else if (op == Op::PagedIndexerScores) {
+      c.paged_indexer = fixtures::paged_indexer_inputs(f, label);
+    } else if (op == Op::SparseMlaFp8Fwd) {
+      c.mla_fp8 = fixtures::sparse_mla_fp8_inputs(f, label);
     }
   }
   return c;

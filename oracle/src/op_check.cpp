@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/tolerances.h"
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/kl_loss.h"
@@ -337,6 +338,9 @@ OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& 
     case Op::SparseMlaFwd: return check_sparse_mla_forward(backend, c, opt);
     case Op::SparseMlaBwd: return check_sparse_mla_backward(backend, c, opt);
     case Op::IndexerKlLoss: return check_indexer_kl_loss(backend, c, opt);
+    case Op::Fp8IndexerScores: return check_fp8_indexer_scores(backend, c, opt);
+    case Op::PagedIndexerScores: return check_paged_indexer_scores(backend, c, opt);
+    case Op::SparseMlaFp8Fwd: return check_sparse_mla_fp8_forward(backend, c, opt);
   }
   throw std::invalid_argument("check_op: unknown op");
 }

@@ -1,9 +1,12 @@
 // The `reference` backend: forwards every op to dsa::reference (float64).
 #include "dsa/oracle/reference_backend.h"
 
+#include "dsa/reference/fp8_indexer.h"
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/kl_loss.h"
+#include "dsa/reference/paged_indexer.h"
 #include "dsa/reference/sparse_mla.h"
+#include "dsa/reference/sparse_mla_fp8.h"
 #include "dsa/reference/topk.h"
 
 namespace dsa::oracle {
@@ -33,6 +36,15 @@ class ReferenceBackend final : public Backend {
   }
   IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
     return reference::indexer_kl_loss(in);
+  }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    return reference::fp8_indexer_scores(in);
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    return reference::paged_indexer_scores(in);
+  }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    return reference::sparse_mla_fp8_forward(in);
   }
 };
 

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "dsa/contract/fp8.h"
 #include "dsa/oracle/backend.h"
 #include "dsa/oracle/dsa_block.h"
 #include "dsa/oracle/metrics.h"
@@ -158,6 +159,25 @@ TEST(CheckOp, ReferencePassesEveryOp) {
   c.kl.q = Tensor::from_f64({2, 2, 2}, {1, 0, 0, 1, 1, 1, -1, 0}).to(DType::F32);
   c.kl.kv = Tensor::from_f64({3, 2}, {1, 0, 0, 1, 1, 1}).to(DType::F32);
   c.kl.windows = KeyWindows::causal(2, 2 + 1, 0);
+  // §10 ops: tiny FP8 / paged / FP8-cache cases.
+  c.fp8_indexer.q_idx = fp8_encode(Tensor::from_f64({2, 1, 2}, {1, -1, 2, 1}), Fp8Format::E4M3FN);
+  c.fp8_indexer.k_idx = fp8_encode(Tensor::from_f64({3, 2}, {1, 0, 0, 1, 1, 1}), Fp8Format::E4M3FN);
+  c.fp8_indexer.k_scale = Tensor::from_f64({3}, {0.5, 1, 2}).to(DType::F32);
+  c.fp8_indexer.w = Tensor::from_f64({2, 1}, {0.5, 1}).to(DType::F32);
+  c.fp8_indexer.windows = KeyWindows::causal(2, 3);
+  c.paged_indexer.q_idx = c.fp8_indexer.q_idx.reshaped({1, 2, 1, 2});
+  c.paged_indexer.k_cache = fp8_encode(Tensor::from_f64({2, 2, 2}, {1, 0, 0, 1, 1, 1, -1, 2}), Fp8Format::E4M3FN);
+  c.paged_indexer.k_scale_cache = Tensor::from_f64({2, 2}, {1, 0.5, 2, 1}).to(DType::F32);
+  c.paged_indexer.w = c.fp8_indexer.w;
+  c.paged_indexer.block_table = Tensor::from_i32({1, 2}, {1, 0});
+  c.paged_indexer.context_lens = Tensor::from_i32({1}, {3});
+  std::vector<double> kv576(2 * 576), q576(576);
+  for (size_t i = 0; i < kv576.size(); ++i) kv576[i] = static_cast<double>(i % 5) - 2.0;
+  for (size_t i = 0; i < q576.size(); ++i) q576[i] = static_cast<double>(i % 3) - 1.0;
+  c.mla_fp8.q = Tensor::from_f64({1, 1, 576}, q576).to(DType::BF16);
+  c.mla_fp8.kv_cache = encode_mla_fp8_cache(Tensor::from_f64({2, 576}, kv576), Fp8ScaleRule::Pow2);
+  c.mla_fp8.indices = Tensor::from_i32({1, 3}, {0, -1, 1});
+  c.mla_fp8.sm_scale = 0.05;
   for (Op op : all_ops()) {
     const OpReport r = check_op(*b, op, c);
     EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);

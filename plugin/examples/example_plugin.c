@@ -270,6 +270,12 @@ static const dsa_backend_v1 example_table = {
     /* indexer_kl_loss */ NULL,
     /* provided_outputs: 0 = every output of each declared op (e.g. DSA_OUTPUT_OUT |
        DSA_OUTPUT_LSE for a forward without max_logits, which is then not judged) */ 0,
+    /* ABI 1.1 (SPEC §10): fp8_caps, fp8_indexer_scores, paged_indexer_scores,
+       sparse_mla_fp8_fwd: not implemented here */
+    0u,
+    NULL,
+    NULL,
+    NULL,
 };
 
 DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t loader_abi_version) {

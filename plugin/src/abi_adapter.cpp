@@ -188,6 +188,61 @@ dsa_status indexer_kl_loss(const dsa_indexer_kl_loss_args* a, char* err, size_t 
   });
 }
 
+Fp8Format fp8_format(int32_t code, const char* op) {
+  check_arg(code == DSA_FP8_FORMAT_E4M3FN || code == DSA_FP8_FORMAT_E5M2, op, "fp8_format",
+            std::to_string(code), "DSA_FP8_FORMAT_E4M3FN or DSA_FP8_FORMAT_E5M2");
+  return code == DSA_FP8_FORMAT_E4M3FN ? Fp8Format::E4M3FN : Fp8Format::E5M2;
+}
+
+dsa_status fp8_indexer_scores(const dsa_fp8_indexer_scores_args* a, char* err, size_t n) {
+  return guarded(err, n, [&] {
+    const char* op = "fp8_indexer_scores";
+    Fp8IndexerInputs fin;
+    fin.q_idx = in(a->q_idx, op, "q_idx");
+    fin.k_idx = in(a->k_idx, op, "k_idx");
+    fin.k_scale = in(a->k_scale, op, "k_scale");
+    fin.w = in(a->w, op, "w");
+    fin.windows = windows(a->ks, a->ke, fin.k_idx.dim() > 0 ? fin.k_idx.size(0) : 0, op);
+    fin.format = fp8_format(a->fp8_format, op);
+    out(state().get().fp8_indexer_scores(fin), a->scores, op, "scores");
+  });
+}
+
+dsa_status paged_indexer_scores(const dsa_paged_indexer_scores_args* a, char* err, size_t n) {
+  return guarded(err, n, [&] {
+    const char* op = "paged_indexer_scores";
+    check_arg(a->scores != nullptr && a->scores->ndim == 2, op, "scores", "NULL or not rank 2",
+              "an output [batch·next_n, max_context]");
+    PagedIndexerInputs pin;
+    pin.q_idx = in(a->q_idx, op, "q_idx");
+    pin.k_cache = in(a->k_cache, op, "k_cache");
+    pin.k_scale_cache = in(a->k_scale_cache, op, "k_scale_cache");
+    pin.w = in(a->w, op, "w");
+    pin.block_table = in(a->block_table, op, "block_table");
+    pin.context_lens = in(a->context_lens, op, "context_lens");
+    pin.max_context = a->scores->shape[1];
+    pin.format = fp8_format(a->fp8_format, op);
+    out(state().get().paged_indexer_scores(pin), a->scores, op, "scores");
+  });
+}
+
+dsa_status sparse_mla_fp8_fwd(const dsa_sparse_mla_fp8_fwd_args* a, char* err, size_t n) {
+  return guarded(err, n, [&] {
+    const char* op = "sparse_mla_fp8_fwd";
+    SparseMlaFp8Inputs min;
+    min.q = in(a->q, op, "q");
+    min.kv_cache = in(a->kv_cache, op, "kv_cache");
+    min.indices = in(a->indices, op, "indices");
+    min.topk_length = in_opt(a->topk_length, op, "topk_length");
+    min.attn_sink = in_opt(a->attn_sink, op, "attn_sink");
+    min.sm_scale = a->sm_scale;
+    SparseMlaForward f = state().get().sparse_mla_fp8_forward(min);
+    out(f.out, a->out, op, "out");
+    out(f.lse, a->lse, op, "lse");
+    out(f.max_logits, a->max_logits, op, "max_logits");
+  });
+}
+
 dsa_status is_available(char* err, size_t n) {
   try {
     std::string why = state().get().unavailable_reason();
@@ -204,7 +259,7 @@ dsa_status is_available(char* err, size_t n) {
 
 dsa_capabilities reference_like_capabilities() {
   dsa_capabilities caps{};
-  caps.ops = DSA_OP_ALL_V1;
+  caps.ops = DSA_OP_ALL_V1_1;
   caps.input_dtypes = DSA_DTYPE_BIT(DSA_DTYPE_F64) | DSA_DTYPE_BIT(DSA_DTYPE_F32) |
                       DSA_DTYPE_BIT(DSA_DTYPE_F16) | DSA_DTYPE_BIT(DSA_DTYPE_BF16);
   caps.devices = DSA_DEVICE_CPU;
@@ -244,6 +299,10 @@ const dsa_backend_v1* make_adapter_table(const char* name, const char* version,
     t.sparse_mla_fwd = (ops & DSA_OP_SPARSE_MLA_FWD) ? &sparse_mla_fwd : nullptr;
     t.sparse_mla_bwd = (ops & DSA_OP_SPARSE_MLA_BWD) ? &sparse_mla_bwd : nullptr;
     t.indexer_kl_loss = (ops & DSA_OP_INDEXER_KL_LOSS) ? &indexer_kl_loss : nullptr;
+    t.fp8_caps = (ops & ~DSA_OP_ALL_V1) ? (DSA_FP8_CAP_E4M3FN | DSA_FP8_CAP_E5M2) : 0u;
+    t.fp8_indexer_scores = (ops & DSA_OP_FP8_INDEXER_SCORES) ? &fp8_indexer_scores : nullptr;
+    t.paged_indexer_scores = (ops & DSA_OP_PAGED_INDEXER_SCORES) ? &paged_indexer_scores : nullptr;
+    t.sparse_mla_fp8_fwd = (ops & DSA_OP_SPARSE_MLA_FP8_FWD) ? &sparse_mla_fp8_fwd : nullptr;
   });
   return &state().table;
 }

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
@@ -14,6 +15,9 @@
 #include "dsa/contract/checks.h"
 #include "dsa/contract/errors.h"
 #include "dsa/plugin/dlpack_tensor.h"
+#include "dsa/reference/fp8_indexer.h"
+#include "dsa/reference/paged_indexer.h"
+#include "dsa/reference/sparse_mla_fp8.h"
 
 namespace dsa::plugin {
 
@@ -28,6 +32,9 @@ uint32_t op_bit(Op op) {
     case Op::SparseMlaFwd: return DSA_OP_SPARSE_MLA_FWD;
     case Op::SparseMlaBwd: return DSA_OP_SPARSE_MLA_BWD;
     case Op::IndexerKlLoss: return DSA_OP_INDEXER_KL_LOSS;
+    case Op::Fp8IndexerScores: return DSA_OP_FP8_INDEXER_SCORES;
+    case Op::PagedIndexerScores: return DSA_OP_PAGED_INDEXER_SCORES;
+    case Op::SparseMlaFp8Fwd: return DSA_OP_SPARSE_MLA_FP8_FWD;
   }
   return 0;
 }
@@ -40,9 +47,15 @@ namespace {
 
 struct Library {
   void* handle = nullptr;
+  /// The loader's copy of the plugin's table: the plugin's struct_size bytes, zero beyond
+  /// (an ABI 1.0 table lacks the 1.1 fields; they read as 0 / NULL here).
+  std::unique_ptr<dsa_backend_v1> copy;
   const dsa_backend_v1* table = nullptr;
   std::string path;
 };
+
+/// True when the table carries the ABI 1.1 fields (fp8_caps and the §10 ops).
+bool has_abi_1_1(const dsa_backend_v1& t) { return t.struct_size >= sizeof(dsa_backend_v1); }
 
 std::optional<DType> dtype_of_code(int32_t code) {
   switch (code) {
@@ -111,7 +124,11 @@ std::vector<std::string> table_problems(const dsa_backend_v1& t) {
   }
   const dsa_capabilities& c = t.caps;
   if (c.ops == 0) p.push_back("caps.ops declares no op");
-  if (c.ops & ~DSA_OP_ALL_V1) p.push_back("caps.ops has unknown bits");
+  const bool v11 = has_abi_1_1(t);
+  if (c.ops & ~DSA_OP_ALL_V1_1) p.push_back("caps.ops has unknown bits");
+  else if (!v11 && (c.ops & ~DSA_OP_ALL_V1))
+    p.push_back("caps.ops declares a SPEC §10 op but struct_size " +
+                std::to_string(t.struct_size) + " ends before the §10 fields (an older header)");
   struct OpFn {
     uint32_t bit;
     const char* name;
@@ -124,7 +141,10 @@ std::vector<std::string> table_problems(const dsa_backend_v1& t) {
       {DSA_OP_TOPK_INDICES, "topk_indices", t.topk_indices != nullptr},
       {DSA_OP_SPARSE_MLA_FWD, "sparse_mla_fwd", t.sparse_mla_fwd != nullptr},
       {DSA_OP_SPARSE_MLA_BWD, "sparse_mla_bwd", t.sparse_mla_bwd != nullptr},
-      {DSA_OP_INDEXER_KL_LOSS, "indexer_kl_loss", t.indexer_kl_loss != nullptr}};
+      {DSA_OP_INDEXER_KL_LOSS, "indexer_kl_loss", t.indexer_kl_loss != nullptr},
+      {DSA_OP_FP8_INDEXER_SCORES, "fp8_indexer_scores", v11 && t.fp8_indexer_scores != nullptr},
+      {DSA_OP_PAGED_INDEXER_SCORES, "paged_indexer_scores", v11 && t.paged_indexer_scores != nullptr},
+      {DSA_OP_SPARSE_MLA_FP8_FWD, "sparse_mla_fp8_fwd", v11 && t.sparse_mla_fp8_fwd != nullptr}};
   for (const OpFn& f : fns)
     if ((c.ops & f.bit) && !f.present)
       p.push_back(std::string("caps.ops declares ") + f.name + " but its function is NULL");
@@ -145,6 +165,13 @@ std::vector<std::string> table_problems(const dsa_backend_v1& t) {
   if (c.topk_orders & ~(DSA_TOPK_SORTED | DSA_TOPK_UNSORTED))
     p.push_back("caps.topk_orders has unknown bits");
   if (c.deterministic > 1) p.push_back("caps.deterministic is not 0 or 1");
+  if (v11) {
+    const uint32_t fp8_bits = DSA_FP8_CAP_E4M3FN | DSA_FP8_CAP_E5M2 | DSA_FP8_REDUCED_ACCUMULATION;
+    if (t.fp8_caps & ~fp8_bits) p.push_back("fp8_caps has unknown bits");
+    if ((c.ops & (DSA_OP_FP8_INDEXER_SCORES | DSA_OP_PAGED_INDEXER_SCORES)) &&
+        !(t.fp8_caps & (DSA_FP8_CAP_E4M3FN | DSA_FP8_CAP_E5M2)))
+      p.push_back("an FP8 indexer op is declared but fp8_caps declares no FP8 format");
+  }
   // Output dtype families: which codes are legal, and whether a declared op uses them.
   auto check_family = [&](const char* field, int32_t code, bool used, bool any_float,
                           bool as_input) {
@@ -157,9 +184,11 @@ std::vector<std::string> table_problems(const dsa_backend_v1& t) {
                   " is not a legal dtype code for it");
   };
   const dsa_output_dtypes& o = c.outputs;
-  check_family("index_scores", o.index_scores, c.ops & DSA_OP_INDEXER_SCORES, false, false);
+  check_family("index_scores", o.index_scores,
+               c.ops & (DSA_OP_INDEXER_SCORES | DSA_OP_FP8_INDEXER_SCORES | DSA_OP_PAGED_INDEXER_SCORES),
+               false, false);
   check_family("indexer_grads", o.indexer_grads, c.ops & DSA_OP_INDEXER_SCORES_BACKWARD, true, true);
-  bool mla = c.ops & (DSA_OP_SPARSE_MLA_FWD | DSA_OP_SPARSE_MLA_BWD);
+  bool mla = c.ops & (DSA_OP_SPARSE_MLA_FWD | DSA_OP_SPARSE_MLA_BWD | DSA_OP_SPARSE_MLA_FP8_FWD);
   check_family("mla_out", o.mla_out, mla, true, true);
   check_family("mla_stats", o.mla_stats, mla, false, false);
   check_family("mla_grads", o.mla_grads, c.ops & DSA_OP_SPARSE_MLA_BWD, true, true);
@@ -202,7 +231,8 @@ Library load_library(const std::string& path_in) {
                           DSA_BACKEND_ENTRY_SYMBOL + "'; see dsa/backend_abi.h)");
   }
   auto get = reinterpret_cast<dsa_backend_get_v1_fn>(sym);
-  lib.table = get(DSA_BACKEND_ABI_VERSION);
+  const dsa_backend_v1* plugin_table = get(DSA_BACKEND_ABI_VERSION);
+  lib.table = plugin_table;
   if (lib.table == nullptr) {
     ::dlclose(lib.handle);
     throw PluginLoadError(where + ": " + DSA_BACKEND_ENTRY_SYMBOL + "(" +
@@ -217,6 +247,13 @@ Library load_library(const std::string& path_in) {
                           std::to_string(DSA_BACKEND_ABI_VERSION) +
                           " (rebuild the plugin against this dsa/backend_abi.h)");
   }
+  // Copy only the bytes the plugin's table has (struct_size): an ABI 1.0 plugin's static
+  // table is shorter than this header's struct, so the 1.1 fields must not be read from it.
+  lib.copy = std::make_unique<dsa_backend_v1>();
+  std::memset(lib.copy.get(), 0, sizeof(dsa_backend_v1));
+  std::memcpy(lib.copy.get(), plugin_table,
+              std::min<size_t>(plugin_table->struct_size, sizeof(dsa_backend_v1)));
+  lib.table = lib.copy.get();
   std::vector<std::string> problems = table_problems(*lib.table);
   if (!problems.empty()) {
     std::string msg = where + ": inconsistent function table / capabilities:";
@@ -863,6 +900,107 @@ std::optional<std::set<std::string>> provided_output_names(const PluginInfo& inf
   return names;
 }
 
+// ---- SPEC §10 inference ops (ABI 1.1) ----------------------------------------------------
+
+namespace {
+int32_t fp8_format_code(const PluginBackend::Impl& I, const char* op, Fp8Format f) {
+  const uint32_t bit = f == Fp8Format::E4M3FN ? DSA_FP8_CAP_E4M3FN : DSA_FP8_CAP_E5M2;
+  if (!(I.info.fp8_caps & bit))
+    throw NotSupported(I.context(op) + ": FP8 format " + to_string(f) + " not declared in fp8_caps");
+  return f == Fp8Format::E4M3FN ? DSA_FP8_FORMAT_E4M3FN : DSA_FP8_FORMAT_E5M2;
+}
+}  // namespace
+
+bool PluginBackend::fp8_reduced_accumulation() const {
+  return (impl_->info.fp8_caps & DSA_FP8_REDUCED_ACCUMULATION) != 0;
+}
+
+Tensor PluginBackend::fp8_indexer_scores(const Fp8IndexerInputs& in) {
+  const char* op = "fp8_indexer_scores";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_FP8_INDEXER_SCORES, op);
+  reference::fp8_indexer_scores(in);  // validates shapes, dtypes, windows and read scales
+  const int32_t fmt = fp8_format_code(I, op, in.format);
+  I.require_aux_dtype(op, "w", in.w);
+  const int64_t s_q = in.q_idx.size(0), s_kv = in.k_idx.size(0);
+  const Tensor ks = windows_tensor(in.windows.ks), ke = windows_tensor(in.windows.ke);
+  const DType odt = Impl::out_dtype(I.info.caps.outputs.index_scores, DType::F32);
+  auto fn = I.lib.table->fp8_indexer_scores;
+  auto res = I.run(op, [&]() {
+    Call c(I.context(op));
+    dsa_fp8_indexer_scores_args a{};
+    a.q_idx = c.in("q_idx", in.q_idx);
+    a.k_idx = c.in("k_idx", in.k_idx);
+    a.k_scale = c.in("k_scale", in.k_scale);
+    a.w = c.in("w", in.w);
+    a.ks = c.in("ks", ks);
+    a.ke = c.in("ke", ke);
+    a.fp8_format = fmt;
+    a.scores = c.out("scores", odt, {s_q, s_kv});
+    return c.finish(fn(&a, c.err(), c.err_size()));
+  });
+  return std::move(res.at(0));
+}
+
+Tensor PluginBackend::paged_indexer_scores(const PagedIndexerInputs& in) {
+  const char* op = "paged_indexer_scores";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_PAGED_INDEXER_SCORES, op);
+  const reference::PagedGather g = reference::gather_paged_indexer(in);  // validates
+  const int32_t fmt = fp8_format_code(I, op, in.format);
+  I.require_aux_dtype(op, "w", in.w);
+  const int64_t rows = g.windows.s_q(), width = g.max_context;
+  const DType odt = Impl::out_dtype(I.info.caps.outputs.index_scores, DType::F32);
+  auto fn = I.lib.table->paged_indexer_scores;
+  auto res = I.run(op, [&]() {
+    Call c(I.context(op));
+    dsa_paged_indexer_scores_args a{};
+    a.q_idx = c.in("q_idx", in.q_idx);
+    a.k_cache = c.in("k_cache", in.k_cache);
+    a.k_scale_cache = c.in("k_scale_cache", in.k_scale_cache);
+    a.w = c.in("w", in.w);
+    a.block_table = c.in("block_table", in.block_table);
+    a.context_lens = c.in("context_lens", in.context_lens);
+    a.fp8_format = fmt;
+    a.scores = c.out("scores", odt, {rows, width});
+    return c.finish(fn(&a, c.err(), c.err_size()));
+  });
+  return std::move(res.at(0));
+}
+
+SparseMlaForward PluginBackend::sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) {
+  const char* op = "sparse_mla_fp8_fwd";
+  Impl& I = *impl_;
+  I.require_op(DSA_OP_SPARSE_MLA_FP8_FWD, op);
+  reference::gather_sparse_mla_fp8(in);  // validates shapes, dtypes and read tokens' scales
+  I.require_data_dtype(op, "q", in.q);
+  if (in.attn_sink) I.require_aux_dtype(op, "attn_sink", *in.attn_sink);
+  const int64_t s_q = in.q.size(0), h_q = in.q.size(1), k = in.indices.size(-1);
+  const int64_t tokens = reference::mla_fp8_cache_tokens(op, in.kv_cache);
+  const Tensor ids = in.indices.reshaped({s_q, k});
+  // The ABI passes a rank-3 cache; [tokens,656] and [blocks,bs,1,656] become [tokens,1,656].
+  const Tensor cache = in.kv_cache.dim() == 3 ? in.kv_cache
+                                              : in.kv_cache.reshaped({tokens, 1, kMlaFp8TokenBytes});
+  const DType out_dt = Impl::out_dtype(I.info.caps.outputs.mla_out, in.q.dtype());
+  const DType stat_dt = Impl::out_dtype(I.info.caps.outputs.mla_stats, DType::F32);
+  auto fn = I.lib.table->sparse_mla_fp8_fwd;
+  auto res = I.run(op, [&]() {
+    Call c(I.context(op));
+    dsa_sparse_mla_fp8_fwd_args a{};
+    a.q = c.in("q", in.q);
+    a.kv_cache = c.in("kv_cache", cache);
+    a.indices = c.in("indices", ids);
+    a.topk_length = c.in_opt("topk_length", in.topk_length);
+    a.attn_sink = c.in_opt("attn_sink", in.attn_sink);
+    a.sm_scale = in.sm_scale;
+    a.out = c.out("out", out_dt, {s_q, h_q, kMlaFp8NopeDim});
+    a.lse = c.out("lse", stat_dt, {s_q, h_q});
+    a.max_logits = c.out("max_logits", stat_dt, {s_q, h_q});
+    return c.finish(fn(&a, c.err(), c.err_size()));
+  });
+  return SparseMlaForward{std::move(res.at(0)), std::move(res.at(1)), std::move(res.at(2))};
+}
+
 std::string describe(const PluginInfo& info) {
   const dsa_capabilities& c = info.caps;
   auto join = [](std::initializer_list<std::pair<bool, const char*>> items) {
@@ -908,6 +1046,11 @@ std::string describe(const PluginInfo& info) {
     for (const auto& n : *names) list += (list.empty() ? "" : ",") + n;
     s += "; provides only " + list;
   }
+@@MINE_FP8_BLOCK@@
+  if (c.ops & ~DSA_OP_ALL_V1)
+    s += "; fp8 " + join({{(info.fp8_caps & DSA_FP8_CAP_E4M3FN) != 0, "e4m3fn"},
+                          {(info.fp8_caps & DSA_FP8_CAP_E5M2) != 0, "e5m2"},
+                          {(info.fp8_caps & DSA_FP8_REDUCED_ACCUMULATION) != 0, "reduced-accumulation"}});
   return s;
 }
 
@@ -935,6 +1078,7 @@ std::unique_ptr<PluginBackend> open_plugin(const std::string& path, const Plugin
   impl->info.abi_version = t.abi_version;
   impl->info.caps = t.caps;
   impl->info.provided_outputs = declared_outputs(t);
+  impl->info.fp8_caps = has_abi_1_1(t) ? t.fp8_caps : 0;
   return std::unique_ptr<PluginBackend>(new PluginBackend(std::move(impl)));
 }
 

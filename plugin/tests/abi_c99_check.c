@@ -4,6 +4,13 @@
 
 typedef char abi_version_is_1[DSA_BACKEND_ABI_VERSION == 1u ? 1 : -1];
 typedef char all_ops_cover_six_bits[DSA_OP_ALL_V1 == 0x3Fu ? 1 : -1];
+/* ABI 1.1 appends the §10 ops after the 1.0 fields (old plugins keep their layout). */
+typedef char abi_1_1_ops_cover_nine_bits[DSA_OP_ALL_V1_1 == 0x1FFu ? 1 : -1];
+typedef char abi_1_1_fields_are_appended[DSA_BACKEND_V1_PRE_FP8_SIZE ==
+                                                 offsetof(dsa_backend_v1, provided_outputs) +
+                                                     sizeof(uint32_t)
+                                             ? 1
+                                             : -1];
 
 static dsa_status no_topk(const dsa_topk_args* a, char* err, size_t err_size) {
   (void)a;

@@ -156,6 +156,20 @@ TEST(PluginCall, ErrorStatusCarriesThePluginMessage) {
   }
 }
 
+// Backward compatibility of ABI 1.1: a table built against an older header (ending before
+// the §10 fields) still loads and works; the §10 ops are simply not supported.
+TEST(PluginLoad, AnOlderTableLacksTheSection10Ops) {
+  auto b = open_plugin(DSA_BAD_PLUGIN_OLD_HEADER, quick());
+  EXPECT_TRUE(b->supports(Op::Topk));
+  EXPECT_FALSE(b->supports(Op::Fp8IndexerScores));
+  EXPECT_FALSE(b->supports(Op::PagedIndexerScores));
+  EXPECT_FALSE(b->supports(Op::SparseMlaFp8Fwd));
+  EXPECT_FALSE(b->fp8_reduced_accumulation());
+  EXPECT_EQ(b->info().fp8_caps, 0u);
+  const Tensor ids = call_topk(*b);
+  EXPECT_EQ(ids.dtype(), DType::I32);
+}
+
 TEST(PluginCall, UnsupportedStatusIsASkip) {
   auto b = open_plugin(DSA_BAD_PLUGIN_UNSUPPORTED, quick());
   std::string m = message_of<NotSupported>([&] { call_topk(*b); });

@@ -11,6 +11,7 @@
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
+#include "src/fp8_props_common.h"
 #include "src/props_common.h"
 
 namespace dsa::props {
@@ -887,7 +888,7 @@ Subject block_mutant(const std::string& name, const std::string& fault) {
 }  // namespace
 
 std::vector<Subject> mutant_subjects() {
-  return {
+  std::vector<Subject> all = {
       backend_mutant<ReadsThroughMinusOne>("sparse MLA reading kv through -1", "smla."),
       backend_mutant<StopsAtFirstInvalid>("stopping at the first invalid slot", "smla."),
       backend_mutant<TrustsTopkLength>("trusting topk_length without per-slot checks", "smla."),
@@ -927,6 +928,8 @@ std::vector<Subject> mutant_subjects() {
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),
   };
+  for (Subject& s : fp8_mutant_subjects()) all.push_back(std::move(s));  // §10: fp8_mutants.cpp
+  return all;
 }
 
 std::vector<Subject> control_subjects() {

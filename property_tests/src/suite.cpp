@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "fp8_props_common.h"
 #include "props_common.h"
 
 namespace dsa::props {
@@ -23,6 +24,7 @@ const std::vector<Property>& all_properties() {
     add_sparse_mla_properties(p);
     add_kl_loss_properties(p);
     add_block_properties(p);
+    add_fp8_properties(p);
     return p;
   }();
   return props;

@@ -55,6 +55,11 @@ std::vector<OutputRule> output_rules(Op op, const oracle::OpCase& c) {
     case Op::IndexerKlLoss:
       return {{"loss", {1}, false, "SPEC §7: one value"},
               {"d_scores", c.kl.scores.shape(), false, "SPEC §7: shape of scores"}};
+    case Op::Fp8IndexerScores:
+    case Op::PagedIndexerScores:
+    case Op::SparseMlaFp8Fwd:
+      throw oracle::NotSupported(std::string(oracle::to_string(op)) +
+                                 ": the SPEC §10 ops are not bridged to Python backends yet");
   }
   throw std::invalid_argument("output_rules: unknown op");
 }
@@ -146,6 +151,9 @@ std::vector<std::string> output_names(Op op, bool with_sink) {
     case Op::SparseMlaBwd:
       return with_sink ? std::vector<std::string>{"dq", "dkv", "dsink"} : std::vector<std::string>{"dq", "dkv"};
     case Op::IndexerKlLoss: return {"loss", "d_scores"};
+    case Op::Fp8IndexerScores: return {"scores"};
+    case Op::PagedIndexerScores: return {"scores"};
+    case Op::SparseMlaFp8Fwd: return {"out", "lse", "max_logits"};
   }
   return {};
 }
@@ -205,6 +213,11 @@ OpArgs op_args(Op op, const oracle::OpCase& c) {
       a.scalars["mode"] = to_string(c.kl.mode);
       a.scalars["coeff"] = c.kl.coeff;
       break;
+    case Op::Fp8IndexerScores:
+    case Op::PagedIndexerScores:
+    case Op::SparseMlaFp8Fwd:
+      throw oracle::NotSupported(std::string(oracle::to_string(op)) +
+                                 ": the SPEC §10 ops are not bridged to Python backends yet");
   }
   return a;
 }

@@ -12,7 +12,7 @@
 
 namespace dsa::reference {
 
-Tensor paged_indexer_scores(const PagedIndexerInputs& in, Precision precision) {
+PagedGather gather_paged_indexer(const PagedIndexerInputs& in) {
   const char* where = "paged_indexer_scores";
   check_arg(in.q_idx.dim() == 4, where, "q_idx", "shape " + shape_str(in.q_idx.shape()),
             "4 dimensions [batch, next_n, H_I, d_I] (fp8 bytes)");
@@ -60,11 +60,20 @@ Tensor paged_indexer_scores(const PagedIndexerInputs& in, Precision precision) {
     f.windows.ks.push_back(off[b]);
     f.windows.ke.push_back(off[b] + win.ke[r]);
   }
-  const Tensor packed = fp8_indexer_scores(f, precision);
+  return PagedGather{std::move(f), std::move(off), win, max_context};
+}
+
+Tensor paged_indexer_scores(const PagedIndexerInputs& in, Precision precision) {
+  const PagedGather g = gather_paged_indexer(in);
+  const Tensor packed = fp8_indexer_scores(g.packed, precision);
+  const int64_t rows = g.packed.q_idx.size(0), total = g.packed.k_idx.size(0);
+  const int64_t next_n = in.q_idx.size(1), max_context = g.max_context;
+  const std::vector<int64_t>& off = g.offsets;
+  const KeyWindows& win = g.windows;
 
   // Scatter: column p of row r is packed column off[b] + p inside the window, -inf outside.
-  Tensor out(packed.dtype(), {batch * next_n, max_context});
-  for (int64_t r = 0; r < batch * next_n; ++r) {
+  Tensor out(packed.dtype(), {rows, max_context});
+  for (int64_t r = 0; r < rows; ++r) {
     const int64_t b = r / next_n;
     for (int64_t p = 0; p < max_context; ++p)
       out.set(r * max_context + p, p < win.ke[r] ? packed.get(r * total + off[b] + p)

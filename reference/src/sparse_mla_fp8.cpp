@@ -19,7 +19,7 @@ int64_t mla_fp8_cache_tokens(const char* where, const Tensor& kv_cache) {
   return kv_cache.numel() / kMlaFp8TokenBytes;
 }
 
-SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in, Precision precision) {
+SparseMlaFp8Gather gather_sparse_mla_fp8(const SparseMlaFp8Inputs& in, Precision precision) {
   const char* where = "sparse_mla_fp8_forward";
   detail::check_rank3(where, "q", in.q, "[s_q, h_q, 576]");
   check_shape(where, "q", in.q, {-1, -1, kMlaFp8Dqk});
@@ -76,7 +76,11 @@ SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in, Precision 
   m.attn_sink = in.attn_sink;
   m.sm_scale = in.sm_scale;
   m.d_v = kMlaFp8NopeDim;
-  return sparse_mla_forward(m, precision);
+  return SparseMlaFp8Gather{std::move(m), std::move(used)};
+}
+
+SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in, Precision precision) {
+  return sparse_mla_forward(gather_sparse_mla_fp8(in, precision).inputs, precision);
 }
 
 }  // namespace dsa::reference

@@ -10,14 +10,19 @@
 #include <string>
 #include <vector>
 
+#include "dsa/contract/fp8_op_types.h"
 #include "dsa/contract/op_types.h"
 
 namespace dsa::oracle {
 
 /// The ops a backend may implement (names as in the `dsa` operator library).
-enum class Op { IndexerScores, IndexerScoresBackward, Topk, SparseMlaFwd, SparseMlaBwd, IndexerKlLoss };
+/// The last three are the FP8 / paged inference ops of SPEC §10.
+enum class Op {
+  IndexerScores, IndexerScoresBackward, Topk, SparseMlaFwd, SparseMlaBwd, IndexerKlLoss,
+  Fp8IndexerScores, PagedIndexerScores, SparseMlaFp8Fwd
+};
 const char* to_string(Op op);
-/// All ops, in pipeline order.
+/// All ops, in pipeline order (the §10 inference ops last).
 const std::vector<Op>& all_ops();
 
 /// Thrown by a backend for an op it does not implement; the oracle reports "skip".
@@ -55,6 +60,18 @@ class Backend {
   virtual SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in);
   virtual SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout);
   virtual IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in);
+
+  // SPEC §10 inference ops (FP8 bytes, paged KV). Same NotSupported defaults.
+  /// FP8 indexer scores [s_q,s_kv] (contract/fp8_op_types.h: Fp8IndexerInputs).
+  virtual Tensor fp8_indexer_scores(const Fp8IndexerInputs& in);
+  /// Paged FP8 indexer scores [batch·next_n, max_context] (PagedIndexerInputs).
+  virtual Tensor paged_indexer_scores(const PagedIndexerInputs& in);
+  /// Sparse MLA forward over the 656-byte FP8 KV cache (SparseMlaFp8Inputs).
+  virtual SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in);
+  /// True when the backend accumulates FP8 products on tensor cores with fewer mantissa
+  /// bits than fp32 between promotions (DeepSeek-V3 report §3.3: about 14). The oracle then
+  /// judges the FP8 indexer ops by the table row for that accumulation, and says so.
+  virtual bool fp8_reduced_accumulation() const { return false; }
 };
 
 using BackendFactory = std::function<std::unique_ptr<Backend>()>;

@@ -13,8 +13,9 @@
 
 namespace dsa::oracle {
 
-/// Output names of `op`, in report order (SPEC §2-§7): scores; dq_idx, dk_idx, dw; indices;
-/// out, lse, max_logits; dq, dkv, dsink; loss, d_scores.
+/// Output names of `op`, in report order (SPEC §2-§7, §10): scores; dq_idx, dk_idx, dw;
+/// indices; out, lse, max_logits; dq, dkv, dsink; loss, d_scores; §10: scores, scores,
+/// out, lse, max_logits.
 const std::vector<std::string>& op_output_names(Op op);
 /// Every output name of every op (sorted, unique).
 const std::vector<std::string>& all_output_names();
@@ -56,9 +57,14 @@ class CandidateBackend : public Backend {
   SparseMlaForward sparse_mla_forward(const SparseMlaInputs&) override;
   SparseMlaGrads sparse_mla_backward(const SparseMlaInputs&, const Tensor&) override;
   IndexerKlResult indexer_kl_loss(const IndexerKlInputs&) override;
+  /// §10 ops: the stored scores / out, lse, max_logits (conventions as for sparse MLA).
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs&) override;
+  Tensor paged_indexer_scores(const PagedIndexerInputs&) override;
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs&) override;
 
  private:
   bool has(const std::string& n) const { return outputs_.count(n) > 0; }
+  SparseMlaForward stored_forward();  // out, lse, max_logits with lse_base2 applied
   bool uses(fixtures::Convention c) const;
   Tensor get(const std::string& n) const;
   void need(Op op) const;

@@ -31,6 +31,10 @@ struct OpCase {
   Tensor dout;
   // KL loss (§7).
   IndexerKlInputs kl;
+  // FP8 / paged inference ops (§10); checked in fp8_check.h.
+  Fp8IndexerInputs fp8_indexer;
+  PagedIndexerInputs paged_indexer;
+  SparseMlaFp8Inputs mla_fp8;
 };
 
 /// Options of every check.

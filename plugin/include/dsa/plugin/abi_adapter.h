@@ -20,7 +20,8 @@ namespace dsa::plugin {
 /// backend, copies results into the caller's outputs and maps exceptions to statuses:
 /// NotSupported → DSA_STATUS_UNSUPPORTED, std::invalid_argument → DSA_STATUS_INVALID_ARGUMENT,
 /// anything else → DSA_STATUS_INTERNAL_ERROR, with what() in err.
-/// Capabilities of an adapter around a reference-like backend: every v1 op, F64/F32/F16/BF16
+/// Capabilities of an adapter around a reference-like backend: every ABI 1.1 op (the §10 ops
+/// with both FP8 formats, fp8_caps set by make_adapter_table), F64/F32/F16/BF16
 /// inputs, CPU, all tie policies and orders, deterministic, every float output F64.
 dsa_capabilities reference_like_capabilities();
 

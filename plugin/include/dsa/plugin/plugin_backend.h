@@ -36,6 +36,7 @@ struct PluginInfo {
   /// dsa_backend_v1::provided_outputs (DSA_OUTPUT_* bits; 0: every output of each op, also
   /// for tables built against the first ABI 1 header, which lack the field).
   uint32_t provided_outputs = 0;
+  uint32_t fp8_caps = 0;  ///< DSA_FP8_* bits (ABI 1.1; 0 for an ABI 1.0 table)
 };
 
 /// Names of the outputs declared in provided_outputs (oracle output names, e.g. {"out",
@@ -90,6 +91,13 @@ class PluginBackend : public dsa::oracle::Backend {
   /// passes its out/lse; otherwise out/lse are NULL.
   SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override;
   IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override;
+  /// SPEC §10 ops (ABI 1.1). Inputs are validated like the reference (invalid_argument);
+  /// a format outside fp8_caps or a q dtype outside input_dtypes is NotSupported.
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override;
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override;
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override;
+  /// fp8_caps & DSA_FP8_REDUCED_ACCUMULATION.
+  bool fp8_reduced_accumulation() const override;
 
   struct Impl;
 
@@ -107,7 +115,8 @@ class PluginBackend : public dsa::oracle::Backend {
 /// Throws PluginLoadError naming the path for: a missing file, a file dlopen rejects (not a
 /// shared object, unresolved symbols), a library without the entry symbol ("not a dsa
 /// plugin"), a NULL table, abi_version != DSA_BACKEND_ABI_VERSION, a struct_size smaller
-/// than the first ABI 1 table (one ending before provided_outputs is accepted), an empty or non-printable name, or inconsistent capabilities
+/// than the first ABI 1 table (one ending before provided_outputs is accepted; one ending
+/// before fp8_caps lacks the §10 ops), an empty or non-printable name, or inconsistent capabilities
 /// (unknown bits, no ops, a declared op whose function is NULL, no input dtype, no device,
 /// no tie policy/order for top-k, an output dtype code illegal for its family, deterministic
 /// not 0/1, unknown provided_outputs bits or a declared op none of whose outputs is

@@ -3,6 +3,8 @@
 // indexer (dsa::reference::fp8_indexer_scores), then scatter to logical positions.
 #pragma once
 
+#include <vector>
+
 #include "dsa/contract/fp8_op_types.h"
 #include "dsa/reference/precision.h"
 
@@ -18,5 +20,17 @@ namespace dsa::reference {
 /// naming [block, slot] for a read scale that is not positive finite.
 Tensor paged_indexer_scores(const PagedIndexerInputs& in,
                             Precision precision = Precision::Reference);
+
+/// The dense FP8 indexer problem a paged one reduces to: the keys p < L_b of request b
+/// packed at rows offsets[b] + p (bytes and scales copied through the block table), queries
+/// [batch·next_n, H_I, d_I], windows [offsets[b], offsets[b] + ke) over the packed keys.
+/// `windows` are the logical MTP windows over max_context columns. Same checks and errors.
+struct PagedGather {
+  Fp8IndexerInputs packed;
+  std::vector<int64_t> offsets;  ///< [batch + 1]
+  KeyWindows windows;
+  int64_t max_context = 0;
+};
+PagedGather gather_paged_indexer(const PagedIndexerInputs& in);
 
 }  // namespace dsa::reference

@@ -2,6 +2,8 @@
 // the token rows the valid ids read, then the §4 reference (dsa::reference::sparse_mla_forward).
 #pragma once
 
+#include <vector>
+
 #include "dsa/contract/fp8_op_types.h"
 #include "dsa/contract/op_types.h"
 #include "dsa/reference/precision.h"
@@ -18,6 +20,17 @@ namespace dsa::reference {
 /// 'indices', 'topk_length', 'attn_sink', 'sm_scale'.
 SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in,
                                         Precision precision = Precision::Reference);
+
+/// The §4 problem the FP8 one reduces to: kv = the distinct tokens valid slots read,
+/// dequantized (F64 for Reference, q's dtype for Baseline), in first-use order; indices
+/// remapped into those rows, -1 for every invalid slot; q, topk_length, attn_sink, sm_scale
+/// as given; d_v 512. `token_of_row[r]` is the cache token of kv row r. Same errors.
+struct SparseMlaFp8Gather {
+  SparseMlaInputs inputs;
+  std::vector<int64_t> token_of_row;
+};
+SparseMlaFp8Gather gather_sparse_mla_fp8(const SparseMlaFp8Inputs& in,
+                                         Precision precision = Precision::Reference);
 
 /// The kv_cache's token count (numel / 656) after checking its dtype U8 and shape
 /// [tokens,656], [num_blocks,block_size,656] or [num_blocks,block_size,1,656].

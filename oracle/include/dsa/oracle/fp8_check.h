@@ -1,0 +1,38 @@
+// Op checkers of the SPEC §10 inference ops (FP8 indexer, paged FP8 indexer, sparse MLA over
+// the FP8 KV cache): run, judge by the §9 ratio rule against the float64 reference on the
+// exact bytes the backend was given, and prove that entries past a context / unread tokens
+// are never read by re-running with them poisoned (out-of-range ids, NaN blocks).
+#pragma once
+
+#include "dsa/oracle/op_check.h"
+
+namespace dsa::oracle {
+
+/// FP8 indexer (c.fp8_indexer). Judged by the table row "fp8_indexer_scores", or
+/// "fp8_indexer_scores:fp8_tensor_core" when b.fp8_reduced_accumulation() (noted). §10.
+OpReport check_fp8_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt = {});
+/// Paged FP8 indexer (c.paged_indexer), run three times: as given, with every table entry
+/// past a context replaced by an out-of-range block id, and with those entries pointing at
+/// extra blocks full of NaN bytes and NaN scales (unread slots of read blocks NaN too). Each
+/// run is judged against the reference ("scores", "scores[poisoned ids]", "scores[NaN
+/// blocks]"); a crash, an exception or a non-finite output on a poisoned run fails. §10.
+OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt = {});
+/// Sparse MLA over the FP8 cache (c.mla_fp8), run as given and with every token no valid
+/// slot reads overwritten by 0xFF bytes (NaN values, NaN scales, NaN RoPE) and slots past
+/// topk_length pointed at such tokens; out, lse, max_logits judged for both. §10, §4-§6.
+OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOptions& opt = {});
+
+/// The poisoned variants used above (exposed for tests and mutants).
+/// Table entries past each context → out-of-range ids (num_blocks, -1, INT32_MAX, ...).
+PagedIndexerInputs poison_paged_table_ids(const PagedIndexerInputs& in);
+/// Two extra NaN blocks appended to the cache; entries past a context point at them; every
+/// (block, slot) no request reads gets NaN bytes (0x7F) and a NaN scale.
+PagedIndexerInputs poison_paged_nan_blocks(const PagedIndexerInputs& in);
+/// Every token no valid slot reads → 0xFF bytes; slots past topk_length → such a token.
+SparseMlaFp8Inputs poison_unread_tokens(const SparseMlaFp8Inputs& in);
+
+/// Term magnitude of the FP8 indexer scores: H_I·d_I·max|w|·max|q|·max over read keys of
+/// |k|·k_scale (decoded values). SPEC §10.
+double fp8_indexer_term_scale(const Fp8IndexerInputs& in);
+
+}  // namespace dsa::oracle

@@ -1,0 +1,175 @@
+// Properties of the SPEC §10 inference ops: FP8 indexer (ratio rule, exact tier, invalid
+// scales rejected), paged FP8 indexer (ratio rule with poisoned unread table entries, MTP
+// windows exact at ke, bad tables rejected), sparse MLA over the FP8 cache (ratio rule with
+// poisoned unread tokens, empty rows).
+#include <cmath>
+#include <filesystem>
+
+#include "dsa/fixtures/fp8_fixture.h"
+#include "dsa/oracle/fp8_check.h"
+#include "dsa/oracle/metrics.h"
+#include "dsa/property_tests/fp8_generators.h"
+#include "dsa/reference/fp8_indexer.h"
+#include "dsa/reference/paged_indexer.h"
+#include "src/fp8_props_common.h"
+#include "src/props_common.h"
+
+namespace dsa::props {
+namespace {
+
+using oracle::Backend;
+using oracle::BlockFactory;
+using oracle::Op;
+
+std::string case_name() {
+  return dump_target().empty() ? std::string("property_case")
+                               : std::filesystem::path(dump_target()).stem().string();
+}
+template <class F>
+fixtures::Fixture described(F make, const std::string& desc) {
+  fixtures::Fixture f = make();
+  f.producer = "dsa-verify property suite (failing case dump)";
+  f.notes = desc;
+  return f;
+}
+
+oracle::OpCase op_case(const Fp8IndexerInputs& in) {
+  oracle::OpCase c;
+  c.fp8_indexer = in;
+  return c;
+}
+oracle::OpCase op_case(const PagedIndexerInputs& in) {
+  oracle::OpCase c;
+  c.paged_indexer = in;
+  return c;
+}
+oracle::OpCase op_case(const SparseMlaFp8Inputs& in) {
+  oracle::OpCase c;
+  c.mla_fp8 = in;
+  return c;
+}
+
+// Runs `call`; true when the backend rejected the input with an error (NotSupported
+// propagates as a skip).
+template <class Call>
+bool rejected(Call call, std::string& message) {
+  try {
+    call();
+  } catch (const oracle::NotSupported&) {
+    throw;
+  } catch (const std::exception& e) {
+    message = e.what();
+    return true;
+  }
+  return false;
+}
+
+// ---- FP8 indexer --------------------------------------------------------------------------
+
+void fp8_indexer_ratio(Backend& b, const BlockFactory&) {
+  const Fp8IndexerCase c = draw_fp8_indexer_case();
+  DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
+  RC_ASSERT(!all_zero(c.in.q_idx));
+  RC_ASSERT(!all_zero(c.in.w));
+  DSA_PROP_ASSERT_PASSED(oracle::check_fp8_indexer_scores(b, op_case(c.in)));
+}
+
+// Power-of-two scales and small integers: every product and sum is exact in fp32, so the
+// candidate equals the float64 reference bit for bit.
+void fp8_indexer_exact_tier(Backend& b, const BlockFactory&) {
+  const Fp8IndexerCase c = draw_fp8_indexer_case("exact");
+  DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
+  const Tensor ref = reference::fp8_indexer_scores(c.in);
+  const Tensor got = b.fp8_indexer_scores(c.in);
+  const auto m = oracle::compare_tensors(got, ref);
+  RC_ASSERT(m.shape_ok);
+  RC_ASSERT(m.nonfinite_mismatches == 0);
+  RC_ASSERT(m.max_abs == 0.0);
+}
+
+// A key some window reads with a scale <= 0, NaN or inf is an invalid argument (SPEC §10):
+// an error, never a silent result (a negative scale moved outside the ReLU flips signs).
+void fp8_invalid_scale_rejected(Backend& b, const BlockFactory&) {
+  const Fp8IndexerCase c = draw_fp8_indexer_case("bad_scale");
+  DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
+  std::string msg;
+  if (!rejected([&] { b.fp8_indexer_scores(c.in); }, msg))
+    RC_FAIL("accepted k_scale[" + std::to_string(c.bad_key) + "] = " +
+            std::to_string(c.in.k_scale.get(c.bad_key)) + " of a key inside a window (" + c.desc + ")");
+}
+
+// ---- paged FP8 indexer --------------------------------------------------------------------
+
+void paged_indexer_ratio(Backend& b, const BlockFactory&) {
+  const PagedIndexerCase c = draw_paged_indexer_case();
+  DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
+  DSA_PROP_ASSERT_PASSED(oracle::check_paged_indexer_scores(b, op_case(c.in)));
+}
+
+// next_n >= 2: row b·next_n+i sees exactly [0, L-next_n+i+1): key ke-1 finite, key ke -inf.
+void paged_mtp_window_exact_at_ke(Backend& b, const BlockFactory&) {
+  const PagedIndexerCase c = draw_paged_indexer_case("mtp");
+  DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
+  const reference::PagedGather g = reference::gather_paged_indexer(c.in);
+  const Tensor got = b.paged_indexer_scores(c.in);
+  const int64_t rows = g.windows.s_q(), width = g.max_context;
+  RC_ASSERT(got.shape() == std::vector<int64_t>({rows, width}));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t ke = g.windows.ke[r];
+    if (ke > 0) RC_ASSERT(std::isfinite(got.get(r * width + ke - 1)));
+    if (ke < width) RC_ASSERT(got.get(r * width + ke) == -INFINITY);
+  }
+  DSA_PROP_ASSERT_PASSED(oracle::check_paged_indexer_scores(b, op_case(c.in)));
+}
+
+// A table entry a context reads that is out of range, or a context longer than its table
+// row holds: an error naming the problem, never a read of memory outside the cache.
+void paged_bad_table_rejected(Backend& b, const BlockFactory&) {
+  const PagedIndexerCase c = draw_paged_indexer_case("bad_table");
+  DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
+  std::string msg;
+  RC_ASSERT(rejected([&] { reference::paged_indexer_scores(c.in); }, msg));  // the case is bad
+  if (!rejected([&] { b.paged_indexer_scores(c.in); }, msg))
+    RC_FAIL("accepted a bad block table / context length (" + c.desc + ")");
+}
+
+// ---- sparse MLA over the FP8 cache --------------------------------------------------------
+
+void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
+  const SmlaFp8Case c = draw_smla_fp8_case();
+  DumpOnFailure dump([&] { return described([&] { return fixtures::sparse_mla_fp8_fixture(c.in, case_name()); }, c.desc); });
+  const SparseMlaForward f = b.sparse_mla_fp8_forward(c.in);
+  // Empty rows (SPEC §6): out 0, lse +inf, max_logits -inf, no NaN.
+  const int64_t s_q = c.in.q.size(0), h = c.in.q.size(1), k = c.in.indices.size(-1);
+  const int64_t tokens = c.in.kv_cache.numel() / kMlaFp8TokenBytes;
+  RC_ASSERT(f.out.shape() == std::vector<int64_t>({s_q, h, kMlaFp8NopeDim}));
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = c.in.topk_length ? c.in.topk_length->get(t) : k;
+    bool empty = true;
+    for (int64_t j = 0; j < std::min(k, len); ++j) {
+      const double id = c.in.indices.get(t * k + j);
+      empty = empty && !(id >= 0 && id < static_cast<double>(tokens));
+    }
+    if (!empty) continue;
+    for (int64_t hh = 0; hh < h; ++hh) {
+      RC_ASSERT(f.lse.get(t * h + hh) == INFINITY);
+      RC_ASSERT(f.max_logits.get(t * h + hh) == -INFINITY);
+      for (int64_t d = 0; d < kMlaFp8NopeDim; ++d) RC_ASSERT(f.out.get((t * h + hh) * kMlaFp8NopeDim + d) == 0.0);
+    }
+  }
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_fp8_forward(b, op_case(c.in)));
+}
+
+}  // namespace
+
+void add_fp8_properties(std::vector<Property>& out) {
+  out.push_back({"fp8.indexer_ratio", {Op::Fp8IndexerScores}, 1, fp8_indexer_ratio});
+  out.push_back({"fp8.indexer_exact_tier", {Op::Fp8IndexerScores}, 1, fp8_indexer_exact_tier});
+  out.push_back({"fp8.invalid_scale_rejected", {Op::Fp8IndexerScores}, 1, fp8_invalid_scale_rejected});
+  out.push_back({"paged.indexer_ratio", {Op::PagedIndexerScores}, 1, paged_indexer_ratio});
+  out.push_back({"paged.mtp_window_exact_at_ke", {Op::PagedIndexerScores}, 1, paged_mtp_window_exact_at_ke});
+  out.push_back({"paged.bad_table_rejected", {Op::PagedIndexerScores}, 1, paged_bad_table_rejected});
+  out.push_back({"smla_fp8.forward_ratio", {Op::SparseMlaFp8Fwd}, 1, smla_fp8_forward_ratio});
+}
+
+}  // namespace dsa::props

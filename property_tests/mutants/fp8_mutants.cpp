@@ -1,0 +1,173 @@
+// Mutants of the SPEC §10 inference ops, each imitating one fault (named in the comment
+// above it). They wrap the reference backend and implement only the §10 ops.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+#include "dsa/contract/paged_kv.h"
+#include "dsa/oracle/reference_backend.h"
+#include "dsa/reference/fp8_indexer.h"
+#include "dsa/reference/indexer.h"
+#include "dsa/reference/paged_indexer.h"
+#include "dsa/reference/sparse_mla.h"
+#include "dsa/reference/sparse_mla_fp8.h"
+#include "src/fp8_props_common.h"
+
+namespace dsa::props {
+namespace {
+
+using oracle::Backend;
+using oracle::Op;
+
+// Forwards the §10 ops to the reference; a mutant overrides the one it breaks.
+class Fp8Wrap : public Backend {
+ public:
+  explicit Fp8Wrap(std::string name) : name_(std::move(name)), ref_(oracle::make_reference_backend()) {}
+  std::string name() const override { return name_; }
+  bool supports(Op op) const override {
+    return op == Op::Fp8IndexerScores || op == Op::PagedIndexerScores || op == Op::SparseMlaFp8Fwd;
+  }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override { return ref_->fp8_indexer_scores(in); }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override { return ref_->paged_indexer_scores(in); }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    return ref_->sparse_mla_fp8_forward(in);
+  }
+
+ protected:
+  std::string name_;
+  std::unique_ptr<Backend> ref_;
+};
+
+int64_t cache_tokens(const Tensor& cache) { return cache.numel() / kMlaFp8TokenBytes; }
+
+// Sparse MLA FP8: the scale of tile (i+1) mod 4 applied to tile i.
+class TileScaleSwapped : public Fp8Wrap {
+ public:
+  TileScaleSwapped() : Fp8Wrap("fp8_tile_scale_swapped") {}
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    SparseMlaFp8Inputs m = in;
+    m.kv_cache = Tensor(DType::U8, in.kv_cache.shape());
+    std::memcpy(m.kv_cache.raw(), in.kv_cache.raw(), in.kv_cache.nbytes());
+    for (int64_t t = 0; t < cache_tokens(in.kv_cache); ++t) {
+      uint8_t* s = m.kv_cache.data<uint8_t>() + t * kMlaFp8TokenBytes + kMlaFp8ScalesOffset;
+      uint8_t tmp[16];
+      for (int i = 0; i < 4; ++i) std::memcpy(tmp + 4 * i, s + 4 * ((i + 1) % 4), 4);
+      std::memcpy(s, tmp, 16);
+    }
+    return Fp8Wrap::sparse_mla_fp8_forward(m);
+  }
+};
+
+// Sparse MLA FP8: the 64 bf16 RoPE values dequantized as if they were FP8 bytes (the first
+// 64 RoPE bytes as e4m3 with the last tile's scale).
+class RopeAsFp8 : public Fp8Wrap {
+ public:
+  RopeAsFp8() : Fp8Wrap("fp8_rope_dequantized_as_fp8") {}
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    reference::SparseMlaFp8Gather g = reference::gather_sparse_mla_fp8(in);
+    for (size_t r = 0; r < g.token_of_row.size(); ++r) {
+      const uint8_t* tok = in.kv_cache.data<uint8_t>() + g.token_of_row[r] * kMlaFp8TokenBytes;
+      const MlaFp8TokenView v(tok);
+      for (int64_t c = 0; c < kMlaFp8RopeDim; ++c)
+        g.inputs.kv.set(static_cast<int64_t>(r) * kMlaFp8Dqk + kMlaFp8NopeDim + c,
+                        fp8_to_double(tok[kMlaFp8RopeOffset + c], Fp8Format::E4M3FN) * v.tile_scale(3));
+    }
+    return reference::sparse_mla_forward(g.inputs);
+  }
+};
+
+// Paged indexer: each request also loads the table entry one block past its context
+// (a prefetch), faulting on an id outside the cache and folding the block in with a masked
+// multiply (0 · x), which NaN in that block turns into NaN scores.
+class ReadsOneBlockPast : public Fp8Wrap {
+ public:
+  ReadsOneBlockPast() : Fp8Wrap("paged_reads_one_block_past_context") {}
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    Tensor out = Fp8Wrap::paged_indexer_scores(in);
+    const int64_t num_blocks = in.k_cache.size(0), bs = in.k_cache.size(1), d = in.k_cache.size(2);
+    const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
+    const int64_t next_n = in.q_idx.size(1), width = out.size(1);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t i = (static_cast<int64_t>(in.context_lens.get(b)) + bs - 1) / bs;
+      if (i >= max_blocks) continue;
+      const int64_t blk = static_cast<int64_t>(in.block_table.get(b * max_blocks + i));
+      if (blk < 0 || blk >= num_blocks)
+        throw std::runtime_error("illegal memory access: block id " + std::to_string(blk) +
+                                 " read past the context of request " + std::to_string(b));
+      double sum = 0;
+      for (int64_t s = 0; s < bs; ++s)
+        for (int64_t c = 0; c < d; ++c)
+          sum += fp8_to_double(in.k_cache.data<uint8_t>()[(blk * bs + s) * d + c], in.format) *
+                 in.k_scale_cache.get(blk * bs + s);
+      for (int64_t r = b * next_n; r < (b + 1) * next_n; ++r)
+        for (int64_t p = 0; p < width; ++p)
+          if (std::isfinite(out.get(r * width + p))) out.set(r * width + p, out.get(r * width + p) + 0.0 * sum);
+    }
+    return out;
+  }
+};
+
+// Paged indexer: every next_n row of a request uses the last row's window [0, L).
+class NextNSharedWindow : public Fp8Wrap {
+ public:
+  NextNSharedWindow() : Fp8Wrap("paged_next_n_rows_share_one_window") {}
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    reference::PagedGather g = reference::gather_paged_indexer(in);
+    const int64_t next_n = in.q_idx.size(1), rows = g.windows.s_q(), width = g.max_context;
+    const int64_t total = g.packed.k_idx.size(0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = r / next_n;
+      g.packed.windows.ke[static_cast<size_t>(r)] = g.offsets[b + 1];
+    }
+    const Tensor packed = reference::fp8_indexer_scores(g.packed);
+    Tensor out(DType::F64, {rows, width});
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = r / next_n, L = g.offsets[b + 1] - g.offsets[b];
+      for (int64_t p = 0; p < width; ++p)
+        out.set(r * width + p, p < L ? packed.get(r * total + g.offsets[b] + p)
+                                     : -std::numeric_limits<double>::infinity());
+    }
+    return out;
+  }
+};
+
+// FP8 indexer: k_scale applied after the ReLU and never validated, so a negative scale is
+// accepted (and flips the sign of the key's scores).
+class ScaleAfterRelu : public Fp8Wrap {
+ public:
+  ScaleAfterRelu() : Fp8Wrap("fp8_k_scale_after_relu_negative_allowed") {}
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    const Tensor q = fp8_decode(in.q_idx, in.format), k = fp8_decode(in.k_idx, in.format);
+    Tensor out = reference::indexer_scores(q, k, in.w, in.windows);
+    const int64_t s_q = out.size(0), s_kv = out.size(1);
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t s = 0; s < s_kv; ++s)
+        if (in.windows.contains(t, s)) out.set(t * s_kv + s, out.get(t * s_kv + s) * in.k_scale.get(s));
+    return out;
+  }
+};
+
+template <class M>
+Subject fp8_mutant(const std::string& fault, const std::string& focus) {
+  Subject s;
+  s.make = [] { return std::unique_ptr<Backend>(new M()); };
+  s.name = s.make()->name();
+  s.fault = fault;
+  s.focus = focus;
+  return s;
+}
+
+}  // namespace
+
+std::vector<Subject> fp8_mutant_subjects() {
+  return {
+      fp8_mutant<TileScaleSwapped>("FP8 KV cache: the scale of one tile applied to another", "smla_fp8."),
+      fp8_mutant<RopeAsFp8>("FP8 KV cache: RoPE part dequantized as FP8", "smla_fp8."),
+      fp8_mutant<ReadsOneBlockPast>("paged KV: reading one block past the context", "paged."),
+      fp8_mutant<NextNSharedWindow>("paged MTP: next_n rows sharing one window", "paged."),
+      fp8_mutant<ScaleAfterRelu>("FP8 indexer: k scale after ReLU, negative scale allowed", "fp8."),
+  };
+}
+
+}  // namespace dsa::props

@@ -1,0 +1,295 @@
+#include "dsa/property_tests/fp8_generators.h"
+
+#include <rapidcheck.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "dsa/property_tests/generators.h"
+
+namespace dsa::props {
+namespace {
+
+using Rng = std::mt19937_64;
+
+Rng draw_rng() { return Rng(*rc::gen::arbitrary<uint64_t>()); }
+int64_t draw_in(int64_t lo, int64_t hi_inclusive) {
+  return *rc::gen::inRange<int64_t>(lo, hi_inclusive + 1);
+}
+double uni(Rng& r, double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(r); }
+int64_t irand(Rng& r, int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(r); }
+
+constexpr uint8_t kNanByte = 0x7F;  // NaN in e4m3fn and e5m2
+
+// Scale of one row: a power of two, the amax rule, or an arbitrary positive fp32.
+enum class ScaleKind { Pow2, Amax, Arbitrary };
+const char* to_string(ScaleKind k) {
+  return k == ScaleKind::Pow2 ? "pow2" : k == ScaleKind::Amax ? "amax" : "arbitrary";
+}
+ScaleKind draw_scale_kind() {
+  return *rc::gen::element(ScaleKind::Pow2, ScaleKind::Amax, ScaleKind::Arbitrary);
+}
+
+// One row of `d` FP8 bytes and its scale: random values, then special bytes (±max, subnormal,
+// zero). Exact rows: small integers with scale a power of two.
+float fill_row(uint8_t* bytes, int64_t d, Fp8Format f, ScaleKind kind, bool exact, Rng& r) {
+  if (exact) {
+    for (int64_t c = 0; c < d; ++c) bytes[c] = double_to_fp8(static_cast<double>(irand(r, -3, 3)), f);
+    if (std::all_of(bytes, bytes + d, [](uint8_t b) { return (b & 0x7F) == 0; })) bytes[0] = double_to_fp8(1.0, f);
+    return static_cast<float>(std::ldexp(1.0, static_cast<int>(irand(r, -3, 3))));
+  }
+  const double amp = std::ldexp(1.0, static_cast<int>(irand(r, -6, 6)));
+  std::vector<double> v(static_cast<size_t>(d));
+  double amax = 0;
+  for (auto& x : v) amax = std::max(amax, std::fabs(x = uni(r, -amp, amp)));
+  float s = kind == ScaleKind::Arbitrary ? static_cast<float>(std::exp2(uni(r, -12, 4)))
+                                         : fp8_tile_scale(amax, f, kind == ScaleKind::Pow2 ? Fp8ScaleRule::Pow2 : Fp8ScaleRule::Amax);
+  for (int64_t c = 0; c < d; ++c) bytes[c] = double_to_fp8(v[static_cast<size_t>(c)] / s, f);
+  // Special bytes: ±max, subnormals, zeros.
+  const uint8_t max_byte = double_to_fp8(fp8_max(f), f);
+  for (int64_t n = irand(r, 0, 3); n > 0; --n) {
+    const int64_t c = irand(r, 0, d - 1);
+    switch (irand(r, 0, 2)) {
+      case 0: bytes[c] = static_cast<uint8_t>(max_byte | (irand(r, 0, 1) ? 0x80 : 0)); break;
+      case 1: bytes[c] = static_cast<uint8_t>(irand(r, 1, 3) | (irand(r, 0, 1) ? 0x80 : 0)); break;
+      default: bytes[c] = 0;
+    }
+  }
+  return s;
+}
+
+Fp8Format draw_format() {
+  return *rc::gen::weightedOneOf<Fp8Format>({{4, rc::gen::just(Fp8Format::E4M3FN)},
+                                             {1, rc::gen::just(Fp8Format::E5M2)}});
+}
+
+// Head weights carrying q's per-(t,j) scale, may be negative.
+Tensor draw_weights(int64_t rows, int64_t h, bool exact, Rng& r) {
+  Tensor w(DType::F32, {rows, h});
+  for (int64_t i = 0; i < w.numel(); ++i)
+    w.set(i, exact ? static_cast<double>(irand(r, -2, 2)) : uni(r, -1, 1) * std::exp2(uni(r, -4, 2)));
+  if (rows * h > 0 && all_zero(w)) w.set(0, 1.0);
+  return w;
+}
+
+double bad_scale(Rng& r) {
+  const double v[] = {0.0, -1.0, -0.25, std::numeric_limits<double>::quiet_NaN(),
+                      std::numeric_limits<double>::infinity(), -0.0};
+  return v[irand(r, 0, 5)];
+}
+
+}  // namespace
+
+Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
+  Fp8IndexerCase c;
+  const bool exact = flavor == "exact";
+  const int64_t s_q = draw_in(1, 6), h = *rc::gen::element<int64_t>(1, 2, 4, 8);
+  const int64_t d = *rc::gen::element<int64_t>(16, 32, 64, 128);
+  const int64_t s_kv = *rc::gen::weightedOneOf<int64_t>(
+      {{4, rc::gen::inRange<int64_t>(1, 24)}, {1, rc::gen::element<int64_t>(63, 64, 65)}});
+  Fp8IndexerInputs& in = c.in;
+  in.format = exact ? Fp8Format::E4M3FN : draw_format();
+  std::string wkind;
+  in.windows = draw_windows(s_q, s_kv, flavor == "bad_scale" ? "causal" : nullptr, &wkind);
+  const ScaleKind kind = exact ? ScaleKind::Pow2 : draw_scale_kind();
+  Rng r = draw_rng();
+  in.q_idx = Tensor(DType::U8, {s_q, h, d});
+  in.k_idx = Tensor(DType::U8, {s_kv, d});
+  in.k_scale = Tensor(DType::F32, {s_kv});
+  in.w = draw_weights(s_q, h, exact, r);
+  for (int64_t i = 0; i < s_q * h; ++i) {
+    const float qs = fill_row(in.q_idx.data<uint8_t>() + i * d, d, in.format, kind, exact, r);
+    if (!exact) in.w.set(i, in.w.get(i) * qs);  // w carries q's scale (SPEC §10)
+  }
+  for (int64_t s = 0; s < s_kv; ++s)
+    in.k_scale.data<float>()[s] = fill_row(in.k_idx.data<uint8_t>() + s * d, d, in.format, kind, exact, r);
+  // Keys no window reads: NaN bytes and garbage scales.
+  std::vector<char> read(static_cast<size_t>(s_kv), 0);
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = in.windows.ks[t]; s < in.windows.ke[t]; ++s) read[static_cast<size_t>(s)] = 1;
+  int64_t unread = 0;
+  for (int64_t s = 0; s < s_kv; ++s)
+    if (!read[static_cast<size_t>(s)]) {
+      ++unread;
+      std::memset(in.k_idx.data<uint8_t>() + s * d, kNanByte, static_cast<size_t>(d));
+      in.k_scale.set(s, bad_scale(r));
+    }
+  if (flavor == "bad_scale") {
+    std::vector<int64_t> keys;
+    for (int64_t s = 0; s < s_kv; ++s)
+      if (read[static_cast<size_t>(s)]) keys.push_back(s);
+    RC_PRE(!keys.empty());
+    c.bad_key = keys[static_cast<size_t>(irand(r, 0, static_cast<int64_t>(keys.size()) - 1))];
+    in.k_scale.set(c.bad_key, bad_scale(r));
+  }
+  c.desc = "fp8 indexer s_q=" + std::to_string(s_q) + " H_I=" + std::to_string(h) + " d_I=" +
+           std::to_string(d) + " s_kv=" + std::to_string(s_kv) + " " + to_string(in.format) +
+           " scales=" + to_string(kind) + " windows=" + wkind + " unread_nan_keys=" + std::to_string(unread) +
+           (c.bad_key >= 0 ? " bad_scale_key=" + std::to_string(c.bad_key) : "");
+  return c;
+}
+
+PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
+  PagedIndexerCase c;
+  PagedIndexerInputs& in = c.in;
+  const int64_t batch = draw_in(1, 4);
+  const int64_t next_n = flavor == "mtp" ? draw_in(2, 4) : draw_in(1, 4);
+  const int64_t bs = *rc::gen::element<int64_t>(1, 16, 64);
+  const int64_t h = *rc::gen::element<int64_t>(1, 2, 4), d = *rc::gen::element<int64_t>(16, 32, 64);
+  std::vector<int32_t> lens;
+  for (int64_t b = 0; b < batch; ++b)
+    lens.push_back(static_cast<int32_t>(*rc::gen::weightedOneOf<int64_t>(
+        {{1, rc::gen::just<int64_t>(0)},
+         {1, rc::gen::inRange<int64_t>(1, next_n + 1)},
+         {4, rc::gen::inRange<int64_t>(1, std::min<int64_t>(3 * bs, 130) + 1)},
+         {1, rc::gen::just<int64_t>(int64_t{bs})}})));
+  in.format = draw_format();
+  const ScaleKind kind = draw_scale_kind();
+  Rng r = draw_rng();
+  int64_t max_blocks = 1, used = 0;
+  for (int32_t L : lens) {
+    max_blocks = std::max<int64_t>(max_blocks, (L + bs - 1) / bs + irand(r, 0, 2));
+    used += (L + bs - 1) / bs;
+  }
+  const int64_t num_blocks = used + irand(r, 0, 3);
+  std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), r);
+  // Entries past a context: -1, an out-of-range id, or a stale (valid) id.
+  std::vector<int32_t> table(static_cast<size_t>(batch * max_blocks));
+  for (auto& e : table) {
+    const int64_t pick = irand(r, 0, 2);
+    e = pick == 0 ? -1 : pick == 1 ? static_cast<int32_t>(num_blocks + irand(r, 0, 1000))
+                                   : static_cast<int32_t>(irand(r, 0, std::max<int64_t>(0, num_blocks - 1)));
+  }
+  size_t next = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < (lens[b] + bs - 1) / bs; ++i) table[b * max_blocks + i] = perm[next++];
+  in.block_table = Tensor::from_i32({batch, max_blocks}, table);
+  in.context_lens = Tensor::from_i32({batch}, lens);
+  // Cache: every slot filled with NaN bytes and garbage scales, then the context keys.
+  in.k_cache = Tensor(DType::U8, {num_blocks, bs, d});
+  std::memset(in.k_cache.raw(), kNanByte, in.k_cache.nbytes());
+  in.k_scale_cache = Tensor(DType::F32, {num_blocks, bs});
+  for (int64_t i = 0; i < in.k_scale_cache.numel(); ++i) in.k_scale_cache.set(i, bad_scale(r));
+  const int32_t* tab = in.block_table.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t p = 0; p < lens[b]; ++p) {
+      const int64_t row = static_cast<int64_t>(tab[b * max_blocks + p / bs]) * bs + p % bs;
+      in.k_scale_cache.data<float>()[row] =
+          fill_row(in.k_cache.data<uint8_t>() + row * d, d, in.format, kind, false, r);
+    }
+  in.q_idx = Tensor(DType::U8, {batch, next_n, h, d});
+  in.w = draw_weights(batch * next_n, h, false, r);
+  for (int64_t i = 0; i < batch * next_n * h; ++i)
+    in.w.set(i, in.w.get(i) * fill_row(in.q_idx.data<uint8_t>() + i * d, d, in.format, kind, false, r));
+  const int64_t max_len = *std::max_element(lens.begin(), lens.end());
+  in.max_context = draw_in(0, 1) ? -1 : max_len + irand(r, 0, 5);
+  if (flavor == "bad_table") {
+    const int64_t b = irand(r, 0, batch - 1);
+    if (lens[b] > 0 && irand(r, 0, 1)) {
+      // A read entry out of range.
+      const int64_t i = irand(r, 0, (lens[b] + bs - 1) / bs - 1);
+      in.block_table.data<int32_t>()[b * max_blocks + i] =
+          irand(r, 0, 1) ? -1 : static_cast<int32_t>(num_blocks + irand(r, 0, 5));
+    } else {
+      in.context_lens.data<int32_t>()[b] = static_cast<int32_t>(max_blocks * bs + irand(r, 1, 3));
+      in.max_context = -1;
+    }
+  }
+  std::string ls;
+  for (int32_t L : lens) ls += (ls.empty() ? "" : ",") + std::to_string(L);
+  c.desc = "paged indexer batch=" + std::to_string(batch) + " next_n=" + std::to_string(next_n) +
+           " block_size=" + std::to_string(bs) + " context_lens=[" + ls + "] max_blocks=" +
+           std::to_string(max_blocks) + " num_blocks=" + std::to_string(num_blocks) + " H_I=" +
+           std::to_string(h) + " d_I=" + std::to_string(d) + " " + to_string(in.format) +
+           " scales=" + to_string(kind) + (flavor.empty() ? "" : " flavor=" + flavor);
+  return c;
+}
+
+SmlaFp8Case draw_smla_fp8_case() {
+  SmlaFp8Case c;
+  SparseMlaFp8Inputs& in = c.in;
+  const int64_t s_q = draw_in(1, 5), h = *rc::gen::element<int64_t>(1, 2, 16);
+  const int64_t bs = *rc::gen::element<int64_t>(1, 16, 64);
+  const int64_t num_blocks = bs == 64 ? draw_in(1, 2) : bs == 16 ? draw_in(1, 5) : draw_in(2, 40);
+  const int64_t tokens = num_blocks * bs;
+  const int64_t k = *rc::gen::weightedOneOf<int64_t>(
+      {{4, rc::gen::inRange<int64_t>(1, 17)}, {1, rc::gen::element<int64_t>(63, 64, 65)},
+       {1, rc::gen::just<int64_t>(tokens + 3)}});
+  const bool pow2 = *rc::gen::arbitrary<bool>();
+  Rng r = draw_rng();
+  in.q = Tensor(DType::BF16, {s_q, h, kMlaFp8Dqk});
+  for (int64_t i = 0; i < in.q.numel(); ++i) in.q.set(i, uni(r, -1, 1));
+  in.sm_scale = 1.0 / std::sqrt(static_cast<double>(kMlaFp8Dqk)) * std::exp2(uni(r, -1, 2));
+  // kv rows: per-tile amplitudes from 2^-8 to 2^6; some values at a tile's max, some tiny.
+  Tensor kv(DType::F64, {tokens, kMlaFp8Dqk});
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t tile = 0; tile < 5; ++tile) {
+      const int64_t lo = tile * kMlaFp8TileSize, hi = std::min(lo + kMlaFp8TileSize, kMlaFp8Dqk);
+      const double amp = std::exp2(static_cast<double>(irand(r, -8, 6)));
+      for (int64_t col = lo; col < hi; ++col) {
+        double v = uni(r, -amp, amp);
+        if (irand(r, 0, 40) == 0) v = amp * (irand(r, 0, 1) ? 1 : -1);
+        if (irand(r, 0, 40) == 0) v = amp * 1e-4;
+        kv.set(t * kMlaFp8Dqk + col, v);
+      }
+    }
+  in.kv_cache = encode_mla_fp8_cache(kv, pow2 ? Fp8ScaleRule::Pow2 : Fp8ScaleRule::Amax)
+                    .reshaped({num_blocks, bs, kMlaFp8TokenBytes});
+  // Ids: valid, -1, out of range, INT32_MIN/MAX, duplicates; some rows all invalid.
+  std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
+  std::vector<char> read(static_cast<size_t>(tokens), 0);
+  const int64_t pool = std::max<int64_t>(1, tokens - irand(r, 0, std::min<int64_t>(tokens - 1, 8)));
+  for (int64_t t = 0; t < s_q; ++t) {
+    const bool empty = irand(r, 0, 5) == 0;
+    const int64_t n_valid = empty ? 0 : irand(r, 1, k);
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t id;
+      if (j < n_valid) id = static_cast<int32_t>(irand(r, 0, pool - 1));
+      else {
+        const int32_t bad[] = {-1, static_cast<int32_t>(tokens), std::numeric_limits<int32_t>::min(),
+                               std::numeric_limits<int32_t>::max(), -7};
+        id = bad[irand(r, 0, 4)];
+      }
+      ids[static_cast<size_t>(t * k + j)] = id;
+    }
+    std::shuffle(ids.begin() + t * k, ids.begin() + (t + 1) * k, r);
+  }
+  in.indices = Tensor::from_i32({s_q, k}, ids);
+  if (*rc::gen::arbitrary<bool>()) {
+    std::vector<int32_t> len;
+    for (int64_t t = 0; t < s_q; ++t) len.push_back(static_cast<int32_t>(irand(r, 0, k)));
+    in.topk_length = Tensor::from_i32({s_q}, len);
+  }
+  if (*rc::gen::arbitrary<bool>()) {
+    in.attn_sink = Tensor(DType::F32, {h});
+    for (int64_t i = 0; i < h; ++i) in.attn_sink->set(i, irand(r, 0, 6) == 0 ? -INFINITY : uni(r, -2, 2));
+  }
+  // Tokens no valid slot reads: NaN bytes, NaN scales, NaN RoPE.
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = in.topk_length ? in.topk_length->get(t) : k;
+    for (int64_t j = 0; j < std::min(k, len); ++j) {
+      const int32_t id = ids[static_cast<size_t>(t * k + j)];
+      if (id >= 0 && id < tokens) read[static_cast<size_t>(id)] = 1;
+    }
+  }
+  int64_t unread = 0;
+  for (int64_t s = 0; s < tokens; ++s)
+    if (!read[static_cast<size_t>(s)]) {
+      ++unread;
+      std::memset(in.kv_cache.data<uint8_t>() + s * kMlaFp8TokenBytes, 0xFF, static_cast<size_t>(kMlaFp8TokenBytes));
+    }
+  c.desc = "sparse mla fp8 s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
+           " block_size=" + std::to_string(bs) + " tokens=" + std::to_string(tokens) + " k=" +
+           std::to_string(k) + (pow2 ? " pow2" : " amax") + " scales topk_length=" +
+           (in.topk_length ? "yes" : "no") + " sink=" + (in.attn_sink ? "yes" : "no") +
+           " unread_nan_tokens=" + std::to_string(unread);
+  return c;
+}
+
+}  // namespace dsa::props
