@@ -919,7 +919,15 @@ Tensor PluginBackend::fp8_indexer_scores(const Fp8IndexerInputs& in) {
   const char* op = "fp8_indexer_scores";
   Impl& I = *impl_;
   I.require_op(DSA_OP_FP8_INDEXER_SCORES, op);
-  reference::fp8_indexer_scores(in);  // validates shapes, dtypes, windows and read scales
+  // Structure only (shapes, dtypes, windows): the reference validates a copy whose windows
+  // are empty (so no scale is read); the scale values go to the plugin as given, which must
+  // reject a read scale that is not positive finite itself (SPEC §10).
+  check_arg(in.windows.ks.size() == in.windows.ke.size(), op, "windows",
+            str(in.windows.ks.size()) + " starts and " + str(in.windows.ke.size()) + " ends",
+            "as many starts as ends");
+  Fp8IndexerInputs structure = in;
+  structure.windows.ke = structure.windows.ks;
+  reference::fp8_indexer_scores(structure);
   const int32_t fmt = fp8_format_code(I, op, in.format);
   I.require_aux_dtype(op, "w", in.w);
   const int64_t s_q = in.q_idx.size(0), s_kv = in.k_idx.size(0);
@@ -946,7 +954,15 @@ Tensor PluginBackend::paged_indexer_scores(const PagedIndexerInputs& in) {
   const char* op = "paged_indexer_scores";
   Impl& I = *impl_;
   I.require_op(DSA_OP_PAGED_INDEXER_SCORES, op);
-  const reference::PagedGather g = reference::gather_paged_indexer(in);  // validates
+  // Structure only (shapes, dtypes, table entries a context reads: they address memory); the
+  // scale values go to the plugin as given, which must reject invalid read scales itself.
+  PagedIndexerInputs shape_only = in;
+  if (in.k_scale_cache.dtype() == DType::F32) {
+    shape_only.k_scale_cache = Tensor(DType::F32, in.k_scale_cache.shape());
+    for (int64_t i = 0; i < shape_only.k_scale_cache.numel(); ++i)
+      shape_only.k_scale_cache.data<float>()[i] = 1.0f;
+  }
+  const reference::PagedGather g = reference::gather_paged_indexer(shape_only);
   const int32_t fmt = fp8_format_code(I, op, in.format);
   I.require_aux_dtype(op, "w", in.w);
   const int64_t rows = g.windows.s_q(), width = g.max_context;
@@ -972,7 +988,20 @@ SparseMlaForward PluginBackend::sparse_mla_fp8_forward(const SparseMlaFp8Inputs&
   const char* op = "sparse_mla_fp8_fwd";
   Impl& I = *impl_;
   I.require_op(DSA_OP_SPARSE_MLA_FP8_FWD, op);
-  reference::gather_sparse_mla_fp8(in);  // validates shapes, dtypes and read tokens' scales
+  // Structure only (shapes, dtypes); the tokens' scale values go to the plugin as given.
+  check_rank(op, "q", in.q, 3);
+  check_shape(op, "q", in.q, {-1, -1, kMlaFp8Dqk});
+  check_arg(in.indices.dtype() == DType::I32, op, "indices", dtype_name(in.indices.dtype()), "I32");
+  check_arg((in.indices.dim() == 2 || (in.indices.dim() == 3 && in.indices.size(1) == 1)) &&
+                in.indices.size(0) == in.q.size(0),
+            op, "indices", shape_str(in.indices.shape()), "[s_q, k] or [s_q, 1, k]");
+  if (in.topk_length) {
+    check_shape(op, "topk_length", *in.topk_length, {in.q.size(0)});
+    check_arg(in.topk_length->dtype() == DType::I32, op, "topk_length",
+              dtype_name(in.topk_length->dtype()), "I32");
+  }
+  if (in.attn_sink) check_shape(op, "attn_sink", *in.attn_sink, {in.q.size(1)});
+  check_arg(std::isfinite(in.sm_scale), op, "sm_scale", str(in.sm_scale), "a finite value");
   I.require_data_dtype(op, "q", in.q);
   if (in.attn_sink) I.require_aux_dtype(op, "attn_sink", *in.attn_sink);
   const int64_t s_q = in.q.size(0), h_q = in.q.size(1), k = in.indices.size(-1);

@@ -928,7 +928,12 @@ std::vector<Subject> mutant_subjects() {
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),
   };
-  for (Subject& s : fp8_mutant_subjects()) all.push_back(std::move(s));  // §10: fp8_mutants.cpp
+  // §10 mutants (fp8_mutants.cpp) go before the block mutants: the mutant plugins index the
+  // backend mutants first (plugin/examples/mutant_plugin.cpp).
+  auto first_block = std::find_if(all.begin(), all.end(),
+                                  [](const Subject& s) { return s.name.rfind("block_", 0) == 0; });
+  std::vector<Subject> fp8 = fp8_mutant_subjects();
+  all.insert(first_block, std::make_move_iterator(fp8.begin()), std::make_move_iterator(fp8.end()));
   return all;
 }
 
