@@ -6,6 +6,7 @@
 #include <torch/cuda.h>
 
 #include "dsa/backends/torch_tensor.h"
+#include "dsa/optimized/fp8.h"
 #include "dsa/optimized/indexer.h"
 #include "dsa/optimized/kl_loss.h"
 #include "dsa/optimized/sparse_mla.h"
@@ -72,6 +73,23 @@ class LibtorchBackend final : public oracle::Backend {
     auto r = optimized::indexer_kl_loss(t(in.scores), t(in.q), t(in.kv), in.sm_scale, ks, ke,
                                         to_string(in.mode), opt(in.indices), in.coeff);
     return {from_torch(std::get<0>(r)), from_torch(std::get<1>(r))};
+  }
+
+  // SPEC §10 inference ops (composite: fp8 bytes decoded exactly, then the §2/§4 ops).
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    auto [ks, ke] = windows_to_torch(in.windows, dev());
+    return from_torch(optimized::fp8_indexer_scores(t(in.q_idx), t(in.k_idx), t(in.k_scale),
+                                                    t(in.w), ks, ke, to_string(in.format)));
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    return from_torch(optimized::paged_indexer_scores(
+        t(in.q_idx), t(in.k_cache), t(in.k_scale_cache), t(in.w), t(in.block_table),
+        t(in.context_lens), in.max_context, to_string(in.format)));
+  }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    auto r = optimized::sparse_mla_fp8_fwd(t(in.q), t(in.kv_cache), t(in.indices), in.sm_scale,
+                                           opt(in.topk_length), opt(in.attn_sink));
+    return {from_torch(std::get<0>(r)), from_torch(std::get<1>(r)), from_torch(std::get<2>(r))};
   }
 
  private:

@@ -63,6 +63,19 @@ std::map<std::string, Tensor> outputs_of(oracle::Backend& b, const fixtures::Fix
         out["d_scores"] = r.d_scores;
         break;
       }
+      case oracle::Op::Fp8IndexerScores:  // SPEC §10
+        out["scores"] = b.fp8_indexer_scores(c.fp8_indexer);
+        break;
+      case oracle::Op::PagedIndexerScores:
+        out["scores"] = b.paged_indexer_scores(c.paged_indexer);
+        break;
+      case oracle::Op::SparseMlaFp8Fwd: {
+        const SparseMlaForward fwd = b.sparse_mla_fp8_forward(c.mla_fp8);
+        out["out"] = fwd.out;
+        out["lse"] = fwd.lse;
+        out["max_logits"] = fwd.max_logits;
+        break;
+      }
     }
   }
   return out;

@@ -103,7 +103,13 @@ const std::vector<OutputBit>& output_bits() {
       {DSA_OP_SPARSE_MLA_BWD, DSA_OUTPUT_DKV, "dkv"},
       {DSA_OP_SPARSE_MLA_BWD, DSA_OUTPUT_DSINK, "dsink"},
       {DSA_OP_INDEXER_KL_LOSS, DSA_OUTPUT_LOSS, "loss"},
-      {DSA_OP_INDEXER_KL_LOSS, DSA_OUTPUT_D_SCORES, "d_scores"}};
+      {DSA_OP_INDEXER_KL_LOSS, DSA_OUTPUT_D_SCORES, "d_scores"},
+      // SPEC §10 ops share the output bits of their §2 / §4 counterparts.
+      {DSA_OP_FP8_INDEXER_SCORES, DSA_OUTPUT_SCORES, "scores"},
+      {DSA_OP_PAGED_INDEXER_SCORES, DSA_OUTPUT_SCORES, "scores"},
+      {DSA_OP_SPARSE_MLA_FP8_FWD, DSA_OUTPUT_OUT, "out"},
+      {DSA_OP_SPARSE_MLA_FP8_FWD, DSA_OUTPUT_LSE, "lse"},
+      {DSA_OP_SPARSE_MLA_FP8_FWD, DSA_OUTPUT_MAX_LOGITS, "max_logits"}};
   return bits;
 }
 
@@ -935,7 +941,7 @@ Tensor PluginBackend::fp8_indexer_scores(const Fp8IndexerInputs& in) {
   const DType odt = Impl::out_dtype(I.info.caps.outputs.index_scores, DType::F32);
   auto fn = I.lib.table->fp8_indexer_scores;
   auto res = I.run(op, [&]() {
-    Call c(I.context(op));
+    Call c(I.context(op), I.info.provided_outputs);
     dsa_fp8_indexer_scores_args a{};
     a.q_idx = c.in("q_idx", in.q_idx);
     a.k_idx = c.in("k_idx", in.k_idx);
@@ -969,7 +975,7 @@ Tensor PluginBackend::paged_indexer_scores(const PagedIndexerInputs& in) {
   const DType odt = Impl::out_dtype(I.info.caps.outputs.index_scores, DType::F32);
   auto fn = I.lib.table->paged_indexer_scores;
   auto res = I.run(op, [&]() {
-    Call c(I.context(op));
+    Call c(I.context(op), I.info.provided_outputs);
     dsa_paged_indexer_scores_args a{};
     a.q_idx = c.in("q_idx", in.q_idx);
     a.k_cache = c.in("k_cache", in.k_cache);
@@ -1014,7 +1020,7 @@ SparseMlaForward PluginBackend::sparse_mla_fp8_forward(const SparseMlaFp8Inputs&
   const DType stat_dt = Impl::out_dtype(I.info.caps.outputs.mla_stats, DType::F32);
   auto fn = I.lib.table->sparse_mla_fp8_fwd;
   auto res = I.run(op, [&]() {
-    Call c(I.context(op));
+    Call c(I.context(op), I.info.provided_outputs);
     dsa_sparse_mla_fp8_fwd_args a{};
     a.q = c.in("q", in.q);
     a.kv_cache = c.in("kv_cache", cache);
@@ -1075,7 +1081,7 @@ std::string describe(const PluginInfo& info) {
     for (const auto& n : *names) list += (list.empty() ? "" : ",") + n;
     s += "; provides only " + list;
   }
-@@MINE_FP8_BLOCK@@
+
   if (c.ops & ~DSA_OP_ALL_V1)
     s += "; fp8 " + join({{(info.fp8_caps & DSA_FP8_CAP_E4M3FN) != 0, "e4m3fn"},
                           {(info.fp8_caps & DSA_FP8_CAP_E5M2) != 0, "e5m2"},

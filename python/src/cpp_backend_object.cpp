@@ -102,6 +102,10 @@ py::dict call(CppBackend& self, const std::string& op_name, const py::dict& t, c
       out = {{"loss", r.loss}, {"d_scores", r.d_scores}};
       break;
     }
+    case Op::Fp8IndexerScores:
+    case Op::PagedIndexerScores:
+    case Op::SparseMlaFp8Fwd:
+      throw oracle::NotSupported(op_name + ": the SPEC §10 ops are not bridged to Python yet");
   }
   py::dict d;
   for (auto& [name, v] : out)

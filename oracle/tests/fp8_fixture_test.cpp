@@ -1,0 +1,115 @@
+// The §10 goldens through the fixture routes (fixtures check, compare): the producer and the
+// reference agree; a candidate with one wrong element, a NaN, or a wrong tile scale disagrees;
+// a U8 tensor without its fp8_dtypes tag is a file error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "dsa/fixtures/fp8_fixture.h"
+#include "dsa/oracle/candidate_backend.h"
+#include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/reference_backend.h"
+
+namespace dsa::oracle {
+namespace {
+
+fixtures::Fixture golden(const std::string& name) {
+  return fixtures::load_fixture(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors");
+}
+
+Verdict judge_outputs(const fixtures::Fixture& f, std::map<std::string, Tensor> outputs) {
+  CandidateBackend cand(std::move(outputs), "test candidate", {});
+  CheckOptions opt;
+  opt.check_determinism = false;
+  const auto reports = judge_fixture_ops(f, cand, opt);
+  for (const auto& r : reports) std::cout << format_op_report(r);
+  return overall_verdict(reports);
+}
+
+// Index of the largest finite |value| (a real, visible element to perturb).
+int64_t largest_finite(const Tensor& t) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (std::isfinite(t.get(i)) && (best < 0 || std::fabs(t.get(i)) > std::fabs(t.get(best)))) best = i;
+  return best;
+}
+
+class Fp8Golden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Fp8Golden, ProducerAndReferenceAgree) {
+  const fixtures::Fixture f = golden(GetParam());
+  ASSERT_TRUE(fixtures::is_fp8_op(f.op));
+  fixtures::validate_fixture(f, GetParam());
+  auto ref = make_reference_backend();
+  const FixtureReport r = check_fixture(f, ref.get());
+  EXPECT_TRUE(r.passed()) << format_fixture_report(r);
+  EXPECT_EQ(judge_outputs(f, f.expected), Verdict::Pass);
+}
+
+TEST_P(Fp8Golden, OneWrongElementOrNaNDisagrees) {
+  const fixtures::Fixture f = golden(GetParam());
+  const std::string name = f.expected.count("scores") ? "scores" : "out";
+  const Tensor& good = f.expected.at(name);
+  const int64_t i = largest_finite(good);
+  ASSERT_GE(i, 0);
+  // The bound the correct output is judged by; an error of twice that must be caught.
+  CandidateBackend ok(f.expected, "good", {});
+  CheckOptions opt;
+  opt.check_determinism = false;
+  double bound = -1;
+  for (const auto& r : judge_fixture_ops(f, ok, opt))
+    for (const auto& t : r.tensors)
+      if (t.name == name) bound = t.bound;
+  ASSERT_GT(bound, 0.0);
+  for (double bad : {good.get(i) + 2 * bound * (good.get(i) < 0 ? -1 : 1), std::nan("")}) {
+    auto outs = f.expected;
+    Tensor t = good.to(good.dtype());
+    t.set(i, bad);
+    outs[name] = t;
+    EXPECT_EQ(judge_outputs(f, outs), Verdict::Fail) << name << "[" << i << "] = " << bad;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Section10, Fp8Golden,
+                         ::testing::Values("fp8_idx_prefix_amax", "fp8_idx_prefix_pow2",
+                                           "paged_idx_mtp2", "smla_fp8_decode"));
+
+// A kernel that applied tile 1's scale to tile 0 (recomputed by the reference on a cache
+// with swapped scales) disagrees with the golden.
+TEST(Fp8GoldenRoutes, SwappedTileScaleDisagrees) {
+  const fixtures::Fixture f = golden("smla_fp8_decode");
+  SparseMlaFp8Inputs in = fixtures::sparse_mla_fp8_inputs(f, "smla_fp8_decode");
+  Tensor cache = in.kv_cache.to(DType::U8);
+  const int64_t tokens = cache.numel() / kMlaFp8TokenBytes;
+  for (int64_t t = 0; t < tokens; ++t) {
+    uint8_t* s = cache.data<uint8_t>() + t * kMlaFp8TokenBytes + kMlaFp8ScalesOffset;
+    const MlaFp8TokenView v(cache.data<uint8_t>() + t * kMlaFp8TokenBytes);
+    if (!(v.tile_scale(0) > 0) || !(v.tile_scale(1) > 0)) continue;  // unread NaN token
+    std::swap_ranges(s, s + 4, s + 4);
+  }
+  in.kv_cache = cache;
+  auto ref = make_reference_backend();
+  const SparseMlaForward wrong = ref->sparse_mla_fp8_forward(in);
+  EXPECT_EQ(judge_outputs(f, {{"out", wrong.out.to(DType::F32)},
+                              {"lse", wrong.lse.to(DType::F32)},
+                              {"max_logits", wrong.max_logits.to(DType::F32)}}),
+            Verdict::Fail);
+}
+
+TEST(Fp8GoldenRoutes, UntaggedBytesAreAFileError) {
+  fixtures::Fixture f = golden("fp8_idx_prefix_pow2");
+  f.params.erase("fp8_dtypes");
+  try {
+    op_case_from_fixture(f);
+    FAIL() << "no error";
+  } catch (const fixtures::FileError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_dtypes.q_idx"), std::string::npos) << e.what();
+  }
+  fixtures::Fixture g = golden("smla_fp8_decode");
+  g.params["fp8_dtypes"]["kv_cache"] = "e4m3fn";  // not the 656-byte layout tag
+  EXPECT_THROW(op_case_from_fixture(g), fixtures::FileError);
+}
+
+}  // namespace
+}  // namespace dsa::oracle
