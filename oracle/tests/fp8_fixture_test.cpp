@@ -9,6 +9,7 @@
 #include "dsa/fixtures/fp8_fixture.h"
 #include "dsa/oracle/candidate_backend.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/reference_backend.h"
 
 namespace dsa::oracle {
@@ -109,6 +110,48 @@ TEST(Fp8GoldenRoutes, UntaggedBytesAreAFileError) {
   fixtures::Fixture g = golden("smla_fp8_decode");
   g.params["fp8_dtypes"]["kv_cache"] = "e4m3fn";  // not the 656-byte layout tag
   EXPECT_THROW(op_case_from_fixture(g), fixtures::FileError);
+}
+
+// The FP8 tensor-core row: a backend that declares reduced accumulation is judged by it (and
+// the report says so); an error between the two bounds fails the fp32 row and passes it.
+class ScoresOffBy : public Backend {
+ public:
+  ScoresOffBy(double delta, bool reduced) : delta_(delta), reduced_(reduced) {}
+  std::string name() const override { return reduced_ ? "declares-fp8-tc" : "fp32-accumulation"; }
+  bool supports(Op op) const override { return op == Op::Fp8IndexerScores; }
+  bool fp8_reduced_accumulation() const override { return reduced_; }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    Tensor s = make_reference_backend()->fp8_indexer_scores(in).to(DType::F32);
+    const int64_t i = largest_finite(s);
+    s.set(i, s.get(i) + delta_);
+    return s;
+  }
+
+ private:
+  double delta_;
+  bool reduced_;
+};
+
+TEST(Fp8TensorCoreRow, SelectedByTheBackendsDeclarationAndNamedInTheReport) {
+  const fixtures::Fixture f = golden("fp8_idx_prefix_amax");
+  OpCase c;
+  c.fp8_indexer = fixtures::fp8_indexer_inputs(f, "fp8_idx_prefix_amax");
+  auto bound_of = [&](Backend& b) {
+    const OpReport r = check_fp8_indexer_scores(b, c);
+    return r.tensors.empty() ? -1.0 : r.tensors.front().bound;
+  };
+  ScoresOffBy exact32(0, false), exact_tc(0, true);
+  const double fp32_bound = bound_of(exact32), tc_bound = bound_of(exact_tc);
+  ASSERT_GT(fp32_bound, 0.0);
+  ASSERT_GT(tc_bound, 4 * fp32_bound);
+  ScoresOffBy off32(2 * fp32_bound, false), off_tc(2 * fp32_bound, true);
+  EXPECT_EQ(check_fp8_indexer_scores(off32, c).verdict, Verdict::Fail);
+  const OpReport r = check_fp8_indexer_scores(off_tc, c);
+  EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes.front().find("fp8_indexer_scores:fp8_tensor_core"), std::string::npos);
+  ScoresOffBy far_tc(2 * tc_bound, true);  // the wider row still fails
+  EXPECT_EQ(check_fp8_indexer_scores(far_tc, c).verdict, Verdict::Fail);
 }
 
 }  // namespace
