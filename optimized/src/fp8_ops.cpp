@@ -199,9 +199,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fp8_fwd(
   check_device(op, "kv_cache", kv_cache, q.device());
   const int64_t tokens = kv_cache.numel() / kMlaFp8TokenBytes;
   const at::Tensor cache = kv_cache.reshape({tokens, kMlaFp8TokenBytes});
-  const at::Tensor scales =
-      cache.slice(1, kMlaFp8ScalesOffset, kMlaFp8RopeOffset).contiguous().view(at::kFloat);  // [tokens, 4]
-  // Scales of the tokens valid slots read must be positive finite.
   const int64_t s_q = q.size(0), k = indices.size(-1);
   check_int(op, "indices", indices, false);
   const at::Tensor ids2d = indices.reshape({s_q, k});
@@ -211,24 +208,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fp8_fwd(
   const at::Tensor read = at::zeros({tokens + 1}, q.options().dtype(at::kBool))
                               .index_fill_(0, hit.reshape({-1}), true)
                               .slice(0, 0, tokens);
-  const at::Tensor bad =
-      read.unsqueeze(1) & (scales.gt(0) & scales.isfinite()).logical_not();  // [tokens, 4]
+  // Gather only the tokens valid slots read (the others may hold anything, SPEC §10).
+  const at::Tensor used = read.nonzero().reshape({-1});  // ascending token ids
+  const at::Tensor rows = cache.index_select(0, used);   // [n, 656]
+  const int64_t n = rows.size(0);
+  const at::Tensor scales =
+      rows.slice(1, kMlaFp8ScalesOffset, kMlaFp8RopeOffset).contiguous().view(at::kFloat);  // [n, 4]
+  const at::Tensor bad = (scales.gt(0) & scales.isfinite()).logical_not();
   if (bad.any().item<bool>()) {
     const at::Tensor first = bad.nonzero().index({0});
-    const int64_t t = first.index({0}).item<int64_t>(), tile = first.index({1}).item<int64_t>();
-    TORCH_CHECK(false, op, ": argument 'kv_cache' got token row ", t, " tile ", tile, " scale ",
-                scales.index({t, tile}).item<double>(),
+    const int64_t r = first.index({0}).item<int64_t>(), tile = first.index({1}).item<int64_t>();
+    TORCH_CHECK(false, op, ": argument 'kv_cache' got token row ", used.index({r}).item<int64_t>(),
+                " tile ", tile, " scale ", scales.index({r, tile}).item<double>(),
                 ", expected a positive finite fp32 scale in every tile a valid slot reads (SPEC §10)");
   }
   // Dequantize (FlashMLA: fp8 · tile scale, converted to the MMA dtype; RoPE stays bf16).
-  const at::Tensor nope = decode(cache.slice(1, 0, kMlaFp8NopeDim).contiguous(), Fp8Format::E4M3FN)
-                              .view({tokens, kMlaFp8NumTiles, kMlaFp8TileSize})
+  const at::Tensor nope = decode(rows.slice(1, 0, kMlaFp8NopeDim).contiguous(), Fp8Format::E4M3FN)
+                              .view({n, kMlaFp8NumTiles, kMlaFp8TileSize})
                               .mul(scales.unsqueeze(2))
-                              .view({tokens, kMlaFp8NopeDim});
-  const at::Tensor rope = cache.slice(1, kMlaFp8RopeOffset, kMlaFp8TokenBytes).contiguous()
+                              .view({n, kMlaFp8NopeDim});
+  const at::Tensor rope = rows.slice(1, kMlaFp8RopeOffset, kMlaFp8TokenBytes).contiguous()
                               .view(at::kBFloat16).to(at::kFloat);
-  const at::Tensor kv = at::cat({nope, rope}, 1).to(q.scalar_type());
-  return optimized::sparse_mla_fwd(q, kv, indices, sm_scale, kMlaFp8NopeDim, topk_length, attn_sink);
+  // One zero row at the end keeps kv non-empty when no slot is valid (it is never addressed).
+  const at::Tensor kv = at::cat({at::cat({nope, rope}, 1), at::zeros({1, kMlaFp8Dqk}, nope.options())}, 0)
+                            .to(q.scalar_type());
+  // Ids remapped into the gathered rows (position of the token among `used`); -1 when invalid.
+  const at::Tensor pos = read.to(at::kLong).cumsum(0).sub(1);
+  const at::Tensor remapped =
+      tokens == 0 ? at::full({s_q, k}, -1, ids2d.options().dtype(at::kInt))
+                  : at::where(vs.first, pos.index_select(0, vs.second.reshape({-1})).view({s_q, k}),
+                              at::full({}, -1, pos.options()))
+                        .to(at::kInt);
+  return optimized::sparse_mla_fwd(q, kv, remapped, sm_scale, kMlaFp8NopeDim, topk_length, attn_sink);
 }
 
 }  // namespace kernels

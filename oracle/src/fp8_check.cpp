@@ -97,6 +97,30 @@ double amax(const Tensor& t) {
   return m;
 }
 
+// max over rows t, heads h and valid slots of sm_scale·Σ_c |q[t,h,c]|·|kv[id,c]| (SPEC §9
+// "Σ|terms| of each sum" for the logits P = sm_scale·q·kv).
+double max_abs_logit_terms(const SparseMlaInputs& in) {
+  const int64_t s_q = in.q.size(0), h = in.q.size(1), d = in.q.size(2), k = in.indices.size(-1);
+  const int64_t s_kv = in.kv.size(0);
+  const std::vector<double> q = in.q.to_f64(), kv = in.kv.to_f64();
+  double best = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = in.topk_length ? std::min<int64_t>(k, static_cast<int64_t>(in.topk_length->get(t))) : k;
+    for (int64_t j = 0; j < len; ++j) {
+      const double id = in.indices.get(t * k + j);
+      if (!(id >= 0 && id < static_cast<double>(s_kv))) continue;
+      const double* row = kv.data() + static_cast<int64_t>(id) * d;
+      for (int64_t hh = 0; hh < h; ++hh) {
+        const double* qr = q.data() + (t * h + hh) * d;
+        double acc = 0;
+        for (int64_t c = 0; c < d; ++c) acc += std::abs(qr[c] * row[c]);
+        best = std::max(best, std::abs(in.sm_scale) * acc);
+      }
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 double fp8_indexer_term_scale(const Fp8IndexerInputs& in) {
@@ -261,7 +285,16 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
   if (r.verdict == Verdict::Skip) return r;
   OpCase gathered;
   gathered.mla = reference::gather_sparse_mla_fp8(c.mla_fp8).inputs;
-  const TermScales ts = sparse_mla_term_scales(gathered);
+  TermScales ts = sparse_mla_term_scales(gathered);
+  // SPEC §9: the floor scales with the sum of |terms| of each dot product. The FP8 cache's
+  // tiles carry their own scales, so q·kv can cancel far below its terms: the logit term is
+  // max over (t, h, valid slot) of sm_scale·Σ_c |q[t,h,c]·kv[id,c]|, not only |max_logits|.
+  const double sum_abs = max_abs_logit_terms(gathered.mla);
+  ts.values["max_logits"] = std::max(ts.at("max_logits"), sum_abs);
+  ts.values["lse"] = std::max(ts.at("lse"), sum_abs);
+  double kv_max = 0;
+  for (int64_t i = 0; i < gathered.mla.kv.numel(); ++i) kv_max = std::max(kv_max, std::abs(gathered.mla.kv.get(i)));
+  ts.values["out"] = std::max(ts.at("out"), kv_max * (1 + sum_abs));
   const struct {
     const char* label;
     SparseMlaFp8Inputs inputs;
