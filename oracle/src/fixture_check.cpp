@@ -165,8 +165,8 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, const OpCase& c, Backe
     try {
       r = check_op(candidate, op, c, eff);
     } catch (const std::invalid_argument& e) {
-      // The reference rejects the fixture's inputs: the file is at fault, so name it.
-      throw FileError(label_of(f), std::string("inputs of ") + to_string(op) + " rejected: " + e.what());
+      // Usually the reference rejecting the fixture's inputs: the error names the file.
+      throw FileError(label_of(f), std::string(to_string(op)) + ": " + e.what());
     }
     // Stored outputs: an op of the fixture for which the candidate holds nothing is not a
     // skip (a backend that cannot run it) but missing outputs (SPEC §9 complete outputs).
