@@ -78,9 +78,12 @@ nlohmann::json reports_json(const std::vector<oracle::OpReport>& reports) {
                               {"dtype", dtype_name(t.dtype)},
                               {"passed", t.passed},
                               {"max_abs", num(t.metrics.max_abs)},
-                              {"bound", num(t.bound)},
+                              {"bound", num(t.max_bound)},  // candidate-independent
                               {"baseline_err", num(t.baseline_err)},
-                              {"floor", num(t.floor)},
+                              {"floor", num(t.largest.floor_acc + t.largest.floor_round)},
+                              {"floor_source", t.floor_source},
+                              {"err_over_bound", num(t.worst)},
+                              {"weak_rows", t.weak_rows},
                               {"ratio", num(t.ratio)},
                               {"message", t.message}});
     j["ops"].push_back(o);

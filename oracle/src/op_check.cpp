@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dsa/oracle/fp8_check.h"
+#include "dsa/oracle/local_bounds.h"
 #include "dsa/oracle/tolerances.h"
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/kl_loss.h"
@@ -79,95 +80,64 @@ bool wanted(OpReport& r, const CheckOptions& opt, const std::string& name, bool 
   return true;
 }
 
+// Judges one output by the local rule and folds the result into the report.
 void judge(OpReport& r, const CheckOptions& opt, const std::string& op, const std::string& name,
-           const Tensor& cand, const Tensor& ref, const Tensor& base, double term_scale) {
+           const Tensor& cand, const Tensor& ref, const Tensor& base, const CaseFloors& floors) {
   if (!wanted(r, opt, name, cand.defined())) return;
-  TensorCheck c = judge_tensor(op, name, cand, ref, base, term_scale);
+  auto it = floors.find(name);
+  if (it == floors.end()) throw std::logic_error("judge: no floor inputs for output " + name);
+  TensorCheck c = judge_tensor(op, name, cand, ref, base, it->second);
   if (!c.passed) r.fail(name + ": " + c.message);
+  if (c.passed && c.weak_rows > 0) {
+    const std::string why = name + ": " + std::to_string(c.weak_rows) + " of " +
+                            std::to_string(c.rows) +
+                            " rows WEAK (bound above theta x row scale: a wrong value there "
+                            "could pass; SPEC §9)";
+    if (opt.allow_weak) r.notes.push_back(why + "; allowed (--allow-weak)");
+    else r.mark(Verdict::Weak, why);
+  }
   r.tensors.push_back(std::move(c));
 }
 
-// Largest finite |x| (0 for empty tensors).
-double amax(const Tensor& t) {
-  double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double v = std::abs(t.get(i));
-    if (std::isfinite(v)) m = std::max(m, v);
+// A backend that returns given outputs (judge_outputs).
+class OutputsBackend : public Backend {
+ public:
+  OutputsBackend(const NamedOutputs& o, std::string label) : o_(o), label_(std::move(label)) {}
+  std::string name() const override { return label_; }
+  bool supports(Op) const override { return true; }
+  Tensor indexer_scores(const Tensor&, const Tensor&, const Tensor&, const KeyWindows&) override {
+    return get("scores");
   }
-  return m;
-}
+  IndexerGrads indexer_scores_backward(const Tensor&, const Tensor&, const Tensor&,
+                                       const KeyWindows&, const Tensor&) override {
+    return IndexerGrads{get("dq_idx"), get("dk_idx"), get("dw")};
+  }
+  Tensor select_topk(const Tensor&, int64_t, const TopkPolicy&,
+                     const std::optional<KeyWindows>&) override {
+    return get("indices");
+  }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs&) override {
+    return SparseMlaForward{get("out"), get("lse"), get("max_logits")};
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs&, const Tensor&) override {
+    SparseMlaGrads g{get("dq"), get("dkv"), std::nullopt};
+    if (o_.count("dsink")) g.dsink = get("dsink");
+    return g;
+  }
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs&) override {
+    return IndexerKlResult{get("loss"), get("d_scores")};
+  }
+
+ private:
+  Tensor get(const std::string& n) const {
+    auto it = o_.find(n);
+    return it == o_.end() ? Tensor() : it->second;
+  }
+  const NamedOutputs& o_;
+  std::string label_;
+};
 
 }  // namespace
-
-TermScales indexer_term_scales(const OpCase& c) {
-  TermScales s;
-  const double H = static_cast<double>(c.q_idx.size(1)), dI = static_cast<double>(c.q_idx.size(2));
-  const double s_q = static_cast<double>(c.q_idx.size(0)), s_kv = static_cast<double>(c.k_idx.size(0));
-  const double q = amax(c.q_idx), k = amax(c.k_idx), w = amax(c.w);
-  const double g = c.d_scores.defined() ? amax(c.d_scores) : 0.0;
-  s.values["scores"] = H * dI * w * q * k;
-  s.values["dq_idx"] = s_kv * g * w * k;
-  s.values["dk_idx"] = s_q * H * g * w * q;
-  s.values["dw"] = s_kv * g * dI * q * k;
-  return s;
-}
-
-TermScales sparse_mla_term_scales(const OpCase& c) {
-  TermScales s;
-  const SparseMlaInputs& in = c.mla;
-  const int64_t s_q = in.q.size(0), s_kv = in.kv.size(0);
-  const double h = static_cast<double>(in.q.size(1));
-  const double d_v = static_cast<double>(in.d_v);
-  const int64_t k = in.indices.size(-1);
-  const double q = amax(in.q), kv = amax(in.kv), sc = std::abs(in.sm_scale);
-  // L bounds |P - lse| of the terms that carry weight: the actual largest |logit| (from the
-  // float64 forward) plus ln k, not the worst case sm_scale·d_qk·|q|·|kv|.
-  const SparseMlaForward f = reference::sparse_mla_forward(in);
-  double L = std::log(static_cast<double>(std::max<int64_t>(1, k)));
-  for (int64_t i = 0; i < f.max_logits.numel(); ++i) {
-    const double m = f.max_logits.get(i);
-    if (std::isfinite(m)) L = std::max(L, std::abs(m) + std::log(static_cast<double>(k)));
-  }
-  // Terms summed into one dkv row: h_q per (query, valid slot) that selects the key.
-  std::vector<int64_t> hits(static_cast<size_t>(s_kv), 0);
-  for (int64_t t = 0; t < s_q; ++t) {
-    const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
-    for (int64_t j = 0; j < std::min(k, len); ++j) {
-      const double id = in.indices.get(t * k + j);
-      if (id >= 0 && id < static_cast<double>(s_kv)) ++hits[static_cast<size_t>(id)];
-    }
-  }
-  const double max_hits = static_cast<double>(
-      std::max<int64_t>(1, hits.empty() ? 1 : *std::max_element(hits.begin(), hits.end())));
-  const double dout = c.dout.defined() ? amax(c.dout) : 0.0;
-  const double G = d_v * dout * kv;
-  s.values["out"] = kv * (1 + L);
-  s.values["lse"] = L;
-  s.values["max_logits"] = L;
-  s.values["dq"] = 2 * sc * G * kv * (1 + L);
-  s.values["dkv"] = max_hits * h * (dout + 2 * sc * G * q) * (1 + L);
-  s.values["dsink"] = static_cast<double>(s_q) * G;
-  return s;
-}
-
-TermScales kl_term_scales(const OpCase& c) {
-  TermScales s;
-  const IndexerKlInputs& in = c.kl;
-  const double d = static_cast<double>(in.q.size(2));
-  const double L = std::abs(in.sm_scale) * d * amax(in.q) * amax(in.kv);
-  int64_t rows = 0;
-  for (int64_t t = 0; t < in.windows.s_q(); ++t) rows += in.windows.length(t) > 0;
-  const double coeff = std::abs(in.coeff);
-  s.values["loss"] = coeff * (1 + 2 * amax(in.scores) + 2 * L +
-                              std::log(static_cast<double>(std::max<int64_t>(1, in.windows.s_kv))));
-  s.values["d_scores"] = coeff / static_cast<double>(std::max<int64_t>(1, rows));
-  return s;
-}
-
-double TermScales::at(const std::string& name) const {
-  auto it = values.find(name);
-  return it == values.end() ? 0.0 : it->second;
-}
 
 OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::IndexerScores;
@@ -179,7 +149,8 @@ OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& o
   const Tensor ref = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
   const Tensor base =
       reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows, Precision::Baseline);
-  judge(r, opt, to_string(op), "scores", cand, ref, base, indexer_term_scales(c).at("scores"));
+  const CaseFloors floors = indexer_scores_floors(c.q_idx, c.k_idx, c.w, c.windows);
+  judge(r, opt, to_string(op), "scores", cand, ref, base, floors);
   return r;
 }
 
@@ -202,10 +173,10 @@ OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions&
       reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
   const IndexerGrads base = reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows,
                                                                c.d_scores, Precision::Baseline);
-  const TermScales ts = indexer_term_scales(c);
-  judge(r, opt, to_string(op), "dq_idx", cand.dq_idx, ref.dq_idx, base.dq_idx, ts.at("dq_idx"));
-  judge(r, opt, to_string(op), "dk_idx", cand.dk_idx, ref.dk_idx, base.dk_idx, ts.at("dk_idx"));
-  judge(r, opt, to_string(op), "dw", cand.dw, ref.dw, base.dw, ts.at("dw"));
+  const CaseFloors floors = indexer_backward_floors(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+  judge(r, opt, to_string(op), "dq_idx", cand.dq_idx, ref.dq_idx, base.dq_idx, floors);
+  judge(r, opt, to_string(op), "dk_idx", cand.dk_idx, ref.dk_idx, base.dk_idx, floors);
+  judge(r, opt, to_string(op), "dw", cand.dw, ref.dw, base.dw, floors);
   return r;
 }
 
@@ -237,11 +208,12 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
   if (!run_backend(r, b, opt, [&] { return b.sparse_mla_forward(c.mla); }, eq, cand)) return r;
   const SparseMlaForward ref = reference::sparse_mla_forward(c.mla);
   const SparseMlaForward base = reference::sparse_mla_forward(c.mla, Precision::Baseline);
-  const TermScales ts = sparse_mla_term_scales(c);
-  judge(r, opt, to_string(op), "out", cand.out, ref.out, base.out, ts.at("out"));
-  judge(r, opt, to_string(op), "lse", cand.lse, ref.lse, base.lse, ts.at("lse"));
+  const DType work = cand.out.defined() ? cand.out.dtype() : c.mla.q.dtype();
+  const CaseFloors floors = sparse_mla_floors(c.mla, nullptr, work);
+  judge(r, opt, to_string(op), "out", cand.out, ref.out, base.out, floors);
+  judge(r, opt, to_string(op), "lse", cand.lse, ref.lse, base.lse, floors);
   judge(r, opt, to_string(op), "max_logits", cand.max_logits, ref.max_logits, base.max_logits,
-        ts.at("max_logits"));
+        floors);
   return r;
 }
 
@@ -256,15 +228,51 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   };
   if (!run_backend(r, b, opt, [&] { return b.sparse_mla_backward(c.mla, c.dout); }, eq, cand))
     return r;
+  // SPEC §9: the baseline takes Δ from `out` at the candidate's precision (§5). The dtype
+  // comes from the out the route handed over, else from the candidate's own forward, else
+  // from q (§4).
+  const SparseMlaForward base_fwd = reference::sparse_mla_forward(c.mla, Precision::Baseline);
+  DType out_dtype = c.mla.q.dtype();
+  std::optional<Tensor> delta_out;
+  if (c.fwd_out && c.fwd_out->defined()) {
+    out_dtype = c.fwd_out->dtype();
+    // The handed-over out is used only when it is right (forward local rule); a wrong out
+    // must not move the baseline.
+    const SparseMlaForward ref_fwd = reference::sparse_mla_forward(c.mla);
+    const CaseFloors ff = sparse_mla_floors(c.mla, nullptr, out_dtype);
+    const TensorCheck oc =
+        judge_tensor(to_string(Op::SparseMlaFwd), "out", *c.fwd_out, ref_fwd.out, base_fwd.out,
+                     ff.at("out"));
+    if (oc.passed) {
+      delta_out = *c.fwd_out;
+      r.notes.push_back(std::string("baseline takes Δ from the candidate's own ") +
+                        dtype_name(out_dtype) + " out (as handed to its backward)");
+    } else {
+      r.notes.push_back("the handed-over out fails the forward rule; baseline Δ from its own out");
+    }
+  } else if (b.supports(Op::SparseMlaFwd)) {
+    try {
+      const SparseMlaForward f = b.sparse_mla_forward(c.mla);
+      if (f.out.defined() && is_floating(f.out.dtype())) out_dtype = f.out.dtype();
+    } catch (const std::exception&) {
+      // no forward to learn from: q's dtype (SPEC §4)
+    }
+  }
+  if (!delta_out && out_dtype != DType::F32 && out_dtype != DType::F64) {
+    delta_out = base_fwd.out.to(out_dtype);
+    r.notes.push_back(std::string("baseline takes Δ from its out rounded to ") +
+                      dtype_name(out_dtype) + " (the candidate's out dtype, SPEC §9)");
+  }
   const SparseMlaGrads ref = reference::sparse_mla_backward(c.mla, c.dout);
-  const SparseMlaGrads base = reference::sparse_mla_backward(c.mla, c.dout, Precision::Baseline);
-  const TermScales ts = sparse_mla_term_scales(c);
-  judge(r, opt, to_string(op), "dq", cand.dq, ref.dq, base.dq, ts.at("dq"));
-  judge(r, opt, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv, ts.at("dkv"));
-  if (c.mla.attn_sink) {
-    if (wanted(r, opt, "dsink", cand.dsink.has_value() && cand.dsink->defined()) && ref.dsink &&
-        base.dsink)
-      judge(r, opt, to_string(op), "dsink", *cand.dsink, *ref.dsink, *base.dsink, ts.at("dsink"));
+  const SparseMlaGrads base =
+      reference::sparse_mla_backward(c.mla, c.dout, Precision::Baseline, delta_out);
+  const CaseFloors floors = sparse_mla_floors(c.mla, &c.dout, out_dtype);
+  judge(r, opt, to_string(op), "dq", cand.dq, ref.dq, base.dq, floors);
+  judge(r, opt, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv, floors);
+  if (c.mla.attn_sink && ref.dsink && base.dsink) {
+    const Tensor none;
+    judge(r, opt, to_string(op), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink,
+          *base.dsink, floors);
   }
   return r;
 }
@@ -279,9 +287,9 @@ OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& 
   if (!run_backend(r, b, opt, [&] { return b.indexer_kl_loss(c.kl); }, eq, cand)) return r;
   const IndexerKlResult ref = reference::indexer_kl_loss(c.kl);
   const IndexerKlResult base = reference::indexer_kl_loss(c.kl, Precision::Baseline);
-  const TermScales ts = kl_term_scales(c);
-  judge(r, opt, to_string(op), "loss", cand.loss, ref.loss, base.loss, ts.at("loss"));
-  judge(r, opt, to_string(op), "d_scores", cand.d_scores, ref.d_scores, base.d_scores, ts.at("d_scores"));
+  const CaseFloors floors = kl_floors(c.kl);
+  judge(r, opt, to_string(op), "loss", cand.loss, ref.loss, base.loss, floors);
+  judge(r, opt, to_string(op), "d_scores", cand.d_scores, ref.d_scores, base.d_scores, floors);
   return r;
 }
 
@@ -301,12 +309,13 @@ OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOption
   const Tensor ref = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
   const Tensor base =
       reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows, Precision::Baseline);
-  TensorCheck sc = judge_tensor(to_string(Op::IndexerScores), "scores", scores, ref, base,
-                                indexer_term_scales(c).at("scores"));
-  if (!sc.passed) r.fail("scores: " + sc.message);
+  const CaseFloors floors = indexer_scores_floors(c.q_idx, c.k_idx, c.w, c.windows);
+  const size_t before = r.tensors.size();
+  judge(r, opt, to_string(Op::IndexerScores), "scores", scores, ref, base, floors);
+  if (r.tensors.size() == before) return r;  // not judged (missing or not provided)
+  const TensorCheck& sc = r.tensors.back();
   // Both swapped entries may each err by the bound, so the accepted band around v* is 2x.
-  const double bound = sc.metrics.shape_ok ? 2.0 * sc.bound : 0.0;
-  r.tensors.push_back(sc);
+  const double bound = sc.metrics.shape_ok ? 2.0 * sc.max_bound : 0.0;
   r.notes.push_back("fused top-k score bound " + std::to_string(bound));
   r.topk_violations = check_fused_topk(ids, ref, bound, c.k, c.windows);
   if (!r.topk_violations.empty())
@@ -329,6 +338,28 @@ ScopedCheckDefaults::ScopedCheckDefaults(CheckOptions opt) : previous_(current_d
 }
 
 ScopedCheckDefaults::~ScopedCheckDefaults() { current_defaults = previous_; }
+
+OpReport judge_outputs(Op op, const OpCase& c, const NamedOutputs& outputs,
+                       const CheckOptions& opt, const std::string& label) {
+  OutputsBackend b(outputs, label);
+  CheckOptions o = opt;
+  o.check_determinism = false;
+  if (op == Op::SparseMlaBwd && !c.fwd_out) {
+    auto it = outputs.find("out");
+    if (it != outputs.end()) {
+      OpCase with_out = c;
+      with_out.fwd_out = it->second;
+      return check_op(b, op, with_out, o);
+    }
+    // The outputs hold no forward: the baseline's Δ follows q's dtype (SPEC §4).
+    struct NoForward : OutputsBackend {
+      using OutputsBackend::OutputsBackend;
+      bool supports(Op x) const override { return x != Op::SparseMlaFwd; }
+    } nb(outputs, label);
+    return check_op(nb, op, c, o);
+  }
+  return check_op(b, op, c, o);
+}
 
 OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& opt) {
   switch (op) {

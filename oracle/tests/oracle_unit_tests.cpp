@@ -45,6 +45,7 @@ TEST(Tolerances, EveryEntryHasAReasonAndLookupThrowsOnMissingKey) {
     EXPECT_GT(t.rho, 0.0);
   }
   EXPECT_NO_THROW(tolerance("sparse_mla_bwd", "dkv", DType::BF16));
+  EXPECT_GT(tolerance("sparse_mla_bwd", "dkv", DType::F32).theta, 0.0);
   EXPECT_THROW(tolerance("sparse_mla_bwd", "nope", DType::F32), std::out_of_range);
 }
 
@@ -67,16 +68,28 @@ TEST(Metrics, CosineAndRelFrobenius) {
   EXPECT_LT(m.cosine, 1.0);
 }
 
-TEST(RatioRule, ExactCandidatePassesAndNaNFails) {
-  Tensor r = Tensor::from_f64({3}, {1.0, 2.0, 3.0});
+TEST(LocalRule, ExactCandidatePassesAndNaNAndOffElementsFail) {
+  Tensor r = Tensor::from_f64({1, 1, 3}, {1.0, 2.0, 3.0});
   Tensor base = r.to(DType::F32);
-  EXPECT_TRUE(judge_tensor("sparse_mla_fwd", "out", r.to(DType::F32), r, base).passed);
+  OutputFloor floor;  // exact data: no rounding to propagate
+  floor.row_len = 3;
+  floor.acc.assign(3, 0.0);
+  floor.narrow.assign(3, 0.0);
+  floor.terms.assign(3, 0.0);
+  EXPECT_TRUE(judge_tensor("sparse_mla_fwd", "out", r.to(DType::F32), r, base, floor).passed);
   Tensor bad = r.to(DType::F32);
   bad.set(1, NAN);
-  EXPECT_FALSE(judge_tensor("sparse_mla_fwd", "out", bad, r, base).passed);
+  EXPECT_FALSE(judge_tensor("sparse_mla_fwd", "out", bad, r, base, floor).passed);
   Tensor off = r.to(DType::F32);
   off.set(2, 3.5);
-  EXPECT_FALSE(judge_tensor("sparse_mla_fwd", "out", off, r, base).passed);
+  const TensorCheck c = judge_tensor("sparse_mla_fwd", "out", off, r, base, floor);
+  EXPECT_FALSE(c.passed);
+  EXPECT_EQ(c.failed_elements, 1);
+  EXPECT_EQ(c.failures.at(0).where, "[0, 0, 2]");
+  OutputFloor short_floor = floor;
+  short_floor.acc.pop_back();
+  EXPECT_THROW(judge_tensor("sparse_mla_fwd", "out", off, r, base, short_floor),
+               std::invalid_argument);
 }
 
 // Row: scores 5, 0, 0, -0.0, NaN, -inf; k = 3 small: expect {0, 1, 2}.

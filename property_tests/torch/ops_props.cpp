@@ -35,6 +35,7 @@ class TorchOps : public ::testing::TestWithParam<std::string> {
 };
 
 void require_pass(const OpReport& r) {
+  if (r.verdict == Verdict::Weak) RC_DISCARD(r.reason);  // the case cannot judge (SPEC §9)
   if (r.verdict != Verdict::Pass) RC_FAIL(oracle::format_op_report(r));
 }
 

@@ -142,8 +142,11 @@ struct RowGrads {
 };
 
 template <class A>
-SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const MlaDims& d) {
+SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const MlaDims& d,
+                        const std::optional<Tensor>& given_out) {
   const Mat<A> Q = detail::to_mat<A>(in.q, d.s_q * d.h_q, d.d_qk);
+  Mat<A> Ogiven;
+  if (given_out) Ogiven = detail::to_mat<A>(*given_out, d.s_q * d.h_q, d.d_v);
   const Mat<A> KV = detail::to_mat<A>(in.kv, d.s_kv, d.d_qk);
   const Mat<A> dO = detail::to_mat<A>(dout, d.s_q * d.h_q, d.d_v);
   Vec<A> sink;
@@ -175,7 +178,8 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
         const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
         rs.compute(KV, Qt, g.ids, sm, in.attn_sink ? &sink : nullptr);
         const auto Vg = rs.Kg.leftCols(d.d_v);
-        O.noalias() = rs.P * Vg;                                   // sink-scaled out [h_q, d_v]
+        if (given_out) O = Ogiven.middleRows(t * d.h_q, d.h_q);    // out as the kernel got it
+        else O.noalias() = rs.P * Vg;                              // sink-scaled out [h_q, d_v]
         delta = O.cwiseProduct(dOt).rowwise().sum();               // Δ = out · dout
         dS.noalias() = dOt * Vg.transpose();                       // dout · v_j
         dS = rs.P.cwiseProduct(dS - delta.replicate(1, dS.cols()));  // p_j (dout·v_j - Δ)
@@ -213,13 +217,17 @@ SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in, Precision precisi
 }
 
 SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout,
-                                   Precision precision) {
+                                   Precision precision, const std::optional<Tensor>& out) {
   const char* where = "sparse_mla_backward";
   const MlaDims d = validate(where, in);
   check_shape(where, "dout", dout, {d.s_q, d.h_q, d.d_v});
   detail::check_activation_dtype(where, "dout", dout);
-  return precision == Precision::Reference ? backward<double>(in, dout, d)
-                                           : backward<float>(in, dout, d);
+  if (out) {
+    check_shape(where, "out", *out, {d.s_q, d.h_q, d.d_v});
+    detail::check_activation_dtype(where, "out", *out);
+  }
+  return precision == Precision::Reference ? backward<double>(in, dout, d, out)
+                                           : backward<float>(in, dout, d, out);
 }
 
 }  // namespace dsa::reference

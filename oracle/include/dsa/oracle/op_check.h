@@ -29,6 +29,12 @@ struct OpCase {
   // Sparse MLA (§4-§5): inputs and dout [s_q,h_q,d_v].
   SparseMlaInputs mla;
   Tensor dout;
+  /// The forward `out` [s_q,h_q,d_v] the candidate's backward took Δ from, as the route hands
+  /// it over (e.g. a candidate file's own bf16 `out`). The backward baseline takes Δ from it
+  /// when it passes the forward's local rule, else from its own out rounded to its dtype.
+  /// Absent: the candidate's out dtype is learnt by running its forward (q's dtype when it
+  /// has none, SPEC §4) and the baseline's own out is rounded to it (SPEC §9).
+  std::optional<Tensor> fwd_out;
   // KL loss (§7).
   IndexerKlInputs kl;
   // FP8 / paged inference ops (§10); checked in fp8_check.h.
@@ -68,11 +74,14 @@ class ScopedCheckDefaults {
   CheckOptions opt_;
 };
 
-/// Runs `op` of `backend` on `c` and judges it. Verdict Skip when the backend is unavailable
-/// (unavailable_reason), does not support the op, or throws NotSupported; Fail when it throws
-/// anything else (reason = the message), when an output fails the ratio rule or NaN/±inf
-/// positions differ, when top-k violates §3, or when a deterministic backend differs between
-/// two runs. Invalid inputs make the reference throw std::invalid_argument (propagated).
+/// Runs `op` of `backend` on `c` and judges it by the local rule (SPEC §9). Verdict Skip when
+/// the backend is unavailable (unavailable_reason), does not support the op, or throws
+/// NotSupported; Fail when it throws anything else (reason = the message), when an element
+/// exceeds its bound or NaN/±inf positions differ, when top-k violates §3, or when a
+/// deterministic backend differs between two runs; Incomplete when a required output is
+/// missing; Weak when rows are weak and opt.allow_weak is off. Invalid inputs make the
+/// reference throw std::invalid_argument (propagated). The reference, the baseline and the
+/// floors are computed once per call and shared by the op's outputs.
 OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& opt = default_check_options());
 
 /// Same as check_op for each op (one function per op, SPEC section in brackets).
@@ -84,26 +93,21 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
 OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §7
 
 /// Fused indexer + top-k (SPEC §9): the backend's own indexer scores fed to its own top-k,
-/// judged by check_fused_topk with score_bound = 2x the ratio-rule bound of its scores (both
-/// entries of a swapped pair may err by the bound).
+/// judged by check_fused_topk with score_bound = 2x the largest local bound of its scores
+/// (both entries of a swapped pair may err by the bound).
 OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());
 
-/// Per-output bounds on the magnitude of the terms summed into each output, from the inputs'
-/// maxima (tolerances.h: the floor scales with max(|reference|, term scale), so outputs that
-/// cancel to ~0 are judged at their terms' fp32 precision). Names as in the op's outputs.
-struct TermScales {
-  std::map<std::string, double> values;
-  double at(const std::string& name) const;  ///< 0 when unknown
-};
-/// scores: H_I·d_I·|w|·|q|·|k|; dq_idx: s_kv·|dI|·|w|·|k|; dk_idx: s_q·H_I·|dI|·|w|·|q|;
-/// dw: s_kv·|dI|·d_I·|q|·|k| (|x| = max finite |x|). SPEC §2.
-TermScales indexer_term_scales(const OpCase& c);
-/// With L = max finite |max_logits| (float64 forward) + ln k, G = d_v·|dout|·|kv| and n the
-/// most (query, valid slot) pairs selecting one key: out |kv|(1+L); lse, max_logits L;
-/// dq 2·sm_scale·G·|kv|(1+L); dkv n·h_q(|dout|+2·sm_scale·G·|q|)(1+L); dsink s_q·G. SPEC §4-§5.
-TermScales sparse_mla_term_scales(const OpCase& c);
-/// loss coeff(1+2|I|+2L+ln s_kv); d_scores coeff/#non-empty rows. SPEC §7.
-TermScales kl_term_scales(const OpCase& c);
+/// Outputs of one op by name ("out", "lse", "dq", "scores", "indices", ...), as a kernel or a
+/// file returned them; an absent name is an output not returned.
+using NamedOutputs = std::map<std::string, Tensor>;
+
+/// Judges given outputs of `op` on `c` exactly as check_op judges a backend's (same rule,
+/// same report; no determinism run). For SparseMlaBwd an "out" entry is the forward out the
+/// backward took Δ from (OpCase::fwd_out) unless c.fwd_out is set. `label` names the source
+/// in the report's backend field. Same errors as check_op.
+OpReport judge_outputs(Op op, const OpCase& c, const NamedOutputs& outputs,
+                       const CheckOptions& opt = default_check_options(),
+                       const std::string& label = "outputs");
 
 /// True when two tensors have equal dtype, shape and bytes.
 bool bitwise_equal(const Tensor& a, const Tensor& b);

@@ -1,41 +1,79 @@
-// Judged tensors and op reports: the ratio rule of SPEC §9 applied to one output, and the
-// compact tables every report prints (measured ratio, max abs, rel Frobenius, cosine).
+// Judged tensors and op reports: the local rule of SPEC §9 applied to one output, and the
+// compact tables every report prints (measured ratio, max abs, rel Frobenius, cosine, each
+// bound with its parts).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "dsa/contract/tensor.h"
 #include "dsa/oracle/backend.h"
+#include "dsa/oracle/local_bounds.h"
 #include "dsa/oracle/metrics.h"
 
 namespace dsa::oracle {
 
-/// One output judged by the ratio rule (SPEC §9).
+/// The bound of one element and its parts (SPEC §9): bound = rho_e_row + floor_acc + floor_round.
+struct ElementBound {
+  int64_t flat = -1;
+  std::string where;        ///< multi-index, e.g. "[3, 0, 17]"
+  int64_t row = -1;         ///< SPEC §9 row (flat / row_len)
+  double candidate = 0.0, reference = 0.0, err = 0.0;
+  double rho_e_row = 0.0;   ///< ρ · E_row (baseline's largest error over the row)
+  double floor_acc = 0.0;   ///< λ·acc + λ16·narrow (local_bounds.h; source in TensorCheck)
+  double floor_round = 0.0; ///< half an ulp of the output dtype at |ref| + the other parts
+  double bound = 0.0;
+};
+
+/// One output judged by the local rule (SPEC §9).
 struct TensorCheck {
   std::string name;           ///< output name, e.g. "dkv"
   DType dtype = DType::F32;   ///< candidate dtype
+  DType precision = DType::F32;  ///< table row used: dtype, or the 16-bit working dtype
   TensorMetrics metrics;      ///< candidate vs float64 reference
-  double baseline_err = 0.0;  ///< max abs error of the baseline rounded to `dtype`
-  double rho = 0.0;
-  double floor = 0.0;         ///< absolute floor (tolerances.h: floor_abs)
-  double term_scale = 0.0;    ///< term magnitude the floor was scaled by (0: none)
-  double bound = 0.0;         ///< rho · baseline_err + floor
-  double ratio = 0.0;         ///< measured err(candidate) / err(baseline) (inf if baseline exact)
+  double baseline_err = 0.0;  ///< largest E_row (fp32 baseline vs reference)
+  double rho = 0.0, lambda = 0.0, theta = 0.0;  ///< tolerance(op, name, dtype)
+  double ratio = 0.0;         ///< max abs error / baseline_err (inf if the baseline is exact)
+  double worst = 0.0;         ///< max over elements of err / bound (> 1 fails; inf if bound 0)
+  double bound = 0.0;         ///< bound at the worst element (NaN: metrics-only row)
+  double max_bound = 0.0;     ///< largest element bound over the tensor (candidate-independent)
+  ElementBound largest;       ///< the element with that bound, with its parts
+  ElementBound at_worst;      ///< the element with the largest err / bound, with its parts
+  std::string floor_source;   ///< where the floor came from (a formula)
+  int64_t failed_elements = 0;
+  std::vector<ElementBound> failures;  ///< the first few failing elements
+  int64_t rows = 0;           ///< SPEC §9 rows of this output
+  int64_t weak_rows = 0;      ///< rows whose bound exceeds theta · rowscale somewhere
+  std::vector<int64_t> weak_row_ids;  ///< the first few weak rows
+  double weakest = 0.0;       ///< max over rows of max bound / rowscale (≤ theta: not weak)
+  ElementBound at_weakest;    ///< the largest bound of the weakest row, with its parts
+  int64_t row_len = 1;                ///< elements per row (OutputFloor::row_len)
+  std::vector<uint8_t> row_weak;      ///< per row: 1 when weak
+  std::vector<double> row_scale;      ///< per row: the scale θ is measured against
+  std::vector<double> row_max_bound;  ///< per row: the largest element bound
+  double weakest_scale = 0.0; ///< that row's scale = max(max|ref|, κ·Σ|terms|) of the row
+  double weakest_ref_max = 0.0, weakest_terms = 0.0;  ///< its parts
   bool passed = false;
   std::string message;        ///< why it failed ("" when passed)
 };
 
-/// Judges `candidate` (any floating dtype) against `reference` (float64 truth) with the
-/// baseline (Precision::Baseline output, F32, unrounded): the baseline is rounded to the
-/// candidate's dtype (Tensor::to; kept as is when the candidate is F64), then
-/// err(candidate) <= rho·err(baseline) + floor with (rho, floor) = tolerance(op, name, dtype).
-/// Fails (never throws) on shape mismatch, non-floating candidate, or any NaN/±inf position
-/// that differs from the reference. Throws std::out_of_range if the table lacks the key.
-/// `term_scale`: bound on the magnitude of the terms summed into this output (see
-/// tolerances.h); 0 = use the reference's own magnitude only.
+/// Judges `candidate` (any floating dtype) against `reference` (float64 truth) element by
+/// element (SPEC §9): |c - r| <= ρ·E_row + λ·acc_e + λ16·narrow_e + h_e, where E_row is
+/// the largest error over e's row (row = flat / floor.row_len) of `baseline` (F32, before
+/// rounding to the candidate's dtype: that one rounding is h_e) and (ρ, λ, θ) =
+/// tolerance(op, name, precision), precision = the candidate's dtype, or the floor's 16-bit
+/// working dtype when the candidate is wider, and h_e is half an ulp of the candidate's dtype at |r| plus the
+/// other parts (its one output rounding). A row is weak when some element's bound exceeds θ·rowscale,
+/// rowscale = max(max|ref| over the row, κ·the row's largest Σ|terms|), κ = 3√θ (1 for
+/// logit-like outputs, OutputFloor::logit_scale, and at least 2^-110 where fp32 nears its
+/// subnormals): a row whose reference cancelled (e.g. dq of a one-key row) is measured
+/// against the magnitude of its terms. Fails (never throws) on shape
+/// mismatch, non-floating candidate, any NaN/±inf position that differs from the reference,
+/// or any element over its bound. Throws std::out_of_range if the table lacks the key and
+/// std::invalid_argument if `floor` does not have one entry per element.
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
-                         const Tensor& reference, const Tensor& baseline, double term_scale = 0.0);
+                         const Tensor& reference, const Tensor& baseline, const OutputFloor& floor);
 
 /// Verdict of one check of one backend (SPEC §9). Pass and Skip pass; Fail (a bound or a
 /// contract rule broken), Weak (some rows' bounds exceed the detection threshold θ of the
@@ -87,7 +125,8 @@ struct OpReport {
 std::string verdict_line(const std::vector<OpReport>& reports);
 
 /// Compact table of judged tensors: name, dtype, max_abs, rel_fro, cosine, base_err, ratio,
-/// bound, verdict (one line each).
+/// err/bound, verdict (one line each), then per tensor the bound at its worst element with
+/// its parts (ρ·E_row, floor and its source, one rounding), failing elements, weak rows.
 std::string format_tensor_checks(const std::vector<TensorCheck>& checks);
 /// Violations one per line ("rule row=r slot=j: detail"), at most `limit` then a count.
 std::string format_violations(const std::vector<TopkViolation>& v, size_t limit = 20);

@@ -1,6 +1,6 @@
-// The one tolerance table of the suite (SPEC §9, STYLE "Tolerances are data"): every ρ and
-// floor, keyed by (op, output, dtype), each with a one-line reason. Nothing else in the code
-// base (tests included) carries a literal tolerance.
+// The one tolerance table of the suite (SPEC §9, STYLE "Tolerances are data"): every ρ, λ
+// and detection threshold θ, keyed by (op, output, dtype), each with a one-line reason.
+// Nothing else in the code base (tests included) carries a literal tolerance.
 #pragma once
 
 #include <string>
@@ -10,24 +10,21 @@
 
 namespace dsa::oracle {
 
-/// One row of the table. The ratio rule (SPEC §9) accepts a candidate when
-///   err(candidate) <= rho · err(baseline) + floor
-///   floor = floor_eps · eps(F32) · max(scale, term_scale) + out_ulps · eps(dtype) · scale
-/// with err = max abs error against the float64 reference over finite positions,
-/// scale = max |reference| (finite positions), and term_scale = a bound on the magnitude of
-/// the terms summed into the output, computed by the op checker from the inputs (so an output
-/// that cancels to ~0 is judged at the precision of its terms, as FlashAttention's atol at
-/// the inputs' scale does). eps(F32) because SPEC §2/§5 fix fp32 accumulation; out_ulps
-/// covers one rounding flip of a 16-bit output. Ops: the dsa::oracle::to_string(Op) names,
-/// plus "peer:<op>" rows used when a peer producer's fp32 `expected.*` is judged against
-/// the reference (its error plays the candidate; the fp32 baseline plays the baseline).
+/// One row of the table. The local rule (SPEC §9) accepts a finite element e when
+///   |cand_e - ref_e| <= rho · E_row + floor_e,
+///   floor_e = lambda · acc_e + lambda16 · narrow_e + half_ulp(dtype, |ref_e| + the other parts),
+/// with E_row the baseline's largest error over e's row (report.h), acc_e/narrow_e the
+/// element's first-order error scales (local_bounds.h) and the half ulp one rounding of the
+/// output. A row whose bound exceeds theta · rowscale for some element is WEAK (report.h).
+/// Ops: the dsa::oracle::to_string(Op) names.
 struct Tolerance {
   std::string op;
   std::string output;
   DType dtype;
-  double rho;
-  double floor_eps;
-  double out_ulps;
+  double rho;     ///< multiple of the baseline's row error
+  double lambda;    ///< multiple of the fp32 first-order floor (Higham & Mary 2019 constant)
+  double lambda16;  ///< multiple of the 16-bit working-dtype terms of the floor
+  double theta;   ///< detection threshold: the published δ (docs/what-a-pass-means.md)
   std::string reason;
 };
 
@@ -37,9 +34,5 @@ const Tolerance& tolerance(const std::string& op, const std::string& output, DTy
 
 /// Every entry, in table order (for `dsa-verify tolerances` and docs).
 const std::vector<Tolerance>& tolerance_table();
-
-/// Absolute floor of `tol` for a reference of max magnitude `scale` and a term bound
-/// `term_scale` (0 when unknown).
-double floor_abs(const Tolerance& tol, double scale, double term_scale = 0.0);
 
 }  // namespace dsa::oracle

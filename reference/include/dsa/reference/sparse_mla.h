@@ -17,11 +17,15 @@ SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in,
                                     Precision precision = Precision::Reference);
 
 /// Backward of SPEC §5 for upstream dout [s_q,h_q,d_v] (F32/F64/BF16/F16). Recomputes the
-/// forward at the same precision; uses the given indices (never reselects). Returns dq
+/// forward at the same precision; uses the given indices (never reselects). `out`: the
+/// forward's (sink-scaled) out [s_q,h_q,d_v], any floating dtype, as a kernel's backward
+/// receives it (e.g. bf16): Δ = out·dout is taken from it (SPEC §5, §9 baseline at the
+/// candidate's precision); absent = Δ from this precision's own recomputed out. Returns dq
 /// [s_q,h_q,d_qk], dkv [s_kv,d_qk] (summed over every query, head and duplicate slot) and
 /// dsink [h_q] iff attn_sink is given; F64 or F32 (Baseline). Same errors as
-/// sparse_mla_forward plus dout's shape/dtype.
+/// sparse_mla_forward plus dout's and out's shape/dtype.
 SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout,
-                                   Precision precision = Precision::Reference);
+                                   Precision precision = Precision::Reference,
+                                   const std::optional<Tensor>& out = std::nullopt);
 
 }  // namespace dsa::reference

@@ -1,0 +1,82 @@
+// Floor inputs of the local bound (SPEC §9): for every element of every output, the
+// first-order rounding-error scale of that element's own computation, evaluated in float64
+// over absolute values of the exact inputs. Nothing from another row and no tensor-wide
+// maximum enters an element's floor. Sources: Higham, Accuracy and Stability of Numerical
+// Algorithms (2nd ed.), ch. 3 (inner products, summation) and ch. 4 (summation orders);
+// Higham & Mary, "A new approach to probabilistic rounding error analysis", SISC 2019
+// (√n·u instead of n·u for sums of n terms).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dsa/contract/dtype.h"
+#include "dsa/contract/op_types.h"
+
+namespace dsa::oracle {
+
+/// Floor inputs of one output. Flat element i belongs to row i / row_len (SPEC §9 rows:
+/// (t, h) for out/lse/max_logits/dq, key row s for dkv and dk_idx, head for dsink, query row
+/// for scores, dq_idx, dw, d_scores; the scalar loss is one row). Vectors have numel entries.
+struct OutputFloor {
+  int64_t row_len = 1;
+  /// Absolute first-order error scale at fp32 accumulation (already × u = 2^-24): logits,
+  /// exp, products and √n-summation of the element's own terms.
+  std::vector<double> acc;
+  /// Absolute error scale of intermediates a kernel keeps in its 16-bit working dtype
+  /// (P before P·V, dS before dS·K, Δ from its own 16-bit out; already × that dtype's u);
+  /// all zero when the working dtype is fp32 or wider.
+  std::vector<double> narrow;
+  /// Σ|terms| of the element (the magnitude it is made of): a row's scale for WEAK is
+  /// max(max|ref|, κ·max terms), κ = 3√θ, so a row whose reference cancelled is measured
+  /// against its terms (SPEC §9 WEAK guard, report.h).
+  std::vector<double> terms;
+  /// Logit-like outputs (scores, lse, max_logits): κ = 1. Their error is absolute at the
+  /// scale of the products that form them; a value near 0 is an accident of the shift.
+  bool logit_scale = false;
+  /// The kernel's working dtype (sparse MLA: its out dtype). A 16-bit one makes the 16-bit
+  /// detection threshold apply to this output even when it is returned in fp32 (e.g. dkv of
+  /// a bf16 kernel: its Δ comes from a bf16 out).
+  DType work_dtype = DType::F32;
+  /// Where the floor came from (a formula, printed with every bound).
+  std::string source;
+};
+
+/// Floor inputs of every output of one op on one case, by output name.
+using CaseFloors = std::map<std::string, OutputFloor>;
+
+/// Unit roundoff u of a floating dtype: 2^-53 (F64), 2^-24 (F32), 2^-11 (F16), 2^-8 (BF16).
+/// Throws std::invalid_argument for integer dtypes.
+double unit_roundoff(DType dtype);
+
+/// Indexer scores (SPEC §2), output "scores" [s_q, s_kv] (row = query row):
+/// u·(Σ_j |w_j|(√d_I·Σ_d|q_jd k_d| + |r_j|) + √H_I·Σ_j|w_j r_j|), r_j = ReLU(q_j·k).
+/// Same argument rules as reference::indexer_scores (std::invalid_argument).
+CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                 const KeyWindows& windows);
+
+/// Indexer backward (SPEC §2): "dq_idx" (row t), "dk_idx" (row s), "dw" (row t). Terms whose
+/// dot q·k is nonzero but within 8·u·√d_I·Σ|q k| of zero may flip ReLU' and enter whole.
+CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                   const KeyWindows& windows, const Tensor& d_scores);
+
+/// Sparse MLA (SPEC §4-§5). Forward outputs "out", "lse", "max_logits"; with `dout`
+/// (not null) also "dq", "dkv" and, with a sink, "dsink". `work_dtype`: the dtype of the
+/// candidate's forward `out` (q's dtype by default, SPEC §4): a 16-bit one adds the narrow
+/// terms (P rounded before P·V, dS before dS·K and dS^T·Q, Δ from the 16-bit out).
+/// Per (t, h), p_j = exp(P_j - L), key j's logit error e_j = √d_qk|P_j| + |sm|Σ_d|q_d kv_jd|
+/// and exp error c_j = max(|P_j - max|, |P_j - L|) + 1 (independent across keys: quadrature):
+///   out_c: u(sqrt(Σ_j (p_j|v_jc - out_c|(e_j + c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|)
+///   lse:   u(sqrt(Σ_j (p~_j(e_j + c_j))^2) + √n + |max| + |ln Σ exp(P - max)|)
+///   dS_j = p_j(g_j - Δ), g_j = dout·v_j: δp_j, δg_j per key, δL and δΔ common to the row;
+///   dq, dkv, dsink: those errors through their sums, + u(√n|sum| + Σ|terms|).
+/// Probabilities below 2^-126 (fp32 subnormals) add 2^-150 absolute each.
+/// Same argument rules as reference::sparse_mla_backward.
+CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype);
+
+/// KL loss (SPEC §7): "loss" (one row) and "d_scores" (row t), from the teacher's logits
+/// (as sparse MLA) and the student's log-softmax over the row's key set.
+CaseFloors kl_floors(const IndexerKlInputs& in);
+
+}  // namespace dsa::oracle

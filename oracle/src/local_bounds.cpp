@@ -1,0 +1,663 @@
+// Floor inputs of the local bound (SPEC §9): first-order rounding-error propagation of each
+// element's own computation, in float64 over absolute values (local_bounds.h has the
+// formulas; docs/SPEC.md §9 and docs/what-a-pass-means.md explain them).
+#include "dsa/oracle/local_bounds.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "dsa/contract/errors.h"
+
+namespace dsa::oracle {
+namespace {
+
+constexpr double kU32 = 0x1p-24;  // unit roundoff of fp32 accumulation (SPEC §2, §5)
+constexpr double kEta32 = 0x1p-150;  // half the fp32 subnormal spacing: the absolute error of a
+                                     // probability that underflows (p_j, p_sink far below 1)
+constexpr double kTiny32 = 0x1p-120;
+constexpr double kFlipLambda = 3.0;  // the table's largest λ: how far a correct fp32 out may lie  // probabilities below this may be fp32 subnormals
+
+OutputFloor make(int64_t numel, int64_t row_len, std::string source) {
+  OutputFloor f;
+  f.row_len = std::max<int64_t>(1, row_len);
+  f.acc.assign(static_cast<size_t>(numel), 0.0);
+  f.narrow.assign(static_cast<size_t>(numel), 0.0);
+  f.terms.assign(static_cast<size_t>(numel), 0.0);
+  f.source = std::move(source);
+  return f;
+}
+
+bool is_narrow(DType d) { return d == DType::BF16 || d == DType::F16; }
+
+// One ulp of a 16-bit dtype with unit roundoff un at x, when a value within r of x may round
+// to a different neighbour than x itself (a rounding midpoint lies in [x - r, x + r]); else 0.
+double flip_ulp(double x, double r, double un) {
+  if (!(un > 0) || !(r > 0)) return 0.0;
+  int e = 0;
+  std::frexp(std::max(std::abs(x), r), &e);
+  const double ulp = std::ldexp(2 * un, e - 1);
+  return std::floor((x - r) / ulp + 0.5) != std::floor((x + r) / ulp + 0.5) ? ulp : 0.0;
+}
+
+void require(bool ok, const char* where, const char* arg, const std::string& got,
+             const std::string& expected) {
+  check_arg(ok, where, arg, got, expected);
+}
+
+}  // namespace
+
+double unit_roundoff(DType dtype) {
+  switch (dtype) {
+    case DType::F64: return 0x1p-53;
+    case DType::F32: return 0x1p-24;
+    case DType::F16: return 0x1p-11;
+    case DType::BF16: return 0x1p-8;
+    default: break;
+  }
+  throw std::invalid_argument(std::string("unit_roundoff: argument 'dtype' got ") +
+                              dtype_name(dtype) + ", expected a floating dtype");
+}
+
+CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                 const KeyWindows& windows) {
+  const char* where = "indexer_scores_floors";
+  require(q_idx.dim() == 3 && k_idx.dim() == 2 && w.dim() == 2, where, "q_idx/k_idx/w",
+          shape_str(q_idx.shape()) + " " + shape_str(k_idx.shape()) + " " + shape_str(w.shape()),
+          "[s_q,H_I,d_I], [s_kv,d_I], [s_q,H_I]");
+  const int64_t s_q = q_idx.size(0), H = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
+  require(windows.s_q() == s_q && windows.s_kv == s_kv, where, "windows",
+          std::to_string(windows.s_q()) + " rows", std::to_string(s_q) + " rows");
+  const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64();
+  OutputFloor f = make(s_q * s_kv, s_kv,
+                       "u(sqrt(Σ_j (w_j(√d_I|q_j·k| + Σ_d|q_jd k_d|))^2) + √H_I|I| + Σ_j|w_j r_j|)");
+  const double sd = std::sqrt(static_cast<double>(d)), sh = std::sqrt(static_cast<double>(H));
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = std::max<int64_t>(0, windows.ks[t]); s < std::min(s_kv, windows.ke[t]); ++s) {
+      double dots2 = 0, val = 0, abs_sum = 0, terms = 0;
+      for (int64_t j = 0; j < H; ++j) {
+        const double* q = &Q[static_cast<size_t>((t * H + j) * d)];
+        const double* k = &K[static_cast<size_t>(s * d)];
+        double dot = 0, ad = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          dot += q[c] * k[c];
+          ad += std::abs(q[c] * k[c]);
+        }
+        const double r = std::max(dot, 0.0), wj = W[static_cast<size_t>(t * H + j)];
+        const double de = std::abs(wj) * (sd * std::abs(dot) + ad);
+        dots2 += de * de;
+        val += wj * r;
+        abs_sum += std::abs(wj * r);
+        terms += std::abs(wj) * ad;
+      }
+      const size_t e = static_cast<size_t>(t * s_kv + s);
+      f.acc[e] = kU32 * (std::sqrt(dots2) + sh * std::abs(val) + abs_sum);
+      f.terms[e] = terms;
+    }
+  f.logit_scale = true;
+  CaseFloors out;
+  out["scores"] = std::move(f);
+  return out;
+}
+
+CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                   const KeyWindows& windows, const Tensor& d_scores) {
+  const char* where = "indexer_backward_floors";
+  CaseFloors out = indexer_scores_floors(q_idx, k_idx, w, windows);
+  out.erase("scores");
+  const int64_t s_q = q_idx.size(0), H = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
+  require(d_scores.dim() == 2 && d_scores.size(0) == s_q && d_scores.size(1) == s_kv, where,
+          "d_scores", shape_str(d_scores.shape()), "[s_q, s_kv]");
+  const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64(),
+                            G = d_scores.to_f64();
+  const double sd = std::sqrt(static_cast<double>(d));
+  // Sums of n terms: u(√n|sum| + Σ|terms|) (recursive summation: drift and random walk of
+  // the partial sums; Higham & Mary 2019); independent dot errors add in quadrature.
+  OutputFloor dq = make(s_q * H * d, H * d,
+                        "u(√n|dq_idx| + Σ_s|dI w k_s|) over active s (+ whole terms whose q·k may flip sign)");
+  OutputFloor dk = make(s_kv * d, d,
+                        "u(√m|dk_idx| + Σ|dI w q|) over active (t,j) (+ whole terms whose q·k may flip sign)");
+  OutputFloor dw = make(s_q * H, H,
+                        "u(sqrt(Σ_s (dI(√d_I|q·k_s| + Σ_d|q_d k_sd|))^2) + √n|dw| + Σ_s|dI r_s|)");
+  std::vector<double> dk_t(static_cast<size_t>(s_kv * d), 0.0), dk_amb(dk_t.size(), 0.0),
+      dk_v(dk_t.size(), 0.0);
+  std::vector<int64_t> dk_n(static_cast<size_t>(s_kv), 0);
+  std::vector<double> dq_t(static_cast<size_t>(d)), dq_amb(static_cast<size_t>(d)),
+      dq_v(static_cast<size_t>(d));
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t ks = std::max<int64_t>(0, windows.ks[t]), ke = std::min(s_kv, windows.ke[t]);
+    for (int64_t j = 0; j < H; ++j) {
+      const double* q = &Q[static_cast<size_t>((t * H + j) * d)];
+      const double wj = W[static_cast<size_t>(t * H + j)];
+      std::fill(dq_t.begin(), dq_t.end(), 0.0);
+      std::fill(dq_amb.begin(), dq_amb.end(), 0.0);
+      std::fill(dq_v.begin(), dq_v.end(), 0.0);
+      int64_t n_active = 0, n = 0;
+      double w_dots2 = 0, w_val = 0, w_abs = 0, w_terms = 0;
+      for (int64_t s = ks; s < ke; ++s) {
+        const double g = G[static_cast<size_t>(t * s_kv + s)];
+        if (!std::isfinite(g) || g == 0) continue;
+        const double* k = &K[static_cast<size_t>(s * d)];
+        double dot = 0, ad = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          dot += q[c] * k[c];
+          ad += std::abs(q[c] * k[c]);
+        }
+        ++n;
+        const double de = std::abs(g) * (sd * std::abs(dot) + ad);
+        w_dots2 += de * de;
+        w_val += g * std::max(dot, 0.0);
+        w_abs += std::abs(g * std::max(dot, 0.0));
+        w_terms += std::abs(g) * ad;
+        // An exact zero dot means grid inputs, where fp32 is exact too (ReLU'(0) = 0, §2).
+        const bool amb = dot != 0 && std::abs(dot) <= 8 * kU32 * (sd * std::abs(dot) + ad);
+        if (!(dot > 0) && !amb) continue;
+        ++n_active;
+        ++dk_n[static_cast<size_t>(s)];
+        const double coef = g * wj;
+        for (int64_t c = 0; c < d; ++c) {
+          const double tk = coef * k[c], tq = coef * q[c];
+          const size_t cc = static_cast<size_t>(c), se = static_cast<size_t>(s * d + c);
+          dq_t[cc] += std::abs(tk);
+          dk_t[se] += std::abs(tq);
+          if (dot > 0) {
+            dq_v[cc] += tk;
+            dk_v[se] += tq;
+          }
+          if (amb) {
+            dq_amb[cc] += std::abs(tk);
+            dk_amb[se] += std::abs(tq);
+          }
+        }
+      }
+      const double sn = std::sqrt(static_cast<double>(n_active));
+      for (int64_t c = 0; c < d; ++c) {
+        const size_t e = static_cast<size_t>((t * H + j) * d + c), cc = static_cast<size_t>(c);
+        dq.acc[e] = kU32 * (sn * std::abs(dq_v[cc]) + dq_t[cc]) + dq_amb[cc];
+        dq.terms[e] = dq_t[cc];
+      }
+      const size_t e = static_cast<size_t>(t * H + j);
+      dw.acc[e] = kU32 * (std::sqrt(w_dots2) + std::sqrt(static_cast<double>(n)) * std::abs(w_val) + w_abs);
+      dw.terms[e] = w_terms;
+    }
+  }
+  for (int64_t s = 0; s < s_kv; ++s)
+    for (int64_t c = 0; c < d; ++c) {
+      const size_t e = static_cast<size_t>(s * d + c);
+      const double sm = std::sqrt(static_cast<double>(dk_n[static_cast<size_t>(s)]));
+      dk.acc[e] = kU32 * (sm * std::abs(dk_v[e]) + dk_t[e]) + dk_amb[e];
+      dk.terms[e] = dk_t[e];
+    }
+  out["dq_idx"] = std::move(dq);
+  out["dk_idx"] = std::move(dk);
+  out["dw"] = std::move(dw);
+  return out;
+}
+
+CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype) {
+  const char* where = "sparse_mla_floors";
+  require(in.q.dim() == 3 && in.kv.dim() == 2 && in.kv.size(1) == in.q.size(2), where, "q/kv",
+          shape_str(in.q.shape()) + " " + shape_str(in.kv.shape()), "[s_q,h_q,d_qk], [s_kv,d_qk]");
+  const int64_t s_q = in.q.size(0), h_q = in.q.size(1), dqk = in.q.size(2), dv = in.d_v,
+                s_kv = in.kv.size(0), k = in.indices.size(-1);
+  require(dv > 0 && dv <= dqk, where, "d_v", std::to_string(dv), "0 < d_v <= d_qk");
+  require(in.indices.size(0) == s_q, where, "indices", shape_str(in.indices.shape()), "[s_q, k]");
+  if (dout)
+    require(dout->numel() == s_q * h_q * dv, where, "dout", shape_str(dout->shape()),
+            "[s_q, h_q, d_v]");
+  const std::vector<double> Q = in.q.to_f64(), KV = in.kv.to_f64();
+  const std::vector<double> dO = dout ? dout->to_f64() : std::vector<double>{};
+  const std::vector<double> sink = in.attn_sink ? in.attn_sink->to_f64() : std::vector<double>{};
+  const double u = kU32, un = is_narrow(work_dtype) ? unit_roundoff(work_dtype) : 0.0;
+  const double sm = in.sm_scale, asm_ = std::abs(in.sm_scale);
+  const double sdqk = std::sqrt(static_cast<double>(dqk)), sdv = std::sqrt(static_cast<double>(dv));
+
+  // Per key j of row (t,h): e_j = √d_qk|P_j| + |sm|Σ_d|q_d kv_jd| is the rounding scale of its
+  // own fp32 logit (independent across keys: added in quadrature), c_j = |P_j - m| + 1 that
+  // of the max-subtraction and exp (added linearly). Softmax is shift invariant, so only
+  // differences v_j - out enter (a row whose logits are all equal or that has one key is tight).
+  OutputFloor fo = make(s_q * h_q * dv, dv,
+                        "u(sqrt(Σ_j (p_j|v_jc-out_c|(e_j+c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|), "
+                        "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
+  if (un > 0)
+    fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 3 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
+                 "the 16-bit working dtype)";
+  OutputFloor fl = make(s_q * h_q, 1,
+                        "u(sqrt(Σ_j (p~_j(e_j+c_j))^2) + √n + |max| + |ln Σ exp(P-max)|)");
+  OutputFloor fm = make(s_q * h_q, 1, "u·e_j of the keys within their error of the max");
+  CaseFloors outf;
+  OutputFloor fdq, fdkv, fds;
+  std::vector<double> kv_q2, kv_val, kv_abs, kv_n2, kv_nsq;
+  std::vector<int64_t> kv_n;
+  std::vector<double> sk_q2, sk_val, sk_abs, sk_n2;
+  std::vector<int64_t> sk_n;
+  if (dout) {
+    const std::string dsrc =
+        "dS_j = p_j(g_j-Δ), g_j = dout·v_j; per key u p_j((e_j+c_j)|g_j-Δ| + √d_v|g_j| + "
+        "Σ|dout v_j|) in quadrature, δL and δΔ common to the row";
+    fdq = make(s_q * h_q * dqk, dqk,
+               "|sm|(sqrt(Σ_j (kv_jc δdS_j)^2) + u ā|dq_c/sm| + δΔ|Σ_j p_j kv_jc| + "
+               "u(√n|dq_c/sm| + Σ_j|dS_j kv_jc|)); " + dsrc);
+    fdkv = make(s_kv * dqk, dqk,
+                "sqrt(Σ over (t,h,j→s) of (|sm q_c|δdS_j + |dout_c|δp_j)^2) + u(√m|dkv| + "
+                "Σ|terms|); " + dsrc);
+    fds = make(h_q, 1, "sqrt(Σ_t (p_sink(u ā|Δ| + δΔ))^2) + u(√s_q|dsink| + Σ_t p_sink|Δ|); " + dsrc);
+    if (un > 0) {
+      for (OutputFloor* f : {&fdq, &fdkv, &fds})
+        f->source += " + u16 terms (Δ from the 16-bit out, dS in the working dtype)";
+    }
+    kv_q2.assign(static_cast<size_t>(s_kv * dqk), 0.0);
+    kv_val = kv_abs = kv_n2 = kv_nsq = kv_q2;
+    kv_n.assign(static_cast<size_t>(s_kv), 0);
+    sk_q2.assign(static_cast<size_t>(h_q), 0.0);
+    sk_val = sk_abs = sk_n2 = sk_q2;
+    sk_n.assign(static_cast<size_t>(h_q), 0);
+  }
+
+  std::vector<int64_t> ids;
+  std::vector<double> P, E, C, p, pt, g, dS, ind, dpj, outc, accout, narout, G_;
+  std::vector<size_t> order;
+  std::vector<double> wq, km;
+  for (int64_t t = 0; t < s_q; ++t) {
+    ids.clear();
+    int64_t limit = k;
+    if (in.topk_length) limit = std::min<int64_t>(limit, static_cast<int64_t>(in.topk_length->get(t)));
+    for (int64_t j = 0; j < limit; ++j) {
+      const double id = in.indices.get(t * k + j);
+      if (id >= 0 && id < static_cast<double>(s_kv)) ids.push_back(static_cast<int64_t>(id));
+    }
+    const size_t n = ids.size();
+    if (n == 0) continue;  // SPEC §6: exact zeros / ±inf, nothing to round
+    // Duplicate slots of one key carry identical values and identical rounding errors: the
+    // quadrature sums below take each key once, with its multiplicity (wq[j] = multiplicity
+    // at its first slot, 0 at the others; km[j] = multiplicity at every slot).
+    order.resize(n);
+    for (size_t j = 0; j < n; ++j) order[j] = j;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return ids[a] < ids[b] || (ids[a] == ids[b] && a < b);
+    });
+    wq.assign(n, 0.0);
+    km.assign(n, 0.0);
+    for (size_t g0 = 0; g0 < n;) {
+      size_t g1 = g0;
+      while (g1 < n && ids[order[g1]] == ids[order[g0]]) ++g1;
+      wq[order[g0]] = static_cast<double>(g1 - g0);
+      for (size_t gi = g0; gi < g1; ++gi) km[order[gi]] = static_cast<double>(g1 - g0);
+      g0 = g1;
+    }
+    const double sn = std::sqrt(static_cast<double>(n));
+    for (auto* v : {&P, &E, &C, &p, &pt, &g, &dS, &ind, &dpj}) v->resize(n);
+    for (auto* v : {&outc, &accout, &narout}) v->resize(static_cast<size_t>(dv));
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t row = t * h_q + h;
+      const double* q = &Q[static_cast<size_t>(row * dqk)];
+      double m = -std::numeric_limits<double>::infinity();
+      for (size_t j = 0; j < n; ++j) {
+        const double* kv = &KV[static_cast<size_t>(ids[j] * dqk)];
+        double dot = 0, ad = 0;
+        for (int64_t c = 0; c < dqk; ++c) {
+          dot += q[c] * kv[c];
+          ad += std::abs(q[c] * kv[c]);
+        }
+        P[j] = sm * dot;
+        E[j] = sdqk * std::abs(P[j]) + asm_ * ad;
+        m = std::max(m, P[j]);
+      }
+      double S = 0;
+      for (size_t j = 0; j < n; ++j) S += std::exp(P[j] - m);
+      const double lse = m + std::log(S);
+      double L = lse, psink = 0, sinkv = 0;
+      bool sink_finite = false;
+      if (in.attn_sink) {
+        sinkv = sink[static_cast<size_t>(h)];
+        if (sinkv == std::numeric_limits<double>::infinity()) {
+          L = sinkv;
+          psink = 1;
+        } else if (std::isfinite(sinkv)) {
+          const double mm = std::max(lse, sinkv);
+          L = mm + std::log(std::exp(lse - mm) + std::exp(sinkv - mm));
+          psink = std::exp(sinkv - L);
+          sink_finite = true;
+        }
+      }
+      const double sink_c = sink_finite ? std::abs(sinkv - m) + 1 : 0.0;
+      // u·ā: first-order error of L = ln Σ exp (the row's normaliser): the keys' independent
+      // logit/exp errors in quadrature, the sum of n terms, the sink's exp
+      double abar2 = 0;
+      for (size_t j = 0; j < n; ++j) {
+        p[j] = std::isinf(L) ? 0.0 : std::exp(P[j] - L);
+        pt[j] = std::exp(P[j] - lse);
+        // exp(P_j - max) (forward) or exp(P_j - L) (backward): the argument's rounding and
+        // the exp; exp(0) = 1 is exact
+        C[j] = std::max(std::abs(P[j] - m), std::isfinite(L) ? std::abs(P[j] - L) : 0.0) +
+               (P[j] != m ? 1 : 0);
+        abar2 += (wq[j] * p[j] * (E[j] + C[j])) * (wq[j] * p[j] * (E[j] + C[j]));
+      }
+      const double abar = std::sqrt(abar2) + (n > 1 ? sn : 0.0) + psink * sink_c;
+      // out
+      for (int64_t c = 0; c < dv; ++c) {
+        double o = 0;
+        for (size_t j = 0; j < n; ++j) o += p[j] * KV[static_cast<size_t>(ids[j] * dqk + c)];
+        double x2 = 0, z = 0, zs = 0, w = 0, wabs = 0;
+        for (size_t j = 0; j < n; ++j) {
+          const double v = KV[static_cast<size_t>(ids[j] * dqk + c)];
+          if (p[j] > 0 && p[j] < kTiny32) wabs += std::abs(v);
+          const double xe = p[j] * std::abs(v - o) * (E[j] + C[j]);
+          x2 += (wq[j] * xe) * (wq[j] * xe);
+          w += p[j] * std::abs(v);
+          if (P[j] < m) {
+            z += (wq[j] * p[j] * v) * (wq[j] * p[j] * v);
+            zs += std::abs(p[j] * v);
+          }
+        }
+        const size_t c_ = static_cast<size_t>(c);
+        outc[c_] = o;
+        accout[c_] = u * (std::sqrt(x2) + sn * std::abs(o) + w + psink * std::abs(o) * sink_c) +
+                     kEta32 * wabs;
+        // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
+        // independent roundings (uniform, σ <= u16/√3 each), within 3 sqrt(Σ(.)^2) (5 σ)
+        narout[c_] = un * std::min(zs, 3 * std::sqrt(z));
+        const size_t e = static_cast<size_t>(row * dv + c);
+        fo.acc[e] = accout[c_];
+        fo.narrow[e] = narout[c_];
+        fo.terms[e] = w;
+      }
+      // lse and max_logits
+      double x2 = 0, emax = 0, tmax = 0;
+      for (size_t j = 0; j < n; ++j) {
+        x2 += (wq[j] * pt[j] * (E[j] + C[j])) * (wq[j] * pt[j] * (E[j] + C[j]));
+        if (P[j] + 16 * u * E[j] >= m) {
+          emax = std::max(emax, E[j]);
+          tmax = std::max(tmax, E[j] / (sdqk + 1));
+        }
+      }
+      fl.acc[static_cast<size_t>(row)] = u * (std::sqrt(x2) + sn + std::abs(m) + std::abs(std::log(S)));
+      fl.terms[static_cast<size_t>(row)] = 1 + std::max(tmax, std::abs(m));
+      fm.acc[static_cast<size_t>(row)] = u * emax;
+      fm.terms[static_cast<size_t>(row)] = std::max(tmax, std::abs(m));
+      if (!dout) continue;
+      // backward
+      const double* dorow = &dO[static_cast<size_t>(row * dv)];
+      double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0;
+      for (int64_t c = 0; c < dv; ++c) {
+        const size_t c_ = static_cast<size_t>(c);
+        delta += outc[c_] * dorow[c];
+        D += std::abs(outc[c_] * dorow[c]);
+        // the P·V sum of out_c (its logit part is below): independent across columns
+        const double sv = dorow[c] * fo.terms[static_cast<size_t>(row * dv + c)];
+        const double se = dorow[c] * sn * outc[c_];
+        dD2 += sv * sv + se * se;
+        nD2 += (dorow[c] * narout[c_]) * (dorow[c] * narout[c_]);
+        // the candidate's 16-bit out may round this column the other way than the
+        // baseline's (both are within their errors of out): one ulp of Δ's term
+        const double fl = std::abs(dorow[c]) *
+                          flip_ulp(outc[c_], 2 * kFlipLambda * accout[c_] + 2 * narout[c_], un);
+        nflip2 += fl * fl;  // flips of different columns are independent
+      }
+      const double dD = u * std::sqrt(dD2);
+      double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
+      std::vector<double>& Gv = G_;
+      Gv.resize(n);
+      for (size_t j = 0; j < n; ++j) {
+        const double* v = &KV[static_cast<size_t>(ids[j] * dqk)];
+        double gj = 0, Gj = 0;
+        for (int64_t c = 0; c < dv; ++c) {
+          gj += dorow[c] * v[c];
+          Gj += std::abs(dorow[c] * v[c]);
+        }
+        g[j] = gj;
+        Gv[j] = Gj;
+        dS[j] = p[j] * (gj - delta);
+        // independent per key: its logit/exp error times |g_j - Δ| and its g_j dot error
+        ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + sdv * std::abs(gj) + Gj);
+        // δp_j = p_j(δP_j - δL): key j's own error enters with weight 1 - p_j (a row with
+        // one key, p = 1, has an exact softmax)
+        const double own = km[j] * p[j] * (E[j] + C[j]);
+        const double others = std::sqrt(std::max(0.0, abar2 - own * own)) +
+                              (n > 1 ? sn : 0.0) + psink * sink_c;
+        dpj[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) + others);
+        const double le = p[j] * (E[j] + C[j]) * std::abs(gj - delta);
+        dl2 += (wq[j] * le) * (wq[j] * le);
+      }
+      // δΔ: from the logits, the P·V sums of out, and the out·dout dot (fp32).
+      const double dDelta = u * (std::sqrt(dl2) + sdv * std::abs(delta) + D) + dD;
+      // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
+      // only the candidate's P rounding moves its out, and Δ, further.
+      const double nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
+      for (int64_t c = 0; c < dqk; ++c) {
+        double x2c = 0, val = 0, ab = 0, pk = 0, nsq = 0, tt = 0, eta = 0;
+        for (size_t j = 0; j < n; ++j) {
+          const double kv = KV[static_cast<size_t>(ids[j] * dqk + c)];
+          x2c += (wq[j] * ind[j] * kv) * (wq[j] * ind[j] * kv);
+          val += dS[j] * kv;
+          ab += std::abs(dS[j] * kv);
+          pk += p[j] * kv;
+          nsq += (wq[j] * dS[j] * kv) * (wq[j] * dS[j] * kv);
+          tt += p[j] * (Gv[j] + D) * std::abs(kv);
+          if (p[j] > 0 && p[j] < kTiny32) eta += (Gv[j] + D) * std::abs(kv);
+        }
+        const size_t e = static_cast<size_t>(row * dqk + c);
+        fdq.acc[e] = asm_ * (std::sqrt(x2c) + u * abar * std::abs(val) + dDelta * std::abs(pk) +
+                             u * (sn * std::abs(val) + ab) + kEta32 * eta);
+        fdq.narrow[e] = asm_ * (nDelta * std::abs(pk) + un * std::sqrt(nsq));
+        fdq.terms[e] = asm_ * tt;
+      }
+      // dkv: this row's slots grouped by key. Within the row, the parts that come from
+      // the row's common errors (δL, δΔ) add linearly over the slots of one key
+      // (duplicates); the per-slot parts and different rows add in quadrature.
+      for (size_t g0 = 0; g0 < n;) {
+        size_t g1 = g0;
+        while (g1 < n && ids[order[g1]] == ids[order[g0]]) ++g1;
+        const int64_t s = ids[order[g0]];
+        kv_n[static_cast<size_t>(s)] += static_cast<int64_t>(g1 - g0);
+        for (int64_t c = 0; c < dqk; ++c) {
+          const size_t e = static_cast<size_t>(s * dqk + c);
+          const double qc = std::abs(q[c]);
+          const double dc = c < dv ? dorow[c] : 0.0;
+          double indep = 0, comm = 0, nsum = 0;  // all linear within one key's slots
+          for (size_t gi = g0; gi < g1; ++gi) {
+            const size_t j = order[gi];
+            const double own = E[j] + C[j];
+            indep += asm_ * qc * ind[j] + std::abs(dc) * u * p[j] * (1 - p[j]) * own +
+                                 (p[j] > 0 && p[j] < kTiny32
+                                      ? kEta32 * (asm_ * (Gv[j] + D) * qc + std::abs(dc))
+                                      : 0.0);
+            comm += asm_ * qc * p[j] * (u * abar * std::abs(g[j] - delta) + dDelta) +
+                    std::abs(dc) * (dpj[j] - u * p[j] * (1 - p[j]) * own);
+            nsum += asm_ * qc * p[j] * nDelta;
+            const double term1 = sm * dS[j] * q[c], term2 = p[j] * dc;
+            kv_val[e] += term1 + term2;
+            kv_abs[e] += std::abs(term1) + std::abs(term2);
+            kv_nsq[e] += term1 * term1 + term2 * term2;
+            fdkv.terms[e] += asm_ * p[j] * (Gv[j] + D) * qc + std::abs(term2);
+          }
+          kv_q2[e] += (indep + comm) * (indep + comm);
+          kv_n2[e] += nsum * nsum;
+        }
+        g0 = g1;
+      }
+      if (in.attn_sink && psink > 0) {
+        const size_t hh = static_cast<size_t>(h);
+        ++sk_n[hh];
+        // p_sink = exp(sink - L): its argument's rounding, the exp and L's error
+        const double arg = sink_finite ? std::abs(sinkv - L) + 1 : 0.0;
+        const double err = psink * (u * (arg + abar) * std::abs(delta) + dDelta) +
+                           (psink < kTiny32 ? kEta32 * D : 0.0);
+        sk_q2[hh] += err * err;
+        sk_val[hh] -= psink * delta;
+        sk_abs[hh] += psink * std::abs(delta);
+        sk_n2[hh] += (psink * nDelta) * (psink * nDelta);
+        fds.terms[hh] += psink * D;
+      }
+    }
+  }
+  fl.logit_scale = fm.logit_scale = true;
+  for (OutputFloor* f : {&fo, &fl, &fm, &fdq, &fdkv, &fds}) f->work_dtype = is_narrow(work_dtype) ? work_dtype : DType::F32;
+  outf["out"] = std::move(fo);
+  outf["lse"] = std::move(fl);
+  outf["max_logits"] = std::move(fm);
+  if (dout) {
+    for (int64_t s = 0; s < s_kv; ++s) {
+      const double sm_n = std::sqrt(static_cast<double>(kv_n[static_cast<size_t>(s)]));
+      for (int64_t c = 0; c < dqk; ++c) {
+        const size_t e = static_cast<size_t>(s * dqk + c);
+        fdkv.acc[e] = std::sqrt(kv_q2[e]) + u * (sm_n * std::abs(kv_val[e]) + kv_abs[e]);
+        fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::sqrt(kv_nsq[e]);
+      }
+    }
+    for (int64_t h = 0; h < h_q; ++h) {
+      const size_t hh = static_cast<size_t>(h);
+      fds.acc[hh] = std::sqrt(sk_q2[hh]) +
+                    u * (std::sqrt(static_cast<double>(sk_n[hh])) * std::abs(sk_val[hh]) + sk_abs[hh]);
+      fds.narrow[hh] = std::sqrt(sk_n2[hh]);
+    }
+    outf["dq"] = std::move(fdq);
+    outf["dkv"] = std::move(fdkv);
+    if (in.attn_sink) outf["dsink"] = std::move(fds);
+  }
+  return outf;
+}
+
+CaseFloors kl_floors(const IndexerKlInputs& in) {
+  const char* where = "kl_floors";
+  require(in.scores.dim() == 2 && in.q.dim() == 3 && in.kv.dim() == 2, where, "scores/q/kv",
+          shape_str(in.scores.shape()) + " " + shape_str(in.q.shape()) + " " +
+              shape_str(in.kv.shape()),
+          "[s_q,s_kv], [s_q,h_q,d_qk], [s_kv,d_qk]");
+  const int64_t s_q = in.scores.size(0), s_kv = in.scores.size(1), h_q = in.q.size(1),
+                d = in.q.size(2);
+  const std::vector<double> I = in.scores.to_f64(), Q = in.q.to_f64(), KV = in.kv.to_f64();
+  const double u = kU32, asm_ = std::abs(in.sm_scale), sd = std::sqrt(static_cast<double>(d));
+  // Key set S_t (SPEC §7): window keys (dense) or valid selected ids in the window (sparse),
+  // without keys whose indexer score is -inf.
+  auto key_set = [&](int64_t t, std::vector<int64_t>& S) {
+    S.clear();
+    const int64_t ks = std::max<int64_t>(0, in.windows.ks[t]), ke = std::min(s_kv, in.windows.ke[t]);
+    if (in.mode == KlMode::Dense) {
+      for (int64_t s = ks; s < ke; ++s) S.push_back(s);
+    } else if (in.indices) {
+      const int64_t k = in.indices->size(-1);
+      for (int64_t j = 0; j < k; ++j) {
+        const double id = in.indices->get(t * k + j);
+        if (id >= ks && id < ke) S.push_back(static_cast<int64_t>(id));
+      }
+      std::sort(S.begin(), S.end());
+      S.erase(std::unique(S.begin(), S.end()), S.end());
+    }
+    S.erase(std::remove_if(S.begin(), S.end(),
+                           [&](int64_t s) {
+                             return I[static_cast<size_t>(t * s_kv + s)] ==
+                                    -std::numeric_limits<double>::infinity();
+                           }),
+            S.end());
+  };
+  std::vector<int64_t> S;
+  int64_t n_rows = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    key_set(t, S);
+    n_rows += S.empty() ? 0 : 1;
+  }
+  OutputFloor fd = make(s_q * s_kv, s_kv,
+                        "|coeff|/n_rows(δp_s + δq_s): teacher logits a_hs as sparse MLA, student "
+                        "u q_s(|I_s-max I| + 2 + √n)");
+  OutputFloor fl = make(1, 1, "|coeff|/n_rows Σ_t Σ_s δp_s|ln p_s - ln q_s + 1| + p_s δln q_s "
+                              "+ u√n_rows Σ_t|KL_t|");
+  CaseFloors out;
+  if (n_rows == 0) {
+    out["loss"] = std::move(fl);
+    out["d_scores"] = std::move(fd);
+    return out;
+  }
+  const double gabs = std::abs(in.coeff) / static_cast<double>(n_rows);
+  double loss_acc = 0, loss_T = 0, loss_sum = 0;
+  std::vector<double> kl_row(static_cast<size_t>(s_q), 0.0);
+  std::vector<double> P, A, pi, p, dp, qs;
+  for (int64_t t = 0; t < s_q; ++t) {
+    key_set(t, S);
+    const size_t n = S.size();
+    if (n == 0) continue;
+    const double sn = std::sqrt(static_cast<double>(n));
+    p.assign(n, 0.0);
+    dp.assign(n, 0.0);
+    P.resize(n); A.resize(n); pi.resize(n); qs.resize(n);
+    for (int64_t h = 0; h < h_q; ++h) {
+      const double* q = &Q[static_cast<size_t>((t * h_q + h) * d)];
+      double m = -std::numeric_limits<double>::infinity();
+      for (size_t j = 0; j < n; ++j) {
+        const double* kv = &KV[static_cast<size_t>(S[j] * d)];
+        double dot = 0, ad = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          dot += q[c] * kv[c];
+          ad += std::abs(q[c] * kv[c]);
+        }
+        P[j] = in.sm_scale * dot;
+        A[j] = asm_ * ad;
+        m = std::max(m, P[j]);
+      }
+      double Z = 0;
+      for (size_t j = 0; j < n; ++j) Z += std::exp(P[j] - m);
+      double abar = 0;
+      for (size_t j = 0; j < n; ++j) {
+        pi[j] = std::exp(P[j] - m) / Z;
+        abar += pi[j] * ((sd + 1) * A[j] + std::abs(P[j] - m) + 1);
+      }
+      for (size_t j = 0; j < n; ++j) {
+        const double aj = (sd + 1) * A[j] + std::abs(P[j] - m) + 1;
+        p[j] += pi[j] / static_cast<double>(h_q);
+        // δπ_j = π_j(δP_j - Σ_i π_i δP_i): one key gives an exact softmax
+        dp[j] += u * pi[j] * ((1 - pi[j]) * aj + abar - pi[j] * aj) / static_cast<double>(h_q);
+      }
+    }
+    double mI = -std::numeric_limits<double>::infinity();
+    for (size_t j = 0; j < n; ++j) mI = std::max(mI, I[static_cast<size_t>(t * s_kv + S[j])]);
+    double ZI = 0;
+    for (size_t j = 0; j < n; ++j) ZI += std::exp(I[static_cast<size_t>(t * s_kv + S[j])] - mI);
+    double kl_acc = 0, kl = 0, kl_T = 0;
+    {
+      double k0 = 0;
+      for (size_t j = 0; j < n; ++j) {
+        const double Is = I[static_cast<size_t>(t * s_kv + S[j])];
+        if (p[j] > 0) k0 += p[j] * (std::log(p[j]) - (Is - mI - std::log(ZI)));
+      }
+      kl_row[static_cast<size_t>(t)] = k0;
+    }
+    double bbar = 0;  // student: Σ_i q_i b_i, b_i = |I_i - max| + 1 (subtract, exp)
+    for (size_t j = 0; j < n; ++j) {
+      const double Is = I[static_cast<size_t>(t * s_kv + S[j])];
+      qs[j] = std::exp(Is - mI) / ZI;
+      bbar += qs[j] * (std::abs(Is - mI) + (Is != mI ? 1 : 0));
+    }
+    for (size_t j = 0; j < n; ++j) {
+      const double Is = I[static_cast<size_t>(t * s_kv + S[j])];
+      const double lnq = Is - mI - std::log(ZI);
+      const double bj = std::abs(Is - mI) + (Is != mI ? 1 : 0);  // exp(0) = 1 is exact
+      // normalisations (heads, keys) of n > 1 terms; one key is exact
+      dp[j] += u * p[j] * (1 - p[j]) * (2 * std::sqrt(static_cast<double>(h_q)) + sn);
+      const double dq = u * qs[j] * ((1 - qs[j]) * bj + bbar - qs[j] * bj + (n > 1 ? sn : 0.0));
+      const size_t e = static_cast<size_t>(t * s_kv + S[j]);
+      fd.acc[e] = gabs * (dp[j] + dq) + u * gabs * std::abs(qs[j] - p[j]);
+      fd.terms[e] = gabs * (qs[j] + p[j]);
+      // ln q_s = (I_s - max) - ln Z: the subtraction, Z's relative error, the log, the result
+      const double dlnq = u * (std::abs(Is - mI) + bbar + (n > 1 ? sn : 0.0) +
+                               std::abs(std::log(ZI)) + std::abs(lnq));
+      const double lnp = p[j] > 0 ? std::log(std::max(p[j], dp[j])) : 0.0;
+      // Σ_s δp_s = 0 (p is normalised), so δp_s enters with ln p_s - ln q_s - KL_t
+      kl_acc += dp[j] * std::abs(lnp - lnq - kl_row[static_cast<size_t>(t)]) + p[j] * dlnq;
+      if (p[j] > 0) {
+        kl += p[j] * (std::log(p[j]) - lnq);
+        kl_T += p[j] * (std::abs(std::log(p[j])) + std::abs(lnq));
+      }
+    }
+    loss_acc += kl_acc;
+    loss_sum += std::abs(kl);
+    loss_T += kl_T;
+  }
+  fl.acc[0] = gabs * (loss_acc + u * std::sqrt(static_cast<double>(n_rows)) * loss_sum);
+  fl.terms[0] = gabs * loss_T;
+  out["loss"] = std::move(fl);
+  out["d_scores"] = std::move(fd);
+  return out;
+}
+
+}  // namespace dsa::oracle

@@ -1,0 +1,215 @@
+// The local rule of SPEC §9 on the kinds of wrong outputs that the tensor-wide rule accepted
+// (issue 12): scaled gradients on the peer goldens, rows loosened by one extreme row,
+// missing outputs, and the bf16-out backward that must pass.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dsa/fixtures/fixture.h"
+#include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/op_check.h"
+#include "dsa/reference/sparse_mla.h"
+
+namespace dsa::oracle {
+namespace {
+
+using reference::Precision;
+
+fixtures::Fixture peer(const std::string& name) {
+  return fixtures::load_fixture(std::string(DSA_PEER_FIXTURE_DIR) + "/" + name + ".safetensors");
+}
+
+// Expected outputs of a fixture as candidate outputs (names without "expected.").
+NamedOutputs expected_outputs(const fixtures::Fixture& f,
+                              std::initializer_list<const char*> names) {
+  NamedOutputs o;
+  for (const char* n : names) {
+    auto it = f.expected.find(n);
+    if (it != f.expected.end()) o[n] = it->second;
+  }
+  return o;
+}
+
+Tensor scaled(const Tensor& t, double factor) {
+  Tensor s = t.to(t.dtype());
+  for (int64_t i = 0; i < s.numel(); ++i) s.set(i, s.get(i) * factor);
+  return s;
+}
+
+OpReport judge_bwd(const OpCase& c, const NamedOutputs& o) {
+  return judge_outputs(Op::SparseMlaBwd, c, o, {}, "test");
+}
+
+TEST(LocalRule, PeerGoldensPassAndScaledGradientsFail) {
+  for (const char* name : {"smla_basic", "smla_sink"}) {
+    const fixtures::Fixture f = peer(name);
+    const OpCase c = op_case_from_fixture(f);
+    const NamedOutputs good = expected_outputs(f, {"out", "dq", "dkv", "dsink"});
+    ASSERT_TRUE(good.count("dq") && good.count("dkv"));
+    const OpReport ok = judge_bwd(c, good);
+    EXPECT_EQ(ok.verdict, Verdict::Pass) << format_op_report(ok);
+    // The shared cases' faults: dkv halved, dq 1% too large, dsink 10% too small.
+    for (const auto& [out, factor] : std::vector<std::pair<std::string, double>>{
+             {"dkv", 0.5}, {"dq", 1.01}, {"dsink", 0.9}}) {
+      if (!good.count(out)) continue;
+      NamedOutputs bad = good;
+      bad[out] = scaled(good.at(out), factor);
+      const OpReport r = judge_bwd(c, bad);
+      EXPECT_EQ(r.verdict, Verdict::Fail) << name << " " << out << " x" << factor << "\n"
+                                          << format_op_report(r);
+    }
+  }
+}
+
+// Four rows, one head: rows 0-2 ordinary, row 3 holds one valid key at logit 2^18.
+OpCase large_logit_case() {
+  const int64_t s_q = 4, d = 4, s_kv = 6;
+  OpCase c;
+  std::vector<double> q(static_cast<size_t>(s_q * d)), kv(static_cast<size_t>(s_kv * d));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(1.0 + static_cast<double>(i));
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = std::cos(2.0 + 0.7 * static_cast<double>(i));
+  q[3 * d + 0] = 512.0;  // row 3: q = (512, ...), key 5 = (512, ...): logit >= 2^18
+  q[3 * d + 1] = q[3 * d + 2] = q[3 * d + 3] = 0.0;
+  kv[5 * d + 0] = 512.0;
+  c.mla.q = Tensor::from_f64({s_q, 1, d}, q).to(DType::F32);
+  c.mla.kv = Tensor::from_f64({s_kv, d}, kv).to(DType::F32);
+  c.mla.indices = Tensor::from_i32({s_q, 3}, {0, 1, 2, 1, 2, 3, 0, 3, 4, 5, -1, -1});
+  c.mla.attn_sink = Tensor::from_f64({1}, {0.25}).to(DType::F32);
+  c.mla.sm_scale = 1.0;
+  c.mla.d_v = 2;
+  std::vector<double> dout(static_cast<size_t>(s_q * 2));
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(3.0 * static_cast<double>(i) + 0.5);
+  c.dout = Tensor::from_f64({s_q, 1, 2}, dout).to(DType::F32);
+  return c;
+}
+
+TEST(LocalRule, OneExtremeRowDoesNotLoosenTheOthers) {
+  const OpCase c = large_logit_case();
+  const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
+  EXPECT_GE(f.max_logits.get(3), 262144.0);
+  NamedOutputs fwd{{"out", f.out.to(DType::F32)},
+                   {"lse", f.lse.to(DType::F32)},
+                   {"max_logits", f.max_logits.to(DType::F32)}};
+  const OpReport ok = judge_outputs(Op::SparseMlaFwd, c, fwd);
+  EXPECT_EQ(ok.verdict, Verdict::Pass) << format_op_report(ok);
+  NamedOutputs zeroed = fwd;  // out rows 0-2 zeroed
+  for (int64_t i = 0; i < 3 * 2; ++i) zeroed["out"].set(i, 0.0);
+  EXPECT_EQ(judge_outputs(Op::SparseMlaFwd, c, zeroed).verdict, Verdict::Fail);
+
+  const SparseMlaGrads g = reference::sparse_mla_backward(c.mla, c.dout);
+  NamedOutputs bwd{{"dq", g.dq.to(DType::F32)}, {"dkv", g.dkv.to(DType::F32)},
+                   {"dsink", g.dsink->to(DType::F32)}};
+  EXPECT_EQ(judge_bwd(c, bwd).verdict, Verdict::Pass) << format_op_report(judge_bwd(c, bwd));
+  NamedOutputs no_sink = bwd;  // a dropped sink gradient
+  no_sink["dsink"].set(0, 0.0);
+  EXPECT_EQ(judge_bwd(c, no_sink).verdict, Verdict::Fail);
+  NamedOutputs zero_dq = bwd;
+  for (int64_t i = 0; i < zero_dq["dq"].numel(); ++i) zero_dq["dq"].set(i, 0.0);
+  EXPECT_EQ(judge_bwd(c, zero_dq).verdict, Verdict::Fail);
+  // dkv overwritten instead of summed: key rows keep only the last query's contribution.
+  SparseMlaInputs last = c.mla;
+  last.indices = Tensor::from_i32({4, 3}, {-1, -1, -1, 1, 2, -1, 0, 3, 4, 5, -1, -1});
+  const Tensor overwritten = reference::sparse_mla_backward(last, c.dout).dkv.to(DType::F32);
+  NamedOutputs over = bwd;
+  over["dkv"] = overwritten;
+  EXPECT_EQ(judge_bwd(c, over).verdict, Verdict::Fail) << format_op_report(judge_bwd(c, over));
+}
+
+TEST(LocalRule, MissingOutputsAreIncompleteUnlessNamed) {
+  const OpCase c = large_logit_case();
+  const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
+  NamedOutputs only_out{{"out", f.out.to(DType::F32)}};
+  const OpReport r = judge_outputs(Op::SparseMlaFwd, c, only_out);
+  EXPECT_EQ(r.verdict, Verdict::Incomplete);
+  EXPECT_FALSE(r.passed());
+  EXPECT_EQ(r.verdict_line(), "INCOMPLETE");
+  CheckOptions named;
+  named.provided_outputs = std::set<std::string>{"out"};
+  const OpReport p = judge_outputs(Op::SparseMlaFwd, c, only_out, named);
+  EXPECT_EQ(p.verdict, Verdict::Pass);
+  EXPECT_EQ(p.verdict_line(), "AGREES (partial: lse, max_logits not judged)");
+  // A named output that is missing stays Incomplete.
+  named.provided_outputs = std::set<std::string>{"out", "lse"};
+  EXPECT_EQ(judge_outputs(Op::SparseMlaFwd, c, only_out, named).verdict, Verdict::Incomplete);
+}
+
+// 1 query, 1 head, 1 key, a sink: a backend with a bf16 forward whose backward takes
+// Δ = out·dout from that bf16 out (SPEC §5) must pass (issue 12, smla_bf16_out_backward).
+class Bf16OutBackend : public Backend {
+ public:
+  std::string name() const override { return "bf16-out"; }
+  bool supports(Op op) const override { return op == Op::SparseMlaFwd || op == Op::SparseMlaBwd; }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    SparseMlaForward f = reference::sparse_mla_forward(in);
+    return SparseMlaForward{f.out.to(DType::BF16), f.lse.to(DType::F32), f.max_logits.to(DType::F32)};
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    const Tensor out16 = sparse_mla_forward(in).out;
+    SparseMlaGrads g = reference::sparse_mla_backward(in, dout, Precision::Reference, out16);
+    return SparseMlaGrads{g.dq.to(DType::BF16), g.dkv.to(DType::F32), g.dsink->to(DType::F32)};
+  }
+};
+
+TEST(LocalRule, Bf16OutBackwardFollowsTheCandidatesPrecision) {
+  OpCase c;
+  c.mla.q = Tensor::from_f64({1, 1, 4}, {0.8125, -1.25, 0.5, 2.0}).to(DType::BF16);
+  c.mla.kv = Tensor::from_f64({1, 4}, {1.3671875, 0.71875, -0.4453125, 0.9140625}).to(DType::BF16);
+  c.mla.indices = Tensor::from_i32({1, 1}, {0});
+  c.mla.attn_sink = Tensor::from_f64({1}, {0.3}).to(DType::F32);
+  c.mla.sm_scale = 0.5;
+  c.mla.d_v = 3;
+  c.dout = Tensor::from_f64({1, 1, 3}, {0.7, 1.1, -0.45}).to(DType::F32);  // Δ without cancellation
+  Bf16OutBackend b;
+  const OpReport r = check_op(b, Op::SparseMlaBwd, c);
+  EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
+  // The same outputs through the file route, with the candidate's own out handed over.
+  NamedOutputs o;
+  const SparseMlaGrads g = b.sparse_mla_backward(c.mla, c.dout);
+  o["out"] = b.sparse_mla_forward(c.mla).out;
+  o["dq"] = g.dq;
+  o["dkv"] = g.dkv;
+  o["dsink"] = *g.dsink;
+  const OpReport f = judge_outputs(Op::SparseMlaBwd, c, o);
+  EXPECT_EQ(f.verdict, Verdict::Pass) << format_op_report(f);
+  // And a dsink 10% off still fails.
+  o["dsink"] = scaled(*g.dsink, 0.9);
+  EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, o).verdict, Verdict::Fail);
+}
+
+// Two keys whose logits near 2^18 differ by about one: an fp32 logit error moves the
+// softmax, so no fp32 kernel can pin `out` to 1e-4: WEAK, a failure unless allowed.
+TEST(LocalRule, IllConditionedRowsAreWeak) {
+  OpCase c;
+  c.mla.q = Tensor::from_f64({1, 1, 2}, {512.0, 1.0}).to(DType::F32);
+  c.mla.kv = Tensor::from_f64({2, 2}, {512.0, 0.0, 512.0, 1.0}).to(DType::F32);
+  c.mla.indices = Tensor::from_i32({1, 2}, {0, 1});
+  c.mla.sm_scale = 1.0;
+  c.mla.d_v = 2;
+  const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
+  NamedOutputs o{{"out", f.out.to(DType::F32)},
+                 {"lse", f.lse.to(DType::F32)},
+                 {"max_logits", f.max_logits.to(DType::F32)}};
+  const OpReport r = judge_outputs(Op::SparseMlaFwd, c, o);
+  EXPECT_EQ(r.verdict, Verdict::Weak) << format_op_report(r);
+  EXPECT_EQ(r.verdict_line(), "WEAK");
+  CheckOptions allow;
+  allow.allow_weak = true;
+  const OpReport a = judge_outputs(Op::SparseMlaFwd, c, o, allow);
+  EXPECT_EQ(a.verdict, Verdict::Pass);
+  EXPECT_NE(format_op_report(a).find("WEAK"), std::string::npos);
+}
+
+TEST(LocalRule, ReportsPrintEachBoundWithItsParts) {
+  const OpCase c = large_logit_case();
+  const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
+  NamedOutputs o{{"out", f.out.to(DType::F32)},
+                 {"lse", f.lse.to(DType::F32)},
+                 {"max_logits", f.max_logits.to(DType::F32)}};
+  o["out"].set(1, o["out"].get(1) + 0.5);
+  const std::string s = format_op_report(judge_outputs(Op::SparseMlaFwd, c, o));
+  for (const char* part : {"FAILED [0, 0, 1]", "rho", "E_row", "floor", "floor source:", "rounding"})
+    EXPECT_NE(s.find(part), std::string::npos) << part << "\n" << s;
+}
+
+}  // namespace
+}  // namespace dsa::oracle
