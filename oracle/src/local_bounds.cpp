@@ -15,7 +15,9 @@ namespace {
 
 constexpr double kU32 = 0x1p-24;  // unit roundoff of fp32 accumulation (SPEC §2, §5)
 constexpr double kEta32 = 0x1p-150;  // half the fp32 subnormal spacing: the absolute error of a
-                                     // probability that underflows (p_j, p_sink far below 1)
+                                     // probability that underflows (p_j far below 1)
+constexpr double kEtaFtz = 0x1p-126;  // p_sink·Δ below fp32's normal range: flush-to-zero
+                                      // kernels lose it whole
 constexpr double kTiny32 = 0x1p-120;
 constexpr double kFlipLambda = 3.0;  // the table's largest λ: how far a correct fp32 out may lie  // probabilities below this may be fp32 subnormals
 
@@ -279,10 +281,14 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
     });
     wq.assign(n, 0.0);
     km.assign(n, 0.0);
+    // m identical terms summed in fp32 round coherently (not at random): up to u·m/2 of
+    // their sum (Higham ch. 4); dupf = the largest multiplicity / 2 scales Σ|terms|.
+    double dupf = 0.0;
     for (size_t g0 = 0; g0 < n;) {
       size_t g1 = g0;
       while (g1 < n && ids[order[g1]] == ids[order[g0]]) ++g1;
       wq[order[g0]] = static_cast<double>(g1 - g0);
+      dupf = std::max(dupf, 0.5 * static_cast<double>(g1 - g0));
       for (size_t gi = g0; gi < g1; ++gi) km[order[gi]] = static_cast<double>(g1 - g0);
       g0 = g1;
     }
@@ -353,11 +359,11 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
         }
         const size_t c_ = static_cast<size_t>(c);
         outc[c_] = o;
-        accout[c_] = u * (std::sqrt(x2) + sn * std::abs(o) + w + psink * std::abs(o) * sink_c) +
+        accout[c_] = u * (std::sqrt(x2) + sn * std::abs(o) + (1 + dupf) * w + psink * std::abs(o) * sink_c) +
                      kEta32 * wabs;
         // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
         // independent roundings (uniform, σ <= u16/√3 each), within 3 sqrt(Σ(.)^2) (5 σ)
-        narout[c_] = un * std::min(zs, 3 * std::sqrt(z));
+        narout[c_] = un * std::min(zs, 2 * std::sqrt(z));
         const size_t e = static_cast<size_t>(row * dv + c);
         fo.acc[e] = accout[c_];
         fo.narrow[e] = narout[c_];
@@ -372,7 +378,7 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
           tmax = std::max(tmax, E[j] / (sdqk + 1));
         }
       }
-      fl.acc[static_cast<size_t>(row)] = u * (std::sqrt(x2) + sn + std::abs(m) + std::abs(std::log(S)));
+      fl.acc[static_cast<size_t>(row)] = u * (std::sqrt(x2) + sn + dupf + std::abs(m) + std::abs(std::log(S)));
       fl.terms[static_cast<size_t>(row)] = 1 + std::max(tmax, std::abs(m));
       fm.acc[static_cast<size_t>(row)] = u * emax;
       fm.terms[static_cast<size_t>(row)] = std::max(tmax, std::abs(m));
@@ -385,7 +391,7 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
         delta += outc[c_] * dorow[c];
         D += std::abs(outc[c_] * dorow[c]);
         // the P·V sum of out_c (its logit part is below): independent across columns
-        const double sv = dorow[c] * fo.terms[static_cast<size_t>(row * dv + c)];
+        const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row * dv + c)];
         const double se = dorow[c] * sn * outc[c_];
         dD2 += sv * sv + se * se;
         nD2 += (dorow[c] * narout[c_]) * (dorow[c] * narout[c_]);
@@ -439,7 +445,7 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
         }
         const size_t e = static_cast<size_t>(row * dqk + c);
         fdq.acc[e] = asm_ * (std::sqrt(x2c) + u * abar * std::abs(val) + dDelta * std::abs(pk) +
-                             u * (sn * std::abs(val) + ab) + kEta32 * eta);
+                             u * (sn * std::abs(val) + (1 + dupf) * ab) + kEta32 * eta);
         fdq.narrow[e] = asm_ * (nDelta * std::abs(pk) + un * std::sqrt(nsq));
         fdq.terms[e] = asm_ * tt;
       }
@@ -468,7 +474,7 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
             nsum += asm_ * qc * p[j] * nDelta;
             const double term1 = sm * dS[j] * q[c], term2 = p[j] * dc;
             kv_val[e] += term1 + term2;
-            kv_abs[e] += std::abs(term1) + std::abs(term2);
+            kv_abs[e] += (1 + dupf) * (std::abs(term1) + std::abs(term2));
             kv_nsq[e] += term1 * term1 + term2 * term2;
             fdkv.terms[e] += asm_ * p[j] * (Gv[j] + D) * qc + std::abs(term2);
           }
@@ -483,7 +489,9 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
         // p_sink = exp(sink - L): its argument's rounding, the exp and L's error
         const double arg = sink_finite ? std::abs(sinkv - L) + 1 : 0.0;
         const double err = psink * (u * (arg + abar) * std::abs(delta) + dDelta) +
-                           (psink < kTiny32 ? kEta32 * D : 0.0);
+                           (psink < 0x1p-100 ? kEtaFtz * D : 0.0) +
+                           // Δ's products and p_sink·Δ below the normal range (flush-to-zero)
+                           (psink * D < 0x1p-100 ? kEtaFtz * static_cast<double>(1 + dv) : 0.0);
         sk_q2[hh] += err * err;
         sk_val[hh] -= psink * delta;
         sk_abs[hh] += psink * std::abs(delta);

@@ -71,7 +71,7 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
 ///   lse:   u(sqrt(Σ_j (p~_j(e_j + c_j))^2) + √n + |max| + |ln Σ exp(P - max)|)
 ///   dS_j = p_j(g_j - Δ), g_j = dout·v_j: δp_j, δg_j per key, δL and δΔ common to the row;
 ///   dq, dkv, dsink: those errors through their sums, + u(√n|sum| + Σ|terms|).
-/// Probabilities below 2^-126 (fp32 subnormals) add 2^-150 absolute each.
+/// Probabilities below 2^-100 add 2^-126 absolute each (subnormal products, flush-to-zero).
 /// Same argument rules as reference::sparse_mla_backward.
 CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype);
 

@@ -66,7 +66,7 @@ struct TensorCheck {
 /// working dtype when the candidate is wider, and h_e is half an ulp of the candidate's dtype at |r| plus the
 /// other parts (its one output rounding). A row is weak when some element's bound exceeds θ·rowscale,
 /// rowscale = max(max|ref| over the row, κ·the row's largest Σ|terms|), κ = 3√θ (1 for
-/// logit-like outputs, OutputFloor::logit_scale, and at least 2^-110 where fp32 nears its
+/// logit-like outputs, OutputFloor::logit_scale, and at least 2^-100 where fp32 nears its
 /// subnormals): a row whose reference cancelled (e.g. dq of a one-key row) is measured
 /// against the magnitude of its terms. Fails (never throws) on shape
 /// mismatch, non-floating candidate, any NaN/±inf position that differs from the reference,
