@@ -5,17 +5,21 @@
 # (1) the PyTorch example backend (must pass), (2) the Triton example (when triton is
 # installed), (3) the project's torch.ops.dsa library called from Python, compared with
 # `dsa-verify audit --backend libtorch-cuda` on the same seed (statuses must be equal).
-# Logs and JSON reports go to ${OUT:-out}/. NOT RUN YET: written without GPU access.
+# Logs and JSON reports go to ${OUT:-out}/. Run on the H200 on 2026-11-30 (steps 1-2; see
+# bench/results/2026-11-30-gpu-python-route.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-out}
 mkdir -p "$out"
 bd=${BUILD_DIR:-/tmp/dsa-gpu-build}/main
 seed=${SEED:-7}
+# PyTorch may live in a venv (it does on the H200 machine): configure the module for the
+# interpreter that imports torch, not /usr/bin/python3 (python/CMakeLists.txt's default).
+py=$(python3 -c 'import sys; print(sys.executable)')
+cmake -S . -B "$bd" -DPython3_EXECUTABLE="$py" >"$out/py_configure.txt" 2>&1 || exit 1
 cmake --build "$bd" -j 16 --target dsa_verify_core dsa_verify_backends dsa-verify dsa_torch_ops \
   >"$out/py_build.txt" 2>&1 || { grep -B2 -A10 -i error "$out/py_build.txt" | head -40; exit 1; }
 export PYTHONPATH=$bd/python:$PWD/docs/examples
-py=python3
 status=0
 run() {  # name, then the command
   local name=$1; shift
