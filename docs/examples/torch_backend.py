@@ -55,7 +55,16 @@ def _sparse_mla(q, kv, indices, sm_scale, d_v, topk_length, attn_sink):
     lse = torch.where(nonempty, shift + torch.log(denom), torch.full_like(shift, float("inf")))
     if attn_sink is not None:  # out *= exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink)
         lse_finite = torch.where(nonempty, lse, torch.zeros_like(lse))
-        out = out * torch.sigmoid(lse_finite - attn_sink[None, :])[..., None]
+        # Finite sinks: exp(lse - logaddexp(lse, sink)), whose gradient exp(sink - L) keeps its
+        # precision down to fp32's normal range (autograd through sigmoid(lse - sink) gives
+        # σ(1 - σ) = 0 once σ rounds to 1, e.g. a sink of -80: dsink 0 instead of ~1e-34).
+        # ±inf sinks: sigmoid (0 or 1, gradient 0), kept out of logaddexp (inf - inf).
+        sink = attn_sink[None, :].expand_as(lse_finite)
+        finite = torch.isfinite(sink)
+        safe = torch.where(finite, sink, torch.zeros_like(sink))
+        scale = torch.where(finite, torch.exp(lse_finite - torch.logaddexp(lse_finite, safe)),
+                            torch.sigmoid(lse_finite - torch.where(finite, torch.zeros_like(sink), sink)))
+        out = out * scale[..., None]
     return out, lse, max_logits
 
 

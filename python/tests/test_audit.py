@@ -46,7 +46,7 @@ def test_planted_fault_fails_with_a_readable_message(tmp_path):
     golden = [c for c in fails if c.property.startswith("golden:")]
     assert golden, rep.summary()
     msg = golden[0].message
-    assert "lse" in msg and "bound" in msg and "max abs error" in msg, msg
+    assert "lse" in msg and "over their bound" in msg and "floor" in msg, msg
     assert " -m dsa_verify replay " in golden[0].repro
     prop = [c for c in fails if c.property.startswith("property:")]
     assert prop and prop[0].repro.startswith("RC_PARAMS=") and "--only smla." in prop[0].repro
