@@ -15,26 +15,13 @@
 #include "dsa/reference/paged_indexer.h"
 #include "dsa/reference/sparse_mla_fp8.h"
 
+#include "check_start.h"
+
 namespace dsa::oracle {
 
 using reference::Precision;
 
 namespace {
-
-OpReport start(Backend& b, Op op) {
-  OpReport r;
-  r.backend = b.name();
-  r.op = to_string(op);
-  const std::string why = b.unavailable_reason();
-  if (!why.empty()) {
-    r.verdict = Verdict::Skip;
-    r.reason = why;
-  } else if (!b.supports(op)) {
-    r.verdict = Verdict::Skip;
-    r.reason = std::string("op ") + to_string(op) + " not supported";
-  }
-  return r;
-}
 
 // Runs `call` (twice when `twice`); false when the report is final (skip or exception).
 template <class R, class Call, class Eq>
@@ -150,7 +137,7 @@ double fp8_indexer_term_scale(const Fp8IndexerInputs& in) {
 
 OpReport check_fp8_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::Fp8IndexerScores;
-  OpReport r = start(b, op);
+  OpReport r = detail::start_report(b, to_string(op), op);
   Tensor cand;
   if (!run_backend(r, b, opt.check_determinism, "", [&] { return b.fp8_indexer_scores(c.fp8_indexer); },
                    bitwise_equal, cand))
@@ -222,7 +209,7 @@ PagedIndexerInputs poison_paged_nan_blocks(const PagedIndexerInputs& in) {
 
 OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::PagedIndexerScores;
-  OpReport r = start(b, op);
+  OpReport r = detail::start_report(b, to_string(op), op);
   const PagedIndexerInputs& in = c.paged_indexer;
   if (r.verdict == Verdict::Skip) return r;
   const reference::PagedGather g = reference::gather_paged_indexer(in);  // validates the case
@@ -303,7 +290,7 @@ SparseMlaFp8Inputs poison_unread_tokens(const SparseMlaFp8Inputs& in) {
 
 OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::SparseMlaFp8Fwd;
-  OpReport r = start(b, op);
+  OpReport r = detail::start_report(b, to_string(op), op);
   if (r.verdict == Verdict::Skip) return r;
   OpCase gathered;
   gathered.mla = reference::gather_sparse_mla_fp8(c.mla_fp8).inputs;

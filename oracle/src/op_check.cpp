@@ -1,6 +1,8 @@
 // The per-op testbed: backend run(s) → reference + baseline → judge → determinism.
 #include "dsa/oracle/op_check.h"
 
+#include "check_start.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -24,21 +26,6 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 }
 
 namespace {
-
-OpReport start(Backend& b, const std::string& op_name, Op op) {
-  OpReport r;
-  r.backend = b.name();
-  r.op = op_name;
-  const std::string why = b.unavailable_reason();
-  if (!why.empty()) {
-    r.verdict = Verdict::Skip;
-    r.reason = why;
-  } else if (!b.supports(op)) {
-    r.verdict = Verdict::Skip;
-    r.reason = std::string("op ") + to_string(op) + " not supported";
-  }
-  return r;
-}
 
 // Runs `call` (twice when determinism is checked); `eq` compares two results bitwise.
 // Returns false when the report is final (skip or failure by exception).
@@ -141,7 +128,7 @@ class OutputsBackend : public Backend {
 
 OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::IndexerScores;
-  OpReport r = start(b, to_string(op), op);
+  OpReport r = detail::start_report(b, to_string(op), op);
   Tensor cand;
   if (!run_backend(r, b, opt, [&] { return b.indexer_scores(c.q_idx, c.k_idx, c.w, c.windows); },
                    bitwise_equal, cand))
@@ -156,7 +143,7 @@ OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& o
 
 OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::IndexerScoresBackward;
-  OpReport r = start(b, to_string(op), op);
+  OpReport r = detail::start_report(b, to_string(op), op);
   IndexerGrads cand;
   auto eq = [](const IndexerGrads& x, const IndexerGrads& y) {
     return bitwise_equal(x.dq_idx, y.dq_idx) && bitwise_equal(x.dk_idx, y.dk_idx) &&
@@ -182,7 +169,7 @@ OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions&
 
 OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::Topk;
-  OpReport r = start(b, to_string(op), op);
+  OpReport r = detail::start_report(b, to_string(op), op);
   Tensor cand;
   if (!run_backend(r, b, opt,
                    [&] { return b.select_topk(c.scores, c.k, c.policy, c.topk_windows); },
@@ -199,7 +186,7 @@ OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt) {
 
 OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::SparseMlaFwd;
-  OpReport r = start(b, to_string(op), op);
+  OpReport r = detail::start_report(b, to_string(op), op);
   SparseMlaForward cand;
   auto eq = [](const SparseMlaForward& x, const SparseMlaForward& y) {
     return bitwise_equal(x.out, y.out) && bitwise_equal(x.lse, y.lse) &&
@@ -219,7 +206,7 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
 
 OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::SparseMlaBwd;
-  OpReport r = start(b, to_string(op), op);
+  OpReport r = detail::start_report(b, to_string(op), op);
   SparseMlaGrads cand;
   auto eq = [](const SparseMlaGrads& x, const SparseMlaGrads& y) {
     return bitwise_equal(x.dq, y.dq) && bitwise_equal(x.dkv, y.dkv) &&
@@ -279,7 +266,7 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
 
 OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::IndexerKlLoss;
-  OpReport r = start(b, to_string(op), op);
+  OpReport r = detail::start_report(b, to_string(op), op);
   IndexerKlResult cand;
   auto eq = [](const IndexerKlResult& x, const IndexerKlResult& y) {
     return bitwise_equal(x.loss, y.loss) && bitwise_equal(x.d_scores, y.d_scores);
@@ -294,7 +281,7 @@ OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& 
 }
 
 OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOptions& opt) {
-  OpReport r = start(b, "indexer_scores+topk", Op::IndexerScores);
+  OpReport r = detail::start_report(b, "indexer_scores+topk", Op::IndexerScores);
   if (r.verdict == Verdict::Pass && !b.supports(Op::Topk)) {
     r.verdict = Verdict::Skip;
     r.reason = "op topk not supported";
