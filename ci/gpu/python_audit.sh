@@ -31,7 +31,7 @@ run() {  # name, then the command
 }
 run py_torch_example_cuda $py -m dsa_verify audit torch_backend:TorchBackend --device cuda --seed "$seed" \
   --json "$out/py_torch_example_cuda.json" || status=1
-run py_torch_example_cuda_isolated $py -m dsa_verify audit torch_backend:TorchBackend --device cuda --seed "$seed" \
+[ "${SKIP_ISOLATE:-0}" = 1 ] || run py_torch_example_cuda_isolated $py -m dsa_verify audit torch_backend:TorchBackend --device cuda --seed "$seed" \
   --ops topk,sparse_mla_fwd --isolate --timeout 300 || status=1
 if $py -c "import triton" 2>/dev/null; then
   run py_triton_indexer_cuda $py -m dsa_verify audit triton_backend:TritonIndexer --device cuda \

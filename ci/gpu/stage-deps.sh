@@ -23,11 +23,18 @@ if [ "${1:-}" != "--tree-only" ]; then
   cp -r /usr/share/cmake/CLI11 "$dst/prefix/share/cmake/"
   cp -r /usr/include/dlpack "$dst/prefix/include/"
   cp -r /usr/lib/x86_64-linux-gnu/cmake/dlpack "$dst/prefix/lib/x86_64-linux-gnu/cmake/"
+  # Google Benchmark (the reference's thread-scaling benchmark, issue 13)
+  cp -r /usr/include/benchmark "$dst/prefix/include/"
+  cp -a /usr/lib/x86_64-linux-gnu/libbenchmark.so* /usr/lib/x86_64-linux-gnu/libbenchmark_main.a \
+    "$dst/prefix/lib/x86_64-linux-gnu/"
+  cp -r /usr/lib/x86_64-linux-gnu/cmake/benchmark "$dst/prefix/lib/x86_64-linux-gnu/cmake/"
 fi
-rm -rf "$dst/wt"
-mkdir -p "$dst/wt"
+tree=$dst/wt
+[ "${1:-}" = "--tree-only" ] && [ -n "${2:-}" ] && tree=$2
+rm -rf "$tree"
+mkdir -p "$tree"
 git ls-files -co --exclude-standard | grep -v '^fixtures/peer/.*\.safetensors$' |
   while read -r f; do [ -f "$f" ] && printf '%s\n' "$f"; done |
-  tar -cf - -T - | tar -xf - -C "$dst/wt"
-echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!.gpu-deps' || echo ' plus uncommitted changes')" > "$dst/wt/COMMIT"
-du -sh "$dst"
+  tar -cf - -T - | tar -xf - -C "$tree"
+echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- . ':!.gpu-deps' || echo ' plus uncommitted changes')" > "$tree/COMMIT"
+du -sh "$dst" "$tree"

@@ -5,12 +5,14 @@
 # (1) the CUDA tests, (2) compute-sanitizer memcheck and racecheck on the small sanitizer case
 # (exit codes must be 0), (3) the property suite's top-k properties on the `cuda` backend,
 # (4) the benchmark. Logs and the benchmark table go to ${OUT:-out}/ (at most 8 files); the
-# last lines printed are the summary. SKIP_BENCH=1 / SKIP_PROPS=1 leave steps out.
+# last lines printed are the summary. SKIP_BENCH=1 / SKIP_PROPS=1 leave steps out; REF_BENCH=1
+# adds the float64 reference's thread-scaling benchmark (issue 13) on the host's CPUs.
+# GPU_DEPS=DIR names the carried .gpu-deps when the tree was staged elsewhere.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-out}
 mkdir -p "$out"
-deps=$PWD/.gpu-deps
+deps=${GPU_DEPS:-$PWD/.gpu-deps}
 [ -d "$deps/googletest" ] || deps=$(cd .. && pwd)  # run from .gpu-deps/wt
 torch_dir=$(python3 -c "import torch;print(torch.utils.cmake_prefix_path)")/Torch
 { date -u; cat COMMIT 2>/dev/null || git log -1 --format='commit %H' 2>/dev/null;
@@ -23,11 +25,12 @@ cmake -S "$deps/googletest" -B "$bd/gtest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_PREFIX="$bd/gtest-prefix" -DCMAKE_POSITION_INDEPENDENT_CODE=ON >"$out/build.txt" 2>&1 \
   && cmake --build "$bd/gtest" -j 16 --target install >>"$out/build.txt" 2>&1 \
   && cmake -S . -B "$bd/main" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DDSA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DDSA_BUILD_BENCH=OFF \
+    -DDSA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DDSA_BUILD_BENCH=$([ "${REF_BENCH:-0}" = 1 ] && echo ON || echo OFF) \
     -DTorch_DIR="$torch_dir" -DCMAKE_PREFIX_PATH="$deps/prefix;$bd/gtest-prefix" \
     -DDSA_GTEST_SOURCE_DIR= >>"$out/build.txt" 2>&1 \
   && cmake --build "$bd/main" -j 16 --target dsa_cuda_tests dsa_gpu_bench dsa_torch_ops dsa_torch_ops_tests \
-    $([ "${SKIP_PROPS:-0}" = 1 ] || echo dsa_prop_tests) >>"$out/build.txt" 2>&1
+    $([ "${SKIP_PROPS:-0}" = 1 ] || echo dsa_prop_tests) $([ "${REF_BENCH:-0}" = 1 ] && echo dsa_reference_bench) \
+    >>"$out/build.txt" 2>&1
 rc=$?
 echo "build rc=$rc (${SECONDS}s)" | tee -a "$out/summary.txt"
 [ $rc = 0 ] || { grep -v "ptxas info\|bytes stack frame" "$out/build.txt" | grep -B2 -A10 -i "error" | head -60; exit 1; }
@@ -64,6 +67,14 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   SECONDS=0
   OUT=$out timeout 150 "$bin/dsa_gpu_bench" >"$out/bench.txt" 2>&1
   echo "dsa_gpu_bench rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
+fi
+if [ "${REF_BENCH:-0}" = 1 ]; then  # CPU: reference sparse MLA at the glm5 shape, 1..16 threads
+  SECONDS=0
+  { lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)"; nproc; } >"$out/ref_bench.txt"
+  timeout 300 "$bd/main/bench/dsa_reference_bench" --benchmark_counters_tabular=true \
+    --benchmark_filter="${REF_BENCH_FILTER:-Threads|SameShapes|ReferenceSparseMlaForward/iter}" >>"$out/ref_bench.txt" 2>&1
+  echo "dsa_reference_bench rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
+  grep -E "^BM_|Model name|^CPU" "$out/ref_bench.txt"
 fi
 if [ "${PROFILE:-0}" = 1 ]; then  # one launch of the cluster top-k kernel under Nsight Compute
   SECONDS=0
