@@ -77,6 +77,7 @@ namespace {
 OpCase op_case_unchecked(const Fixture& f) {
   using fixtures::require_input;
   OpCase c;
+  c.memo = std::make_shared<CaseMemo>();  // every candidate judged on this case shares it
   const std::string label = label_of(f);
   for (Op op : fixture_ops(f)) {
     if (op == Op::IndexerScores || op == Op::IndexerScoresBackward) {

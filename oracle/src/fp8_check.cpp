@@ -111,6 +111,27 @@ OutputFloor fp8_indexer_floor(const Fp8IndexerInputs& in) {
       .at("scores");
 }
 
+// Fingerprints of the §10 inputs (memo keys, issue 13).
+Fingerprint fp_fp8_indexer(const Fp8IndexerInputs& in) {
+  Fingerprint f;
+  f.add(in.q_idx).add(in.k_idx).add(in.k_scale).add(in.w).add(in.windows);
+  f.add(static_cast<int64_t>(in.format));
+  return f;
+}
+
+Fingerprint fp_paged(const PagedIndexerInputs& in) {
+  Fingerprint f;
+  f.add(in.q_idx).add(in.k_cache).add(in.k_scale_cache).add(in.w).add(in.block_table);
+  f.add(in.context_lens).add(in.max_context).add(static_cast<int64_t>(in.format));
+  return f;
+}
+
+Fingerprint fp_mla_fp8(const SparseMlaFp8Inputs& in) {
+  Fingerprint f;
+  f.add(in.q).add(in.kv_cache).add(in.indices).add(in.topk_length).add(in.attn_sink).add(in.sm_scale);
+  return f;
+}
+
 }  // namespace
 
 double fp8_indexer_term_scale(const Fp8IndexerInputs& in) {
@@ -142,12 +163,19 @@ OpReport check_fp8_indexer_scores(Backend& b, const OpCase& c, const CheckOption
   if (!run_backend(r, b, opt.check_determinism, "", [&] { return b.fp8_indexer_scores(c.fp8_indexer); },
                    bitwise_equal, cand))
     return r;
-  const Tensor ref = reference::fp8_indexer_scores(c.fp8_indexer);
-  const Tensor base = reference::fp8_indexer_scores(c.fp8_indexer, Precision::Baseline);
+  CaseMemo* memo = c.memo.get();
+  const Fingerprint fp = fp_fp8_indexer(c.fp8_indexer);
+  const auto ref = shared_result<Tensor>(memo, "fp8_indexer_scores/reference", fp,
+                                         [&] { return reference::fp8_indexer_scores(c.fp8_indexer); });
+  const auto base = shared_result<Tensor>(memo, "fp8_indexer_scores/baseline", fp, [&] {
+    return reference::fp8_indexer_scores(c.fp8_indexer, Precision::Baseline);
+  });
+  const auto floor = shared_result<OutputFloor>(memo, "fp8_indexer_scores/floors", fp,
+                                                [&] { return fp8_indexer_floor(c.fp8_indexer); });
   const char* row = indexer_row(b, to_string(op));
   if (row != std::string(to_string(op)))
     r.notes.push_back(std::string("backend declares FP8 tensor-core accumulation: judged by table row ") + row);
-  judge(r, opt, row, "scores", "", cand, ref, base, fp8_indexer_floor(c.fp8_indexer));
+  judge(r, opt, row, "scores", "", cand, *ref, *base, *floor);
   return r;
 }
 
@@ -212,9 +240,12 @@ OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOpti
   OpReport r = detail::start_report(b, to_string(op), op);
   const PagedIndexerInputs& in = c.paged_indexer;
   if (r.verdict == Verdict::Skip) return r;
+  CaseMemo* memo = c.memo.get();
   const reference::PagedGather g = reference::gather_paged_indexer(in);  // validates the case
   // The packed problem's floors, scattered to the logical columns of each request's rows.
-  const OutputFloor packed = fp8_indexer_floor(g.packed);
+  const auto packed_p = shared_result<OutputFloor>(memo, "paged_indexer_scores/floors", fp_paged(in),
+                                                   [&] { return fp8_indexer_floor(g.packed); });
+  const OutputFloor& packed = *packed_p;
   const int64_t rows = g.packed.q_idx.size(0), batch = static_cast<int64_t>(g.offsets.size()) - 1;
   const int64_t next_n = batch > 0 ? rows / batch : 1, width = g.max_context;
   OutputFloor term;
@@ -249,9 +280,13 @@ OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOpti
     if (!run_backend(r, b, first && opt.check_determinism, what,
                      [&] { return b.paged_indexer_scores(run.inputs); }, bitwise_equal, cand))
       return r;
-    const Tensor ref = reference::paged_indexer_scores(run.inputs);
-    const Tensor base = reference::paged_indexer_scores(run.inputs, Precision::Baseline);
-    judge(r, opt, row, "scores", run.label, cand, ref, base, term);
+    const Fingerprint fp = fp_paged(run.inputs);
+    const auto ref = shared_result<Tensor>(memo, "paged_indexer_scores/reference", fp,
+                                           [&] { return reference::paged_indexer_scores(run.inputs); });
+    const auto base = shared_result<Tensor>(memo, "paged_indexer_scores/baseline", fp, [&] {
+      return reference::paged_indexer_scores(run.inputs, Precision::Baseline);
+    });
+    judge(r, opt, row, "scores", run.label, cand, *ref, *base, term);
     first = false;
   }
   r.notes.push_back("entries past each context poisoned with out-of-range block ids and with NaN "
@@ -305,11 +340,22 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
     if (!run_backend(r, b, first && opt.check_determinism, what,
                      [&] { return b.sparse_mla_fp8_forward(run.inputs); }, same_forward, cand))
       return r;
-    const SparseMlaForward ref = reference::sparse_mla_fp8_forward(run.inputs);
-    const SparseMlaForward base = reference::sparse_mla_fp8_forward(run.inputs, Precision::Baseline);
+    const Fingerprint fp = fp_mla_fp8(run.inputs);
+    const auto ref_p = shared_result<SparseMlaForward>(
+        c.memo.get(), "sparse_mla_fp8_fwd/reference", fp,
+        [&] { return reference::sparse_mla_fp8_forward(run.inputs); });
+    const auto base_p = shared_result<SparseMlaForward>(
+        c.memo.get(), "sparse_mla_fp8_fwd/baseline", fp,
+        [&] { return reference::sparse_mla_fp8_forward(run.inputs, Precision::Baseline); });
+    const SparseMlaForward& ref = *ref_p;
+    const SparseMlaForward& base = *base_p;
     // floors from the dequantized valid tokens (the poisoned run reads the same ones)
-    CaseFloors floors = sparse_mla_floors(
-        gathered.mla, nullptr, cand.out.defined() ? cand.out.dtype() : gathered.mla.q.dtype());
+    // (the floors see the working dtype only through its 16-bit rounding: one key for the rest)
+    DType work = cand.out.defined() ? cand.out.dtype() : gathered.mla.q.dtype();
+    if (work != DType::BF16 && work != DType::F16) work = DType::F32;
+    CaseFloors floors = *shared_result<CaseFloors>(
+        c.memo.get(), std::string("sparse_mla_fp8_fwd/floors/") + dtype_name(work),
+        fp_mla_fp8(c.mla_fp8), [&] { return sparse_mla_floors(gathered.mla, nullptr, work); });
     // §10 (not yet local): the baseline dequantizes kv to q's dtype, whose rounding moves
     // logits far more in some rows than in others; E is taken over the whole tensor (one
     // row), as before issue 12, until the §10 baseline is made row-faithful.

@@ -86,6 +86,73 @@ void judge(OpReport& r, const CheckOptions& opt, const std::string& op, const st
   r.tensors.push_back(std::move(c));
 }
 
+// Results shared through the case's memo (issue 13): each reference result, baseline and
+// floor set is computed once per case and fingerprint of the inputs it reads.
+CaseMemo* memo_of(const OpCase& c) { return c.memo.get(); }
+
+Fingerprint fp_indexer(const OpCase& c) {
+  Fingerprint f;
+  f.add(c.q_idx).add(c.k_idx).add(c.w).add(c.windows);
+  return f;
+}
+
+Fingerprint fp_mla(const SparseMlaInputs& in) {
+  Fingerprint f;
+  f.add(in.q).add(in.kv).add(in.indices).add(in.topk_length).add(in.attn_sink).add(in.sm_scale).add(in.d_v);
+  return f;
+}
+
+Fingerprint fp_kl(const IndexerKlInputs& in) {
+  Fingerprint f;
+  f.add(in.scores).add(in.q).add(in.kv).add(in.sm_scale).add(in.windows);
+  f.add(static_cast<int64_t>(in.mode)).add(in.indices).add(in.coeff);
+  return f;
+}
+
+std::shared_ptr<const Tensor> shared_indexer_scores(const OpCase& c, Precision p) {
+  return shared_result<Tensor>(
+      memo_of(c), p == Precision::Baseline ? "indexer_scores/baseline" : "indexer_scores/reference",
+      fp_indexer(c), [&] { return reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows, p); });
+}
+
+std::shared_ptr<const CaseFloors> shared_indexer_scores_floors(const OpCase& c) {
+  return shared_result<CaseFloors>(memo_of(c), "indexer_scores/floors", fp_indexer(c), [&] {
+    return indexer_scores_floors(c.q_idx, c.k_idx, c.w, c.windows);
+  });
+}
+
+std::shared_ptr<const SparseMlaForward> shared_mla_forward(const OpCase& c, Precision p) {
+  return shared_result<SparseMlaForward>(
+      memo_of(c), p == Precision::Baseline ? "sparse_mla_fwd/baseline" : "sparse_mla_fwd/reference",
+      fp_mla(c.mla), [&] { return reference::sparse_mla_forward(c.mla, p); });
+}
+
+// The floors depend on the working dtype only through its 16-bit rounding (local_bounds.h):
+// every wider or non-float dtype gives the floors of F32, so they share one memo key.
+DType floor_work_dtype(DType d) { return d == DType::BF16 || d == DType::F16 ? d : DType::F32; }
+
+// The backward's dout fits the forward's shape (the floors can then include the backward).
+bool dout_fits(const OpCase& c) {
+  return c.dout.defined() && c.mla.q.dim() == 3 &&
+         c.dout.numel() == c.mla.q.size(0) * c.mla.q.size(1) * c.mla.d_v;
+}
+
+// Floor inputs of sparse MLA at the working dtype `work`: with the backward outputs when
+// `backward`; for the forward of a memoized case with a usable dout as well (the forward
+// outputs' floors do not depend on dout, so one computation serves both ops).
+std::shared_ptr<const CaseFloors> shared_mla_floors(const OpCase& c, DType work, bool backward) {
+  work = floor_work_dtype(work);
+  const bool with_dout = backward || (c.memo && dout_fits(c));
+  Fingerprint f = fp_mla(c.mla);
+  if (with_dout) f.add(c.dout);
+  const std::string kind =
+      std::string(with_dout ? "sparse_mla_fwd+bwd/floors/" : "sparse_mla_fwd/floors/") +
+      dtype_name(work);
+  return shared_result<CaseFloors>(memo_of(c), kind, f, [&] {
+    return sparse_mla_floors(c.mla, with_dout ? &c.dout : nullptr, work);
+  });
+}
+
 // A backend that returns given outputs (judge_outputs).
 class OutputsBackend : public Backend {
  public:
@@ -133,11 +200,10 @@ OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& o
   if (!run_backend(r, b, opt, [&] { return b.indexer_scores(c.q_idx, c.k_idx, c.w, c.windows); },
                    bitwise_equal, cand))
     return r;
-  const Tensor ref = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
-  const Tensor base =
-      reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows, Precision::Baseline);
-  const CaseFloors floors = indexer_scores_floors(c.q_idx, c.k_idx, c.w, c.windows);
-  judge(r, opt, to_string(op), "scores", cand, ref, base, floors);
+  const auto ref = shared_indexer_scores(c, Precision::Reference);
+  const auto base = shared_indexer_scores(c, Precision::Baseline);
+  const auto floors = shared_indexer_scores_floors(c);
+  judge(r, opt, to_string(op), "scores", cand, *ref, *base, *floors);
   return r;
 }
 
@@ -156,11 +222,20 @@ OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions&
                    },
                    eq, cand))
     return r;
-  const IndexerGrads ref =
-      reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
-  const IndexerGrads base = reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows,
-                                                               c.d_scores, Precision::Baseline);
-  const CaseFloors floors = indexer_backward_floors(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+  const Fingerprint fp = fp_indexer(c).add(c.d_scores);
+  const auto ref_p = shared_result<IndexerGrads>(memo_of(c), "indexer_scores_backward/reference", fp, [&] {
+    return reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+  });
+  const auto base_p = shared_result<IndexerGrads>(memo_of(c), "indexer_scores_backward/baseline", fp, [&] {
+    return reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores,
+                                              Precision::Baseline);
+  });
+  const auto floors_p = shared_result<CaseFloors>(memo_of(c), "indexer_scores_backward/floors", fp, [&] {
+    return indexer_backward_floors(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+  });
+  const IndexerGrads& ref = *ref_p;
+  const IndexerGrads& base = *base_p;
+  const CaseFloors& floors = *floors_p;
   judge(r, opt, to_string(op), "dq_idx", cand.dq_idx, ref.dq_idx, base.dq_idx, floors);
   judge(r, opt, to_string(op), "dk_idx", cand.dk_idx, ref.dk_idx, base.dk_idx, floors);
   judge(r, opt, to_string(op), "dw", cand.dw, ref.dw, base.dw, floors);
@@ -193,10 +268,13 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
            bitwise_equal(x.max_logits, y.max_logits);
   };
   if (!run_backend(r, b, opt, [&] { return b.sparse_mla_forward(c.mla); }, eq, cand)) return r;
-  const SparseMlaForward ref = reference::sparse_mla_forward(c.mla);
-  const SparseMlaForward base = reference::sparse_mla_forward(c.mla, Precision::Baseline);
+  const auto ref_p = shared_mla_forward(c, Precision::Reference);
+  const auto base_p = shared_mla_forward(c, Precision::Baseline);
   const DType work = cand.out.defined() ? cand.out.dtype() : c.mla.q.dtype();
-  const CaseFloors floors = sparse_mla_floors(c.mla, nullptr, work);
+  const auto floors_p = shared_mla_floors(c, work, /*backward=*/false);
+  const SparseMlaForward& ref = *ref_p;
+  const SparseMlaForward& base = *base_p;
+  const CaseFloors& floors = *floors_p;
   judge(r, opt, to_string(op), "out", cand.out, ref.out, base.out, floors);
   judge(r, opt, to_string(op), "lse", cand.lse, ref.lse, base.lse, floors);
   judge(r, opt, to_string(op), "max_logits", cand.max_logits, ref.max_logits, base.max_logits,
@@ -218,20 +296,23 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   // SPEC §9: the baseline takes Δ from `out` at the candidate's precision (§5). The dtype
   // comes from the out the route handed over, else from the candidate's own forward, else
   // from q (§4).
-  const SparseMlaForward base_fwd = reference::sparse_mla_forward(c.mla, Precision::Baseline);
+  const auto base_fwd_p = shared_mla_forward(c, Precision::Baseline);
+  const SparseMlaForward& base_fwd = *base_fwd_p;
   DType out_dtype = c.mla.q.dtype();
   std::optional<Tensor> delta_out;
+  bool delta_from_candidate = false;  // the candidate's own out: not shared with other backends
   if (c.fwd_out && c.fwd_out->defined()) {
     out_dtype = c.fwd_out->dtype();
     // The handed-over out is used only when it is right (forward local rule); a wrong out
     // must not move the baseline.
-    const SparseMlaForward ref_fwd = reference::sparse_mla_forward(c.mla);
-    const CaseFloors ff = sparse_mla_floors(c.mla, nullptr, out_dtype);
+    const auto ref_fwd = shared_mla_forward(c, Precision::Reference);
+    const auto ff = shared_mla_floors(c, out_dtype, /*backward=*/false);
     const TensorCheck oc =
-        judge_tensor(to_string(Op::SparseMlaFwd), "out", *c.fwd_out, ref_fwd.out, base_fwd.out,
-                     ff.at("out"));
+        judge_tensor(to_string(Op::SparseMlaFwd), "out", *c.fwd_out, ref_fwd->out, base_fwd.out,
+                     ff->at("out"));
     if (oc.passed) {
       delta_out = *c.fwd_out;
+      delta_from_candidate = true;
       r.notes.push_back(std::string("baseline takes Δ from the candidate's own ") +
                         dtype_name(out_dtype) + " out (as handed to its backward)");
     } else {
@@ -250,10 +331,23 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     r.notes.push_back(std::string("baseline takes Δ from its out rounded to ") +
                       dtype_name(out_dtype) + " (the candidate's out dtype, SPEC §9)");
   }
-  const SparseMlaGrads ref = reference::sparse_mla_backward(c.mla, c.dout);
-  const SparseMlaGrads base =
-      reference::sparse_mla_backward(c.mla, c.dout, Precision::Baseline, delta_out);
-  const CaseFloors floors = sparse_mla_floors(c.mla, &c.dout, out_dtype);
+  const Fingerprint fp = fp_mla(c.mla).add(c.dout);
+  const auto ref_p = shared_result<SparseMlaGrads>(memo_of(c), "sparse_mla_bwd/reference", fp, [&] {
+    return reference::sparse_mla_backward(c.mla, c.dout);
+  });
+  // Δ from the baseline's own out rounded to out_dtype depends on the case and that dtype
+  // only; Δ from the candidate's out is that candidate's (computed for it alone).
+  const std::string base_kind =
+      delta_from_candidate ? "sparse_mla_bwd/baseline(candidate out)"
+      : delta_out ? std::string("sparse_mla_bwd/baseline/") + dtype_name(out_dtype)
+                  : std::string("sparse_mla_bwd/baseline");
+  const auto base_p = shared_result<SparseMlaGrads>(
+      delta_from_candidate ? nullptr : memo_of(c), base_kind, fp,
+      [&] { return reference::sparse_mla_backward(c.mla, c.dout, Precision::Baseline, delta_out); });
+  const auto floors_p = shared_mla_floors(c, out_dtype, /*backward=*/true);
+  const SparseMlaGrads& ref = *ref_p;
+  const SparseMlaGrads& base = *base_p;
+  const CaseFloors& floors = *floors_p;
   judge(r, opt, to_string(op), "dq", cand.dq, ref.dq, base.dq, floors);
   judge(r, opt, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv, floors);
   if (c.mla.attn_sink && ref.dsink && base.dsink) {
@@ -272,9 +366,17 @@ OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& 
     return bitwise_equal(x.loss, y.loss) && bitwise_equal(x.d_scores, y.d_scores);
   };
   if (!run_backend(r, b, opt, [&] { return b.indexer_kl_loss(c.kl); }, eq, cand)) return r;
-  const IndexerKlResult ref = reference::indexer_kl_loss(c.kl);
-  const IndexerKlResult base = reference::indexer_kl_loss(c.kl, Precision::Baseline);
-  const CaseFloors floors = kl_floors(c.kl);
+  const Fingerprint fp = fp_kl(c.kl);
+  const auto ref_p = shared_result<IndexerKlResult>(memo_of(c), "indexer_kl_loss/reference", fp,
+                                                    [&] { return reference::indexer_kl_loss(c.kl); });
+  const auto base_p = shared_result<IndexerKlResult>(memo_of(c), "indexer_kl_loss/baseline", fp, [&] {
+    return reference::indexer_kl_loss(c.kl, Precision::Baseline);
+  });
+  const auto floors_p = shared_result<CaseFloors>(memo_of(c), "indexer_kl_loss/floors", fp,
+                                                  [&] { return kl_floors(c.kl); });
+  const IndexerKlResult& ref = *ref_p;
+  const IndexerKlResult& base = *base_p;
+  const CaseFloors& floors = *floors_p;
   judge(r, opt, to_string(op), "loss", cand.loss, ref.loss, base.loss, floors);
   judge(r, opt, to_string(op), "d_scores", cand.d_scores, ref.d_scores, base.d_scores, floors);
   return r;
@@ -293,12 +395,12 @@ OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOption
   if (!run_backend(r, b, opt, [&] { return b.select_topk(scores, c.k, c.policy, c.windows); },
                    bitwise_equal, ids))
     return r;
-  const Tensor ref = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
-  const Tensor base =
-      reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows, Precision::Baseline);
-  const CaseFloors floors = indexer_scores_floors(c.q_idx, c.k_idx, c.w, c.windows);
+  const auto ref_p = shared_indexer_scores(c, Precision::Reference);
+  const auto base_p = shared_indexer_scores(c, Precision::Baseline);
+  const auto floors_p = shared_indexer_scores_floors(c);
+  const Tensor& ref = *ref_p;
   const size_t before = r.tensors.size();
-  judge(r, opt, to_string(Op::IndexerScores), "scores", scores, ref, base, floors);
+  judge(r, opt, to_string(Op::IndexerScores), "scores", scores, ref, *base_p, *floors_p);
   if (r.tensors.size() == before) return r;  // not judged (missing or not provided)
   const TensorCheck& sc = r.tensors.back();
   // Both swapped entries may each err by the bound, so the accepted band around v* is 2x.

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 
 #include "dsa/contract/op_types.h"
 #include "dsa/oracle/backend.h"
+#include "dsa/oracle/case_memo.h"
 #include "dsa/oracle/report.h"
 #include "dsa/oracle/topk_check.h"
 
@@ -41,6 +43,12 @@ struct OpCase {
   Fp8IndexerInputs fp8_indexer;
   PagedIndexerInputs paged_indexer;
   SparseMlaFp8Inputs mla_fp8;
+  /// Results computed once per case (issue 13): the float64 reference, the baseline at each
+  /// precision and the floor inputs, shared by every backend and output judged on this case
+  /// and by its copies (op_case_from_fixture gives each case one). Keys carry a fingerprint
+  /// of the inputs they depend on, so a copy whose inputs were changed computes afresh.
+  /// Null: every check computes its own (as a case built field by field does).
+  std::shared_ptr<CaseMemo> memo;
 };
 
 /// Options of every check.
@@ -81,7 +89,8 @@ class ScopedCheckDefaults {
 /// deterministic backend differs between two runs; Incomplete when a required output is
 /// missing; Weak when rows are weak and opt.allow_weak is off. Invalid inputs make the
 /// reference throw std::invalid_argument (propagated). The reference, the baseline and the
-/// floors are computed once per call and shared by the op's outputs.
+/// floors are computed once per call and shared by the op's outputs, and once per case when
+/// c.memo is set (shared by every backend judged on c).
 OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& opt = default_check_options());
 
 /// Same as check_op for each op (one function per op, SPEC section in brackets).

@@ -1,0 +1,129 @@
+// Issue 13: each computation once per case. The producer and every backend judged on one
+// fixture share its OpCase's memo, so the float64 reference, each baseline and each floor set
+// run once however many candidates are judged. computation_counts() counts every run of
+// those computations, memoized or not, so the same count without the memo shows the repeats
+// the memo removes (the test can fail).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dsa/oracle/case_memo.h"
+#include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/reference_backend.h"
+
+namespace dsa::oracle {
+namespace {
+
+fixtures::Fixture golden(const std::string& name) {
+  return fixtures::load_fixture(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors");
+}
+
+// Computations made by fn(), by kind.
+template <class Fn>
+std::map<std::string, int64_t> counted(Fn&& fn) {
+  const auto before = computation_counts();
+  fn();
+  std::map<std::string, int64_t> diff;
+  for (const auto& [kind, n] : computation_counts()) {
+    auto it = before.find(kind);
+    const int64_t d = n - (it == before.end() ? 0 : it->second);
+    if (d) diff[kind] = d;
+  }
+  return diff;
+}
+
+// Judges the producer and two backends (three candidates) on one case; returns the report text.
+std::string judge_three(const fixtures::Fixture& f, const OpCase& c) {
+  auto ref = make_reference_backend();
+  auto ref2 = make_reference_backend();
+  FixtureReport r = check_fixture(f, c, ref.get());
+  for (auto& rep : judge_fixture_ops(f, c, *ref2)) r.backend_vs_reference.push_back(std::move(rep));
+  EXPECT_TRUE(r.passed()) << format_fixture_report(r);
+  return format_fixture_report(r);
+}
+
+// With the case's memo every kind runs once; without it (a copy of the case with no memo) the
+// kinds in `repeated` run once per candidate; the reports are the same.
+void expect_once_per_case(const std::string& fixture, const std::vector<std::string>& kinds,
+                          const std::vector<std::string>& repeated) {
+  SCOPED_TRACE(fixture);
+  const fixtures::Fixture f = golden(fixture);
+  const OpCase c = op_case_from_fixture(f);
+  ASSERT_TRUE(c.memo) << "op_case_from_fixture must give the case a memo";
+  std::string shared_report, plain_report;
+  const auto shared = counted([&] { shared_report = judge_three(f, c); });
+  for (const auto& k : kinds) EXPECT_EQ(shared.count(k), 1u) << k << " was not computed";
+  // Each memo key (a kind on one set of inputs, e.g. a poisoned re-run's) ran once, and
+  // nothing ran outside the memo.
+  std::map<std::string, int64_t> keys_of_kind;
+  for (const auto& [key, n] : c.memo->counts()) {
+    EXPECT_EQ(n, 1) << key << " computed " << n << " times on one case";
+    ++keys_of_kind[key.substr(0, key.find('@'))];
+  }
+  for (const auto& [k, n] : shared)
+    EXPECT_EQ(n, keys_of_kind[k]) << k << " computed outside the case's memo";
+  OpCase plain = c;
+  plain.memo.reset();
+  const auto repeats = counted([&] { plain_report = judge_three(f, plain); });
+  for (const auto& k : repeated) {
+    ASSERT_TRUE(repeats.count(k)) << k;
+    EXPECT_GE(repeats.at(k), 3 * shared.at(k)) << k << ": without the memo every candidate computes it";
+  }
+  EXPECT_EQ(shared_report, plain_report) << "sharing changed a report";
+}
+
+TEST(CaseSharing, SparseMlaReferenceBaselineAndFloorsOncePerCase) {
+  expect_once_per_case("smla_sink",
+                       {"sparse_mla_fwd/reference", "sparse_mla_fwd/baseline",
+                        "sparse_mla_bwd/reference", "sparse_mla_bwd/baseline",
+                        "sparse_mla_fwd+bwd/floors/F32"},
+                       {"sparse_mla_fwd/reference", "sparse_mla_fwd/baseline",
+                        "sparse_mla_bwd/reference", "sparse_mla_bwd/baseline"});
+}
+
+TEST(CaseSharing, IndexerAndKlOncePerCase) {
+  expect_once_per_case("idx_causal",
+                       {"indexer_scores/reference", "indexer_scores/baseline",
+                        "indexer_scores/floors", "indexer_scores_backward/reference",
+                        "indexer_scores_backward/baseline", "indexer_scores_backward/floors"},
+                       {"indexer_scores/reference", "indexer_scores_backward/floors"});
+  expect_once_per_case("kl_sparse_causal",
+                       {"indexer_kl_loss/reference", "indexer_kl_loss/baseline",
+                        "indexer_kl_loss/floors"},
+                       {"indexer_kl_loss/reference", "indexer_kl_loss/floors"});
+}
+
+TEST(CaseSharing, Fp8OpsOncePerCase) {
+  expect_once_per_case("fp8_idx_prefix_amax",
+                       {"fp8_indexer_scores/reference", "fp8_indexer_scores/baseline",
+                        "fp8_indexer_scores/floors"},
+                       {"fp8_indexer_scores/reference"});
+  expect_once_per_case("paged_idx_mtp2",
+                       {"paged_indexer_scores/reference", "paged_indexer_scores/baseline",
+                        "paged_indexer_scores/floors"},
+                       {"paged_indexer_scores/floors"});
+  expect_once_per_case("smla_fp8_decode",
+                       {"sparse_mla_fp8_fwd/reference", "sparse_mla_fp8_fwd/baseline"},
+                       {"sparse_mla_fp8_fwd/reference"});
+}
+
+TEST(CaseSharing, ACopyWithChangedInputsDoesNotShareResults) {
+  const fixtures::Fixture f = golden("smla_basic");
+  const OpCase c = op_case_from_fixture(f);
+  auto ref = make_reference_backend();
+  ASSERT_TRUE(check_fixture(f, c, ref.get()).passed());
+  // A perturbed copy keeps the memo pointer; its fingerprint differs, so it computes afresh
+  // and its (now wrong) stored outputs disagree.
+  OpCase perturbed = c;
+  perturbed.mla.q.set(0, perturbed.mla.q.get(0) + 1.0);
+  const auto n = counted([&] {
+    EXPECT_FALSE(check_fixture(f, perturbed, nullptr).passed())
+        << "the producer's outputs agreed with a changed q";
+  });
+  EXPECT_EQ(n.count("sparse_mla_fwd/reference"), 1u) << "a changed q reused the original's reference";
+}
+
+}  // namespace
+}  // namespace dsa::oracle
