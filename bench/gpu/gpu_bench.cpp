@@ -2,8 +2,9 @@
 // measured in the same run on the same inputs. (a) top-k, k 2048, [s_q, s_kv] = [128, 131072],
 // [4096, 32768], [4096, 131072], [4096, 4096]: select_topk_device (cluster sorted/unsorted,
 // two-read, radix) vs torch::topk sorted and unsorted; effective GB/s counts the scores read
-// once plus the int32 ids written; (b) sparse MLA forward at the GLM-5 shape
-// (s_q 4096, h_q 64, d_qk 576, d_v 512, k 2048, s_kv 8192): sparse_mla_forward_device vs a
+// once plus the int32 ids written (DSA_BENCH_MLA_ONLY=1 leaves (a) out); (b) sparse MLA
+// forward at the GLM-5 shape (s_q 4096, d_qk 576, d_v 512, k 2048; h_q 64 and 128, s_kv 8192
+// and 32768; the one-pass and the two-pass tensor-core kernels): sparse_mla_forward_device vs a
 // gathered attention composed from ATen ops (index_select + bmm + logsumexp + exp + bmm, bf16
 // operands, fp32 accumulation inside cuBLAS). CUDA events on the default stream, warm-up,
 // medians, inputs rotated so each timed call reads data not left in the 60 MB L2, random
@@ -97,6 +98,7 @@ int main() {
   const int64_t k = 2048;
   const int64_t shapes[][2] = {{128, 131072}, {4096, 32768}, {4096, 131072}, {4096, 4096}};
   for (const auto& sh : shapes) {
+    if (std::getenv("DSA_BENCH_MLA_ONLY")) break;  // sparse MLA only (short GPU runs)
     const int64_t s_q = sh[0], s_kv = sh[1];
     const double in_bytes = 4.0 * s_q * s_kv;
     const int r = rotations(in_bytes);
@@ -186,65 +188,79 @@ int main() {
   table << "\n| op | shape | impl | median ms | TFLOP/s | % of 790 TFLOP/s | GB/s | % of 4.3 TB/s | check |\n";
   table << "|---|---|---|---|---|---|---|---|---|\n";
 
-  // (b) sparse MLA forward, GLM-5 shape, every slot valid (the peer has no masking).
-  // DSA_BENCH_TOPK_ONLY=1 leaves it out.
+  // (b) sparse MLA forward, every slot valid (the peer has no masking), at h_q 64 and 128,
+  // s_kv 8192 and 32768. DSA_BENCH_TOPK_ONLY=1 leaves it out; DSA_BENCH_MLA_CUDA_CORE=1 adds
+  // the CUDA-core kernel (slow).
   if (!std::getenv("DSA_BENCH_TOPK_ONLY")) {
-    const int64_t s_q = 4096, h_q = 64, d_qk = 576, d_v = 512, s_kv = 8192;
-    const float sm_scale = 1.0f / std::sqrt(static_cast<float>(d_qk));
-    const double set_bytes = 2.0 * s_q * h_q * d_qk + 4.0 * s_q * k;
-    const int r = rotations(set_bytes);
-    std::vector<torch::Tensor> q, idx;
-    for (int i = 0; i < r; ++i) {
-      q.push_back(torch::randn({s_q, h_q, d_qk}, f32).to(torch::kBFloat16));
-      idx.push_back(torch::randint(0, s_kv, {s_q, k}, i32));
+    const int64_t shapes_mla[][2] = {{64, 8192}, {128, 8192}, {128, 32768}};  // {h_q, s_kv}
+    for (const auto& sh : shapes_mla) {
+      const int64_t s_q = 4096, h_q = sh[0], d_qk = 576, d_v = 512, s_kv = sh[1];
+      const float sm_scale = 1.0f / std::sqrt(static_cast<float>(d_qk));
+      const double set_bytes = 2.0 * s_q * h_q * d_qk + 4.0 * s_q * k;
+      const int r = rotations(set_bytes);
+      std::vector<torch::Tensor> q, idx;
+      for (int i = 0; i < r; ++i) {
+        q.push_back(torch::randn({s_q, h_q, d_qk}, f32).to(torch::kBFloat16));
+        idx.push_back(torch::randint(0, s_kv, {s_q, k}, i32));
+      }
+      auto kv = torch::randn({s_kv, d_qk}, f32).to(torch::kBFloat16);
+      auto out = torch::empty({s_q, h_q, d_v}, bf16);
+      auto lse = torch::empty({s_q, h_q}, f32);
+      auto mx = torch::empty({s_q, h_q}, f32);
+      dsa::cuda::SparseMlaKernel kernel = dsa::cuda::SparseMlaKernel::OnePass;
+      auto mine = [&](int i) {
+        dsa::cuda::sparse_mla_forward_device(
+            reinterpret_cast<const uint16_t*>(q[i % r].data_ptr()),
+            reinterpret_cast<const uint16_t*>(kv.data_ptr()), idx[i % r].data_ptr<int32_t>(),
+            nullptr, nullptr, s_q, h_q, d_qk, s_kv, k, d_v, sm_scale,
+            reinterpret_cast<uint16_t*>(out.data_ptr()), lse.data_ptr<float>(),
+            mx.data_ptr<float>(), nullptr, kernel);
+      };
+      torch::Tensor pout, plse;
+      auto peer = [&](int i) {
+        auto kvg = kv.index_select(0, idx[i % r].to(torch::kLong).view({-1})).view({s_q, k, d_qk});
+        auto logits = torch::bmm(q[i % r], kvg.transpose(1, 2)).to(torch::kFloat32).mul_(sm_scale);
+        plse = logits.logsumexp(-1);
+        auto p = (logits - plse.unsqueeze(-1)).exp_().to(torch::kBFloat16);
+        pout = torch::bmm(p, kvg.narrow(2, 0, d_v));
+      };
+      const double flops = 2.0 * s_q * h_q * k * (d_qk + d_v);
+      const double t_peer = median_ms(peer, 2, 7);
+      peer(0);
+      check(cudaDeviceSynchronize(), "peer check run");
+      const std::string shape = "s_q 4096, h_q " + std::to_string(h_q) +
+                                ", d_qk 576, d_v 512, k 2048, s_kv " + std::to_string(s_kv);
+      auto row = [&](const std::string& impl, double t, const std::string& note) {
+        const double tf = flops / (t * 1e-3) / 1e12;
+        table << "| sparse_mla_fwd | " << shape << " | " << impl << " | " << fmt("%.3f", t)
+              << " | " << fmt("%.1f", tf) << " | " << fmt("%.1f%%", 100.0 * tf / kBf16Tflops)
+              << " | - | - | " << note << " |\n";
+      };
+      std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePass,
+                                                         dsa::cuda::SparseMlaKernel::TensorCore};
+      if (std::getenv("DSA_BENCH_MLA_CUDA_CORE")) kernels.push_back(dsa::cuda::SparseMlaKernel::CudaCore);
+      for (auto kern : kernels) {
+        kernel = kern;
+        const double t_mine = median_ms(mine, 2, 7);
+        out.fill_(0);
+        mine(0);
+        check(cudaDeviceSynchronize(), "check run");
+        const double rel = ((out.to(torch::kFloat32) - pout.to(torch::kFloat32)).norm() /
+                            pout.to(torch::kFloat32).norm()).item<double>();
+        const double lse_diff = (lse - plse).abs().max().item<double>();
+        const char* name = kern == dsa::cuda::SparseMlaKernel::OnePass
+                               ? "dsa cuda, one pass (mma.sync bf16, cp.async gather, online softmax, P bf16)"
+                           : kern == dsa::cuda::SparseMlaKernel::TensorCore
+                               ? "dsa cuda, tensor cores (wmma bf16, 2 passes, P hi+lo)"
+                               : "dsa cuda, CUDA cores (fp32 FMA)";
+        row(name, t_mine,
+            "out rel-Frobenius vs peer " + fmt("%.2e", rel) + ", max |lse diff| " + fmt("%.2e", lse_diff));
+        std::printf("sparse_mla h_q %lld s_kv %lld %s done (%.3f ms)\n", (long long)h_q,
+                    (long long)s_kv, name, t_mine);
+        std::fflush(stdout);
+      }
+      row("ATen gathered (index_select+bmm+logsumexp+bmm, bf16 logits)", t_peer, "peer");
     }
-    auto kv = torch::randn({s_kv, d_qk}, f32).to(torch::kBFloat16);
-    auto out = torch::empty({s_q, h_q, d_v}, bf16);
-    auto lse = torch::empty({s_q, h_q}, f32);
-    auto mx = torch::empty({s_q, h_q}, f32);
-    dsa::cuda::SparseMlaKernel kernel = dsa::cuda::SparseMlaKernel::CudaCore;
-    auto mine = [&](int i) {
-      dsa::cuda::sparse_mla_forward_device(
-          reinterpret_cast<const uint16_t*>(q[i % r].data_ptr()),
-          reinterpret_cast<const uint16_t*>(kv.data_ptr()), idx[i % r].data_ptr<int32_t>(),
-          nullptr, nullptr, s_q, h_q, d_qk, s_kv, k, d_v, sm_scale,
-          reinterpret_cast<uint16_t*>(out.data_ptr()), lse.data_ptr<float>(),
-          mx.data_ptr<float>(), nullptr, kernel);
-    };
-    torch::Tensor pout, plse;
-    auto peer = [&](int i) {
-      auto kvg = kv.index_select(0, idx[i % r].to(torch::kLong).view({-1})).view({s_q, k, d_qk});
-      auto logits = torch::bmm(q[i % r], kvg.transpose(1, 2)).to(torch::kFloat32).mul_(sm_scale);
-      plse = logits.logsumexp(-1);
-      auto p = (logits - plse.unsqueeze(-1)).exp_().to(torch::kBFloat16);
-      pout = torch::bmm(p, kvg.narrow(2, 0, d_v));
-    };
-    const double flops = 2.0 * s_q * h_q * k * (d_qk + d_v);
-    const double t_peer = median_ms(peer, 2, 7);
-    peer(0);
-    check(cudaDeviceSynchronize(), "peer check run");
-    auto row = [&](const std::string& impl, double t, const std::string& note) {
-      const double tf = flops / (t * 1e-3) / 1e12;
-      table << "| sparse_mla_fwd | s_q 4096, h_q 64, d_qk 576, d_v 512, k 2048, s_kv 8192 | "
-            << impl << " | " << fmt("%.3f", t) << " | " << fmt("%.1f", tf) << " | "
-            << fmt("%.1f%%", 100.0 * tf / kBf16Tflops) << " | - | - | " << note << " |\n";
-    };
-    for (auto kern : {dsa::cuda::SparseMlaKernel::CudaCore, dsa::cuda::SparseMlaKernel::TensorCore}) {
-      kernel = kern;
-      const double t_mine = median_ms(mine, 2, 7);
-      out.fill_(0);
-      mine(0);
-      check(cudaDeviceSynchronize(), "check run");
-      const double rel = ((out.to(torch::kFloat32) - pout.to(torch::kFloat32)).norm() /
-                          pout.to(torch::kFloat32).norm()).item<double>();
-      const double lse_diff = (lse - plse).abs().max().item<double>();
-      const bool tc = kern == dsa::cuda::SparseMlaKernel::TensorCore;
-      row(tc ? "dsa cuda, tensor cores (wmma bf16, 2 passes, P hi+lo)" : "dsa cuda, CUDA cores (fp32 FMA)",
-          t_mine, "out rel-Frobenius vs peer " + fmt("%.2e", rel) + ", max |lse diff| " + fmt("%.2e", lse_diff));
-      std::printf("sparse_mla %s done (%.3f ms)\n", tc ? "tensor cores" : "cuda cores", t_mine);
-      std::fflush(stdout);
-    }
-    row("ATen gathered (index_select+bmm+logsumexp+bmm, bf16 logits)", t_peer, "peer");
   }
   const std::string text = table.str();
   std::printf("\n%s", text.c_str());

@@ -8,6 +8,10 @@
 # last lines printed are the summary. SKIP_BENCH=1 / SKIP_PROPS=1 leave steps out; REF_BENCH=1
 # adds the float64 reference's thread-scaling benchmark (issue 13) on the host's CPUs.
 # GPU_DEPS=DIR names the carried .gpu-deps when the tree was staged elsewhere.
+# Filters for short runs: CUDA_TEST_FILTER / TORCH_OPS_FILTER (gtest filters of dsa_cuda_tests /
+# dsa_torch_ops_tests), SAN_FILTER (the sanitizer case's gtest filter), SKIP_PY=1 (no Python
+# check); DSA_BENCH_MLA_ONLY=1 / DSA_BENCH_TOPK_ONLY=1 and DSA_MLA_ONEPASS_ONLY=1 reach the
+# benchmark and the tests through the environment.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-out}
@@ -35,20 +39,23 @@ rc=$?
 echo "build rc=$rc (${SECONDS}s)" | tee -a "$out/summary.txt"
 [ $rc = 0 ] || { grep -v "ptxas info\|bytes stack frame" "$out/build.txt" | grep -B2 -A10 -i "error" | head -60; exit 1; }
 grep -A2 "topk_cluster_kernel" "$out/build.txt" | grep -E "registers|spill" | head -3
+grep -A2 "sparse_mla_fwd_onepass_kernel" "$out/build.txt" | grep -E "registers|spill" | head -2
 bin=$bd/main/optimized/cuda
 SECONDS=0
-timeout 170 "$bin/dsa_cuda_tests" >"$out/tests.txt" 2>&1
+timeout 170 "$bin/dsa_cuda_tests" --gtest_filter="${CUDA_TEST_FILTER:-*}" >"$out/tests.txt" 2>&1
 echo "dsa_cuda_tests rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|^\[       OK|^\[  FAILED" "$out/tests.txt" | tail -20
 grep -B2 -A14 "Failure" "$out/tests.txt" | head -50
 SECONDS=0
-timeout 120 "$bin/dsa_torch_ops_tests" >>"$out/tests.txt" 2>&1
+timeout 120 "$bin/dsa_torch_ops_tests" --gtest_filter="${TORCH_OPS_FILTER:-*}" >>"$out/tests.txt" 2>&1
 echo "dsa_torch_ops_tests (C++, CUDA dispatch) rc=$? (${SECONDS}s): $(grep -E '^\[  PASSED|^\[  FAILED|SKIPPED' "$out/tests.txt" | tail -2 | tr '\n' ' ')" | tee -a "$out/summary.txt"
 SECONDS=0
+if [ "${SKIP_PY:-0}" != 1 ]; then
 PYTHONUNBUFFERED=1 timeout 120 python3 optimized/cuda/tests/torch_ops_check.py "$bin/libdsa_torch_ops.so" >>"$out/tests.txt" 2>&1
 echo "torch_ops_check.py (Python, torch.ops.load_library) rc=$? (${SECONDS}s): $(grep -E 'torch_ops_check:|MISMATCH|Error' "$out/tests.txt" | tail -3 | tr '\n' ' ')" | tee -a "$out/summary.txt"
+fi
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-small='*TopkSanitizerSmall*:*EmptyRows*:*Unselectable*'
+small=${SAN_FILTER:-'*TopkSanitizerSmall*:*EmptyRows*:*Unselectable*:*SparseMlaSanitizerSmall*'}
 for tool in memcheck racecheck; do
   SECONDS=0
   timeout 100 "$san" --tool $tool --error-exitcode 3 "$bin/dsa_cuda_tests" --gtest_filter="$small" \

@@ -1,5 +1,6 @@
-// Internal: the tensor-core sparse MLA forward launcher (sparse_mla_tc.cu), called by
-// sparse_mla_forward_device after argument checks.
+// Internal: the tensor-core sparse MLA forward launchers (sparse_mla_tc.cu: two passes, wmma;
+// sparse_mla_onepass.cu: one pass, mma.sync), called by sparse_mla_forward_device after
+// argument checks.
 #pragma once
 
 #include <cstddef>
@@ -18,5 +19,20 @@ void launch_sparse_mla_tc(int64_t blocks, cudaStream_t stream, const uint16_t* q
                           const float* attn_sink, int64_t h_q, int64_t d_qk, int64_t s_kv,
                           int64_t k, int64_t d_v, float sm_scale, uint16_t* out, float* lse,
                           float* max_logits);
+
+/// Whether the one-pass kernel takes the shape: d_qk a multiple of 8 and at most 576, d_v at
+/// most 512, q and kv 16-byte aligned (cp.async gathers whole 16-byte chunks of a row).
+bool sparse_mla_onepass_takes(int64_t d_qk, int64_t d_v, const void* q, const void* kv);
+
+/// Dynamic shared memory of the one-pass kernel for d_qk, bytes (231,424 at d_qk 576).
+size_t sparse_mla_onepass_smem_bytes(int64_t d_qk);
+
+/// Launches the one-pass kernel, one block per (query row, 64 heads) (arguments as
+/// sparse_mla_forward_device, already checked, and sparse_mla_onepass_takes true).
+void launch_sparse_mla_onepass(int64_t s_q, cudaStream_t stream, const uint16_t* q,
+                               const uint16_t* kv, const int32_t* indices,
+                               const int32_t* topk_length, const float* attn_sink, int64_t h_q,
+                               int64_t d_qk, int64_t s_kv, int64_t k, int64_t d_v,
+                               float sm_scale, uint16_t* out, float* lse, float* max_logits);
 
 }  // namespace dsa::cuda::detail

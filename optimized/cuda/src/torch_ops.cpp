@@ -1,11 +1,16 @@
-// CUDA dispatch of the `dsa` operator library (schemas in optimized/src/ops.cpp, SPEC §3):
-// dsa::topk_indices on CUDA tensors runs the cluster top-k kernel (select_topk_device) on the
-// current CUDA stream with device pointers, no host copies. Inputs the kernel does not take
-// (scores not fp32, windows not int on the scores' device, k or s_kv over 2^31-1) and every
-// invalid input go to the ATen composite (optimized/src/topk.cpp), which raises the op's
-// errors naming the argument. The composite stays reachable on its own as
-// dsa::optimized::kernels::topk_indices and on CPU tensors.
+// CUDA dispatch of the `dsa` operator library (schemas in optimized/src/ops.cpp, SPEC §3, §4):
+// dsa::topk_indices on CUDA tensors runs the cluster top-k kernel (select_topk_device) and
+// dsa::sparse_mla_fwd the one-pass sparse MLA forward (sparse_mla_forward_device, OnePass), on
+// the current CUDA stream with device pointers, no host copies. Inputs a kernel does not take
+// (top-k: scores not fp32, windows not int on the scores' device, k or s_kv over 2^31-1;
+// sparse MLA: q/kv not bf16, indices/topk_length not int32, attn_sink not fp32, a tensor on
+// another device, d_qk or d_v over the kernel limits) and every invalid input go to the ATen
+// composites (optimized/src/topk.cpp, sparse_mla.cpp), which raise the op's errors naming the
+// argument. The composites stay reachable on their own as dsa::optimized::kernels::* and on
+// CPU tensors.
 #include <climits>
+#include <cmath>
+#include <tuple>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -75,10 +80,62 @@ at::Tensor topk_indices_cuda(const at::Tensor& scores, int64_t k,
   return out;
 }
 
+bool on(const c10::optional<at::Tensor>& t, at::ScalarType dtype, int64_t size,
+        const at::Device& device) {
+  return !t.has_value() || !t->defined() ||
+         (t->scalar_type() == dtype && t->dim() == 1 && t->size(0) == size &&
+          t->device() == device);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fwd_cuda(
+    const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices, double sm_scale,
+    int64_t d_v, const c10::optional<at::Tensor>& topk_length,
+    const c10::optional<at::Tensor>& attn_sink) {
+  const bool shapes = q.dim() == 3 && kv.dim() == 2 && kv.size(1) == q.size(2) &&
+                      (indices.dim() == 2 || (indices.dim() == 3 && indices.size(1) == 1)) &&
+                      indices.size(0) == q.size(0);
+  const bool takes =
+      shapes && q.scalar_type() == at::kBFloat16 && kv.scalar_type() == at::kBFloat16 &&
+      indices.scalar_type() == at::kInt && kv.device() == q.device() &&
+      indices.device() == q.device() && d_v > 0 && d_v <= q.size(2) &&
+      q.size(2) <= sparse_mla_max_d_qk() && d_v <= sparse_mla_max_d_v() &&
+      std::isfinite(sm_scale) && kv.size(0) <= INT32_MAX &&
+      q.size(0) * ((q.size(1) + 15) / 16) <= INT32_MAX &&
+      on(topk_length, at::kInt, q.size(0), q.device()) &&
+      on(attn_sink, at::kFloat, q.size(1), q.device());
+  if (!takes)
+    return dsa::optimized::kernels::sparse_mla_fwd(q, kv, indices, sm_scale, d_v, topk_length,
+                                                    attn_sink);
+  const c10::DeviceGuard guard(q.device());
+  const int64_t s_q = q.size(0), h_q = q.size(1), d_qk = q.size(2), s_kv = kv.size(0);
+  const int64_t k = indices.size(-1);
+  const at::Tensor qc = q.contiguous(), kvc = kv.contiguous();
+  const at::Tensor ids = indices.reshape({s_q, k}).contiguous();
+  at::Tensor len, sink;
+  if (topk_length.has_value() && topk_length->defined()) len = topk_length->contiguous();
+  if (attn_sink.has_value() && attn_sink->defined()) sink = attn_sink->contiguous();
+  at::Tensor out = at::empty({s_q, h_q, d_v}, qc.options());
+  at::Tensor lse = at::empty({s_q, h_q}, qc.options().dtype(at::kFloat));
+  at::Tensor max_logits = at::empty({s_q, h_q}, qc.options().dtype(at::kFloat));
+  if (s_q == 0 || h_q == 0) return {out, lse, max_logits};
+  sparse_mla_forward_device(
+      reinterpret_cast<const uint16_t*>(qc.data_ptr()),
+      reinterpret_cast<const uint16_t*>(kvc.data_ptr()), ids.data_ptr<int32_t>(),
+      len.defined() ? len.data_ptr<int32_t>() : nullptr,
+      sink.defined() ? sink.data_ptr<float>() : nullptr, s_q, h_q, d_qk, s_kv, k, d_v,
+      static_cast<float>(sm_scale), reinterpret_cast<uint16_t*>(out.data_ptr()),
+      lse.data_ptr<float>(), max_logits.data_ptr<float>(), current_stream(qc.device()),
+      SparseMlaKernel::OnePass);
+  return {out, lse, max_logits};
+}
+
 }  // namespace
 
 bool torch_ops_registered() { return true; }
 
 }  // namespace dsa::cuda
 
-TORCH_LIBRARY_IMPL(dsa, CUDA, m) { m.impl("topk_indices", &dsa::cuda::topk_indices_cuda); }
+TORCH_LIBRARY_IMPL(dsa, CUDA, m) {
+  m.impl("topk_indices", &dsa::cuda::topk_indices_cuda);
+  m.impl("sparse_mla_fwd", &dsa::cuda::sparse_mla_fwd_cuda);
+}

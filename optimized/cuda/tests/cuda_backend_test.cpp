@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -301,7 +302,8 @@ OpCase make_mla(const MlaShape& s, uint64_t seed, bool with_len, int sink_mode) 
       const int r = kind(rng);
       if (r == 0) v = bad[j % 4];                       // holes of every invalid kind
       if (r == 1 && j > 0) v = idx[t * s.k + j - 1];     // duplicates
-      if (t % 4 == 1 && j < 40) v = bad[j % 4];         // leading invalid block (> one tile)
+      if (t % 4 == 1 && j < 70) v = bad[j % 4];         // leading invalid block (> one tile of
+                                                        // every kernel: 32, 64, 64 slots)
       if (t % 4 == 3) v = bad[(t + j) % 4];             // empty row
       idx[t * s.k + j] = v;
     }
@@ -326,16 +328,30 @@ OpCase make_mla(const MlaShape& s, uint64_t seed, bool with_len, int sink_mode) 
   return c;
 }
 
-// Both sparse MLA kernels (CUDA cores, tensor cores) are checked on every case.
+const char* kernel_name(dsa::cuda::SparseMlaKernel k) {
+  switch (k) {
+    case dsa::cuda::SparseMlaKernel::CudaCore: return "[cuda cores] ";
+    case dsa::cuda::SparseMlaKernel::TensorCore: return "[tensor cores, 2 passes] ";
+    case dsa::cuda::SparseMlaKernel::OnePass: return "[one pass] ";
+  }
+  return "[?] ";
+}
+
+// Every sparse MLA kernel (CUDA cores, tensor cores in 2 passes, one pass) is checked on
+// every case; DSA_MLA_ONEPASS_ONLY=1 checks the one-pass kernel only (short GPU runs).
 void expect_mla_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label) {
-  for (auto kernel : {dsa::cuda::SparseMlaKernel::CudaCore, dsa::cuda::SparseMlaKernel::TensorCore}) {
+  std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePass};
+  if (!std::getenv("DSA_MLA_ONEPASS_ONLY")) {
+    kernels.push_back(dsa::cuda::SparseMlaKernel::CudaCore);
+    kernels.push_back(dsa::cuda::SparseMlaKernel::TensorCore);
+  }
+  for (auto kernel : kernels) {
     dsa::cuda::CudaBackendOptions o;
     o.mla_kernel = kernel;
     auto b = dsa::cuda::make_cuda_backend(o);
     const dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::SparseMlaFwd, c);
-    const bool tc = kernel == dsa::cuda::SparseMlaKernel::TensorCore;
-    EXPECT_EQ(r.verdict, Verdict::Pass) << (tc ? "[tensor cores] " : "[cuda cores] ") << label
-                                        << "\n" << dsa::oracle::format_op_report(r);
+    EXPECT_EQ(r.verdict, Verdict::Pass) << kernel_name(kernel) << label << "\n"
+                                        << dsa::oracle::format_op_report(r);
   }
 }
 
@@ -343,7 +359,9 @@ TEST_F(CudaBackendTest, SparseMlaForwardShapesAndEdges) {
   const std::vector<MlaShape> shapes = {
       {8, 1, 64, 32, 50, 33},      {8, 16, 64, 64, 100, 64},   {8, 20, 96, 80, 300, 65},
       {4, 64, 576, 512, 700, 257}, {4, 3, 63, 17, 40, 31},     {4, 16, 576, 512, 2049, 2048},
-      {4, 2, 128, 128, 33, 1},     {8, 17, 320, 300, 200, 100}, {2, 16, 1024, 1000, 64, 70}};
+      {4, 2, 128, 128, 33, 1},     {8, 17, 320, 300, 200, 100}, {2, 16, 1024, 1000, 64, 70},
+      // one-pass kernel: two 64-head groups (h_q 128), a padded second group, d_qk 512.
+      {4, 128, 576, 512, 400, 200}, {4, 100, 576, 512, 300, 129}, {4, 64, 512, 512, 500, 130}};
   uint64_t seed = 500;
   for (const MlaShape& s : shapes) {
     for (int variant = 0; variant < 3; ++variant) {
@@ -381,7 +399,16 @@ TEST_P(CudaMlaKernelTest, SparseMlaForwardEmptyRowsAreExact) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaMlaKernelTest,
                          ::testing::Values(dsa::cuda::SparseMlaKernel::CudaCore,
-                                           dsa::cuda::SparseMlaKernel::TensorCore));
+                                           dsa::cuda::SparseMlaKernel::TensorCore,
+                                           dsa::cuda::SparseMlaKernel::OnePass));
+
+// The sanitizer case (compute-sanitizer memcheck / racecheck in ci/gpu/test.sh): the
+// production head count and width on a few rows full of invalid ids of every kind,
+// duplicates, a leading invalid block longer than a tile, empty rows, topk_length and a sink.
+TEST_F(CudaBackendTest, SparseMlaSanitizerSmall) {
+  OpCase c = make_mla({4, 128, 576, 512, 300, 150}, 91, true, 2);
+  expect_mla_pass(*backend_, c, "sanitizer case");
+}
 
 TEST_F(CudaBackendTest, SparseMlaForwardIndexView3d) {
   OpCase c = make_mla({4, 16, 64, 64, 90, 40}, 77, true, 1);

@@ -1,4 +1,5 @@
-// The CUDA dispatch of dsa::topk_indices (libdsa_torch_ops, SPEC §3) from C++: the dispatcher
+// The CUDA dispatch of dsa::topk_indices and dsa::sparse_mla_fwd (libdsa_torch_ops, SPEC §3,
+// §4; the sparse MLA test is at the end) from C++. Top-k: the dispatcher
 // has a CUDA kernel for the op, and on CUDA tensors it returns what the ATen composite returns
 // on the same tensors (bytes for sorted small/large, sets for unsorted) for random, plateau
 // and NaN/±inf/±0 rows, windows, k from 1 to past s_kv and rows over one CTA and a cluster;
@@ -14,6 +15,7 @@
 
 #include "dsa/cuda/kernels.h"
 #include "dsa/cuda/torch_ops.h"
+#include "dsa/optimized/sparse_mla.h"
 #include "dsa/optimized/topk.h"
 #include "kernels.h"  // optimized/src: the composite, reachable on its own
 
@@ -96,6 +98,54 @@ TEST_F(TorchOpsCudaTest, BadInputRaisesTheCompositeError) {
   EXPECT_THROW(dsa::optimized::topk_indices(x, 2, c10::nullopt, c10::nullopt, "median"), c10::Error);
   const auto ks = at::zeros({2}, at::kLong).cuda();
   EXPECT_THROW(dsa::optimized::topk_indices(x, 2, ks, c10::nullopt), c10::Error);
+}
+
+// dsa::sparse_mla_fwd on CUDA tensors runs the one-pass kernel: the dispatcher's result is
+// bitwise what sparse_mla_forward_device(OnePass) returns on the same device tensors (its
+// accuracy is judged by the oracle in dsa_cuda_tests), repeated calls are bitwise identical,
+// empty rows give 0 / +inf / -inf, and inputs the kernel does not take go to the composite.
+TEST_F(TorchOpsCudaTest, SparseMlaFwdRunsTheOnePassKernel) {
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("dsa::sparse_mla_fwd", "");
+  EXPECT_TRUE(op.hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+  at::manual_seed(7);
+  const int64_t s_q = 6, h_q = 128, d_qk = 576, d_v = 512, s_kv = 300, k = 150;
+  const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  const auto q = at::randn({s_q, h_q, d_qk}, bf);
+  const auto kv = at::randn({s_kv, d_qk}, bf);
+  auto idx = at::randint(-3, s_kv + 3, {s_q, k}, at::TensorOptions().dtype(at::kInt));
+  idx[2].fill_(-1);  // an empty row
+  idx = idx.cuda();
+  const auto len = at::tensor({150, 0, 150, 70, 1, 149}, at::kInt).cuda();
+  const auto sink = at::randn({h_q}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+  const double scale = 1.0 / 24.0;
+  const auto got = dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_v, len, sink);
+  const auto again = dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_v, len, sink);
+  auto out = at::empty({s_q, h_q, d_v}, bf);
+  auto lse = at::empty({s_q, h_q}, bf.dtype(at::kFloat));
+  auto mx = at::empty({s_q, h_q}, bf.dtype(at::kFloat));
+  dsa::cuda::sparse_mla_forward_device(
+      reinterpret_cast<const uint16_t*>(q.data_ptr()), reinterpret_cast<const uint16_t*>(kv.data_ptr()),
+      idx.data_ptr<int32_t>(), len.data_ptr<int32_t>(), sink.data_ptr<float>(), s_q, h_q, d_qk,
+      s_kv, k, d_v, static_cast<float>(scale), reinterpret_cast<uint16_t*>(out.data_ptr()),
+      lse.data_ptr<float>(), mx.data_ptr<float>(), nullptr, dsa::cuda::SparseMlaKernel::OnePass);
+  ASSERT_TRUE(std::get<0>(got).is_cuda());
+  EXPECT_EQ(std::get<0>(got).scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(std::get<0>(got), out));
+  EXPECT_TRUE(at::equal(std::get<1>(got), lse));
+  EXPECT_TRUE(at::equal(std::get<2>(got), mx));
+  EXPECT_TRUE(at::equal(std::get<0>(got), std::get<0>(again))) << "run to run";
+  EXPECT_TRUE(at::equal(std::get<1>(got), std::get<1>(again))) << "run to run";
+  EXPECT_TRUE(at::equal(std::get<2>(got), std::get<2>(again))) << "run to run";
+  for (int64_t row : {int64_t{1}, int64_t{2}}) {  // topk_length 0, all ids -1
+    EXPECT_EQ(std::get<0>(got)[row].abs().max().item<float>(), 0.0f) << row;
+    EXPECT_TRUE(std::get<1>(got)[row].isposinf().all().item<bool>()) << row;
+    EXPECT_TRUE(std::get<2>(got)[row].isneginf().all().item<bool>()) << row;
+  }
+  EXPECT_GT(std::get<0>(got)[0].abs().max().item<float>(), 0.0f);
+  // Not taken by the kernel (int64 ids): the composite runs, and its errors are raised.
+  const auto via_composite = dsa::optimized::sparse_mla_fwd(q, kv, idx.to(at::kLong), scale, d_v, len, sink);
+  EXPECT_EQ(std::get<0>(via_composite).sizes(), std::get<0>(got).sizes());
+  EXPECT_THROW(dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_qk + 1, len, sink), c10::Error);
 }
 
 }  // namespace

@@ -16,11 +16,12 @@ namespace dsa::cuda {
 /// Bad shapes or dtypes throw std::invalid_argument naming the argument; CUDA failures throw
 /// std::runtime_error naming the call. Deterministic.
 /// Kernel choice of a cuda backend (every choice meets SPEC §3/§4/§6 and passed the oracle
-/// on the H200, bench/results/2026-11-30-gpu-topk-sparse-mla.md; the defaults are what the
-/// registered "cuda" backend uses: the tensor-core MLA, 2.4x faster than the CUDA-core one).
+/// on the H200, bench/results/2026-11-30-gpu-topk-sparse-mla.md and
+/// 2026-11-30-gpu-sparse-mla-fwd.md; the defaults are what the registered "cuda" backend uses:
+/// the one-pass MLA kernel, the fastest measured).
 struct CudaBackendOptions {
   TopkKernel topk_kernel = TopkKernel::Cluster;
-  SparseMlaKernel mla_kernel = SparseMlaKernel::TensorCore;
+  SparseMlaKernel mla_kernel = SparseMlaKernel::OnePass;
 };
 std::unique_ptr<oracle::Backend> make_cuda_backend(const CudaBackendOptions& options = {});
 

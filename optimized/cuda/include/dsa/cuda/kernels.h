@@ -48,7 +48,12 @@ int64_t sparse_mla_max_d_v();
 /// Which sparse MLA forward kernel runs. CudaCore: fp32 FMA on the CUDA cores, one online
 /// softmax pass. TensorCore: bf16 wmma (mma.sync) with fp32 accumulation in two passes (exact
 /// row statistics first, then O += P V with p = exp(S - lse) split into bf16 hi + lo parts).
-enum class SparseMlaKernel { CudaCore, TensorCore };
+/// OnePass: one pass, 64 heads per block as the M dimension, kv rows gathered by cp.async
+/// into a two-stage shared-memory pipeline, mma.sync m16n8k16 with fp32 accumulation, online
+/// softmax in fp32 registers, P rounded to bf16 for P V (as FlashMLA); shapes it does not
+/// take (d_qk not a multiple of 8 or over 576, d_v over 512, q or kv not 16-byte aligned)
+/// run TensorCore.
+enum class SparseMlaKernel { CudaCore, TensorCore, OnePass };
 
 /// Sparse MLA forward (SPEC §4, §6), MQA with one KV head. q [s_q,h_q,d_qk] bf16 (raw bits),
 /// kv [s_kv,d_qk] bf16, indices [s_q,k] int32 (any value; slot j of row t is valid iff
