@@ -339,7 +339,14 @@ const char* kernel_name(dsa::cuda::SparseMlaKernel k) {
 
 // Every sparse MLA kernel (CUDA cores, tensor cores in 2 passes, one pass) is checked on
 // every case; DSA_MLA_ONEPASS_ONLY=1 checks the one-pass kernel only (short GPU runs).
+// WEAK rows are allowed explicitly (CheckOptions::allow_weak): weakness is a property of the
+// case, not of the candidate (the bound of a bf16 out row whose value cancels, |out| small
+// against Σ|p_j v_j|, exceeds θ of its scale); on the H200 the same 1 of 8 and 1 of 256 rows
+// were weak for all three kernels since the oracle's floors of e49d1c1. Every element of
+// every row, weak or not, must still lie within its bound, and the report names the rows.
 void expect_mla_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label) {
+  dsa::oracle::CheckOptions opt = dsa::oracle::default_check_options();
+  opt.allow_weak = true;
   std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePass};
   if (!std::getenv("DSA_MLA_ONEPASS_ONLY")) {
     kernels.push_back(dsa::cuda::SparseMlaKernel::CudaCore);
@@ -349,7 +356,7 @@ void expect_mla_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& 
     dsa::cuda::CudaBackendOptions o;
     o.mla_kernel = kernel;
     auto b = dsa::cuda::make_cuda_backend(o);
-    const dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::SparseMlaFwd, c);
+    const dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::SparseMlaFwd, c, opt);
     EXPECT_EQ(r.verdict, Verdict::Pass) << kernel_name(kernel) << label << "\n"
                                         << dsa::oracle::format_op_report(r);
   }

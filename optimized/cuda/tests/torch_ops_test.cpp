@@ -142,8 +142,9 @@ TEST_F(TorchOpsCudaTest, SparseMlaFwdRunsTheOnePassKernel) {
     EXPECT_TRUE(std::get<2>(got)[row].isneginf().all().item<bool>()) << row;
   }
   EXPECT_GT(std::get<0>(got)[0].abs().max().item<float>(), 0.0f);
-  // Not taken by the kernel (int64 ids): the composite runs, and its errors are raised.
-  const auto via_composite = dsa::optimized::sparse_mla_fwd(q, kv, idx.to(at::kLong), scale, d_v, len, sink);
+  // Not taken by the kernel (a float64 sink): the composite runs, and its errors are raised.
+  const auto via_composite =
+      dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_v, len, sink.to(at::kDouble));
   EXPECT_EQ(std::get<0>(via_composite).sizes(), std::get<0>(got).sizes());
   EXPECT_THROW(dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_qk + 1, len, sink), c10::Error);
 }
