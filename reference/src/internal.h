@@ -6,16 +6,19 @@
 
 #include <Eigen/Dense>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dsa/contract/checks.h"
 #include "dsa/contract/errors.h"
 #include "dsa/contract/key_windows.h"
+#include "dsa/contract/parallel.h"
 #include "dsa/contract/tensor.h"
 #include "dsa/reference/precision.h"
 
@@ -38,48 +41,88 @@ constexpr A inf() {
   return std::numeric_limits<A>::infinity();
 }
 
-/// Reads tensor `t` (any floating dtype, numel == rows*cols) as a [rows, cols] matrix at A.
+/// Converts elements [i0, i1) of tensor `t` (any floating dtype) to A into dst[i0, i1).
 /// Upcasts are exact (bf16/f16/f32 -> float or double, f64 -> double); an F64 input read at
 /// float (Baseline) rounds to nearest even once.
+template <class A>
+void convert_range(const Tensor& t, A* dst, int64_t i0, int64_t i1) {
+  switch (t.dtype()) {
+    case DType::F64: {
+      const double* src = t.data<double>();
+      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(src[i]);
+      break;
+    }
+    case DType::F32: {
+      const float* src = t.data<float>();
+      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(src[i]);
+      break;
+    }
+    case DType::BF16: {
+      const bf16* src = t.data<bf16>();
+      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(bf16_to_float(src[i]));
+      break;
+    }
+    case DType::F16: {
+      const f16* src = t.data<f16>();
+      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(f16_to_float(src[i]));
+      break;
+    }
+    default:
+      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(t.get(i));
+  }
+}
+
+/// Elements per chunk of the parallel element-wise copies below, and their cost hint in
+/// flops per element (memory-bound: a converted element costs about as much as ~16 flops of
+/// GEMM), so that only copies of more than ~16k elements per thread start threads.
+constexpr int64_t kCopyChunk = int64_t{1} << 15;
+constexpr double kCopyWorkPerElement = 16.0;
+
+/// Reads tensor `t` (any floating dtype, numel == rows*cols) as a [rows, cols] matrix at A,
+/// converting in parallel chunks (each element is converted alone: no thread dependence).
 template <class A>
 Mat<A> to_mat(const Tensor& t, int64_t rows, int64_t cols) {
   Mat<A> m(rows, cols);
   const int64_t n = rows * cols;
   A* dst = m.data();
-  switch (t.dtype()) {
-    case DType::F64: {
-      const double* src = t.data<double>();
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(src[i]);
-      break;
-    }
-    case DType::F32: {
-      const float* src = t.data<float>();
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(src[i]);
-      break;
-    }
-    case DType::BF16: {
-      const bf16* src = t.data<bf16>();
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(bf16_to_float(src[i]));
-      break;
-    }
-    case DType::F16: {
-      const f16* src = t.data<f16>();
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(f16_to_float(src[i]));
-      break;
-    }
-    default:
-      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<A>(t.get(i));
-  }
+  parallel_for((n + kCopyChunk - 1) / kCopyChunk, kCopyChunk * kCopyWorkPerElement,
+               [&](int64_t c0, int64_t c1) {
+                 convert_range<A>(t, dst, c0 * kCopyChunk, std::min(n, c1 * kCopyChunk));
+               });
   return m;
 }
 
+/// Copies `n` elements from src to dst in parallel chunks.
+template <class A>
+void copy_parallel(const A* src, A* dst, int64_t n) {
+  parallel_for((n + kCopyChunk - 1) / kCopyChunk, kCopyChunk * kCopyWorkPerElement / 2,
+               [&](int64_t c0, int64_t c1) {
+                 const int64_t i0 = c0 * kCopyChunk, i1 = std::min(n, c1 * kCopyChunk);
+                 std::memcpy(dst + i0, src + i0, static_cast<size_t>(i1 - i0) * sizeof(A));
+               });
+}
+
 /// A tensor of dtype out_dtype<A>() and `shape` holding m's elements in row-major order.
+/// A plain Mat<A> is copied in parallel without an intermediate; other expressions are
+/// evaluated into a row-major temporary first.
 template <class A, class Derived>
 Tensor to_tensor(const Eigen::MatrixBase<Derived>& m, std::vector<int64_t> shape) {
   Tensor t(out_dtype<A>(), std::move(shape));
-  Mat<A> tmp = m;  // row-major, contiguous
-  std::memcpy(t.raw(), tmp.data(), t.nbytes());
+  if constexpr (std::is_same_v<Derived, Mat<A>>) {
+    copy_parallel<A>(m.derived().data(), reinterpret_cast<A*>(t.raw()), t.numel());
+  } else {
+    Mat<A> tmp = m;  // row-major, contiguous
+    std::memcpy(t.raw(), tmp.data(), t.nbytes());
+  }
   return t;
+}
+
+/// Row-major [rows, cols] view of a tensor's storage at A (t.dtype() == out_dtype<A>(),
+/// t.numel() == rows * cols, checked by data<A>() and the caller): results are written in
+/// place, with no copy at the end.
+template <class A>
+Eigen::Map<Mat<A>> mat_view(Tensor& t, int64_t rows, int64_t cols) {
+  return Eigen::Map<Mat<A>>(t.data<A>(), rows, cols);
 }
 
 /// Floating dtypes accepted for activations (q, kv, q_idx, k_idx).

@@ -4,7 +4,11 @@
 #include "dsa/reference/sparse_mla.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <vector>
 
 #include "dsa/contract/parallel.h"
 #include "internal.h"
@@ -105,40 +109,74 @@ double row_flops(const MlaDims& d) {
          static_cast<double>(d.d_qk + d.d_v);
 }
 
+/// Calls body(scratch, t) for every query row t in [0, n): up to max_threads() workers claim
+/// rows one at a time in order, each with one Scratch reused for all its rows (no allocation
+/// per row, and no chunk boundaries: a slow row never holds up a chunk of others). body must
+/// write only state owned by row t, so results do not depend on the thread count.
+template <class Scratch, class Body>
+void for_each_row(int64_t n, double work_per_row, const Body& body) {
+  if (n <= 0) return;
+  const int64_t workers = std::min<int64_t>(n, max_threads());
+  std::atomic<int64_t> next{0};
+  parallel_for(workers, work_per_row * static_cast<double>(n) / static_cast<double>(workers),
+               [&](int64_t, int64_t) {
+                 Scratch scratch;
+                 for (int64_t t = next++; t < n; t = next++) body(scratch, t);
+               });
+}
+
+template <class A>
+struct ForwardScratch {
+  std::vector<int32_t> ids;
+  RowSoftmax<A> rs;
+};
+
 template <class A>
 SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   const Mat<A> Q = detail::to_mat<A>(in.q, d.s_q * d.h_q, d.d_qk);
   const Mat<A> KV = detail::to_mat<A>(in.kv, d.s_kv, d.d_qk);
   Vec<A> sink;
   if (in.attn_sink) sink = detail::to_mat<A>(*in.attn_sink, d.h_q, 1);
-  Mat<A> out = Mat<A>::Zero(d.s_q * d.h_q, d.d_v);
-  Mat<A> lse = Mat<A>::Constant(d.s_q, d.h_q, detail::inf<A>());
-  Mat<A> mx = Mat<A>::Constant(d.s_q, d.h_q, -detail::inf<A>());
+  // Results are written in place into the output tensors (zero-initialised).
+  SparseMlaForward f{Tensor(detail::out_dtype<A>(), {d.s_q, d.h_q, d.d_v}),
+                     Tensor(detail::out_dtype<A>(), {d.s_q, d.h_q}),
+                     Tensor(detail::out_dtype<A>(), {d.s_q, d.h_q})};
+  auto out = detail::mat_view<A>(f.out, d.s_q * d.h_q, d.d_v);
+  auto lse = detail::mat_view<A>(f.lse, d.s_q, d.h_q);
+  auto mx = detail::mat_view<A>(f.max_logits, d.s_q, d.h_q);
+  lse.setConstant(detail::inf<A>());
+  mx.setConstant(-detail::inf<A>());
   // Query rows are independent: each writes only its own rows of out, lse and mx.
-  parallel_for(d.s_q, row_flops(d), [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> ids;
-    RowSoftmax<A> rs;
-    for (int64_t t = begin; t < end; ++t) {
-      valid_ids(in, d, t, ids);
-      if (ids.empty()) continue;  // SPEC §6: out 0, lse +inf, max_logits -inf
-      rs.compute(KV, Q.middleRows(t * d.h_q, d.h_q), ids, static_cast<A>(in.sm_scale),
-                 in.attn_sink ? &sink : nullptr);
-      out.middleRows(t * d.h_q, d.h_q).noalias() = rs.P * rs.Kg.leftCols(d.d_v);
-      lse.row(t) = rs.lse.transpose();
-      mx.row(t) = rs.m.transpose();
-    }
+  for_each_row<ForwardScratch<A>>(d.s_q, row_flops(d), [&](ForwardScratch<A>& s, int64_t t) {
+    valid_ids(in, d, t, s.ids);
+    if (s.ids.empty()) return;  // SPEC §6: out 0, lse +inf, max_logits -inf
+    RowSoftmax<A>& rs = s.rs;
+    rs.compute(KV, Q.middleRows(t * d.h_q, d.h_q), s.ids, static_cast<A>(in.sm_scale),
+               in.attn_sink ? &sink : nullptr);
+    out.middleRows(t * d.h_q, d.h_q).noalias() = rs.P * rs.Kg.leftCols(d.d_v);
+    lse.row(t) = rs.lse.transpose();
+    mx.row(t) = rs.m.transpose();
   });
-  return SparseMlaForward{detail::to_tensor<A>(out, {d.s_q, d.h_q, d.d_v}),
-                          detail::to_tensor<A>(lse, {d.s_q, d.h_q}),
-                          detail::to_tensor<A>(mx, {d.s_q, d.h_q})};
+  return f;
 }
 
-/// What one query row of the backward hands to the ordered reductions.
+/// What one query row of the backward hands to the ordered reductions (one slot of the
+/// backward's ring: row t uses slot t % slots once rows before t - slots are reduced).
 template <class A>
 struct RowGrads {
-  std::vector<int32_t> ids;  // valid ids in slot order
-  Mat<A> dKg;                // [n, d_qk] gradient of the gathered kv rows
-  Vec<A> dsink;              // [h_q] exp(sink - L) Δ (with attn_sink)
+  std::vector<int32_t> ids;    // valid ids in slot order
+  std::vector<int32_t> order;  // slot indices j grouped by key chunk, in slot order within each
+  std::vector<int64_t> start;  // [key chunks + 1]: where each key chunk's run starts in order
+  Mat<A> dKg;                  // [n, d_qk] gradient of the gathered kv rows
+  Vec<A> dsink;                // [h_q] exp(sink - L) Δ (with attn_sink)
+};
+
+template <class A>
+struct BackwardScratch {
+  RowSoftmax<A> rs;
+  Mat<A> O, dS;
+  Vec<A> delta;
+  std::vector<int64_t> fill;  // counting-sort cursors, one per key chunk
 };
 
 template <class A>
@@ -152,61 +190,141 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
   Vec<A> sink;
   if (in.attn_sink) sink = detail::to_mat<A>(*in.attn_sink, d.h_q, 1);
   const A sm = static_cast<A>(in.sm_scale);
-  Mat<A> dQ = Mat<A>::Zero(d.s_q * d.h_q, d.d_qk);
-  Mat<A> dKV = Mat<A>::Zero(d.s_kv, d.d_qk);
+  // dq and dkv are written in place into the output tensors (zero-initialised).
+  SparseMlaGrads grads{Tensor(detail::out_dtype<A>(), {d.s_q, d.h_q, d.d_qk}),
+                       Tensor(detail::out_dtype<A>(), {d.s_kv, d.d_qk}), std::nullopt};
+  auto dQ = detail::mat_view<A>(grads.dq, d.s_q * d.h_q, d.d_qk);
+  auto dKV = detail::mat_view<A>(grads.dkv, d.s_kv, d.d_qk);
   Vec<A> dsink = Vec<A>::Zero(d.h_q);
-  // Query rows run in parallel in blocks; each block's dkv and dsink contributions are then
-  // added in query-row, then slot order (the serial order), in parallel over key rows, so
-  // every element is the same sum whatever the thread count. The block size bounds memory
-  // (~256 MiB of dKg) and never changes a result.
-  const int64_t row_bytes = std::max<int64_t>(1, d.k * d.d_qk * static_cast<int64_t>(sizeof(A)));
-  const int64_t block = std::clamp<int64_t>(4 * max_threads(), 1,
-                                            std::max<int64_t>(1, (int64_t{256} << 20) / row_bytes));
-  std::vector<RowGrads<A>> rows(static_cast<size_t>(std::min(block, std::max<int64_t>(d.s_q, 1))));
-  for (int64_t t0 = 0; t0 < d.s_q; t0 += block) {
-    const int64_t nb = std::min(block, d.s_q - t0);
-    parallel_for(nb, 3 * row_flops(d), [&](int64_t begin, int64_t end) {
-      RowSoftmax<A> rs;
-      Mat<A> O, dS;
-      Vec<A> delta;
-      for (int64_t i = begin; i < end; ++i) {
-        const int64_t t = t0 + i;
-        RowGrads<A>& g = rows[static_cast<size_t>(i)];
-        valid_ids(in, d, t, g.ids);
-        if (g.ids.empty()) continue;  // SPEC §6: dq = 0, no dkv / dsink contribution
-        const auto Qt = Q.middleRows(t * d.h_q, d.h_q);
-        const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
-        rs.compute(KV, Qt, g.ids, sm, in.attn_sink ? &sink : nullptr);
-        const auto Vg = rs.Kg.leftCols(d.d_v);
-        if (given_out) O = Ogiven.middleRows(t * d.h_q, d.h_q);    // out as the kernel got it
-        else O.noalias() = rs.P * Vg;                              // sink-scaled out [h_q, d_v]
-        delta = O.cwiseProduct(dOt).rowwise().sum();               // Δ = out · dout
-        dS.noalias() = dOt * Vg.transpose();                       // dout · v_j
-        dS = rs.P.cwiseProduct(dS - delta.replicate(1, dS.cols()));  // p_j (dout·v_j - Δ)
-        dQ.middleRows(t * d.h_q, d.h_q).noalias() = sm * (dS * rs.Kg);
-        g.dKg.noalias() = sm * (dS.transpose() * Qt);
-        g.dKg.leftCols(d.d_v).noalias() += rs.P.transpose() * dOt;
-        if (in.attn_sink) g.dsink = rs.psink.cwiseProduct(delta);  // exp(sink - L) Δ
+  if (d.s_q > 0) {
+    // One pipeline, no barrier between rows: workers compute query rows in any order (each
+    // writes its own dq rows and leaves dKg in a ring slot), and reduce finished rows into dkv
+    // per key chunk ("stream"), each stream adding rows in query-row, then slot order: every
+    // dkv element is the same sum as the serial loop's, whatever the thread count. dsink is
+    // one more stream, in row order. The ring (~256 MiB of dKg at most) bounds memory; its
+    // size and the key chunks change only the schedule, never a result.
+    const int64_t threads = max_threads();
+    const int64_t row_bytes = std::max<int64_t>(1, d.k * d.d_qk * static_cast<int64_t>(sizeof(A)));
+    const int64_t slots = std::min<int64_t>(
+        d.s_q, std::clamp<int64_t>(2 * threads, 1,
+                                   std::max<int64_t>(1, (int64_t{256} << 20) / row_bytes)));
+    const int64_t key_chunks_wanted = std::clamp<int64_t>(4 * threads, 1, std::max<int64_t>(1, d.s_kv));
+    const int64_t key_chunk = std::max<int64_t>(1, (d.s_kv + key_chunks_wanted - 1) / key_chunks_wanted);
+    const int64_t key_chunks = std::max<int64_t>(1, (d.s_kv + key_chunk - 1) / key_chunk);
+    const int64_t streams = key_chunks + (in.attn_sink ? 1 : 0);
+    std::vector<RowGrads<A>> rows(static_cast<size_t>(slots));
+    auto slot = [&](int64_t t) -> RowGrads<A>& { return rows[static_cast<size_t>(t % slots)]; };
+
+    auto compute_row = [&](BackwardScratch<A>& s, int64_t t) {
+      RowGrads<A>& g = slot(t);
+      valid_ids(in, d, t, g.ids);
+      if (g.ids.empty()) return;  // SPEC §6: dq = 0, no dkv / dsink contribution
+      // Slot indices by key chunk (a stable counting sort), for the per-chunk reductions.
+      const int64_t n = static_cast<int64_t>(g.ids.size());
+      g.start.assign(static_cast<size_t>(key_chunks + 1), 0);
+      for (int32_t id : g.ids) ++g.start[static_cast<size_t>(id / key_chunk + 1)];
+      for (int64_t c = 0; c < key_chunks; ++c)
+        g.start[static_cast<size_t>(c + 1)] += g.start[static_cast<size_t>(c)];
+      s.fill.assign(g.start.begin(), g.start.end() - 1);
+      g.order.resize(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j)
+        g.order[static_cast<size_t>(s.fill[static_cast<size_t>(g.ids[static_cast<size_t>(j)] / key_chunk)]++)] =
+            static_cast<int32_t>(j);
+      RowSoftmax<A>& rs = s.rs;
+      Mat<A>& O = s.O;
+      Mat<A>& dS = s.dS;
+      Vec<A>& delta = s.delta;
+      const auto Qt = Q.middleRows(t * d.h_q, d.h_q);
+      const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
+      rs.compute(KV, Qt, g.ids, sm, in.attn_sink ? &sink : nullptr);
+      const auto Vg = rs.Kg.leftCols(d.d_v);
+      if (given_out) O = Ogiven.middleRows(t * d.h_q, d.h_q);    // out as the kernel got it
+      else O.noalias() = rs.P * Vg;                              // sink-scaled out [h_q, d_v]
+      delta = O.cwiseProduct(dOt).rowwise().sum();               // Δ = out · dout
+      dS.noalias() = dOt * Vg.transpose();                       // dout · v_j
+      dS = rs.P.cwiseProduct(dS - delta.replicate(1, dS.cols()));  // p_j (dout·v_j - Δ)
+      dQ.middleRows(t * d.h_q, d.h_q).noalias() = sm * (dS * rs.Kg);
+      g.dKg.noalias() = sm * (dS.transpose() * Qt);
+      g.dKg.leftCols(d.d_v).noalias() += rs.P.transpose() * dOt;
+      if (in.attn_sink) g.dsink = rs.psink.cwiseProduct(delta);  // exp(sink - L) Δ
+    };
+
+    // Adds rows [r0, r1) of stream c, in row order.
+    auto reduce = [&](int64_t c, int64_t r0, int64_t r1) {
+      for (int64_t t = r0; t < r1; ++t) {
+        const RowGrads<A>& g = slot(t);
+        if (g.ids.empty()) continue;
+        if (c == key_chunks) {
+          dsink -= g.dsink;
+          continue;
+        }
+        for (int64_t i = g.start[static_cast<size_t>(c)]; i < g.start[static_cast<size_t>(c + 1)]; ++i) {
+          const int32_t j = g.order[static_cast<size_t>(i)];
+          dKV.row(g.ids[static_cast<size_t>(j)]) += g.dKg.row(j);
+        }
       }
-    });
-    // Scattered row adds are memory-bound: one counts as ~8 GEMM flops.
-    const double adds_per_key = 8.0 * static_cast<double>(nb * d.k * d.d_qk) /
-                                static_cast<double>(std::max<int64_t>(1, d.s_kv));
-    parallel_for(d.s_kv, adds_per_key, [&](int64_t k0, int64_t k1) {
-      for (int64_t i = 0; i < nb; ++i) {
-        const RowGrads<A>& g = rows[static_cast<size_t>(i)];
-        for (size_t j = 0; j < g.ids.size(); ++j)
-          if (g.ids[j] >= k0 && g.ids[j] < k1) dKV.row(g.ids[j]) += g.dKg.row(static_cast<int64_t>(j));
+    };
+
+    // Schedule state, guarded by mu.
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t next_row = 0;                                        // rows below are claimed
+    std::vector<char> computed(static_cast<size_t>(d.s_q), 0);   // row t's slot is filled
+    std::vector<int64_t> reduced(static_cast<size_t>(streams), 0);  // rows each stream added
+    std::vector<char> busy(static_cast<size_t>(streams), 0);     // a worker is adding for it
+    bool failed = false;
+    // A worker waits only while every task it could take depends on one running elsewhere
+    // (a row being computed or a stream being added), so the pipeline cannot deadlock, and a
+    // single worker runs it all in serial order.
+    auto worker = [&](int64_t, int64_t) {
+      BackwardScratch<A> s;
+      std::unique_lock<std::mutex> lock(mu);
+      try {
+        for (;;) {
+          if (failed) return;
+          int64_t c = -1, min_reduced = d.s_q;
+          for (int64_t i = 0; i < streams; ++i) {
+            const int64_t r = reduced[static_cast<size_t>(i)];
+            min_reduced = std::min(min_reduced, r);
+            if (c < 0 && !busy[static_cast<size_t>(i)] && r < d.s_q && computed[static_cast<size_t>(r)]) c = i;
+          }
+          if (c >= 0) {  // reductions first: they free ring slots
+            const int64_t r0 = reduced[static_cast<size_t>(c)];
+            int64_t r1 = r0;
+            while (r1 < d.s_q && computed[static_cast<size_t>(r1)]) ++r1;
+            busy[static_cast<size_t>(c)] = 1;
+            lock.unlock();
+            reduce(c, r0, r1);
+            lock.lock();
+            reduced[static_cast<size_t>(c)] = r1;
+            busy[static_cast<size_t>(c)] = 0;
+            cv.notify_all();
+          } else if (next_row < d.s_q && next_row < min_reduced + slots) {
+            const int64_t t = next_row++;
+            lock.unlock();
+            compute_row(s, t);
+            lock.lock();
+            computed[static_cast<size_t>(t)] = 1;
+            cv.notify_all();
+          } else if (min_reduced == d.s_q) {
+            return;  // every row added by every stream
+          } else {
+            cv.wait(lock);
+          }
+        }
+      } catch (...) {
+        if (!lock.owns_lock()) lock.lock();
+        failed = true;  // the others stop; parallel_for rethrows this error
+        cv.notify_all();
+        throw;
       }
-    });
-    if (in.attn_sink)
-      for (int64_t i = 0; i < nb; ++i)
-        if (!rows[static_cast<size_t>(i)].ids.empty()) dsink -= rows[static_cast<size_t>(i)].dsink;
+    };
+    const int64_t workers = std::min<int64_t>(d.s_q, threads);
+    parallel_for(workers, 3 * row_flops(d) * static_cast<double>(d.s_q) / static_cast<double>(workers),
+                 worker);
   }
-  SparseMlaGrads g{detail::to_tensor<A>(dQ, {d.s_q, d.h_q, d.d_qk}),
-                   detail::to_tensor<A>(dKV, {d.s_kv, d.d_qk}), std::nullopt};
-  if (in.attn_sink) g.dsink = detail::to_tensor<A>(dsink.transpose(), {d.h_q});
-  return g;
+  if (in.attn_sink) grads.dsink = detail::to_tensor<A>(dsink.transpose(), {d.h_q});
+  return grads;
 }
 
 }  // namespace
