@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "dsa/contract/errors.h"
+#include "dsa/contract/parallel.h"
 
 namespace dsa::oracle {
 namespace {
@@ -41,6 +42,56 @@ double flip_ulp(double x, double r, double un) {
   std::frexp(std::max(std::abs(x), r), &e);
   const double ulp = std::ldexp(2 * un, e - 1);
   return std::floor((x - r) / ulp + 0.5) != std::floor((x + r) / ulp + 0.5) ? ulp : 0.0;
+}
+
+// The column loops of sparse_mla_floors, as functions of their own so that the compiler
+// vectorizes them (each column is its own sum; the terms are those of the loop per column).
+// dq: one slot's terms added to the seven per-column sums of a row.
+void dq_slot_terms(size_t w, const double* __restrict kvr, double a1, double dSj, double pj,
+                   double a2, double a3, double* __restrict x2c, double* __restrict val,
+                   double* __restrict ab, double* __restrict pk, double* __restrict nsq,
+                   double* __restrict tt) {
+  for (size_t c = 0; c < w; ++c) {
+    const double kv = kvr[c];
+    x2c[c] += (a1 * kv) * (a1 * kv);
+    val[c] += dSj * kv;
+    ab[c] += std::abs(dSj * kv);
+    pk[c] += pj * kv;
+    nsq[c] += (a2 * kv) * (a2 * kv);
+    tt[c] += a3 * std::abs(kv);
+  }
+}
+
+// dkv: one slot's terms for the columns of its key row (q, |q|, |sm||q|, dout (0 past d_v),
+// |dout| of the slot's query row and head).
+struct DkvSlot {
+  double pj, own, indj, k1, k2, k3, k4, smdS, omp, dupf1, nDelta;
+  bool tiny;
+};
+void dkv_slot_terms(size_t w, const DkvSlot& x, const double* __restrict q,
+                    const double* __restrict qc, const double* __restrict aqc,
+                    const double* __restrict dc, const double* __restrict adc,
+                    double* __restrict indep, double* __restrict comm, double* __restrict nsum,
+                    double* __restrict val, double* __restrict abs_, double* __restrict nsq,
+                    double* __restrict terms) {
+  constexpr double u = kU32;
+  const double pj = x.pj, own = x.own, indj = x.indj, k1 = x.k1, k2 = x.k2, k3 = x.k3,
+               k4 = x.k4, smdS = x.smdS, omp = x.omp, dupf1 = x.dupf1, nDelta = x.nDelta;
+  if (x.tiny) {
+    for (size_t i = 0; i < w; ++i)
+      indep[i] += aqc[i] * indj + adc[i] * u * pj * omp * own + kEta32 * (k4 * qc[i] + adc[i]);
+  } else {
+    for (size_t i = 0; i < w; ++i) indep[i] += aqc[i] * indj + adc[i] * u * pj * omp * own + 0.0;
+  }
+  for (size_t i = 0; i < w; ++i) {
+    comm[i] += aqc[i] * pj * k1 + adc[i] * k2;
+    nsum[i] += aqc[i] * pj * nDelta;
+    const double term1 = smdS * q[i], term2 = pj * dc[i];
+    val[i] += term1 + term2;
+    abs_[i] += dupf1 * (std::abs(term1) + std::abs(term2));
+    nsq[i] += term1 * term1 + term2 * term2;
+    terms[i] += k3 * qc[i] + std::abs(term2);
+  }
 }
 
 void require(bool ok, const char* where, const char* arg, const std::string& got,
@@ -197,6 +248,26 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
   return out;
 }
 
+namespace {
+
+// Per query row t of sparse MLA: what the key-row (dkv) and head (dsink) reductions read,
+// kept for a block of rows so that those sums run in the serial (t, h, slot) order.
+struct MlaRowData {
+  int64_t n = 0;               // valid slots of the row
+  std::vector<int64_t> ids;    // their ids, slot order
+  std::vector<size_t> order;   // slots sorted by (id, slot)
+  double dupf = 0;
+  // [h * n + j]: per head and slot
+  std::vector<double> ind, p, own, Gv, g, dpj, dS;
+  // [h]: per head
+  std::vector<double> D, delta, dDelta, nDelta, abar;
+  // [h]: the row's sink terms (dsink), when sink_on
+  std::vector<char> sink_on;
+  std::vector<double> sk_err2, sk_pd, sk_pad, sk_pn2, sk_pD;
+};
+
+}  // namespace
+
 CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype) {
   const char* where = "sparse_mla_floors";
   require(in.q.dim() == 3 && in.kv.dim() == 2 && in.kv.size(1) == in.q.size(2), where, "q/kv",
@@ -256,31 +327,35 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
     sk_val = sk_abs = sk_n2 = sk_q2;
     sk_n.assign(static_cast<size_t>(h_q), 0);
   }
+  const size_t H = static_cast<size_t>(h_q), DQK = static_cast<size_t>(dqk),
+               DV = static_cast<size_t>(dv);
 
-  std::vector<int64_t> ids;
-  std::vector<double> P, E, C, p, pt, g, dS, ind, dpj, outc, accout, narout, G_;
-  std::vector<size_t> order;
-  std::vector<double> wq, km;
-  for (int64_t t = 0; t < s_q; ++t) {
-    ids.clear();
+  // One query row t, every head: its out, lse, max_logits and dq floors, and in `R` what the
+  // dkv and dsink sums read. Each element's sums run over the same terms in the same order as
+  // a loop per (t, h, c) over the slots; the loops are interchanged (heads or columns
+  // innermost) so they run over contiguous memory, which leaves every value unchanged.
+  auto row_pass = [&](int64_t t, MlaRowData& R) {
+    R.ids.clear();
     int64_t limit = k;
     if (in.topk_length) limit = std::min<int64_t>(limit, static_cast<int64_t>(in.topk_length->get(t)));
     for (int64_t j = 0; j < limit; ++j) {
       const double id = in.indices.get(t * k + j);
-      if (id >= 0 && id < static_cast<double>(s_kv)) ids.push_back(static_cast<int64_t>(id));
+      if (id >= 0 && id < static_cast<double>(s_kv)) R.ids.push_back(static_cast<int64_t>(id));
     }
+    const std::vector<int64_t>& ids = R.ids;
     const size_t n = ids.size();
-    if (n == 0) continue;  // SPEC §6: exact zeros / ±inf, nothing to round
+    R.n = static_cast<int64_t>(n);
+    if (n == 0) return;  // SPEC §6: exact zeros / ±inf, nothing to round
     // Duplicate slots of one key carry identical values and identical rounding errors: the
     // quadrature sums below take each key once, with its multiplicity (wq[j] = multiplicity
     // at its first slot, 0 at the others; km[j] = multiplicity at every slot).
+    std::vector<size_t>& order = R.order;
     order.resize(n);
     for (size_t j = 0; j < n; ++j) order[j] = j;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return ids[a] < ids[b] || (ids[a] == ids[b] && a < b);
     });
-    wq.assign(n, 0.0);
-    km.assign(n, 0.0);
+    std::vector<double> wq(n, 0.0), km(n, 0.0);
     // m identical terms summed in fp32 round coherently (not at random): up to u·m/2 of
     // their sum (Higham ch. 4); dupf = the largest multiplicity / 2 scales Σ|terms|.
     double dupf = 0.0;
@@ -292,31 +367,80 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
       for (size_t gi = g0; gi < g1; ++gi) km[order[gi]] = static_cast<double>(g1 - g0);
       g0 = g1;
     }
+    R.dupf = dupf;
     const double sn = std::sqrt(static_cast<double>(n));
-    for (auto* v : {&P, &E, &C, &p, &pt, &g, &dS, &ind, &dpj}) v->resize(n);
-    for (auto* v : {&outc, &accout, &narout}) v->resize(static_cast<size_t>(dv));
-    for (int64_t h = 0; h < h_q; ++h) {
-      const int64_t row = t * h_q + h;
-      const double* q = &Q[static_cast<size_t>(row * dqk)];
-      double m = -std::numeric_limits<double>::infinity();
-      for (size_t j = 0; j < n; ++j) {
-        const double* kv = &KV[static_cast<size_t>(ids[j] * dqk)];
-        double dot = 0, ad = 0;
-        for (int64_t c = 0; c < dqk; ++c) {
-          dot += q[c] * kv[c];
-          ad += std::abs(q[c] * kv[c]);
+    // Logits of every head (heads innermost): P = sm·q·kv_j, E = √d_qk|P| + |sm|Σ|q kv_j|;
+    // with dout also g_j = dout·v_j and Σ|dout v_j|.
+    std::vector<double> Qt(DQK * H), PH(H * n), EH(H * n), dotv(H), adv(H);
+    for (size_t h = 0; h < H; ++h)
+      for (size_t c = 0; c < DQK; ++c) Qt[c * H + h] = Q[(static_cast<size_t>(t) * H + h) * DQK + c];
+    std::vector<double> dOt, gH, GH;
+    if (dout) {
+      dOt.resize(DV * H);
+      gH.resize(H * n);
+      GH.resize(H * n);
+      for (size_t h = 0; h < H; ++h)
+        for (size_t c = 0; c < DV; ++c) dOt[c * H + h] = dO[(static_cast<size_t>(t) * H + h) * DV + c];
+    }
+    for (size_t j = 0; j < n; ++j) {
+      const double* kv = &KV[static_cast<size_t>(ids[j]) * DQK];
+      std::fill(dotv.begin(), dotv.end(), 0.0);
+      std::fill(adv.begin(), adv.end(), 0.0);
+      for (size_t c = 0; c < DQK; ++c) {
+        const double x = kv[c];
+        const double* qc = &Qt[c * H];
+        for (size_t h = 0; h < H; ++h) {
+          const double pr = qc[h] * x;
+          dotv[h] += pr;
+          adv[h] += std::abs(pr);
         }
-        P[j] = sm * dot;
-        E[j] = sdqk * std::abs(P[j]) + asm_ * ad;
-        m = std::max(m, P[j]);
       }
+      for (size_t h = 0; h < H; ++h) {
+        const double P = sm * dotv[h];
+        PH[h * n + j] = P;
+        EH[h * n + j] = sdqk * std::abs(P) + asm_ * adv[h];
+      }
+      if (!dout) continue;
+      std::fill(dotv.begin(), dotv.end(), 0.0);
+      std::fill(adv.begin(), adv.end(), 0.0);
+      for (size_t c = 0; c < DV; ++c) {
+        const double x = kv[c];
+        const double* dc = &dOt[c * H];
+        for (size_t h = 0; h < H; ++h) {
+          const double pr = dc[h] * x;
+          dotv[h] += pr;
+          adv[h] += std::abs(pr);
+        }
+      }
+      for (size_t h = 0; h < H; ++h) {
+        gH[h * n + j] = dotv[h];
+        GH[h * n + j] = adv[h];
+      }
+    }
+    if (dout) {
+      for (auto* v : {&R.ind, &R.p, &R.own, &R.Gv, &R.g, &R.dpj, &R.dS}) v->resize(H * n);
+      for (auto* v : {&R.D, &R.delta, &R.dDelta, &R.nDelta, &R.abar, &R.sk_err2, &R.sk_pd,
+                      &R.sk_pad, &R.sk_pn2, &R.sk_pD})
+        v->assign(H, 0.0);
+      R.sink_on.assign(H, 0);
+    }
+    std::vector<double> C(n), p(n), pt(n), dpj(n), ind(n), dS(n);
+    std::vector<double> o(DV), x2v(DV), zv(DV), zsv(DV), wv(DV), wabsv(DV), outc(DV), accout(DV),
+        narout(DV);
+    std::vector<double> x2c(DQK), val(DQK), ab(DQK), pk(DQK), nsq(DQK), tt(DQK), eta(DQK);
+    for (size_t h = 0; h < H; ++h) {
+      const int64_t row = t * h_q + static_cast<int64_t>(h);
+      const double* P = &PH[h * n];
+      const double* E = &EH[h * n];
+      double m = -std::numeric_limits<double>::infinity();
+      for (size_t j = 0; j < n; ++j) m = std::max(m, P[j]);
       double S = 0;
       for (size_t j = 0; j < n; ++j) S += std::exp(P[j] - m);
       const double lse = m + std::log(S);
       double L = lse, psink = 0, sinkv = 0;
       bool sink_finite = false;
       if (in.attn_sink) {
-        sinkv = sink[static_cast<size_t>(h)];
+        sinkv = sink[h];
         if (sinkv == std::numeric_limits<double>::infinity()) {
           L = sinkv;
           psink = 1;
@@ -341,33 +465,42 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
         abar2 += (wq[j] * p[j] * (E[j] + C[j])) * (wq[j] * p[j] * (E[j] + C[j]));
       }
       const double abar = std::sqrt(abar2) + (n > 1 ? sn : 0.0) + psink * sink_c;
-      // out
-      for (int64_t c = 0; c < dv; ++c) {
-        double o = 0;
-        for (size_t j = 0; j < n; ++j) o += p[j] * KV[static_cast<size_t>(ids[j] * dqk + c)];
-        double x2 = 0, z = 0, zs = 0, w = 0, wabs = 0;
-        for (size_t j = 0; j < n; ++j) {
-          const double v = KV[static_cast<size_t>(ids[j] * dqk + c)];
-          if (p[j] > 0 && p[j] < kTiny32) wabs += std::abs(v);
-          const double xe = p[j] * std::abs(v - o) * (E[j] + C[j]);
-          x2 += (wq[j] * xe) * (wq[j] * xe);
-          w += p[j] * std::abs(v);
-          if (P[j] < m) {
-            z += (wq[j] * p[j] * v) * (wq[j] * p[j] * v);
-            zs += std::abs(p[j] * v);
-          }
+      // out: o_c = Σ_j p_j v_jc, then the sums around it (columns innermost)
+      std::fill(o.begin(), o.end(), 0.0);
+      for (size_t j = 0; j < n; ++j) {
+        const double pj = p[j];
+        const double* v = &KV[static_cast<size_t>(ids[j]) * DQK];
+        for (size_t c = 0; c < DV; ++c) o[c] += pj * v[c];
+      }
+      for (auto* a : {&x2v, &zv, &zsv, &wv, &wabsv}) std::fill(a->begin(), a->end(), 0.0);
+      for (size_t j = 0; j < n; ++j) {
+        const double pj = p[j], ec = E[j] + C[j], wqj = wq[j], wp = wq[j] * p[j];
+        const double* v = &KV[static_cast<size_t>(ids[j]) * DQK];
+        if (pj > 0 && pj < kTiny32)
+          for (size_t c = 0; c < DV; ++c) wabsv[c] += std::abs(v[c]);
+        for (size_t c = 0; c < DV; ++c) {
+          const double xe = pj * std::abs(v[c] - o[c]) * ec;
+          x2v[c] += (wqj * xe) * (wqj * xe);
+          wv[c] += pj * std::abs(v[c]);
         }
-        const size_t c_ = static_cast<size_t>(c);
-        outc[c_] = o;
-        accout[c_] = u * (std::sqrt(x2) + sn * std::abs(o) + (1 + dupf) * w + psink * std::abs(o) * sink_c) +
-                     kEta32 * wabs;
+        if (P[j] < m)
+          for (size_t c = 0; c < DV; ++c) {
+            zv[c] += (wp * v[c]) * (wp * v[c]);
+            zsv[c] += std::abs(pj * v[c]);
+          }
+      }
+      for (size_t c = 0; c < DV; ++c) {
+        outc[c] = o[c];
+        accout[c] = u * (std::sqrt(x2v[c]) + sn * std::abs(o[c]) + (1 + dupf) * wv[c] +
+                         psink * std::abs(o[c]) * sink_c) +
+                    kEta32 * wabsv[c];
         // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
         // independent roundings (uniform, σ <= u16/√3 each), within 3 sqrt(Σ(.)^2) (5 σ)
-        narout[c_] = un * std::min(zs, 2 * std::sqrt(z));
-        const size_t e = static_cast<size_t>(row * dv + c);
-        fo.acc[e] = accout[c_];
-        fo.narrow[e] = narout[c_];
-        fo.terms[e] = w;
+        narout[c] = un * std::min(zsv[c], 2 * std::sqrt(zv[c]));
+        const size_t e = static_cast<size_t>(row) * DV + c;
+        fo.acc[e] = accout[c];
+        fo.narrow[e] = narout[c];
+        fo.terms[e] = wv[c];
       }
       // lse and max_logits
       double x2 = 0, emax = 0, tmax = 0;
@@ -384,36 +517,28 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
       fm.terms[static_cast<size_t>(row)] = std::max(tmax, std::abs(m));
       if (!dout) continue;
       // backward
-      const double* dorow = &dO[static_cast<size_t>(row * dv)];
+      const double* dorow = &dO[static_cast<size_t>(row) * DV];
       double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0;
-      for (int64_t c = 0; c < dv; ++c) {
-        const size_t c_ = static_cast<size_t>(c);
-        delta += outc[c_] * dorow[c];
-        D += std::abs(outc[c_] * dorow[c]);
+      for (size_t c = 0; c < DV; ++c) {
+        delta += outc[c] * dorow[c];
+        D += std::abs(outc[c] * dorow[c]);
         // the P·V sum of out_c (its logit part is below): independent across columns
-        const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row * dv + c)];
-        const double se = dorow[c] * sn * outc[c_];
+        const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row) * DV + c];
+        const double se = dorow[c] * sn * outc[c];
         dD2 += sv * sv + se * se;
-        nD2 += (dorow[c] * narout[c_]) * (dorow[c] * narout[c_]);
+        nD2 += (dorow[c] * narout[c]) * (dorow[c] * narout[c]);
         // the candidate's 16-bit out may round this column the other way than the
         // baseline's (both are within their errors of out): one ulp of Δ's term
-        const double fl = std::abs(dorow[c]) *
-                          flip_ulp(outc[c_], 2 * kFlipLambda * accout[c_] + 2 * narout[c_], un);
-        nflip2 += fl * fl;  // flips of different columns are independent
+        const double fl_ = std::abs(dorow[c]) *
+                           flip_ulp(outc[c], 2 * kFlipLambda * accout[c] + 2 * narout[c], un);
+        nflip2 += fl_ * fl_;  // flips of different columns are independent
       }
       const double dD = u * std::sqrt(dD2);
       double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
-      std::vector<double>& Gv = G_;
-      Gv.resize(n);
+      const double* g = &gH[h * n];
+      const double* Gv = &GH[h * n];
       for (size_t j = 0; j < n; ++j) {
-        const double* v = &KV[static_cast<size_t>(ids[j] * dqk)];
-        double gj = 0, Gj = 0;
-        for (int64_t c = 0; c < dv; ++c) {
-          gj += dorow[c] * v[c];
-          Gj += std::abs(dorow[c] * v[c]);
-        }
-        g[j] = gj;
-        Gv[j] = Gj;
+        const double gj = g[j], Gj = Gv[j];
         dS[j] = p[j] * (gj - delta);
         // independent per key: its logit/exp error times |g_j - Δ| and its g_j dot error
         ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + sdv * std::abs(gj) + Gj);
@@ -431,74 +556,182 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
       // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
       // only the candidate's P rounding moves its out, and Δ, further.
       const double nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
-      for (int64_t c = 0; c < dqk; ++c) {
-        double x2c = 0, val = 0, ab = 0, pk = 0, nsq = 0, tt = 0, eta = 0;
+      // dq: sums over the slots per column (columns innermost)
+      for (auto* a : {&x2c, &val, &ab, &pk, &nsq, &tt, &eta}) std::fill(a->begin(), a->end(), 0.0);
+      {
+        double* __restrict x2c_ = x2c.data();
+        double* __restrict val_ = val.data();
+        double* __restrict ab_ = ab.data();
+        double* __restrict pk_ = pk.data();
+        double* __restrict nsq_ = nsq.data();
+        double* __restrict tt_ = tt.data();
+        double* __restrict eta_ = eta.data();
         for (size_t j = 0; j < n; ++j) {
-          const double kv = KV[static_cast<size_t>(ids[j] * dqk + c)];
-          x2c += (wq[j] * ind[j] * kv) * (wq[j] * ind[j] * kv);
-          val += dS[j] * kv;
-          ab += std::abs(dS[j] * kv);
-          pk += p[j] * kv;
-          nsq += (wq[j] * dS[j] * kv) * (wq[j] * dS[j] * kv);
-          tt += p[j] * (Gv[j] + D) * std::abs(kv);
-          if (p[j] > 0 && p[j] < kTiny32) eta += (Gv[j] + D) * std::abs(kv);
+          const double* __restrict kvr = &KV[static_cast<size_t>(ids[j]) * DQK];
+          const double a1 = wq[j] * ind[j], dSj = dS[j], pj = p[j], a2 = wq[j] * dS[j],
+                       a4 = Gv[j] + D, a3 = p[j] * a4;
+          dq_slot_terms(DQK, kvr, a1, dSj, pj, a2, a3, x2c_, val_, ab_, pk_, nsq_, tt_);
+          if (pj > 0 && pj < kTiny32)
+            for (size_t c = 0; c < DQK; ++c) eta_[c] += a4 * std::abs(kvr[c]);
         }
-        const size_t e = static_cast<size_t>(row * dqk + c);
-        fdq.acc[e] = asm_ * (std::sqrt(x2c) + u * abar * std::abs(val) + dDelta * std::abs(pk) +
-                             u * (sn * std::abs(val) + (1 + dupf) * ab) + kEta32 * eta);
-        fdq.narrow[e] = asm_ * (nDelta * std::abs(pk) + un * std::sqrt(nsq));
-        fdq.terms[e] = asm_ * tt;
       }
-      // dkv: this row's slots grouped by key. Within the row, the parts that come from
-      // the row's common errors (δL, δΔ) add linearly over the slots of one key
-      // (duplicates); the per-slot parts and different rows add in quadrature.
-      for (size_t g0 = 0; g0 < n;) {
-        size_t g1 = g0;
-        while (g1 < n && ids[order[g1]] == ids[order[g0]]) ++g1;
-        const int64_t s = ids[order[g0]];
-        kv_n[static_cast<size_t>(s)] += static_cast<int64_t>(g1 - g0);
-        for (int64_t c = 0; c < dqk; ++c) {
-          const size_t e = static_cast<size_t>(s * dqk + c);
-          const double qc = std::abs(q[c]);
-          const double dc = c < dv ? dorow[c] : 0.0;
-          double indep = 0, comm = 0, nsum = 0;  // all linear within one key's slots
-          for (size_t gi = g0; gi < g1; ++gi) {
-            const size_t j = order[gi];
-            const double own = E[j] + C[j];
-            indep += asm_ * qc * ind[j] + std::abs(dc) * u * p[j] * (1 - p[j]) * own +
-                                 (p[j] > 0 && p[j] < kTiny32
-                                      ? kEta32 * (asm_ * (Gv[j] + D) * qc + std::abs(dc))
-                                      : 0.0);
-            comm += asm_ * qc * p[j] * (u * abar * std::abs(g[j] - delta) + dDelta) +
-                    std::abs(dc) * (dpj[j] - u * p[j] * (1 - p[j]) * own);
-            nsum += asm_ * qc * p[j] * nDelta;
-            const double term1 = sm * dS[j] * q[c], term2 = p[j] * dc;
-            kv_val[e] += term1 + term2;
-            kv_abs[e] += (1 + dupf) * (std::abs(term1) + std::abs(term2));
-            kv_nsq[e] += term1 * term1 + term2 * term2;
-            fdkv.terms[e] += asm_ * p[j] * (Gv[j] + D) * qc + std::abs(term2);
-          }
-          kv_q2[e] += (indep + comm) * (indep + comm);
-          kv_n2[e] += nsum * nsum;
-        }
-        g0 = g1;
+      for (size_t c = 0; c < DQK; ++c) {
+        const size_t e = static_cast<size_t>(row) * DQK + c;
+        fdq.acc[e] = asm_ * (std::sqrt(x2c[c]) + u * abar * std::abs(val[c]) + dDelta * std::abs(pk[c]) +
+                             u * (sn * std::abs(val[c]) + (1 + dupf) * ab[c]) + kEta32 * eta[c]);
+        fdq.narrow[e] = asm_ * (nDelta * std::abs(pk[c]) + un * std::sqrt(nsq[c]));
+        fdq.terms[e] = asm_ * tt[c];
       }
+      // what the dkv and dsink sums read
+      for (size_t j = 0; j < n; ++j) {
+        const size_t x = h * n + j;
+        R.ind[x] = ind[j];
+        R.p[x] = p[j];
+        R.own[x] = E[j] + C[j];
+        R.Gv[x] = Gv[j];
+        R.g[x] = g[j];
+        R.dpj[x] = dpj[j];
+        R.dS[x] = dS[j];
+      }
+      R.D[h] = D;
+      R.delta[h] = delta;
+      R.dDelta[h] = dDelta;
+      R.nDelta[h] = nDelta;
+      R.abar[h] = abar;
       if (in.attn_sink && psink > 0) {
-        const size_t hh = static_cast<size_t>(h);
-        ++sk_n[hh];
+        R.sink_on[h] = 1;
         // p_sink = exp(sink - L): its argument's rounding, the exp and L's error
         const double arg = sink_finite ? std::abs(sinkv - L) + 1 : 0.0;
         const double err = psink * (u * (arg + abar) * std::abs(delta) + dDelta) +
                            (psink < 0x1p-100 ? kEtaFtz * D : 0.0) +
                            // Δ's products and p_sink·Δ below the normal range (flush-to-zero)
                            (psink * D < 0x1p-100 ? kEtaFtz * static_cast<double>(1 + dv) : 0.0);
-        sk_q2[hh] += err * err;
-        sk_val[hh] -= psink * delta;
-        sk_abs[hh] += psink * std::abs(delta);
-        sk_n2[hh] += (psink * nDelta) * (psink * nDelta);
-        fds.terms[hh] += psink * D;
+        R.sk_err2[h] = err * err;
+        R.sk_pd[h] = psink * delta;
+        R.sk_pad[h] = psink * std::abs(delta);
+        R.sk_pn2[h] = (psink * nDelta) * (psink * nDelta);
+        R.sk_pD[h] = psink * D;
       }
     }
+  };
+
+  // dkv columns [c0, c1) over the rows of a block, in (t, h, slot) order: this row's slots
+  // grouped by key. Within the row, the parts that come from the row's common errors (δL, δΔ)
+  // add linearly over the slots of one key (duplicates); the per-slot parts and different
+  // rows add in quadrature.
+  auto dkv_pass = [&](const std::vector<MlaRowData>& rows, int64_t t0, size_t nrows, size_t c0,
+                      size_t c1) {
+    const size_t w = c1 - c0;
+    std::vector<double> indep(w), comm(w), nsum(w);
+    // per head of row t, columns [c0, c1): |q_c|, |sm||q_c|, dout_c (0 past d_v), |dout_c|
+    std::vector<double> qv(H * w), qa(H * w), aq(H * w), dcv(H * w), adc(H * w);
+    for (size_t b = 0; b < nrows; ++b) {
+      const MlaRowData& R = rows[b];
+      const size_t n = static_cast<size_t>(R.n);
+      if (n == 0) continue;
+      const int64_t t = t0 + static_cast<int64_t>(b);
+      for (size_t h = 0; h < H; ++h) {
+        const size_t row = static_cast<size_t>(t) * H + h;
+        for (size_t c = c0; c < c1; ++c) {
+          const size_t i = h * w + (c - c0);
+          qv[i] = Q[row * DQK + c];
+          qa[i] = std::abs(qv[i]);
+          aq[i] = asm_ * qa[i];
+          dcv[i] = c < DV ? dO[row * DV + c] : 0.0;
+          adc[i] = std::abs(dcv[i]);
+        }
+      }
+      // Key by key (each key's group of slots), heads inside: an element's terms still come
+      // in (h, slot) order, as in a loop per head over the keys.
+      for (size_t g0 = 0; g0 < n;) {
+        size_t g1 = g0;
+        while (g1 < n && R.ids[R.order[g1]] == R.ids[R.order[g0]]) ++g1;
+        const size_t s = static_cast<size_t>(R.ids[R.order[g0]]);
+        double* __restrict v_val = &kv_val[s * DQK + c0];
+        double* __restrict v_abs = &kv_abs[s * DQK + c0];
+        double* __restrict v_nsq = &kv_nsq[s * DQK + c0];
+        double* __restrict v_terms = &fdkv.terms[s * DQK + c0];
+        double* __restrict v_q2 = &kv_q2[s * DQK + c0];
+        double* __restrict v_n2 = &kv_n2[s * DQK + c0];
+        double* __restrict in_ = indep.data();
+        double* __restrict cm = comm.data();
+        double* __restrict ns = nsum.data();
+        for (size_t h = 0; h < H; ++h) {
+          const double D = R.D[h], delta = R.delta[h], dDelta = R.dDelta[h], nDelta = R.nDelta[h],
+                       abar = R.abar[h];
+          const double* __restrict q = &qv[h * w];
+          const double* __restrict qc = &qa[h * w];
+          const double* __restrict aqc = &aq[h * w];
+          const double* __restrict dc = &dcv[h * w];
+          const double* __restrict adcc = &adc[h * w];
+          std::fill(in_, in_ + w, 0.0);
+          std::fill(cm, cm + w, 0.0);
+          std::fill(ns, ns + w, 0.0);
+          for (size_t gi = g0; gi < g1; ++gi) {
+            const size_t x = h * n + R.order[gi];
+            DkvSlot sl;
+            sl.pj = R.p[x];
+            sl.own = R.own[x];
+            sl.indj = R.ind[x];
+            sl.k1 = u * abar * std::abs(R.g[x] - delta) + dDelta;
+            sl.k2 = R.dpj[x] - u * sl.pj * (1 - sl.pj) * sl.own;
+            sl.k3 = asm_ * sl.pj * (R.Gv[x] + D);
+            sl.k4 = asm_ * (R.Gv[x] + D);
+            sl.smdS = sm * R.dS[x];
+            sl.omp = 1 - sl.pj;
+            sl.dupf1 = 1 + R.dupf;
+            sl.nDelta = nDelta;
+            sl.tiny = sl.pj > 0 && sl.pj < kTiny32;
+            dkv_slot_terms(w, sl, q, qc, aqc, dc, adcc, in_, cm, ns, v_val, v_abs, v_nsq, v_terms);
+          }
+          for (size_t i = 0; i < w; ++i) {
+            v_q2[i] += (in_[i] + cm[i]) * (in_[i] + cm[i]);
+            v_n2[i] += ns[i] * ns[i];
+          }
+        }
+        g0 = g1;
+      }
+    }
+  };
+
+  // Rows in blocks: a block's rows in parallel (each writes only its own rows), then the
+  // block's dkv columns in parallel, each column summing in row order; the sink sums per head
+  // in row order. Bytes do not depend on the block size or the thread count (issue 13).
+  const int64_t block = std::max<int64_t>(1, std::min<int64_t>(s_q, 4 * max_threads()));
+  std::vector<MlaRowData> rows(static_cast<size_t>(block));
+  const double row_flops = static_cast<double>(h_q) * static_cast<double>(k) *
+                           static_cast<double>(dqk) * (dout ? 40.0 : 12.0);
+  for (int64_t t0 = 0; t0 < s_q; t0 += block) {
+    const size_t nrows = static_cast<size_t>(std::min(block, s_q - t0));
+    parallel_for(static_cast<int64_t>(nrows), row_flops, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) row_pass(t0 + b, rows[static_cast<size_t>(b)]);
+    });
+    if (!dout) continue;
+    for (size_t b = 0; b < nrows; ++b) {
+      const MlaRowData& R = rows[b];
+      const size_t n = static_cast<size_t>(R.n);
+      if (n == 0) continue;
+      for (size_t h = 0; h < H; ++h) {
+        for (size_t g0 = 0; g0 < n;) {
+          size_t g1 = g0;
+          while (g1 < n && R.ids[R.order[g1]] == R.ids[R.order[g0]]) ++g1;
+          kv_n[static_cast<size_t>(R.ids[R.order[g0]])] += static_cast<int64_t>(g1 - g0);
+          g0 = g1;
+        }
+        if (!R.sink_on[h]) continue;
+        ++sk_n[h];
+        sk_q2[h] += R.sk_err2[h];
+        sk_val[h] -= R.sk_pd[h];
+        sk_abs[h] += R.sk_pad[h];
+        sk_n2[h] += R.sk_pn2[h];
+        fds.terms[h] += R.sk_pD[h];
+      }
+    }
+    double slots = 0;
+    for (size_t b = 0; b < nrows; ++b) slots += static_cast<double>(rows[b].n);
+    parallel_for(dqk, 30.0 * static_cast<double>(h_q) * slots, [&](int64_t c0, int64_t c1) {
+      dkv_pass(rows, t0, nrows, static_cast<size_t>(c0), static_cast<size_t>(c1));
+    });
   }
   fl.logit_scale = fm.logit_scale = true;
   for (OutputFloor* f : {&fo, &fl, &fm, &fdq, &fdkv, &fds}) f->work_dtype = is_narrow(work_dtype) ? work_dtype : DType::F32;

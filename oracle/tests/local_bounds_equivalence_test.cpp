@@ -1,0 +1,482 @@
+// sparse_mla_floors (local_bounds.cpp) is fast (loops interchanged so that the innermost runs
+// over contiguous heads or columns, rows in parallel, the dkv sums per column in row order)
+// but computes exactly what the straightforward loop per (t, h, column) over the slots
+// computes: every term of every sum in the same order. The straightforward version is kept
+// here (sparse_mla_floors_scalar, the code as of issue 12) and both must give the same bytes,
+// with 1 and 4 threads (issue 13). When the floors' formulas change, change this copy the
+// same way.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dsa/contract/errors.h"
+#include "dsa/contract/parallel.h"
+#include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/local_bounds.h"
+
+namespace dsa::oracle {
+namespace {
+
+
+constexpr double kU32 = 0x1p-24;  // unit roundoff of fp32 accumulation (SPEC §2, §5)
+constexpr double kEta32 = 0x1p-150;  // half the fp32 subnormal spacing: the absolute error of a
+                                     // probability that underflows (p_j far below 1)
+constexpr double kEtaFtz = 0x1p-126;  // p_sink·Δ below fp32's normal range: flush-to-zero
+                                      // kernels lose it whole
+constexpr double kTiny32 = 0x1p-120;
+constexpr double kFlipLambda = 3.0;
+
+OutputFloor make(int64_t numel, int64_t row_len, std::string source) {
+  OutputFloor f;
+  f.row_len = std::max<int64_t>(1, row_len);
+  f.acc.assign(static_cast<size_t>(numel), 0.0);
+  f.narrow.assign(static_cast<size_t>(numel), 0.0);
+  f.terms.assign(static_cast<size_t>(numel), 0.0);
+  f.source = std::move(source);
+  return f;
+}
+
+bool is_narrow(DType d) { return d == DType::BF16 || d == DType::F16; }
+
+// One ulp of a 16-bit dtype with unit roundoff un at x, when a value within r of x may round
+// to a different neighbour than x itself (a rounding midpoint lies in [x - r, x + r]); else 0.
+double flip_ulp(double x, double r, double un) {
+  if (!(un > 0) || !(r > 0)) return 0.0;
+  int e = 0;
+  std::frexp(std::max(std::abs(x), r), &e);
+  const double ulp = std::ldexp(2 * un, e - 1);
+  return std::floor((x - r) / ulp + 0.5) != std::floor((x + r) / ulp + 0.5) ? ulp : 0.0;
+}
+
+void require(bool ok, const char* where, const char* arg, const std::string& got,
+             const std::string& expected) {
+  check_arg(ok, where, arg, got, expected);
+}
+
+CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype) {
+  const char* where = "sparse_mla_floors";
+  require(in.q.dim() == 3 && in.kv.dim() == 2 && in.kv.size(1) == in.q.size(2), where, "q/kv",
+          shape_str(in.q.shape()) + " " + shape_str(in.kv.shape()), "[s_q,h_q,d_qk], [s_kv,d_qk]");
+  const int64_t s_q = in.q.size(0), h_q = in.q.size(1), dqk = in.q.size(2), dv = in.d_v,
+                s_kv = in.kv.size(0), k = in.indices.size(-1);
+  require(dv > 0 && dv <= dqk, where, "d_v", std::to_string(dv), "0 < d_v <= d_qk");
+  require(in.indices.size(0) == s_q, where, "indices", shape_str(in.indices.shape()), "[s_q, k]");
+  if (dout)
+    require(dout->numel() == s_q * h_q * dv, where, "dout", shape_str(dout->shape()),
+            "[s_q, h_q, d_v]");
+  const std::vector<double> Q = in.q.to_f64(), KV = in.kv.to_f64();
+  const std::vector<double> dO = dout ? dout->to_f64() : std::vector<double>{};
+  const std::vector<double> sink = in.attn_sink ? in.attn_sink->to_f64() : std::vector<double>{};
+  const double u = kU32, un = is_narrow(work_dtype) ? unit_roundoff(work_dtype) : 0.0;
+  const double sm = in.sm_scale, asm_ = std::abs(in.sm_scale);
+  const double sdqk = std::sqrt(static_cast<double>(dqk)), sdv = std::sqrt(static_cast<double>(dv));
+
+  // Per key j of row (t,h): e_j = √d_qk|P_j| + |sm|Σ_d|q_d kv_jd| is the rounding scale of its
+  // own fp32 logit (independent across keys: added in quadrature), c_j = |P_j - m| + 1 that
+  // of the max-subtraction and exp (added linearly). Softmax is shift invariant, so only
+  // differences v_j - out enter (a row whose logits are all equal or that has one key is tight).
+  OutputFloor fo = make(s_q * h_q * dv, dv,
+                        "u(sqrt(Σ_j (p_j|v_jc-out_c|(e_j+c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|), "
+                        "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
+  if (un > 0)
+    fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 3 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
+                 "the 16-bit working dtype)";
+  OutputFloor fl = make(s_q * h_q, 1,
+                        "u(sqrt(Σ_j (p~_j(e_j+c_j))^2) + √n + |max| + |ln Σ exp(P-max)|)");
+  OutputFloor fm = make(s_q * h_q, 1, "u·e_j of the keys within their error of the max");
+  CaseFloors outf;
+  OutputFloor fdq, fdkv, fds;
+  std::vector<double> kv_q2, kv_val, kv_abs, kv_n2, kv_nsq;
+  std::vector<int64_t> kv_n;
+  std::vector<double> sk_q2, sk_val, sk_abs, sk_n2;
+  std::vector<int64_t> sk_n;
+  if (dout) {
+    const std::string dsrc =
+        "dS_j = p_j(g_j-Δ), g_j = dout·v_j; per key u p_j((e_j+c_j)|g_j-Δ| + √d_v|g_j| + "
+        "Σ|dout v_j|) in quadrature, δL and δΔ common to the row";
+    fdq = make(s_q * h_q * dqk, dqk,
+               "|sm|(sqrt(Σ_j (kv_jc δdS_j)^2) + u ā|dq_c/sm| + δΔ|Σ_j p_j kv_jc| + "
+               "u(√n|dq_c/sm| + Σ_j|dS_j kv_jc|)); " + dsrc);
+    fdkv = make(s_kv * dqk, dqk,
+                "sqrt(Σ over (t,h,j→s) of (|sm q_c|δdS_j + |dout_c|δp_j)^2) + u(√m|dkv| + "
+                "Σ|terms|); " + dsrc);
+    fds = make(h_q, 1, "sqrt(Σ_t (p_sink(u ā|Δ| + δΔ))^2) + u(√s_q|dsink| + Σ_t p_sink|Δ|); " + dsrc);
+    if (un > 0) {
+      for (OutputFloor* f : {&fdq, &fdkv, &fds})
+        f->source += " + u16 terms (Δ from the 16-bit out, dS in the working dtype)";
+    }
+    kv_q2.assign(static_cast<size_t>(s_kv * dqk), 0.0);
+    kv_val = kv_abs = kv_n2 = kv_nsq = kv_q2;
+    kv_n.assign(static_cast<size_t>(s_kv), 0);
+    sk_q2.assign(static_cast<size_t>(h_q), 0.0);
+    sk_val = sk_abs = sk_n2 = sk_q2;
+    sk_n.assign(static_cast<size_t>(h_q), 0);
+  }
+
+  std::vector<int64_t> ids;
+  std::vector<double> P, E, C, p, pt, g, dS, ind, dpj, outc, accout, narout, G_;
+  std::vector<size_t> order;
+  std::vector<double> wq, km;
+  for (int64_t t = 0; t < s_q; ++t) {
+    ids.clear();
+    int64_t limit = k;
+    if (in.topk_length) limit = std::min<int64_t>(limit, static_cast<int64_t>(in.topk_length->get(t)));
+    for (int64_t j = 0; j < limit; ++j) {
+      const double id = in.indices.get(t * k + j);
+      if (id >= 0 && id < static_cast<double>(s_kv)) ids.push_back(static_cast<int64_t>(id));
+    }
+    const size_t n = ids.size();
+    if (n == 0) continue;  // SPEC §6: exact zeros / ±inf, nothing to round
+    // Duplicate slots of one key carry identical values and identical rounding errors: the
+    // quadrature sums below take each key once, with its multiplicity (wq[j] = multiplicity
+    // at its first slot, 0 at the others; km[j] = multiplicity at every slot).
+    order.resize(n);
+    for (size_t j = 0; j < n; ++j) order[j] = j;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return ids[a] < ids[b] || (ids[a] == ids[b] && a < b);
+    });
+    wq.assign(n, 0.0);
+    km.assign(n, 0.0);
+    // m identical terms summed in fp32 round coherently (not at random): up to u·m/2 of
+    // their sum (Higham ch. 4); dupf = the largest multiplicity / 2 scales Σ|terms|.
+    double dupf = 0.0;
+    for (size_t g0 = 0; g0 < n;) {
+      size_t g1 = g0;
+      while (g1 < n && ids[order[g1]] == ids[order[g0]]) ++g1;
+      wq[order[g0]] = static_cast<double>(g1 - g0);
+      dupf = std::max(dupf, 0.5 * static_cast<double>(g1 - g0));
+      for (size_t gi = g0; gi < g1; ++gi) km[order[gi]] = static_cast<double>(g1 - g0);
+      g0 = g1;
+    }
+    const double sn = std::sqrt(static_cast<double>(n));
+    for (auto* v : {&P, &E, &C, &p, &pt, &g, &dS, &ind, &dpj}) v->resize(n);
+    for (auto* v : {&outc, &accout, &narout}) v->resize(static_cast<size_t>(dv));
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t row = t * h_q + h;
+      const double* q = &Q[static_cast<size_t>(row * dqk)];
+      double m = -std::numeric_limits<double>::infinity();
+      for (size_t j = 0; j < n; ++j) {
+        const double* kv = &KV[static_cast<size_t>(ids[j] * dqk)];
+        double dot = 0, ad = 0;
+        for (int64_t c = 0; c < dqk; ++c) {
+          dot += q[c] * kv[c];
+          ad += std::abs(q[c] * kv[c]);
+        }
+        P[j] = sm * dot;
+        E[j] = sdqk * std::abs(P[j]) + asm_ * ad;
+        m = std::max(m, P[j]);
+      }
+      double S = 0;
+      for (size_t j = 0; j < n; ++j) S += std::exp(P[j] - m);
+      const double lse = m + std::log(S);
+      double L = lse, psink = 0, sinkv = 0;
+      bool sink_finite = false;
+      if (in.attn_sink) {
+        sinkv = sink[static_cast<size_t>(h)];
+        if (sinkv == std::numeric_limits<double>::infinity()) {
+          L = sinkv;
+          psink = 1;
+        } else if (std::isfinite(sinkv)) {
+          const double mm = std::max(lse, sinkv);
+          L = mm + std::log(std::exp(lse - mm) + std::exp(sinkv - mm));
+          psink = std::exp(sinkv - L);
+          sink_finite = true;
+        }
+      }
+      const double sink_c = sink_finite ? std::abs(sinkv - m) + 1 : 0.0;
+      // u·ā: first-order error of L = ln Σ exp (the row's normaliser): the keys' independent
+      // logit/exp errors in quadrature, the sum of n terms, the sink's exp
+      double abar2 = 0;
+      for (size_t j = 0; j < n; ++j) {
+        p[j] = std::isinf(L) ? 0.0 : std::exp(P[j] - L);
+        pt[j] = std::exp(P[j] - lse);
+        // exp(P_j - max) (forward) or exp(P_j - L) (backward): the argument's rounding and
+        // the exp; exp(0) = 1 is exact
+        C[j] = std::max(std::abs(P[j] - m), std::isfinite(L) ? std::abs(P[j] - L) : 0.0) +
+               (P[j] != m ? 1 : 0);
+        abar2 += (wq[j] * p[j] * (E[j] + C[j])) * (wq[j] * p[j] * (E[j] + C[j]));
+      }
+      const double abar = std::sqrt(abar2) + (n > 1 ? sn : 0.0) + psink * sink_c;
+      // out
+      for (int64_t c = 0; c < dv; ++c) {
+        double o = 0;
+        for (size_t j = 0; j < n; ++j) o += p[j] * KV[static_cast<size_t>(ids[j] * dqk + c)];
+        double x2 = 0, z = 0, zs = 0, w = 0, wabs = 0;
+        for (size_t j = 0; j < n; ++j) {
+          const double v = KV[static_cast<size_t>(ids[j] * dqk + c)];
+          if (p[j] > 0 && p[j] < kTiny32) wabs += std::abs(v);
+          const double xe = p[j] * std::abs(v - o) * (E[j] + C[j]);
+          x2 += (wq[j] * xe) * (wq[j] * xe);
+          w += p[j] * std::abs(v);
+          if (P[j] < m) {
+            z += (wq[j] * p[j] * v) * (wq[j] * p[j] * v);
+            zs += std::abs(p[j] * v);
+          }
+        }
+        const size_t c_ = static_cast<size_t>(c);
+        outc[c_] = o;
+        accout[c_] = u * (std::sqrt(x2) + sn * std::abs(o) + (1 + dupf) * w + psink * std::abs(o) * sink_c) +
+                     kEta32 * wabs;
+        // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
+        // independent roundings (uniform, σ <= u16/√3 each), within 3 sqrt(Σ(.)^2) (5 σ)
+        narout[c_] = un * std::min(zs, 2 * std::sqrt(z));
+        const size_t e = static_cast<size_t>(row * dv + c);
+        fo.acc[e] = accout[c_];
+        fo.narrow[e] = narout[c_];
+        fo.terms[e] = w;
+      }
+      // lse and max_logits
+      double x2 = 0, emax = 0, tmax = 0;
+      for (size_t j = 0; j < n; ++j) {
+        x2 += (wq[j] * pt[j] * (E[j] + C[j])) * (wq[j] * pt[j] * (E[j] + C[j]));
+        if (P[j] + 16 * u * E[j] >= m) {
+          emax = std::max(emax, E[j]);
+          tmax = std::max(tmax, E[j] / (sdqk + 1));
+        }
+      }
+      fl.acc[static_cast<size_t>(row)] = u * (std::sqrt(x2) + sn + dupf + std::abs(m) + std::abs(std::log(S)));
+      fl.terms[static_cast<size_t>(row)] = 1 + std::max(tmax, std::abs(m));
+      fm.acc[static_cast<size_t>(row)] = u * emax;
+      fm.terms[static_cast<size_t>(row)] = std::max(tmax, std::abs(m));
+      if (!dout) continue;
+      // backward
+      const double* dorow = &dO[static_cast<size_t>(row * dv)];
+      double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0;
+      for (int64_t c = 0; c < dv; ++c) {
+        const size_t c_ = static_cast<size_t>(c);
+        delta += outc[c_] * dorow[c];
+        D += std::abs(outc[c_] * dorow[c]);
+        // the P·V sum of out_c (its logit part is below): independent across columns
+        const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row * dv + c)];
+        const double se = dorow[c] * sn * outc[c_];
+        dD2 += sv * sv + se * se;
+        nD2 += (dorow[c] * narout[c_]) * (dorow[c] * narout[c_]);
+        // the candidate's 16-bit out may round this column the other way than the
+        // baseline's (both are within their errors of out): one ulp of Δ's term
+        const double fl = std::abs(dorow[c]) *
+                          flip_ulp(outc[c_], 2 * kFlipLambda * accout[c_] + 2 * narout[c_], un);
+        nflip2 += fl * fl;  // flips of different columns are independent
+      }
+      const double dD = u * std::sqrt(dD2);
+      double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
+      std::vector<double>& Gv = G_;
+      Gv.resize(n);
+      for (size_t j = 0; j < n; ++j) {
+        const double* v = &KV[static_cast<size_t>(ids[j] * dqk)];
+        double gj = 0, Gj = 0;
+        for (int64_t c = 0; c < dv; ++c) {
+          gj += dorow[c] * v[c];
+          Gj += std::abs(dorow[c] * v[c]);
+        }
+        g[j] = gj;
+        Gv[j] = Gj;
+        dS[j] = p[j] * (gj - delta);
+        // independent per key: its logit/exp error times |g_j - Δ| and its g_j dot error
+        ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + sdv * std::abs(gj) + Gj);
+        // δp_j = p_j(δP_j - δL): key j's own error enters with weight 1 - p_j (a row with
+        // one key, p = 1, has an exact softmax)
+        const double own = km[j] * p[j] * (E[j] + C[j]);
+        const double others = std::sqrt(std::max(0.0, abar2 - own * own)) +
+                              (n > 1 ? sn : 0.0) + psink * sink_c;
+        dpj[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) + others);
+        const double le = p[j] * (E[j] + C[j]) * std::abs(gj - delta);
+        dl2 += (wq[j] * le) * (wq[j] * le);
+      }
+      // δΔ: from the logits, the P·V sums of out, and the out·dout dot (fp32).
+      const double dDelta = u * (std::sqrt(dl2) + sdv * std::abs(delta) + D) + dD;
+      // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
+      // only the candidate's P rounding moves its out, and Δ, further.
+      const double nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
+      for (int64_t c = 0; c < dqk; ++c) {
+        double x2c = 0, val = 0, ab = 0, pk = 0, nsq = 0, tt = 0, eta = 0;
+        for (size_t j = 0; j < n; ++j) {
+          const double kv = KV[static_cast<size_t>(ids[j] * dqk + c)];
+          x2c += (wq[j] * ind[j] * kv) * (wq[j] * ind[j] * kv);
+          val += dS[j] * kv;
+          ab += std::abs(dS[j] * kv);
+          pk += p[j] * kv;
+          nsq += (wq[j] * dS[j] * kv) * (wq[j] * dS[j] * kv);
+          tt += p[j] * (Gv[j] + D) * std::abs(kv);
+          if (p[j] > 0 && p[j] < kTiny32) eta += (Gv[j] + D) * std::abs(kv);
+        }
+        const size_t e = static_cast<size_t>(row * dqk + c);
+        fdq.acc[e] = asm_ * (std::sqrt(x2c) + u * abar * std::abs(val) + dDelta * std::abs(pk) +
+                             u * (sn * std::abs(val) + (1 + dupf) * ab) + kEta32 * eta);
+        fdq.narrow[e] = asm_ * (nDelta * std::abs(pk) + un * std::sqrt(nsq));
+        fdq.terms[e] = asm_ * tt;
+      }
+      // dkv: this row's slots grouped by key. Within the row, the parts that come from
+      // the row's common errors (δL, δΔ) add linearly over the slots of one key
+      // (duplicates); the per-slot parts and different rows add in quadrature.
+      for (size_t g0 = 0; g0 < n;) {
+        size_t g1 = g0;
+        while (g1 < n && ids[order[g1]] == ids[order[g0]]) ++g1;
+        const int64_t s = ids[order[g0]];
+        kv_n[static_cast<size_t>(s)] += static_cast<int64_t>(g1 - g0);
+        for (int64_t c = 0; c < dqk; ++c) {
+          const size_t e = static_cast<size_t>(s * dqk + c);
+          const double qc = std::abs(q[c]);
+          const double dc = c < dv ? dorow[c] : 0.0;
+          double indep = 0, comm = 0, nsum = 0;  // all linear within one key's slots
+          for (size_t gi = g0; gi < g1; ++gi) {
+            const size_t j = order[gi];
+            const double own = E[j] + C[j];
+            indep += asm_ * qc * ind[j] + std::abs(dc) * u * p[j] * (1 - p[j]) * own +
+                                 (p[j] > 0 && p[j] < kTiny32
+                                      ? kEta32 * (asm_ * (Gv[j] + D) * qc + std::abs(dc))
+                                      : 0.0);
+            comm += asm_ * qc * p[j] * (u * abar * std::abs(g[j] - delta) + dDelta) +
+                    std::abs(dc) * (dpj[j] - u * p[j] * (1 - p[j]) * own);
+            nsum += asm_ * qc * p[j] * nDelta;
+            const double term1 = sm * dS[j] * q[c], term2 = p[j] * dc;
+            kv_val[e] += term1 + term2;
+            kv_abs[e] += (1 + dupf) * (std::abs(term1) + std::abs(term2));
+            kv_nsq[e] += term1 * term1 + term2 * term2;
+            fdkv.terms[e] += asm_ * p[j] * (Gv[j] + D) * qc + std::abs(term2);
+          }
+          kv_q2[e] += (indep + comm) * (indep + comm);
+          kv_n2[e] += nsum * nsum;
+        }
+        g0 = g1;
+      }
+      if (in.attn_sink && psink > 0) {
+        const size_t hh = static_cast<size_t>(h);
+        ++sk_n[hh];
+        // p_sink = exp(sink - L): its argument's rounding, the exp and L's error
+        const double arg = sink_finite ? std::abs(sinkv - L) + 1 : 0.0;
+        const double err = psink * (u * (arg + abar) * std::abs(delta) + dDelta) +
+                           (psink < 0x1p-100 ? kEtaFtz * D : 0.0) +
+                           // Δ's products and p_sink·Δ below the normal range (flush-to-zero)
+                           (psink * D < 0x1p-100 ? kEtaFtz * static_cast<double>(1 + dv) : 0.0);
+        sk_q2[hh] += err * err;
+        sk_val[hh] -= psink * delta;
+        sk_abs[hh] += psink * std::abs(delta);
+        sk_n2[hh] += (psink * nDelta) * (psink * nDelta);
+        fds.terms[hh] += psink * D;
+      }
+    }
+  }
+  fl.logit_scale = fm.logit_scale = true;
+  for (OutputFloor* f : {&fo, &fl, &fm, &fdq, &fdkv, &fds}) f->work_dtype = is_narrow(work_dtype) ? work_dtype : DType::F32;
+  outf["out"] = std::move(fo);
+  outf["lse"] = std::move(fl);
+  outf["max_logits"] = std::move(fm);
+  if (dout) {
+    for (int64_t s = 0; s < s_kv; ++s) {
+      const double sm_n = std::sqrt(static_cast<double>(kv_n[static_cast<size_t>(s)]));
+      for (int64_t c = 0; c < dqk; ++c) {
+        const size_t e = static_cast<size_t>(s * dqk + c);
+        fdkv.acc[e] = std::sqrt(kv_q2[e]) + u * (sm_n * std::abs(kv_val[e]) + kv_abs[e]);
+        fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::sqrt(kv_nsq[e]);
+      }
+    }
+    for (int64_t h = 0; h < h_q; ++h) {
+      const size_t hh = static_cast<size_t>(h);
+      fds.acc[hh] = std::sqrt(sk_q2[hh]) +
+                    u * (std::sqrt(static_cast<double>(sk_n[hh])) * std::abs(sk_val[hh]) + sk_abs[hh]);
+      fds.narrow[hh] = std::sqrt(sk_n2[hh]);
+    }
+    outf["dq"] = std::move(fdq);
+    outf["dkv"] = std::move(fdkv);
+    if (in.attn_sink) outf["dsink"] = std::move(fds);
+  }
+  return outf;
+}
+
+// Equal keys and, per output, equal row length, flags, source and bytes of every vector.
+::testing::AssertionResult same_floors(const CaseFloors& a, const CaseFloors& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << "different outputs";
+  for (const auto& [name, x] : a) {
+    auto it = b.find(name);
+    if (it == b.end()) return ::testing::AssertionFailure() << name << " missing";
+    const OutputFloor& y = it->second;
+    if (x.row_len != y.row_len || x.logit_scale != y.logit_scale ||
+        x.work_dtype != y.work_dtype || x.source != y.source)
+      return ::testing::AssertionFailure() << name << ": row_len/flags/source differ";
+    for (auto v : {&OutputFloor::acc, &OutputFloor::narrow, &OutputFloor::terms}) {
+      const std::vector<double>& p = x.*v;
+      const std::vector<double>& q = y.*v;
+      if (p.size() != q.size() ||
+          (!p.empty() && std::memcmp(p.data(), q.data(), p.size() * sizeof(double)) != 0)) {
+        size_t i = 0;
+        while (i < std::min(p.size(), q.size()) && std::memcmp(&p[i], &q[i], sizeof(double)) == 0) ++i;
+        return ::testing::AssertionFailure()
+               << name << ": bytes differ at element " << i << " of " << p.size() << " ("
+               << (i < p.size() ? p[i] : 0.0) << " vs " << (i < q.size() ? q[i] : 0.0) << ")";
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct ThreadsGuard {
+  int saved = max_threads();
+  ~ThreadsGuard() { set_max_threads(saved); }
+};
+
+OpCase golden_case(const std::string& name) {
+  return op_case_from_fixture(
+      fixtures::load_fixture(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors"));
+}
+
+// The golden sparse MLA cases (duplicates, sinks, empty and invalid rows, topk_length, an
+// extreme row), and smla_basic with q scaled by 64 (probabilities below 2^-120: the
+// subnormal terms).
+std::vector<std::pair<std::string, OpCase>> mla_cases() {
+  std::vector<std::pair<std::string, OpCase>> out;
+  for (const char* n : {"smla_basic", "smla_causal_topk", "smla_duplicates", "smla_empty_rows",
+                        "smla_extreme_row_in_batch", "smla_invalid_mix", "smla_leading_padding",
+                        "smla_sink", "smla_topk_length"})
+    out.emplace_back(n, golden_case(n));
+  OpCase big = golden_case("smla_basic");
+  for (int64_t i = 0; i < big.mla.q.numel(); ++i) big.mla.q.set(i, 64 * big.mla.q.get(i));
+  out.emplace_back("smla_basic q x64", big);
+  return out;
+}
+
+TEST(SparseMlaFloors, SameBytesAsTheStraightforwardLoops) {
+  ThreadsGuard guard;
+  set_max_threads(2);
+  for (const auto& [name, c] : mla_cases()) {
+    ASSERT_TRUE(c.dout.defined()) << name;
+    for (DType work : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(name + " " + dtype_name(work));
+      EXPECT_TRUE(same_floors(sparse_mla_floors(c.mla, nullptr, work),
+                              sparse_mla_floors_scalar(c.mla, nullptr, work)));
+      EXPECT_TRUE(same_floors(sparse_mla_floors(c.mla, &c.dout, work),
+                              sparse_mla_floors_scalar(c.mla, &c.dout, work)));
+    }
+  }
+}
+
+TEST(SparseMlaFloors, TheComparisonSeesOneUlp) {
+  const OpCase c = golden_case("smla_sink");
+  const CaseFloors a = sparse_mla_floors(c.mla, &c.dout, DType::BF16);
+  for (const char* name : {"out", "dkv", "dsink"}) {
+    CaseFloors b = a;
+    double& x = b.at(name).acc.back();
+    x = std::nextafter(x, std::numeric_limits<double>::infinity());
+    EXPECT_FALSE(same_floors(a, b)) << name;
+  }
+}
+
+// Issue 13: bytes do not depend on the thread count (rows in blocks of 4 x threads, so 1 and
+// 4 threads also cut the rows differently).
+TEST(ThreadCount, SparseMlaFloorsSameBytesWith1And4Threads) {
+  ThreadsGuard guard;
+  for (const char* n : {"smla_duplicates", "smla_sink"}) {
+    const OpCase c = golden_case(n);
+    set_max_threads(1);
+    const CaseFloors one = sparse_mla_floors(c.mla, &c.dout, DType::BF16);
+    set_max_threads(4);
+    EXPECT_TRUE(same_floors(one, sparse_mla_floors(c.mla, &c.dout, DType::BF16))) << n;
+  }
+}
+
+}  // namespace
+}  // namespace dsa::oracle
