@@ -67,6 +67,18 @@ class DsaTorchOps:
     def indexer_kl_loss(self, scores, q, kv, sm_scale, ks, ke, mode, coeff, indices=None):
         return self.ops.indexer_kl_loss(scores, q, kv, sm_scale, ks, ke, mode, indices, coeff)
 
+    # SPEC §10 (FP8 bytes as uint8 + fp8_format; block_size is k_cache.shape[1] for the op).
+    def fp8_indexer_scores(self, q_idx, k_idx, k_scale, w, ks, ke, fp8_format):
+        return self.ops.fp8_indexer_scores(q_idx, k_idx, k_scale, w, ks, ke, fp8_format)
+
+    def paged_indexer_scores(self, q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
+                             max_context, fp8_format):
+        return self.ops.paged_indexer_scores(q_idx, k_cache, k_scale_cache, w, block_table, context_lens,
+                                             max_context, fp8_format)
+
+    def sparse_mla_fp8_fwd(self, q, kv_cache, indices, sm_scale, d_v, topk_length=None, attn_sink=None):
+        return self.ops.sparse_mla_fp8_fwd(q, kv_cache, indices, sm_scale, topk_length, attn_sink)
+
 
 class DsaTorchOpsCuda(DsaTorchOps):
     """The same ops on CUDA tensors: dkv accumulates with atomics, so not bitwise deterministic

@@ -6,6 +6,11 @@ is called with SPEC argument names, and its outputs are checked and handed back 
 of host tensors (one bulk copy each from a device). Exceptions never cross into C++:
 NotImplementedError is reported as "not supported" (a skip); anything else as an error
 carrying the Python traceback (a failure).
+
+SPEC §10 ops (fp8_indexer_scores, paged_indexer_scores, sparse_mla_fp8_fwd): FP8 tensors are
+handed over as torch.uint8 bytes (the format in the scalar `fp8_format`, "e4m3fn" or "e5m2"),
+on every torch version: DLPack has no FP8 type code in torch 1.13, and on torch >= 2.1 a
+kernel reinterprets them for free with `t.view(torch.float8_e4m3fn)` / `torch.float8_e5m2`.
 """
 import traceback
 
@@ -13,7 +18,9 @@ import torch
 from torch.utils import dlpack as _dlpack
 
 OPS = ("indexer_scores", "indexer_scores_backward", "topk", "sparse_mla_fwd", "sparse_mla_bwd",
-       "indexer_kl_loss")
+       "indexer_kl_loss", "fp8_indexer_scores", "paged_indexer_scores", "sparse_mla_fp8_fwd")
+# The SPEC §10 inference ops (FP8 bytes as torch.uint8, paged KV).
+FP8_OPS = ("fp8_indexer_scores", "paged_indexer_scores", "sparse_mla_fp8_fwd")
 # Every output of each op, SPEC order (sparse_mla_bwd's dsink only exists with attn_sink).
 OUTPUTS = {
     "indexer_scores": ("scores",),
@@ -22,9 +29,15 @@ OUTPUTS = {
     "sparse_mla_fwd": ("out", "lse", "max_logits"),
     "sparse_mla_bwd": ("dq", "dkv", "dsink"),
     "indexer_kl_loss": ("loss", "d_scores"),
+    "fp8_indexer_scores": ("scores",),
+    "paged_indexer_scores": ("scores",),
+    "sparse_mla_fp8_fwd": ("out", "lse", "max_logits"),
 }
-# Inputs whose dtype is the kernel's choice (the rest are fp32 / int by contract).
+# Inputs whose dtype is the kernel's choice (the rest are fp32 / int by contract). In the §10
+# ops the FP8 bytes are uint8 by contract (their format is `fp8_format`): only q is checked.
 DATA_INPUTS = ("q_idx", "k_idx", "q", "kv", "dout")
+FP8_DATA_INPUTS = ("q",)
+FP8_FORMATS = ("e4m3fn", "e5m2")
 _DLPACK_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
                   torch.int32, torch.uint8)
 TIE_BREAKS = ("any", "small", "large")
@@ -45,7 +58,11 @@ class Bridge:
     keywords. Optional attributes: name (str), deterministic (bool, default True: identical
     inputs must give identical bytes, SPEC §3.5), outputs ({op: names it returns}, SPEC §9
     complete outputs), tie_breaks (subset of TIE_BREAKS, default all), dtypes (torch dtypes or
-    names of the data inputs it accepts, default any).
+    names of the data inputs it accepts, default any; in the §10 ops only q is a data input,
+    the FP8 bytes are always uint8), fp8_formats (subset of FP8_FORMATS the FP8 indexer ops
+    accept, default both: cases in another format are skipped), fp8_reduced_accumulation
+    (bool, default False: True for tensor cores that accumulate FP8 products with fewer
+    mantissa bits than fp32, judged by that table row and noted, SPEC §10).
     device: "cpu" or "cuda[:n]": where input tensors are placed. Raises ValueError naming a
     bad attribute value.
     """
@@ -68,6 +85,7 @@ class Bridge:
                 raise ValueError(f"backend '{self.name}': outputs['{op}'] names {bad}, expected a subset of "
                                  f"{list(OUTPUTS[op])}")
         self.outputs = {op: tuple(names) for op, names in outputs.items()}
+        self._check_shared_outputs()
         ties = getattr(backend, "tie_breaks", None)
         self.tie_breaks = tuple(ties) if ties else TIE_BREAKS
         bad = [t for t in self.tie_breaks if t not in TIE_BREAKS]
@@ -75,6 +93,26 @@ class Bridge:
             raise ValueError(f"backend '{self.name}': tie_breaks has {bad}, expected a subset of {list(TIE_BREAKS)}")
         dtypes = getattr(backend, "dtypes", None)
         self.dtypes = tuple(_dtype_name(d) for d in dtypes) if dtypes else None
+        formats = getattr(backend, "fp8_formats", None)
+        self.fp8_formats = tuple(formats) if formats else FP8_FORMATS
+        bad = [f for f in self.fp8_formats if f not in FP8_FORMATS]
+        if bad:
+            raise ValueError(f"backend '{self.name}': fp8_formats has {bad}, expected a subset of {list(FP8_FORMATS)}")
+        self.fp8_reduced_accumulation = bool(getattr(backend, "fp8_reduced_accumulation", False))
+
+    def _check_shared_outputs(self):
+        """The audit's provided outputs are names (the CLI's --outputs): two ops the backend has
+        that share an output name (sparse_mla_fwd / sparse_mla_fp8_fwd: out, lse, max_logits)
+        must declare it alike, else one op's declaration would silently apply to the other."""
+        have = [op for op in OPS if self.supports(op)]
+        for i, a in enumerate(have):
+            for b in have[i + 1:]:
+                shared = [n for n in OUTPUTS[a] if n in OUTPUTS[b]]
+                da, db = self._provided(a, shared), self._provided(b, shared)
+                if da != db:
+                    raise ValueError(
+                        f"backend '{self.name}': outputs declares {a} -> {da} but {b} -> {db}; ops that share "
+                        f"output names must declare them alike (declare both in outputs, or leave one op out)")
 
     def unavailable_reason(self):
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -92,10 +130,13 @@ class Bridge:
 
     def _check_supported(self, op, kw, scalars):
         if self.dtypes is not None:
-            for n in DATA_INPUTS:
+            for n in (FP8_DATA_INPUTS if op in FP8_OPS else DATA_INPUTS):
                 t = kw.get(n)
                 if t is not None and _dtype_name(t.dtype) not in self.dtypes:
                     return f"backend '{self.name}' declares dtypes {list(self.dtypes)}; input '{n}' is {_dtype_name(t.dtype)}"
+        if "fp8_format" in scalars and scalars["fp8_format"] not in self.fp8_formats:
+            return (f"backend '{self.name}' declares fp8_formats {list(self.fp8_formats)}; case has "
+                    f"'{scalars['fp8_format']}' bytes")
         if op == "topk" and scalars["tie_break"] not in self.tie_breaks:
             return f"backend '{self.name}' declares tie_breaks {list(self.tie_breaks)}; case asks for '{scalars['tie_break']}'"
         return ""

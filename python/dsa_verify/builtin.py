@@ -27,6 +27,7 @@ class BuiltinBackend:
         self._cpp = cpp
         self.name = cpp.name
         self.deterministic = cpp.deterministic
+        self.fp8_reduced_accumulation = cpp.fp8_reduced_accumulation
         for op in OPS:
             if not cpp.supports(op):
                 setattr(self, op, None)
@@ -61,6 +62,22 @@ class BuiltinBackend:
     def indexer_kl_loss(self, scores, q, kv, sm_scale, ks, ke, mode, coeff, indices=None):
         return self._call("indexer_kl_loss", dict(scores=scores, q=q, kv=kv, ks=ks, ke=ke, indices=indices),
                           dict(sm_scale=sm_scale, mode=mode, coeff=coeff))
+
+    # SPEC §10: FP8 bytes as torch.uint8 with fp8_format, as the audit passes them.
+    def fp8_indexer_scores(self, q_idx, k_idx, k_scale, w, ks, ke, fp8_format):
+        return self._call("fp8_indexer_scores", dict(q_idx=q_idx, k_idx=k_idx, k_scale=k_scale, w=w, ks=ks, ke=ke),
+                          dict(fp8_format=fp8_format))
+
+    def paged_indexer_scores(self, q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
+                             max_context, fp8_format):
+        return self._call("paged_indexer_scores",
+                          dict(q_idx=q_idx, k_cache=k_cache, k_scale_cache=k_scale_cache, w=w,
+                               block_table=block_table, context_lens=context_lens),
+                          dict(max_context=max_context, fp8_format=fp8_format))
+
+    def sparse_mla_fp8_fwd(self, q, kv_cache, indices, sm_scale, d_v, topk_length=None, attn_sink=None):
+        return self._call("sparse_mla_fp8_fwd", dict(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length,
+                                                     attn_sink=attn_sink), dict(sm_scale=sm_scale))
 
 
 def mutant(name):

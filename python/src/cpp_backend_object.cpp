@@ -5,6 +5,7 @@
 #include <map>
 
 #include "dlpack_capsule.h"
+#include "dsa/contract/fp8.h"
 #include "py_backend.h"
 
 namespace py = pybind11;
@@ -102,10 +103,42 @@ py::dict call(CppBackend& self, const std::string& op_name, const py::dict& t, c
       out = {{"loss", r.loss}, {"d_scores", r.d_scores}};
       break;
     }
-    case Op::Fp8IndexerScores:
-    case Op::PagedIndexerScores:
-    case Op::SparseMlaFp8Fwd:
-      throw oracle::NotSupported(op_name + ": the SPEC §10 ops are not bridged to Python yet");
+    case Op::Fp8IndexerScores: {  // SPEC §10: uint8 bytes + fp8_format, as PyBackend passes them
+      Fp8IndexerInputs in;
+      in.q_idx = tensor(t, "q_idx");
+      in.k_idx = tensor(t, "k_idx");
+      in.k_scale = tensor(t, "k_scale");
+      in.w = tensor(t, "w");
+      in.windows = windows(t, in.k_idx.size(0));
+      in.format = parse_fp8_format(s["fp8_format"].cast<std::string>());
+      out["scores"] = b.fp8_indexer_scores(in);
+      break;
+    }
+    case Op::PagedIndexerScores: {
+      PagedIndexerInputs in;
+      in.q_idx = tensor(t, "q_idx");
+      in.k_cache = tensor(t, "k_cache");
+      in.k_scale_cache = tensor(t, "k_scale_cache");
+      in.w = tensor(t, "w");
+      in.block_table = tensor(t, "block_table");
+      in.context_lens = tensor(t, "context_lens");
+      in.max_context = s.contains("max_context") ? s["max_context"].cast<int64_t>() : -1;
+      in.format = parse_fp8_format(s["fp8_format"].cast<std::string>());
+      out["scores"] = b.paged_indexer_scores(in);
+      break;
+    }
+    case Op::SparseMlaFp8Fwd: {
+      SparseMlaFp8Inputs in;
+      in.q = tensor(t, "q");
+      in.kv_cache = tensor(t, "kv_cache");
+      in.indices = tensor(t, "indices");
+      in.topk_length = optional_tensor(t, "topk_length");
+      in.attn_sink = optional_tensor(t, "attn_sink");
+      in.sm_scale = s["sm_scale"].cast<double>();
+      SparseMlaForward f = b.sparse_mla_fp8_forward(in);
+      out = {{"out", f.out}, {"lse", f.lse}, {"max_logits", f.max_logits}};
+      break;
+    }
   }
   py::dict d;
   for (auto& [name, v] : out)
@@ -126,6 +159,8 @@ void bind_cpp_backend(py::module_& m) {
   py::class_<CppBackend>(m, "CppBackend", py::module_local(), "A C++ dsa::oracle::Backend called with DLPack capsules")
       .def_property_readonly("name", [](const CppBackend& b) { return b.backend->name(); })
       .def_property_readonly("deterministic", [](const CppBackend& b) { return b.backend->deterministic(); })
+      .def_property_readonly("fp8_reduced_accumulation",
+                             [](const CppBackend& b) { return b.backend->fp8_reduced_accumulation(); })
       .def("unavailable_reason", [](const CppBackend& b) { return b.backend->unavailable_reason(); })
       .def("supports", [](const CppBackend& b, const std::string& op) { return b.backend->supports(op_from(op)); })
       .def("call", &call, py::arg("op"), py::arg("tensors"), py::arg("scalars"));

@@ -1,5 +1,6 @@
 #include "py_backend.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -7,6 +8,7 @@
 
 #include "dlpack_capsule.h"
 #include "dsa/contract/errors.h"
+#include "dsa/contract/fp8.h"
 
 namespace py = pybind11;
 
@@ -20,6 +22,16 @@ Tensor i64_tensor(const std::vector<int64_t>& v) {
   Tensor t(DType::I64, {static_cast<int64_t>(v.size())});
   if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(int64_t));
   return t;
+}
+
+// The output width of a paged case: max_context, or the largest context when it is -1
+// (PagedIndexerInputs). Bad context_lens are left to the reference and the backend to reject.
+int64_t paged_max_context(const PagedIndexerInputs& in) {
+  if (in.max_context >= 0) return in.max_context;
+  int64_t m = 0;
+  for (int64_t b = 0; b < in.context_lens.numel(); ++b)
+    m = std::max<int64_t>(m, static_cast<int64_t>(in.context_lens.get(b)));
+  return m;
 }
 
 // What one output must look like (SPEC shapes; `ids`: int32 top-k indices, else floating).
@@ -56,10 +68,19 @@ std::vector<OutputRule> output_rules(Op op, const oracle::OpCase& c) {
       return {{"loss", {1}, false, "SPEC §7: one value"},
               {"d_scores", c.kl.scores.shape(), false, "SPEC §7: shape of scores"}};
     case Op::Fp8IndexerScores:
-    case Op::PagedIndexerScores:
-    case Op::SparseMlaFp8Fwd:
-      throw oracle::NotSupported(std::string(oracle::to_string(op)) +
-                                 ": the SPEC §10 ops are not bridged to Python backends yet");
+      return {{"scores", {c.fp8_indexer.q_idx.size(0), c.fp8_indexer.k_idx.size(0)}, false,
+               "SPEC §10: [s_q, s_kv] fp32"}};
+    case Op::PagedIndexerScores: {
+      const PagedIndexerInputs& in = c.paged_indexer;
+      return {{"scores", {in.q_idx.size(0) * in.q_idx.size(1), paged_max_context(in)}, false,
+               "SPEC §10: [batch * next_n, max_context] fp32"}};
+    }
+    case Op::SparseMlaFp8Fwd: {
+      const int64_t s_q = c.mla_fp8.q.size(0), h_q = c.mla_fp8.q.size(1);
+      return {{"out", {s_q, h_q, kMlaFp8NopeDim}, false, "SPEC §10/§4: [s_q, h_q, 512]"},
+              {"lse", {s_q, h_q}, false, "SPEC §10/§4: [s_q, h_q] fp32, natural log"},
+              {"max_logits", {s_q, h_q}, false, "SPEC §10/§4: [s_q, h_q] fp32"}};
+    }
   }
   throw std::invalid_argument("output_rules: unknown op");
 }
@@ -213,11 +234,39 @@ OpArgs op_args(Op op, const oracle::OpCase& c) {
       a.scalars["mode"] = to_string(c.kl.mode);
       a.scalars["coeff"] = c.kl.coeff;
       break;
-    case Op::Fp8IndexerScores:
-    case Op::PagedIndexerScores:
-    case Op::SparseMlaFp8Fwd:
-      throw oracle::NotSupported(std::string(oracle::to_string(op)) +
-                                 ": the SPEC §10 ops are not bridged to Python backends yet");
+    case Op::Fp8IndexerScores:  // FP8 bytes as U8 (torch.uint8), their format as fp8_format
+      tensor("q_idx", c.fp8_indexer.q_idx);
+      tensor("k_idx", c.fp8_indexer.k_idx);
+      tensor("k_scale", c.fp8_indexer.k_scale);
+      tensor("w", c.fp8_indexer.w);
+      windows(c.fp8_indexer.windows);
+      a.scalars["fp8_format"] = to_string(c.fp8_indexer.format);
+      break;
+    case Op::PagedIndexerScores: {
+      const PagedIndexerInputs& in = c.paged_indexer;
+      tensor("q_idx", in.q_idx);
+      tensor("k_cache", in.k_cache);
+      tensor("k_scale_cache", in.k_scale_cache);
+      tensor("w", in.w);
+      tensor("block_table", in.block_table);
+      tensor("context_lens", in.context_lens);
+      a.scalars["block_size"] = in.k_cache.dim() >= 2 ? in.k_cache.size(1) : int64_t{-1};
+      a.scalars["max_context"] = paged_max_context(in);
+      a.scalars["fp8_format"] = to_string(in.format);
+      break;
+    }
+    case Op::SparseMlaFp8Fwd: {
+      const SparseMlaFp8Inputs& in = c.mla_fp8;
+      tensor("q", in.q);
+      tensor("kv_cache", in.kv_cache);  // U8, as given: [tokens,656] or [num_blocks,block_size(,1),656]
+      tensor("indices", in.indices.dim() == 3 ? in.indices.reshaped({in.indices.size(0), in.indices.size(2)})
+                                              : in.indices);
+      optional("topk_length", in.topk_length);
+      optional("attn_sink", in.attn_sink);
+      a.scalars["sm_scale"] = in.sm_scale;
+      a.scalars["d_v"] = kMlaFp8NopeDim;
+      break;
+    }
   }
   return a;
 }
@@ -308,6 +357,32 @@ IndexerKlResult PyBackend::indexer_kl_loss(const IndexerKlInputs& in) {
   c.kl = in;
   auto o = call(*bridge_, name(), Op::IndexerKlLoss, c);
   return IndexerKlResult{take(o, "loss"), take(o, "d_scores")};
+}
+
+Tensor PyBackend::fp8_indexer_scores(const Fp8IndexerInputs& in) {
+  oracle::OpCase c;
+  c.fp8_indexer = in;
+  auto o = call(*bridge_, name(), Op::Fp8IndexerScores, c);
+  return take(o, "scores");
+}
+
+Tensor PyBackend::paged_indexer_scores(const PagedIndexerInputs& in) {
+  oracle::OpCase c;
+  c.paged_indexer = in;
+  auto o = call(*bridge_, name(), Op::PagedIndexerScores, c);
+  return take(o, "scores");
+}
+
+SparseMlaForward PyBackend::sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) {
+  oracle::OpCase c;
+  c.mla_fp8 = in;
+  auto o = call(*bridge_, name(), Op::SparseMlaFp8Fwd, c);
+  return SparseMlaForward{take(o, "out"), take(o, "lse"), take(o, "max_logits")};
+}
+
+bool PyBackend::fp8_reduced_accumulation() const {
+  py::gil_scoped_acquire gil;
+  return bridge_->attr("fp8_reduced_accumulation").cast<bool>();
 }
 
 }  // namespace dsa::python

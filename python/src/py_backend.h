@@ -47,6 +47,12 @@ class PyBackend final : public oracle::Backend {
   SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override;
   SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override;
   IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override;
+  // SPEC §10: FP8 bytes handed over as uint8 with a `fp8_format` scalar (OpArgs below).
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override;
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override;
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override;
+  /// The bridge's `fp8_reduced_accumulation` (the backend attribute, default False).
+  bool fp8_reduced_accumulation() const override;
 
  private:
   BridgeHandle bridge_;
@@ -55,7 +61,11 @@ class PyBackend final : public oracle::Backend {
 /// Keyword arguments of one op call as the Python backend receives them (SPEC argument
 /// names): `tensors` name -> host Tensor (absent optional inputs are passed as None),
 /// `scalars` name -> Python value. Windows become `ks`, `ke` int64 [s_q] (top-k: None when
-/// the case has no windows); `[s_q,1,k]` indices are passed as `[s_q,k]`.
+/// the case has no windows); `[s_q,1,k]` indices are passed as `[s_q,k]`. SPEC §10 ops: FP8
+/// tensors (q_idx, k_idx, k_cache, kv_cache) are U8 bytes with the scalar `fp8_format`
+/// ("e4m3fn" / "e5m2"; the 656-byte kv_cache is always e4m3fn NoPE + fp32 scales + bf16 RoPE,
+/// passed in the shape it has); paged cases add the scalars `block_size` (k_cache.size(1)) and
+/// `max_context` (-1 resolved to the largest context); sparse_mla_fp8_fwd adds d_v = 512.
 struct OpArgs {
   std::vector<std::pair<std::string, Tensor>> tensors;
   std::vector<std::string> none;  ///< optional inputs passed as None

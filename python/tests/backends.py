@@ -3,6 +3,8 @@ import os
 import signal
 import time
 
+import torch
+
 from torch_backend import TorchBackend
 
 
@@ -72,9 +74,11 @@ class SmallOnly(TopkOnly):
 
 
 class ForwardOutAndLse(TorchBackend):
-    """A sparse MLA forward that returns only out and lse, and says so."""
+    """A sparse MLA forward that returns only out and lse, and says so (without the FP8 forward,
+    whose outputs share these names)."""
     name = "fwd-out-lse"
     outputs = {"sparse_mla_fwd": ("out", "lse")}
+    sparse_mla_fp8_fwd = None
 
     def sparse_mla_fwd(self, *a, **kw):
         out, lse, _ = super().sparse_mla_fwd(*a, **kw)
@@ -121,3 +125,75 @@ class Interrupts(TopkOnly):
 
     def topk(self, scores, k, tie_break, sorted, ks=None, ke=None):
         raise KeyboardInterrupt
+
+
+# ---- SPEC §10 ops: outputs that break the contract's form, declared formats ---------------
+
+class Fp8Only(TorchBackend):
+    """Only the §10 inference ops."""
+    name = "fp8-only"
+    indexer_scores = indexer_scores_backward = topk = sparse_mla_fwd = sparse_mla_bwd = indexer_kl_loss = None
+
+
+class Fp8NonContiguousScores(Fp8Only):
+    name = "fp8-non-contiguous"
+
+    def fp8_indexer_scores(self, *a, **kw):
+        s = super().fp8_indexer_scores(*a, **kw)
+        rows = s.new_empty(s.shape[0], s.shape[1] + 1)  # row stride s_kv + 1: not contiguous when s_q > 1
+        rows[:, :s.shape[1]] = s
+        return rows[:, :s.shape[1]]
+
+
+class Fp8IntScores(Fp8Only):
+    name = "fp8-int-scores"
+
+    def fp8_indexer_scores(self, *a, **kw):
+        return super().fp8_indexer_scores(*a, **kw).nan_to_num(0.0, 0.0, 0.0).to(torch.int32)
+
+
+class PagedWrongWidth(Fp8Only):
+    """Returns max_context - 1 columns (drops the last logical key)."""
+    name = "paged-wrong-width"
+
+    def paged_indexer_scores(self, *a, **kw):
+        s = super().paged_indexer_scores(*a, **kw)
+        return s[:, :-1].contiguous() if s.shape[1] else s
+
+
+class E5m2Only(Fp8Only):
+    """Declares the FP8 format it decodes: e4m3fn cases are skipped, never sent."""
+    name = "e5m2-only"
+    fp8_formats = ("e5m2",)
+
+    def fp8_indexer_scores(self, *a, **kw):
+        assert kw["fp8_format"] == "e5m2", kw["fp8_format"]
+        return super().fp8_indexer_scores(*a, **kw)
+
+
+class SharedOutputsDeclaredForOne(TorchBackend):
+    """Declares partial outputs for sparse_mla_fwd only, while sparse_mla_fp8_fwd (same names) is
+    present: a usage error, not a silent partial judgement of the FP8 forward."""
+    name = "shared-outputs-one"
+    outputs = {"sparse_mla_fwd": ("out", "lse")}
+
+
+class PagedClampsBadIds(Fp8Only):
+    """Clamps block ids into the cache instead of rejecting a bad table (SPEC §10)."""
+    name = "paged-clamps-ids"
+
+    def paged_indexer_scores(self, q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
+                             max_context, fp8_format):
+        table = block_table.clamp(0, max(k_cache.shape[0] - 1, 0))
+        lens = context_lens.clamp(0, block_table.shape[1] * block_size)
+        return super().paged_indexer_scores(q_idx, k_cache, k_scale_cache, w, table, lens, block_size,
+                                            max_context, fp8_format)
+
+
+class Fp8AbsScale(Fp8Only):
+    """Uses |k_scale| (and 1 for a non-finite one) instead of rejecting an invalid scale."""
+    name = "fp8-abs-scale"
+
+    def fp8_indexer_scores(self, q_idx, k_idx, k_scale, w, ks, ke, fp8_format):
+        scale = torch.where(torch.isfinite(k_scale) & (k_scale != 0), k_scale.abs(), torch.ones_like(k_scale))
+        return super().fp8_indexer_scores(q_idx, k_idx, scale, w, ks, ke, fp8_format)

@@ -1,7 +1,9 @@
 """dsa_verify.audit on the example backends and on backends that break one rule each."""
 import json
 import os
+import re
 import subprocess
+import sys
 
 import pytest
 
@@ -154,3 +156,91 @@ def torch_cuda_available():
 def test_keyboard_interrupt_stops_the_audit():
     with pytest.raises(KeyboardInterrupt):
         only_topk(backends.Interrupts(), only=["topk.contract_exact"])
+
+
+# ---- SPEC §10 inference ops through the Python route --------------------------------------
+
+FP8_OPS = ["fp8_indexer_scores", "paged_indexer_scores", "sparse_mla_fp8_fwd"]
+
+
+def test_planted_paged_fault_fails_naming_the_read_past_the_context(tmp_path):
+    from faulty_backend import PagedPrefetchPastContext
+    rep = dsa_verify.audit(PagedPrefetchPastContext(), ops=["paged_indexer_scores"], dump_dir=str(tmp_path),
+                           progress=False, seed=7)
+    fails = {c.property: c for c in rep.failures}
+    assert {"property:paged.indexer_ratio", "golden:paged_idx_mtp2"} <= set(fails), rep.summary()
+    # The golden case holds garbage past its contexts (SPEC §10); the property poisons them.
+    for c in (fails["golden:paged_idx_mtp2"], fails["property:paged.indexer_ratio"]):
+        assert "backend threw" in c.message and "IndexError" in c.message and "paged_gather" in c.message, c.message
+    assert " -m dsa_verify replay " in fails["golden:paged_idx_mtp2"].repro
+    assert "--only paged.indexer_ratio" in fails["property:paged.indexer_ratio"].repro
+    assert os.path.exists(fails["property:paged.indexer_ratio"].fixture)
+
+
+def test_planted_tile_scale_fault_fails_on_out(tmp_path):
+    from faulty_backend import TileScaleSwapped
+    rep = dsa_verify.audit(TileScaleSwapped(), ops=["sparse_mla_fp8_fwd"], dump_dir=str(tmp_path), progress=False)
+    fails = {c.property: c for c in rep.failures}
+    assert {"property:smla_fp8.forward_ratio", "golden:smla_fp8_decode"} <= set(fails), rep.summary()
+    msg = fails["golden:smla_fp8_decode"].message
+    assert "out:" in msg and "over their bound" in msg, msg
+
+
+def test_section10_poisoning_is_judged_from_python(tmp_path):
+    # The C++ mutant that reads one block past the context, served through the Python bridge:
+    # the same oracle checks (fp8_check.cpp) fail it, on the poisoned re-run of the property.
+    import dsa_verify.builtin as builtin
+    rep = dsa_verify.audit(builtin.mutant("paged_reads_one_block_past_context"), only=["paged.indexer_ratio"],
+                           dump_dir=str(tmp_path), progress=False, seed=7)
+    assert statuses(rep) == {"fail"}, rep.summary()
+    assert "illegal memory access" in rep.failures[0].message, rep.failures[0].message
+
+
+@pytest.mark.parametrize("backend, only, words", [
+    (backends.Fp8NonContiguousScores(), "fp8.indexer_ratio", ["fp8_indexer_scores", "output 'scores'",
+                                                              "not contiguous"]),
+    (backends.Fp8IntScores(), "fp8.indexer_ratio", ["fp8_indexer_scores", "output 'scores'", "I32",
+                                                    "expected a floating dtype"]),
+    (backends.PagedWrongWidth(), "paged.indexer_ratio", ["paged_indexer_scores", "output 'scores'", "has shape",
+                                                         "[batch * next_n, max_context]"]),
+])
+def test_malformed_section10_outputs_fail_naming_them(tmp_path, backend, only, words):
+    rep = dsa_verify.audit(backend, only=[only], dump_dir=str(tmp_path), progress=False)
+    assert statuses(rep) == {"fail"}, rep.summary()
+    msg = rep.failures[0].message
+    for w in words:
+        assert w in msg, msg
+
+
+def test_declared_fp8_formats_skip_the_others(tmp_path):
+    rep = dsa_verify.audit(backends.E5m2Only(), ops=["fp8_indexer_scores"], dump_dir=str(tmp_path), progress=False)
+    golden = [c for c in rep.cases if c.property.startswith("golden:fp8_idx")]
+    assert golden and all(c.status == "skip" and "fp8_formats ['e5m2']" in c.message for c in golden), rep.summary()
+    assert not rep.failures, rep.summary()
+
+
+def test_shared_output_names_must_be_declared_alike():
+    with pytest.raises(ValueError, match="sparse_mla_fp8_fwd"):
+        dsa_verify.audit(backends.SharedOutputsDeclaredForOne(), ops=["sparse_mla_fwd"], progress=False)
+
+
+def test_command_line_audits_the_section10_ops(tmp_path):
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "dsa_verify", "audit", "faulty_backend:TileScaleSwapped", "--ops", ",".join(FP8_OPS),
+           "--seed", "7", "--dump-dir", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "FAIL sparse_mla_fp8_fwd golden:smla_fp8_decode" in p.stdout, p.stdout
+    for op in ("fp8_indexer_scores", "paged_indexer_scores"):
+        assert re.search(rf"^{op} +golden:\S+ +pass", p.stdout, re.M), p.stdout  # the others pass
+
+
+@pytest.mark.parametrize("backend, only, words", [
+    (backends.PagedClampsBadIds(), "paged.bad_table_rejected", ["accepted a bad block table"]),
+    (backends.Fp8AbsScale(), "fp8.invalid_scale_rejected", ["accepted k_scale["]),
+])
+def test_section10_invalid_inputs_must_raise(tmp_path, backend, only, words):
+    rep = dsa_verify.audit(backend, only=[only], dump_dir=str(tmp_path), progress=False)
+    assert statuses(rep) == {"fail"}, rep.summary()
+    for w in words:
+        assert w in rep.failures[0].message, rep.failures[0].message

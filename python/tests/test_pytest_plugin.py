@@ -61,3 +61,20 @@ def test_failing_backend_fails_with_a_repro_line_that_reproduces(tmp_path):
     line = re.search(r"reproduce: (\S+ -m dsa_verify replay .*)", failures["sparse_mla_fwd::golden:smla_basic"]).group(1)
     r = subprocess.run(shlex.split(line), cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
     assert r.returncode == 1 and "lse" in r.stdout, r.stdout + r.stderr
+
+
+def test_section10_ops_are_collected_and_a_planted_fault_fails(tmp_path):
+    ops = "fp8_indexer_scores,paged_indexer_scores,sparse_mla_fp8_fwd"
+    p, root = pytest_run(tmp_path, "--dsa-backend=torch_backend:TorchBackend", "--dsa-ops", ops)
+    assert p.returncode == 0, p.stdout + p.stderr
+    names = [name(c) for c in cases(root)]
+    for n in ("fp8_indexer_scores::property:fp8.indexer_ratio", "fp8_indexer_scores::golden:fp8_idx_prefix_pow2",
+              "paged_indexer_scores::property:paged.bad_table_rejected", "paged_indexer_scores::golden:paged_idx_mtp2",
+              "sparse_mla_fp8_fwd::property:smla_fp8.forward_ratio", "sparse_mla_fp8_fwd::golden:smla_fp8_decode"):
+        assert n in names, names
+    assert not any(c.find("failure") is not None for c in cases(root))
+    p, root = pytest_run(tmp_path, "--dsa-backend=faulty_backend:PagedPrefetchPastContext", "--dsa-ops",
+                         "paged_indexer_scores", "--dsa-seed", "7")
+    assert p.returncode == 1, p.stdout + p.stderr
+    failures = {name(c): c.find("failure").text for c in cases(root) if c.find("failure") is not None}
+    assert "IndexError" in failures.get("paged_indexer_scores::golden:paged_idx_mtp2", ""), failures
