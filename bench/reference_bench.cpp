@@ -3,7 +3,12 @@
 // FLOPs of sparse MLA: 2·s_q·h_q·k·(d_qk + d_v) (QK^T and PV; softmax not counted).
 // The GEMM baselines use the same build flags and thread count (one) as the reference.
 // Issue 13: the forward and backward at the glm5 preset's shape (s_q 64) with 1, 2, 4, 8, 16
-// threads (up to the machine's), wall-clock rates (UseRealTime), for the scaling figure.
+// threads (up to the machine's), wall-clock rates (UseRealTime), for the scaling figure. Each
+// runs one untimed call first (page faults of fresh buffers, first-touch effects), and reports
+// per iteration: x_linear = (1-thread wall / this wall) / threads (the scaling efficiency,
+// 1 = linear), cpu_s = CPU seconds of all threads (user + sys), util = cpu_s / (wall ·
+// threads) (below 1: threads idle in serial parts, imbalance or waits, or preempted by other
+// processes), faults = minor page faults, preempt = involuntary context switches.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Dense>
@@ -12,6 +17,10 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+
+#include <sys/resource.h>
+
+#include <chrono>
 
 #include "dsa/contract/parallel.h"
 #include "dsa/reference/sparse_mla.h"
@@ -49,6 +58,37 @@ void set_gflops(benchmark::State& state, double flops_per_iter) {
       benchmark::Counter(flops_per_iter * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Process-wide figures read around a timed loop.
+struct Usage {
+  double wall = 0, cpu = 0;  // seconds
+  long faults = 0, preempt = 0;
+};
+
+Usage usage_now() {
+  rusage r{};
+  getrusage(RUSAGE_SELF, &r);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return Usage{std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(),
+               sec(r.ru_utime) + sec(r.ru_stime), r.ru_minflt, r.ru_nivcsw};
+}
+
+// Sets the per-iteration counters of a thread-count benchmark (see the file comment);
+// `one_thread_wall` keeps the first 1-thread run's wall seconds per iteration (it runs first;
+// the 1-thread run repeated last shows whether the machine's speed drifted meanwhile).
+void set_thread_counters(benchmark::State& state, const Usage& a, const Usage& b,
+                         double& one_thread_wall) {
+  const double iters = static_cast<double>(state.iterations());
+  const double threads = static_cast<double>(state.range(0));
+  const double wall = (b.wall - a.wall) / iters, cpu = (b.cpu - a.cpu) / iters;
+  if (state.range(0) == 1 && one_thread_wall == 0) one_thread_wall = wall;
+  state.counters["threads"] = threads;
+  if (one_thread_wall > 0) state.counters["x_linear"] = one_thread_wall / wall / threads;
+  state.counters["cpu_s"] = cpu;
+  state.counters["util"] = cpu / (wall * threads);
+  state.counters["faults"] = static_cast<double>(b.faults - a.faults) / iters;
+  state.counters["preempt"] = static_cast<double>(b.preempt - a.preempt) / iters;
+}
+
 void BM_ReferenceSparseMlaForward(benchmark::State& state) {
   dsa::set_max_threads(1);  // the single-thread rate against the single-thread GEMM
   const dsa::SparseMlaInputs in = make_inputs();
@@ -65,11 +105,14 @@ constexpr int64_t kSqGlm5 = 64;  // query rows of one glm5 preset case
 void BM_ReferenceSparseMlaForwardThreads(benchmark::State& state) {
   dsa::set_max_threads(static_cast<int>(state.range(0)));
   const dsa::SparseMlaInputs in = make_inputs(kSqGlm5);
+  benchmark::DoNotOptimize(dsa::reference::sparse_mla_forward(in).out.raw());  // warm-up
+  static double one_thread_wall = 0;
+  const Usage a = usage_now();
   for (auto _ : state) {
     dsa::SparseMlaForward f = dsa::reference::sparse_mla_forward(in);
     benchmark::DoNotOptimize(f.out.raw());
   }
-  state.counters["threads"] = static_cast<double>(state.range(0));
+  set_thread_counters(state, a, usage_now(), one_thread_wall);
   set_gflops(state, 2.0 * kSqGlm5 * kHq * kTopk * (kDqk + kDv));
 }
 
@@ -81,19 +124,23 @@ void BM_ReferenceSparseMlaBackwardThreads(benchmark::State& state) {
   std::mt19937_64 rng(7);
   std::normal_distribution<double> normal(0.0, 1.0);
   for (int64_t i = 0; i < dout.numel(); ++i) dout.set(i, normal(rng));
+  benchmark::DoNotOptimize(dsa::reference::sparse_mla_backward(in, dout).dkv.raw());  // warm-up
+  static double one_thread_wall = 0;
+  const Usage a = usage_now();
   for (auto _ : state) {
     dsa::SparseMlaGrads g = dsa::reference::sparse_mla_backward(in, dout);
     benchmark::DoNotOptimize(g.dkv.raw());
   }
-  state.counters["threads"] = static_cast<double>(state.range(0));
+  set_thread_counters(state, a, usage_now(), one_thread_wall);
   set_gflops(state, 3 * 2.0 * kSqGlm5 * kHq * kTopk * (kDqk + kDv));
 }
 
-// 1, 2, 4, 8, 16 threads, up to the hardware threads of this machine.
+// 1, 2, 4, 8, 16 threads, up to the hardware threads of this machine, then 1 again.
 void thread_counts(benchmark::internal::Benchmark* b) {
   const int hw = dsa::max_threads();
   for (int t : {1, 2, 4, 8, 16})
     if (t <= hw) b->Arg(t);
+  b->Arg(1);
 }
 
 // The two GEMMs of one query row at the same shapes, on already-gathered data: the ceiling
