@@ -4,7 +4,8 @@
 // two-read, radix) vs torch::topk sorted and unsorted; effective GB/s counts the scores read
 // once plus the int32 ids written (DSA_BENCH_MLA_ONLY=1 leaves (a) out); (b) sparse MLA
 // forward at the GLM-5 shape (s_q 4096, d_qk 576, d_v 512, k 2048; h_q 64 and 128, s_kv 8192
-// and 32768; the one-pass and the two-pass tensor-core kernels): sparse_mla_forward_device vs a
+// and 32768; the one-pass wgmma and mma.sync kernels and the two-pass tensor-core kernel):
+// sparse_mla_forward_device vs a
 // gathered attention composed from ATen ops (index_select + bmm + logsumexp + exp + bmm, bf16
 // operands, fp32 accumulation inside cuBLAS). CUDA events on the default stream, warm-up,
 // medians, inputs rotated so each timed call reads data not left in the 60 MB L2, random
@@ -236,7 +237,8 @@ int main() {
               << " | " << fmt("%.1f", tf) << " | " << fmt("%.1f%%", 100.0 * tf / kBf16Tflops)
               << " | - | - | " << note << " |\n";
       };
-      std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePass,
+      std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePassWgmma,
+                                                         dsa::cuda::SparseMlaKernel::OnePass,
                                                          dsa::cuda::SparseMlaKernel::TensorCore};
       if (std::getenv("DSA_BENCH_MLA_CUDA_CORE")) kernels.push_back(dsa::cuda::SparseMlaKernel::CudaCore);
       for (auto kern : kernels) {
@@ -248,7 +250,9 @@ int main() {
         const double rel = ((out.to(torch::kFloat32) - pout.to(torch::kFloat32)).norm() /
                             pout.to(torch::kFloat32).norm()).item<double>();
         const double lse_diff = (lse - plse).abs().max().item<double>();
-        const char* name = kern == dsa::cuda::SparseMlaKernel::OnePass
+        const char* name = kern == dsa::cuda::SparseMlaKernel::OnePassWgmma
+                               ? "dsa cuda, one pass (wgmma m64n32 / m64n256, cp.async gather, P bf16)"
+                           : kern == dsa::cuda::SparseMlaKernel::OnePass
                                ? "dsa cuda, one pass (mma.sync bf16, cp.async gather, online softmax, P bf16)"
                            : kern == dsa::cuda::SparseMlaKernel::TensorCore
                                ? "dsa cuda, tensor cores (wmma bf16, 2 passes, P hi+lo)"

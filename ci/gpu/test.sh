@@ -39,7 +39,7 @@ rc=$?
 echo "build rc=$rc (${SECONDS}s)" | tee -a "$out/summary.txt"
 [ $rc = 0 ] || { grep -v "ptxas info\|bytes stack frame" "$out/build.txt" | grep -B2 -A10 -i "error" | head -60; exit 1; }
 grep -A2 "topk_cluster_kernel" "$out/build.txt" | grep -E "registers|spill" | head -3
-grep -A2 "sparse_mla_fwd_onepass_kernel" "$out/build.txt" | grep -E "registers|spill" | head -2
+grep -A2 -E "sparse_mla_fwd_(onepass|wgmma)_kernel" "$out/build.txt" | grep -E "registers|spill" | head -6; grep -E "C75[0-9][0-9]" "$out/build.txt" | head -3
 bin=$bd/main/optimized/cuda
 SECONDS=0
 timeout 170 "$bin/dsa_cuda_tests" --gtest_filter="${CUDA_TEST_FILTER:-*}" >"$out/tests.txt" 2>&1

@@ -35,4 +35,17 @@ void launch_sparse_mla_onepass(int64_t s_q, cudaStream_t stream, const uint16_t*
                                int64_t d_qk, int64_t s_kv, int64_t k, int64_t d_v,
                                float sm_scale, uint16_t* out, float* lse, float* max_logits);
 
+/// Whether the wgmma kernel (sparse_mla_wgmma.cu, built for sm_90a) takes the shape: d_qk a
+/// multiple of 8 in (448, 576], d_v at most 512, q and kv 16-byte aligned, and the current
+/// device of compute capability 9.0.
+bool sparse_mla_wgmma_takes(int64_t d_qk, int64_t d_v, const void* q, const void* kv);
+
+/// Launches the wgmma kernel, one block of two warpgroups per (query row, 64 heads)
+/// (arguments as sparse_mla_forward_device, already checked, and sparse_mla_wgmma_takes true).
+void launch_sparse_mla_wgmma(int64_t s_q, cudaStream_t stream, const uint16_t* q,
+                             const uint16_t* kv, const int32_t* indices,
+                             const int32_t* topk_length, const float* attn_sink, int64_t h_q,
+                             int64_t d_qk, int64_t s_kv, int64_t k, int64_t d_v, float sm_scale,
+                             uint16_t* out, float* lse, float* max_logits);
+
 }  // namespace dsa::cuda::detail

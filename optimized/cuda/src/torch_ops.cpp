@@ -1,6 +1,6 @@
 // CUDA dispatch of the `dsa` operator library (schemas in optimized/src/ops.cpp, SPEC §3, §4):
 // dsa::topk_indices on CUDA tensors runs the cluster top-k kernel (select_topk_device) and
-// dsa::sparse_mla_fwd the one-pass sparse MLA forward (sparse_mla_forward_device, OnePass), on
+// dsa::sparse_mla_fwd the one-pass sparse MLA forward (sparse_mla_forward_device, OnePassWgmma), on
 // the current CUDA stream with device pointers, no host copies. Inputs a kernel does not take
 // (top-k: scores not fp32, windows not int on the scores' device, k or s_kv over 2^31-1;
 // sparse MLA: q/kv not bf16, indices/topk_length not int32, attn_sink not fp32, a tensor on
@@ -125,7 +125,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fwd_cuda(
       sink.defined() ? sink.data_ptr<float>() : nullptr, s_q, h_q, d_qk, s_kv, k, d_v,
       static_cast<float>(sm_scale), reinterpret_cast<uint16_t*>(out.data_ptr()),
       lse.data_ptr<float>(), max_logits.data_ptr<float>(), current_stream(qc.device()),
-      SparseMlaKernel::OnePass);
+      SparseMlaKernel::OnePassWgmma);
   return {out, lse, max_logits};
 }
 

@@ -332,13 +332,15 @@ const char* kernel_name(dsa::cuda::SparseMlaKernel k) {
   switch (k) {
     case dsa::cuda::SparseMlaKernel::CudaCore: return "[cuda cores] ";
     case dsa::cuda::SparseMlaKernel::TensorCore: return "[tensor cores, 2 passes] ";
-    case dsa::cuda::SparseMlaKernel::OnePass: return "[one pass] ";
+    case dsa::cuda::SparseMlaKernel::OnePass: return "[one pass, mma.sync] ";
+    case dsa::cuda::SparseMlaKernel::OnePassWgmma: return "[one pass, wgmma] ";
   }
   return "[?] ";
 }
 
-// Every sparse MLA kernel (CUDA cores, tensor cores in 2 passes, one pass) is checked on
-// every case; DSA_MLA_ONEPASS_ONLY=1 checks the one-pass kernel only (short GPU runs).
+// Every sparse MLA kernel (CUDA cores, tensor cores in 2 passes, one pass on mma.sync and on
+// wgmma) is checked on every case; DSA_MLA_ONEPASS_ONLY=1 checks the one-pass kernels only
+// (short GPU runs).
 // WEAK rows are allowed explicitly (CheckOptions::allow_weak): weakness is a property of the
 // case, not of the candidate (the bound of a bf16 out row whose value cancels, |out| small
 // against Σ|p_j v_j|, exceeds θ of its scale); on the H200 the same 1 of 8 and 1 of 256 rows
@@ -347,7 +349,8 @@ const char* kernel_name(dsa::cuda::SparseMlaKernel k) {
 void expect_mla_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label) {
   dsa::oracle::CheckOptions opt = dsa::oracle::default_check_options();
   opt.allow_weak = true;
-  std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePass};
+  std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePassWgmma,
+                                                     dsa::cuda::SparseMlaKernel::OnePass};
   if (!std::getenv("DSA_MLA_ONEPASS_ONLY")) {
     kernels.push_back(dsa::cuda::SparseMlaKernel::CudaCore);
     kernels.push_back(dsa::cuda::SparseMlaKernel::TensorCore);
@@ -368,7 +371,8 @@ TEST_F(CudaBackendTest, SparseMlaForwardShapesAndEdges) {
       {4, 64, 576, 512, 700, 257}, {4, 3, 63, 17, 40, 31},     {4, 16, 576, 512, 2049, 2048},
       {4, 2, 128, 128, 33, 1},     {8, 17, 320, 300, 200, 100}, {2, 16, 1024, 1000, 64, 70},
       // one-pass kernel: two 64-head groups (h_q 128), a padded second group, d_qk 512.
-      {4, 128, 576, 512, 400, 200}, {4, 100, 576, 512, 300, 129}, {4, 64, 512, 512, 500, 130}};
+      {4, 128, 576, 512, 400, 200}, {4, 100, 576, 512, 300, 129}, {4, 64, 512, 512, 500, 130},
+      {4, 64, 576, 448, 300, 100},  {3, 64, 520, 510, 90, 70}};
   uint64_t seed = 500;
   for (const MlaShape& s : shapes) {
     for (int variant = 0; variant < 3; ++variant) {
@@ -407,7 +411,31 @@ TEST_P(CudaMlaKernelTest, SparseMlaForwardEmptyRowsAreExact) {
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaMlaKernelTest,
                          ::testing::Values(dsa::cuda::SparseMlaKernel::CudaCore,
                                            dsa::cuda::SparseMlaKernel::TensorCore,
-                                           dsa::cuda::SparseMlaKernel::OnePass));
+                                           dsa::cuda::SparseMlaKernel::OnePass,
+                                           dsa::cuda::SparseMlaKernel::OnePassWgmma));
+
+// The wgmma kernel needs d_qk in (448, 576]: with d_qk 64 the empty-rows test above ran the
+// mma.sync fallback, so the same exact checks run here at d_qk 576.
+TEST_F(CudaBackendTest, SparseMlaWgmmaEmptyRowsAreExact) {
+  OpCase c = make_mla({4, 64, 576, 512, 10, 70}, 43, false, 2);
+  std::vector<int32_t> idx(4 * 70, -1);
+  idx[70 * 2 + 66] = 3;  // row 2: one valid slot, in its second tile; the others none
+  c.mla.indices = Tensor::from_i32({4, 70}, idx);
+  dsa::cuda::CudaBackendOptions o;
+  o.mla_kernel = dsa::cuda::SparseMlaKernel::OnePassWgmma;
+  const dsa::SparseMlaForward r = dsa::cuda::make_cuda_backend(o)->sparse_mla_forward(c.mla);
+  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{3}}) {
+    for (int64_t h = 0; h < 64; ++h) {
+      EXPECT_EQ(r.lse.data<float>()[t * 64 + h], std::numeric_limits<float>::infinity());
+      EXPECT_EQ(r.max_logits.data<float>()[t * 64 + h], -std::numeric_limits<float>::infinity());
+    }
+    for (int64_t i = t * 64 * 512; i < (t + 1) * 64 * 512; ++i) ASSERT_EQ(r.out.get(i), 0.0) << i;
+  }
+  bool nonzero = false;
+  for (int64_t i = 2 * 64 * 512; i < 3 * 64 * 512; ++i) nonzero |= r.out.get(i) != 0.0;
+  EXPECT_TRUE(nonzero) << "row 2 (one valid slot) came back all zero";
+  expect_mla_pass(*backend_, c, "empty rows, d_qk 576");
+}
 
 // The sanitizer case (compute-sanitizer memcheck / racecheck in ci/gpu/test.sh): the
 // production head count and width on a few rows full of invalid ids of every kind,

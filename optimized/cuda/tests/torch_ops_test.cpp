@@ -101,7 +101,7 @@ TEST_F(TorchOpsCudaTest, BadInputRaisesTheCompositeError) {
 }
 
 // dsa::sparse_mla_fwd on CUDA tensors runs the one-pass kernel: the dispatcher's result is
-// bitwise what sparse_mla_forward_device(OnePass) returns on the same device tensors (its
+// bitwise what sparse_mla_forward_device(OnePassWgmma) returns on the same device tensors (its
 // accuracy is judged by the oracle in dsa_cuda_tests), repeated calls are bitwise identical,
 // empty rows give 0 / +inf / -inf, and inputs the kernel does not take go to the composite.
 TEST_F(TorchOpsCudaTest, SparseMlaFwdRunsTheOnePassKernel) {
@@ -127,7 +127,7 @@ TEST_F(TorchOpsCudaTest, SparseMlaFwdRunsTheOnePassKernel) {
       reinterpret_cast<const uint16_t*>(q.data_ptr()), reinterpret_cast<const uint16_t*>(kv.data_ptr()),
       idx.data_ptr<int32_t>(), len.data_ptr<int32_t>(), sink.data_ptr<float>(), s_q, h_q, d_qk,
       s_kv, k, d_v, static_cast<float>(scale), reinterpret_cast<uint16_t*>(out.data_ptr()),
-      lse.data_ptr<float>(), mx.data_ptr<float>(), nullptr, dsa::cuda::SparseMlaKernel::OnePass);
+      lse.data_ptr<float>(), mx.data_ptr<float>(), nullptr, dsa::cuda::SparseMlaKernel::OnePassWgmma);
   ASSERT_TRUE(std::get<0>(got).is_cuda());
   EXPECT_EQ(std::get<0>(got).scalar_type(), at::kBFloat16);
   EXPECT_TRUE(at::equal(std::get<0>(got), out));

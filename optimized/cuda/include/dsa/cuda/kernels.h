@@ -52,8 +52,11 @@ int64_t sparse_mla_max_d_v();
 /// into a two-stage shared-memory pipeline, mma.sync m16n8k16 with fp32 accumulation, online
 /// softmax in fp32 registers, P rounded to bf16 for P V (as FlashMLA); shapes it does not
 /// take (d_qk not a multiple of 8 or over 576, d_v over 512, q or kv not 16-byte aligned)
-/// run TensorCore.
-enum class SparseMlaKernel { CudaCore, TensorCore, OnePass };
+/// run TensorCore. OnePassWgmma: the same algorithm on Hopper's wgmma (sm_90a; two
+/// warpgroups, S = Q K^T as m64n32k16 per half of the slots, O += P V as m64n256k16 per half
+/// of d_v, operands in 128-byte-swizzled shared memory); shapes it does not take (d_qk outside
+/// (448, 576], d_v over 512, a device other than compute capability 9.0) run OnePass.
+enum class SparseMlaKernel { CudaCore, TensorCore, OnePass, OnePassWgmma };
 
 /// Sparse MLA forward (SPEC §4, §6), MQA with one KV head. q [s_q,h_q,d_qk] bf16 (raw bits),
 /// kv [s_kv,d_qk] bf16, indices [s_q,k] int32 (any value; slot j of row t is valid iff

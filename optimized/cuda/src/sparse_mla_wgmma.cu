@@ -1,0 +1,432 @@
+// Sparse MLA forward in one pass with Hopper's warpgroup matrix instructions (SPEC §4, §6):
+// wgmma.mma_async (sm_90a), the kernel behind SparseMlaKernel::OnePassWgmma.
+//
+// One thread block per (query row, group of 64 heads), two warpgroups (256 threads). The 64
+// heads are wgmma's M. Q of the group, two stages of 64 gathered kv rows and P live in shared
+// memory in the 128-byte-swizzled layout wgmma reads through matrix descriptors: each 64-wide
+// column block of a 64-row operand is 8 KB of 128-byte rows, the 16-byte chunk c of row r
+// stored at chunk c ^ (r % 8), every block 1024-byte aligned.
+//
+// Per tile of 64 slots (slot order; invalid slots are zero-filled by cp.async with a zero
+// source size, never read, and masked to -inf):
+//   1. warpgroup w computes S[:, 32w..32w+31] = Q K^T with 4 x d_qk/64 wgmma m64n32k16 (Q and
+//      K K-major); meanwhile its threads issue the cp.async gather of the next tile into the
+//      other stage;
+//   2. the half-row maxima meet in shared memory; the online softmax runs in fp32 registers
+//      (a running max still -inf is replaced by 0 in the exponent: a fully masked leading tile
+//      gives p = 0, never exp(-inf - -inf)); P is written in bf16 (fence.proxy.async);
+//   3. warpgroup w computes O[:, 256w..256w+255] += P V with 4 wgmma m64n256k16 (P K-major, V
+//      the same kv rows read MN-major), O (128 fp32 registers per thread) rescaled first.
+// At the end O is scaled by 1/l and the sink factor; lse = m + ln l, max_logits = m.
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda_check.h"
+#include "sparse_mla_internal.h"
+
+namespace dsa::cuda::detail {
+namespace {
+
+constexpr int kThreads = 256;            // two warpgroups
+constexpr int kHeads = 64;               // wgmma M
+constexpr int kTile = 64;                // slots per tile
+constexpr uint32_t kBlockBytes = 8192;   // one 64-column block of a 64-row operand
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct WgLayout {
+  int nb;  // 64-column blocks of d_qk (8 or 9)
+  uint32_t tile, off_kv0, off_kv1, off_p, off_ids, off_red, total;
+};
+
+__host__ __device__ inline WgLayout wg_layout(int64_t d_qk) {
+  WgLayout L{};
+  L.nb = static_cast<int>((d_qk + 63) / 64);
+  L.tile = static_cast<uint32_t>(L.nb) * kBlockBytes;
+  L.off_kv0 = L.tile;
+  L.off_kv1 = 2 * L.tile;
+  L.off_p = 3 * L.tile;
+  L.off_ids = L.off_p + kBlockBytes;      // [2][kTile] int
+  L.off_red = L.off_ids + 2 * kTile * 4;  // [2][kHeads] float
+  L.total = L.off_red + 2 * kHeads * 4 + 1024;  // + slack to align the base to 1024
+  return L;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+/// 16-byte cp.async; src_bytes 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+/// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+/// Orders the compiler's uses of an accumulator register after the asm statements before it.
+__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+/// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"):
+/// start address, leading and stride byte offsets, all in 16-byte units.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) |
+         (static_cast<uint64_t>((lbo & 0x3FFFFu) >> 4) << 16) |
+         (static_cast<uint64_t>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ int slot_id(const int32_t* irow, int64_t slot, int64_t lim, int s_kv) {
+  if (slot >= lim) return -1;
+  const int v = irow[slot];
+  return (v >= 0 && v < s_kv) ? v : -1;
+}
+
+/// D += A B, wgmma m64n32k16, bf16 from shared memory (descriptors), fp32 accumulators;
+/// B K-major. Asynchronous: commit and wait before reading d.
+__device__ __forceinline__ void wgmma_m64n32(float (&d)[16], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+/// D += A B, wgmma m64n256k16, bf16 from shared memory (descriptors), fp32 accumulators;
+/// B MN-major (transposed). Asynchronous: commit and wait before reading d.
+__device__ __forceinline__ void wgmma_m64n256_bt(float (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db), "r"(1));
+}
+
+template <int NB>  // 64-column blocks of d_qk: 8 (d_qk 449..512) or 9 (513..576)
+__global__ void __launch_bounds__(kThreads, 1)
+    sparse_mla_fwd_wgmma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv,
+                                const int32_t* __restrict__ indices,
+                                const int32_t* __restrict__ topk_length,
+                                const float* __restrict__ attn_sink, int h_q, int d_qk, int s_kv,
+                                int64_t k, int d_v, float sm_scale, uint16_t* __restrict__ out,
+                                float* __restrict__ lse_out, float* __restrict__ max_out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const WgLayout L = wg_layout(d_qk);
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t sb = (raw + 1023u) & ~1023u;  // Q at sb; every region 1024-aligned
+  unsigned char* smem = smem_raw + (sb - raw);
+  int* ids_s = reinterpret_cast<int*>(smem + L.off_ids);
+  float* red_s = reinterpret_cast<float*>(smem + L.off_red);
+  uint32_t* p_w = reinterpret_cast<uint32_t*>(smem + L.off_p);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wi = warp & 3, g = lane >> 2, c4 = lane & 3;
+  const int n_groups = (h_q + kHeads - 1) / kHeads;
+  const int64_t t = blockIdx.x / n_groups;
+  const int h0 = static_cast<int>(blockIdx.x % n_groups) * kHeads;
+  constexpr int nb = NB;
+  const int src_chunks = d_qk / 8;
+
+  // Loads: thread tid fills rows tid/8 and tid/8 + 32, 16-byte chunk tid%8 of every block.
+  const int ld_row = tid >> 3, ld_sub = tid & 7;
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int r = ld_row + 32 * u;
+    const bool head = h0 + r < h_q;
+    const uint16_t* src = q + (t * h_q + h0 + (head ? r : 0)) * static_cast<int64_t>(d_qk);
+    const uint32_t dst = sb + r * 128 + ((ld_sub ^ (r & 7)) << 4);
+#pragma unroll
+    for (int b = 0; b < nb; ++b) {
+      const int c = 8 * b + ld_sub;
+      const bool ok = head && c < src_chunks;
+      cp_async16(dst + b * kBlockBytes, ok ? src + 8 * c : q, ok ? 16u : 0u);
+    }
+  }
+
+  int64_t lim = k;
+  if (topk_length) lim = min(lim, static_cast<int64_t>(max(topk_length[t], 0)));
+  const int n_tiles = static_cast<int>((lim + kTile - 1) / kTile);
+  const int32_t* irow = indices + t * k;
+  auto fetch_ids = [&](int tile, int (&id)[2]) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u)
+      id[u] = slot_id(irow, static_cast<int64_t>(tile) * kTile + ld_row + 32 * u, lim, s_kv);
+  };
+  auto load_tile = [&](int stage, const int (&id)[2]) {
+    const uint32_t base = sb + (stage ? L.off_kv1 : L.off_kv0);
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int r = ld_row + 32 * u;
+      if (ld_sub == 0) ids_s[stage * kTile + r] = id[u];
+      const uint16_t* src = kv + static_cast<int64_t>(id[u] < 0 ? 0 : id[u]) * d_qk;
+      const uint32_t dst = base + r * 128 + ((ld_sub ^ (r & 7)) << 4);
+#pragma unroll
+      for (int b = 0; b < nb; ++b) {
+        const int c = 8 * b + ld_sub;
+        const bool ok = id[u] >= 0 && c < src_chunks;
+        cp_async16(dst + b * kBlockBytes, ok ? src + 8 * c : q, ok ? 16u : 0u);
+      }
+    }
+  };
+
+  int pre[2];
+  if (n_tiles > 0) {
+    fetch_ids(0, pre);
+    load_tile(0, pre);
+    fetch_ids(1, pre);
+  }
+  cp_async_commit();
+
+  const int r0 = 16 * wi + g, r1 = r0 + 8;  // accumulator rows of this thread (S and O)
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  constexpr int ksteps = 4 * nb;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it & 1;
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();  // tile `it` (and Q) landed; both warpgroups are done with tile it-1
+    const uint32_t kb = sb + (stage ? L.off_kv1 : L.off_kv0);
+
+    // 1. S = Q K^T for slots 32wg..32wg+31 (asynchronous), then the next tile's gather.
+    float s[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      s[i] = 0.f;
+      reg_fence(s[i]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < ksteps; ++ks) {
+      const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
+      wgmma_m64n32(s, sw128_desc(sb + off, 16, 1024),
+                   sw128_desc(kb + off + wg * 32 * 128, 16, 1024));
+    }
+    wgmma_commit();
+    if (it + 1 < n_tiles) {
+      load_tile(stage ^ 1, pre);
+      if (it + 2 < n_tiles) fetch_ids(it + 2, pre);
+    }
+    cp_async_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) reg_fence(s[i]);
+
+    // 2. Masked, scaled logits; half-row maxima; online softmax; P in bf16.
+    const int* ids = ids_s + stage * kTile;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = 32 * wg + 8 * j + 2 * c4;
+      const bool v0 = ids[col] >= 0, v1 = ids[col + 1] >= 0;
+      s[4 * j + 0] = v0 ? s[4 * j + 0] * sm_scale : -INFINITY;
+      s[4 * j + 1] = v1 ? s[4 * j + 1] * sm_scale : -INFINITY;
+      s[4 * j + 2] = v0 ? s[4 * j + 2] * sm_scale : -INFINITY;
+      s[4 * j + 3] = v1 ? s[4 * j + 3] * sm_scale : -INFINITY;
+      mx[0] = fmaxf(mx[0], fmaxf(s[4 * j + 0], s[4 * j + 1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], off));
+      mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], off));
+    }
+    if (c4 == 0) {
+      red_s[wg * kHeads + r0] = mx[0];
+      red_s[wg * kHeads + r1] = mx[1];
+    }
+    __syncthreads();
+    float alpha[2], neg[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = i ? r1 : r0;
+      const float mn = fmaxf(m_run[i], fmaxf(red_s[r], red_s[kHeads + r]));
+      const float base = mn == -INFINITY ? 0.f : mn;
+      alpha[i] = ex2((m_run[i] - base) * kLog2e);
+      m_run[i] = mn;
+      neg[i] = -base * kLog2e;
+    }
+    float ps[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float p0 = ex2(fmaf(s[4 * j + 0], kLog2e, neg[0]));
+      const float p1 = ex2(fmaf(s[4 * j + 1], kLog2e, neg[0]));
+      const float p2 = ex2(fmaf(s[4 * j + 2], kLog2e, neg[1]));
+      const float p3 = ex2(fmaf(s[4 * j + 3], kLog2e, neg[1]));
+      ps[0] += p0 + p1;
+      ps[1] += p2 + p3;
+      const int chunk = 4 * wg + j;
+      p_w[r0 * 32 + ((chunk ^ (r0 & 7)) << 2) + c4] = pack_bf16(p0, p1);
+      p_w[r1 * 32 + ((chunk ^ (r1 & 7)) << 2) + c4] = pack_bf16(p2, p3);
+    }
+    l_run[0] = l_run[0] * alpha[0] + ps[0];
+    l_run[1] = l_run[1] * alpha[1] + ps[1];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j + 0] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+    fence_proxy_async();
+    __syncthreads();  // P complete
+
+    // 3. O[:, 256wg..] += P V.
+#pragma unroll
+    for (int i = 0; i < 128; ++i) reg_fence(o[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk)
+      wgmma_m64n256_bt(o, sw128_desc(sb + L.off_p + kk * 32, 16, 1024),
+                       sw128_desc(kb + 4 * wg * kBlockBytes + kk * 16 * 128, kBlockBytes, 1024));
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) reg_fence(o[i]);
+  }
+  cp_async_wait_all();
+
+  // Row statistics: l over the 4 lanes of a row, then over the two warpgroups' halves.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(0xffffffffu, l_run[i], 2);
+  }
+  __syncthreads();
+  if (c4 == 0) {
+    red_s[wg * kHeads + r0] = l_run[0];
+    red_s[wg * kHeads + r1] = l_run[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = i ? r1 : r0;
+    const int h = h0 + r;
+    if (h >= h_q) continue;
+    const float l = red_s[r] + red_s[kHeads + r];
+    const int64_t at = t * h_q + h;
+    float fac = 0.f;
+    if (l > 0.f) {  // l >= 1 whenever the row has a valid slot
+      const float lse = m_run[i] + logf(l);
+      fac = 1.f / l;
+      if (attn_sink) fac *= 1.f / (1.f + expf(attn_sink[h] - lse));
+      if (wg == 0 && c4 == 0) {
+        lse_out[at] = lse;
+        max_out[at] = m_run[i];
+      }
+    } else if (wg == 0 && c4 == 0) {
+      lse_out[at] = INFINITY;
+      max_out[at] = -INFINITY;
+    }
+    uint16_t* orow = out + at * static_cast<int64_t>(d_v);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int col = 256 * wg + 8 * j + 2 * c4;
+      const float x0 = o[4 * j + 2 * i] * fac, x1 = o[4 * j + 2 * i + 1] * fac;
+      if ((d_v & 1) == 0) {
+        if (col < d_v) *reinterpret_cast<uint32_t*>(orow + col) = pack_bf16(x0, x1);
+      } else {
+        if (col < d_v) orow[col] = __bfloat16_as_ushort(__float2bfloat16_rn(x0));
+        if (col + 1 < d_v) orow[col + 1] = __bfloat16_as_ushort(__float2bfloat16_rn(x1));
+      }
+    }
+  }
+#else
+  __trap();  // built without sm_90a: sparse_mla_wgmma_takes() keeps launches away
+#endif
+}
+
+}  // namespace
+
+bool sparse_mla_wgmma_takes(int64_t d_qk, int64_t d_v, const void* q, const void* kv) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  if (!(d_qk % 8 == 0 && d_qk > 448 && d_qk <= 576 && d_v <= 512 && aligned(q) && aligned(kv)))
+    return false;
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+}
+
+void launch_sparse_mla_wgmma(int64_t s_q, cudaStream_t stream, const uint16_t* q,
+                             const uint16_t* kv, const int32_t* indices,
+                             const int32_t* topk_length, const float* attn_sink, int64_t h_q,
+                             int64_t d_qk, int64_t s_kv, int64_t k, int64_t d_v, float sm_scale,
+                             uint16_t* out, float* lse, float* max_logits) {
+  const char* where = "sparse_mla_forward_device (one pass, wgmma)";
+  const size_t smem = wg_layout(d_qk).total;
+  const int64_t blocks = s_q * ((h_q + kHeads - 1) / kHeads);
+  auto go = [&](auto kernel) {
+    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem)));
+    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+        q, kv, indices, topk_length, attn_sink, static_cast<int>(h_q), static_cast<int>(d_qk),
+        static_cast<int>(s_kv), k, static_cast<int>(d_v), sm_scale, out, lse, max_logits);
+  };
+  if (wg_layout(d_qk).nb == 8)
+    go(sparse_mla_fwd_wgmma_kernel<8>);
+  else
+    go(sparse_mla_fwd_wgmma_kernel<9>);
+  DSA_CUDA_CHECK(where, cudaGetLastError());
+}
+
+}  // namespace dsa::cuda::detail
