@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 
@@ -94,6 +95,67 @@ void dkv_slot_terms(size_t w, const DkvSlot& x, const double* __restrict q,
   }
 }
 
+// Two doubles in one register (GCC/Clang vector extension: per-lane IEEE operations, the
+// same results as scalar code; SSE2 on x86-64, NEON on AArch64).
+typedef double V2 __attribute__((vector_size(16)));
+typedef long long V2i __attribute__((vector_size(16)));
+inline V2 vabs(V2 x) {
+  const V2i mask = {0x7fffffffffffffffLL, 0x7fffffffffffffffLL};
+  return reinterpret_cast<V2>(reinterpret_cast<V2i>(x) & mask);
+}
+inline V2 vload(const double* p) {
+  V2 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// dot[h·n + j] = Σ_c q_hc kv_jc and ad[h·n + j] = Σ_c |q_hc kv_jc| for the H rows of q (row
+// stride qs, first `len` columns) and the n key rows kv_j = kv + key_j·ks (key_j = ids[j], or
+// first + j when ids is null). Each sum runs over c in ascending order, exactly as a plain
+// loop per (h, j) does; heads are innermost, 8 at a time in registers.
+void head_dots(const double* q, size_t H, size_t qs, size_t len, const double* kv, size_t ks,
+               const int64_t* ids, int64_t first, size_t n, double* dot, double* ad) {
+  std::vector<double> Qt(len * H);
+  for (size_t h = 0; h < H; ++h)
+    for (size_t c = 0; c < len; ++c) Qt[c * H + h] = q[h * qs + c];
+  for (size_t j = 0; j < n; ++j) {
+    const double* k = kv + static_cast<size_t>(ids ? ids[j] : first + static_cast<int64_t>(j)) * ks;
+    size_t h0 = 0;
+    for (; h0 + 8 <= H; h0 += 8) {
+      V2 d0 = {0, 0}, d1 = d0, d2 = d0, d3 = d0, a0 = d0, a1 = d0, a2 = d0, a3 = d0;
+      const double* qc = &Qt[h0];
+      for (size_t c = 0; c < len; ++c, qc += H) {
+        const V2 x = {k[c], k[c]};
+        const V2 p0 = vload(qc) * x, p1 = vload(qc + 2) * x, p2 = vload(qc + 4) * x,
+                 p3 = vload(qc + 6) * x;
+        d0 += p0;
+        d1 += p1;
+        d2 += p2;
+        d3 += p3;
+        a0 += vabs(p0);
+        a1 += vabs(p1);
+        a2 += vabs(p2);
+        a3 += vabs(p3);
+      }
+      const V2 dd[4] = {d0, d1, d2, d3}, aa[4] = {a0, a1, a2, a3};
+      for (size_t l = 0; l < 8; ++l) {
+        dot[(h0 + l) * n + j] = dd[l / 2][l % 2];
+        ad[(h0 + l) * n + j] = aa[l / 2][l % 2];
+      }
+    }
+    for (; h0 < H; ++h0) {
+      double dd = 0, aa = 0;
+      for (size_t c = 0; c < len; ++c) {
+        const double pr = Qt[c * H + h0] * k[c];
+        dd += pr;
+        aa += std::abs(pr);
+      }
+      dot[h0 * n + j] = dd;
+      ad[h0 * n + j] = aa;
+    }
+  }
+}
+
 void require(bool ok, const char* where, const char* arg, const std::string& got,
              const std::string& expected) {
   check_arg(ok, where, arg, got, expected);
@@ -113,30 +175,43 @@ double unit_roundoff(DType dtype) {
                               dtype_name(dtype) + ", expected a floating dtype");
 }
 
-CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
-                                 const KeyWindows& windows) {
+namespace {
+// The argument rules of the indexer floors (errors name indexer_scores_floors).
+void check_indexer_args(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                        const KeyWindows& windows) {
   const char* where = "indexer_scores_floors";
   require(q_idx.dim() == 3 && k_idx.dim() == 2 && w.dim() == 2, where, "q_idx/k_idx/w",
           shape_str(q_idx.shape()) + " " + shape_str(k_idx.shape()) + " " + shape_str(w.shape()),
           "[s_q,H_I,d_I], [s_kv,d_I], [s_q,H_I]");
+  require(windows.s_q() == q_idx.size(0) && windows.s_kv == k_idx.size(0), where, "windows",
+          std::to_string(windows.s_q()) + " rows", std::to_string(q_idx.size(0)) + " rows");
+}
+}  // namespace
+
+CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                 const KeyWindows& windows) {
+  check_indexer_args(q_idx, k_idx, w, windows);
   const int64_t s_q = q_idx.size(0), H = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
-  require(windows.s_q() == s_q && windows.s_kv == s_kv, where, "windows",
-          std::to_string(windows.s_q()) + " rows", std::to_string(s_q) + " rows");
   const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64();
   OutputFloor f = make(s_q * s_kv, s_kv,
                        "u(sqrt(Σ_j (w_j(√d_I|q_j·k| + Σ_d|q_jd k_d|))^2) + √H_I|I| + Σ_j|w_j r_j|)");
   const double sd = std::sqrt(static_cast<double>(d)), sh = std::sqrt(static_cast<double>(H));
-  for (int64_t t = 0; t < s_q; ++t)
-    for (int64_t s = std::max<int64_t>(0, windows.ks[t]); s < std::min(s_kv, windows.ke[t]); ++s) {
+  // Rows in parallel (each writes its own row); the dots of every head over the row's window
+  // first (heads innermost, each sum in c order), then the sums over heads per key.
+  parallel_for(s_q, static_cast<double>(s_kv) * static_cast<double>(H) * static_cast<double>(d) * 4,
+               [&](int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t ks = std::max<int64_t>(0, windows.ks[t]), ke = std::min(s_kv, windows.ke[t]);
+    if (ke <= ks) continue;
+    const size_t nw = static_cast<size_t>(ke - ks), HH = static_cast<size_t>(H);
+    std::vector<double> dotH(HH * nw), adH(HH * nw);
+    head_dots(&Q[static_cast<size_t>(t * H * d)], HH, static_cast<size_t>(d), static_cast<size_t>(d),
+              K.data(), static_cast<size_t>(d), nullptr, ks, nw, dotH.data(), adH.data());
+    for (int64_t s = ks; s < ke; ++s) {
       double dots2 = 0, val = 0, abs_sum = 0, terms = 0;
       for (int64_t j = 0; j < H; ++j) {
-        const double* q = &Q[static_cast<size_t>((t * H + j) * d)];
-        const double* k = &K[static_cast<size_t>(s * d)];
-        double dot = 0, ad = 0;
-        for (int64_t c = 0; c < d; ++c) {
-          dot += q[c] * k[c];
-          ad += std::abs(q[c] * k[c]);
-        }
+        const size_t x = static_cast<size_t>(j) * nw + static_cast<size_t>(s - ks);
+        const double dot = dotH[x], ad = adH[x];
         const double r = std::max(dot, 0.0), wj = W[static_cast<size_t>(t * H + j)];
         const double de = std::abs(wj) * (sd * std::abs(dot) + ad);
         dots2 += de * de;
@@ -148,6 +223,8 @@ CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const
       f.acc[e] = kU32 * (std::sqrt(dots2) + sh * std::abs(val) + abs_sum);
       f.terms[e] = terms;
     }
+  }
+               });
   f.logit_scale = true;
   CaseFloors out;
   out["scores"] = std::move(f);
@@ -157,8 +234,8 @@ CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const
 CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
                                    const KeyWindows& windows, const Tensor& d_scores) {
   const char* where = "indexer_backward_floors";
-  CaseFloors out = indexer_scores_floors(q_idx, k_idx, w, windows);
-  out.erase("scores");
+  check_indexer_args(q_idx, k_idx, w, windows);
+  CaseFloors out;
   const int64_t s_q = q_idx.size(0), H = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
   require(d_scores.dim() == 2 && d_scores.size(0) == s_q && d_scores.size(1) == s_kv, where,
           "d_scores", shape_str(d_scores.shape()), "[s_q, s_kv]");
@@ -178,8 +255,35 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
   std::vector<int64_t> dk_n(static_cast<size_t>(s_kv), 0);
   std::vector<double> dq_t(static_cast<size_t>(d)), dq_amb(static_cast<size_t>(d)),
       dq_v(static_cast<size_t>(d));
+  // The dots of every head over each row's window, for a block of rows in parallel (heads
+  // innermost, each sum in c order); then the sums in the serial (t, j, s) order.
+  const int64_t block = std::max<int64_t>(1, std::min<int64_t>(s_q, 4 * max_threads()));
+  std::vector<std::vector<double>> dotB(static_cast<size_t>(block)), adB(dotB);
+  const size_t HH = static_cast<size_t>(H), DD = static_cast<size_t>(d);
   for (int64_t t = 0; t < s_q; ++t) {
     const int64_t ks = std::max<int64_t>(0, windows.ks[t]), ke = std::min(s_kv, windows.ke[t]);
+    const size_t nw = ke > ks ? static_cast<size_t>(ke - ks) : 0;
+    if (t % block == 0) {
+      const int64_t nb = std::min(block, s_q - t);
+      parallel_for(nb, static_cast<double>(s_kv) * static_cast<double>(H) * static_cast<double>(d) * 4,
+                   [&](int64_t b0, int64_t b1) {
+                     for (int64_t b = b0; b < b1; ++b) {
+                       const int64_t tb = t + b;
+                       const int64_t ks_ = std::max<int64_t>(0, windows.ks[tb]),
+                                     ke_ = std::min(s_kv, windows.ke[tb]);
+                       const size_t n_ = ke_ > ks_ ? static_cast<size_t>(ke_ - ks_) : 0;
+                       std::vector<double>& dt = dotB[static_cast<size_t>(b)];
+                       std::vector<double>& at = adB[static_cast<size_t>(b)];
+                       dt.resize(HH * n_);
+                       at.resize(HH * n_);
+                       if (n_ > 0)
+                         head_dots(&Q[static_cast<size_t>(tb) * HH * DD], HH, DD, DD, K.data(), DD,
+                                   nullptr, ks_, n_, dt.data(), at.data());
+                     }
+                   });
+    }
+    const std::vector<double>& dotT = dotB[static_cast<size_t>(t % block)];
+    const std::vector<double>& adT = adB[static_cast<size_t>(t % block)];
     for (int64_t j = 0; j < H; ++j) {
       const double* q = &Q[static_cast<size_t>((t * H + j) * d)];
       const double wj = W[static_cast<size_t>(t * H + j)];
@@ -192,11 +296,8 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
         const double g = G[static_cast<size_t>(t * s_kv + s)];
         if (!std::isfinite(g) || g == 0) continue;
         const double* k = &K[static_cast<size_t>(s * d)];
-        double dot = 0, ad = 0;
-        for (int64_t c = 0; c < d; ++c) {
-          dot += q[c] * k[c];
-          ad += std::abs(q[c] * k[c]);
-        }
+        const size_t x = static_cast<size_t>(j) * nw + static_cast<size_t>(s - ks);
+        const double dot = dotT[x], ad = adT[x];
         ++n;
         const double de = std::abs(g) * (sd * std::abs(dot) + ad);
         w_dots2 += de * de;
@@ -371,51 +472,19 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
     const double sn = std::sqrt(static_cast<double>(n));
     // Logits of every head (heads innermost): P = sm·q·kv_j, E = √d_qk|P| + |sm|Σ|q kv_j|;
     // with dout also g_j = dout·v_j and Σ|dout v_j|.
-    std::vector<double> Qt(DQK * H), PH(H * n), EH(H * n), dotv(H), adv(H);
-    for (size_t h = 0; h < H; ++h)
-      for (size_t c = 0; c < DQK; ++c) Qt[c * H + h] = Q[(static_cast<size_t>(t) * H + h) * DQK + c];
-    std::vector<double> dOt, gH, GH;
+    std::vector<double> PH(H * n), EH(H * n), gH, GH;
+    head_dots(&Q[static_cast<size_t>(t) * H * DQK], H, DQK, DQK, KV.data(), DQK, ids.data(), 0, n,
+              PH.data(), EH.data());
+    for (size_t x = 0; x < H * n; ++x) {
+      const double P = sm * PH[x];
+      EH[x] = sdqk * std::abs(P) + asm_ * EH[x];
+      PH[x] = P;
+    }
     if (dout) {
-      dOt.resize(DV * H);
       gH.resize(H * n);
       GH.resize(H * n);
-      for (size_t h = 0; h < H; ++h)
-        for (size_t c = 0; c < DV; ++c) dOt[c * H + h] = dO[(static_cast<size_t>(t) * H + h) * DV + c];
-    }
-    for (size_t j = 0; j < n; ++j) {
-      const double* kv = &KV[static_cast<size_t>(ids[j]) * DQK];
-      std::fill(dotv.begin(), dotv.end(), 0.0);
-      std::fill(adv.begin(), adv.end(), 0.0);
-      for (size_t c = 0; c < DQK; ++c) {
-        const double x = kv[c];
-        const double* qc = &Qt[c * H];
-        for (size_t h = 0; h < H; ++h) {
-          const double pr = qc[h] * x;
-          dotv[h] += pr;
-          adv[h] += std::abs(pr);
-        }
-      }
-      for (size_t h = 0; h < H; ++h) {
-        const double P = sm * dotv[h];
-        PH[h * n + j] = P;
-        EH[h * n + j] = sdqk * std::abs(P) + asm_ * adv[h];
-      }
-      if (!dout) continue;
-      std::fill(dotv.begin(), dotv.end(), 0.0);
-      std::fill(adv.begin(), adv.end(), 0.0);
-      for (size_t c = 0; c < DV; ++c) {
-        const double x = kv[c];
-        const double* dc = &dOt[c * H];
-        for (size_t h = 0; h < H; ++h) {
-          const double pr = dc[h] * x;
-          dotv[h] += pr;
-          adv[h] += std::abs(pr);
-        }
-      }
-      for (size_t h = 0; h < H; ++h) {
-        gH[h * n + j] = dotv[h];
-        GH[h * n + j] = adv[h];
-      }
+      head_dots(&dO[static_cast<size_t>(t) * H * DV], H, DV, DV, KV.data(), DQK, ids.data(), 0, n,
+                gH.data(), GH.data());
     }
     if (dout) {
       for (auto* v : {&R.ind, &R.p, &R.own, &R.Gv, &R.g, &R.dpj, &R.dS}) v->resize(H * n);
@@ -813,25 +882,30 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
   const double gabs = std::abs(in.coeff) / static_cast<double>(n_rows);
   double loss_acc = 0, loss_T = 0, loss_sum = 0;
   std::vector<double> kl_row(static_cast<size_t>(s_q), 0.0);
-  std::vector<double> P, A, pi, p, dp, qs;
-  for (int64_t t = 0; t < s_q; ++t) {
+  // Rows in parallel (each writes its own row of d_scores); the loss sums its rows' parts in
+  // row order afterwards, so bytes do not depend on the thread count (issue 13).
+  std::vector<double> row_acc(static_cast<size_t>(s_q), 0.0), row_sum(row_acc), row_T(row_acc);
+  std::vector<char> row_on(static_cast<size_t>(s_q), 0);
+  auto row_pass = [&](int64_t t) {
+    std::vector<int64_t> S;
+    std::vector<double> P, A, pi, p, dp, qs;
     key_set(t, S);
     const size_t n = S.size();
-    if (n == 0) continue;
+    if (n == 0) return;
+    row_on[static_cast<size_t>(t)] = 1;
+    // the teacher's dots of every head over the key set (heads innermost, each sum in c order)
+    const size_t H = static_cast<size_t>(h_q), D = static_cast<size_t>(d);
+    std::vector<double> dotH(H * n), adH(H * n);
+    head_dots(&Q[static_cast<size_t>(t) * H * D], H, D, D, KV.data(), D, S.data(), 0, n,
+              dotH.data(), adH.data());
     const double sn = std::sqrt(static_cast<double>(n));
     p.assign(n, 0.0);
     dp.assign(n, 0.0);
     P.resize(n); A.resize(n); pi.resize(n); qs.resize(n);
     for (int64_t h = 0; h < h_q; ++h) {
-      const double* q = &Q[static_cast<size_t>((t * h_q + h) * d)];
       double m = -std::numeric_limits<double>::infinity();
       for (size_t j = 0; j < n; ++j) {
-        const double* kv = &KV[static_cast<size_t>(S[j] * d)];
-        double dot = 0, ad = 0;
-        for (int64_t c = 0; c < d; ++c) {
-          dot += q[c] * kv[c];
-          ad += std::abs(q[c] * kv[c]);
-        }
+        const double dot = dotH[static_cast<size_t>(h) * n + j], ad = adH[static_cast<size_t>(h) * n + j];
         P[j] = in.sm_scale * dot;
         A[j] = asm_ * ad;
         m = std::max(m, P[j]);
@@ -890,9 +964,19 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
         kl_T += p[j] * (std::abs(std::log(p[j])) + std::abs(lnq));
       }
     }
-    loss_acc += kl_acc;
-    loss_sum += std::abs(kl);
-    loss_T += kl_T;
+    row_acc[static_cast<size_t>(t)] = kl_acc;
+    row_sum[static_cast<size_t>(t)] = std::abs(kl);
+    row_T[static_cast<size_t>(t)] = kl_T;
+  };
+  parallel_for(s_q, static_cast<double>(h_q) * static_cast<double>(s_kv) * static_cast<double>(d) * 4,
+               [&](int64_t b, int64_t e) {
+                 for (int64_t t = b; t < e; ++t) row_pass(t);
+               });
+  for (int64_t t = 0; t < s_q; ++t) {
+    if (!row_on[static_cast<size_t>(t)]) continue;
+    loss_acc += row_acc[static_cast<size_t>(t)];
+    loss_sum += row_sum[static_cast<size_t>(t)];
+    loss_T += row_T[static_cast<size_t>(t)];
   }
   fl.acc[0] = gabs * (loss_acc + u * std::sqrt(static_cast<double>(n_rows)) * loss_sum);
   fl.terms[0] = gabs * loss_T;

@@ -1,10 +1,9 @@
-// sparse_mla_floors (local_bounds.cpp) is fast (loops interchanged so that the innermost runs
-// over contiguous heads or columns, rows in parallel, the dkv sums per column in row order)
-// but computes exactly what the straightforward loop per (t, h, column) over the slots
-// computes: every term of every sum in the same order. The straightforward version is kept
-// here (sparse_mla_floors_scalar, the code as of issue 12) and both must give the same bytes,
-// with 1 and 4 threads (issue 13). When the floors' formulas change, change this copy the
-// same way.
+// The floors of local_bounds.cpp are fast (loops interchanged so that the innermost runs over
+// contiguous heads or columns, rows in parallel, sums across rows per column in row order) but
+// compute exactly what the straightforward loops compute: every term of every sum in the
+// same order. The straightforward versions are kept here (*_scalar, the code as of issue 12)
+// and both must give the same bytes, with 1 and 4 threads (issue 13). When the floors'
+// formulas change, change these copies the same way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -388,6 +387,282 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
   return outf;
 }
 
+CaseFloors indexer_scores_floors_scalar(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                 const KeyWindows& windows) {
+  const char* where = "indexer_scores_floors";
+  require(q_idx.dim() == 3 && k_idx.dim() == 2 && w.dim() == 2, where, "q_idx/k_idx/w",
+          shape_str(q_idx.shape()) + " " + shape_str(k_idx.shape()) + " " + shape_str(w.shape()),
+          "[s_q,H_I,d_I], [s_kv,d_I], [s_q,H_I]");
+  const int64_t s_q = q_idx.size(0), H = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
+  require(windows.s_q() == s_q && windows.s_kv == s_kv, where, "windows",
+          std::to_string(windows.s_q()) + " rows", std::to_string(s_q) + " rows");
+  const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64();
+  OutputFloor f = make(s_q * s_kv, s_kv,
+                       "u(sqrt(Σ_j (w_j(√d_I|q_j·k| + Σ_d|q_jd k_d|))^2) + √H_I|I| + Σ_j|w_j r_j|)");
+  const double sd = std::sqrt(static_cast<double>(d)), sh = std::sqrt(static_cast<double>(H));
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = std::max<int64_t>(0, windows.ks[t]); s < std::min(s_kv, windows.ke[t]); ++s) {
+      double dots2 = 0, val = 0, abs_sum = 0, terms = 0;
+      for (int64_t j = 0; j < H; ++j) {
+        const double* q = &Q[static_cast<size_t>((t * H + j) * d)];
+        const double* k = &K[static_cast<size_t>(s * d)];
+        double dot = 0, ad = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          dot += q[c] * k[c];
+          ad += std::abs(q[c] * k[c]);
+        }
+        const double r = std::max(dot, 0.0), wj = W[static_cast<size_t>(t * H + j)];
+        const double de = std::abs(wj) * (sd * std::abs(dot) + ad);
+        dots2 += de * de;
+        val += wj * r;
+        abs_sum += std::abs(wj * r);
+        terms += std::abs(wj) * ad;
+      }
+      const size_t e = static_cast<size_t>(t * s_kv + s);
+      f.acc[e] = kU32 * (std::sqrt(dots2) + sh * std::abs(val) + abs_sum);
+      f.terms[e] = terms;
+    }
+  f.logit_scale = true;
+  CaseFloors out;
+  out["scores"] = std::move(f);
+  return out;
+}
+
+CaseFloors indexer_backward_floors_scalar(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                   const KeyWindows& windows, const Tensor& d_scores) {
+  const char* where = "indexer_backward_floors";
+  CaseFloors out = indexer_scores_floors_scalar(q_idx, k_idx, w, windows);
+  out.erase("scores");
+  const int64_t s_q = q_idx.size(0), H = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
+  require(d_scores.dim() == 2 && d_scores.size(0) == s_q && d_scores.size(1) == s_kv, where,
+          "d_scores", shape_str(d_scores.shape()), "[s_q, s_kv]");
+  const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64(),
+                            G = d_scores.to_f64();
+  const double sd = std::sqrt(static_cast<double>(d));
+  // Sums of n terms: u(√n|sum| + Σ|terms|) (recursive summation: drift and random walk of
+  // the partial sums; Higham & Mary 2019); independent dot errors add in quadrature.
+  OutputFloor dq = make(s_q * H * d, H * d,
+                        "u(√n|dq_idx| + Σ_s|dI w k_s|) over active s (+ whole terms whose q·k may flip sign)");
+  OutputFloor dk = make(s_kv * d, d,
+                        "u(√m|dk_idx| + Σ|dI w q|) over active (t,j) (+ whole terms whose q·k may flip sign)");
+  OutputFloor dw = make(s_q * H, H,
+                        "u(sqrt(Σ_s (dI(√d_I|q·k_s| + Σ_d|q_d k_sd|))^2) + √n|dw| + Σ_s|dI r_s|)");
+  std::vector<double> dk_t(static_cast<size_t>(s_kv * d), 0.0), dk_amb(dk_t.size(), 0.0),
+      dk_v(dk_t.size(), 0.0);
+  std::vector<int64_t> dk_n(static_cast<size_t>(s_kv), 0);
+  std::vector<double> dq_t(static_cast<size_t>(d)), dq_amb(static_cast<size_t>(d)),
+      dq_v(static_cast<size_t>(d));
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t ks = std::max<int64_t>(0, windows.ks[t]), ke = std::min(s_kv, windows.ke[t]);
+    for (int64_t j = 0; j < H; ++j) {
+      const double* q = &Q[static_cast<size_t>((t * H + j) * d)];
+      const double wj = W[static_cast<size_t>(t * H + j)];
+      std::fill(dq_t.begin(), dq_t.end(), 0.0);
+      std::fill(dq_amb.begin(), dq_amb.end(), 0.0);
+      std::fill(dq_v.begin(), dq_v.end(), 0.0);
+      int64_t n_active = 0, n = 0;
+      double w_dots2 = 0, w_val = 0, w_abs = 0, w_terms = 0;
+      for (int64_t s = ks; s < ke; ++s) {
+        const double g = G[static_cast<size_t>(t * s_kv + s)];
+        if (!std::isfinite(g) || g == 0) continue;
+        const double* k = &K[static_cast<size_t>(s * d)];
+        double dot = 0, ad = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          dot += q[c] * k[c];
+          ad += std::abs(q[c] * k[c]);
+        }
+        ++n;
+        const double de = std::abs(g) * (sd * std::abs(dot) + ad);
+        w_dots2 += de * de;
+        w_val += g * std::max(dot, 0.0);
+        w_abs += std::abs(g * std::max(dot, 0.0));
+        w_terms += std::abs(g) * ad;
+        // An exact zero dot means grid inputs, where fp32 is exact too (ReLU'(0) = 0, §2).
+        const bool amb = dot != 0 && std::abs(dot) <= 8 * kU32 * (sd * std::abs(dot) + ad);
+        if (!(dot > 0) && !amb) continue;
+        ++n_active;
+        ++dk_n[static_cast<size_t>(s)];
+        const double coef = g * wj;
+        for (int64_t c = 0; c < d; ++c) {
+          const double tk = coef * k[c], tq = coef * q[c];
+          const size_t cc = static_cast<size_t>(c), se = static_cast<size_t>(s * d + c);
+          dq_t[cc] += std::abs(tk);
+          dk_t[se] += std::abs(tq);
+          if (dot > 0) {
+            dq_v[cc] += tk;
+            dk_v[se] += tq;
+          }
+          if (amb) {
+            dq_amb[cc] += std::abs(tk);
+            dk_amb[se] += std::abs(tq);
+          }
+        }
+      }
+      const double sn = std::sqrt(static_cast<double>(n_active));
+      for (int64_t c = 0; c < d; ++c) {
+        const size_t e = static_cast<size_t>((t * H + j) * d + c), cc = static_cast<size_t>(c);
+        dq.acc[e] = kU32 * (sn * std::abs(dq_v[cc]) + dq_t[cc]) + dq_amb[cc];
+        dq.terms[e] = dq_t[cc];
+      }
+      const size_t e = static_cast<size_t>(t * H + j);
+      dw.acc[e] = kU32 * (std::sqrt(w_dots2) + std::sqrt(static_cast<double>(n)) * std::abs(w_val) + w_abs);
+      dw.terms[e] = w_terms;
+    }
+  }
+  for (int64_t s = 0; s < s_kv; ++s)
+    for (int64_t c = 0; c < d; ++c) {
+      const size_t e = static_cast<size_t>(s * d + c);
+      const double sm = std::sqrt(static_cast<double>(dk_n[static_cast<size_t>(s)]));
+      dk.acc[e] = kU32 * (sm * std::abs(dk_v[e]) + dk_t[e]) + dk_amb[e];
+      dk.terms[e] = dk_t[e];
+    }
+  out["dq_idx"] = std::move(dq);
+  out["dk_idx"] = std::move(dk);
+  out["dw"] = std::move(dw);
+  return out;
+}
+
+CaseFloors kl_floors_scalar(const IndexerKlInputs& in) {
+  const char* where = "kl_floors";
+  require(in.scores.dim() == 2 && in.q.dim() == 3 && in.kv.dim() == 2, where, "scores/q/kv",
+          shape_str(in.scores.shape()) + " " + shape_str(in.q.shape()) + " " +
+              shape_str(in.kv.shape()),
+          "[s_q,s_kv], [s_q,h_q,d_qk], [s_kv,d_qk]");
+  const int64_t s_q = in.scores.size(0), s_kv = in.scores.size(1), h_q = in.q.size(1),
+                d = in.q.size(2);
+  const std::vector<double> I = in.scores.to_f64(), Q = in.q.to_f64(), KV = in.kv.to_f64();
+  const double u = kU32, asm_ = std::abs(in.sm_scale), sd = std::sqrt(static_cast<double>(d));
+  // Key set S_t (SPEC §7): window keys (dense) or valid selected ids in the window (sparse),
+  // without keys whose indexer score is -inf.
+  auto key_set = [&](int64_t t, std::vector<int64_t>& S) {
+    S.clear();
+    const int64_t ks = std::max<int64_t>(0, in.windows.ks[t]), ke = std::min(s_kv, in.windows.ke[t]);
+    if (in.mode == KlMode::Dense) {
+      for (int64_t s = ks; s < ke; ++s) S.push_back(s);
+    } else if (in.indices) {
+      const int64_t k = in.indices->size(-1);
+      for (int64_t j = 0; j < k; ++j) {
+        const double id = in.indices->get(t * k + j);
+        if (id >= ks && id < ke) S.push_back(static_cast<int64_t>(id));
+      }
+      std::sort(S.begin(), S.end());
+      S.erase(std::unique(S.begin(), S.end()), S.end());
+    }
+    S.erase(std::remove_if(S.begin(), S.end(),
+                           [&](int64_t s) {
+                             return I[static_cast<size_t>(t * s_kv + s)] ==
+                                    -std::numeric_limits<double>::infinity();
+                           }),
+            S.end());
+  };
+  std::vector<int64_t> S;
+  int64_t n_rows = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    key_set(t, S);
+    n_rows += S.empty() ? 0 : 1;
+  }
+  OutputFloor fd = make(s_q * s_kv, s_kv,
+                        "|coeff|/n_rows(δp_s + δq_s): teacher logits a_hs as sparse MLA, student "
+                        "u q_s(|I_s-max I| + 2 + √n)");
+  OutputFloor fl = make(1, 1, "|coeff|/n_rows Σ_t Σ_s δp_s|ln p_s - ln q_s + 1| + p_s δln q_s "
+                              "+ u√n_rows Σ_t|KL_t|");
+  CaseFloors out;
+  if (n_rows == 0) {
+    out["loss"] = std::move(fl);
+    out["d_scores"] = std::move(fd);
+    return out;
+  }
+  const double gabs = std::abs(in.coeff) / static_cast<double>(n_rows);
+  double loss_acc = 0, loss_T = 0, loss_sum = 0;
+  std::vector<double> kl_row(static_cast<size_t>(s_q), 0.0);
+  std::vector<double> P, A, pi, p, dp, qs;
+  for (int64_t t = 0; t < s_q; ++t) {
+    key_set(t, S);
+    const size_t n = S.size();
+    if (n == 0) continue;
+    const double sn = std::sqrt(static_cast<double>(n));
+    p.assign(n, 0.0);
+    dp.assign(n, 0.0);
+    P.resize(n); A.resize(n); pi.resize(n); qs.resize(n);
+    for (int64_t h = 0; h < h_q; ++h) {
+      const double* q = &Q[static_cast<size_t>((t * h_q + h) * d)];
+      double m = -std::numeric_limits<double>::infinity();
+      for (size_t j = 0; j < n; ++j) {
+        const double* kv = &KV[static_cast<size_t>(S[j] * d)];
+        double dot = 0, ad = 0;
+        for (int64_t c = 0; c < d; ++c) {
+          dot += q[c] * kv[c];
+          ad += std::abs(q[c] * kv[c]);
+        }
+        P[j] = in.sm_scale * dot;
+        A[j] = asm_ * ad;
+        m = std::max(m, P[j]);
+      }
+      double Z = 0;
+      for (size_t j = 0; j < n; ++j) Z += std::exp(P[j] - m);
+      double abar = 0;
+      for (size_t j = 0; j < n; ++j) {
+        pi[j] = std::exp(P[j] - m) / Z;
+        abar += pi[j] * ((sd + 1) * A[j] + std::abs(P[j] - m) + 1);
+      }
+      for (size_t j = 0; j < n; ++j) {
+        const double aj = (sd + 1) * A[j] + std::abs(P[j] - m) + 1;
+        p[j] += pi[j] / static_cast<double>(h_q);
+        // δπ_j = π_j(δP_j - Σ_i π_i δP_i): one key gives an exact softmax
+        dp[j] += u * pi[j] * ((1 - pi[j]) * aj + abar - pi[j] * aj) / static_cast<double>(h_q);
+      }
+    }
+    double mI = -std::numeric_limits<double>::infinity();
+    for (size_t j = 0; j < n; ++j) mI = std::max(mI, I[static_cast<size_t>(t * s_kv + S[j])]);
+    double ZI = 0;
+    for (size_t j = 0; j < n; ++j) ZI += std::exp(I[static_cast<size_t>(t * s_kv + S[j])] - mI);
+    double kl_acc = 0, kl = 0, kl_T = 0;
+    {
+      double k0 = 0;
+      for (size_t j = 0; j < n; ++j) {
+        const double Is = I[static_cast<size_t>(t * s_kv + S[j])];
+        if (p[j] > 0) k0 += p[j] * (std::log(p[j]) - (Is - mI - std::log(ZI)));
+      }
+      kl_row[static_cast<size_t>(t)] = k0;
+    }
+    double bbar = 0;  // student: Σ_i q_i b_i, b_i = |I_i - max| + 1 (subtract, exp)
+    for (size_t j = 0; j < n; ++j) {
+      const double Is = I[static_cast<size_t>(t * s_kv + S[j])];
+      qs[j] = std::exp(Is - mI) / ZI;
+      bbar += qs[j] * (std::abs(Is - mI) + (Is != mI ? 1 : 0));
+    }
+    for (size_t j = 0; j < n; ++j) {
+      const double Is = I[static_cast<size_t>(t * s_kv + S[j])];
+      const double lnq = Is - mI - std::log(ZI);
+      const double bj = std::abs(Is - mI) + (Is != mI ? 1 : 0);  // exp(0) = 1 is exact
+      // normalisations (heads, keys) of n > 1 terms; one key is exact
+      dp[j] += u * p[j] * (1 - p[j]) * (2 * std::sqrt(static_cast<double>(h_q)) + sn);
+      const double dq = u * qs[j] * ((1 - qs[j]) * bj + bbar - qs[j] * bj + (n > 1 ? sn : 0.0));
+      const size_t e = static_cast<size_t>(t * s_kv + S[j]);
+      fd.acc[e] = gabs * (dp[j] + dq) + u * gabs * std::abs(qs[j] - p[j]);
+      fd.terms[e] = gabs * (qs[j] + p[j]);
+      // ln q_s = (I_s - max) - ln Z: the subtraction, Z's relative error, the log, the result
+      const double dlnq = u * (std::abs(Is - mI) + bbar + (n > 1 ? sn : 0.0) +
+                               std::abs(std::log(ZI)) + std::abs(lnq));
+      const double lnp = p[j] > 0 ? std::log(std::max(p[j], dp[j])) : 0.0;
+      // Σ_s δp_s = 0 (p is normalised), so δp_s enters with ln p_s - ln q_s - KL_t
+      kl_acc += dp[j] * std::abs(lnp - lnq - kl_row[static_cast<size_t>(t)]) + p[j] * dlnq;
+      if (p[j] > 0) {
+        kl += p[j] * (std::log(p[j]) - lnq);
+        kl_T += p[j] * (std::abs(std::log(p[j])) + std::abs(lnq));
+      }
+    }
+    loss_acc += kl_acc;
+    loss_sum += std::abs(kl);
+    loss_T += kl_T;
+  }
+  fl.acc[0] = gabs * (loss_acc + u * std::sqrt(static_cast<double>(n_rows)) * loss_sum);
+  fl.terms[0] = gabs * loss_T;
+  out["loss"] = std::move(fl);
+  out["d_scores"] = std::move(fd);
+  return out;
+}
+
 // Equal keys and, per output, equal row length, flags, source and bytes of every vector.
 ::testing::AssertionResult same_floors(const CaseFloors& a, const CaseFloors& b) {
   if (a.size() != b.size()) return ::testing::AssertionFailure() << "different outputs";
@@ -454,6 +729,61 @@ TEST(SparseMlaFloors, SameBytesAsTheStraightforwardLoops) {
   }
 }
 
+// smla_sink with its first 5 of 8 heads: a head count that is not a multiple of the 8 heads
+// the dot loops keep in registers.
+OpCase five_heads() {
+  OpCase c = golden_case("smla_sink");
+  const int64_t s_q = c.mla.q.size(0), h = c.mla.q.size(1), d = c.mla.q.size(2), dv = c.mla.d_v;
+  auto slice = [&](const Tensor& x, int64_t width) {
+    Tensor y(x.dtype(), {s_q, 5, width});
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t i = 0; i < 5 * width; ++i) y.set(t * 5 * width + i, x.get(t * h * width + i));
+    return y;
+  };
+  c.mla.q = slice(c.mla.q, d);
+  c.dout = slice(c.dout, dv);
+  Tensor sink(c.mla.attn_sink->dtype(), {5});
+  for (int64_t i = 0; i < 5; ++i) sink.set(i, c.mla.attn_sink->get(i));
+  c.mla.attn_sink = sink;
+  return c;
+}
+
+TEST(SparseMlaFloors, FiveHeadsSameBytes) {
+  const OpCase c = five_heads();
+  for (DType work : {DType::BF16, DType::F32})
+    EXPECT_TRUE(same_floors(sparse_mla_floors(c.mla, &c.dout, work),
+                            sparse_mla_floors_scalar(c.mla, &c.dout, work)));
+}
+
+const char* const kIndexerCases[] = {"idx_causal", "idx_empty_windows", "idx_mtp",
+                                     "idx_mtp_next_n3", "idx_prefix", "idx_varlen"};
+const char* const kKlCases[] = {"kl_dense_causal", "kl_dense_neg_inf_scores", "kl_sparse_causal",
+                                "kl_sparse_empty_windows"};
+
+TEST(IndexerFloors, SameBytesAsTheStraightforwardLoops) {
+  ThreadsGuard guard;
+  set_max_threads(2);
+  for (const char* n : kIndexerCases) {
+    SCOPED_TRACE(n);
+    const OpCase c = golden_case(n);
+    EXPECT_TRUE(same_floors(indexer_scores_floors(c.q_idx, c.k_idx, c.w, c.windows),
+                            indexer_scores_floors_scalar(c.q_idx, c.k_idx, c.w, c.windows)));
+    EXPECT_TRUE(same_floors(
+        indexer_backward_floors(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores),
+        indexer_backward_floors_scalar(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores)));
+  }
+}
+
+TEST(KlFloors, SameBytesAsTheStraightforwardLoops) {
+  ThreadsGuard guard;
+  set_max_threads(2);
+  for (const char* n : kKlCases) {
+    SCOPED_TRACE(n);
+    const OpCase c = golden_case(n);
+    EXPECT_TRUE(same_floors(kl_floors(c.kl), kl_floors_scalar(c.kl)));
+  }
+}
+
 TEST(SparseMlaFloors, TheComparisonSeesOneUlp) {
   const OpCase c = golden_case("smla_sink");
   const CaseFloors a = sparse_mla_floors(c.mla, &c.dout, DType::BF16);
@@ -475,6 +805,27 @@ TEST(ThreadCount, SparseMlaFloorsSameBytesWith1And4Threads) {
     const CaseFloors one = sparse_mla_floors(c.mla, &c.dout, DType::BF16);
     set_max_threads(4);
     EXPECT_TRUE(same_floors(one, sparse_mla_floors(c.mla, &c.dout, DType::BF16))) << n;
+  }
+}
+
+TEST(ThreadCount, IndexerAndKlFloorsSameBytesWith1And4Threads) {
+  ThreadsGuard guard;
+  for (const char* n : {"idx_varlen", "idx_causal"}) {
+    const OpCase c = golden_case(n);
+    set_max_threads(1);
+    const CaseFloors s1 = indexer_scores_floors(c.q_idx, c.k_idx, c.w, c.windows);
+    const CaseFloors b1 = indexer_backward_floors(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+    set_max_threads(4);
+    EXPECT_TRUE(same_floors(s1, indexer_scores_floors(c.q_idx, c.k_idx, c.w, c.windows))) << n;
+    EXPECT_TRUE(same_floors(b1, indexer_backward_floors(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores)))
+        << n;
+  }
+  for (const char* n : {"kl_dense_causal", "kl_sparse_causal"}) {
+    const OpCase c = golden_case(n);
+    set_max_threads(1);
+    const CaseFloors one = kl_floors(c.kl);
+    set_max_threads(4);
+    EXPECT_TRUE(same_floors(one, kl_floors(c.kl))) << n;
   }
 }
 
