@@ -296,7 +296,22 @@ std::vector<TopkViolation> check_fused_topk(const Tensor& indices, const Tensor&
                                             const KeyWindows& windows) {
   check_arg(ref_scores.dim() == 2, "check_fused_topk", "ref_scores",
             shape_str(ref_scores.shape()), "[s_q, s_kv]");
+  return check_fused_topk(indices, ref_scores,
+                          std::vector<double>(static_cast<size_t>(ref_scores.size(0)), score_bound),
+                          k, windows);
+}
+
+std::vector<TopkViolation> check_fused_topk(const Tensor& indices, const Tensor& ref_scores,
+                                            const std::vector<double>& row_bounds, int64_t k,
+                                            const KeyWindows& windows) {
+  check_arg(ref_scores.dim() == 2, "check_fused_topk", "ref_scores",
+            shape_str(ref_scores.shape()), "[s_q, s_kv]");
   const int64_t s_q = ref_scores.size(0), s_kv = ref_scores.size(1);
+  check_arg(static_cast<int64_t>(row_bounds.size()) == s_q, "check_fused_topk", "row_bounds",
+            std::to_string(row_bounds.size()) + " entries", std::to_string(s_q) + " (one per query row)");
+  for (double b : row_bounds)
+    check_arg(std::isfinite(b) && b >= 0, "check_fused_topk", "row_bounds", std::to_string(b),
+              "finite and >= 0");
   check_arg(windows.s_q() == s_q && windows.s_kv == s_kv, "check_fused_topk", "windows",
             std::to_string(windows.s_q()) + " rows", std::to_string(s_q) + " rows");
   std::vector<TopkViolation> out;
@@ -319,6 +334,7 @@ std::vector<TopkViolation> check_fused_topk(const Tensor& indices, const Tensor&
     if (k_eff == 0) continue;
     std::nth_element(vals.begin(), vals.begin() + (k_eff - 1), vals.end(), std::greater<double>());
     const double vstar = vals[static_cast<size_t>(k_eff - 1)];
+    const double score_bound = row_bounds[static_cast<size_t>(t)];
     std::set<int64_t> chosen(ids.begin(), ids.end());
     for (int64_t id : ids) {
       const double v = score(id);

@@ -11,6 +11,7 @@
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/oracle/tolerances.h"
 #include "dsa/oracle/topk_check.h"
+#include "dsa/reference/indexer.h"
 
 namespace dsa::oracle {
 namespace {
@@ -150,6 +151,47 @@ TEST(TopkCheck, FusedAcceptsSwapsWithinTheBoundOnly) {
   EXPECT_FALSE(check_fused_topk(Tensor::from_i32({1, 2}, {0, 2}), ref, 0.5, 2, w).empty());
 }
 
+// The fused top-k band is per query row (SPEC §9 local bounds): a row of scores ~5e7 (bound
+// ~40) must not let a row of scores 3, 2, 1 swap its top entry for one a whole unit below.
+class SwapRow1Topk : public Backend {
+ public:
+  std::string name() const override { return "swap-row-1"; }
+  bool supports(Op op) const override { return op == Op::IndexerScores || op == Op::Topk; }
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return ref_->indexer_scores(q, k, w, win);
+  }
+  Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& p,
+                     const std::optional<KeyWindows>& win) override {
+    Tensor ids = ref_->select_topk(scores, k, p, win);
+    if (swap) ids.set(1 * k + 0, 1.0);  // row 1: id 1 (score 2) instead of id 0 (score 3)
+    return ids;
+  }
+  bool swap = true;
+
+ private:
+  std::unique_ptr<Backend> ref_ = make_reference_backend();
+};
+
+TEST(TopkCheck, FusedBandIsPerRow) {
+  OpCase c;
+  c.q_idx = Tensor::from_f64({2, 1, 1}, {16384.0, 1.0 / 1024}).to(DType::BF16);
+  c.k_idx = Tensor::from_f64({3, 1}, {3072, 2048, 1024}).to(DType::BF16);
+  c.w = Tensor::from_f64({2, 1}, {1, 1}).to(DType::F32);
+  c.windows = KeyWindows::full(2, 3);
+  c.k = 1;
+  SwapRow1Topk b;
+  b.swap = false;
+  EXPECT_EQ(check_fused_indexer_topk(b, c).verdict, Verdict::Pass);
+  b.swap = true;
+  const OpReport r = check_fused_indexer_topk(b, c);
+  ASSERT_EQ(r.verdict, Verdict::Fail) << format_op_report(r);
+  EXPECT_EQ(r.topk_violations.front().row, 1);
+  // the tensor-wide band (2x the largest bound, row 0's) would have accepted the swap
+  ASSERT_FALSE(r.tensors.empty());
+  const Tensor ref = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
+  EXPECT_TRUE(check_fused_topk(Tensor::from_i32({2, 1}, {0, 1}), ref, 2 * r.tensors.front().max_bound,
+                               1, c.windows).empty());
+}
 
 // Small op cases on the reference backend: every checker passes the reference itself.
 TEST(CheckOp, ReferencePassesEveryOp) {

@@ -102,8 +102,8 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
 OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §7
 
 /// Fused indexer + top-k (SPEC §9): the backend's own indexer scores fed to its own top-k,
-/// judged by check_fused_topk with score_bound = 2x the largest local bound of its scores
-/// (both entries of a swapped pair may err by the bound).
+/// judged by check_fused_topk with one band per query row = 2x that row's largest local
+/// score bound (both entries of a swapped pair may err by the bound; no other row enters).
 OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());
 
 /// Outputs of one op by name ("out", "lse", "dq", "scores", "indices", ...), as a kernel or a

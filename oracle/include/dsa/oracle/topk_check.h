@@ -53,4 +53,11 @@ std::vector<TopkViolation> check_fused_topk(const Tensor& indices, const Tensor&
                                             double score_bound, int64_t k,
                                             const KeyWindows& windows);
 
+/// Same with one band per query row (SPEC §9 local bounds): row t's set may differ from the
+/// exact top-k only by entries whose reference score lies within row_bounds[t] of the row's
+/// v*. `row_bounds` has s_q finite non-negative entries (std::invalid_argument otherwise).
+std::vector<TopkViolation> check_fused_topk(const Tensor& indices, const Tensor& ref_scores,
+                                            const std::vector<double>& row_bounds, int64_t k,
+                                            const KeyWindows& windows);
+
 }  // namespace dsa::oracle
