@@ -1,5 +1,7 @@
 #include "dsa/property_tests/generators.h"
 
+#include "dsa/reference/sparse_mla.h"
+
 #include <rapidcheck.h>
 
 #include <cmath>
@@ -456,25 +458,45 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
   int64_t k = regime == "wide" ? draw_of<int64_t>({1025, 2048, 2049})
               : layout == "leading_block" ? draw_in(65, 80)
                                           : draw_of<int64_t>({1, 2, 3, 5, 8, 16, 63, 64, 65});
+  // Detectable draws (SPEC §9 WEAK): m slots of one key in one row are m identical terms,
+  // which fp32 sums round coherently (up to u·m/2 of their sum, Higham ch. 4), and a row
+  // with one distinct key has dq = 0 made of those errors. Above ~64 slots per key no fp32
+  // kernel is pinned to 1e-4, and the coherent error of out's sums enters Δ and dq (1 +
+  // m/2)-fold. A row holds each key at most kMaxSlotsPerKey times (the "dups" layout draws
+  // its few keys from a pool large enough for k; the other slots of a row whose pool is
+  // exhausted are invalid ids).
+  constexpr int64_t kMaxSlotsPerKey = 8;
+  const int64_t dup_pool = std::max<int64_t>(std::min<int64_t>(2, s_kv), (k + kMaxSlotsPerKey - 1) / kMaxSlotsPerKey);
+  if (layout == "dups") s_kv = std::max(s_kv, dup_pool);
   Rng r = draw_rng();
   // Valid ids: poison layout avoids rows 0 and s_kv-1 (they hold NaN and must never be read).
-  const int64_t lo = layout == "poison" ? 1 : 0, hi = layout == "poison" ? s_kv - 2 : s_kv - 1;
+  const int64_t lo = layout == "poison" ? 1 : 0,
+                hi = layout == "poison" ? s_kv - 2 : layout == "dups" ? dup_pool - 1 : s_kv - 1;
   const std::vector<int64_t> bad = {-1, std::numeric_limits<int32_t>::min(), s_kv,
                                     std::numeric_limits<int32_t>::max(), s_kv + 7, -5};
   std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
   std::vector<int32_t> lengths(static_cast<size_t>(s_q), static_cast<int32_t>(k));
   const bool use_len = layout == "topk_length" || ((layout == "mixed" || layout == "poison") && draw_bool());
+  std::vector<int64_t> uses(static_cast<size_t>(s_kv));
   for (int64_t t = 0; t < s_q; ++t) {
     const int64_t pattern = irand(r, 0, 5);  // 0 all valid, 1 front pad, 2 tail pad, 3 holes, 4 empty, 5 mixed
     const bool empty_row = (layout == "empty" && irand(r, 0, 1) == 0) || (pattern == 4 && layout != "leading_block");
     const int64_t front = pattern == 1 ? irand(r, 1, k) : 0;
     const int64_t tail_from = pattern == 2 ? irand(r, 0, k - 1) : k;
+    std::fill(uses.begin(), uses.end(), 0);
     for (int64_t j = 0; j < k; ++j) {
       bool invalid = empty_row || j < front || j >= tail_from ||
                      ((pattern == 3 || pattern == 5) && irand(r, 0, 2) == 0);
       if (layout == "leading_block") invalid = j < 64 || (irand(r, 0, 3) == 0 && j < k - 1);
-      int64_t id = invalid ? bad[static_cast<size_t>(irand(r, 0, 5))] : irand(r, lo, hi);
-      if (layout == "dups" && !invalid) id = irand(r, 0, std::min<int64_t>(1, s_kv - 1));
+      int64_t id = -1;
+      if (!invalid) {  // a key of the pool with fewer than kMaxSlotsPerKey slots in this row
+        id = irand(r, lo, hi);
+        for (int64_t step = 0; step <= hi - lo && uses[static_cast<size_t>(id)] >= kMaxSlotsPerKey; ++step)
+          id = id == hi ? lo : id + 1;
+        invalid = uses[static_cast<size_t>(id)] >= kMaxSlotsPerKey;
+      }
+      if (invalid) id = bad[static_cast<size_t>(irand(r, 0, 5))];
+      else ++uses[static_cast<size_t>(id)];
       ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(id);
     }
     if (use_len) {
@@ -505,6 +527,32 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
     c.in.attn_sink = sink;
   }
   c.dout = fill(DType::F32, {s_q, h, d_v}, Tier::Random, 1, r);
+  if (c.in.attn_sink) {
+    // dsink = -Σ_t p_sink Δ_t, Δ = out·dout. With random signs the d_v terms of Δ, or a
+    // head's rows, cancel 30-fold now and then, far below the fp32 error of the sums Δ is
+    // made of (over 1025-2049 keys out is itself ~1/45 of its P·V terms): an undetectable
+    // dsink (SPEC §9 WEAK). Per row, the column with the largest |out_c dout_c| takes the
+    // sign of the others' sum and the row's dout the sign that makes Δ > 0, so
+    // Δ >= max_c |out_c dout_c| and the rows add up; every other sign stays random.
+    const SparseMlaForward f = reference::sparse_mla_forward(c.in);
+    for (int64_t row = 0; row < s_q * h; ++row) {
+      double rest = 0, big = 0;
+      int64_t cbig = -1;
+      for (int64_t col = 0; col < d_v; ++col) {
+        const double x = f.out.get(row * d_v + col) * c.dout.get(row * d_v + col);
+        if (!std::isfinite(x)) continue;
+        rest += x;
+        if (std::abs(x) > big) { big = std::abs(x); cbig = col; }
+      }
+      if (cbig < 0) continue;  // an empty row: out = 0, no Δ
+      const int64_t ib = row * d_v + cbig;
+      const double xb = f.out.get(ib) * c.dout.get(ib);
+      rest -= xb;
+      if ((rest < 0) != (xb < 0)) c.dout.set(ib, -c.dout.get(ib));
+      if (rest + (rest < 0 ? -big : big) < 0)
+        for (int64_t col = 0; col < d_v; ++col) c.dout.set(row * d_v + col, -c.dout.get(row * d_v + col));
+    }
+  }
   c.desc = "smla regime=" + regime + " layout=" + layout + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
            " d_qk=" + std::to_string(d_qk) + " d_v=" + std::to_string(d_v) + " s_kv=" +
            std::to_string(s_kv) + " k=" + std::to_string(k) + (use_len ? " topk_length" : "") + (view3 ? " indices[s_q,1,k]" : "") +

@@ -91,6 +91,11 @@ struct SmlaCase {
 /// d_qk 576 one case in ten), "heads" (h_q 5-16; 64 or 128 at level >= 1), "rows" (s_q 8, 9,
 /// 16, 17, 64 or 65 over few keys, so key rows are shared across 64-row tiles), "wide" (k
 /// 1025, 2048 or 2049 over s_kv 1025-4097 keys). Level 0 stays under ~2^20 multiply-adds a case.
+/// Detectable draws (SPEC §9, no WEAK row): a row holds one key in at most 8 slots (coherent
+/// rounding of duplicated terms; "dups" draws its few keys from a pool of at least k/8), and
+/// with a sink, dout's signs make Δ = out·dout >= max_c |out_c dout_c| > 0 in every row (per
+/// row: the largest column takes the sign of the others' sum, the row the sign that makes Δ
+/// positive), so dsink = -Σ p_sink Δ does not cancel.
 SmlaCase draw_smla_case(const std::string& layout = "");
 
 /// Extreme rows inside an ordinary batch (issue 9): some rows have one valid slot whose logit
