@@ -112,16 +112,25 @@ double row_flops(const MlaDims& d) {
 /// Calls body(scratch, t) for every query row t in [0, n): up to max_threads() workers claim
 /// rows one at a time in order, each with one Scratch reused for all its rows (no allocation
 /// per row, and no chunk boundaries: a slow row never holds up a chunk of others). body must
-/// write only state owned by row t, so results do not depend on the thread count.
+/// write only state owned by row t, so results do not depend on the thread count. The first
+/// exception of body stops the workers and is rethrown.
 template <class Scratch, class Body>
 void for_each_row(int64_t n, double work_per_row, const Body& body) {
   if (n <= 0) return;
   const int64_t workers = std::min<int64_t>(n, max_threads());
   std::atomic<int64_t> next{0};
+  std::atomic<bool> failed{false};
   parallel_for(workers, work_per_row * static_cast<double>(n) / static_cast<double>(workers),
                [&](int64_t, int64_t) {
                  Scratch scratch;
-                 for (int64_t t = next++; t < n; t = next++) body(scratch, t);
+                 for (int64_t t = next++; t < n && !failed.load(); t = next++) {
+                   try {
+                     body(scratch, t);
+                   } catch (...) {
+                     failed.store(true);  // the other workers stop; parallel_for rethrows
+                     throw;
+                   }
+                 }
                });
 }
 
