@@ -1,10 +1,15 @@
-// Internal to the oracle (not installed): the opening of every op check, shared by
-// op_check.cpp (SPEC §2-§7) and fp8_check.cpp (§10).
+// Internal to the oracle (not installed): the opening, the backend run and the judging of
+// every op check, shared by op_check.cpp (SPEC §2-§7) and fp8_check.cpp (§10), so that every
+// op is judged by the same code (SPEC §9: local bounds, WEAK, complete outputs).
 #pragma once
 
+#include <exception>
 #include <string>
+#include <utility>
 
 #include "dsa/oracle/backend.h"
+#include "dsa/oracle/local_bounds.h"
+#include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
 
 namespace dsa::oracle::detail {
@@ -24,6 +29,73 @@ inline OpReport start_report(Backend& b, const std::string& op_name, Op op) {
     r.reason = std::string("op ") + to_string(op) + " not supported";
   }
   return r;
+}
+
+/// Runs `call` (twice when `twice` and the backend is deterministic; `eq` compares the two
+/// results bitwise, SPEC §3.5). False when the report is final: Skip (NotSupported) or Fail
+/// (any other exception; the reason is "backend threw<what>: <message>").
+template <class R, class Call, class Eq>
+bool run_backend(OpReport& r, Backend& b, bool twice, const std::string& what, Call call, Eq eq,
+                 R& out) {
+  if (r.verdict == Verdict::Skip) return false;
+  try {
+    out = call();
+    if (twice && b.deterministic()) {
+      R again = call();
+      r.determinism_checked = true;
+      r.determinism_ok = eq(out, again);
+      if (!r.determinism_ok) r.fail("deterministic backend returned different bytes on a second run");
+    }
+  } catch (const NotSupported& e) {
+    r.verdict = Verdict::Skip;
+    r.reason = e.what();
+    return false;
+  } catch (const std::exception& e) {
+    r.fail("backend threw" + what + ": " + e.what());
+    return false;
+  }
+  return true;
+}
+
+/// Same, twice when opt.check_determinism.
+template <class R, class Call, class Eq>
+bool run_backend(OpReport& r, Backend& b, const CheckOptions& opt, Call call, Eq eq, R& out) {
+  return run_backend(r, b, opt.check_determinism, "", std::move(call), std::move(eq), out);
+}
+
+/// Judges one output by the local rule (SPEC §9) and folds it into the report: Fail when an
+/// element is over its bound; Weak (or a note with opt.allow_weak) when rows are WEAK;
+/// Incomplete when the candidate did not return it; not judged (listed once, for an empty
+/// `label`) when opt.provided_outputs omits it. `row` is the tolerance table's op key,
+/// `label` suffixes the name in the report (e.g. "[NaN blocks]" for a poisoned re-run).
+/// `weak_note_only`: WEAK rows are only noted (the §10 checks, until their baseline
+/// dequantizes at the candidate's precision; fp8_check.cpp).
+inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string& row,
+                         const std::string& name, const std::string& label, const Tensor& cand,
+                         const Tensor& ref, const Tensor& base, const OutputFloor& floor,
+                         bool weak_note_only = false) {
+  if (opt.provided_outputs && !opt.provided_outputs->count(name)) {
+    if (label.empty()) r.not_judged.push_back(name);
+    return;
+  }
+  if (!cand.defined()) {
+    r.mark(Verdict::Incomplete, name + label + ": not returned by the candidate (SPEC §9: every "
+                                               "output is judged unless the provided outputs are named)");
+    return;
+  }
+  TensorCheck c = judge_tensor(row, name, cand, ref, base, floor);
+  c.name = name + label;
+  if (!c.passed) r.fail(c.name + ": " + c.message);
+  if (c.passed && c.weak_rows > 0) {
+    const std::string why = c.name + ": " + std::to_string(c.weak_rows) + " of " +
+                            std::to_string(c.rows) +
+                            " rows WEAK (bound above theta x row scale: a wrong value there "
+                            "could pass; SPEC §9)";
+    if (weak_note_only) r.notes.push_back(why + "; noted only for the §10 ops (not yet a verdict)");
+    else if (opt.allow_weak) r.notes.push_back(why + "; allowed (--allow-weak)");
+    else r.mark(Verdict::Weak, why);
+  }
+  r.tensors.push_back(std::move(c));
 }
 
 }  // namespace dsa::oracle::detail

@@ -27,63 +27,16 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 
 namespace {
 
-// Runs `call` (twice when determinism is checked); `eq` compares two results bitwise.
-// Returns false when the report is final (skip or failure by exception).
-template <class R, class Call, class Eq>
-bool run_backend(OpReport& r, Backend& b, const CheckOptions& opt, Call call, Eq eq, R& out) {
-  if (r.verdict == Verdict::Skip) return false;
-  try {
-    out = call();
-    if (opt.check_determinism && b.deterministic()) {
-      R again = call();
-      r.determinism_checked = true;
-      r.determinism_ok = eq(out, again);
-      if (!r.determinism_ok) r.fail("deterministic backend returned different bytes on a second run");
-    }
-  } catch (const NotSupported& e) {
-    r.verdict = Verdict::Skip;
-    r.reason = e.what();
-    return false;
-  } catch (const std::exception& e) {
-    r.fail(std::string("backend threw: ") + e.what());
-    return false;
-  }
-  return true;
-}
+using detail::run_backend;
 
-// SPEC §9 complete outputs: false (and the report updated) when `name` is not judged,
-// either because the user named the outputs the kernel provides without it, or because the
-// candidate did not return it (Incomplete).
-bool wanted(OpReport& r, const CheckOptions& opt, const std::string& name, bool present) {
-  if (opt.provided_outputs && !opt.provided_outputs->count(name)) {
-    r.not_judged.push_back(name);
-    return false;
-  }
-  if (!present) {
-    r.mark(Verdict::Incomplete, name + ": not returned by the candidate (SPEC §9: every output "
-                                       "is judged unless the provided outputs are named)");
-    return false;
-  }
-  return true;
-}
-
-// Judges one output by the local rule and folds the result into the report.
+// Judges one output by the local rule (check_start.h, shared with the §10 checks).
 void judge(OpReport& r, const CheckOptions& opt, const std::string& op, const std::string& name,
            const Tensor& cand, const Tensor& ref, const Tensor& base, const CaseFloors& floors) {
-  if (!wanted(r, opt, name, cand.defined())) return;
+  static const OutputFloor none;  // an output not judged (not provided, or not returned)
   auto it = floors.find(name);
-  if (it == floors.end()) throw std::logic_error("judge: no floor inputs for output " + name);
-  TensorCheck c = judge_tensor(op, name, cand, ref, base, it->second);
-  if (!c.passed) r.fail(name + ": " + c.message);
-  if (c.passed && c.weak_rows > 0) {
-    const std::string why = name + ": " + std::to_string(c.weak_rows) + " of " +
-                            std::to_string(c.rows) +
-                            " rows WEAK (bound above theta x row scale: a wrong value there "
-                            "could pass; SPEC §9)";
-    if (opt.allow_weak) r.notes.push_back(why + "; allowed (--allow-weak)");
-    else r.mark(Verdict::Weak, why);
-  }
-  r.tensors.push_back(std::move(c));
+  const bool judged = cand.defined() && (!opt.provided_outputs || opt.provided_outputs->count(name));
+  if (it == floors.end() && judged) throw std::logic_error("judge: no floor inputs for output " + name);
+  detail::judge_output(r, opt, op, name, "", cand, ref, base, it == floors.end() ? none : it->second);
 }
 
 // Results shared through the case's memo (issue 13): each reference result, baseline and
