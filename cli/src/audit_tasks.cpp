@@ -48,6 +48,11 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
     tasks.push_back({"fixture", kind + ":" + stem, [file, kind, stem, &backend, &opts, replay = repro_cmds.replay]() {
       std::vector<CaseResult> out;
       fixtures::Fixture f = fixtures::load_fixture(file);
+      // A fixture none of whose ops is selected (--ops) is not run: the backend is never called
+      // for an op outside the selection (a skip in the progress line).
+      const std::vector<oracle::Op> ops = oracle::fixture_ops(f);
+      if (std::none_of(ops.begin(), ops.end(), [&](oracle::Op op) { return op_selected(opts, oracle::to_string(op)); }))
+        return out;
       // The same judging code and options as compare, replay and fixtures check.
       oracle::FixtureReport r = oracle::check_fixture(f, &backend, check_options(opts.judge, false, backend));
       std::string repro = replay(file);
