@@ -20,6 +20,8 @@ void register_builtin_backends() {
 #ifdef DSA_BACKENDS_WITH_TORCH
     oracle::register_backend("libtorch-cpu", [] { return make_libtorch_backend(false); });
     oracle::register_backend("libtorch-cuda", [] { return make_libtorch_backend(true); });
+    oracle::register_backend("libtorch-composite",
+                             [] { return make_libtorch_backend(true, true); });
 #endif
 #ifdef DSA_BACKENDS_WITH_CUDA
     cuda::register_cuda_backend();

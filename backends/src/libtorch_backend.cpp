@@ -1,5 +1,6 @@
-// Backends `libtorch-cpu` and `libtorch-cuda`: the `dsa` operator library (optimized/) behind
-// the oracle's Backend interface. Host tensors are copied to the device and back exactly.
+// Backends `libtorch-cpu`, `libtorch-cuda` and `libtorch-composite`: the `dsa` operator library
+// (optimized/) behind the oracle's Backend interface. Host tensors are copied to the device and
+// back exactly. `libtorch-composite` (CUDA) calls the indexer and top-k composites directly.
 #include "libtorch_backend.h"
 
 #include <ATen/ATen.h>
@@ -19,9 +20,11 @@ using oracle::Op;
 
 class LibtorchBackend final : public oracle::Backend {
  public:
-  explicit LibtorchBackend(bool cuda) : cuda_(cuda) {}
+  LibtorchBackend(bool cuda, bool composite) : cuda_(cuda), composite_(cuda && composite) {}
 
-  std::string name() const override { return cuda_ ? "libtorch-cuda" : "libtorch-cpu"; }
+  std::string name() const override {
+    return composite_ ? "libtorch-composite" : cuda_ ? "libtorch-cuda" : "libtorch-cpu";
+  }
   std::string unavailable_reason() const override {
     if (cuda_ && !torch::cuda::is_available()) return "no CUDA device";
     return {};
@@ -33,6 +36,8 @@ class LibtorchBackend final : public oracle::Backend {
   Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
                         const KeyWindows& windows) override {
     auto [ks, ke] = windows_to_torch(windows, dev());
+    if (composite_)
+      return from_torch(optimized::indexer_scores_composite(t(q_idx), t(k_idx), t(w), ks, ke));
     return from_torch(optimized::indexer_scores(t(q_idx), t(k_idx), t(w), ks, ke));
   }
 
@@ -40,7 +45,10 @@ class LibtorchBackend final : public oracle::Backend {
                                        const KeyWindows& windows,
                                        const Tensor& d_scores) override {
     auto [ks, ke] = windows_to_torch(windows, dev());
-    auto g = optimized::indexer_scores_backward(t(q_idx), t(k_idx), t(w), t(d_scores), ks, ke);
+    auto g = composite_ ? optimized::indexer_scores_backward_composite(t(q_idx), t(k_idx), t(w),
+                                                                       t(d_scores), ks, ke)
+                        : optimized::indexer_scores_backward(t(q_idx), t(k_idx), t(w),
+                                                             t(d_scores), ks, ke);
     return {from_torch(std::get<0>(g)), from_torch(std::get<1>(g)), from_torch(std::get<2>(g))};
   }
 
@@ -48,6 +56,7 @@ class LibtorchBackend final : public oracle::Backend {
                      const std::optional<KeyWindows>& windows) override {
     c10::optional<at::Tensor> ks, ke;
     if (windows) std::tie(ks, ke) = windows_to_torch(*windows, dev());
+    if (composite_) return from_torch(optimized::topk_indices_composite(t(scores), k, policy, ks, ke));
     return from_torch(optimized::topk_indices(t(scores), k, policy, ks, ke));
   }
 
@@ -99,12 +108,13 @@ class LibtorchBackend final : public oracle::Backend {
     return x ? c10::optional<at::Tensor>(t(*x)) : c10::nullopt;
   }
   bool cuda_;
+  bool composite_;
 };
 
 }  // namespace
 
-std::unique_ptr<oracle::Backend> make_libtorch_backend(bool cuda) {
-  return std::make_unique<LibtorchBackend>(cuda);
+std::unique_ptr<oracle::Backend> make_libtorch_backend(bool cuda, bool composite) {
+  return std::make_unique<LibtorchBackend>(cuda, composite);
 }
 
 }  // namespace dsa::backends

@@ -9,7 +9,8 @@
 // gathered attention composed from ATen ops (index_select + bmm + logsumexp + exp + bmm, bf16
 // operands, fp32 accumulation inside cuBLAS). CUDA events on the default stream, warm-up,
 // medians, inputs rotated so each timed call reads data not left in the 60 MB L2, random
-// (never zero) inputs. Prints a table; writes it to $OUT/gpu_bench.md when OUT is set.
+// (never zero) inputs; (c) the indexer (bench_indexer). DSA_BENCH_INDEXER_ONLY=1 runs (c) alone.
+// Prints a table; writes it to $OUT/gpu_bench.md when OUT is set.
 // Roofline figures (measured on this card, shared/GPU.md): 790 TFLOP/s bf16, 4.3 TB/s copy.
 #include <algorithm>
 #include <cmath>
@@ -75,6 +76,108 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+// (c) indexer scores (SPEC §2), s_q = s_kv = 8192 causal, H_I 64, d_I 128, bf16 q_idx/k_idx,
+// fp32 w: indexer_scores_device (wgmma, mma.sync) and its backward against ATen compositions
+// on the same inputs (bf16 cuBLAS GEMM with fp32 accumulation and bf16 logits, then relu, *w,
+// sum over heads, -inf outside the causal mask; the backward from the same logits). TFLOP/s
+// count only visible (t, s) pairs: 2·H_I·d_I flops per pair per product (1 forward, 3 backward).
+void bench_indexer(std::ostringstream& table) {
+  const int64_t s = 8192, h = 64, d = 128;
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+  const double pairs = static_cast<double>(s) * (s + 1) / 2;
+  const double flops = 2.0 * h * d * pairs;
+  const int r = rotations(2.0 * s * h * d);
+  std::vector<torch::Tensor> q, w;
+  for (int i = 0; i < r; ++i) {
+    q.push_back(torch::randn({s, h, d}, f32).to(torch::kBFloat16));
+    w.push_back(torch::randn({s, h}, f32).mul_(1.0 / std::sqrt(static_cast<double>(h * d))));
+  }
+  const auto k = torch::randn({s, d}, f32).to(torch::kBFloat16);
+  const auto ke = torch::arange(1, s + 1, f32.dtype(torch::kInt64));
+  const auto ks = torch::zeros({s}, f32.dtype(torch::kInt64));
+  const auto ds = torch::randn({s, s}, f32);
+  auto out = torch::empty({s, s}, f32);
+  auto dq = torch::empty({s, h, d}, f32.dtype(torch::kBFloat16));
+  auto dk = torch::empty({s, d}, f32.dtype(torch::kBFloat16));
+  auto dw = torch::empty({s, h}, f32);
+  dsa::cuda::IndexerKernel kernel = dsa::cuda::IndexerKernel::Wgmma;
+  auto mine = [&](int i) {
+    dsa::cuda::indexer_scores_device(
+        reinterpret_cast<const uint16_t*>(q[i % r].data_ptr()),
+        reinterpret_cast<const uint16_t*>(k.data_ptr()), w[i % r].data_ptr<float>(),
+        ks.data_ptr<int64_t>(), ke.data_ptr<int64_t>(), s, h, d, s, out.data_ptr<float>(),
+        nullptr, kernel);
+  };
+  auto mine_bwd = [&](int i) {
+    dsa::cuda::indexer_scores_backward_device(
+        reinterpret_cast<const uint16_t*>(q[i % r].data_ptr()),
+        reinterpret_cast<const uint16_t*>(k.data_ptr()), w[i % r].data_ptr<float>(),
+        ks.data_ptr<int64_t>(), ke.data_ptr<int64_t>(), ds.data_ptr<float>(), s, h, d, s,
+        reinterpret_cast<uint16_t*>(dq.data_ptr()), reinterpret_cast<uint16_t*>(dk.data_ptr()),
+        dw.data_ptr<float>(), nullptr);
+  };
+  const auto visible = torch::ones({s, s}, f32.dtype(torch::kBool)).tril();
+  torch::Tensor pout;
+  auto peer = [&](int i) {
+    auto logits = torch::matmul(q[i % r], k.t());  // [s, h, s] bf16 (fp32 accumulation)
+    pout = logits.relu_().mul_(w[i % r].unsqueeze(2)).sum(1, false, torch::kFloat32);
+    pout.masked_fill_(visible.logical_not(), -INFINITY);
+  };
+  torch::Tensor pdq, pdk, pdw;
+  auto peer_bwd = [&](int i) {
+    auto logits = torch::matmul(q[i % r], k.t());  // [s, h, s] bf16
+    auto dI = ds.masked_fill(visible.logical_not(), 0).unsqueeze(1);  // [s, 1, s]
+    pdw = (dI * logits.relu()).sum(2);
+    auto g = (dI * w[i % r].unsqueeze(2) * logits.gt(0)).to(torch::kBFloat16);
+    pdq = torch::matmul(g, k);
+    pdk = torch::matmul(g.reshape({s * h, s}).t(), q[i % r].reshape({s * h, d}));
+  };
+  auto row = [&](const char* op, const std::string& impl, double t, double fl,
+                 const std::string& note) {
+    const double tf = fl / (t * 1e-3) / 1e12;
+    table << "| " << op << " | s_q = s_kv 8192 causal, H_I 64, d_I 128 | " << impl << " | "
+          << fmt("%.3f", t) << " | " << fmt("%.1f", tf) << " | "
+          << fmt("%.1f%%", 100.0 * tf / kBf16Tflops) << " | - | - | " << note << " |\n";
+  };
+  auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+    const auto fin = torch::isfinite(b);
+    const auto x = a.masked_select(fin).to(torch::kFloat32), y = b.masked_select(fin).to(torch::kFloat32);
+    return ((x - y).norm() / y.norm()).item<double>();
+  };
+  const double t_peer = median_ms(peer, 1, 5);
+  peer(0);
+  check(cudaDeviceSynchronize(), "indexer peer");
+  torch::Tensor ref_mma;
+  for (auto kern : {dsa::cuda::IndexerKernel::Mma, dsa::cuda::IndexerKernel::Wgmma}) {
+    kernel = kern;
+    const double t = median_ms(mine, 3, 15);
+    out.fill_(0);
+    mine(0);
+    check(cudaDeviceSynchronize(), "indexer check run");
+    const bool wg = kern == dsa::cuda::IndexerKernel::Wgmma;
+    const bool inf_ok = torch::equal(torch::isinf(out), visible.logical_not());
+    std::string note = "rel-Frobenius vs peer " + fmt("%.2e", rel(out, pout)) +
+                       (inf_ok ? ", -inf exactly outside the mask" : ", -inf PATTERN WRONG");
+    if (wg) note += ", max |wgmma - mma| " + fmt("%.2e", (out - ref_mma).abs().nan_to_num(0, 0, 0).max().item<double>());
+    else ref_mma = out.clone();
+    row("indexer_scores", wg ? "dsa cuda wgmma (sm_90a m64n128k16)" : "dsa cuda mma.sync m16n8k16",
+        t, flops, note);
+    std::printf("indexer %s done (%.3f ms)\n", wg ? "wgmma" : "mma", t);
+    std::fflush(stdout);
+  }
+  row("indexer_scores", "ATen matmul (bf16 logits) + relu + *w + sum, full product", t_peer, flops,
+      "peer (computes all s_q·s_kv pairs; TFLOP/s on visible pairs)");
+  const double tb = median_ms(mine_bwd, 2, 7);
+  const double tbp = median_ms(peer_bwd, 1, 3);
+  mine_bwd(0);
+  peer_bwd(0);
+  check(cudaDeviceSynchronize(), "indexer backward");
+  row("indexer_scores_backward", "dsa cuda mma.sync (dq/dw + dk kernels, G hi+lo)", tb, 3 * flops,
+      "rel-Frobenius vs peer: dq " + fmt("%.2e", rel(dq, pdq)) + ", dk " + fmt("%.2e", rel(dk, pdk)) +
+          ", dw " + fmt("%.2e", rel(dw, pdw)));
+  row("indexer_scores_backward", "ATen (bf16 logits, bf16 G, 3 matmuls)", tbp, 3 * flops, "peer");
+}
+
 }  // namespace
 
 int main() {
@@ -98,8 +201,9 @@ int main() {
   // (a) top-k, k 2048, against torch::topk (sorted and unsorted) on the same inputs.
   const int64_t k = 2048;
   const int64_t shapes[][2] = {{128, 131072}, {4096, 32768}, {4096, 131072}, {4096, 4096}};
+  const bool indexer_only = std::getenv("DSA_BENCH_INDEXER_ONLY") != nullptr;  // (c) alone
   for (const auto& sh : shapes) {
-    if (std::getenv("DSA_BENCH_MLA_ONLY")) break;  // sparse MLA only (short GPU runs)
+    if (std::getenv("DSA_BENCH_MLA_ONLY") || indexer_only) break;  // (b) or (c) alone
     const int64_t s_q = sh[0], s_kv = sh[1];
     const double in_bytes = 4.0 * s_q * s_kv;
     const int r = rotations(in_bytes);
@@ -192,7 +296,7 @@ int main() {
   // (b) sparse MLA forward, every slot valid (the peer has no masking), at h_q 64 and 128,
   // s_kv 8192 and 32768. DSA_BENCH_TOPK_ONLY=1 leaves it out; DSA_BENCH_MLA_CUDA_CORE=1 adds
   // the CUDA-core kernel (slow).
-  if (!std::getenv("DSA_BENCH_TOPK_ONLY")) {
+  if (!std::getenv("DSA_BENCH_TOPK_ONLY") && !indexer_only) {
     const int64_t shapes_mla[][2] = {{64, 8192}, {128, 8192}, {128, 32768}};  // {h_q, s_kv}
     for (const auto& sh : shapes_mla) {
       const int64_t s_q = 4096, h_q = sh[0], d_qk = 576, d_v = 512, s_kv = sh[1];
@@ -266,6 +370,7 @@ int main() {
       row("ATen gathered (index_select+bmm+logsumexp+bmm, bf16 logits)", t_peer, "peer");
     }
   }
+  if (!std::getenv("DSA_BENCH_TOPK_ONLY") && !std::getenv("DSA_BENCH_MLA_ONLY")) bench_indexer(table);
   const std::string text = table.str();
   std::printf("\n%s", text.c_str());
   if (const char* o = std::getenv("OUT")) {

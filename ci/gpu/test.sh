@@ -7,6 +7,8 @@
 # (4) the benchmark. Logs and the benchmark table go to ${OUT:-out}/ (at most 8 files); the
 # last lines printed are the summary. SKIP_BENCH=1 / SKIP_PROPS=1 leave steps out; REF_BENCH=1
 # adds the float64 reference's thread-scaling benchmark (issue 13) on the host's CPUs.
+# PROP_FILTER: the property filter (default the cuda backend's top-k and indexer properties);
+# DSA_BENCH_INDEXER_ONLY=1 (read by the benchmark) times the indexer alone.
 # GPU_DEPS=DIR names the carried .gpu-deps when the tree was staged elsewhere.
 # Filters for short runs: CUDA_TEST_FILTER / TORCH_OPS_FILTER (gtest filters of dsa_cuda_tests /
 # dsa_torch_ops_tests), SAN_FILTER (the sanitizer case's gtest filter), SKIP_PY=1 (no Python
@@ -40,6 +42,9 @@ echo "build rc=$rc (${SECONDS}s)" | tee -a "$out/summary.txt"
 [ $rc = 0 ] || { grep -v "ptxas info\|bytes stack frame" "$out/build.txt" | grep -B2 -A10 -i "error" | head -60; exit 1; }
 grep -A2 "topk_cluster_kernel" "$out/build.txt" | grep -E "registers|spill" | head -3
 grep -A2 -E "sparse_mla_fwd_(onepass|wgmma)_kernel" "$out/build.txt" | grep -E "registers|spill" | head -6; grep -E "C75[0-9][0-9]" "$out/build.txt" | head -3
+grep -A3 "Compiling entry function.*indexer_" "$out/build.txt" | grep -E "entry|registers|spill" | sed 's/_ZN3dsa4cuda[^ ]*_\(indexer_[a-z_]*\)[^ ]*/\1/' | head -8
+cuobj=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+[ -x "$cuobj" ] && echo "SASS of dsa_cuda_tests: $("$cuobj" -sass "$bd/main/optimized/cuda/dsa_cuda_tests" 2>/dev/null | grep -c HGMMA) HGMMA, $("$cuobj" -sass "$bd/main/optimized/cuda/dsa_cuda_tests" 2>/dev/null | grep -c HMMA) HMMA instructions" | tee -a "$out/summary.txt"
 bin=$bd/main/optimized/cuda
 SECONDS=0
 timeout 170 "$bin/dsa_cuda_tests" --gtest_filter="${CUDA_TEST_FILTER:-*}" >"$out/tests.txt" 2>&1
@@ -55,7 +60,7 @@ PYTHONUNBUFFERED=1 timeout 120 python3 optimized/cuda/tests/torch_ops_check.py "
 echo "torch_ops_check.py (Python, torch.ops.load_library) rc=$? (${SECONDS}s): $(grep -E 'torch_ops_check:|MISMATCH|Error' "$out/tests.txt" | tail -3 | tr '\n' ' ')" | tee -a "$out/summary.txt"
 fi
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-small=${SAN_FILTER:-'*TopkSanitizerSmall*:*EmptyRows*:*Unselectable*:*SparseMlaSanitizerSmall*'}
+small=${SAN_FILTER:-'*TopkSanitizerSmall*:*EmptyRows*:*Unselectable*:*SparseMlaSanitizerSmall*:*IndexerSanitizerSmall*'}
 for tool in memcheck racecheck; do
   SECONDS=0
   timeout 100 "$san" --tool $tool --error-exitcode 3 "$bin/dsa_cuda_tests" --gtest_filter="$small" \
@@ -66,8 +71,8 @@ cat "$out/sanitizer.txt.memcheck" > "$out/sanitizer.txt"; cat "$out/sanitizer.tx
 rm -f "$out"/sanitizer.txt.*
 if [ "${SKIP_PROPS:-0}" != 1 ]; then
   SECONDS=0
-  timeout 120 "$bd/main/property_tests/dsa_prop_tests" --gtest_filter='Prop_cuda.topk*' >"$out/props.txt" 2>&1
-  echo "dsa_prop_tests Prop_cuda.topk* rc=$? (${SECONDS}s): $(grep -E '^\[  PASSED|^\[  FAILED' "$out/props.txt" | tr '\n' ' ')" | tee -a "$out/summary.txt"
+  timeout 120 "$bd/main/property_tests/dsa_prop_tests" --gtest_filter="${PROP_FILTER:-Prop_cuda.topk*:Prop_cuda.indexer*}" >"$out/props.txt" 2>&1
+  echo "dsa_prop_tests ${PROP_FILTER:-Prop_cuda.topk*:Prop_cuda.indexer*} rc=$? (${SECONDS}s): $(grep -E '^\[  PASSED|^\[  FAILED' "$out/props.txt" | tr '\n' ' ')" | tee -a "$out/summary.txt"
   grep -E "^\[  FAILED|repro" "$out/props.txt" | head -10
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

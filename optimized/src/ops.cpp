@@ -84,6 +84,22 @@ at::Tensor topk_indices(const at::Tensor& scores, int64_t k, const TopkPolicy& p
   return topk_indices(scores, k, ks, ke, to_string(policy.tie_break), policy.sorted);
 }
 
+at::Tensor indexer_scores_composite(const at::Tensor& q_idx, const at::Tensor& k_idx,
+                                    const at::Tensor& w, const OptT& ks, const OptT& ke) {
+  return kernels::indexer_scores(q_idx, k_idx, w, ks, ke);
+}
+
+Tensor3 indexer_scores_backward_composite(const at::Tensor& q_idx, const at::Tensor& k_idx,
+                                          const at::Tensor& w, const at::Tensor& d_scores,
+                                          const OptT& ks, const OptT& ke) {
+  return kernels::indexer_scores_backward(q_idx, k_idx, w, d_scores, ks, ke);
+}
+
+at::Tensor topk_indices_composite(const at::Tensor& scores, int64_t k, const TopkPolicy& policy,
+                                  const OptT& ks, const OptT& ke) {
+  return kernels::topk_indices(scores, k, ks, ke, to_string(policy.tie_break), policy.sorted);
+}
+
 Tensor3 sparse_mla_fwd(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices,
                        double sm_scale, int64_t d_v, const OptT& topk_length,
                        const OptT& attn_sink) {

@@ -1,5 +1,5 @@
 // The `cuda` backend: validates host tensors, copies them to device 0, runs the kernels of
-// dsa/cuda/kernels.h and copies the outputs back (SPEC §3, §4, §6).
+// dsa/cuda/kernels.h and copies the outputs back (SPEC §2, §3, §4, §6).
 #include "dsa/cuda/backend.h"
 
 #include <climits>
@@ -55,6 +55,84 @@ DeviceBuffer upload(const Tensor& t, const char* where) {
   return b;
 }
 
+struct IndexerShape {
+  int64_t s_q, h, d, s_kv, d_pad;  // d_pad: d rounded up to 8 (16-byte rows; zero columns)
+};
+
+struct IndexerDevice {
+  DeviceBuffer q, k, w, ks, ke;
+};
+
+// Rows of `d` 16-bit values into rows of `d_pad` (zero padding: the dot products are unchanged).
+std::vector<uint16_t> pad_rows(const Tensor& t, int64_t rows, int64_t d, int64_t d_pad) {
+  std::vector<uint16_t> out(static_cast<size_t>(rows * d_pad), 0);
+  const auto* src = reinterpret_cast<const uint16_t*>(t.raw());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(&out[static_cast<size_t>(r * d_pad)], src + r * d, sizeof(uint16_t) * d);
+  return out;
+}
+
+DeviceBuffer upload_vec(const std::vector<uint16_t>& v, const char* where) {
+  DeviceBuffer b(sizeof(uint16_t) * v.size(), where);
+  b.upload(v.data(), where);
+  return b;
+}
+
+// Device rows of d_pad values back into the host tensor's rows of d.
+void unpad(const DeviceBuffer& b, int64_t rows, int64_t d, int64_t d_pad, Tensor& out,
+           const char* where) {
+  std::vector<uint16_t> tmp(static_cast<size_t>(rows * d_pad));
+  b.download(tmp.data(), where);
+  auto* dst = reinterpret_cast<uint16_t*>(out.raw());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * d, &tmp[static_cast<size_t>(r * d_pad)], sizeof(uint16_t) * d);
+}
+
+// SPEC §2 argument checks of the indexer ops; q_idx/k_idx dtypes other than BF16 and w other
+// than F32, H_I > 64 and d_I > 128 are NotSupported (kernel limits), bad shapes invalid_argument.
+IndexerShape check_indexer(const char* where, const Tensor& q_idx, const Tensor& k_idx,
+                           const Tensor& w, const KeyWindows& windows) {
+  check_rank(where, "q_idx", q_idx, 3);
+  check_rank(where, "k_idx", k_idx, 2);
+  check_rank(where, "w", w, 2);
+  for (const Tensor* t : {&q_idx, &k_idx})
+    if (t->dtype() != DType::BF16 && (t->dtype() == DType::F32 || t->dtype() == DType::F16 ||
+                                      t->dtype() == DType::F64))
+      throw oracle::NotSupported(std::string(where) + ": " + (t == &q_idx ? "q_idx" : "k_idx") +
+                                 " dtype " + dtype_name(t->dtype()) + " not supported (BF16 only)");
+  check_dtype(where, "q_idx", q_idx, {DType::BF16});
+  check_dtype(where, "k_idx", k_idx, {DType::BF16});
+  if (w.dtype() == DType::F64)
+    throw oracle::NotSupported(std::string(where) + ": w dtype F64 not supported (F32 only)");
+  check_dtype(where, "w", w, {DType::F32});
+  IndexerShape s{q_idx.size(0), q_idx.size(1), q_idx.size(2), k_idx.size(0), 0};
+  check_shape(where, "k_idx", k_idx, {-1, s.d});
+  check_shape(where, "w", w, {s.s_q, s.h});
+  check_arg(windows.s_q() == s.s_q && static_cast<int64_t>(windows.ke.size()) == s.s_q, where,
+            "windows", "s_q=" + str(windows.s_q()), "s_q=" + str(s.s_q));
+  check_arg(windows.s_kv == s.s_kv, where, "windows", "s_kv=" + str(windows.s_kv),
+            "s_kv=" + str(s.s_kv));
+  if (s.h > indexer_max_heads() || s.d > indexer_max_dim())
+    throw oracle::NotSupported(std::string(where) + ": H_I=" + str(s.h) + ", d_I=" + str(s.d) +
+                               " not supported (cuda kernel limits H_I <= " +
+                               str(indexer_max_heads()) + ", d_I <= " + str(indexer_max_dim()) + ")");
+  check_arg(s.s_q <= INT32_MAX && s.s_kv <= INT32_MAX - 128, where, "q_idx/k_idx",
+            "s_q=" + str(s.s_q) + " s_kv=" + str(s.s_kv), "s_q <= 2^31-1, s_kv <= 2^31-129");
+  s.d_pad = (s.d + 7) / 8 * 8;
+  return s;
+}
+
+IndexerDevice upload_indexer(const char* where, const IndexerShape& s, const Tensor& q_idx,
+                             const Tensor& k_idx, const Tensor& w, const KeyWindows& windows) {
+  IndexerDevice dev{upload_vec(pad_rows(q_idx, s.s_q * s.h, s.d, s.d_pad), where),
+                    upload_vec(pad_rows(k_idx, s.s_kv, s.d, s.d_pad), where), upload(w, where),
+                    DeviceBuffer(sizeof(int64_t) * s.s_q, where),
+                    DeviceBuffer(sizeof(int64_t) * s.s_q, where)};
+  dev.ks.upload(windows.ks.data(), where);
+  dev.ke.upload(windows.ke.data(), where);
+  return dev;
+}
+
 class CudaBackend final : public oracle::Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
@@ -64,7 +142,55 @@ class CudaBackend final : public oracle::Backend {
   }
   bool deterministic() const override { return true; }
   bool supports(oracle::Op op) const override {
-    return op == oracle::Op::Topk || op == oracle::Op::SparseMlaFwd;
+    return op == oracle::Op::Topk || op == oracle::Op::SparseMlaFwd ||
+           op == oracle::Op::IndexerScores || op == oracle::Op::IndexerScoresBackward;
+  }
+
+  Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                        const KeyWindows& windows) override {
+    const char* where = "cuda indexer_scores";
+    const IndexerShape s = check_indexer(where, q_idx, k_idx, w, windows);
+    require_device(where);
+    Tensor out(DType::F32, {s.s_q, s.s_kv});
+    if (s.s_q == 0 || s.s_kv == 0) return out;
+    const IndexerDevice dev = upload_indexer(where, s, q_idx, k_idx, w, windows);
+    DeviceBuffer d_out(out.nbytes(), where);
+    indexer_scores_device(dev.q.get<uint16_t>(), dev.k.get<uint16_t>(), dev.w.get<float>(),
+                          dev.ks.get<int64_t>(), dev.ke.get<int64_t>(), s.s_q, s.h, s.d_pad,
+                          s.s_kv, d_out.get<float>(), nullptr, options_.indexer_kernel);
+    DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
+    d_out.download(out.raw(), where);
+    return out;
+  }
+
+  IndexerGrads indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                                       const KeyWindows& windows,
+                                       const Tensor& d_scores) override {
+    const char* where = "cuda indexer_scores_backward";
+    const IndexerShape s = check_indexer(where, q_idx, k_idx, w, windows);
+    check_rank(where, "d_scores", d_scores, 2);
+    if (d_scores.dtype() == DType::F64)
+      throw oracle::NotSupported(std::string(where) + ": d_scores dtype F64 not supported (F32 only)");
+    check_dtype(where, "d_scores", d_scores, {DType::F32});
+    check_shape(where, "d_scores", d_scores, {s.s_q, s.s_kv});
+    require_device(where);
+    IndexerGrads g{Tensor(DType::BF16, {s.s_q, s.h, s.d}), Tensor(DType::BF16, {s.s_kv, s.d}),
+                   Tensor(DType::F32, {s.s_q, s.h})};
+    const IndexerDevice dev = upload_indexer(where, s, q_idx, k_idx, w, windows);
+    DeviceBuffer d_ds = upload(d_scores, where);
+    DeviceBuffer d_dq(sizeof(uint16_t) * s.s_q * s.h * s.d_pad, where);
+    DeviceBuffer d_dk(sizeof(uint16_t) * s.s_kv * s.d_pad, where);
+    DeviceBuffer d_dw(g.dw.nbytes(), where);
+    indexer_scores_backward_device(dev.q.get<uint16_t>(), dev.k.get<uint16_t>(), dev.w.get<float>(),
+                                   dev.ks.get<int64_t>(), dev.ke.get<int64_t>(),
+                                   d_ds.get<float>(), s.s_q, s.h, s.d_pad, s.s_kv,
+                                   d_dq.get<uint16_t>(), d_dk.get<uint16_t>(), d_dw.get<float>(),
+                                   nullptr);
+    DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
+    unpad(d_dq, s.s_q * s.h, s.d, s.d_pad, g.dq_idx, where);
+    unpad(d_dk, s.s_kv, s.d, s.d_pad, g.dk_idx, where);
+    d_dw.download(g.dw.raw(), where);
+    return g;
   }
 
   Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,

@@ -1,17 +1,20 @@
-// CUDA dispatch of the `dsa` operator library (schemas in optimized/src/ops.cpp, SPEC §3, §4):
-// dsa::topk_indices on CUDA tensors runs the cluster top-k kernel (select_topk_device) and
-// dsa::sparse_mla_fwd the one-pass sparse MLA forward (sparse_mla_forward_device, OnePassWgmma), on
-// the current CUDA stream with device pointers, no host copies. Inputs a kernel does not take
-// (top-k: scores not fp32, windows not int on the scores' device, k or s_kv over 2^31-1;
-// sparse MLA: q/kv not bf16, indices/topk_length not int32, attn_sink not fp32, a tensor on
-// another device, d_qk or d_v over the kernel limits) and every invalid input go to the ATen
-// composites (optimized/src/topk.cpp, sparse_mla.cpp), which raise the op's errors naming the
-// argument. The composites stay reachable on their own as dsa::optimized::kernels::* and on
-// CPU tensors.
+// CUDA dispatch of the `dsa` operator library (schemas in optimized/src/ops.cpp, SPEC §2-§4):
+// dsa::topk_indices on CUDA tensors runs the cluster top-k kernel (select_topk_device),
+// dsa::sparse_mla_fwd the one-pass sparse MLA forward (sparse_mla_forward_device, OnePassWgmma) and
+// dsa::indexer_scores / dsa::indexer_scores_backward the tensor-core indexer kernels
+// (indexer_scores_device, indexer_scores_backward_device), on the current CUDA stream with
+// device pointers, no host copies. Inputs a kernel does not take (top-k: scores not fp32,
+// windows not int on the scores' device, k or s_kv over 2^31-1; sparse MLA: q/kv not bf16,
+// indices/topk_length not int32, attn_sink not fp32, a tensor on another device, d_qk or d_v
+// over the kernel limits; indexer: q_idx/k_idx not bf16, w not fp32, H_I > 64 or d_I > 128)
+// and every invalid input go to the ATen composites (optimized/src/topk.cpp, sparse_mla.cpp,
+// indexer.cpp), which raise the op's errors naming the argument. The composites stay reachable
+// on their own as dsa::optimized::kernels::* and on CPU tensors.
 #include <climits>
 #include <cmath>
 #include <tuple>
 #include <string>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -129,6 +132,90 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fwd_cuda(
   return {out, lse, max_logits};
 }
 
+// The indexer kernels take bf16 q_idx/k_idx, fp32 w, H_I <= 64, d_I <= 128, int32-indexable
+// sizes and windows both given or both absent (int, on the same device); d_I is zero-padded to
+// a multiple of 8 here (a copy). Anything else goes to the composite, which raises the errors.
+bool indexer_takes(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w,
+                   const c10::optional<at::Tensor>& ks, const c10::optional<at::Tensor>& ke) {
+  const bool has_ks = ks.has_value() && ks->defined(), has_ke = ke.has_value() && ke->defined();
+  if (q_idx.dim() != 3 || k_idx.dim() != 2 || w.dim() != 2) return false;
+  const int64_t s_q = q_idx.size(0), h = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
+  return q_idx.scalar_type() == at::kBFloat16 && k_idx.scalar_type() == at::kBFloat16 &&
+         w.scalar_type() == at::kFloat && k_idx.size(1) == d && w.size(0) == s_q &&
+         w.size(1) == h && h <= indexer_max_heads() && d <= indexer_max_dim() &&
+         s_q <= INT32_MAX && s_kv <= INT32_MAX - 128 && k_idx.device() == q_idx.device() &&
+         w.device() == q_idx.device() && has_ks == has_ke &&
+         (!has_ks || (window_ok(ks, s_q, q_idx.device()) && window_ok(ke, s_q, q_idx.device())));
+}
+
+struct IndexerArgs {
+  at::Tensor q, k, w, ks, ke;  // contiguous; q/k padded to d_pad; ks/ke int64 or undefined
+  int64_t s_q, h, d, d_pad, s_kv;
+};
+
+IndexerArgs indexer_args(const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w,
+                         const c10::optional<at::Tensor>& ks, const c10::optional<at::Tensor>& ke) {
+  IndexerArgs a;
+  a.s_q = q_idx.size(0);
+  a.h = q_idx.size(1);
+  a.d = q_idx.size(2);
+  a.s_kv = k_idx.size(0);
+  a.d_pad = (a.d + 7) / 8 * 8;
+  a.q = a.d_pad == a.d ? q_idx.contiguous() : at::constant_pad_nd(q_idx, {0, a.d_pad - a.d}).contiguous();
+  a.k = a.d_pad == a.d ? k_idx.contiguous() : at::constant_pad_nd(k_idx, {0, a.d_pad - a.d}).contiguous();
+  a.w = w.contiguous();
+  if (ks.has_value() && ks->defined()) {
+    a.ks = ks->to(at::kLong).contiguous();
+    a.ke = ke->to(at::kLong).contiguous();
+  }
+  return a;
+}
+
+at::Tensor indexer_scores_cuda(const at::Tensor& q_idx, const at::Tensor& k_idx,
+                               const at::Tensor& w, const c10::optional<at::Tensor>& ks,
+                               const c10::optional<at::Tensor>& ke) {
+  if (!indexer_takes(q_idx, k_idx, w, ks, ke))
+    return dsa::optimized::kernels::indexer_scores(q_idx, k_idx, w, ks, ke);
+  const c10::DeviceGuard guard(q_idx.device());
+  const IndexerArgs a = indexer_args(q_idx, k_idx, w, ks, ke);
+  at::Tensor out = at::empty({a.s_q, a.s_kv}, a.w.options());
+  indexer_scores_device(reinterpret_cast<const uint16_t*>(a.q.data_ptr()),
+                        reinterpret_cast<const uint16_t*>(a.k.data_ptr()), a.w.data_ptr<float>(),
+                        a.ks.defined() ? a.ks.data_ptr<int64_t>() : nullptr,
+                        a.ke.defined() ? a.ke.data_ptr<int64_t>() : nullptr, a.s_q, a.h, a.d_pad,
+                        a.s_kv, out.data_ptr<float>(), current_stream(q_idx.device()));
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> indexer_scores_backward_cuda(
+    const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w,
+    const at::Tensor& d_scores, const c10::optional<at::Tensor>& ks,
+    const c10::optional<at::Tensor>& ke) {
+  if (!indexer_takes(q_idx, k_idx, w, ks, ke) || d_scores.scalar_type() != at::kFloat ||
+      d_scores.dim() != 2 || d_scores.size(0) != q_idx.size(0) ||
+      d_scores.size(1) != k_idx.size(0) || d_scores.device() != q_idx.device())
+    return dsa::optimized::kernels::indexer_scores_backward(q_idx, k_idx, w, d_scores, ks, ke);
+  const c10::DeviceGuard guard(q_idx.device());
+  const IndexerArgs a = indexer_args(q_idx, k_idx, w, ks, ke);
+  const at::Tensor ds = d_scores.contiguous();
+  at::Tensor dq = at::empty({a.s_q, a.h, a.d_pad}, a.q.options());
+  at::Tensor dk = at::empty({a.s_kv, a.d_pad}, a.k.options());
+  at::Tensor dw = at::empty({a.s_q, a.h}, a.w.options());
+  indexer_scores_backward_device(
+      reinterpret_cast<const uint16_t*>(a.q.data_ptr()),
+      reinterpret_cast<const uint16_t*>(a.k.data_ptr()), a.w.data_ptr<float>(),
+      a.ks.defined() ? a.ks.data_ptr<int64_t>() : nullptr,
+      a.ke.defined() ? a.ke.data_ptr<int64_t>() : nullptr, ds.data_ptr<float>(), a.s_q, a.h,
+      a.d_pad, a.s_kv, reinterpret_cast<uint16_t*>(dq.data_ptr()),
+      reinterpret_cast<uint16_t*>(dk.data_ptr()), dw.data_ptr<float>(),
+      current_stream(q_idx.device()));
+  if (a.d_pad != a.d) {
+    dq = dq.narrow(2, 0, a.d).contiguous();
+    dk = dk.narrow(1, 0, a.d).contiguous();
+  }
+  return {dq, dk, dw};
+}
+
 }  // namespace
 
 bool torch_ops_registered() { return true; }
@@ -138,4 +225,6 @@ bool torch_ops_registered() { return true; }
 TORCH_LIBRARY_IMPL(dsa, CUDA, m) {
   m.impl("topk_indices", &dsa::cuda::topk_indices_cuda);
   m.impl("sparse_mla_fwd", &dsa::cuda::sparse_mla_fwd_cuda);
+  m.impl("indexer_scores", &dsa::cuda::indexer_scores_cuda);
+  m.impl("indexer_scores_backward", &dsa::cuda::indexer_scores_backward_cuda);
 }

@@ -1,4 +1,5 @@
-"""The CUDA dispatch of dsa::topk_indices from Python (SPEC §3), run on the GPU machine by
+"""The CUDA dispatch of dsa::topk_indices (SPEC §3) and dsa::indexer_scores (+ backward, SPEC
+§2, integer grids: bit-exact against the same op on CPU tensors) from Python, run on the GPU machine by
 ci/gpu/test.sh: loads libdsa_torch_ops.so with torch.ops.load_library, checks that the op has
 a CUDA kernel, that on CUDA tensors it returns the composite's answer (the same op on CPU
 tensors: bytes when sorted, sets when unsorted) for random and plateau rows, windows, both
@@ -42,6 +43,30 @@ def main() -> int:
                                 fails += 1
                                 print(f"MISMATCH s_kv={s_kv} fill={fill} k={k} tie={tb} "
                                       f"sorted={srt} windows={win}")
+    # dsa::indexer_scores (+ backward, SPEC §2) on integer grids: every product and sum is exact,
+    # so the CUDA kernels equal the composite on CPU tensors bit for bit (windows, d_I padded).
+    iop, ibw = torch.ops.dsa.indexer_scores, torch.ops.dsa.indexer_scores_backward
+    for name in ("dsa::indexer_scores", "dsa::indexer_scores_backward"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(name, "CUDA")
+    for s_q, s_kv, h, d, win in [(9, 700, 64, 128, True), (5, 130, 37, 24, False)]:
+        q = torch.randint(-3, 4, (s_q, h, d)).to(torch.bfloat16)
+        kk = torch.randint(-3, 4, (s_kv, d)).to(torch.bfloat16)
+        w = torch.randint(-2, 3, (s_q, h)).float()
+        ds = torch.randint(-2, 3, (s_q, s_kv)).float()
+        ks = ke = None
+        if win:
+            ks = torch.randint(0, s_kv // 2, (s_q,))
+            ke = ks + torch.randint(-3, s_kv, (s_q,))
+        cu = lambda t: None if t is None else t.cuda()
+        got = iop(q.cuda(), kk.cuda(), w.cuda(), cu(ks), cu(ke))
+        ref = iop(q, kk, w, ks, ke)
+        gb = ibw(q.cuda(), kk.cuda(), w.cuda(), ds.cuda(), cu(ks), cu(ke))
+        rb = ibw(q, kk, w, ds, ks, ke)
+        cases += 1
+        if not (got.is_cuda and torch.equal(got.cpu(), ref) and torch.isfinite(ref).any()
+                and all(torch.equal(a.cpu(), b) for a, b in zip(gb, rb))):
+            fails += 1
+            print(f"MISMATCH indexer s_q={s_q} s_kv={s_kv} H_I={h} d_I={d} windows={win}")
     x = torch.randn(128, 131072, device="cuda")
     ids = op(x, 2048, None, None, "small", True)
     peer = torch.topk(x, 2048, dim=1, largest=True, sorted=True).indices

@@ -1,3 +1,5 @@
+// The CUDA dispatch of dsa::indexer_scores (+ backward) on integer grids equals the composite
+// bit for bit (every product and sum exact), windows int32/int64, d_I padded, H_I 37.
 // The CUDA dispatch of dsa::topk_indices and dsa::sparse_mla_fwd (libdsa_torch_ops, SPEC §3,
 // §4; the sparse MLA test is at the end) from C++. Top-k: the dispatcher
 // has a CUDA kernel for the op, and on CUDA tensors it returns what the ATen composite returns
@@ -15,6 +17,7 @@
 
 #include "dsa/cuda/kernels.h"
 #include "dsa/cuda/torch_ops.h"
+#include "dsa/optimized/indexer.h"
 #include "dsa/optimized/sparse_mla.h"
 #include "dsa/optimized/topk.h"
 #include "kernels.h"  // optimized/src: the composite, reachable on its own
@@ -147,6 +150,66 @@ TEST_F(TorchOpsCudaTest, SparseMlaFwdRunsTheOnePassKernel) {
       dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_v, len, sink.to(at::kDouble));
   EXPECT_EQ(std::get<0>(via_composite).sizes(), std::get<0>(got).sizes());
   EXPECT_THROW(dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_qk + 1, len, sink), c10::Error);
+}
+
+TEST_F(TorchOpsCudaTest, IndexerDispatcherHasTheCudaKernels) {
+  for (const char* name : {"dsa::indexer_scores", "dsa::indexer_scores_backward"}) {
+    const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+    EXPECT_TRUE(op.hasKernelForDispatchKey(c10::DispatchKey::CUDA)) << name;
+  }
+}
+
+// Integer grids in [-3, 3]: products, head sums and gradient sums are exact in fp32, so the
+// kernels and the composite agree bit for bit (scores, -inf outside windows, dq/dk/dw).
+TEST_F(TorchOpsCudaTest, IndexerMatchesTheCompositeOnIntegerGrids) {
+  struct Shape {
+    int64_t s_q, s_kv, h, d;
+    bool windows;
+    at::ScalarType window_dtype;
+  };
+  const Shape shapes[] = {{9, 700, 64, 128, true, at::kLong},
+                          {7, 257, 37, 24, true, at::kInt},
+                          {4, 130, 16, 64, false, at::kLong}};
+  int64_t seed = 3;
+  for (const Shape& s : shapes) {
+    at::manual_seed(seed++);
+    const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA);
+    const auto q = at::randint(-3, 4, {s.s_q, s.h, s.d}, bf);
+    const auto k = at::randint(-3, 4, {s.s_kv, s.d}, bf);
+    const auto w = at::randint(-2, 3, {s.s_q, s.h}, f32);
+    const auto ds = at::randint(-2, 3, {s.s_q, s.s_kv}, f32);
+    c10::optional<at::Tensor> ks, ke;
+    if (s.windows) {
+      const auto lo = at::randint(0, s.s_kv / 2, {s.s_q}, at::kLong);
+      ks = lo.to(s.window_dtype).cuda();
+      ke = (lo + at::randint(-3, s.s_kv, {s.s_q}, at::kLong)).to(s.window_dtype).cuda();
+    }
+    const std::string label = "s_q=" + std::to_string(s.s_q) + " s_kv=" + std::to_string(s.s_kv) +
+                              " H_I=" + std::to_string(s.h) + " d_I=" + std::to_string(s.d);
+    const auto got = dsa::optimized::indexer_scores(q, k, w, ks, ke);
+    const auto ref = dsa::optimized::kernels::indexer_scores(q, k, w, ks, ke);
+    ASSERT_TRUE(got.is_cuda()) << label;
+    ASSERT_GT(at::isfinite(ref).sum().item<int64_t>(), 0) << label;  // not a trivial case
+    EXPECT_TRUE(at::equal(got, ref)) << label;
+    EXPECT_TRUE(at::equal(got, dsa::optimized::indexer_scores(q, k, w, ks, ke))) << "run to run: " << label;
+    const auto g = dsa::optimized::indexer_scores_backward(q, k, w, ds, ks, ke);
+    const auto r = dsa::optimized::kernels::indexer_scores_backward(q, k, w, ds, ks, ke);
+    ASSERT_GT(std::get<0>(r).abs().sum().item<double>(), 0) << label;
+    EXPECT_TRUE(at::equal(std::get<0>(g), std::get<0>(r))) << "dq_idx " << label;
+    EXPECT_TRUE(at::equal(std::get<1>(g), std::get<1>(r))) << "dk_idx " << label;
+    EXPECT_TRUE(at::equal(std::get<2>(g), std::get<2>(r))) << "dw " << label;
+  }
+}
+
+TEST_F(TorchOpsCudaTest, IndexerBadInputRaisesTheCompositeError) {
+  const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  const auto q = at::ones({2, 4, 16}, bf), k = at::ones({5, 16}, bf);
+  const auto w_bad = at::ones({2, 3}, at::TensorOptions().device(at::kCUDA));
+  EXPECT_THROW(dsa::optimized::indexer_scores(q, k, w_bad), c10::Error);
+  const auto w = at::ones({2, 4}, at::TensorOptions().device(at::kCUDA));
+  const auto ks = at::zeros({2}, at::kLong).cuda();
+  EXPECT_THROW(dsa::optimized::indexer_scores(q, k, w, ks, c10::nullopt), c10::Error);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Registers the built-in backends with the oracle's registry: `reference` always,
-// `libtorch-cpu` and `libtorch-cuda` when built with LibTorch, `cuda` when built with CUDA.
+// `libtorch-cpu`, `libtorch-cuda` and `libtorch-composite` (CUDA, the indexer and top-k ATen
+// composites called directly) when built with LibTorch, `cuda` when built with CUDA.
 #pragma once
 
 namespace dsa::backends {

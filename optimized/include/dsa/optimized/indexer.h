@@ -26,4 +26,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> indexer_scores_backward(
     const at::Tensor& d_scores, const c10::optional<at::Tensor>& ks = c10::nullopt,
     const c10::optional<at::Tensor>& ke = c10::nullopt);
 
+/// The ATen composite kernels of dsa::indexer_scores / dsa::indexer_scores_backward called
+/// directly, never a registered device kernel: the auditing baseline (backend
+/// `libtorch-composite`). Same arguments, results and errors as above.
+at::Tensor indexer_scores_composite(const at::Tensor& q_idx, const at::Tensor& k_idx,
+                                    const at::Tensor& w,
+                                    const c10::optional<at::Tensor>& ks = c10::nullopt,
+                                    const c10::optional<at::Tensor>& ke = c10::nullopt);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> indexer_scores_backward_composite(
+    const at::Tensor& q_idx, const at::Tensor& k_idx, const at::Tensor& w,
+    const at::Tensor& d_scores, const c10::optional<at::Tensor>& ks = c10::nullopt,
+    const c10::optional<at::Tensor>& ke = c10::nullopt);
+
 }  // namespace dsa::optimized

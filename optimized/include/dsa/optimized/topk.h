@@ -25,4 +25,10 @@ at::Tensor topk_indices(const at::Tensor& scores, int64_t k, const TopkPolicy& p
                         const c10::optional<at::Tensor>& ks = c10::nullopt,
                         const c10::optional<at::Tensor>& ke = c10::nullopt);
 
+/// The ATen composite kernel of dsa::topk_indices called directly (not counted, never a
+/// registered device kernel): the auditing baseline (backend `libtorch-composite`).
+at::Tensor topk_indices_composite(const at::Tensor& scores, int64_t k, const TopkPolicy& policy,
+                                  const c10::optional<at::Tensor>& ks = c10::nullopt,
+                                  const c10::optional<at::Tensor>& ke = c10::nullopt);
+
 }  // namespace dsa::optimized

@@ -9,9 +9,11 @@
 
 namespace dsa::cuda {
 
-/// Backend "cuda": Op::Topk (SPEC §3; scores F32 [s_q,s_kv], returns I32 [s_q,k]) and
-/// Op::SparseMlaFwd (SPEC §4, §6; q/kv BF16, returns out BF16, lse/max_logits F32); every
-/// other op, and other dtypes (F32/F16/F64 q, F64 scores), throw oracle::NotSupported.
+/// Backend "cuda": Op::IndexerScores / Op::IndexerScoresBackward (SPEC §2; q_idx/k_idx BF16,
+/// w F32, H_I <= 64, d_I <= 128; scores F32, dq_idx/dk_idx BF16, dw F32), Op::Topk (SPEC §3;
+/// scores F32 [s_q,s_kv], returns I32 [s_q,k]) and Op::SparseMlaFwd (SPEC §4, §6; q/kv BF16,
+/// returns out BF16, lse/max_logits F32); every other op, and other dtypes or shapes past the
+/// kernel limits (F32/F16/F64 q, F64 scores, H_I > 64), throw oracle::NotSupported.
 /// unavailable_reason() is "no CUDA device" when cudaGetDeviceCount fails or reports 0.
 /// Bad shapes or dtypes throw std::invalid_argument naming the argument; CUDA failures throw
 /// std::runtime_error naming the call. Deterministic.
@@ -22,6 +24,7 @@ namespace dsa::cuda {
 struct CudaBackendOptions {
   TopkKernel topk_kernel = TopkKernel::Cluster;
   SparseMlaKernel mla_kernel = SparseMlaKernel::OnePassWgmma;
+  IndexerKernel indexer_kernel = IndexerKernel::Wgmma;
 };
 std::unique_ptr<oracle::Backend> make_cuda_backend(const CudaBackendOptions& options = {});
 

@@ -1,5 +1,5 @@
-// Hand-written CUDA kernels for the H200 (sm_90) on device pointers: top-k selection
-// (SPEC §3) and the sparse MLA forward (SPEC §4, §6). Plain CUDA runtime, no LibTorch.
+// Hand-written CUDA kernels for the H200 (sm_90) on device pointers: indexer scores and their
+// backward (SPEC §2), top-k selection (SPEC §3) and the sparse MLA forward (SPEC §4, §6). Plain CUDA runtime, no LibTorch.
 // Every launcher is asynchronous on `stream`, checks its launch and throws
 // std::runtime_error("<function>: <CUDA error>") on a CUDA failure, std::invalid_argument
 // naming the argument on bad sizes. Pointers are device pointers unless said otherwise.
@@ -74,6 +74,38 @@ void sparse_mla_forward_device(const uint16_t* q, const uint16_t* kv, const int3
                                int64_t d_v, float sm_scale, uint16_t* out, float* lse,
                                float* max_logits, cudaStream_t stream,
                                SparseMlaKernel kernel = SparseMlaKernel::CudaCore);
+
+/// Largest H_I / d_I the indexer kernels take; d_I must also be a multiple of 8 (16-byte rows).
+int64_t indexer_max_heads();
+int64_t indexer_max_dim();
+
+/// Which indexer forward product runs (same results up to fp32 summation order, SPEC §2).
+/// Wgmma: sm_90a wgmma.m64n128k16, q_idx in registers, the next key tile's product overlapping
+/// the current tile's epilogue. Mma: mma.sync.m16n8k16 with ldmatrix (the auditing fallback).
+enum class IndexerKernel { Wgmma, Mma };
+
+/// Indexer scores (SPEC §2): scores[t,s] = Σ_h w[t,h]·ReLU(q_idx[t,h,:]·k_idx[s,:]) for s in
+/// [ks[t], ke[t]) (clamped to [0, s_kv]; both null = every key), -inf outside. q_idx
+/// [s_q,H,d] and k_idx [s_kv,d] bf16 (raw bits), w [s_q,H] fp32, ks/ke [s_q] int64 or null,
+/// scores [s_q,s_kv] fp32. Products exact, fp32 accumulation; ReLU keeps NaN. Key tiles outside
+/// every window of a pair of rows are neither loaded nor multiplied. Deterministic.
+/// Throws std::invalid_argument for negative sizes, H > indexer_max_heads(), d > 128 or not a
+/// multiple of 8, s_q or s_kv too large for int32 indexing; std::runtime_error on a CUDA error.
+void indexer_scores_device(const uint16_t* q_idx, const uint16_t* k_idx, const float* w,
+                           const int64_t* ks, const int64_t* ke, int64_t s_q, int64_t H,
+                           int64_t d, int64_t s_kv, float* scores, cudaStream_t stream,
+                           IndexerKernel kernel = IndexerKernel::Wgmma);
+
+/// Backward of indexer_scores (SPEC §2) for upstream d_scores [s_q,s_kv] fp32 (entries outside
+/// the windows are never read into a sum, NaN included; ReLU'(0) = 0): dq_idx [s_q,H,d] and
+/// dk_idx [s_kv,d] bf16 (round to nearest even), dw [s_q,H] fp32. fp32 accumulation on the
+/// tensor cores (dI·w·1[q·k>0] split into bf16 hi + lo), fixed summation order, no atomics:
+/// bitwise deterministic. Same sizes and errors as indexer_scores_device.
+void indexer_scores_backward_device(const uint16_t* q_idx, const uint16_t* k_idx, const float* w,
+                                    const int64_t* ks, const int64_t* ke, const float* d_scores,
+                                    int64_t s_q, int64_t H, int64_t d, int64_t s_kv,
+                                    uint16_t* dq_idx, uint16_t* dk_idx, float* dw,
+                                    cudaStream_t stream);
 
 /// Number of CUDA devices, 0 when cudaGetDeviceCount fails (no driver, no device).
 int device_count();

@@ -1,6 +1,7 @@
 // The CUDA dispatch of the `dsa` operator library (optimized/cuda/src/torch_ops.cpp):
 // TORCH_LIBRARY_IMPL(dsa, CUDA) registers the hand-written kernels, so torch.ops.dsa.* /
-// the dispatcher run them on CUDA tensors. Today: dsa::topk_indices (cluster top-k, SPEC §3).
+// the dispatcher run them on CUDA tensors: dsa::topk_indices (cluster top-k, SPEC §3) and
+// dsa::indexer_scores / dsa::indexer_scores_backward (tensor-core indexer, SPEC §2).
 // Built as libdsa_torch_ops.so (torch.ops.load_library from Python; link it from C++).
 #pragma once
 

@@ -1,0 +1,708 @@
+// Indexer scores and their backward on the tensor cores (SPEC §2), bf16 q_idx/k_idx, fp32
+// accumulation, for H_I <= 64 and d_I <= 128 (a multiple of 8).
+//
+// Forward: one thread block per pair of query rows (one warpgroup per row; its 64 padded
+// heads are the M = 64 rows of the product), tiles of 128 keys over the union of the pair's
+// windows, so key tiles outside both windows are never loaded or multiplied. q_idx sits in
+// registers for the whole row; key tiles stream through a 4-stage cp.async ring in the 128-byte
+// swizzled layout. The epilogue applies ReLU, multiplies by w[t,h], and sums the heads: within a
+// thread (2 heads), then across the 8 lane groups by a transposing butterfly (each step halves
+// the columns a lane carries), then across the 4 warps through shared memory. Keys outside the
+// row's window are written -inf. Two products: `Wgmma` (sm_90a wgmma.m64n128k16, A from
+// registers, B from shared memory by descriptor; the next tile's product runs while the
+// epilogue of the current one executes) and `Mma` (mma.sync.m16n8k16 + ldmatrix, same layout).
+//
+// Backward: two kernels, no atomics on values. dq/dw: per pair of query rows, tiles of 64 keys;
+// S = Q K^T recomputed, G = dI w 1[S>0] (0 outside the window: dI there is never read into a
+// sum), dw += dI ReLU(S) in registers, dq += G K with G split into bf16 hi + lo (G carried to
+// about 2^-17 relative), a fixed summation order. dk: per block of 128 keys, every query row
+// whose window meets the block in row order: S^T = K Q^T, the same G^T, dk += G^T Q (hi + lo).
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda_check.h"
+#include "dsa/cuda/kernels.h"
+
+namespace dsa::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kMaxHeads = 64;   // M of one warpgroup product: heads padded to 64
+constexpr int kMaxDim = 128;    // d_I padded to 128: two 64-column swizzle atoms
+constexpr int kThreads = 256;   // every kernel: 8 warps
+constexpr int kFwdKeys = 128;   // keys per forward tile
+constexpr int kFwdStages = 4;
+constexpr uint32_t kFwdTile = kFwdKeys * 256;  // bytes of one key tile (128 rows x 256 B)
+constexpr size_t kFwdSmem = 1024 + kFwdStages * kFwdTile + 2 * 2 * 4 * 128 * sizeof(float);
+constexpr int kBwdKeys = 64;    // keys per dq/dw tile
+constexpr int kBwdStages = 3;
+constexpr uint32_t kBwdTile = kBwdKeys * 256 + 2 * kBwdKeys * 4;  // K tile + dI of two rows
+constexpr size_t kBwdSmem = 1024 + kBwdStages * kBwdTile;
+constexpr int kDkKeys = 128;    // keys per dk block (8 warps x 16)
+constexpr int kDkStages = 3;
+constexpr uint32_t kDkTile = kMaxHeads * 256 + kDkKeys * 4 + kMaxHeads * 4;  // Q tile, dI, w
+constexpr size_t kDkSmem = 1024 + kDkStages * kDkTile + 16;
+
+// ---------------------------------------------------------------- PTX helpers
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// c[0..3] += A (m16 x k16, 4 registers) * B (k16 x n8, 2 registers), fp32 accumulation.
+__device__ __forceinline__ void mma16816(float* c, const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Keeps the compiler from moving accumulator reads/writes across an async wgmma boundary.
+__device__ __forceinline__ void pin(float (&d)[64]) {
+#pragma unroll
+  for (int j = 0; j < 64; ++j) asm volatile("" : "+f"(d[j])::"memory");
+}
+// Generated operand list: m64n128k16, f32 += bf16 (A: 4 registers) x bf16 (B: descriptor).
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
+                                                 uint64_t desc_b, int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc_b));
+#else
+  (void)d; (void)a; (void)desc_b; (void)scale_d;
+  __trap();
+#endif
+}
+
+// Shared-memory descriptor of a K-major tile in the 128-byte swizzle (rows of 128 bytes, 8-row
+// atoms of 1024 bytes): start address >> 4, leading offset 1 (unused when swizzled), stride
+// offset 1024 >> 4 between 8-row groups, layout type 1 = 128B swizzle (bits 62-63).
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+// Byte offset of 16-byte chunk c (0..15, 8 bf16 each) of row r in a tile of `rows` rows of
+// 128 d-values: two column halves of rows x 128 B, chunk index XOR (row mod 8) inside each.
+__device__ __forceinline__ uint32_t swz(int rows, int r, int c) {
+  return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// Rows [row0, row0 + R) of a row-major bf16 matrix with `nrows` rows of d values into the
+// swizzled tile at `sbase`; rows past nrows and columns past d are zero-filled.
+template <int R>
+__device__ __forceinline__ void load_rows(uint32_t sbase, const bf16* src, int row0, int nrows,
+                                          int d, int tid) {
+#pragma unroll
+  for (int i = tid; i < R * 16; i += kThreads) {
+    const int r = i >> 4, c = i & 15;
+    const bool valid = row0 + r < nrows && c * 8 < d;
+    const bf16* p = valid ? src + static_cast<size_t>(row0 + r) * d + c * 8 : src;
+    cp_async16(sbase + swz(R, r, c), p, valid);
+  }
+}
+
+// The m16 x k128 A fragments (mma.m16n8k16 / wgmma register layout) of rows
+// [16 warp, 16 warp + 16) of a row-major bf16 [rows_valid, d] block; zeros past either edge.
+__device__ __forceinline__ void load_a_rows(uint32_t (&a)[8][4], const bf16* base,
+                                            int rows_valid, int d, int warp, int lane) {
+  const int gid = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = warp * 16 + gid + ((r & 1) ? 8 : 0);
+      const int col = kk * 16 + 2 * t4 + ((r & 2) ? 8 : 0);
+      a[kk][r] = (row < rows_valid && col < d)
+                     ? *reinterpret_cast<const uint32_t*>(base + static_cast<size_t>(row) * d + col)
+                     : 0u;
+    }
+}
+
+struct Window {
+  int lo, hi;  // [lo, hi) clamped to [0, s_kv]; lo == hi == 0 when empty or past s_q
+};
+
+__device__ __forceinline__ Window row_window(const int64_t* ks, const int64_t* ke, int t, int s_q,
+                                             int s_kv) {
+  if (t >= s_q) return {0, 0};
+  long long lo = ks ? ks[t] : 0, hi = ke ? ke[t] : s_kv;
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > s_kv ? s_kv : hi;
+  if (lo >= hi) return {0, 0};
+  return {static_cast<int>(lo), static_cast<int>(hi)};
+}
+
+__device__ __forceinline__ float relu(float x) { return x > 0.f ? x : (x == x ? 0.f : x); }
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// A fragments (m16 x k16) from the C fragments of two adjacent n8 tiles, split hi + lo.
+__device__ __forceinline__ void c_to_a_split(const float* c0, const float* c1, uint32_t (&ah)[4],
+                                             uint32_t (&al)[4]) {
+  const float v[8] = {c0[0], c0[1], c0[2], c0[3], c1[0], c1[1], c1[2], c1[3]};
+  float h[8], l[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    h[j] = __bfloat162float(__float2bfloat16_rn(v[j]));
+    l[j] = v[j] - h[j];
+  }
+  ah[0] = pack_bf16(h[0], h[1]);
+  ah[1] = pack_bf16(h[2], h[3]);
+  ah[2] = pack_bf16(h[4], h[5]);
+  ah[3] = pack_bf16(h[6], h[7]);
+  al[0] = pack_bf16(l[0], l[1]);
+  al[1] = pack_bf16(l[2], l[3]);
+  al[2] = pack_bf16(l[4], l[5]);
+  al[3] = pack_bf16(l[6], l[7]);
+}
+
+// ---------------------------------------------------------------- forward
+// acc: one warp's 16 heads x 128 keys (wgmma / mma C layout: acc[4 nt + c] = row gid + 8 (c/2),
+// column 8 nt + 2 t4 + c%2). Writes the 128 scores of the tile (row `out_row`, may be null).
+__device__ __forceinline__ void fwd_epilogue(const float (&acc)[64], float w0, float w1,
+                                             float* red, int buf, int warp, int lane, int wtid,
+                                             int wg, float* out_row, int key0, Window win,
+                                             int s_kv) {
+  float part[32];
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      part[nt * 2 + c] = w0 * relu(acc[nt * 4 + c]) + w1 * relu(acc[nt * 4 + 2 + c]);
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+#pragma unroll
+  for (int c = 0; c < 16; ++c) {
+    const float send = b4 ? part[c] : part[c + 16], keep = b4 ? part[c + 16] : part[c];
+    part[c] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const float send = b3 ? part[c] : part[c + 8], keep = b3 ? part[c + 8] : part[c];
+    part[c] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float send = b2 ? part[c] : part[c + 4], keep = b2 ? part[c + 4] : part[c];
+    part[c] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+  }
+  const int nt0 = (b2 ? 2 : 0) + (b3 ? 4 : 0) + (b4 ? 8 : 0), t4 = lane & 3;
+  float* r = red + buf * 512 + warp * 128;
+  *reinterpret_cast<float2*>(r + nt0 * 8 + 2 * t4) = make_float2(part[0], part[1]);
+  *reinterpret_cast<float2*>(r + (nt0 + 1) * 8 + 2 * t4) = make_float2(part[2], part[3]);
+  named_barrier(1 + wg, 128);
+  const float* rb = red + buf * 512;
+  const float s = ((rb[wtid] + rb[128 + wtid]) + rb[256 + wtid]) + rb[384 + wtid];
+  const int key = key0 + wtid;
+  if (out_row && key < s_kv) out_row[key] = (key >= win.lo && key < win.hi) ? s : -INFINITY;
+}
+
+// One warp's 16 heads x 128 keys x d 128 on mma.sync from the swizzled key tile.
+__device__ __forceinline__ void mma_tile(float (&acc)[64], const uint32_t (&qa)[8][4],
+                                         uint32_t sbase, int lane) {
+  const int mi = lane >> 3, r8 = lane & 7;
+#pragma unroll
+  for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+      uint32_t b[4];
+      ldsm_x4(b, sbase + swz(kFwdKeys, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
+      mma16816(&acc[(2 * p) * 4], qa[kk], b[0], b[1]);
+      mma16816(&acc[(2 * p + 1) * 4], qa[kk], b[2], b[3]);
+    }
+}
+
+// The warpgroup's 64 heads x 128 keys x d 128: 8 wgmma.m64n128k16, committed as one group.
+__device__ __forceinline__ void wgmma_tile(float (&acc)[64], const uint32_t (&qa)[8][4],
+                                           uint32_t sbase) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    wgmma_m64n128k16(acc, qa[kk],
+                     sw128_desc(sbase + (kk >> 2) * (kFwdKeys * 128) + (kk & 3) * 32), kk > 0);
+  wgmma_commit();
+}
+
+template <bool kWgmma>
+__global__ void __launch_bounds__(kThreads, 1)
+    indexer_fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                       const float* __restrict__ w, const int64_t* __restrict__ ks,
+                       const int64_t* __restrict__ ke, int s_q, int H, int d, int s_kv,
+                       float* __restrict__ out) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  float* red_all = reinterpret_cast<float*>(smem_raw + (base - raw) + kFwdStages * kFwdTile);
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
+  // Longest rows first (causal: the last pairs see the most keys).
+  const int t0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * 2;
+  const Window wa = row_window(ks, ke, t0, s_q, s_kv), wb = row_window(ks, ke, t0 + 1, s_q, s_kv);
+  int rlo = s_kv, rhi = 0;
+  if (wa.hi > wa.lo) rlo = min(rlo, wa.lo), rhi = max(rhi, wa.hi);
+  if (wb.hi > wb.lo) rlo = min(rlo, wb.lo), rhi = max(rhi, wb.hi);
+  const int kt0 = rhi > rlo ? rlo / kFwdKeys : 0;
+  const int n = rhi > rlo ? (rhi + kFwdKeys - 1) / kFwdKeys - kt0 : 0;
+  const int my_t = t0 + wg;
+  const Window win = wg ? wb : wa;
+  float* out_row = my_t < s_q ? out + static_cast<size_t>(my_t) * s_kv : nullptr;
+  if (out_row) {  // columns of no tile of this block: -inf
+    const int a = n ? kt0 * kFwdKeys : s_kv, b = n ? min(s_kv, (kt0 + n) * kFwdKeys) : s_kv;
+    for (int c = wtid; c < a; c += 128) out_row[c] = -INFINITY;
+    for (int c = b + wtid; c < s_kv; c += 128) out_row[c] = -INFINITY;
+  }
+  if (n == 0) return;  // uniform over the block
+
+  uint32_t qa[8][4];
+  const bool row_ok = my_t < s_q;
+  load_a_rows(qa, q + static_cast<size_t>(row_ok ? my_t : 0) * H * d, row_ok ? H : 0, d, warp,
+              lane);
+  const int h0 = warp * 16 + (lane >> 2), h1 = h0 + 8;
+  const float w0 = (row_ok && h0 < H) ? w[static_cast<size_t>(my_t) * H + h0] : 0.f;
+  const float w1 = (row_ok && h1 < H) ? w[static_cast<size_t>(my_t) * H + h1] : 0.f;
+  float* red = red_all + wg * 1024;
+
+  auto load_tile = [&](int i) {
+    if (i < n)
+      load_rows<kFwdKeys>(base + (i % kFwdStages) * kFwdTile, k, (kt0 + i) * kFwdKeys, s_kv, d,
+                          tid);
+    cp_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kFwdStages - 1; ++i) load_tile(i);
+
+  if constexpr (kWgmma) {
+    float acc_a[64], acc_b[64];
+    // Step i: tile i+1 visible to the block, its product issued (into `nxt`) before the
+    // epilogue of tile i (in `cur`) runs, so the tensor cores work during the epilogue.
+    // Step i < n-1: tile i+1 made visible to the block and its product issued (into `nxt`)
+    // before the epilogue of tile i (in `cur`) runs, so the tensor cores work during it.
+    auto step = [&](int i, float(&cur)[64], float(&nxt)[64]) {
+      cp_wait<kFwdStages - 3>();
+      fence_proxy_async();
+      __syncthreads();  // also: every warpgroup has retired tile i-1's product
+      load_tile(i + kFwdStages - 1);  // into the stage of tile i-1
+      pin(nxt);
+      wgmma_tile(nxt, qa, base + ((i + 1) % kFwdStages) * kFwdTile);
+      wgmma_wait<1>();
+      pin(cur);
+      fwd_epilogue(cur, w0, w1, red, i & 1, warp, lane, wtid, wg, out_row, (kt0 + i) * kFwdKeys,
+                   win, s_kv);
+    };
+    auto last = [&](int i, float(&cur)[64]) {  // tile n-1: nothing left to issue
+      wgmma_wait<0>();
+      pin(cur);
+      fwd_epilogue(cur, w0, w1, red, i & 1, warp, lane, wtid, wg, out_row, (kt0 + i) * kFwdKeys,
+                   win, s_kv);
+    };
+    cp_wait<kFwdStages - 2>();
+    fence_proxy_async();
+    __syncthreads();
+    wgmma_tile(acc_a, qa, base);
+    int i = 0;
+    for (; i + 2 < n; i += 2) {  // straight-line pairs: acc_a is in flight at the loop head
+      step(i, acc_a, acc_b);
+      step(i + 1, acc_b, acc_a);
+    }
+    if (n - i == 2) {
+      step(i, acc_a, acc_b);
+      last(i + 1, acc_b);
+    } else {
+      last(i, acc_a);
+    }
+  } else {
+    float acc[64];
+    for (int i = 0; i < n; ++i) {
+      cp_wait<kFwdStages - 2>();
+      __syncthreads();
+      load_tile(i + kFwdStages - 1);
+      mma_tile(acc, qa, base + (i % kFwdStages) * kFwdTile, lane);
+      fwd_epilogue(acc, w0, w1, red, i & 1, warp, lane, wtid, wg, out_row, (kt0 + i) * kFwdKeys,
+                   win, s_kv);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- backward: dq, dw
+__global__ void __launch_bounds__(kThreads, 1)
+    indexer_bwd_dq_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                          const float* __restrict__ w, const int64_t* __restrict__ ks,
+                          const int64_t* __restrict__ ke, const float* __restrict__ d_scores,
+                          int s_q, int H, int d, int s_kv, bf16* __restrict__ dq,
+                          float* __restrict__ dw) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid & 127) >> 5, lane = tid & 31;
+  const int gid = lane >> 2, t4 = lane & 3, mi = lane >> 3, r8 = lane & 7;
+  const int t0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * 2;
+  const Window wa = row_window(ks, ke, t0, s_q, s_kv), wb = row_window(ks, ke, t0 + 1, s_q, s_kv);
+  int rlo = s_kv, rhi = 0;
+  if (wa.hi > wa.lo) rlo = min(rlo, wa.lo), rhi = max(rhi, wa.hi);
+  if (wb.hi > wb.lo) rlo = min(rlo, wb.lo), rhi = max(rhi, wb.hi);
+  const int kt0 = rhi > rlo ? rlo / kBwdKeys : 0;
+  const int n = rhi > rlo ? (rhi + kBwdKeys - 1) / kBwdKeys - kt0 : 0;
+  const int my_t = t0 + wg;
+  const bool row_ok = my_t < s_q;
+  const Window win = wg ? wb : wa;
+
+  uint32_t qa[8][4];
+  load_a_rows(qa, q + static_cast<size_t>(row_ok ? my_t : 0) * H * d, row_ok ? H : 0, d, warp,
+              lane);
+  const int h0 = warp * 16 + gid, h1 = h0 + 8;
+  const float w0 = (row_ok && h0 < H) ? w[static_cast<size_t>(my_t) * H + h0] : 0.f;
+  const float w1 = (row_ok && h1 < H) ? w[static_cast<size_t>(my_t) * H + h1] : 0.f;
+
+  auto load_tile = [&](int i) {
+    if (i < n) {
+      const uint32_t sb = base + (i % kBwdStages) * kBwdTile;
+      const int key0 = (kt0 + i) * kBwdKeys;
+      load_rows<kBwdKeys>(sb, k, key0, s_kv, d, tid);
+      if (tid < 2 * kBwdKeys) {
+        const int j = tid / kBwdKeys, c = tid % kBwdKeys, t = t0 + j, key = key0 + c;
+        const bool valid = t < s_q && key < s_kv;
+        cp_async4(sb + kBwdKeys * 256 + tid * 4,
+                  valid ? d_scores + static_cast<size_t>(t) * s_kv + key : d_scores, valid);
+      }
+    }
+    cp_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kBwdStages - 1; ++i) load_tile(i);
+
+  float dqa[64];
+#pragma unroll
+  for (int j = 0; j < 64; ++j) dqa[j] = 0.f;
+  float dw0 = 0.f, dw1 = 0.f;
+  for (int i = 0; i < n; ++i) {
+    cp_wait<kBwdStages - 2>();
+    __syncthreads();
+    load_tile(i + kBwdStages - 1);
+    const uint32_t sb = base + (i % kBwdStages) * kBwdTile;
+    const float* dis = reinterpret_cast<const float*>(smem + (i % kBwdStages) * kBwdTile +
+                                                      kBwdKeys * 256) + wg * kBwdKeys;
+    const int key0 = (kt0 + i) * kBwdKeys;
+    float s[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) s[j] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        uint32_t b[4];
+        ldsm_x4(b, sb + swz(kBwdKeys, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
+        mma16816(&s[(2 * p) * 4], qa[kk], b[0], b[1]);
+        mma16816(&s[(2 * p + 1) * 4], qa[kk], b[2], b[3]);
+      }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int kl = nt * 8 + 2 * t4 + (c & 1), key = key0 + kl;
+        const bool in = key >= win.lo && key < win.hi;
+        const float g = in ? dis[kl] : 0.f, x = s[nt * 4 + c];
+        if (c & 2) dw1 += in ? g * relu(x) : 0.f;
+        else dw0 += in ? g * relu(x) : 0.f;
+        s[nt * 4 + c] = in ? g * ((c & 2) ? w1 : w0) * (x > 0.f ? 1.f : 0.f) : 0.f;
+      }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t ah[4], al[4];
+      c_to_a_split(&s[(2 * kk) * 4], &s[(2 * kk + 1) * 4], ah, al);
+#pragma unroll
+      for (int dp = 0; dp < 8; ++dp) {
+        uint32_t b[4];
+        ldsm_x4_t(b, sb + swz(kBwdKeys, kk * 16 + ((mi & 1) << 3) + r8, dp * 2 + (mi >> 1)));
+        mma16816(&dqa[(2 * dp) * 4], ah, b[0], b[1]);
+        mma16816(&dqa[(2 * dp) * 4], al, b[0], b[1]);
+        mma16816(&dqa[(2 * dp + 1) * 4], ah, b[2], b[3]);
+        mma16816(&dqa[(2 * dp + 1) * 4], al, b[2], b[3]);
+      }
+    }
+  }
+  if (!row_ok) return;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    const int col = nt * 8 + 2 * t4;
+    if (col >= d) continue;
+    if (h0 < H)
+      *reinterpret_cast<uint32_t*>(dq + (static_cast<size_t>(my_t) * H + h0) * d + col) =
+          pack_bf16(dqa[nt * 4], dqa[nt * 4 + 1]);
+    if (h1 < H)
+      *reinterpret_cast<uint32_t*>(dq + (static_cast<size_t>(my_t) * H + h1) * d + col) =
+          pack_bf16(dqa[nt * 4 + 2], dqa[nt * 4 + 3]);
+  }
+  dw0 += __shfl_xor_sync(0xffffffffu, dw0, 1);
+  dw0 += __shfl_xor_sync(0xffffffffu, dw0, 2);
+  dw1 += __shfl_xor_sync(0xffffffffu, dw1, 1);
+  dw1 += __shfl_xor_sync(0xffffffffu, dw1, 2);
+  if (t4 == 0) {
+    if (h0 < H) dw[static_cast<size_t>(my_t) * H + h0] = dw0;
+    if (h1 < H) dw[static_cast<size_t>(my_t) * H + h1] = dw1;
+  }
+}
+
+// ---------------------------------------------------------------- backward: dk
+__global__ void __launch_bounds__(kThreads, 1)
+    indexer_bwd_dk_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                          const float* __restrict__ w, const int64_t* __restrict__ ks,
+                          const int64_t* __restrict__ ke, const float* __restrict__ d_scores,
+                          int s_q, int H, int d, int s_kv, bf16* __restrict__ dk) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  int* range = reinterpret_cast<int*>(smem + kDkStages * kDkTile);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int gid = lane >> 2, t4 = lane & 3, mi = lane >> 3, r8 = lane & 7;
+  const int s0 = static_cast<int>(blockIdx.x) * kDkKeys;
+  // Rows whose window meets [s0, s0 + kDkKeys): first and last (min/max: order-free).
+  if (tid == 0) range[0] = s_q, range[1] = -1;
+  __syncthreads();
+  {
+    int lo = s_q, hi = -1;
+    for (int t = tid; t < s_q; t += kThreads) {
+      const Window wt = row_window(ks, ke, t, s_q, s_kv);
+      if (wt.hi > wt.lo && wt.lo < s0 + kDkKeys && wt.hi > s0) lo = min(lo, t), hi = max(hi, t);
+    }
+    if (hi >= 0) atomicMin(&range[0], lo), atomicMax(&range[1], hi);
+  }
+  __syncthreads();
+  const int tmin = range[0], n = range[1] >= range[0] ? range[1] - range[0] + 1 : 0;
+
+  uint32_t ka[8][4];
+  load_a_rows(ka, k + static_cast<size_t>(s0) * d, s_kv - s0, d, warp, lane);
+  const int k0 = s0 + warp * 16 + gid, k1 = k0 + 8;
+
+  auto load_tile = [&](int i) {
+    if (i < n) {
+      const uint32_t sb = base + (i % kDkStages) * kDkTile;
+      const int t = tmin + i;
+      load_rows<kMaxHeads>(sb, q + static_cast<size_t>(t) * H * d, 0, H, d, tid);
+      if (tid < kDkKeys) {
+        const bool valid = s0 + tid < s_kv;
+        cp_async4(sb + kMaxHeads * 256 + tid * 4,
+                  valid ? d_scores + static_cast<size_t>(t) * s_kv + s0 + tid : d_scores, valid);
+      } else if (tid < kDkKeys + kMaxHeads) {
+        const int h = tid - kDkKeys;
+        cp_async4(sb + kMaxHeads * 256 + kDkKeys * 4 + h * 4,
+                  h < H ? w + static_cast<size_t>(t) * H + h : w, h < H);
+      }
+    }
+    cp_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kDkStages - 1; ++i) load_tile(i);
+
+  float dka[64];
+#pragma unroll
+  for (int j = 0; j < 64; ++j) dka[j] = 0.f;
+  for (int i = 0; i < n; ++i) {
+    cp_wait<kDkStages - 2>();
+    __syncthreads();
+    load_tile(i + kDkStages - 1);
+    const int t = tmin + i;
+    const Window win = row_window(ks, ke, t, s_q, s_kv);
+    const uint32_t sb = base + (i % kDkStages) * kDkTile;
+    const float* dis = reinterpret_cast<const float*>(smem + (i % kDkStages) * kDkTile +
+                                                      kMaxHeads * 256);
+    const float* ws = dis + kDkKeys;
+    float s[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) s[j] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        uint32_t b[4];
+        ldsm_x4(b, sb + swz(kMaxHeads, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
+        mma16816(&s[(2 * p) * 4], ka[kk], b[0], b[1]);
+        mma16816(&s[(2 * p + 1) * 4], ka[kk], b[2], b[3]);
+      }
+    const bool in0 = k0 >= win.lo && k0 < win.hi, in1 = k1 >= win.lo && k1 < win.hi;
+    const float g0 = in0 ? dis[k0 - s0] : 0.f, g1 = in1 ? dis[k1 - s0] : 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int h = nt * 8 + 2 * t4 + (c & 1);
+        const bool in = (c & 2) ? in1 : in0;
+        const float x = s[nt * 4 + c];
+        s[nt * 4 + c] = in ? ((c & 2) ? g1 : g0) * ws[h] * (x > 0.f ? 1.f : 0.f) : 0.f;
+      }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t ah[4], al[4];
+      c_to_a_split(&s[(2 * kk) * 4], &s[(2 * kk + 1) * 4], ah, al);
+#pragma unroll
+      for (int dp = 0; dp < 8; ++dp) {
+        uint32_t b[4];
+        ldsm_x4_t(b, sb + swz(kMaxHeads, kk * 16 + ((mi & 1) << 3) + r8, dp * 2 + (mi >> 1)));
+        mma16816(&dka[(2 * dp) * 4], ah, b[0], b[1]);
+        mma16816(&dka[(2 * dp) * 4], al, b[0], b[1]);
+        mma16816(&dka[(2 * dp + 1) * 4], ah, b[2], b[3]);
+        mma16816(&dka[(2 * dp + 1) * 4], al, b[2], b[3]);
+      }
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    const int col = nt * 8 + 2 * t4;
+    if (col >= d) continue;
+    if (k0 < s_kv)
+      *reinterpret_cast<uint32_t*>(dk + static_cast<size_t>(k0) * d + col) =
+          pack_bf16(dka[nt * 4], dka[nt * 4 + 1]);
+    if (k1 < s_kv)
+      *reinterpret_cast<uint32_t*>(dk + static_cast<size_t>(k1) * d + col) =
+          pack_bf16(dka[nt * 4 + 2], dka[nt * 4 + 3]);
+  }
+}
+
+void check_indexer_sizes(const char* where, int64_t s_q, int64_t H, int64_t d, int64_t s_kv) {
+  auto bad = [&](const char* arg, int64_t got, const std::string& want) {
+    throw std::invalid_argument(std::string(where) + ": argument '" + arg + "' got " +
+                                std::to_string(got) + ", expected " + want);
+  };
+  if (s_q < 0 || s_q > INT32_MAX) bad("s_q", s_q, "0 <= s_q <= 2^31-1");
+  if (s_kv < 0 || s_kv > INT32_MAX - kDkKeys) bad("s_kv", s_kv, "0 <= s_kv <= 2^31-129");
+  if (H < 0 || H > kMaxHeads) bad("H_I", H, "0 <= H_I <= 64 (cuda indexer kernel limit)");
+  if (d < 0 || d > kMaxDim || d % 8 != 0)
+    bad("d_I", d, "0 <= d_I <= 128, a multiple of 8 (cuda indexer kernel limit)");
+}
+
+}  // namespace
+
+int64_t indexer_max_heads() { return kMaxHeads; }
+int64_t indexer_max_dim() { return kMaxDim; }
+
+void indexer_scores_device(const uint16_t* q_idx, const uint16_t* k_idx, const float* w,
+                           const int64_t* ks, const int64_t* ke, int64_t s_q, int64_t H,
+                           int64_t d, int64_t s_kv, float* scores, cudaStream_t stream,
+                           IndexerKernel kernel) {
+  const char* where = "indexer_scores_device";
+  check_indexer_sizes(where, s_q, H, d, s_kv);
+  if (s_q == 0 || s_kv == 0) return;
+  const auto* q = reinterpret_cast<const bf16*>(q_idx);
+  const auto* k = reinterpret_cast<const bf16*>(k_idx);
+  const dim3 grid(static_cast<unsigned>((s_q + 1) / 2));
+  if (kernel == IndexerKernel::Wgmma) {
+    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_fwd_kernel<true>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kFwdSmem)));
+    indexer_fwd_kernel<true><<<grid, kThreads, kFwdSmem, stream>>>(
+        q, k, w, ks, ke, static_cast<int>(s_q), static_cast<int>(H), static_cast<int>(d),
+        static_cast<int>(s_kv), scores);
+  } else {
+    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_fwd_kernel<false>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kFwdSmem)));
+    indexer_fwd_kernel<false><<<grid, kThreads, kFwdSmem, stream>>>(
+        q, k, w, ks, ke, static_cast<int>(s_q), static_cast<int>(H), static_cast<int>(d),
+        static_cast<int>(s_kv), scores);
+  }
+  DSA_CUDA_CHECK(where, cudaGetLastError());
+}
+
+void indexer_scores_backward_device(const uint16_t* q_idx, const uint16_t* k_idx, const float* w,
+                                    const int64_t* ks, const int64_t* ke, const float* d_scores,
+                                    int64_t s_q, int64_t H, int64_t d, int64_t s_kv,
+                                    uint16_t* dq_idx, uint16_t* dk_idx, float* dw,
+                                    cudaStream_t stream) {
+  const char* where = "indexer_scores_backward_device";
+  check_indexer_sizes(where, s_q, H, d, s_kv);
+  const auto* q = reinterpret_cast<const bf16*>(q_idx);
+  const auto* k = reinterpret_cast<const bf16*>(k_idx);
+  if (s_q > 0) {
+    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_bwd_dq_kernel,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kBwdSmem)));
+    indexer_bwd_dq_kernel<<<static_cast<unsigned>((s_q + 1) / 2), kThreads, kBwdSmem, stream>>>(
+        q, k, w, ks, ke, d_scores, static_cast<int>(s_q), static_cast<int>(H),
+        static_cast<int>(d), static_cast<int>(s_kv), reinterpret_cast<bf16*>(dq_idx), dw);
+    DSA_CUDA_CHECK(where, cudaGetLastError());
+  }
+  if (s_kv > 0) {
+    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_bwd_dk_kernel,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kDkSmem)));
+    indexer_bwd_dk_kernel<<<static_cast<unsigned>((s_kv + kDkKeys - 1) / kDkKeys), kThreads,
+                            kDkSmem, stream>>>(q, k, w, ks, ke, d_scores, static_cast<int>(s_q),
+                                               static_cast<int>(H), static_cast<int>(d),
+                                               static_cast<int>(s_kv),
+                                               reinterpret_cast<bf16*>(dk_idx));
+    DSA_CUDA_CHECK(where, cudaGetLastError());
+  }
+}
+
+}  // namespace dsa::cuda
