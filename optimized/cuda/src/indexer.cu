@@ -14,9 +14,9 @@
 //
 // Backward: two kernels, no atomics on values. dq/dw: per pair of query rows, tiles of 64 keys;
 // S = Q K^T recomputed, G = dI w 1[S>0] (0 outside the window: dI there is never read into a
-// sum), dw += dI ReLU(S) in registers, dq += G K with G split into bf16 hi + lo (G carried to
-// about 2^-17 relative), a fixed summation order. dk: per block of 128 keys, every query row
-// whose window meets the block in row order: S^T = K Q^T, the same G^T, dk += G^T Q (hi + lo).
+// sum), dw += dI ReLU(S) in registers, dq += G K with G split into three bf16 parts hi + mid + lo
+// (G carried to fp32 precision), a fixed summation order. dk: per block of 128 keys, every query row
+// whose window meets the block in row order: S^T = K Q^T, the same G^T, dk += G^T Q (three parts).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -38,7 +38,13 @@ constexpr int kThreads = 256;   // every kernel: 8 warps
 constexpr int kFwdKeys = 128;   // keys per forward tile
 constexpr int kFwdStages = 4;
 constexpr uint32_t kFwdTile = kFwdKeys * 256;  // bytes of one key tile (128 rows x 256 B)
-constexpr size_t kFwdSmem = 1024 + kFwdStages * kFwdTile + 2 * 2 * 4 * 128 * sizeof(float);
+constexpr uint32_t kQTile = kMaxHeads * 256;  // one row's q_idx tile (64 heads x 256 B)
+// Forward shared memory for `tok` rows per block: [q tiles (shared-memory A only)] [key stages]
+// [per-warpgroup reduction buffers 2 x 4 warps x 128 floats].
+constexpr size_t fwd_smem(int tok, bool q_in_smem) {
+  return 1024 + (q_in_smem ? tok * kQTile : 0) + kFwdStages * kFwdTile +
+         static_cast<size_t>(tok) * 2 * 4 * 128 * sizeof(float);
+}
 constexpr int kBwdKeys = 64;    // keys per dq/dw tile
 constexpr int kBwdStages = 3;
 constexpr uint32_t kBwdTile = kBwdKeys * 256 + 2 * kBwdKeys * 4;  // K tile + dI of two rows
@@ -140,6 +146,33 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t 
 #endif
 }
 
+// m64n128k16, f32 += bf16 (A: descriptor) x bf16 (B: descriptor), both K-major.
+__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a,
+                                                    uint64_t desc_b, int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+#else
+  (void)d; (void)desc_a; (void)desc_b; (void)scale_d;
+  __trap();
+#endif
+}
+
 // Shared-memory descriptor of a K-major tile in the 128-byte swizzle (rows of 128 bytes, 8-row
 // atoms of 1024 bytes): start address >> 4, leading offset 1 (unused when swizzled), stride
 // offset 1024 >> 4 between 8-row groups, layout type 1 = 128B swizzle (bits 62-63).
@@ -156,11 +189,11 @@ __device__ __forceinline__ uint32_t swz(int rows, int r, int c) {
 
 // Rows [row0, row0 + R) of a row-major bf16 matrix with `nrows` rows of d values into the
 // swizzled tile at `sbase`; rows past nrows and columns past d are zero-filled.
-template <int R>
+template <int R, int NT = kThreads>
 __device__ __forceinline__ void load_rows(uint32_t sbase, const bf16* src, int row0, int nrows,
                                           int d, int tid) {
 #pragma unroll
-  for (int i = tid; i < R * 16; i += kThreads) {
+  for (int i = tid; i < R * 16; i += NT) {
     const int r = i >> 4, c = i & 15;
     const bool valid = row0 + r < nrows && c * 8 < d;
     const bf16* p = valid ? src + static_cast<size_t>(row0 + r) * d + c * 8 : src;
@@ -199,31 +232,35 @@ __device__ __forceinline__ Window row_window(const int64_t* ks, const int64_t* k
   return {static_cast<int>(lo), static_cast<int>(hi)};
 }
 
-__device__ __forceinline__ float relu(float x) { return x > 0.f ? x : (x == x ? 0.f : x); }
+// max(x, 0) that keeps NaN (max.NaN, sm_80+): ReLU(NaN) = NaN as in the reference.
+__device__ __forceinline__ float relu(float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(x));
+  return r;
+}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// A fragments (m16 x k16) from the C fragments of two adjacent n8 tiles, split hi + lo.
-__device__ __forceinline__ void c_to_a_split(const float* c0, const float* c1, uint32_t (&ah)[4],
-                                             uint32_t (&al)[4]) {
+// A fragments (m16 x k16) from the C fragments of two adjacent n8 tiles, each value split into
+// three bf16 parts hi + mid + lo (residual below 2^-24 relative: the fp32 value is carried).
+__device__ __forceinline__ void c_to_a_split3(const float* c0, const float* c1,
+                                              uint32_t (&a)[3][4]) {
   const float v[8] = {c0[0], c0[1], c0[2], c0[3], c1[0], c1[1], c1[2], c1[3]};
-  float h[8], l[8];
+  float p[3][8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    h[j] = __bfloat162float(__float2bfloat16_rn(v[j]));
-    l[j] = v[j] - h[j];
+    p[0][j] = __bfloat162float(__float2bfloat16_rn(v[j]));
+    const float r1 = v[j] - p[0][j];  // exact
+    p[1][j] = __bfloat162float(__float2bfloat16_rn(r1));
+    p[2][j] = r1 - p[1][j];  // exact; rounded to bf16 by the pack
   }
-  ah[0] = pack_bf16(h[0], h[1]);
-  ah[1] = pack_bf16(h[2], h[3]);
-  ah[2] = pack_bf16(h[4], h[5]);
-  ah[3] = pack_bf16(h[6], h[7]);
-  al[0] = pack_bf16(l[0], l[1]);
-  al[1] = pack_bf16(l[2], l[3]);
-  al[2] = pack_bf16(l[4], l[5]);
-  al[3] = pack_bf16(l[6], l[7]);
+#pragma unroll
+  for (int part = 0; part < 3; ++part)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[part][r] = pack_bf16(p[part][2 * r], p[part][2 * r + 1]);
 }
 
 // ---------------------------------------------------------------- forward
@@ -294,27 +331,47 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[64], const uint32_t (&qa
   wgmma_commit();
 }
 
-template <bool kWgmma>
-__global__ void __launch_bounds__(kThreads, 1)
+// The same product with q_idx in shared memory (A by descriptor): frees the 32 registers of the
+// A fragments, so three warpgroups (three rows) fit in one block.
+__device__ __forceinline__ void wgmma_tile_ss(float (&acc)[64], uint32_t qtile, uint32_t sbase) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk)
+    wgmma_ss_m64n128k16(acc, sw128_desc(qtile + (kk >> 2) * (kMaxHeads * 128) + (kk & 3) * 32),
+                        sw128_desc(sbase + (kk >> 2) * (kFwdKeys * 128) + (kk & 3) * 32), kk > 0);
+  wgmma_commit();
+}
+
+enum class FwdPath { Mma, WgmmaRs, WgmmaSs };
+
+// kTok query rows per block, one warpgroup each. kProbe (benchmark only): the products and the
+// pipeline run, the epilogue is replaced by one store per thread (scores are not valid).
+template <FwdPath kPath, int kTok, bool kProbe>
+__global__ void __launch_bounds__(128 * kTok, 1)
     indexer_fwd_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
                        const float* __restrict__ w, const int64_t* __restrict__ ks,
                        const int64_t* __restrict__ ke, int s_q, int H, int d, int s_kv,
                        float* __restrict__ out) {
+  constexpr int kNT = 128 * kTok;
+  constexpr bool kQSmem = kPath == FwdPath::WgmmaSs;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
-  float* red_all = reinterpret_cast<float*>(smem_raw + (base - raw) + kFwdStages * kFwdTile);
+  const uint32_t qbase = base, kbase = base + (kQSmem ? kTok * kQTile : 0u);
+  float* red_all = reinterpret_cast<float*>(smem_raw + (kbase - raw) + kFwdStages * kFwdTile);
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
-  // Longest rows first (causal: the last pairs see the most keys).
-  const int t0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * 2;
-  const Window wa = row_window(ks, ke, t0, s_q, s_kv), wb = row_window(ks, ke, t0 + 1, s_q, s_kv);
-  int rlo = s_kv, rhi = 0;
-  if (wa.hi > wa.lo) rlo = min(rlo, wa.lo), rhi = max(rhi, wa.hi);
-  if (wb.hi > wb.lo) rlo = min(rlo, wb.lo), rhi = max(rhi, wb.hi);
+  // Longest rows first (causal: the last blocks see the most keys).
+  const int t0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * kTok;
+  int rlo = s_kv, rhi = 0;  // union of the block's windows
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) {
+    const Window wj = row_window(ks, ke, t0 + j, s_q, s_kv);
+    if (wj.hi > wj.lo) rlo = min(rlo, wj.lo), rhi = max(rhi, wj.hi);
+  }
   const int kt0 = rhi > rlo ? rlo / kFwdKeys : 0;
   const int n = rhi > rlo ? (rhi + kFwdKeys - 1) / kFwdKeys - kt0 : 0;
   const int my_t = t0 + wg;
-  const Window win = wg ? wb : wa;
+  const Window win = row_window(ks, ke, my_t, s_q, s_kv);
   float* out_row = my_t < s_q ? out + static_cast<size_t>(my_t) * s_kv : nullptr;
   if (out_row) {  // columns of no tile of this block: -inf
     const int a = n ? kt0 * kFwdKeys : s_kv, b = n ? min(s_kv, (kt0 + n) * kFwdKeys) : s_kv;
@@ -323,10 +380,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if (n == 0) return;  // uniform over the block
 
-  uint32_t qa[8][4];
   const bool row_ok = my_t < s_q;
-  load_a_rows(qa, q + static_cast<size_t>(row_ok ? my_t : 0) * H * d, row_ok ? H : 0, d, warp,
-              lane);
+  uint32_t qa[8][4];
+  if constexpr (!kQSmem)
+    load_a_rows(qa, q + static_cast<size_t>(row_ok ? my_t : 0) * H * d, row_ok ? H : 0, d, warp,
+                lane);
   const int h0 = warp * 16 + (lane >> 2), h1 = h0 + 8;
   const float w0 = (row_ok && h0 < H) ? w[static_cast<size_t>(my_t) * H + h0] : 0.f;
   const float w1 = (row_ok && h1 < H) ? w[static_cast<size_t>(my_t) * H + h1] : 0.f;
@@ -334,17 +392,38 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   auto load_tile = [&](int i) {
     if (i < n)
-      load_rows<kFwdKeys>(base + (i % kFwdStages) * kFwdTile, k, (kt0 + i) * kFwdKeys, s_kv, d,
-                          tid);
+      load_rows<kFwdKeys, kNT>(kbase + (i % kFwdStages) * kFwdTile, k, (kt0 + i) * kFwdKeys, s_kv,
+                               d, tid);
     cp_commit();
   };
+  if constexpr (kQSmem) {  // the rows' q_idx tiles join the first group
+#pragma unroll
+    for (int j = 0; j < kTok; ++j) {
+      const int t = t0 + j;
+      load_rows<kMaxHeads, kNT>(qbase + j * kQTile, q + static_cast<size_t>(t < s_q ? t : 0) * H * d,
+                                0, t < s_q ? H : 0, d, tid);
+    }
+  }
 #pragma unroll
   for (int i = 0; i < kFwdStages - 1; ++i) load_tile(i);
 
-  if constexpr (kWgmma) {
+  auto epilogue = [&](const float(&acc)[64], int i) {
+    if constexpr (kProbe) {
+      const int key = (kt0 + i) * kFwdKeys + wtid;
+      if (out_row && key < s_kv) out_row[key] = acc[0] + acc[63];
+    } else {
+      fwd_epilogue(acc, w0, w1, red, i & 1, warp, lane, wtid, wg, out_row, (kt0 + i) * kFwdKeys,
+                   win, s_kv);
+    }
+  };
+  auto issue = [&](float(&acc)[64], int i) {
+    const uint32_t stage = kbase + (i % kFwdStages) * kFwdTile;
+    if constexpr (kQSmem) wgmma_tile_ss(acc, qbase + wg * kQTile, stage);
+    else wgmma_tile(acc, qa, stage);
+  };
+
+  if constexpr (kPath != FwdPath::Mma) {
     float acc_a[64], acc_b[64];
-    // Step i: tile i+1 visible to the block, its product issued (into `nxt`) before the
-    // epilogue of tile i (in `cur`) runs, so the tensor cores work during the epilogue.
     // Step i < n-1: tile i+1 made visible to the block and its product issued (into `nxt`)
     // before the epilogue of tile i (in `cur`) runs, so the tensor cores work during it.
     auto step = [&](int i, float(&cur)[64], float(&nxt)[64]) {
@@ -353,22 +432,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncthreads();  // also: every warpgroup has retired tile i-1's product
       load_tile(i + kFwdStages - 1);  // into the stage of tile i-1
       pin(nxt);
-      wgmma_tile(nxt, qa, base + ((i + 1) % kFwdStages) * kFwdTile);
+      issue(nxt, i + 1);
       wgmma_wait<1>();
       pin(cur);
-      fwd_epilogue(cur, w0, w1, red, i & 1, warp, lane, wtid, wg, out_row, (kt0 + i) * kFwdKeys,
-                   win, s_kv);
+      epilogue(cur, i);
     };
     auto last = [&](int i, float(&cur)[64]) {  // tile n-1: nothing left to issue
       wgmma_wait<0>();
       pin(cur);
-      fwd_epilogue(cur, w0, w1, red, i & 1, warp, lane, wtid, wg, out_row, (kt0 + i) * kFwdKeys,
-                   win, s_kv);
+      epilogue(cur, i);
     };
     cp_wait<kFwdStages - 2>();
     fence_proxy_async();
     __syncthreads();
-    wgmma_tile(acc_a, qa, base);
+    issue(acc_a, 0);
     int i = 0;
     for (; i + 2 < n; i += 2) {  // straight-line pairs: acc_a is in flight at the loop head
       step(i, acc_a, acc_b);
@@ -386,9 +463,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_wait<kFwdStages - 2>();
       __syncthreads();
       load_tile(i + kFwdStages - 1);
-      mma_tile(acc, qa, base + (i % kFwdStages) * kFwdTile, lane);
-      fwd_epilogue(acc, w0, w1, red, i & 1, warp, lane, wtid, wg, out_row, (kt0 + i) * kFwdKeys,
-                   win, s_kv);
+      mma_tile(acc, qa, kbase + (i % kFwdStages) * kFwdTile, lane);
+      epilogue(acc, i);
     }
   }
 }
@@ -478,16 +554,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      uint32_t ah[4], al[4];
-      c_to_a_split(&s[(2 * kk) * 4], &s[(2 * kk + 1) * 4], ah, al);
+      uint32_t a[3][4];
+      c_to_a_split3(&s[(2 * kk) * 4], &s[(2 * kk + 1) * 4], a);
 #pragma unroll
       for (int dp = 0; dp < 8; ++dp) {
         uint32_t b[4];
         ldsm_x4_t(b, sb + swz(kBwdKeys, kk * 16 + ((mi & 1) << 3) + r8, dp * 2 + (mi >> 1)));
-        mma16816(&dqa[(2 * dp) * 4], ah, b[0], b[1]);
-        mma16816(&dqa[(2 * dp) * 4], al, b[0], b[1]);
-        mma16816(&dqa[(2 * dp + 1) * 4], ah, b[2], b[3]);
-        mma16816(&dqa[(2 * dp + 1) * 4], al, b[2], b[3]);
+#pragma unroll
+        for (int part = 2; part >= 0; --part) {  // smallest part first
+          mma16816(&dqa[(2 * dp) * 4], a[part], b[0], b[1]);
+          mma16816(&dqa[(2 * dp + 1) * 4], a[part], b[2], b[3]);
+        }
       }
     }
   }
@@ -603,16 +680,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      uint32_t ah[4], al[4];
-      c_to_a_split(&s[(2 * kk) * 4], &s[(2 * kk + 1) * 4], ah, al);
+      uint32_t a[3][4];
+      c_to_a_split3(&s[(2 * kk) * 4], &s[(2 * kk + 1) * 4], a);
 #pragma unroll
       for (int dp = 0; dp < 8; ++dp) {
         uint32_t b[4];
         ldsm_x4_t(b, sb + swz(kMaxHeads, kk * 16 + ((mi & 1) << 3) + r8, dp * 2 + (mi >> 1)));
-        mma16816(&dka[(2 * dp) * 4], ah, b[0], b[1]);
-        mma16816(&dka[(2 * dp) * 4], al, b[0], b[1]);
-        mma16816(&dka[(2 * dp + 1) * 4], ah, b[2], b[3]);
-        mma16816(&dka[(2 * dp + 1) * 4], al, b[2], b[3]);
+#pragma unroll
+        for (int part = 2; part >= 0; --part) {  // smallest part first
+          mma16816(&dka[(2 * dp) * 4], a[part], b[0], b[1]);
+          mma16816(&dka[(2 * dp + 1) * 4], a[part], b[2], b[3]);
+        }
       }
     }
   }
@@ -655,21 +733,24 @@ void indexer_scores_device(const uint16_t* q_idx, const uint16_t* k_idx, const f
   if (s_q == 0 || s_kv == 0) return;
   const auto* q = reinterpret_cast<const bf16*>(q_idx);
   const auto* k = reinterpret_cast<const bf16*>(k_idx);
-  const dim3 grid(static_cast<unsigned>((s_q + 1) / 2));
-  if (kernel == IndexerKernel::Wgmma) {
-    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_fwd_kernel<true>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kFwdSmem)));
-    indexer_fwd_kernel<true><<<grid, kThreads, kFwdSmem, stream>>>(
+  auto launch = [&](auto kernel, int tok, bool q_in_smem) {
+    const size_t smem = fwd_smem(tok, q_in_smem);
+    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem)));
+    kernel<<<static_cast<unsigned>((s_q + tok - 1) / tok), 128 * tok, smem, stream>>>(
         q, k, w, ks, ke, static_cast<int>(s_q), static_cast<int>(H), static_cast<int>(d),
         static_cast<int>(s_kv), scores);
-  } else {
-    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_fwd_kernel<false>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kFwdSmem)));
-    indexer_fwd_kernel<false><<<grid, kThreads, kFwdSmem, stream>>>(
-        q, k, w, ks, ke, static_cast<int>(s_q), static_cast<int>(H), static_cast<int>(d),
-        static_cast<int>(s_kv), scores);
+  };
+  switch (kernel) {
+    case IndexerKernel::Wgmma: launch(indexer_fwd_kernel<FwdPath::WgmmaRs, 2, false>, 2, false); break;
+    case IndexerKernel::Wgmma3: launch(indexer_fwd_kernel<FwdPath::WgmmaSs, 3, false>, 3, true); break;
+    case IndexerKernel::Mma: launch(indexer_fwd_kernel<FwdPath::Mma, 2, false>, 2, false); break;
+    case IndexerKernel::ProbeNoEpilogue:
+      launch(indexer_fwd_kernel<FwdPath::WgmmaRs, 2, true>, 2, false);
+      break;
+    case IndexerKernel::ProbeNoEpilogue3:
+      launch(indexer_fwd_kernel<FwdPath::WgmmaSs, 3, true>, 3, true);
+      break;
   }
   DSA_CUDA_CHECK(where, cudaGetLastError());
 }

@@ -1,5 +1,5 @@
 // The `cuda` backend's indexer (SPEC §2) against the float64 reference through the oracle
-// (SPEC §9): forward and backward on both forward products (wgmma, mma.sync) with causal,
+// (SPEC §9): forward (wgmma 2 and 3 rows per block, mma.sync) and backward with causal,
 // prefix, MTP (next_n > 1), random and empty windows, H_I not a multiple of 16, d_I padded,
 // key counts off the 128-key tile; an exact tier on integer grids (bit-exact); and mutants
 // (weights' signs dropped, one score or one gradient entry off) that the same checks must
@@ -28,9 +28,11 @@ using dsa::cuda::IndexerKernel;
 using dsa::oracle::OpCase;
 using dsa::oracle::Verdict;
 
-const IndexerKernel kKernels[] = {IndexerKernel::Wgmma, IndexerKernel::Mma};
+const IndexerKernel kKernels[] = {IndexerKernel::Wgmma, IndexerKernel::Wgmma3, IndexerKernel::Mma};
 
-const char* kernel_name(IndexerKernel k) { return k == IndexerKernel::Wgmma ? "wgmma" : "mma"; }
+const char* kernel_name(IndexerKernel k) {
+  return k == IndexerKernel::Wgmma ? "wgmma" : k == IndexerKernel::Wgmma3 ? "wgmma3" : "mma";
+}
 
 std::unique_ptr<dsa::oracle::Backend> make_backend(IndexerKernel k) {
   dsa::cuda::CudaBackendOptions o;

@@ -79,10 +79,13 @@ void sparse_mla_forward_device(const uint16_t* q, const uint16_t* kv, const int3
 int64_t indexer_max_heads();
 int64_t indexer_max_dim();
 
-/// Which indexer forward product runs (same results up to fp32 summation order, SPEC §2).
-/// Wgmma: sm_90a wgmma.m64n128k16, q_idx in registers, the next key tile's product overlapping
-/// the current tile's epilogue. Mma: mma.sync.m16n8k16 with ldmatrix (the auditing fallback).
-enum class IndexerKernel { Wgmma, Mma };
+/// Which indexer forward kernel runs (same results up to fp32 summation order, SPEC §2).
+/// Wgmma: sm_90a wgmma.m64n128k16, two query rows per block, q_idx in registers, the next key
+/// tile's product overlapping the current tile's epilogue. Wgmma3: the same with q_idx in
+/// shared memory and three rows per block (one key tile read serves three rows). Mma:
+/// mma.sync.m16n8k16 with ldmatrix (the auditing fallback). ProbeNoEpilogue(3): timing probes
+/// of Wgmma(3) for the benchmark, the epilogue left out: their scores are NOT valid.
+enum class IndexerKernel { Wgmma, Wgmma3, Mma, ProbeNoEpilogue, ProbeNoEpilogue3 };
 
 /// Indexer scores (SPEC §2): scores[t,s] = Σ_h w[t,h]·ReLU(q_idx[t,h,:]·k_idx[s,:]) for s in
 /// [ks[t], ke[t]) (clamped to [0, s_kv]; both null = every key), -inf outside. q_idx
@@ -99,7 +102,7 @@ void indexer_scores_device(const uint16_t* q_idx, const uint16_t* k_idx, const f
 /// Backward of indexer_scores (SPEC §2) for upstream d_scores [s_q,s_kv] fp32 (entries outside
 /// the windows are never read into a sum, NaN included; ReLU'(0) = 0): dq_idx [s_q,H,d] and
 /// dk_idx [s_kv,d] bf16 (round to nearest even), dw [s_q,H] fp32. fp32 accumulation on the
-/// tensor cores (dI·w·1[q·k>0] split into bf16 hi + lo), fixed summation order, no atomics:
+/// tensor cores (dI·w·1[q·k>0] split into three bf16 parts: fp32 precision), fixed order, no atomics:
 /// bitwise deterministic. Same sizes and errors as indexer_scores_device.
 void indexer_scores_backward_device(const uint16_t* q_idx, const uint16_t* k_idx, const float* w,
                                     const int64_t* ks, const int64_t* ke, const float* d_scores,
