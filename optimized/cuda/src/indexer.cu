@@ -1,16 +1,17 @@
 // Indexer scores and their backward on the tensor cores (SPEC §2), bf16 q_idx/k_idx, fp32
 // accumulation, for H_I <= 64 and d_I <= 128 (a multiple of 8).
 //
-// Forward: one thread block per pair of query rows (one warpgroup per row; its 64 padded
-// heads are the M = 64 rows of the product), tiles of 128 keys over the union of the pair's
-// windows, so key tiles outside both windows are never loaded or multiplied. q_idx sits in
-// registers for the whole row; key tiles stream through a 4-stage cp.async ring in the 128-byte
-// swizzled layout. The epilogue applies ReLU, multiplies by w[t,h], and sums the heads: within a
-// thread (2 heads), then across the 8 lane groups by a transposing butterfly (each step halves
-// the columns a lane carries), then across the 4 warps through shared memory. Keys outside the
-// row's window are written -inf. Two products: `Wgmma` (sm_90a wgmma.m64n128k16, A from
-// registers, B from shared memory by descriptor; the next tile's product runs while the
-// epilogue of the current one executes) and `Mma` (mma.sync.m16n8k16 + ldmatrix, same layout).
+// Forward: one thread block per 2 or 3 query rows (one warpgroup per row; its 64 padded heads
+// are the M = 64 rows of the product), tiles of 128 keys over the union of the block's windows,
+// so key tiles outside every window of the block are never loaded or multiplied. Key tiles
+// stream through a 4-stage cp.async ring in the 128-byte swizzled layout. The epilogue applies
+// ReLU, multiplies by w[t,h] and sums the heads: within a thread (2 heads), then across the 8
+// lane groups by a transposing butterfly (each step halves the columns a lane carries), then
+// across the 4 warps through shared memory. Keys outside the row's window are written -inf.
+// Kernels: `Wgmma3` (default: sm_90a wgmma.m64n128k16 with q_idx and the key tile in shared
+// memory by descriptor, 3 rows per block; the next tile's product runs while the epilogue of
+// the current one executes), `Wgmma` (q_idx as register A fragments, 2 rows per block) and
+// `Mma` (mma.sync.m16n8k16 + ldmatrix, same layout, 2 rows per block).
 //
 // Backward: two kernels, no atomics on values. dq/dw: per pair of query rows, tiles of 64 keys;
 // S = Q K^T recomputed, G = dI w 1[S>0] (0 outside the window: dI there is never read into a

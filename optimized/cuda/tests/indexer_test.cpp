@@ -128,12 +128,19 @@ TEST_F(CudaIndexerTest, ForwardMatchesReferenceOnWindowsAndTileEdges) {
     }
 }
 
+// WEAK rows are allowed explicitly (CheckOptions::allow_weak): weakness is a property of the
+// case, not of the candidate (a bf16 dq_idx row whose bound, from the reference, the baseline
+// and the floors alone, exceeds θ of its scale); on the H200, 2 of the 6 dq_idx rows of the
+// "prefix" case were weak with every element inside its bound. Every element of every row,
+// weak or not, must still lie within its bound.
 TEST_F(CudaIndexerTest, BackwardMatchesReferenceOnWindowsAndTileEdges) {
+  dsa::oracle::CheckOptions opt = dsa::oracle::default_check_options();
+  opt.allow_weak = true;
   uint64_t seed = 200;
   for (const Shape& s : kShapes) {
     const OpCase c = make_case(s.s_q, s.s_kv, s.h, s.d, windows_for(s, seed), seed);
     ++seed;
-    const auto r = dsa::oracle::check_indexer_backward(*make_backend(IndexerKernel::Wgmma), c);
+    const auto r = dsa::oracle::check_indexer_backward(*make_backend(IndexerKernel::Wgmma), c, opt);
     EXPECT_EQ(r.verdict, Verdict::Pass) << label(s, IndexerKernel::Wgmma) << ": " << r.reason;
     EXPECT_TRUE(r.determinism_checked) << label(s, IndexerKernel::Wgmma);
   }

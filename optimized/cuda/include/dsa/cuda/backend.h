@@ -24,7 +24,7 @@ namespace dsa::cuda {
 struct CudaBackendOptions {
   TopkKernel topk_kernel = TopkKernel::Cluster;
   SparseMlaKernel mla_kernel = SparseMlaKernel::OnePassWgmma;
-  IndexerKernel indexer_kernel = IndexerKernel::Wgmma;
+  IndexerKernel indexer_kernel = IndexerKernel::Wgmma3;
 };
 std::unique_ptr<oracle::Backend> make_cuda_backend(const CudaBackendOptions& options = {});
 

@@ -81,8 +81,9 @@ int64_t indexer_max_dim();
 
 /// Which indexer forward kernel runs (same results up to fp32 summation order, SPEC §2).
 /// Wgmma: sm_90a wgmma.m64n128k16, two query rows per block, q_idx in registers, the next key
-/// tile's product overlapping the current tile's epilogue. Wgmma3: the same with q_idx in
-/// shared memory and three rows per block (one key tile read serves three rows). Mma:
+/// tile's product overlapping the current tile's epilogue. Wgmma3 (the default; 429 TFLOP/s
+/// against 348 for Wgmma on the H200, bench/results/2026-11-30-gpu-indexer.md): the same with
+/// q_idx in shared memory and three rows per block (one key tile read serves three rows). Mma:
 /// mma.sync.m16n8k16 with ldmatrix (the auditing fallback). ProbeNoEpilogue(3): timing probes
 /// of Wgmma(3) for the benchmark, the epilogue left out: their scores are NOT valid.
 enum class IndexerKernel { Wgmma, Wgmma3, Mma, ProbeNoEpilogue, ProbeNoEpilogue3 };
@@ -97,7 +98,7 @@ enum class IndexerKernel { Wgmma, Wgmma3, Mma, ProbeNoEpilogue, ProbeNoEpilogue3
 void indexer_scores_device(const uint16_t* q_idx, const uint16_t* k_idx, const float* w,
                            const int64_t* ks, const int64_t* ke, int64_t s_q, int64_t H,
                            int64_t d, int64_t s_kv, float* scores, cudaStream_t stream,
-                           IndexerKernel kernel = IndexerKernel::Wgmma);
+                           IndexerKernel kernel = IndexerKernel::Wgmma3);
 
 /// Backward of indexer_scores (SPEC §2) for upstream d_scores [s_q,s_kv] fp32 (entries outside
 /// the windows are never read into a sum, NaN included; ReLU'(0) = 0): dq_idx [s_q,H,d] and
