@@ -4,7 +4,10 @@
 # then comes from the torch package). Builds the dsa_verify modules there, then audits on CUDA:
 # (1) the PyTorch example backend (must pass), (2) the Triton example (when triton is
 # installed), (3) the project's torch.ops.dsa library called from Python, compared with
-# `dsa-verify audit --backend libtorch-cuda` on the same seed (statuses must be equal).
+# `dsa-verify audit --backend libtorch-cuda` on the same seed (statuses must be equal). The SPEC
+# §10 inference ops (fp8_indexer_scores, paged_indexer_scores, sparse_mla_fp8_fwd) are part of
+# (1) and (3): each of the three JSON reports must have a passing case of each, and a planted
+# §10 fault (faulty_backend:TileScaleSwapped) must fail on CUDA.
 # Logs and JSON reports go to ${OUT:-out}/. Run on the H200 on 2026-11-30 (steps 1-2; see
 # bench/results/2026-11-30-gpu-python-route.md).
 set -uo pipefail
@@ -55,4 +58,20 @@ for k, v in sorted(diff.items()):
     print("  differ:", k, v)
 sys.exit(1 if diff else 0)
 PY
+# SPEC §10 on CUDA: judged (not skipped) on every route; a planted fault fails (exit 1).
+$py - "$out/py_torch_example_cuda.json" "$out/py_torch_ops_cuda.json" "$out/cli_libtorch_cuda.json" <<'PY' \
+  | tee -a "$out/py_summary.txt" || status=1
+import json, sys
+ops = ("fp8_indexer_scores", "paged_indexer_scores", "sparse_mla_fp8_fwd")
+bad = 0
+for path in sys.argv[1:]:
+    cases = json.load(open(path))["cases"]
+    missing = [op for op in ops if not any(c["op"] == op and c["status"] == "pass" for c in cases)]
+    bad += bool(missing)
+    print(f"{path}: SPEC §10 ops with a passing case: {len(ops) - len(missing)}/3" + (f", none for {missing}" if missing else ""))
+sys.exit(1 if bad else 0)
+PY
+run py_faulty_tile_scale_cuda $py -m dsa_verify audit faulty_backend:TileScaleSwapped --device cuda \
+  --ops sparse_mla_fp8_fwd --seed "$seed"
+[ $? -eq 1 ] || { echo "py_faulty_tile_scale_cuda: expected exit 1 (the planted §10 fault fails)" | tee -a "$out/py_summary.txt"; status=1; }
 exit $status
