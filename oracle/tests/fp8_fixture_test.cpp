@@ -72,6 +72,52 @@ TEST_P(Fp8Golden, OneWrongElementOrNaNDisagrees) {
   }
 }
 
+// SPEC §9 local rule on the FP8 sparse MLA (§10): the golden's correct outputs are judged
+// without WEAK rows (a WEAK row is a verdict); in every (t, h) row of out a change of
+// θ·(1 + 2^-6) of the row's scale in one element disagrees, and so does a change of twice
+// the row's own largest bound in rows where that is below ρ·E of the whole tensor (which the
+// former tensor-wide E accepted).
+TEST(Fp8SparseMlaLocalRule, EveryRowDetectsThetaOnTheGolden) {
+  const fixtures::Fixture f = golden("smla_fp8_decode");
+  CandidateBackend ok(f.expected, "good", {});
+  CheckOptions opt;
+  opt.check_determinism = false;
+  const auto reports = judge_fixture_ops(f, ok, opt);
+  ASSERT_EQ(overall_verdict(reports), Verdict::Pass);
+  const TensorCheck* out = nullptr;
+  for (const auto& r : reports)
+    for (const auto& t : r.tensors)
+      if (t.name == "out") out = &t;
+  ASSERT_NE(out, nullptr);
+  EXPECT_EQ(out->weak_rows, 0);
+  const Tensor& good = f.expected.at("out");
+  int64_t caught = 0, below_tensor_bound = 0, caught_local = 0, rows = 0;
+  for (int64_t row = 0; row < out->rows; ++row) {
+    int64_t i = -1;
+    for (int64_t e = row * out->row_len; e < (row + 1) * out->row_len; ++e)
+      if (std::isfinite(good.get(e)) && (i < 0 || std::fabs(good.get(e)) > std::fabs(good.get(i)))) i = e;
+    if (i < 0 || out->row_scale[static_cast<size_t>(row)] == 0) continue;
+    ++rows;
+    const double amount = out->theta * (1 + 0x1p-6) * out->row_scale[static_cast<size_t>(row)];
+    auto outs = f.expected;
+    Tensor t = good.to(good.dtype());
+    t.set(i, good.get(i) + (good.get(i) < 0 ? -amount : amount));
+    outs["out"] = t;
+    caught += judge_outputs(f, outs) == Verdict::Fail;
+    const double local = 2 * out->row_max_bound[static_cast<size_t>(row)];
+    if (local < out->rho * out->baseline_err) {
+      ++below_tensor_bound;
+      t.set(i, good.get(i) + (good.get(i) < 0 ? -local : local));
+      outs["out"] = t;
+      caught_local += judge_outputs(f, outs) == Verdict::Fail;
+    }
+  }
+  EXPECT_GT(rows, 0);
+  EXPECT_EQ(caught, rows);
+  EXPECT_GT(below_tensor_bound, 0) << "no row shows the local rule tighter than the tensor-wide bound";
+  EXPECT_EQ(caught_local, below_tensor_bound);
+}
+
 INSTANTIATE_TEST_SUITE_P(Section10, Fp8Golden,
                          ::testing::Values("fp8_idx_prefix_amax", "fp8_idx_prefix_pow2",
                                            "paged_idx_mtp2", "smla_fp8_decode"));

@@ -1,6 +1,6 @@
 // Op checkers of the SPEC §10 inference ops (FP8 indexer, paged FP8 indexer, sparse MLA over
-// the FP8 KV cache): run, judge by the §9 ratio rule against the float64 reference on the
-// exact bytes the backend was given, and prove that entries past a context / unread tokens
+// the FP8 KV cache): run, judge by the §9 local rule (per-row E_row and floors, WEAK rows a
+// verdict) against the float64 reference on the exact bytes the backend was given, and prove that entries past a context / unread tokens
 // are never read by re-running with them poisoned (out-of-range ids, NaN blocks).
 #pragma once
 
@@ -9,7 +9,8 @@
 namespace dsa::oracle {
 
 /// FP8 indexer (c.fp8_indexer). Judged by the table row "fp8_indexer_scores", or
-/// "fp8_indexer_scores:fp8_tensor_core" when b.fp8_reduced_accumulation() (noted). §10.
+/// "fp8_indexer_scores:fp8_tensor_core" when b.fp8_reduced_accumulation() (noted; WEAK rows
+/// of that row are only noted). §10.
 OpReport check_fp8_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt = {});
 /// Paged FP8 indexer (c.paged_indexer), run three times: as given, with every table entry
 /// past a context replaced by an out-of-range block id, and with those entries pointing at
@@ -19,7 +20,9 @@ OpReport check_fp8_indexer_scores(Backend& b, const OpCase& c, const CheckOption
 OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt = {});
 /// Sparse MLA over the FP8 cache (c.mla_fp8), run as given and with every token no valid
 /// slot reads overwritten by 0xFF bytes (NaN values, NaN scales, NaN RoPE) and slots past
-/// topk_length pointed at such tokens; out, lse, max_logits judged for both. §10, §4-§6.
+/// topk_length pointed at such tokens; out, lse, max_logits judged for both. The baseline
+/// dequantizes kv (fp8 · scale) to the candidate's working dtype (its out dtype: bf16 for a
+/// FlashMLA-style kernel, else fp32), SPEC §9; E_row per (t, h). §10, §4-§6.
 OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOptions& opt = {});
 
 /// The poisoned variants used above (exposed for tests and mutants).
