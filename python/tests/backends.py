@@ -197,3 +197,17 @@ class Fp8AbsScale(Fp8Only):
     def fp8_indexer_scores(self, q_idx, k_idx, k_scale, w, ks, ke, fp8_format):
         scale = torch.where(torch.isfinite(k_scale) & (k_scale != 0), k_scale.abs(), torch.ones_like(k_scale))
         return super().fp8_indexer_scores(q_idx, k_idx, scale, w, ks, ke, fp8_format)
+
+
+class RecordsPagedCalls(Fp8Only):
+    """Records what each paged_indexer_scores call receives (block_table, context_lens, k_cache
+    blocks, whether a scale is NaN), then computes correctly."""
+    name = "records-paged-calls"
+
+    def __init__(self):
+        self.calls = []
+
+    def paged_indexer_scores(self, q_idx, k_cache, k_scale_cache, w, block_table, context_lens, *a, **kw):
+        self.calls.append((block_table.clone(), context_lens.clone(), k_cache.shape[0],
+                           bool(torch.isnan(k_scale_cache).any())))
+        return super().paged_indexer_scores(q_idx, k_cache, k_scale_cache, w, block_table, context_lens, *a, **kw)

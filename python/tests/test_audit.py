@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import backends
 import dsa_verify
@@ -244,3 +245,21 @@ def test_section10_invalid_inputs_must_raise(tmp_path, backend, only, words):
     assert statuses(rep) == {"fail"}, rep.summary()
     for w in words:
         assert w in rep.failures[0].message, rep.failures[0].message
+
+
+def test_paged_poisoned_reruns_reach_the_python_kernel():
+    # fp8_check.cpp's poisoned re-runs, through the bridge: the kernel gets the case as given
+    # (twice: determinism), then out-of-range ids past every context, then NaN blocks there.
+    rec = backends.RecordsPagedCalls()
+    path = os.path.join(HERE, "..", "..", "fixtures", "golden", "paged_idx_mtp2.safetensors")
+    res = dsa_verify._core.replay_fixture(dsa_verify.Bridge(rec), path)
+    assert res["verdict_line"] == "AGREES", res["report"]
+    assert len(rec.calls) == 4, len(rec.calls)
+    (table, lens, blocks, _), _, (ids, _, ids_blocks, _), (nan_table, _, nan_blocks, nan_scales) = rec.calls
+    assert ids_blocks == blocks and nan_blocks == blocks + 2 and nan_scales
+    block_size = dsa_verify.load_fixture(path).kwargs("paged_indexer_scores")["block_size"]
+    past = torch.arange(table.shape[1])[None, :] >= ((lens.long() + block_size - 1) // block_size)[:, None]
+    assert past.any()
+    assert torch.equal(ids[~past], table[~past]) and torch.equal(nan_table[~past], table[~past])
+    assert bool(((ids[past] < 0) | (ids[past] >= blocks)).all())  # out-of-range ids
+    assert bool((nan_table[past] >= blocks).all())  # the appended NaN blocks
