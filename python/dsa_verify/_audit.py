@@ -6,6 +6,7 @@ table, the progress line and the JSON/JUnit writers are the C++ ones of `dsa-ver
 this process or in a fresh worker process each (isolate=True), and collects the report.
 """
 import importlib
+import inspect
 import json as _json
 import multiprocessing
 import os
@@ -88,8 +89,10 @@ class Report:
 
 def load_backend(spec):
     """The backend named by "package.module:Attr" (Attr a class is instantiated without
-    arguments; an object or a module is used as is) or "package.module" (the module's functions
-    are the ops). Raises ValueError naming the spec when it cannot be imported or found."""
+    arguments, a plain function that is not an op is a factory called without arguments, e.g.
+    dsa_verify.builtin:libtorch_cpu; an object or a module is used as is) or "package.module"
+    (the module's functions are the ops). Raises ValueError naming the spec when it cannot be
+    imported or found."""
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -102,7 +105,10 @@ def load_backend(spec):
         if not hasattr(obj, part):
             raise ValueError(f"backend '{spec}': module '{module_name}' has no attribute '{attr}'")
         obj = getattr(obj, part)
-    return obj() if isinstance(obj, type) else obj
+    from ._bridge import OPS
+    if isinstance(obj, type) or (inspect.isfunction(obj) and obj.__name__ not in OPS):
+        return obj()
+    return obj
 
 
 def spec_of(backend):
@@ -233,9 +239,11 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
     """Audits a Python backend with the full suite of `dsa-verify audit`.
 
     backend: an object with methods named after the ops (indexer_scores,
-      indexer_scores_backward, topk, sparse_mla_fwd, sparse_mla_bwd, indexer_kl_loss) taking
-      SPEC argument names and torch tensors, or a "module:Class" string. Optional attributes:
-      name, deterministic, outputs, tie_breaks, dtypes (see dsa_verify._bridge.Bridge).
+      indexer_scores_backward, topk, sparse_mla_fwd, sparse_mla_bwd, indexer_kl_loss and the
+      SPEC §10 ops fp8_indexer_scores, paged_indexer_scores, sparse_mla_fp8_fwd, whose FP8
+      inputs are torch.uint8 bytes with fp8_format) taking SPEC argument names and torch
+      tensors, or a "module:Class" string. Optional attributes: name, deterministic, outputs,
+      tie_breaks, dtypes, fp8_formats, fp8_reduced_accumulation (see dsa_verify._bridge.Bridge).
     ops: op names to audit (default all the backend has); only: property names (runs only
       those, no fixtures); level: 0 (CI) / 1 / 2 (soak) cases per property; seed: property
       seed (None: random per property, printed in each repro line); device: "cpu" | "cuda":
