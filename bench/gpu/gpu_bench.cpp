@@ -4,8 +4,9 @@
 // two-read, radix) vs torch::topk sorted and unsorted; effective GB/s counts the scores read
 // once plus the int32 ids written (DSA_BENCH_MLA_ONLY=1 leaves (a) out); (b) sparse MLA
 // forward at the GLM-5 shape (s_q 4096, d_qk 576, d_v 512, k 2048; h_q 64 and 128, s_kv 8192
-// and 32768; the one-pass wgmma and mma.sync kernels and the two-pass tensor-core kernel):
-// sparse_mla_forward_device vs a
+// and 32768; the one-pass wgmma variants and mma.sync kernel and the two-pass tensor-core
+// kernel, plus timing variants of the wgmma kernel at h_q 128 that leave the gather, S or P V
+// out, results wrong, to place the time): sparse_mla_forward_device vs a
 // gathered attention composed from ATen ops (index_select + bmm + logsumexp + exp + bmm, bf16
 // operands, fp32 accumulation inside cuBLAS). CUDA events on the default stream, warm-up,
 // medians, inputs rotated so each timed call reads data not left in the 60 MB L2, random
@@ -27,6 +28,7 @@
 #include <torch/torch.h>
 
 #include "dsa/cuda/kernels.h"
+#include "sparse_mla_internal.h"  // optimized/cuda/src: the wgmma timing variants
 
 namespace {
 
@@ -354,7 +356,9 @@ int main() {
               << " | " << fmt("%.1f", tf) << " | " << fmt("%.1f%%", 100.0 * tf / kBf16Tflops)
               << " | - | - | " << note << " |\n";
       };
-      std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePassWgmma,
+      std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePassWgmmaOwnHalfFirst,
+                                                         dsa::cuda::SparseMlaKernel::OnePassWgmmaSplitD,
+                                                         dsa::cuda::SparseMlaKernel::OnePassWgmma,
                                                          dsa::cuda::SparseMlaKernel::OnePass,
                                                          dsa::cuda::SparseMlaKernel::TensorCore};
       if (std::getenv("DSA_BENCH_MLA_CUDA_CORE")) kernels.push_back(dsa::cuda::SparseMlaKernel::CudaCore);
@@ -367,7 +371,11 @@ int main() {
         const double rel = ((out.to(torch::kFloat32) - pout.to(torch::kFloat32)).norm() /
                             pout.to(torch::kFloat32).norm()).item<double>();
         const double lse_diff = (lse - plse).abs().max().item<double>();
-        const char* name = kern == dsa::cuda::SparseMlaKernel::OnePassWgmma
+        const char* name = kern == dsa::cuda::SparseMlaKernel::OnePassWgmmaOwnHalfFirst
+                               ? "dsa cuda, one pass (wgmma m64n32 / m64n256, own half of P first, rescale skip)"
+                           : kern == dsa::cuda::SparseMlaKernel::OnePassWgmmaSplitD
+                               ? "dsa cuda, one pass (wgmma, S split over d_qk m64n64 / P V m64n256, cp.async gather, P bf16)"
+                           : kern == dsa::cuda::SparseMlaKernel::OnePassWgmma
                                ? "dsa cuda, one pass (wgmma m64n32 / m64n256, cp.async gather, P bf16)"
                            : kern == dsa::cuda::SparseMlaKernel::OnePass
                                ? "dsa cuda, one pass (mma.sync bf16, cp.async gather, online softmax, P bf16)"
@@ -379,6 +387,24 @@ int main() {
         std::printf("sparse_mla h_q %lld s_kv %lld %s done (%.3f ms)\n", (long long)h_q,
                     (long long)s_kv, name, t_mine);
         std::fflush(stdout);
+      }
+      if (h_q == 128 && s_kv == 8192) {
+        // Timing variants of the OnePassWgmma kernel (results wrong; where the time goes).
+        const char* what[] = {"no gather after the first tile", "no S = Q K^T products",
+                              "no P V products"};
+        for (int v = 0; v < 3; ++v) {
+          auto variant = [&](int i) {
+            dsa::cuda::detail::launch_sparse_mla_wgmma(
+                s_q, nullptr, reinterpret_cast<const uint16_t*>(q[i % r].data_ptr()),
+                reinterpret_cast<const uint16_t*>(kv.data_ptr()), idx[i % r].data_ptr<int32_t>(),
+                nullptr, nullptr, h_q, d_qk, s_kv, k, d_v, sm_scale,
+                reinterpret_cast<uint16_t*>(out.data_ptr()), lse.data_ptr<float>(),
+                mx.data_ptr<float>(), 10 + v);
+          };
+          row(std::string("timing variant of one pass (wgmma m64n32 / m64n256), results wrong: ") +
+                  what[v],
+              median_ms(variant, 2, 7), "timing only");
+        }
       }
       row("ATen gathered (index_select+bmm+logsumexp+bmm, bf16 logits)", t_peer, "peer");
     }

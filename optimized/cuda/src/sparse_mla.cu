@@ -267,12 +267,18 @@ void sparse_mla_forward_device(const uint16_t* q, const uint16_t* kv, const int3
   if (s_q == 0 || h_q == 0) return;
   const int64_t blocks = s_q * ((h_q + kHeads - 1) / kHeads);
   require(blocks <= INT32_MAX, "s_q", to_string(s_q), "s_q * ceil(h_q/16) <= 2^31-1");
-  if (kernel == SparseMlaKernel::OnePassWgmma && detail::sparse_mla_wgmma_takes(d_qk, d_v, q, kv)) {
+  const bool wgmma = kernel == SparseMlaKernel::OnePassWgmma ||
+                     kernel == SparseMlaKernel::OnePassWgmmaSplitD ||
+                     kernel == SparseMlaKernel::OnePassWgmmaOwnHalfFirst;
+  if (wgmma && detail::sparse_mla_wgmma_takes(d_qk, d_v, q, kv)) {
+    const int mode = kernel == SparseMlaKernel::OnePassWgmmaSplitD         ? 1
+                     : kernel == SparseMlaKernel::OnePassWgmmaOwnHalfFirst ? 2
+                                                                           : 0;
     detail::launch_sparse_mla_wgmma(s_q, stream, q, kv, indices, topk_length, attn_sink, h_q,
-                                    d_qk, s_kv, k, d_v, sm_scale, out, lse, max_logits);
+                                    d_qk, s_kv, k, d_v, sm_scale, out, lse, max_logits, mode);
     return;
   }
-  if ((kernel == SparseMlaKernel::OnePass || kernel == SparseMlaKernel::OnePassWgmma) &&
+  if ((kernel == SparseMlaKernel::OnePass || wgmma) &&
       detail::sparse_mla_onepass_takes(d_qk, d_v, q, kv)) {
     detail::launch_sparse_mla_onepass(s_q, stream, q, kv, indices, topk_length, attn_sink, h_q,
                                       d_qk, s_kv, k, d_v, sm_scale, out, lse, max_logits);

@@ -42,10 +42,13 @@ bool sparse_mla_wgmma_takes(int64_t d_qk, int64_t d_v, const void* q, const void
 
 /// Launches the wgmma kernel, one block of two warpgroups per (query row, 64 heads)
 /// (arguments as sparse_mla_forward_device, already checked, and sparse_mla_wgmma_takes true).
+/// mode: 0 OnePassWgmma, 1 OnePassWgmmaSplitD, 2 OnePassWgmmaOwnHalfFirst; 10, 11, 12 are
+/// benchmark-only timing variants of 0 with wrong results (no gather after the first tile, no
+/// S products, no P V products; d_qk 513..576 only). Other values throw std::invalid_argument.
 void launch_sparse_mla_wgmma(int64_t s_q, cudaStream_t stream, const uint16_t* q,
                              const uint16_t* kv, const int32_t* indices,
                              const int32_t* topk_length, const float* attn_sink, int64_t h_q,
                              int64_t d_qk, int64_t s_kv, int64_t k, int64_t d_v, float sm_scale,
-                             uint16_t* out, float* lse, float* max_logits);
+                             uint16_t* out, float* lse, float* max_logits, int mode);
 
 }  // namespace dsa::cuda::detail

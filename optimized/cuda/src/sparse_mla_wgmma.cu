@@ -19,6 +19,8 @@
 //      the same kv rows read MN-major), O (128 fp32 registers per thread) rescaled first.
 // At the end O is scaled by 1/l and the sink factor; lse = m + ln l, max_logits = m.
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -37,7 +39,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct WgLayout {
   int nb;  // 64-column blocks of d_qk (8 or 9)
-  uint32_t tile, off_kv0, off_kv1, off_p, off_ids, off_red, total;
+  uint32_t tile, off_kv0, off_kv1, off_p, off_ids, off_red, off_y, total;
 };
 
 __host__ __device__ inline WgLayout wg_layout(int64_t d_qk) {
@@ -49,7 +51,8 @@ __host__ __device__ inline WgLayout wg_layout(int64_t d_qk) {
   L.off_p = 3 * L.tile;
   L.off_ids = L.off_p + kBlockBytes;      // [2][kTile] int
   L.off_red = L.off_ids + 2 * kTile * 4;  // [2][kHeads] float
-  L.total = L.off_red + 2 * kHeads * 4 + 1024;  // + slack to align the base to 1024
+  L.off_y = L.off_red + 2 * kHeads * 4;   // split-d exchange, d_qk <= 512 only (8 KB)
+  L.total = L.off_y + (L.nb == 8 ? kBlockBytes : 0) + 1024;  // + slack to align the base
   return L;
 }
 
@@ -75,6 +78,10 @@ __device__ __forceinline__ void wgmma_commit() {
 }
 __device__ __forceinline__ void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+/// bar.sync on a named barrier (id 1..15) for `count` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 /// Orders the compiler's uses of an accumulator register after the asm statements before it.
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
@@ -119,6 +126,24 @@ __device__ __forceinline__ void wgmma_m64n32(float (&d)[16], uint64_t da, uint64
       : "l"(da), "l"(db), "r"(1));
 }
 
+/// D += A B, wgmma m64n64k16, bf16 from shared memory (descriptors), fp32 accumulators;
+/// B K-major. Asynchronous: commit and wait before reading d.
+__device__ __forceinline__ void wgmma_m64n64(float (&d)[32], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+
 /// D += A B, wgmma m64n256k16, bf16 from shared memory (descriptors), fp32 accumulators;
 /// B MN-major (transposed). Asynchronous: commit and wait before reading d.
 __device__ __forceinline__ void wgmma_m64n256_bt(float (&d)[128], uint64_t da, uint64_t db) {
@@ -155,7 +180,17 @@ __device__ __forceinline__ void wgmma_m64n256_bt(float (&d)[128], uint64_t da, u
       : "l"(da), "l"(db), "r"(1));
 }
 
-template <int NB>  // 64-column blocks of d_qk: 8 (d_qk 449..512) or 9 (513..576)
+// NB: 64-column blocks of d_qk, 8 (d_qk 449..512) or 9 (513..576). MODE:
+//   0 (OnePassWgmma): S split over the slots between the warpgroups (m64n32k16, all columns);
+//   1 (OnePassWgmmaSplitD): S split over d_qk (m64n64k16 over half of the columns for all 64
+//     slots, the two partial sums exchanged through shared memory), O rescale skipped when no
+//     row of a warp moved its max;
+//   2 (OnePassWgmmaOwnHalfFirst): as 0, O rescale skipped likewise, and each warpgroup starts
+//     P V on its own half of P (a warpgroup barrier) before the block barrier that publishes
+//     the other half;
+//   10, 11, 12: timing variants of 0 for the benchmark only, results wrong: no gather after
+//     the first tile, no S products, no P V products.
+template <int NB, int MODE>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_mla_fwd_wgmma_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv,
                                 const int32_t* __restrict__ indices,
@@ -164,6 +199,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                 int64_t k, int d_v, float sm_scale, uint16_t* __restrict__ out,
                                 float* __restrict__ lse_out, float* __restrict__ max_out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool SPLITD = MODE == 1;
+  constexpr bool kOwnFirst = MODE == 2;
+  constexpr bool kRescaleSkip = MODE == 1 || MODE == 2;
+  constexpr bool kNoGather = MODE == 10, kNoS = MODE == 11, kNoPV = MODE == 12;
   extern __shared__ unsigned char smem_raw[];
   const WgLayout L = wg_layout(d_qk);
   const uint32_t raw = smem_u32(smem_raw);
@@ -247,27 +286,70 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // 1. S = Q K^T for slots 32wg..32wg+31 (asynchronous), then the next tile's gather.
     float s[16];
+    if constexpr (!SPLITD) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      s[i] = 0.f;
-      reg_fence(s[i]);
-    }
-    wgmma_fence();
+      for (int i = 0; i < 16; ++i) {
+        s[i] = 0.f;
+        reg_fence(s[i]);
+      }
+      wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < ksteps; ++ks) {
-      const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
-      wgmma_m64n32(s, sw128_desc(sb + off, 16, 1024),
-                   sw128_desc(kb + off + wg * 32 * 128, 16, 1024));
-    }
-    wgmma_commit();
-    if (it + 1 < n_tiles) {
-      load_tile(stage ^ 1, pre);
-      if (it + 2 < n_tiles) fetch_ids(it + 2, pre);
-    }
-    cp_async_commit();
-    wgmma_wait_all();
+      for (int ks = 0; ks < ksteps; ++ks) {
+        if constexpr (kNoS) break;
+        const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
+        wgmma_m64n32(s, sw128_desc(sb + off, 16, 1024),
+                     sw128_desc(kb + off + wg * 32 * 128, 16, 1024));
+      }
+      wgmma_commit();
+      if (it + 1 < n_tiles) {
+        if (!kNoGather || it == 0) load_tile(stage ^ 1, pre);
+        if (it + 2 < n_tiles) fetch_ids(it + 2, pre);
+      }
+      cp_async_commit();
+      wgmma_wait_all();
 #pragma unroll
-    for (int i = 0; i < 16; ++i) reg_fence(s[i]);
+      for (int i = 0; i < 16; ++i) reg_fence(s[i]);
+    } else {
+      // Partial S over k-steps [wg * ksteps/2, (wg + 1) * ksteps/2) for all 64 slots.
+      float sf[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        sf[i] = 0.f;
+        reg_fence(sf[i]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kq = 0; kq < ksteps / 2; ++kq) {
+        const int ks = wg * (ksteps / 2) + kq;
+        const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
+        wgmma_m64n64(sf, sw128_desc(sb + off, 16, 1024), sw128_desc(kb + off, 16, 1024));
+      }
+      wgmma_commit();
+      if (it + 1 < n_tiles) {
+        load_tile(stage ^ 1, pre);
+        if (it + 2 < n_tiles) fetch_ids(it + 2, pre);
+      }
+      cp_async_commit();
+      wgmma_wait_all();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) reg_fence(sf[i]);
+      // Exchange: warpgroup 0 keeps slots 0..31 and hands over its partial of 32..63, and
+      // the other way round. Thread i of one warpgroup holds the same (head, slot) positions
+      // as thread i of the other, so the buffers are indexed [value][thread]. Warpgroup 0
+      // writes the P region (free: the last P V has completed); warpgroup 1 writes block 8 of
+      // this stage (read only by its own, completed, S products) or the spare region.
+      float* x_buf = reinterpret_cast<float*>(smem + L.off_p);
+      float* y_buf = reinterpret_cast<float*>(
+          smem + (NB == 9 ? (stage ? L.off_kv1 : L.off_kv0) + 8 * kBlockBytes : L.off_y));
+      const int tw = tid & 127;
+      float* mine = wg == 0 ? x_buf : y_buf;
+      const float* theirs = wg == 0 ? y_buf : x_buf;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) mine[i * 128 + tw] = wg == 0 ? sf[16 + i] : sf[i];
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s[i] = (wg == 0 ? sf[i] : sf[16 + i]) + theirs[i * 128 + tw];
+    }
 
     // 2. Masked, scaled logits; half-row maxima; online softmax; P in bf16.
     const int* ids = ids_s + stage * kTile;
@@ -318,24 +400,45 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     l_run[0] = l_run[0] * alpha[0] + ps[0];
     l_run[1] = l_run[1] * alpha[1] + ps[1];
+    // Rescale O (skipped when no row of the warp changed its max: alpha is exactly 1).
+    if (!kRescaleSkip || !__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j + 0] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j + 0] *= alpha[0];
+        o[4 * j + 1] *= alpha[0];
+        o[4 * j + 2] *= alpha[1];
+        o[4 * j + 3] *= alpha[1];
+      }
     }
     fence_proxy_async();
-    __syncthreads();  // P complete
 
-    // 3. O[:, 256wg..] += P V.
-#pragma unroll
-    for (int i = 0; i < 128; ++i) reg_fence(o[i]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk)
+    // 3. O[:, 256wg..] += P V (k-steps kk: slots 16kk..16kk+15).
+    auto pv_step = [&](int kk) {
       wgmma_m64n256_bt(o, sw128_desc(sb + L.off_p + kk * 32, 16, 1024),
                        sw128_desc(kb + 4 * wg * kBlockBytes + kk * 16 * 128, kBlockBytes, 1024));
+    };
+    if constexpr (kOwnFirst) {
+      named_barrier_sync(1 + wg, 128);  // this warpgroup's half of P is complete
+#pragma unroll
+      for (int i = 0; i < 128; ++i) reg_fence(o[i]);
+      wgmma_fence();
+      pv_step(2 * wg);
+      pv_step(2 * wg + 1);
+      __syncthreads();  // the other warpgroup's half too
+      wgmma_fence();
+      pv_step(2 * (1 - wg));
+      pv_step(2 * (1 - wg) + 1);
+    } else {
+      __syncthreads();  // P complete
+#pragma unroll
+      for (int i = 0; i < 128; ++i) reg_fence(o[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        if constexpr (kNoPV) break;
+        pv_step(kk);
+      }
+    }
     wgmma_commit();
     wgmma_wait_all();
 #pragma unroll
@@ -395,6 +498,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
+size_t sparse_mla_wgmma_smem_bytes(int64_t d_qk) { return wg_layout(d_qk).total; }
+
 bool sparse_mla_wgmma_takes(int64_t d_qk, int64_t d_v, const void* q, const void* kv) {
   const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   if (!(d_qk % 8 == 0 && d_qk > 448 && d_qk <= 576 && d_v <= 512 && aligned(q) && aligned(kv)))
@@ -411,7 +516,7 @@ void launch_sparse_mla_wgmma(int64_t s_q, cudaStream_t stream, const uint16_t* q
                              const uint16_t* kv, const int32_t* indices,
                              const int32_t* topk_length, const float* attn_sink, int64_t h_q,
                              int64_t d_qk, int64_t s_kv, int64_t k, int64_t d_v, float sm_scale,
-                             uint16_t* out, float* lse, float* max_logits) {
+                             uint16_t* out, float* lse, float* max_logits, int mode) {
   const char* where = "sparse_mla_forward_device (one pass, wgmma)";
   const size_t smem = wg_layout(d_qk).total;
   const int64_t blocks = s_q * ((h_q + kHeads - 1) / kHeads);
@@ -422,10 +527,18 @@ void launch_sparse_mla_wgmma(int64_t s_q, cudaStream_t stream, const uint16_t* q
         q, kv, indices, topk_length, attn_sink, static_cast<int>(h_q), static_cast<int>(d_qk),
         static_cast<int>(s_kv), k, static_cast<int>(d_v), sm_scale, out, lse, max_logits);
   };
-  if (wg_layout(d_qk).nb == 8)
-    go(sparse_mla_fwd_wgmma_kernel<8>);
-  else
-    go(sparse_mla_fwd_wgmma_kernel<9>);
+  const bool nb8 = wg_layout(d_qk).nb == 8;
+  switch (mode) {
+    case 0: nb8 ? go(sparse_mla_fwd_wgmma_kernel<8, 0>) : go(sparse_mla_fwd_wgmma_kernel<9, 0>); break;
+    case 1: nb8 ? go(sparse_mla_fwd_wgmma_kernel<8, 1>) : go(sparse_mla_fwd_wgmma_kernel<9, 1>); break;
+    case 2: nb8 ? go(sparse_mla_fwd_wgmma_kernel<8, 2>) : go(sparse_mla_fwd_wgmma_kernel<9, 2>); break;
+    case 10: go(sparse_mla_fwd_wgmma_kernel<9, 10>); break;  // timing variants: d_qk 576 only
+    case 11: go(sparse_mla_fwd_wgmma_kernel<9, 11>); break;
+    case 12: go(sparse_mla_fwd_wgmma_kernel<9, 12>); break;
+    default:
+      throw std::invalid_argument(std::string(where) + ": argument 'mode' got " +
+                                  std::to_string(mode) + ", expected 0, 1, 2, 10, 11 or 12");
+  }
   DSA_CUDA_CHECK(where, cudaGetLastError());
 }
 

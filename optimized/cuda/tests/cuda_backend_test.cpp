@@ -334,12 +334,14 @@ const char* kernel_name(dsa::cuda::SparseMlaKernel k) {
     case dsa::cuda::SparseMlaKernel::TensorCore: return "[tensor cores, 2 passes] ";
     case dsa::cuda::SparseMlaKernel::OnePass: return "[one pass, mma.sync] ";
     case dsa::cuda::SparseMlaKernel::OnePassWgmma: return "[one pass, wgmma] ";
+    case dsa::cuda::SparseMlaKernel::OnePassWgmmaSplitD: return "[one pass, wgmma, S split over d_qk] ";
+    case dsa::cuda::SparseMlaKernel::OnePassWgmmaOwnHalfFirst: return "[one pass, wgmma, own half of P first] ";
   }
   return "[?] ";
 }
 
-// Every sparse MLA kernel (CUDA cores, tensor cores in 2 passes, one pass on mma.sync and on
-// wgmma) is checked on every case; DSA_MLA_ONEPASS_ONLY=1 checks the one-pass kernels only
+// Every sparse MLA kernel (CUDA cores, tensor cores in 2 passes, one pass on mma.sync and the
+// three wgmma variants) is checked on every case; DSA_MLA_ONEPASS_ONLY=1 checks the one-pass kernels only
 // (short GPU runs).
 // WEAK rows are allowed explicitly (CheckOptions::allow_weak): weakness is a property of the
 // case, not of the candidate (the bound of a bf16 out row whose value cancels, |out| small
@@ -349,7 +351,9 @@ const char* kernel_name(dsa::cuda::SparseMlaKernel k) {
 void expect_mla_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label) {
   dsa::oracle::CheckOptions opt = dsa::oracle::default_check_options();
   opt.allow_weak = true;
-  std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePassWgmma,
+  std::vector<dsa::cuda::SparseMlaKernel> kernels = {dsa::cuda::SparseMlaKernel::OnePassWgmmaOwnHalfFirst,
+                                                     dsa::cuda::SparseMlaKernel::OnePassWgmmaSplitD,
+                                                     dsa::cuda::SparseMlaKernel::OnePassWgmma,
                                                      dsa::cuda::SparseMlaKernel::OnePass};
   if (!std::getenv("DSA_MLA_ONEPASS_ONLY")) {
     kernels.push_back(dsa::cuda::SparseMlaKernel::CudaCore);
@@ -412,7 +416,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, CudaMlaKernelTest,
                          ::testing::Values(dsa::cuda::SparseMlaKernel::CudaCore,
                                            dsa::cuda::SparseMlaKernel::TensorCore,
                                            dsa::cuda::SparseMlaKernel::OnePass,
-                                           dsa::cuda::SparseMlaKernel::OnePassWgmma));
+                                           dsa::cuda::SparseMlaKernel::OnePassWgmma,
+                                           dsa::cuda::SparseMlaKernel::OnePassWgmmaSplitD,
+                                           dsa::cuda::SparseMlaKernel::OnePassWgmmaOwnHalfFirst));
 
 // The wgmma kernel needs d_qk in (448, 576]: with d_qk 64 the empty-rows test above ran the
 // mma.sync fallback, so the same exact checks run here at d_qk 576.
@@ -421,19 +427,24 @@ TEST_F(CudaBackendTest, SparseMlaWgmmaEmptyRowsAreExact) {
   std::vector<int32_t> idx(4 * 70, -1);
   idx[70 * 2 + 66] = 3;  // row 2: one valid slot, in its second tile; the others none
   c.mla.indices = Tensor::from_i32({4, 70}, idx);
-  dsa::cuda::CudaBackendOptions o;
-  o.mla_kernel = dsa::cuda::SparseMlaKernel::OnePassWgmma;
-  const dsa::SparseMlaForward r = dsa::cuda::make_cuda_backend(o)->sparse_mla_forward(c.mla);
-  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{3}}) {
-    for (int64_t h = 0; h < 64; ++h) {
-      EXPECT_EQ(r.lse.data<float>()[t * 64 + h], std::numeric_limits<float>::infinity());
-      EXPECT_EQ(r.max_logits.data<float>()[t * 64 + h], -std::numeric_limits<float>::infinity());
+  for (auto kernel : {dsa::cuda::SparseMlaKernel::OnePassWgmma,
+                      dsa::cuda::SparseMlaKernel::OnePassWgmmaSplitD,
+                      dsa::cuda::SparseMlaKernel::OnePassWgmmaOwnHalfFirst}) {
+    dsa::cuda::CudaBackendOptions o;
+    o.mla_kernel = kernel;
+    const dsa::SparseMlaForward r = dsa::cuda::make_cuda_backend(o)->sparse_mla_forward(c.mla);
+    for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{3}}) {
+      for (int64_t h = 0; h < 64; ++h) {
+        EXPECT_EQ(r.lse.data<float>()[t * 64 + h], std::numeric_limits<float>::infinity());
+        EXPECT_EQ(r.max_logits.data<float>()[t * 64 + h], -std::numeric_limits<float>::infinity());
+      }
+      for (int64_t i = t * 64 * 512; i < (t + 1) * 64 * 512; ++i)
+        ASSERT_EQ(r.out.get(i), 0.0) << kernel_name(kernel) << i;
     }
-    for (int64_t i = t * 64 * 512; i < (t + 1) * 64 * 512; ++i) ASSERT_EQ(r.out.get(i), 0.0) << i;
+    bool nonzero = false;
+    for (int64_t i = 2 * 64 * 512; i < 3 * 64 * 512; ++i) nonzero |= r.out.get(i) != 0.0;
+    EXPECT_TRUE(nonzero) << kernel_name(kernel) << "row 2 (one valid slot) came back all zero";
   }
-  bool nonzero = false;
-  for (int64_t i = 2 * 64 * 512; i < 3 * 64 * 512; ++i) nonzero |= r.out.get(i) != 0.0;
-  EXPECT_TRUE(nonzero) << "row 2 (one valid slot) came back all zero";
   expect_mla_pass(*backend_, c, "empty rows, d_qk 576");
 }
 

@@ -20,7 +20,8 @@ namespace dsa::cuda {
 /// Kernel choice of a cuda backend (every choice meets SPEC §3/§4/§6 and passed the oracle
 /// on the H200, bench/results/2026-11-30-gpu-topk-sparse-mla.md and
 /// 2026-11-30-gpu-sparse-mla-fwd.md; the defaults are what the registered "cuda" backend uses:
-/// the one-pass wgmma MLA kernel, the fastest measured, with its mma.sync fallback).
+/// the one-pass wgmma MLA kernel (OnePassWgmma, faster than its SplitD and OwnHalfFirst
+/// variants on the H200), with its mma.sync fallback).
 struct CudaBackendOptions {
   TopkKernel topk_kernel = TopkKernel::Cluster;
   SparseMlaKernel mla_kernel = SparseMlaKernel::OnePassWgmma;

@@ -56,7 +56,20 @@ int64_t sparse_mla_max_d_v();
 /// warpgroups, S = Q K^T as m64n32k16 per half of the slots, O += P V as m64n256k16 per half
 /// of d_v, operands in 128-byte-swizzled shared memory); shapes it does not take (d_qk outside
 /// (448, 576], d_v over 512, a device other than compute capability 9.0) run OnePass.
-enum class SparseMlaKernel { CudaCore, TensorCore, OnePass, OnePassWgmma };
+/// OnePassWgmmaSplitD: as OnePassWgmma, but S split over d_qk between the warpgroups
+/// (m64n64k16 over half of the columns for all 64 slots, the partial sums exchanged through
+/// shared memory), fewer shared-memory bytes per FLOP; the O rescale is skipped for warps
+/// whose rows kept their max. OnePassWgmmaOwnHalfFirst: as OnePassWgmma with that rescale
+/// skip, and each warpgroup starts P V on its own half of P before the block barrier that
+/// publishes the other warpgroup's half.
+enum class SparseMlaKernel {
+  CudaCore,
+  TensorCore,
+  OnePass,
+  OnePassWgmma,
+  OnePassWgmmaSplitD,
+  OnePassWgmmaOwnHalfFirst
+};
 
 /// Sparse MLA forward (SPEC §4, §6), MQA with one KV head. q [s_q,h_q,d_qk] bf16 (raw bits),
 /// kv [s_kv,d_qk] bf16, indices [s_q,k] int32 (any value; slot j of row t is valid iff
