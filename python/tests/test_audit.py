@@ -271,3 +271,13 @@ def test_factory_functions_are_called():
     import dsa_verify.builtin as builtin
     backend = dsa_verify.load_backend("dsa_verify.builtin:reference")
     assert isinstance(backend, builtin.BuiltinBackend) and backend.name == "reference"
+
+
+def test_fp8_reduced_accumulation_attribute_selects_the_tensor_core_row():
+    path = os.path.join(HERE, "..", "..", "fixtures", "golden", "fp8_idx_prefix_amax.safetensors")
+    plain = dsa_verify._core.replay_fixture(dsa_verify.Bridge(backends.Fp8Only()), path)
+    tc = type("TensorCore", (backends.Fp8Only,), {"fp8_reduced_accumulation": True})()
+    reduced = dsa_verify._core.replay_fixture(dsa_verify.Bridge(tc), path)
+    assert plain["exit"] == 0 and reduced["exit"] == 0, plain["report"] + reduced["report"]
+    assert "fp8_tensor_core" not in plain["report"]
+    assert "judged by table row fp8_indexer_scores:fp8_tensor_core" in reduced["report"], reduced["report"]
