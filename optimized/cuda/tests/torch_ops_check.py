@@ -1,5 +1,7 @@
-"""The CUDA dispatch of dsa::topk_indices (SPEC §3) and dsa::indexer_scores (+ backward, SPEC
-§2, integer grids: bit-exact against the same op on CPU tensors) from Python, run on the GPU machine by
+"""The CUDA dispatch of dsa::topk_indices (SPEC §3), dsa::indexer_scores (+ backward, SPEC
+§2, integer grids: bit-exact against the same op on CPU tensors) and dsa::sparse_mla_fwd (SPEC
+§4, §6, an exact grid: rows of one repeated id and empty rows equal the op on CPU tensors
+bit for bit) from Python, run on the GPU machine by
 ci/gpu/test.sh: loads libdsa_torch_ops.so with torch.ops.load_library, checks that the op has
 a CUDA kernel, that on CUDA tensors it returns the composite's answer (the same op on CPU
 tensors: bytes when sorted, sets when unsorted) for random and plateau rows, windows, both
@@ -67,6 +69,38 @@ def main() -> int:
                 and all(torch.equal(a.cpu(), b) for a, b in zip(gb, rb))):
             fails += 1
             print(f"MISMATCH indexer s_q={s_q} s_kv={s_kv} H_I={h} d_I={d} windows={win}")
+    # dsa::sparse_mla_fwd (SPEC §4, §6) on an exact grid: q and kv integers in [-3, 3] (exact in
+    # bf16, every dot product exact in fp32), sm_scale 1/8. A row whose valid slots all hold one
+    # id (once, or repeated) has p = 1 on each slot, so out = kv[id, :d_v] and max_logits =
+    # q.kv / 8 exactly on every route, and with one slot lse = max_logits; rows without a valid
+    # slot give 0 / +inf / -inf. The CUDA kernel must equal the composite on CPU tensors there
+    # (lse of the repeated-id row, m + ln 100, is left out: two logs may round differently).
+    mop = torch.ops.dsa.sparse_mla_fwd
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("dsa::sparse_mla_fwd", "CUDA")
+    s_q, h_q, d_qk, d_v, s_kv, k = 6, 128, 576, 512, 300, 150
+    q = torch.randint(-3, 4, (s_q, h_q, d_qk)).to(torch.bfloat16)
+    kvm = torch.randint(-3, 4, (s_kv, d_qk)).to(torch.bfloat16)
+    idx = torch.full((s_q, k), -1, dtype=torch.int32)
+    idx[0, 5] = 17  # one valid slot
+    idx[1, 70] = 250  # one valid slot, in the second tile of 64 (the first fully masked)
+    idx[2, :] = 33  # one id 100 times, holes of out-of-range ids
+    idx[2, ::3] = s_kv
+    idx[4, 100] = 3  # row 3 all -1; row 4's one valid id lies past its topk_length
+    idx[5, :] = -5
+    length = torch.tensor([150, 150, 150, 150, 90, 150], dtype=torch.int32)
+    got = mop(q.cuda(), kvm.cuda(), idx.cuda(), 0.125, d_v, length.cuda(), None)
+    ref = mop(q, kvm, idx, 0.125, d_v, length, None)
+    rows = [0, 1, 3, 4, 5]
+    cases += 1
+    if not (got[0].is_cuda and got[0].dtype == torch.bfloat16
+            and torch.equal(got[0].cpu(), ref[0]) and torch.equal(got[2].cpu(), ref[2])
+            and torch.equal(got[1].cpu()[rows], ref[1][rows])
+            and torch.equal(ref[0][0], kvm[17, :d_v].expand(h_q, d_v))
+            and torch.equal(ref[0][2], kvm[33, :d_v].expand(h_q, d_v))
+            and bool(torch.isposinf(ref[1][3:]).all()) and bool(torch.isneginf(ref[2][3:]).all())
+            and not bool(ref[0][3:].any())):
+        fails += 1
+        print("MISMATCH sparse_mla_fwd on the exact grid (one id per row, empty rows)")
     x = torch.randn(128, 131072, device="cuda")
     ids = op(x, 2048, None, None, "small", True)
     peer = torch.topk(x, 2048, dim=1, largest=True, sorted=True).indices
