@@ -69,12 +69,14 @@ struct DkvSlot {
   double pj, own, indj, k1, k2, k3, k4, smdS, omp, dupf1, nDelta;
   bool tiny;
 };
+// nDelta of the fp32-work variant (sparse_mla_floors_and_f32): no 16-bit out, δΔ16 = 0.
+constexpr double kNoNarrow = 0.0;
 void dkv_slot_terms(size_t w, const DkvSlot& x, const double* __restrict q,
                     const double* __restrict qc, const double* __restrict aqc,
                     const double* __restrict dc, const double* __restrict adc,
                     double* __restrict indep, double* __restrict comm, double* __restrict nsum,
-                    double* __restrict val, double* __restrict abs_, double* __restrict nsq,
-                    double* __restrict terms) {
+                    double* __restrict nsum_b, double* __restrict val, double* __restrict abs_,
+                    double* __restrict nsq, double* __restrict terms) {
   constexpr double u = kU32;
   const double pj = x.pj, own = x.own, indj = x.indj, k1 = x.k1, k2 = x.k2, k3 = x.k3,
                k4 = x.k4, smdS = x.smdS, omp = x.omp, dupf1 = x.dupf1, nDelta = x.nDelta;
@@ -87,6 +89,7 @@ void dkv_slot_terms(size_t w, const DkvSlot& x, const double* __restrict q,
   for (size_t i = 0; i < w; ++i) {
     comm[i] += aqc[i] * pj * k1 + adc[i] * k2;
     nsum[i] += aqc[i] * pj * nDelta;
+    if (nsum_b) nsum_b[i] += aqc[i] * pj * kNoNarrow;
     const double term1 = smdS * q[i], term2 = pj * dc[i];
     val[i] += term1 + term2;
     abs_[i] += dupf1 * (std::abs(term1) + std::abs(term2));
@@ -154,6 +157,73 @@ void head_dots(const double* q, size_t H, size_t qs, size_t len, const double* k
       ad[h0 * n + j] = aa;
     }
   }
+}
+
+// dkv for a key with a single slot in the row, NH heads at once (NH = 1 or 2): each head's
+// terms added to each column's sums in head order, exactly as dkv_slot_terms per head (the
+// per-slot sums start from 0) followed by the squares would add them. q: the heads' q rows,
+// dc: their dout rows (0 past d_v), both from the block's first column.
+// kTiny: bit a set when head a's probability is below 2^-120 (a compile-time choice keeps the
+// loop free of branches).
+template <int NH, unsigned kTiny, bool kB>
+void dkv_single_slot(size_t w, const DkvSlot* xs, const double* const* qs, const double* const* dcs,
+                     double asm_, double* __restrict val, double* __restrict abs_,
+                     double* __restrict nsq, double* __restrict terms, double* __restrict q2,
+                     double* __restrict n2, double* __restrict n2b) {
+  constexpr double u = kU32;
+  for (size_t i = 0; i < w; ++i) {
+    double v1 = val[i], v2 = abs_[i], v3 = nsq[i], v4 = terms[i], v5 = q2[i], v6 = n2[i];
+    double v7 = kB ? n2b[i] : 0.0;
+    for (int a = 0; a < NH; ++a) {
+      const DkvSlot& x = xs[a];
+      const double q = qs[a][i], qc = std::abs(q), aqc = asm_ * qc, dc = dcs[a][i],
+                   adc = std::abs(dc);
+      const double in_ = 0.0 + (aqc * x.indj + adc * u * x.pj * x.omp * x.own +
+                                (((kTiny >> a) & 1u) ? kEta32 * (x.k4 * qc + adc) : 0.0));
+      const double cm = 0.0 + (aqc * x.pj * x.k1 + adc * x.k2);
+      const double ns = 0.0 + aqc * x.pj * x.nDelta;
+      const double term1 = x.smdS * q, term2 = x.pj * dc;
+      v1 += term1 + term2;
+      v2 += x.dupf1 * (std::abs(term1) + std::abs(term2));
+      v3 += term1 * term1 + term2 * term2;
+      v4 += x.k3 * qc + std::abs(term2);
+      v5 += (in_ + cm) * (in_ + cm);
+      v6 += ns * ns;
+      if (kB) {
+        const double nsb = 0.0 + aqc * x.pj * kNoNarrow;
+        v7 += nsb * nsb;
+      }
+    }
+    if (kB) n2b[i] = v7;
+    val[i] = v1;
+    abs_[i] = v2;
+    nsq[i] = v3;
+    terms[i] = v4;
+    q2[i] = v5;
+    n2[i] = v6;
+  }
+}
+
+template <int NH, bool kB>
+void dkv_single_slot_tiny(unsigned mask, size_t w, const DkvSlot* xs, const double* const* qs,
+                          const double* const* dcs, double asm_, double* val, double* abs_,
+                          double* nsq, double* terms, double* q2, double* n2, double* n2b) {
+  switch (mask) {
+    case 0: return dkv_single_slot<NH, 0, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
+    case 1: return dkv_single_slot<NH, 1, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
+    case 2: return dkv_single_slot<NH, 2, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
+    default: return dkv_single_slot<NH, 3, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
+  }
+}
+// n2b: the fp32-work variant's Σ nsum² (null when not computed).
+template <int NH>
+void dkv_single_slot_any(size_t w, const DkvSlot* xs, const double* const* qs,
+                         const double* const* dcs, double asm_, double* val, double* abs_,
+                         double* nsq, double* terms, double* q2, double* n2, double* n2b) {
+  unsigned mask = 0;
+  for (int a = 0; a < NH; ++a) mask |= xs[a].tiny ? 1u << a : 0u;
+  if (n2b) return dkv_single_slot_tiny<NH, true>(mask, w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
+  dkv_single_slot_tiny<NH, false>(mask, w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
 }
 
 void require(bool ok, const char* where, const char* arg, const std::string& got,
@@ -364,12 +434,13 @@ struct MlaRowData {
   std::vector<double> D, delta, dDelta, nDelta, abar;
   // [h]: the row's sink terms (dsink), when sink_on
   std::vector<char> sink_on;
-  std::vector<double> sk_err2, sk_pd, sk_pad, sk_pn2, sk_pD;
+  std::vector<double> sk_err2, sk_pd, sk_pad, sk_pn2, sk_pD, sk_pn2b;
 };
 
-}  // namespace
-
-CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype) {
+// The floors for work_dtype and, when `also_f32` and work_dtype is 16-bit, for fp32 work too
+// (second element): the same acc and terms, its own narrow parts (those with u16 = 0).
+std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor* dout,
+                                        DType work_dtype, bool also_f32) {
   const char* where = "sparse_mla_floors";
   require(in.q.dim() == 3 && in.kv.dim() == 2 && in.kv.size(1) == in.q.size(2), where, "q/kv",
           shape_str(in.q.shape()) + " " + shape_str(in.kv.shape()), "[s_q,h_q,d_qk], [s_kv,d_qk]");
@@ -384,6 +455,7 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
   const std::vector<double> dO = dout ? dout->to_f64() : std::vector<double>{};
   const std::vector<double> sink = in.attn_sink ? in.attn_sink->to_f64() : std::vector<double>{};
   const double u = kU32, un = is_narrow(work_dtype) ? unit_roundoff(work_dtype) : 0.0;
+  const bool fb = also_f32 && un > 0;  // also the fp32-work variant
   const double sm = in.sm_scale, asm_ = std::abs(in.sm_scale);
   const double sdqk = std::sqrt(static_cast<double>(dqk)), sdv = std::sqrt(static_cast<double>(dv));
 
@@ -394,18 +466,21 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
   OutputFloor fo = make(s_q * h_q * dv, dv,
                         "u(sqrt(Σ_j (p_j|v_jc-out_c|(e_j+c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|), "
                         "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
+  const std::string fo_source_b = fo.source;
   if (un > 0)
     fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 3 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
                  "the 16-bit working dtype)";
   OutputFloor fl = make(s_q * h_q, 1,
                         "u(sqrt(Σ_j (p~_j(e_j+c_j))^2) + √n + |max| + |ln Σ exp(P-max)|)");
   OutputFloor fm = make(s_q * h_q, 1, "u·e_j of the keys within their error of the max");
-  CaseFloors outf;
   OutputFloor fdq, fdkv, fds;
   std::vector<double> kv_q2, kv_val, kv_abs, kv_n2, kv_nsq;
   std::vector<int64_t> kv_n;
   std::vector<double> sk_q2, sk_val, sk_abs, sk_n2;
   std::vector<int64_t> sk_n;
+  // the fp32-work variant's narrow parts
+  std::vector<double> fo_nb(fb ? fo.narrow.size() : 0), fdq_nb, kv_n2b, sk_n2b;
+  std::vector<std::string> src_b;
   if (dout) {
     const std::string dsrc =
         "dS_j = p_j(g_j-Δ), g_j = dout·v_j; per key u p_j((e_j+c_j)|g_j-Δ| + √d_v|g_j| + "
@@ -417,6 +492,7 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
                 "sqrt(Σ over (t,h,j→s) of (|sm q_c|δdS_j + |dout_c|δp_j)^2) + u(√m|dkv| + "
                 "Σ|terms|); " + dsrc);
     fds = make(h_q, 1, "sqrt(Σ_t (p_sink(u ā|Δ| + δΔ))^2) + u(√s_q|dsink| + Σ_t p_sink|Δ|); " + dsrc);
+    src_b = {fdq.source, fdkv.source, fds.source};
     if (un > 0) {
       for (OutputFloor* f : {&fdq, &fdkv, &fds})
         f->source += " + u16 terms (Δ from the 16-bit out, dS in the working dtype)";
@@ -427,6 +503,11 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
     sk_q2.assign(static_cast<size_t>(h_q), 0.0);
     sk_val = sk_abs = sk_n2 = sk_q2;
     sk_n.assign(static_cast<size_t>(h_q), 0);
+    if (fb) {
+      fdq_nb.assign(fdq.narrow.size(), 0.0);
+      kv_n2b = kv_q2;
+      sk_n2b = sk_q2;
+    }
   }
   const size_t H = static_cast<size_t>(h_q), DQK = static_cast<size_t>(dqk),
                DV = static_cast<size_t>(dv);
@@ -489,18 +570,37 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
     if (dout) {
       for (auto* v : {&R.ind, &R.p, &R.own, &R.Gv, &R.g, &R.dpj, &R.dS}) v->resize(H * n);
       for (auto* v : {&R.D, &R.delta, &R.dDelta, &R.nDelta, &R.abar, &R.sk_err2, &R.sk_pd,
-                      &R.sk_pad, &R.sk_pn2, &R.sk_pD})
+                      &R.sk_pad, &R.sk_pn2, &R.sk_pD, &R.sk_pn2b})
         v->assign(H, 0.0);
       R.sink_on.assign(H, 0);
     }
-    std::vector<double> C(n), p(n), pt(n), dpj(n), ind(n), dS(n);
-    std::vector<double> o(DV), x2v(DV), zv(DV), zsv(DV), wv(DV), wabsv(DV), outc(DV), accout(DV),
-        narout(DV);
-    std::vector<double> x2c(DQK), val(DQK), ab(DQK), pk(DQK), nsq(DQK), tt(DQK), eta(DQK);
+    // Per head: the softmax state; per head and slot: p, p~, c_j. The sums over slots then run
+    // for 8 heads at a time with the slots outermost, so each key row is read once per 8 heads
+    // (each element's terms still come in slot order).
+    struct HeadState {
+      double m, S, lse, L, psink, sinkv, sink_c, abar2, abar;
+      bool sink_finite;
+      double delta, D, dDelta, nDelta;
+    };
+    std::vector<HeadState> hs(H);
+    std::vector<double> Cm(H * n), pm(H * n), ptm(H * n), dpjm, indm, dSm;
+    std::vector<double> o(H * DV), x2v(H * DV), zv(H * DV), zsv(H * DV), wv(H * DV), wabsv(H * DV),
+        outc(H * DV), accout(H * DV), narout(H * DV);
+    std::vector<double> x2c, val, ab, pk, nsq, tt, eta;
+    if (dout) {
+      dpjm.resize(H * n);
+      indm.resize(H * n);
+      dSm.resize(H * n);
+      for (auto* a : {&x2c, &val, &ab, &pk, &nsq, &tt, &eta}) a->assign(H * DQK, 0.0);
+    }
+    constexpr size_t HB = 8;
     for (size_t h = 0; h < H; ++h) {
-      const int64_t row = t * h_q + static_cast<int64_t>(h);
+      HeadState& st = hs[h];
       const double* P = &PH[h * n];
       const double* E = &EH[h * n];
+      double* p = &pm[h * n];
+      double* pt = &ptm[h * n];
+      double* C = &Cm[h * n];
       double m = -std::numeric_limits<double>::infinity();
       for (size_t j = 0; j < n; ++j) m = std::max(m, P[j]);
       double S = 0;
@@ -534,152 +634,203 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
         abar2 += (wq[j] * p[j] * (E[j] + C[j])) * (wq[j] * p[j] * (E[j] + C[j]));
       }
       const double abar = std::sqrt(abar2) + (n > 1 ? sn : 0.0) + psink * sink_c;
+      st.m = m;
+      st.S = S;
+      st.lse = lse;
+      st.L = L;
+      st.psink = psink;
+      st.sinkv = sinkv;
+      st.sink_finite = sink_finite;
+      st.sink_c = sink_c;
+      st.abar2 = abar2;
+      st.abar = abar;
+    }
+    for (size_t h0 = 0; h0 < H; h0 += HB) {
+      const size_t h1 = std::min(H, h0 + HB);
       // out: o_c = Σ_j p_j v_jc, then the sums around it (columns innermost)
-      std::fill(o.begin(), o.end(), 0.0);
       for (size_t j = 0; j < n; ++j) {
-        const double pj = p[j];
         const double* v = &KV[static_cast<size_t>(ids[j]) * DQK];
-        for (size_t c = 0; c < DV; ++c) o[c] += pj * v[c];
-      }
-      for (auto* a : {&x2v, &zv, &zsv, &wv, &wabsv}) std::fill(a->begin(), a->end(), 0.0);
-      for (size_t j = 0; j < n; ++j) {
-        const double pj = p[j], ec = E[j] + C[j], wqj = wq[j], wp = wq[j] * p[j];
-        const double* v = &KV[static_cast<size_t>(ids[j]) * DQK];
-        if (pj > 0 && pj < kTiny32)
-          for (size_t c = 0; c < DV; ++c) wabsv[c] += std::abs(v[c]);
-        for (size_t c = 0; c < DV; ++c) {
-          const double xe = pj * std::abs(v[c] - o[c]) * ec;
-          x2v[c] += (wqj * xe) * (wqj * xe);
-          wv[c] += pj * std::abs(v[c]);
+        for (size_t h = h0; h < h1; ++h) {
+          const double pj = pm[h * n + j];
+          double* oh = &o[h * DV];
+          for (size_t c = 0; c < DV; ++c) oh[c] += pj * v[c];
         }
-        if (P[j] < m)
-          for (size_t c = 0; c < DV; ++c) {
-            zv[c] += (wp * v[c]) * (wp * v[c]);
-            zsv[c] += std::abs(pj * v[c]);
+      }
+      for (size_t j = 0; j < n; ++j) {
+        const double* v = &KV[static_cast<size_t>(ids[j]) * DQK];
+        for (size_t h = h0; h < h1; ++h) {
+          const double pj = pm[h * n + j], ec = EH[h * n + j] + Cm[h * n + j], wqj = wq[j],
+                       wp = wq[j] * pm[h * n + j];
+          const double* oh = &o[h * DV];
+          double* x2h = &x2v[h * DV];
+          double* wh = &wv[h * DV];
+          if (pj > 0 && pj < kTiny32) {
+            double* wah = &wabsv[h * DV];
+            for (size_t c = 0; c < DV; ++c) wah[c] += std::abs(v[c]);
           }
-      }
-      for (size_t c = 0; c < DV; ++c) {
-        outc[c] = o[c];
-        accout[c] = u * (std::sqrt(x2v[c]) + sn * std::abs(o[c]) + (1 + dupf) * wv[c] +
-                         psink * std::abs(o[c]) * sink_c) +
-                    kEta32 * wabsv[c];
-        // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
-        // independent roundings (uniform, σ <= u16/√3 each), within 3 sqrt(Σ(.)^2) (5 σ)
-        narout[c] = un * std::min(zsv[c], 2 * std::sqrt(zv[c]));
-        const size_t e = static_cast<size_t>(row) * DV + c;
-        fo.acc[e] = accout[c];
-        fo.narrow[e] = narout[c];
-        fo.terms[e] = wv[c];
-      }
-      // lse and max_logits
-      double x2 = 0, emax = 0, tmax = 0;
-      for (size_t j = 0; j < n; ++j) {
-        x2 += (wq[j] * pt[j] * (E[j] + C[j])) * (wq[j] * pt[j] * (E[j] + C[j]));
-        if (P[j] + 16 * u * E[j] >= m) {
-          emax = std::max(emax, E[j]);
-          tmax = std::max(tmax, E[j] / (sdqk + 1));
+          for (size_t c = 0; c < DV; ++c) {
+            const double xe = pj * std::abs(v[c] - oh[c]) * ec;
+            x2h[c] += (wqj * xe) * (wqj * xe);
+            wh[c] += pj * std::abs(v[c]);
+          }
+          if (PH[h * n + j] < hs[h].m) {
+            double* zh = &zv[h * DV];
+            double* zsh = &zsv[h * DV];
+            for (size_t c = 0; c < DV; ++c) {
+              zh[c] += (wp * v[c]) * (wp * v[c]);
+              zsh[c] += std::abs(pj * v[c]);
+            }
+          }
         }
       }
-      fl.acc[static_cast<size_t>(row)] = u * (std::sqrt(x2) + sn + dupf + std::abs(m) + std::abs(std::log(S)));
-      fl.terms[static_cast<size_t>(row)] = 1 + std::max(tmax, std::abs(m));
-      fm.acc[static_cast<size_t>(row)] = u * emax;
-      fm.terms[static_cast<size_t>(row)] = std::max(tmax, std::abs(m));
-      if (!dout) continue;
-      // backward
-      const double* dorow = &dO[static_cast<size_t>(row) * DV];
-      double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0;
-      for (size_t c = 0; c < DV; ++c) {
-        delta += outc[c] * dorow[c];
-        D += std::abs(outc[c] * dorow[c]);
-        // the P·V sum of out_c (its logit part is below): independent across columns
-        const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row) * DV + c];
-        const double se = dorow[c] * sn * outc[c];
-        dD2 += sv * sv + se * se;
-        nD2 += (dorow[c] * narout[c]) * (dorow[c] * narout[c]);
-        // the candidate's 16-bit out may round this column the other way than the
-        // baseline's (both are within their errors of out): one ulp of Δ's term
-        const double fl_ = std::abs(dorow[c]) *
-                           flip_ulp(outc[c], 2 * kFlipLambda * accout[c] + 2 * narout[c], un);
-        nflip2 += fl_ * fl_;  // flips of different columns are independent
-      }
-      const double dD = u * std::sqrt(dD2);
-      double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
-      const double* g = &gH[h * n];
-      const double* Gv = &GH[h * n];
-      for (size_t j = 0; j < n; ++j) {
-        const double gj = g[j], Gj = Gv[j];
-        dS[j] = p[j] * (gj - delta);
-        // independent per key: its logit/exp error times |g_j - Δ| and its g_j dot error
-        ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + sdv * std::abs(gj) + Gj);
-        // δp_j = p_j(δP_j - δL): key j's own error enters with weight 1 - p_j (a row with
-        // one key, p = 1, has an exact softmax)
-        const double own = km[j] * p[j] * (E[j] + C[j]);
-        const double others = std::sqrt(std::max(0.0, abar2 - own * own)) +
-                              (n > 1 ? sn : 0.0) + psink * sink_c;
-        dpj[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) + others);
-        const double le = p[j] * (E[j] + C[j]) * std::abs(gj - delta);
-        dl2 += (wq[j] * le) * (wq[j] * le);
-      }
-      // δΔ: from the logits, the P·V sums of out, and the out·dout dot (fp32).
-      const double dDelta = u * (std::sqrt(dl2) + sdv * std::abs(delta) + D) + dD;
-      // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
-      // only the candidate's P rounding moves its out, and Δ, further.
-      const double nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
-      // dq: sums over the slots per column (columns innermost)
-      for (auto* a : {&x2c, &val, &ab, &pk, &nsq, &tt, &eta}) std::fill(a->begin(), a->end(), 0.0);
-      {
-        double* __restrict x2c_ = x2c.data();
-        double* __restrict val_ = val.data();
-        double* __restrict ab_ = ab.data();
-        double* __restrict pk_ = pk.data();
-        double* __restrict nsq_ = nsq.data();
-        double* __restrict tt_ = tt.data();
-        double* __restrict eta_ = eta.data();
+      for (size_t h = h0; h < h1; ++h) {
+        HeadState& st = hs[h];
+        const int64_t row = t * h_q + static_cast<int64_t>(h);
+        const double* P = &PH[h * n];
+        const double* E = &EH[h * n];
+        const double* p = &pm[h * n];
+        const double* pt = &ptm[h * n];
+        const double* C = &Cm[h * n];
+        const double m = st.m, psink = st.psink, sink_c = st.sink_c;
+        double* outh = &outc[h * DV];
+        double* acch = &accout[h * DV];
+        double* narh = &narout[h * DV];
+        for (size_t c = 0; c < DV; ++c) {
+          const size_t hc = h * DV + c;
+          outh[c] = o[hc];
+          acch[c] = u * (std::sqrt(x2v[hc]) + sn * std::abs(o[hc]) + (1 + dupf) * wv[hc] +
+                         psink * std::abs(o[hc]) * sink_c) +
+                    kEta32 * wabsv[hc];
+          // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
+          // independent roundings (uniform, σ <= u16/√3 each), within 3 sqrt(Σ(.)^2) (5 σ)
+          narh[c] = un * std::min(zsv[hc], 2 * std::sqrt(zv[hc]));
+          const size_t e = static_cast<size_t>(row) * DV + c;
+          fo.acc[e] = acch[c];
+          fo.narrow[e] = narh[c];
+          if (fb) fo_nb[e] = 0.0 * std::min(zsv[hc], 2 * std::sqrt(zv[hc]));
+          fo.terms[e] = wv[hc];
+        }
+        // lse and max_logits
+        double x2 = 0, emax = 0, tmax = 0;
         for (size_t j = 0; j < n; ++j) {
-          const double* __restrict kvr = &KV[static_cast<size_t>(ids[j]) * DQK];
-          const double a1 = wq[j] * ind[j], dSj = dS[j], pj = p[j], a2 = wq[j] * dS[j],
-                       a4 = Gv[j] + D, a3 = p[j] * a4;
-          dq_slot_terms(DQK, kvr, a1, dSj, pj, a2, a3, x2c_, val_, ab_, pk_, nsq_, tt_);
-          if (pj > 0 && pj < kTiny32)
-            for (size_t c = 0; c < DQK; ++c) eta_[c] += a4 * std::abs(kvr[c]);
+          x2 += (wq[j] * pt[j] * (E[j] + C[j])) * (wq[j] * pt[j] * (E[j] + C[j]));
+          if (P[j] + 16 * u * E[j] >= m) {
+            emax = std::max(emax, E[j]);
+            tmax = std::max(tmax, E[j] / (sdqk + 1));
+          }
+        }
+        fl.acc[static_cast<size_t>(row)] = u * (std::sqrt(x2) + sn + dupf + std::abs(m) + std::abs(std::log(st.S)));
+        fl.terms[static_cast<size_t>(row)] = 1 + std::max(tmax, std::abs(m));
+        fm.acc[static_cast<size_t>(row)] = u * emax;
+        fm.terms[static_cast<size_t>(row)] = std::max(tmax, std::abs(m));
+        if (!dout) continue;
+        // backward
+        const double* dorow = &dO[static_cast<size_t>(row) * DV];
+        double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0;
+        for (size_t c = 0; c < DV; ++c) {
+          delta += outh[c] * dorow[c];
+          D += std::abs(outh[c] * dorow[c]);
+          // the P·V sum of out_c (its logit part is below): independent across columns
+          const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row) * DV + c];
+          const double se = dorow[c] * sn * outh[c];
+          dD2 += sv * sv + se * se;
+          nD2 += (dorow[c] * narh[c]) * (dorow[c] * narh[c]);
+          // the candidate's 16-bit out may round this column the other way than the
+          // baseline's (both are within their errors of out): one ulp of Δ's term
+          const double fl_ = std::abs(dorow[c]) *
+                             flip_ulp(outh[c], 2 * kFlipLambda * acch[c] + 2 * narh[c], un);
+          nflip2 += fl_ * fl_;  // flips of different columns are independent
+        }
+        const double dD = u * std::sqrt(dD2);
+        double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
+        const double* g = &gH[h * n];
+        const double* Gv = &GH[h * n];
+        double* dS = &dSm[h * n];
+        double* ind = &indm[h * n];
+        double* dpj = &dpjm[h * n];
+        const double abar2 = st.abar2;
+        for (size_t j = 0; j < n; ++j) {
+          const double gj = g[j], Gj = Gv[j];
+          dS[j] = p[j] * (gj - delta);
+          // independent per key: its logit/exp error times |g_j - Δ| and its g_j dot error
+          ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + sdv * std::abs(gj) + Gj);
+          // δp_j = p_j(δP_j - δL): key j's own error enters with weight 1 - p_j (a row with
+          // one key, p = 1, has an exact softmax)
+          const double own = km[j] * p[j] * (E[j] + C[j]);
+          const double others = std::sqrt(std::max(0.0, abar2 - own * own)) +
+                                (n > 1 ? sn : 0.0) + psink * sink_c;
+          dpj[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) + others);
+          const double le = p[j] * (E[j] + C[j]) * std::abs(gj - delta);
+          dl2 += (wq[j] * le) * (wq[j] * le);
+        }
+        // δΔ: from the logits, the P·V sums of out, and the out·dout dot (fp32).
+        st.dDelta = u * (std::sqrt(dl2) + sdv * std::abs(delta) + D) + dD;
+        // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
+        // only the candidate's P rounding moves its out, and Δ, further.
+        st.nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
+        st.delta = delta;
+        st.D = D;
+      }
+      if (!dout) continue;
+      // dq: sums over the slots per column (columns innermost)
+      for (size_t j = 0; j < n; ++j) {
+        const double* kvr = &KV[static_cast<size_t>(ids[j]) * DQK];
+        for (size_t h = h0; h < h1; ++h) {
+          const size_t x = h * n + j, hc = h * DQK;
+          const double a1 = wq[j] * indm[x], dSj = dSm[x], pj = pm[x], a2 = wq[j] * dSm[x],
+                       a4 = GH[x] + hs[h].D, a3 = pm[x] * a4;
+          dq_slot_terms(DQK, kvr, a1, dSj, pj, a2, a3, &x2c[hc], &val[hc], &ab[hc], &pk[hc],
+                        &nsq[hc], &tt[hc]);
+          if (pj > 0 && pj < kTiny32) {
+            double* eh = &eta[hc];
+            for (size_t c = 0; c < DQK; ++c) eh[c] += a4 * std::abs(kvr[c]);
+          }
         }
       }
-      for (size_t c = 0; c < DQK; ++c) {
-        const size_t e = static_cast<size_t>(row) * DQK + c;
-        fdq.acc[e] = asm_ * (std::sqrt(x2c[c]) + u * abar * std::abs(val[c]) + dDelta * std::abs(pk[c]) +
-                             u * (sn * std::abs(val[c]) + (1 + dupf) * ab[c]) + kEta32 * eta[c]);
-        fdq.narrow[e] = asm_ * (nDelta * std::abs(pk[c]) + un * std::sqrt(nsq[c]));
-        fdq.terms[e] = asm_ * tt[c];
-      }
-      // what the dkv and dsink sums read
-      for (size_t j = 0; j < n; ++j) {
-        const size_t x = h * n + j;
-        R.ind[x] = ind[j];
-        R.p[x] = p[j];
-        R.own[x] = E[j] + C[j];
-        R.Gv[x] = Gv[j];
-        R.g[x] = g[j];
-        R.dpj[x] = dpj[j];
-        R.dS[x] = dS[j];
-      }
-      R.D[h] = D;
-      R.delta[h] = delta;
-      R.dDelta[h] = dDelta;
-      R.nDelta[h] = nDelta;
-      R.abar[h] = abar;
-      if (in.attn_sink && psink > 0) {
-        R.sink_on[h] = 1;
-        // p_sink = exp(sink - L): its argument's rounding, the exp and L's error
-        const double arg = sink_finite ? std::abs(sinkv - L) + 1 : 0.0;
-        const double err = psink * (u * (arg + abar) * std::abs(delta) + dDelta) +
-                           (psink < 0x1p-100 ? kEtaFtz * D : 0.0) +
-                           // Δ's products and p_sink·Δ below the normal range (flush-to-zero)
-                           (psink * D < 0x1p-100 ? kEtaFtz * static_cast<double>(1 + dv) : 0.0);
-        R.sk_err2[h] = err * err;
-        R.sk_pd[h] = psink * delta;
-        R.sk_pad[h] = psink * std::abs(delta);
-        R.sk_pn2[h] = (psink * nDelta) * (psink * nDelta);
-        R.sk_pD[h] = psink * D;
+      for (size_t h = h0; h < h1; ++h) {
+        const HeadState& st = hs[h];
+        const int64_t row = t * h_q + static_cast<int64_t>(h);
+        const double abar = st.abar, dDelta = st.dDelta, nDelta = st.nDelta, D = st.D,
+                     delta = st.delta, psink = st.psink;
+        for (size_t c = 0; c < DQK; ++c) {
+          const size_t e = static_cast<size_t>(row) * DQK + c, hc = h * DQK + c;
+          fdq.acc[e] = asm_ * (std::sqrt(x2c[hc]) + u * abar * std::abs(val[hc]) + dDelta * std::abs(pk[hc]) +
+                               u * (sn * std::abs(val[hc]) + (1 + dupf) * ab[hc]) + kEta32 * eta[hc]);
+          fdq.narrow[e] = asm_ * (nDelta * std::abs(pk[hc]) + un * std::sqrt(nsq[hc]));
+          if (fb) fdq_nb[e] = asm_ * (kNoNarrow * std::abs(pk[hc]) + 0.0 * std::sqrt(nsq[hc]));
+          fdq.terms[e] = asm_ * tt[hc];
+        }
+        // what the dkv and dsink sums read
+        for (size_t j = 0; j < n; ++j) {
+          const size_t x = h * n + j;
+          R.ind[x] = indm[x];
+          R.p[x] = pm[x];
+          R.own[x] = EH[x] + Cm[x];
+          R.Gv[x] = GH[x];
+          R.g[x] = gH[x];
+          R.dpj[x] = dpjm[x];
+          R.dS[x] = dSm[x];
+        }
+        R.D[h] = D;
+        R.delta[h] = delta;
+        R.dDelta[h] = dDelta;
+        R.nDelta[h] = nDelta;
+        R.abar[h] = abar;
+        if (in.attn_sink && psink > 0) {
+          R.sink_on[h] = 1;
+          // p_sink = exp(sink - L): its argument's rounding, the exp and L's error
+          const double arg = st.sink_finite ? std::abs(st.sinkv - st.L) + 1 : 0.0;
+          const double err = psink * (u * (arg + abar) * std::abs(delta) + dDelta) +
+                             (psink < 0x1p-100 ? kEtaFtz * D : 0.0) +
+                             // Δ's products and p_sink·Δ below the normal range (flush-to-zero)
+                             (psink * D < 0x1p-100 ? kEtaFtz * static_cast<double>(1 + dv) : 0.0);
+          R.sk_err2[h] = err * err;
+          R.sk_pd[h] = psink * delta;
+          R.sk_pad[h] = psink * std::abs(delta);
+          R.sk_pn2[h] = (psink * nDelta) * (psink * nDelta);
+          R.sk_pn2b[h] = (psink * kNoNarrow) * (psink * kNoNarrow);
+          R.sk_pD[h] = psink * D;
+        }
       }
     }
   };
@@ -691,7 +842,7 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
   auto dkv_pass = [&](const std::vector<MlaRowData>& rows, int64_t t0, size_t nrows, size_t c0,
                       size_t c1) {
     const size_t w = c1 - c0;
-    std::vector<double> indep(w), comm(w), nsum(w);
+    std::vector<double> indep(w), comm(w), nsum(w), nsum_b(fb ? w : 0);
     // per head of row t, columns [c0, c1): |q_c|, |sm||q_c|, dout_c (0 past d_v), |dout_c|
     std::vector<double> qv(H * w), qa(H * w), aq(H * w), dcv(H * w), adc(H * w);
     for (size_t b = 0; b < nrows; ++b) {
@@ -722,12 +873,48 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
         double* __restrict v_terms = &fdkv.terms[s * DQK + c0];
         double* __restrict v_q2 = &kv_q2[s * DQK + c0];
         double* __restrict v_n2 = &kv_n2[s * DQK + c0];
+        double* __restrict v_n2b = fb ? &kv_n2b[s * DQK + c0] : nullptr;
         double* __restrict in_ = indep.data();
         double* __restrict cm = comm.data();
         double* __restrict ns = nsum.data();
+        auto slot_of = [&](size_t h, size_t gi) {
+          const size_t x = h * n + R.order[gi];
+          const double D = R.D[h];
+          DkvSlot sl;
+          sl.pj = R.p[x];
+          sl.own = R.own[x];
+          sl.indj = R.ind[x];
+          sl.k1 = u * R.abar[h] * std::abs(R.g[x] - R.delta[h]) + R.dDelta[h];
+          sl.k2 = R.dpj[x] - u * sl.pj * (1 - sl.pj) * sl.own;
+          sl.k3 = asm_ * sl.pj * (R.Gv[x] + D);
+          sl.k4 = asm_ * (R.Gv[x] + D);
+          sl.smdS = sm * R.dS[x];
+          sl.omp = 1 - sl.pj;
+          sl.dupf1 = 1 + R.dupf;
+          sl.nDelta = R.nDelta[h];
+          sl.tiny = sl.pj > 0 && sl.pj < kTiny32;
+          return sl;
+        };
+        if (g1 - g0 == 1) {  // one slot: two heads per pass over the columns
+          size_t h = 0;
+          for (; h + 2 <= H; h += 2) {
+            const DkvSlot xs[2] = {slot_of(h, g0), slot_of(h + 1, g0)};
+            const double* qs[2] = {&qv[h * w], &qv[(h + 1) * w]};
+            const double* dcs[2] = {&dcv[h * w], &dcv[(h + 1) * w]};
+            dkv_single_slot_any<2>(w, xs, qs, dcs, asm_, v_val, v_abs, v_nsq, v_terms, v_q2, v_n2,
+                                   v_n2b);
+          }
+          for (; h < H; ++h) {
+            const DkvSlot xs[1] = {slot_of(h, g0)};
+            const double* qs[1] = {&qv[h * w]};
+            const double* dcs[1] = {&dcv[h * w]};
+            dkv_single_slot_any<1>(w, xs, qs, dcs, asm_, v_val, v_abs, v_nsq, v_terms, v_q2, v_n2,
+                                   v_n2b);
+          }
+          g0 = g1;
+          continue;
+        }
         for (size_t h = 0; h < H; ++h) {
-          const double D = R.D[h], delta = R.delta[h], dDelta = R.dDelta[h], nDelta = R.nDelta[h],
-                       abar = R.abar[h];
           const double* __restrict q = &qv[h * w];
           const double* __restrict qc = &qa[h * w];
           const double* __restrict aqc = &aq[h * w];
@@ -736,26 +923,16 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
           std::fill(in_, in_ + w, 0.0);
           std::fill(cm, cm + w, 0.0);
           std::fill(ns, ns + w, 0.0);
+          std::fill(nsum_b.begin(), nsum_b.end(), 0.0);
           for (size_t gi = g0; gi < g1; ++gi) {
-            const size_t x = h * n + R.order[gi];
-            DkvSlot sl;
-            sl.pj = R.p[x];
-            sl.own = R.own[x];
-            sl.indj = R.ind[x];
-            sl.k1 = u * abar * std::abs(R.g[x] - delta) + dDelta;
-            sl.k2 = R.dpj[x] - u * sl.pj * (1 - sl.pj) * sl.own;
-            sl.k3 = asm_ * sl.pj * (R.Gv[x] + D);
-            sl.k4 = asm_ * (R.Gv[x] + D);
-            sl.smdS = sm * R.dS[x];
-            sl.omp = 1 - sl.pj;
-            sl.dupf1 = 1 + R.dupf;
-            sl.nDelta = nDelta;
-            sl.tiny = sl.pj > 0 && sl.pj < kTiny32;
-            dkv_slot_terms(w, sl, q, qc, aqc, dc, adcc, in_, cm, ns, v_val, v_abs, v_nsq, v_terms);
+            const DkvSlot sl = slot_of(h, gi);
+            dkv_slot_terms(w, sl, q, qc, aqc, dc, adcc, in_, cm, ns, fb ? nsum_b.data() : nullptr,
+                           v_val, v_abs, v_nsq, v_terms);
           }
           for (size_t i = 0; i < w; ++i) {
             v_q2[i] += (in_[i] + cm[i]) * (in_[i] + cm[i]);
             v_n2[i] += ns[i] * ns[i];
+            if (fb) v_n2b[i] += nsum_b[i] * nsum_b[i];
           }
         }
         g0 = g1;
@@ -793,6 +970,7 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
         sk_val[h] -= R.sk_pd[h];
         sk_abs[h] += R.sk_pad[h];
         sk_n2[h] += R.sk_pn2[h];
+        if (fb) sk_n2b[h] += R.sk_pn2b[h];
         fds.terms[h] += R.sk_pD[h];
       }
     }
@@ -804,16 +982,19 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
   }
   fl.logit_scale = fm.logit_scale = true;
   for (OutputFloor* f : {&fo, &fl, &fm, &fdq, &fdkv, &fds}) f->work_dtype = is_narrow(work_dtype) ? work_dtype : DType::F32;
-  outf["out"] = std::move(fo);
-  outf["lse"] = std::move(fl);
-  outf["max_logits"] = std::move(fm);
+  std::vector<double> fdkv_nb, fds_nb;
   if (dout) {
+    if (fb) {
+      fdkv_nb.assign(fdkv.narrow.size(), 0.0);
+      fds_nb.assign(fds.narrow.size(), 0.0);
+    }
     for (int64_t s = 0; s < s_kv; ++s) {
       const double sm_n = std::sqrt(static_cast<double>(kv_n[static_cast<size_t>(s)]));
       for (int64_t c = 0; c < dqk; ++c) {
         const size_t e = static_cast<size_t>(s * dqk + c);
         fdkv.acc[e] = std::sqrt(kv_q2[e]) + u * (sm_n * std::abs(kv_val[e]) + kv_abs[e]);
         fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::sqrt(kv_nsq[e]);
+        if (fb) fdkv_nb[e] = std::sqrt(kv_n2b[e]) + 0.0 * std::sqrt(kv_nsq[e]);
       }
     }
     for (int64_t h = 0; h < h_q; ++h) {
@@ -821,12 +1002,51 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
       fds.acc[hh] = std::sqrt(sk_q2[hh]) +
                     u * (std::sqrt(static_cast<double>(sk_n[hh])) * std::abs(sk_val[hh]) + sk_abs[hh]);
       fds.narrow[hh] = std::sqrt(sk_n2[hh]);
+      if (fb) fds_nb[hh] = std::sqrt(sk_n2b[hh]);
     }
+  }
+  std::vector<CaseFloors> result(fb ? 2 : 1);
+  CaseFloors& outf = result[0];
+  outf["out"] = std::move(fo);
+  outf["lse"] = std::move(fl);
+  outf["max_logits"] = std::move(fm);
+  if (dout) {
     outf["dq"] = std::move(fdq);
     outf["dkv"] = std::move(fdkv);
     if (in.attn_sink) outf["dsink"] = std::move(fds);
   }
-  return outf;
+  if (fb) {
+    // fp32 work: the same acc and terms, the narrow parts with u16 = 0, no u16 in the sources
+    CaseFloors& b = result[1];
+    b = outf;
+    for (auto& [name, f] : b) f.work_dtype = DType::F32;
+    b["out"].narrow = std::move(fo_nb);
+    b["out"].source = fo_source_b;
+    if (dout) {
+      b["dq"].narrow = std::move(fdq_nb);
+      b["dq"].source = src_b[0];
+      b["dkv"].narrow = std::move(fdkv_nb);
+      b["dkv"].source = src_b[1];
+      if (in.attn_sink) {
+        b["dsink"].narrow = std::move(fds_nb);
+        b["dsink"].source = src_b[2];
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype) {
+  return std::move(mla_floors_impl(in, dout, work_dtype, false)[0]);
+}
+
+std::pair<CaseFloors, CaseFloors> sparse_mla_floors_and_f32(const SparseMlaInputs& in,
+                                                            const Tensor* dout, DType work_dtype) {
+  std::vector<CaseFloors> r = mla_floors_impl(in, dout, work_dtype, true);
+  if (r.size() == 1) r.push_back(r[0]);  // work_dtype is not 16-bit: the same floors
+  return {std::move(r[0]), std::move(r[1])};
 }
 
 CaseFloors kl_floors(const IndexerKlInputs& in) {

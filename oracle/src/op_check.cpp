@@ -98,12 +98,31 @@ std::shared_ptr<const CaseFloors> shared_mla_floors(const OpCase& c, DType work,
   const bool with_dout = backward || (c.memo && dout_fits(c));
   Fingerprint f = fp_mla(c.mla);
   if (with_dout) f.add(c.dout);
-  const std::string kind =
-      std::string(with_dout ? "sparse_mla_fwd+bwd/floors/" : "sparse_mla_fwd/floors/") +
-      dtype_name(work);
-  return shared_result<CaseFloors>(memo_of(c), kind, f, [&] {
-    return sparse_mla_floors(c.mla, with_dout ? &c.dout : nullptr, work);
+  auto kind = [&](DType d) {
+    return std::string(with_dout ? "sparse_mla_fwd+bwd/floors/" : "sparse_mla_fwd/floors/") +
+           dtype_name(d);
+  };
+  const Tensor* dout = with_dout ? &c.dout : nullptr;
+  if (!c.memo || work == DType::F32)
+    return shared_result<CaseFloors>(memo_of(c), kind(work), f,
+                                     [&] { return sparse_mla_floors(c.mla, dout, work); });
+  // A 16-bit working dtype: the floors of fp32 work come with it at little cost, for the
+  // case's other candidates (the reference backend's outputs are f64).
+  CaseFloors f32;
+  bool have_f32 = false;
+  auto r = shared_result<CaseFloors>(c.memo.get(), kind(work), f, [&] {
+    std::pair<CaseFloors, CaseFloors> both = sparse_mla_floors_and_f32(c.mla, dout, work);
+    f32 = std::move(both.second);
+    have_f32 = true;
+    return std::move(both.first);
   });
+  // Stored under the F32 key without counting a computation of its own (it was part of the
+  // one above).
+  if (have_f32)
+    c.memo->get<std::shared_ptr<const CaseFloors>>(kind(DType::F32) + "@" + f.hex(), [&] {
+      return std::make_shared<const CaseFloors>(std::move(f32));
+    });
+  return r;
 }
 
 // A backend that returns given outputs (judge_outputs).

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,27 @@ TEST(CaseSharing, SparseMlaReferenceBaselineAndFloorsOncePerCase) {
                         "sparse_mla_fwd+bwd/floors/F32"},
                        {"sparse_mla_fwd/reference", "sparse_mla_fwd/baseline",
                         "sparse_mla_bwd/reference", "sparse_mla_bwd/baseline"});
+}
+
+// A 16-bit candidate's sparse MLA floors bring those of fp32 work along: the reference
+// backend (f64 outputs) judged next on the case computes no floors of its own.
+TEST(CaseSharing, Bf16CandidateThenReferenceComputeTheFloorsOnce) {
+  const fixtures::Fixture f = golden("smla_sink");
+  const OpCase c = op_case_from_fixture(f);
+  auto ref = make_reference_backend();
+  const SparseMlaForward fwd = ref->sparse_mla_forward(c.mla);
+  const NamedOutputs bf16_out = {{"out", fwd.out.to(DType::BF16)}};
+  CheckOptions opt;
+  opt.provided_outputs = std::set<std::string>{"out"};
+  const auto n = counted([&] {
+    EXPECT_TRUE(judge_outputs(Op::SparseMlaFwd, c, bf16_out, opt, "bf16").passed());
+    for (const auto& r : judge_fixture_ops(f, c, *ref)) EXPECT_TRUE(r.passed()) << r.reason;
+  });
+  int64_t floors = 0;
+  for (const auto& [k, m] : n)
+    if (k.find("/floors/") != std::string::npos) floors += m;
+  EXPECT_EQ(floors, 1) << "the fp32-work floors were computed again";
+  EXPECT_EQ(n.count("sparse_mla_fwd+bwd/floors/BF16"), 1u);
 }
 
 TEST(CaseSharing, IndexerAndKlOncePerCase) {

@@ -714,21 +714,6 @@ std::vector<std::pair<std::string, OpCase>> mla_cases() {
   return out;
 }
 
-TEST(SparseMlaFloors, SameBytesAsTheStraightforwardLoops) {
-  ThreadsGuard guard;
-  set_max_threads(2);
-  for (const auto& [name, c] : mla_cases()) {
-    ASSERT_TRUE(c.dout.defined()) << name;
-    for (DType work : {DType::BF16, DType::F32}) {
-      SCOPED_TRACE(name + " " + dtype_name(work));
-      EXPECT_TRUE(same_floors(sparse_mla_floors(c.mla, nullptr, work),
-                              sparse_mla_floors_scalar(c.mla, nullptr, work)));
-      EXPECT_TRUE(same_floors(sparse_mla_floors(c.mla, &c.dout, work),
-                              sparse_mla_floors_scalar(c.mla, &c.dout, work)));
-    }
-  }
-}
-
 // smla_sink with its first 5 of 8 heads: a head count that is not a multiple of the 8 heads
 // the dot loops keep in registers.
 OpCase five_heads() {
@@ -746,6 +731,35 @@ OpCase five_heads() {
   for (int64_t i = 0; i < 5; ++i) sink.set(i, c.mla.attn_sink->get(i));
   c.mla.attn_sink = sink;
   return c;
+}
+
+TEST(SparseMlaFloors, SameBytesAsTheStraightforwardLoops) {
+  ThreadsGuard guard;
+  set_max_threads(2);
+  for (const auto& [name, c] : mla_cases()) {
+    ASSERT_TRUE(c.dout.defined()) << name;
+    for (DType work : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(name + " " + dtype_name(work));
+      EXPECT_TRUE(same_floors(sparse_mla_floors(c.mla, nullptr, work),
+                              sparse_mla_floors_scalar(c.mla, nullptr, work)));
+      EXPECT_TRUE(same_floors(sparse_mla_floors(c.mla, &c.dout, work),
+                              sparse_mla_floors_scalar(c.mla, &c.dout, work)));
+    }
+  }
+}
+
+// The 16-bit and the fp32-work floors computed together equal two separate computations.
+TEST(SparseMlaFloors, WithF32SameBytesAsTwoCalls) {
+  std::vector<std::pair<std::string, OpCase>> cases = mla_cases();
+  cases.emplace_back("five heads", five_heads());
+  for (const auto& [name, c] : cases) {
+    SCOPED_TRACE(name);
+    for (const Tensor* dout : {static_cast<const Tensor*>(nullptr), &c.dout}) {
+      const auto both = sparse_mla_floors_and_f32(c.mla, dout, DType::BF16);
+      EXPECT_TRUE(same_floors(both.first, sparse_mla_floors_scalar(c.mla, dout, DType::BF16)));
+      EXPECT_TRUE(same_floors(both.second, sparse_mla_floors_scalar(c.mla, dout, DType::F32)));
+    }
+  }
 }
 
 TEST(SparseMlaFloors, FiveHeadsSameBytes) {

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsa/contract/dtype.h"
@@ -74,6 +75,14 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
 /// Probabilities below 2^-100 add 2^-126 absolute each (subnormal products, flush-to-zero).
 /// Same argument rules as reference::sparse_mla_backward.
 CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype);
+
+/// sparse_mla_floors for `work_dtype` (first) and for F32 work (second), computed together:
+/// each equal to its own sparse_mla_floors call, the parts that do not depend on the working
+/// dtype (all but the 16-bit narrow terms) computed once (issue 13: a case judged for a
+/// 16-bit kernel and an fp32/f64 one, e.g. the reference backend). A work_dtype that is not
+/// 16-bit gives its floors twice. Same argument rules as sparse_mla_floors.
+std::pair<CaseFloors, CaseFloors> sparse_mla_floors_and_f32(const SparseMlaInputs& in,
+                                                            const Tensor* dout, DType work_dtype);
 
 /// KL loss (SPEC §7): "loss" (one row) and "d_scores" (row t), from the teacher's logits
 /// (as sparse MLA) and the student's log-softmax over the row's key set.
