@@ -11,6 +11,8 @@
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/reference_backend.h"
+#include "dsa/reference/sparse_mla_fp8.h"
+#include "dsa/contract/fp8.h"
 
 namespace dsa::oracle {
 namespace {
@@ -72,50 +74,112 @@ TEST_P(Fp8Golden, OneWrongElementOrNaNDisagrees) {
   }
 }
 
-// SPEC §9 local rule on the FP8 sparse MLA (§10): the golden's correct outputs are judged
-// without WEAK rows (a WEAK row is a verdict); in every (t, h) row of out a change of
-// θ·(1 + 2^-6) of the row's scale in one element disagrees, and so does a change of twice
-// the row's own largest bound in rows where that is below ρ·E of the whole tensor (which the
-// former tensor-wide E accepted).
+// SPEC §9 local rule on the FP8 sparse MLA (§10): the golden's correct outputs (fp32, and
+// rounded to bf16) are judged without WEAK rows (a WEAK row is a verdict); in every (t, h)
+// row of out a change of θ·(1 + 2^-6) of the row's scale in one element disagrees, and so
+// does a change of twice the row's own largest bound in rows where that is below ρ·E of the
+// whole tensor (which the former tensor-wide E accepted).
 TEST(Fp8SparseMlaLocalRule, EveryRowDetectsThetaOnTheGolden) {
   const fixtures::Fixture f = golden("smla_fp8_decode");
-  CandidateBackend ok(f.expected, "good", {});
-  CheckOptions opt;
-  opt.check_determinism = false;
-  const auto reports = judge_fixture_ops(f, ok, opt);
-  ASSERT_EQ(overall_verdict(reports), Verdict::Pass);
-  const TensorCheck* out = nullptr;
-  for (const auto& r : reports)
-    for (const auto& t : r.tensors)
-      if (t.name == "out") out = &t;
-  ASSERT_NE(out, nullptr);
-  EXPECT_EQ(out->weak_rows, 0);
-  const Tensor& good = f.expected.at("out");
-  int64_t caught = 0, below_tensor_bound = 0, caught_local = 0, rows = 0;
-  for (int64_t row = 0; row < out->rows; ++row) {
-    int64_t i = -1;
-    for (int64_t e = row * out->row_len; e < (row + 1) * out->row_len; ++e)
-      if (std::isfinite(good.get(e)) && (i < 0 || std::fabs(good.get(e)) > std::fabs(good.get(i)))) i = e;
-    if (i < 0 || out->row_scale[static_cast<size_t>(row)] == 0) continue;
-    ++rows;
-    const double amount = out->theta * (1 + 0x1p-6) * out->row_scale[static_cast<size_t>(row)];
-    auto outs = f.expected;
-    Tensor t = good.to(good.dtype());
-    t.set(i, good.get(i) + (good.get(i) < 0 ? -amount : amount));
-    outs["out"] = t;
-    caught += judge_outputs(f, outs) == Verdict::Fail;
-    const double local = 2 * out->row_max_bound[static_cast<size_t>(row)];
-    if (local < out->rho * out->baseline_err) {
-      ++below_tensor_bound;
-      t.set(i, good.get(i) + (good.get(i) < 0 ? -local : local));
-      outs["out"] = t;
-      caught_local += judge_outputs(f, outs) == Verdict::Fail;
+  // the producer's fp32 out, and the same rounded to bf16 (a FlashMLA-style kernel's out:
+  // judged against the baseline that dequantizes kv to bf16)
+  for (DType od : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(od));
+    auto expected = f.expected;
+    expected["out"] = f.expected.at("out").to(od);
+    CandidateBackend ok(expected, "good", {});
+    CheckOptions opt;
+    opt.check_determinism = false;
+    const auto reports = judge_fixture_ops(f, ok, opt);
+    ASSERT_EQ(overall_verdict(reports), Verdict::Pass);
+    const TensorCheck* out = nullptr;
+    for (const auto& r : reports)
+      for (const auto& t : r.tensors)
+        if (t.name == "out") out = &t;
+    ASSERT_NE(out, nullptr);
+    EXPECT_EQ(out->weak_rows, 0);
+    const Tensor& good = expected.at("out");
+    int64_t caught = 0, caught_local = 0, below = 0, rows = 0;
+    for (int64_t row = 0; row < out->rows; ++row) {
+      int64_t i = -1;
+      for (int64_t e = row * out->row_len; e < (row + 1) * out->row_len; ++e)
+        if (std::isfinite(good.get(e)) && (i < 0 || std::fabs(good.get(e)) > std::fabs(good.get(i)))) i = e;
+      if (i < 0 || out->row_scale[static_cast<size_t>(row)] == 0) continue;
+      ++rows;
+      // outward by at least the amount after rounding to the candidate's dtype
+      auto moved = [&](double amount) {
+        Tensor t = good.to(good.dtype());
+        const double sign = good.get(i) < 0 ? -1 : 1;
+        for (double x = amount; std::fabs(t.get(i) - good.get(i)) < amount; x *= 1 + 0x1p-6)
+          t.set(i, good.get(i) + sign * x);
+        auto outs = expected;
+        outs["out"] = t;
+        return judge_outputs(f, outs);
+      };
+      caught += moved(out->theta * (1 + 0x1p-6) * out->row_scale[static_cast<size_t>(row)]) == Verdict::Fail;
+      const double local = 2 * out->row_max_bound[static_cast<size_t>(row)];
+      if (local < out->rho * out->baseline_err) {
+        ++below;
+        caught_local += moved(local) == Verdict::Fail;
+      }
     }
+    EXPECT_GT(rows, 0);
+    EXPECT_EQ(caught, rows);
+    EXPECT_EQ(caught_local, below);
   }
-  EXPECT_GT(rows, 0);
-  EXPECT_EQ(caught, rows);
-  EXPECT_GT(below_tensor_bound, 0) << "no row shows the local rule tighter than the tensor-wide bound";
-  EXPECT_EQ(caught_local, below_tensor_bound);
+}
+
+// A row is judged by its own baseline error: beside a row of large logits (whose fp32 logits
+// and exps err far more, so its E_row is large), a row of small logits keeps a tight bound, and an error of twice that bound, far below ρ·E of the large row (what the
+// former tensor-wide E allowed), disagrees. A WEAK row is a verdict unless allowed.
+class FixedFp8Mla : public Backend {
+ public:
+  explicit FixedFp8Mla(SparseMlaForward f) : f_(std::move(f)) {}
+  std::string name() const override { return "fixed"; }
+  bool supports(Op op) const override { return op == Op::SparseMlaFp8Fwd; }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs&) override { return f_; }
+
+ private:
+  SparseMlaForward f_;
+};
+
+TEST(Fp8SparseMlaLocalRule, ARowIsJudgedByItsOwnBaselineError) {
+  std::vector<double> kv(4 * 576), q(2 * 576);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = (static_cast<double>(i % 5) - 2.0) * (1.0 + static_cast<double>(i % 7) / 3.0);
+  for (size_t i = 0; i < 576; ++i) {
+    const double v = static_cast<double>(i % 3) - 1.0;
+    q[i] = 64 * v;           // row 0: logits of hundreds
+    q[576 + i] = v / 64;     // row 1: logits below one
+  }
+  OpCase c;
+  c.mla_fp8.q = Tensor::from_f64({2, 1, 576}, q).to(DType::BF16);
+  c.mla_fp8.kv_cache = encode_mla_fp8_cache(Tensor::from_f64({4, 576}, kv), Fp8ScaleRule::Amax);
+  c.mla_fp8.indices = Tensor::from_i32({2, 4}, {0, 1, 2, 3, 0, 1, 2, 3});
+  c.mla_fp8.sm_scale = 0.05;
+  const SparseMlaForward ref = reference::sparse_mla_fp8_forward(c.mla_fp8);
+  const SparseMlaForward good{ref.out.to(DType::F32), ref.lse.to(DType::F32), ref.max_logits.to(DType::F32)};
+  CheckOptions allow;
+  allow.check_determinism = false;
+  allow.allow_weak = true;
+  FixedFp8Mla ok(good);
+  const OpReport r = check_sparse_mla_fp8_forward(ok, c, allow);
+  ASSERT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
+  const TensorCheck& out = r.tensors.front();
+  ASSERT_EQ(out.name, "out");
+  ASSERT_EQ(out.rows, 2);
+  const double local = 2 * out.row_max_bound[1];
+  ASSERT_LT(local, out.rho * out.baseline_err) << format_op_report(r);
+  Tensor bad = good.out.to(DType::F32);
+  const int64_t i = 512 + 511;  // row 1, last value column
+  for (double x = local; std::fabs(bad.get(i) - good.out.get(i)) < local; x *= 1 + 0x1p-6)
+    bad.set(i, good.out.get(i) + x);
+  FixedFp8Mla wrong(SparseMlaForward{bad, good.lse, good.max_logits});
+  EXPECT_EQ(check_sparse_mla_fp8_forward(wrong, c, allow).verdict, Verdict::Fail);
+  if (out.weak_rows > 0) {
+    CheckOptions strict = allow;
+    strict.allow_weak = false;
+    EXPECT_EQ(check_sparse_mla_fp8_forward(ok, c, strict).verdict, Verdict::Weak);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Section10, Fp8Golden,

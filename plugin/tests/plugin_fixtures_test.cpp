@@ -20,12 +20,8 @@ void expect_fixtures_pass(dsa::oracle::Backend& backend, const std::vector<fixtu
                           size_t min_judged) {
   size_t judged = 0;
   for (const fixtures::Fixture& f : all) {
-    // WEAK rows (bound above θ·rowscale, SPEC §9) are reported, not a fault of the plugin:
-    // these cases hold rows no 16-bit kernel can be pinned down on; every element must still
-    // be within its bound.
-    dsa::oracle::CheckOptions opt;
-    opt.allow_weak = true;
-    dsa::oracle::FixtureReport r = dsa::oracle::check_fixture(f, &backend, opt);
+    // Judged as a user's run is (SPEC §9): a WEAK row fails too, no --allow-weak.
+    dsa::oracle::FixtureReport r = dsa::oracle::check_fixture(f, &backend);
     EXPECT_TRUE(r.passed()) << dsa::oracle::format_fixture_report(r);
     for (const auto& op : r.backend_vs_reference) judged += op.verdict != Verdict::Skip;
   }
