@@ -1,13 +1,16 @@
 // Detection power and false alarms of the local rule (SPEC §9, issue 12), a property of the
-// oracle itself. Mixed batches put extreme rows (one key at logit ±2^18, all-equal logits,
-// large RoPE columns, sinks ±80/±inf, one key selected by most queries, empty rows) next to
-// ordinary ones. (a) A correct output perturbed by δ·rowscale (δ = θ of the table) in one
-// element or one whole row FAILS unless the row is WEAK. (b) Correct outputs computed
-// another way PASS: reversed and blocked fp32 sums, a FlashMLA-style bf16 kernel (P rounded
-// to bf16 before P·V, fp32 accumulation, bf16 out) and a bf16-output control whose backward
-// takes Δ from its bf16 out. (c) The suite's generated cases (levels 0 and 1) pass with no
-// WEAK row. Case counts scale
-// with DSA_TEST_LEVEL (main below). Measured figures print as "detection:" lines.
+// oracle itself, for every op with a tolerance. Sparse MLA: mixed batches put extreme rows
+// (one key at logit ±2^18, all-equal logits, large RoPE columns, sinks ±80/±inf, one key
+// selected by most queries, empty rows) next to ordinary ones. Indexer (scores and backward)
+// and KL loss (loss and d_scores): the generators' cases with rows scaled up (scores ×2^8,
+// student scores ×2^6, teacher q ×2^4) or zeroed. (a) A correct output perturbed by
+// δ·rowscale (δ = θ of the table) in one element or one whole row FAILS unless the row is
+// WEAK; a fused top-k set that swaps its k-th entry for a key beyond the row's band FAILS.
+// (b) Correct outputs computed another way PASS: reversed and blocked fp32 sums, a
+// FlashMLA-style bf16 kernel (P rounded to bf16 before P·V, fp32 accumulation, bf16 out) and
+// a bf16-output control whose backward takes Δ from its bf16 out. (c) The suite's generated
+// sparse MLA cases (levels 0 and 1) pass with no WEAK row. Case counts scale with
+// DSA_TEST_LEVEL (main below). Measured figures print as "detection:" lines.
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
 #include <rapidcheck/gtest.h>
@@ -22,7 +25,10 @@
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/oracle/tolerances.h"
+#include "dsa/oracle/topk_check.h"
 #include "dsa/property_tests/generators.h"
+#include "dsa/reference/indexer.h"
+#include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
 
 namespace dsa::oracle {
@@ -353,6 +359,265 @@ RC_GTEST_PROP(Detection, SparseMlaPerturbationsFailOtherOrdersPass, ()) {
   // perturbations move the float64 truth (Δ from the exact out), which the judge measures
   const SparseMlaGrads exact = reference::sparse_mla_backward(c.mla, c.dout);
   require_perturbations_fail(Op::SparseMlaBwd, c, nb, named_bwd(exact, rf.out), b, "detection");
+}
+
+// ---------------------------------------------------------------- indexer (SPEC §2)
+// Mixed rows: the generator's case (exact and random tiers, causal/MTP/varlen/empty windows,
+// long rows) with some query rows scaled by 2^8 (scores ~2^8 larger) and some zeroed (every
+// score of the row 0: a ReLU plateau).
+OpCase draw_mixed_indexer_case() {
+  const props::IndexerCase ic = props::draw_indexer_case();
+  OpCase c;
+  c.q_idx = ic.q_idx.to(ic.q_idx.dtype());
+  c.k_idx = ic.k_idx;
+  c.w = ic.w;
+  c.windows = ic.windows;
+  c.d_scores = ic.d_scores;
+  const int64_t s_q = c.q_idx.size(0), per_row = c.q_idx.size(1) * c.q_idx.size(2);
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int kind = *rc::gen::inRange(0, 4);  // 0 scaled up, 1 zero, else ordinary
+    if (kind > 1) continue;
+    for (int64_t i = t * per_row; i < (t + 1) * per_row; ++i)
+      c.q_idx.set(i, kind == 0 ? c.q_idx.get(i) * 256.0 : 0.0);
+  }
+  return c;
+}
+
+// The indexer forward and backward in fp32 in another order (products of the exact inputs,
+// fp32 sums reversed or blocked; ReLU'(0) = 0).
+struct IndexerOut {
+  Tensor scores;
+  IndexerGrads grads;
+};
+IndexerOut indexer_other(const OpCase& c, Order order) {
+  const int64_t s_q = c.q_idx.size(0), H = c.q_idx.size(1), d = c.q_idx.size(2), s_kv = c.k_idx.size(0);
+  const std::vector<double> Q = c.q_idx.to_f64(), K = c.k_idx.to_f64(), W = c.w.to_f64(),
+                            G = c.d_scores.to_f64();
+  std::vector<double> scores(static_cast<size_t>(s_q * s_kv), -INFINITY), dq(static_cast<size_t>(s_q * H * d), 0.0),
+      dw(static_cast<size_t>(s_q * H), 0.0);
+  std::vector<float> dk(static_cast<size_t>(s_kv * d), 0.0f), terms, heads, tt;
+  std::vector<std::vector<float>> dw_terms(static_cast<size_t>(H));
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t ks = std::max<int64_t>(0, c.windows.ks[t]), ke = std::min(s_kv, c.windows.ke[t]);
+    for (auto& v : dw_terms) v.clear();
+    for (int64_t s = ks; s < ke; ++s) {
+      heads.clear();
+      const float g = static_cast<float>(G[static_cast<size_t>(t * s_kv + s)]);
+      for (int64_t j = 0; j < H; ++j) {
+        terms.clear();
+        for (int64_t x = 0; x < d; ++x)
+          terms.push_back(static_cast<float>(Q[static_cast<size_t>((t * H + j) * d + x)]) *
+                          static_cast<float>(K[static_cast<size_t>(s * d + x)]));
+        const float dot = sum_ordered(terms, order);
+        const float wj = static_cast<float>(W[static_cast<size_t>(t * H + j)]);
+        heads.push_back(wj * std::max(dot, 0.0f));
+        dw_terms[static_cast<size_t>(j)].push_back(g * std::max(dot, 0.0f));
+        if (dot > 0)  // dk_idx: scattered in (query, head) order
+          for (int64_t x = 0; x < d; ++x)
+            dk[static_cast<size_t>(s * d + x)] += g * wj * static_cast<float>(Q[static_cast<size_t>((t * H + j) * d + x)]);
+      }
+      scores[static_cast<size_t>(t * s_kv + s)] = sum_ordered(heads, order);
+    }
+    // dw and dq_idx: per head, sums over the window's keys in the chosen order
+    for (int64_t j = 0; j < H; ++j) {
+      dw[static_cast<size_t>(t * H + j)] = sum_ordered(dw_terms[static_cast<size_t>(j)], order);
+      const float wj = static_cast<float>(W[static_cast<size_t>(t * H + j)]);
+      for (int64_t x = 0; x < d; ++x) {
+        terms.clear();
+        for (int64_t s = ks; s < ke; ++s) {
+          tt.clear();
+          for (int64_t y = 0; y < d; ++y)
+            tt.push_back(static_cast<float>(Q[static_cast<size_t>((t * H + j) * d + y)]) *
+                         static_cast<float>(K[static_cast<size_t>(s * d + y)]));
+          if (sum_ordered(tt, order) > 0)
+            terms.push_back(static_cast<float>(G[static_cast<size_t>(t * s_kv + s)]) * wj *
+                            static_cast<float>(K[static_cast<size_t>(s * d + x)]));
+        }
+        dq[static_cast<size_t>((t * H + j) * d + x)] = sum_ordered(terms, order);
+      }
+    }
+  }
+  IndexerOut o;
+  o.scores = Tensor::from_f64({s_q, s_kv}, scores).to(DType::F32);
+  o.grads.dq_idx = Tensor::from_f64({s_q, H, d}, dq).to(DType::F32);
+  o.grads.dk_idx = Tensor::from_f64({s_kv, d}, std::vector<double>(dk.begin(), dk.end())).to(DType::F32);
+  o.grads.dw = Tensor::from_f64({s_q, H}, dw).to(DType::F32);
+  return o;
+}
+
+NamedOutputs named_idx_bwd(const IndexerGrads& g) {
+  return {{"dq_idx", g.dq_idx}, {"dk_idx", g.dk_idx}, {"dw", g.dw}};
+}
+
+RC_GTEST_PROP(Detection, IndexerPerturbationsFailOtherOrdersPass, ()) {
+  const OpCase c = draw_mixed_indexer_case();
+  CheckOptions allow;
+  allow.allow_weak = true;
+  for (Order order : {Order::Reversed, Order::Blocked}) {
+    const IndexerOut k = indexer_other(c, order);
+    const std::string key = std::string("fp32-") + (order == Order::Reversed ? "reversed" : "blocked");
+    const OpReport f = judge_outputs(Op::IndexerScores, c, {{"scores", k.scores}}, allow, key);
+    record("false-alarm " + key, f);
+    if (f.verdict != Verdict::Pass) RC_FAIL(format_op_report(f));
+    const OpReport b = judge_outputs(Op::IndexerScoresBackward, c, named_idx_bwd(k.grads), allow, key);
+    record("false-alarm " + key, b);
+    if (b.verdict != Verdict::Pass) RC_FAIL(format_op_report(b));
+  }
+  const Tensor rs = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
+  const NamedOutputs nf{{"scores", rs.to(DType::F32)}};
+  const OpReport f = judge_outputs(Op::IndexerScores, c, nf, allow, "rounded-reference");
+  record("detection", f);
+  if (f.verdict != Verdict::Pass) RC_FAIL(format_op_report(f));
+  require_perturbations_fail(Op::IndexerScores, c, nf, {{"scores", rs}}, f, "detection");
+  const IndexerGrads rg = reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+  const NamedOutputs nb = named_idx_bwd(IndexerGrads{rg.dq_idx.to(DType::F32), rg.dk_idx.to(DType::F32), rg.dw.to(DType::F32)});
+  const OpReport b = judge_outputs(Op::IndexerScoresBackward, c, nb, allow, "rounded-reference");
+  record("detection", b);
+  if (b.verdict != Verdict::Pass) RC_FAIL(format_op_report(b));
+  require_perturbations_fail(Op::IndexerScoresBackward, c, nb, named_idx_bwd(rg), b, "detection");
+  // Fused top-k on these scores (SPEC §9): a set that swaps the k-th entry of a row for one
+  // whose reference score lies beyond the row's band (2x its largest score bound) below v*
+  // fails; the exact top-k passes.
+  if (f.tensors.empty()) return;
+  const TensorCheck& sc = f.tensors.front();
+  const int64_t s_q = rs.size(0), s_kv = rs.size(1);
+  const int64_t t = *rc::gen::inRange<int64_t>(0, s_q);
+  std::vector<std::pair<double, int64_t>> row;
+  for (int64_t s = 0; s < s_kv; ++s)
+    if (c.windows.contains(t, s) && std::isfinite(rs.get(t * s_kv + s))) row.push_back({rs.get(t * s_kv + s), s});
+  if (row.size() < 2) return;
+  std::sort(row.begin(), row.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  const double band = 2 * sc.row_max_bound[static_cast<size_t>(t)];
+  // k such that the best unselected key lies beyond the band below the k-th
+  for (size_t kk = 1; kk < row.size(); ++kk) {
+    if (!(row[kk - 1].first - row[kk].first > band)) continue;
+    const int64_t k = static_cast<int64_t>(kk);
+    std::vector<int32_t> ids(static_cast<size_t>(s_q * k), -1);
+    for (int64_t r = 0; r < s_q; ++r) {
+      std::vector<std::pair<double, int64_t>> v;
+      for (int64_t s = 0; s < s_kv; ++s)
+        if (c.windows.contains(r, s) && std::isfinite(rs.get(r * s_kv + s))) v.push_back({rs.get(r * s_kv + s), s});
+      std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      for (int64_t j = 0; j < k && j < static_cast<int64_t>(v.size()); ++j)
+        ids[static_cast<size_t>(r * k + j)] = static_cast<int32_t>(v[static_cast<size_t>(j)].second);
+    }
+    const Tensor exact = Tensor::from_i32({s_q, k}, ids);
+    RC_ASSERT(check_fused_topk(exact, rs, std::vector<double>(static_cast<size_t>(s_q), 0.0), k, c.windows).empty());
+    ids[static_cast<size_t>(t * k + k - 1)] = static_cast<int32_t>(row[kk].second);
+    std::vector<double> bands(static_cast<size_t>(s_q));
+    for (size_t r = 0; r < bands.size(); ++r) bands[r] = 2 * sc.row_max_bound[r];
+    Stat& st = stats()["detection scores fused-topk swap"];
+    ++st.perturbations;
+    const bool caught = !check_fused_topk(Tensor::from_i32({s_q, k}, ids), rs, bands, k, c.windows).empty();
+    st.caught += caught;
+    RC_ASSERT(caught);
+    break;
+  }
+}
+
+// ---------------------------------------------------------------- KL loss (SPEC §7)
+// The loss and d_scores in fp32 with every sum in another order (Order::Reversed or Blocked).
+IndexerKlResult kl_other(const IndexerKlInputs& in, Order order) {
+  const int64_t s_q = in.scores.size(0), s_kv = in.scores.size(1), h = in.q.size(1), d = in.q.size(2);
+  const std::vector<double> I = in.scores.to_f64(), Q = in.q.to_f64(), KV = in.kv.to_f64();
+  const float sm = static_cast<float>(in.sm_scale);
+  auto key_set = [&](int64_t t) {
+    std::vector<int64_t> S;
+    const int64_t ks = in.windows.ks[t], ke = in.windows.ke[t];
+    if (in.mode == KlMode::Dense) {
+      for (int64_t s = std::max<int64_t>(0, ks); s < std::min(s_kv, ke); ++s) S.push_back(s);
+    } else {
+      const int64_t k = in.indices->size(-1);
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t id = in.indices->data<int32_t>()[t * k + j];
+        if (id >= 0 && id < s_kv && in.windows.contains(t, id)) S.push_back(id);
+      }
+      std::sort(S.begin(), S.end());
+      S.erase(std::unique(S.begin(), S.end()), S.end());
+    }
+    S.erase(std::remove_if(S.begin(), S.end(), [&](int64_t s) { return I[static_cast<size_t>(t * s_kv + s)] == -INFINITY; }), S.end());
+    return S;
+  };
+  int64_t n_rows = 0;
+  for (int64_t t = 0; t < s_q; ++t) n_rows += key_set(t).empty() ? 0 : 1;
+  std::vector<double> dI(static_cast<size_t>(s_q * s_kv), 0.0);
+  std::vector<float> kl_rows, terms;
+  const float g = n_rows ? static_cast<float>(in.coeff) / static_cast<float>(n_rows) : 0.0f;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const std::vector<int64_t> S = key_set(t);
+    const size_t n = S.size();
+    if (n == 0) continue;
+    std::vector<float> p(n, 0.0f), P(n), e(n);
+    for (int64_t hh = 0; hh < h; ++hh) {
+      for (size_t j = 0; j < n; ++j) {
+        terms.clear();
+        for (int64_t x = 0; x < d; ++x)
+          terms.push_back(static_cast<float>(Q[static_cast<size_t>((t * h + hh) * d + x)]) *
+                          static_cast<float>(KV[static_cast<size_t>(S[j] * d + x)]));
+        P[j] = sm * sum_ordered(terms, order);
+      }
+      const float m = *std::max_element(P.begin(), P.end());
+      for (size_t j = 0; j < n; ++j) e[j] = std::exp(P[j] - m);
+      const float Z = sum_ordered(e, order);
+      for (size_t j = 0; j < n; ++j) p[j] += e[j] / Z;
+    }
+    const float psum = sum_ordered(p, order);
+    for (auto& x : p) x /= psum;
+    std::vector<float> Is(n);
+    for (size_t j = 0; j < n; ++j) Is[j] = static_cast<float>(I[static_cast<size_t>(t * s_kv + S[j])]);
+    const float mI = *std::max_element(Is.begin(), Is.end());
+    for (size_t j = 0; j < n; ++j) e[j] = std::exp(Is[j] - mI);
+    const float lse = mI + std::log(sum_ordered(e, order));
+    terms.clear();
+    for (size_t j = 0; j < n; ++j) {
+      const float logq = Is[j] - lse;
+      if (p[j] > 0) terms.push_back(p[j] * (std::log(p[j]) - logq));
+      dI[static_cast<size_t>(t * s_kv + S[j])] = g * (std::exp(logq) - p[j]);
+    }
+    kl_rows.push_back(sum_ordered(terms, order));
+  }
+  const float loss = n_rows ? static_cast<float>(in.coeff) * sum_ordered(kl_rows, order) / static_cast<float>(n_rows) : 0.0f;
+  return IndexerKlResult{Tensor::from_f64({1}, {loss}).to(DType::F32),
+                         Tensor::from_f64({s_q, s_kv}, dI).to(DType::F32)};
+}
+
+// Mixed rows: the generator's case with some rows' indexer scores scaled by 2^6 (a student
+// softmax close to one-hot) and some rows' q scaled by 2^4 (a sharp teacher).
+OpCase draw_mixed_kl_case() {
+  const props::KlCase kc = props::draw_kl_case();
+  OpCase c;
+  c.kl = kc.in;
+  c.kl.scores = kc.in.scores.to(kc.in.scores.dtype());
+  c.kl.q = kc.in.q.to(kc.in.q.dtype());
+  const int64_t s_q = c.kl.scores.size(0), s_kv = c.kl.scores.size(1), per_row = c.kl.q.size(1) * c.kl.q.size(2);
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int kind = *rc::gen::inRange(0, 4);
+    if (kind == 0)
+      for (int64_t s = 0; s < s_kv; ++s) c.kl.scores.set(t * s_kv + s, c.kl.scores.get(t * s_kv + s) * 64.0);
+    if (kind == 1)
+      for (int64_t i = t * per_row; i < (t + 1) * per_row; ++i) c.kl.q.set(i, c.kl.q.get(i) * 16.0);
+  }
+  return c;
+}
+
+NamedOutputs named_kl(const IndexerKlResult& r) { return {{"loss", r.loss}, {"d_scores", r.d_scores}}; }
+
+RC_GTEST_PROP(Detection, KlLossPerturbationsFailOtherOrdersPass, ()) {
+  const OpCase c = draw_mixed_kl_case();
+  CheckOptions allow;
+  allow.allow_weak = true;
+  for (Order order : {Order::Reversed, Order::Blocked}) {
+    const std::string key = std::string("fp32-") + (order == Order::Reversed ? "reversed" : "blocked");
+    const OpReport r = judge_outputs(Op::IndexerKlLoss, c, named_kl(kl_other(c.kl, order)), allow, key);
+    record("false-alarm " + key, r);
+    if (r.verdict != Verdict::Pass) RC_FAIL(format_op_report(r));
+  }
+  const IndexerKlResult ref = reference::indexer_kl_loss(c.kl);
+  const NamedOutputs n = named_kl(IndexerKlResult{ref.loss.to(DType::F32), ref.d_scores.to(DType::F32)});
+  const OpReport r = judge_outputs(Op::IndexerKlLoss, c, n, allow, "rounded-reference");
+  record("detection", r);
+  if (r.verdict != Verdict::Pass) RC_FAIL(format_op_report(r));
+  require_perturbations_fail(Op::IndexerKlLoss, c, n, named_kl(ref), r, "detection");
 }
 
 // (c) The suite's generated cases (property_tests generators at levels 0 and 1: the regular
