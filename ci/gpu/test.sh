@@ -60,7 +60,7 @@ PYTHONUNBUFFERED=1 timeout 120 python3 optimized/cuda/tests/torch_ops_check.py "
 echo "torch_ops_check.py (Python, torch.ops.load_library) rc=$? (${SECONDS}s): $(grep -E 'torch_ops_check:|MISMATCH|Error' "$out/tests.txt" | tail -3 | tr '\n' ' ')" | tee -a "$out/summary.txt"
 fi
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-small=${SAN_FILTER:-'*TopkSanitizerSmall*:*EmptyRows*:*Unselectable*:*SparseMlaSanitizerSmall*:*IndexerSanitizerSmall*'}
+small=${SAN_FILTER:-'*TopkSanitizerSmall*:*EmptyRows*:*Unselectable*:*SparseMlaSanitizerSmall*:*SparseMlaBwdSanitizerSmall*:*IndexerSanitizerSmall*'}
 for tool in memcheck racecheck; do
   SECONDS=0
   timeout 100 "$san" --tool $tool --error-exitcode 3 "$bin/dsa_cuda_tests" --gtest_filter="$small" \

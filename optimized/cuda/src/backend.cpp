@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
@@ -88,6 +89,16 @@ void unpad(const DeviceBuffer& b, int64_t rows, int64_t d, int64_t d_pad, Tensor
     std::memcpy(dst + r * d, &tmp[static_cast<size_t>(r * d_pad)], sizeof(uint16_t) * d);
 }
 
+// Device rows of d_pad floats back into an F32 host tensor's rows of d.
+void unpad_f32(const DeviceBuffer& b, int64_t rows, int64_t d, int64_t d_pad, Tensor& out,
+               const char* where) {
+  std::vector<float> tmp(static_cast<size_t>(rows * d_pad));
+  b.download(tmp.data(), where);
+  auto* dst = reinterpret_cast<float*>(out.raw());
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + r * d, &tmp[static_cast<size_t>(r * d_pad)], sizeof(float) * d);
+}
+
 // SPEC §2 argument checks of the indexer ops; q_idx/k_idx dtypes other than BF16 and w other
 // than F32, H_I > 64 and d_I > 128 are NotSupported (kernel limits), bad shapes invalid_argument.
 IndexerShape check_indexer(const char* where, const Tensor& q_idx, const Tensor& k_idx,
@@ -133,6 +144,57 @@ IndexerDevice upload_indexer(const char* where, const IndexerShape& s, const Ten
   return dev;
 }
 
+struct MlaDims {
+  int64_t s_q, h_q, d_qk, s_kv, k;
+  Tensor sink32;  // attn_sink as F32 (undefined without a sink)
+};
+
+// SPEC §4 argument checks of the sparse MLA ops (shared by forward and backward): q/kv BF16
+// (F32/F16/F64 NotSupported), indices I32 [s_q,k] or [s_q,1,k], topk_length I32 [s_q],
+// attn_sink F32/F64 [h_q], finite sm_scale, 0 < d_v <= d_qk, the forward kernel's limits.
+MlaDims check_mla(const char* where, const SparseMlaInputs& in) {
+  check_rank(where, "q", in.q, 3);
+  check_rank(where, "kv", in.kv, 2);
+  for (const Tensor* t : {&in.q, &in.kv})
+    if (t->dtype() == DType::F32 || t->dtype() == DType::F16 || t->dtype() == DType::F64)
+      throw oracle::NotSupported(std::string(where) + ": " + (t == &in.q ? "q" : "kv") +
+                                 " dtype " + dtype_name(t->dtype()) +
+                                 " not supported (BF16 only)");
+  check_dtype(where, "q", in.q, {DType::BF16});
+  check_dtype(where, "kv", in.kv, {DType::BF16});
+  const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d_qk = in.q.size(2);
+  const int64_t s_kv = in.kv.size(0);
+  check_shape(where, "kv", in.kv, {-1, d_qk});
+  check_dtype(where, "indices", in.indices, {DType::I32});
+  int64_t k = 0;
+  if (in.indices.dim() == 3) {
+    check_shape(where, "indices", in.indices, {s_q, 1, -1});
+    k = in.indices.size(2);
+  } else {
+    check_rank(where, "indices", in.indices, 2);
+    check_shape(where, "indices", in.indices, {s_q, -1});
+    k = in.indices.size(1);
+  }
+  if (in.topk_length) {
+    check_dtype(where, "topk_length", *in.topk_length, {DType::I32});
+    check_shape(where, "topk_length", *in.topk_length, {s_q});
+  }
+  Tensor sink32;
+  if (in.attn_sink) {
+    check_dtype(where, "attn_sink", *in.attn_sink, {DType::F32, DType::F64});
+    check_shape(where, "attn_sink", *in.attn_sink, {h_q});
+    sink32 = in.attn_sink->to(DType::F32);
+  }
+  check_arg(std::isfinite(in.sm_scale), where, "sm_scale", str(in.sm_scale), "a finite value");
+  check_arg(in.d_v > 0 && in.d_v <= d_qk, where, "d_v", str(in.d_v),
+            "0 < d_v <= d_qk = " + str(d_qk));
+  check_arg(d_qk <= sparse_mla_max_d_qk(), where, "q", shape_str(in.q.shape()),
+            "d_qk <= " + str(sparse_mla_max_d_qk()) + " (cuda kernel limit)");
+  check_arg(in.d_v <= sparse_mla_max_d_v(), where, "d_v", str(in.d_v),
+            "d_v <= " + str(sparse_mla_max_d_v()) + " (cuda kernel limit)");
+  return MlaDims{s_q, h_q, d_qk, s_kv, k, sink32};
+}
+
 class CudaBackend final : public oracle::Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& options) : options_(options) {}
@@ -140,10 +202,11 @@ class CudaBackend final : public oracle::Backend {
   std::string unavailable_reason() const override {
     return device_count() > 0 ? std::string() : std::string("no CUDA device");
   }
-  bool deterministic() const override { return true; }
+  bool deterministic() const override { return options_.mla_bwd != SparseMlaBwdPath::KernelFast; }
   bool supports(oracle::Op op) const override {
     return op == oracle::Op::Topk || op == oracle::Op::SparseMlaFwd ||
-           op == oracle::Op::IndexerScores || op == oracle::Op::IndexerScoresBackward;
+           op == oracle::Op::IndexerScores || op == oracle::Op::IndexerScoresBackward ||
+           (op == oracle::Op::SparseMlaBwd && options_.mla_bwd != SparseMlaBwdPath::Fallback);
   }
 
   Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
@@ -231,45 +294,9 @@ class CudaBackend final : public oracle::Backend {
 
   SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
     const char* where = "cuda sparse_mla_forward";
-    check_rank(where, "q", in.q, 3);
-    check_rank(where, "kv", in.kv, 2);
-    for (const Tensor* t : {&in.q, &in.kv})
-      if (t->dtype() == DType::F32 || t->dtype() == DType::F16 || t->dtype() == DType::F64)
-        throw oracle::NotSupported(std::string(where) + ": " + (t == &in.q ? "q" : "kv") +
-                                   " dtype " + dtype_name(t->dtype()) +
-                                   " not supported (BF16 only)");
-    check_dtype(where, "q", in.q, {DType::BF16});
-    check_dtype(where, "kv", in.kv, {DType::BF16});
-    const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d_qk = in.q.size(2);
-    const int64_t s_kv = in.kv.size(0);
-    check_shape(where, "kv", in.kv, {-1, d_qk});
-    check_dtype(where, "indices", in.indices, {DType::I32});
-    int64_t k = 0;
-    if (in.indices.dim() == 3) {
-      check_shape(where, "indices", in.indices, {s_q, 1, -1});
-      k = in.indices.size(2);
-    } else {
-      check_rank(where, "indices", in.indices, 2);
-      check_shape(where, "indices", in.indices, {s_q, -1});
-      k = in.indices.size(1);
-    }
-    if (in.topk_length) {
-      check_dtype(where, "topk_length", *in.topk_length, {DType::I32});
-      check_shape(where, "topk_length", *in.topk_length, {s_q});
-    }
-    Tensor sink32;
-    if (in.attn_sink) {
-      check_dtype(where, "attn_sink", *in.attn_sink, {DType::F32, DType::F64});
-      check_shape(where, "attn_sink", *in.attn_sink, {h_q});
-      sink32 = in.attn_sink->to(DType::F32);
-    }
-    check_arg(std::isfinite(in.sm_scale), where, "sm_scale", str(in.sm_scale), "a finite value");
-    check_arg(in.d_v > 0 && in.d_v <= d_qk, where, "d_v", str(in.d_v),
-              "0 < d_v <= d_qk = " + str(d_qk));
-    check_arg(d_qk <= sparse_mla_max_d_qk(), where, "q", shape_str(in.q.shape()),
-              "d_qk <= " + str(sparse_mla_max_d_qk()) + " (cuda kernel limit)");
-    check_arg(in.d_v <= sparse_mla_max_d_v(), where, "d_v", str(in.d_v),
-              "d_v <= " + str(sparse_mla_max_d_v()) + " (cuda kernel limit)");
+    const MlaDims md = check_mla(where, in);
+    const int64_t s_q = md.s_q, h_q = md.h_q, d_qk = md.d_qk, s_kv = md.s_kv, k = md.k;
+    const Tensor& sink32 = md.sink32;
     require_device(where);
 
     SparseMlaForward r{Tensor(DType::BF16, {s_q, h_q, in.d_v}), Tensor(DType::F32, {s_q, h_q}),
@@ -296,6 +323,83 @@ class CudaBackend final : public oracle::Backend {
     return r;
   }
 
+
+  // SPEC §5: the backend's own forward (options_.mla_kernel) gives out (bf16) and lse; Δ is
+  // taken from that out. d_qk and d_v are zero-padded to multiples of 8 for the kernel (zero
+  // columns change no dot product; the padded columns of dq/dkv are dropped).
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    const char* where = "cuda sparse_mla_backward";
+    if (options_.mla_bwd == SparseMlaBwdPath::Fallback)
+      throw oracle::NotSupported(std::string(where) +
+                                 ": the backward kernel is off (CudaBackendOptions::mla_bwd or "
+                                 "DSA_CUDA_SMLA_BWD=kernel turns it on)");
+    const MlaDims md = check_mla(where, in);
+    const int64_t s_q = md.s_q, h_q = md.h_q, d_qk = md.d_qk, s_kv = md.s_kv, k = md.k;
+    const int64_t d_v = in.d_v;
+    check_rank(where, "dout", dout, 3);
+    if (dout.dtype() == DType::F32 || dout.dtype() == DType::F16 || dout.dtype() == DType::F64)
+      throw oracle::NotSupported(std::string(where) + ": dout dtype " + dtype_name(dout.dtype()) +
+                                 " not supported (BF16 only)");
+    check_dtype(where, "dout", dout, {DType::BF16});
+    check_shape(where, "dout", dout, {s_q, h_q, d_v});
+    const int64_t dq8 = (d_qk + 7) / 8 * 8, dv8 = (d_v + 7) / 8 * 8;
+    if (dq8 > sparse_mla_backward_max_d_qk() || dv8 > sparse_mla_backward_max_d_v())
+      throw oracle::NotSupported(std::string(where) + ": d_qk=" + str(d_qk) + ", d_v=" +
+                                 str(d_v) + " not supported (backward kernel limits d_qk <= " +
+                                 str(sparse_mla_backward_max_d_qk()) + ", d_v <= " +
+                                 str(sparse_mla_backward_max_d_v()) + ")");
+    check_arg(s_q * k <= INT32_MAX, where, "indices", shape_str(in.indices.shape()),
+              "s_q * k <= 2^31-1 (backward pair list)");
+    require_device(where);
+    SparseMlaGrads g{Tensor(DType::F32, {s_q, h_q, d_qk}), Tensor(DType::F32, {s_kv, d_qk}),
+                     std::nullopt};
+    if (in.attn_sink) g.dsink = Tensor(DType::F32, {h_q});
+    if (s_q == 0 || h_q == 0) return g;
+    const SparseMlaBwdMode mode = options_.mla_bwd == SparseMlaBwdPath::KernelFast
+                                      ? SparseMlaBwdMode::Fast
+                                      : SparseMlaBwdMode::Deterministic;
+    DeviceBuffer d_q = upload_vec(pad_rows(in.q, s_q * h_q, d_qk, dq8), where);
+    DeviceBuffer d_kv = upload_vec(pad_rows(in.kv, s_kv, d_qk, dq8), where);
+    DeviceBuffer d_idx = upload(in.indices, where);
+    DeviceBuffer d_len(in.topk_length ? in.topk_length->nbytes() : 0, where);
+    if (in.topk_length) d_len.upload(in.topk_length->raw(), where);
+    DeviceBuffer d_sink(in.attn_sink ? md.sink32.nbytes() : 0, where);
+    if (in.attn_sink) d_sink.upload(md.sink32.raw(), where);
+    const int32_t* len = in.topk_length ? d_len.get<int32_t>() : nullptr;
+    const float* sink = in.attn_sink ? d_sink.get<float>() : nullptr;
+    // Forward on the padded q/kv (same logits): out [s_q,h_q,d_v] bf16 and lse.
+    Tensor out(DType::BF16, {s_q, h_q, d_v});
+    DeviceBuffer d_out(out.nbytes(), where), d_lse(sizeof(float) * s_q * h_q, where),
+        d_max(sizeof(float) * s_q * h_q, where);
+    sparse_mla_forward_device(d_q.get<uint16_t>(), d_kv.get<uint16_t>(), d_idx.get<int32_t>(),
+                              len, sink, s_q, h_q, dq8, s_kv, k, d_v,
+                              static_cast<float>(in.sm_scale), d_out.get<uint16_t>(),
+                              d_lse.get<float>(), d_max.get<float>(), nullptr,
+                              options_.mla_kernel);
+    DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
+    // d_v not a multiple of 8: out padded on the host (zero columns leave Δ unchanged).
+    DeviceBuffer d_out8 = dv8 == d_v ? DeviceBuffer(0, where) : [&] {
+      d_out.download(out.raw(), where);
+      return upload_vec(pad_rows(out, s_q * h_q, d_v, dv8), where);
+    }();
+    DeviceBuffer d_dout = upload_vec(pad_rows(dout, s_q * h_q, d_v, dv8), where);
+    DeviceBuffer d_dq(sizeof(float) * s_q * h_q * dq8, where);
+    DeviceBuffer d_dkv(sizeof(float) * s_kv * dq8, where);
+    DeviceBuffer d_dsink(in.attn_sink ? sizeof(float) * h_q : 0, where);
+    DeviceBuffer d_scratch(sparse_mla_backward_scratch_bytes(s_q, h_q, dq8, s_kv, k, mode), where);
+    sparse_mla_backward_device(
+        d_q.get<uint16_t>(), d_kv.get<uint16_t>(), d_idx.get<int32_t>(), len, sink,
+        dv8 == d_v ? d_out.get<uint16_t>() : d_out8.get<uint16_t>(), d_lse.get<float>(),
+        d_dout.get<uint16_t>(), s_q, h_q, dq8, s_kv, k, dv8, static_cast<float>(in.sm_scale),
+        d_dq.get<float>(), d_dkv.get<float>(), in.attn_sink ? d_dsink.get<float>() : nullptr,
+        d_scratch.get<void>(), nullptr, mode);
+    DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
+    unpad_f32(d_dq, s_q * h_q, d_qk, dq8, g.dq, where);
+    unpad_f32(d_dkv, s_kv, d_qk, dq8, g.dkv, where);
+    if (in.attn_sink) d_dsink.download(g.dsink->raw(), where);
+    return g;
+  }
+
  private:
   CudaBackendOptions options_;
   static void require_device(const char* where) {
@@ -305,6 +409,16 @@ class CudaBackend final : public oracle::Backend {
 };
 
 }  // namespace
+
+SparseMlaBwdPath sparse_mla_bwd_path_from_env() {
+  const char* v = std::getenv("DSA_CUDA_SMLA_BWD");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "fallback") == 0)
+    return SparseMlaBwdPath::Fallback;
+  if (std::strcmp(v, "kernel") == 0) return SparseMlaBwdPath::Kernel;
+  if (std::strcmp(v, "fast") == 0) return SparseMlaBwdPath::KernelFast;
+  throw std::invalid_argument(std::string("DSA_CUDA_SMLA_BWD: got '") + v +
+                              "', expected 'kernel', 'fast' or 'fallback' (or unset)");
+}
 
 std::unique_ptr<oracle::Backend> make_cuda_backend(const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(options);

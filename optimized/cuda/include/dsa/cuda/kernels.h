@@ -1,5 +1,5 @@
 // Hand-written CUDA kernels for the H200 (sm_90) on device pointers: indexer scores and their
-// backward (SPEC §2), top-k selection (SPEC §3) and the sparse MLA forward (SPEC §4, §6). Plain CUDA runtime, no LibTorch.
+// backward (SPEC §2), top-k selection (SPEC §3), the sparse MLA forward (SPEC §4, §6) and backward (§5). Plain CUDA runtime, no LibTorch.
 // Every launcher is asynchronous on `stream`, checks its launch and throws
 // std::runtime_error("<function>: <CUDA error>") on a CUDA failure, std::invalid_argument
 // naming the argument on bad sizes. Pointers are device pointers unless said otherwise.
@@ -87,6 +87,47 @@ void sparse_mla_forward_device(const uint16_t* q, const uint16_t* kv, const int3
                                int64_t d_v, float sm_scale, uint16_t* out, float* lse,
                                float* max_logits, cudaStream_t stream,
                                SparseMlaKernel kernel = SparseMlaKernel::CudaCore);
+
+/// Sparse MLA backward modes (SPEC §5). Deterministic: every (query row, 64-head group, slot)
+/// writes its fp32 dkv row to scratch, then each key row sums its rows in (query row, slot,
+/// head group) order over a stable radix sort of the pair list: dq, dkv and dsink are bitwise
+/// reproducible. Fast: dkv by fp32 atomicAdd (order-dependent last bits); dq and dsink as in
+/// Deterministic.
+enum class SparseMlaBwdMode { Deterministic, Fast };
+
+/// Largest d_qk / d_v the sparse MLA backward kernel takes (shared-memory tiles): 576 / 512.
+int64_t sparse_mla_backward_max_d_qk();
+int64_t sparse_mla_backward_max_d_v();
+
+/// Scratch bytes sparse_mla_backward_device needs for the shape and mode: s_q·h_q fp32 dsink
+/// terms; Deterministic adds the sorted pair list (4 int32 arrays of s_q·k plus CUB's sort
+/// storage) and up to 2 GiB of fp32 dkv rows (query rows are processed in chunks that fit).
+/// Throws std::runtime_error on a CUDA error of the sort-size query.
+size_t sparse_mla_backward_scratch_bytes(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv,
+                                         int64_t k, SparseMlaBwdMode mode);
+
+/// Sparse MLA backward (SPEC §5, §6) on the tensor cores (bf16 mma.sync, fp32 accumulation).
+/// Inputs as sparse_mla_forward_device (q [s_q,h_q,d_qk], kv [s_kv,d_qk] bf16, indices [s_q,k]
+/// int32 of any value, topk_length [s_q] int32 or null, attn_sink [h_q] fp32 or null, ±inf
+/// allowed), plus out [s_q,h_q,d_v] bf16 and lse [s_q,h_q] fp32 as the forward returned them
+/// (Δ = rowsum(out·dout) is taken from this out; P is recomputed as exp(sm_scale q·k - lse)
+/// times the sink factor) and dout [s_q,h_q,d_v] bf16. Outputs (fp32, overwritten): dq
+/// [s_q,h_q,d_qk] = sm_scale Σ_j dS_j kv[idx_j]; dkv [s_kv,d_qk] (zeroed first, then every
+/// valid (t, h, slot) adds sm_scale dS q[t,h] + p dout[t,h] (first d_v)); dsink [h_q] =
+/// -Σ_t exp(sink - L) Δ when attn_sink is given (else must be null). P and sm_scale·dS are
+/// rounded to bf16 for the products (FlashMLA-style; SPEC §9 floors count one rounding per
+/// entry). Invalid slots are never dereferenced; duplicate ids add once per slot; rows without
+/// a valid slot give dq 0 and add nothing. `scratch`: sparse_mla_backward_scratch_bytes bytes.
+/// Kernel limits: d_qk and d_v multiples of 8, d_qk <= 576, d_v <= min(d_qk, 512), q, kv,
+/// dout, dq, dkv, scratch 16-byte aligned; Deterministic needs s_q·k <= 2^31-1. Violations
+/// throw std::invalid_argument naming the argument; CUDA errors std::runtime_error.
+void sparse_mla_backward_device(const uint16_t* q, const uint16_t* kv, const int32_t* indices,
+                                const int32_t* topk_length, const float* attn_sink,
+                                const uint16_t* out, const float* lse, const uint16_t* dout,
+                                int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
+                                int64_t d_v, float sm_scale, float* dq, float* dkv, float* dsink,
+                                void* scratch, cudaStream_t stream,
+                                SparseMlaBwdMode mode = SparseMlaBwdMode::Deterministic);
 
 /// Largest H_I / d_I the indexer kernels take; d_I must also be a multiple of 8 (16-byte rows).
 int64_t indexer_max_heads();

@@ -1,0 +1,717 @@
+// Sparse MLA backward on the tensor cores (SPEC §5, §6): dq, dkv (fp32 accumulation), dsink.
+//
+// Main kernel: one thread block (8 warps) per (query row, group of 64 heads), as the one-pass
+// forward (sparse_mla_onepass.cu): the heads are the M dimension of the head-side products.
+// Q and dout of the group stay in shared memory; the row's slots are walked in tiles of 64,
+// their kv rows gathered with cp.async (16-byte chunks, XOR-swizzled for ldmatrix; invalid
+// slots are never dereferenced: zero rows, masked). Per tile, with bf16 mma.sync m16n8k16 and
+// fp32 accumulation:
+//   S = Q K^T and dP = dout V^T (64 heads x 64 slots; warp w: heads 16(w%4).., slots 32(w/4)..),
+//   p = exp(sm_scale S - lse) r (r = 1 / (1 + exp(sink - lse)), the forward's lse recomputes P),
+//   dS = p (dP - Δ) with Δ = rowsum(out · dout) from the out the forward returned,
+//   P and sm_scale·dS rounded to bf16 into shared memory,
+//   dq += (sm_scale dS) K      (64 heads x the warp's strip of d_qk, fp32 registers, all tiles),
+//   dKV_tile = (sm_scale dS)^T Q + P^T dout (64 slots x the warp's strip, 3 n8 tiles at a time),
+// and dKV_tile goes either (fast) into dkv by fp32 atomicAdd, or (deterministic) to a scratch
+// row per (query row, head group, slot), reduced afterwards per key row in (query row, slot,
+// head group) order over a stable radix sort of the (key id, pair) list: bitwise reproducible.
+// dsink[h] = -Σ_t exp(sink - L) Δ: one term per (t, h) in scratch, summed per head in a fixed
+// order (both modes). Empty rows (no valid slot): dq 0, no dkv or dsink contribution.
+//
+// Shared memory at d_qk 576, d_v 512: Q 72 KiB, dout 64 KiB, one kv tile 72 KiB, P and dS
+// 8 KiB each, ids and row statistics: 230,400 bytes (one block per SM, no gather pipeline:
+// the first round keeps one stage and a barrier per tile).
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "cuda_check.h"
+#include "dsa/cuda/kernels.h"
+
+namespace dsa::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kHeads = 64;     // heads per block (M of S, dP and dq; K of dKV)
+constexpr int kTile = 64;      // slots per tile
+constexpr int kMaxDp = 576;    // largest d_qk (rounded up to 64)
+constexpr int kMaxDvp = 512;   // largest d_v (rounded up to 64)
+constexpr int kMaxNt = kMaxDp / 64;  // n8 tiles in a warp's strip of d_qk (8 warps)
+constexpr int kChunkNt = 1;          // n8 tiles of dKV_tile in registers at a time
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int64_t kPartialBudget = int64_t{2} << 30;  // deterministic scratch rows, bytes
+
+// ----------------------------------------------------------------- tensor-core primitives
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void st_zero16(uint32_t dst) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// Two transposed 8x8 matrices: lanes 0-7 address the rows of the first, 8-15 of the second.
+__device__ __forceinline__ void ldsm_x2_t(uint32_t addr, uint32_t (&r)[2]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
+}
+/// D += A B, m16n8k16, bf16 inputs, fp32 accumulators (PTX ISA fragment layouts).
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+/// The kv id of slot `slot` of the row, or -1 when the slot is invalid (SPEC §4).
+__device__ __forceinline__ int slot_id(const int32_t* irow, int64_t slot, int64_t lim, int s_kv) {
+  if (slot >= lim) return -1;
+  const int v = irow[slot];
+  return (v >= 0 && v < s_kv) ? v : -1;
+}
+
+// ----------------------------------------------------------------- shared-memory layout
+
+struct BwdLayout {
+  int dp, dvp;          // d_qk and d_v rounded up to 64 (whole 8-chunk swizzle groups)
+  uint32_t q_row, do_row;  // bytes per Q / kv row and per dout row
+  uint32_t off_do, off_k, off_p, off_ds, off_ids, off_stat, total;
+};
+
+__host__ __device__ inline BwdLayout bwd_layout(int64_t d_qk, int64_t d_v) {
+  BwdLayout L{};
+  L.dp = static_cast<int>((d_qk + 63) / 64 * 64);
+  L.dvp = static_cast<int>((d_v + 63) / 64 * 64);
+  L.q_row = static_cast<uint32_t>(L.dp) * 2u;
+  L.do_row = static_cast<uint32_t>(L.dvp) * 2u;
+  L.off_do = kHeads * L.q_row;                 // Q   [kHeads][dp]
+  L.off_k = L.off_do + kHeads * L.do_row;      // dO  [kHeads][dvp]
+  L.off_p = L.off_k + kTile * L.q_row;         // K   [kTile][dp]
+  L.off_ds = L.off_p + kHeads * kTile * 2;     // P   [kHeads][kTile] bf16
+  L.off_ids = L.off_ds + kHeads * kTile * 2;   // dS  [kHeads][kTile] bf16 (times sm_scale)
+  L.off_stat = L.off_ids + kTile * 4;          // ids [kTile]
+  L.total = L.off_stat + 3 * kHeads * 4;       // lse·log2(e), sink factor r, Δ per head
+  return L;
+}
+
+// ----------------------------------------------------------------- main kernel
+
+template <bool kFast>
+__global__ void __launch_bounds__(kThreads, 1)
+    sparse_mla_bwd_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv,
+                          const int32_t* __restrict__ indices,
+                          const int32_t* __restrict__ topk_length,
+                          const float* __restrict__ attn_sink, const uint16_t* __restrict__ out,
+                          const float* __restrict__ lse, const uint16_t* __restrict__ dout,
+                          int h_q, int d_qk, int s_kv, int64_t k, int d_v, float sm_scale,
+                          int64_t t0, float* __restrict__ dq, float* __restrict__ dkv,
+                          float* __restrict__ dsink_terms, float* __restrict__ partial) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const BwdLayout L = bwd_layout(d_qk, d_v);
+  const uint32_t sb = smem_u32(smem);
+  int* ids_s = reinterpret_cast<int*>(smem + L.off_ids);
+  float* lse_s = reinterpret_cast<float*>(smem + L.off_stat);  // lse · log2(e)
+  float* r_s = lse_s + kHeads;                                 // sink factor
+  float* delta_s = r_s + kHeads;                               // Δ
+  uint32_t* p_w = reinterpret_cast<uint32_t*>(smem + L.off_p);
+  uint32_t* ds_w = reinterpret_cast<uint32_t*>(smem + L.off_ds);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n_groups = (h_q + kHeads - 1) / kHeads;
+  const int64_t lt = blockIdx.x / n_groups;  // row within this launch's chunk
+  const int grp = static_cast<int>(blockIdx.x % n_groups);
+  const int64_t t = t0 + lt;
+  const int h0 = grp * kHeads;
+  int64_t lim = k;
+  if (topk_length) lim = min(lim, static_cast<int64_t>(max(topk_length[t], 0)));
+  const int32_t* irow = indices + t * k;
+
+  // SPEC §6: a row without a valid slot has dq 0 and no dkv / dsink contribution.
+  int mine = 0;
+  for (int64_t j = tid; j < lim; j += kThreads) {
+    const int v = irow[j];
+    mine |= (v >= 0 && v < s_kv) ? 1 : 0;
+  }
+  if (__syncthreads_or(mine) == 0) {
+    for (int i = tid; i < kHeads * d_qk; i += kThreads) {
+      const int r = i / d_qk, c = i - r * d_qk;
+      if (h0 + r < h_q) dq[(t * h_q + h0 + r) * static_cast<int64_t>(d_qk) + c] = 0.f;
+    }
+    if (dsink_terms && tid < kHeads && h0 + tid < h_q) dsink_terms[t * h_q + h0 + tid] = 0.f;
+    return;
+  }
+
+  // Q and dout of the group (rows past h_q and columns past d_qk / d_v zero).
+  const int q_chunks = L.dp / 8, q_src = d_qk / 8;
+  const int do_chunks = L.dvp / 8, do_src = d_v / 8;
+  for (int i = tid; i < kHeads * q_chunks; i += kThreads) {
+    const int r = i / q_chunks, c = i - r * q_chunks;
+    const uint32_t dst = sb + r * L.q_row + ((c ^ (r & 7)) << 4);
+    if (h0 + r < h_q && c < q_src)
+      cp_async16(dst, q + ((t * h_q + h0 + r) * static_cast<int64_t>(d_qk) + c * 8));
+    else
+      st_zero16(dst);
+  }
+  for (int i = tid; i < kHeads * do_chunks; i += kThreads) {
+    const int r = i / do_chunks, c = i - r * do_chunks;
+    const uint32_t dst = sb + L.off_do + r * L.do_row + ((c ^ (r & 7)) << 4);
+    if (h0 + r < h_q && c < do_src)
+      cp_async16(dst, dout + ((t * h_q + h0 + r) * static_cast<int64_t>(d_v) + c * 8));
+    else
+      st_zero16(dst);
+  }
+  cp_async_commit();
+
+  // Row statistics (warp w: heads 8w..8w+7): Δ = out · dout in a fixed order, lse, the sink
+  // factor r = exp(lse - L) and the dsink term exp(sink - L) Δ (stable for sink = ±inf).
+  for (int i = 0; i < 8; ++i) {
+    const int r = 8 * warp + i, h = h0 + r;
+    float dl = 0.f, l2 = INFINITY, rf = 1.f;  // padded head: p = 0 (also masked below)
+    if (h < h_q) {
+      const int64_t at = (t * h_q + h) * static_cast<int64_t>(d_v);
+      float a = 0.f;
+      for (int c = lane; c < d_v; c += 32)
+        a = fmaf(bf16_bits_to_float(out[at + c]), bf16_bits_to_float(dout[at + c]), a);
+      dl = warp_sum(a);
+      const float ls = lse[t * h_q + h];
+      l2 = ls * kLog2e;
+      if (attn_sink) {
+        const float sk = attn_sink[h];
+        rf = 1.f / (1.f + expf(sk - ls));
+        if (lane == 0 && dsink_terms) dsink_terms[t * h_q + h] = dl / (1.f + expf(ls - sk));
+      }
+    }
+    if (lane == 0) {
+      lse_s[r] = l2;
+      r_s[r] = rf;
+      delta_s[r] = dl;
+    }
+  }
+
+  const int n_tiles = static_cast<int>((lim + kTile - 1) / kTile);
+  // Gather: thread tid copies rows tid/8 and tid/8 + 32 of a tile, chunks tid%8 + 8i.
+  const int ld_row = tid >> 3, ld_sub = tid & 7;
+  // Fragment addressing. Every shared row a lane hands to ldmatrix has (row & 7) ==
+  // (lane & 7), so the swizzle of a logical chunk c is c ^ (lane & 7) throughout.
+  const int g = lane >> 2, c4 = lane & 3, sw = lane & 7;
+  const int ms = warp & 3, nh = warp >> 2;               // S / dP: heads 16ms.., slots 32nh..
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;  // A rows; rows of trans B loads
+  const int a_cx = lane >> 4;                            // A chunk offset
+  const int b_row = (lane & 7) + (lane >> 4) * 8;        // B rows; rows of trans A loads
+  const int b_cx = (lane >> 3) & 1;                      // their chunk offset
+  const uint32_t q_base = sb, do_base = sb + L.off_do, k_base = sb + L.off_k;
+  const uint32_t p_base = sb + L.off_p, ds_base = sb + L.off_ds;
+  const int nt = L.dp / 64;      // n8 tiles in a warp's strip of d_qk
+  const int strip = nt * warp;   // first 8-column chunk of the strip
+  const int dv_chunks = L.dvp / 8;
+  const int ksq = L.dp / 16, ksv = L.dvp / 16;
+  const float scale_l2 = sm_scale * kLog2e;
+  const int r0 = 16 * ms + g, r1 = r0 + 8;  // S rows (local heads) of this thread
+  const bool hv0 = h0 + r0 < h_q, hv1 = h0 + r1 < h_q;
+
+  float acc_dq[4][kMaxNt][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int j = 0; j < kMaxNt; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dq[mt][j][e] = 0.f;
+
+  for (int it = 0; it < n_tiles; ++it) {
+    // Gather tile `it` (every warp finished tile it-1: barrier at the end of the loop).
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int r = ld_row + 32 * u;
+      const int id = slot_id(irow, static_cast<int64_t>(it) * kTile + r, lim, s_kv);
+      if (ld_sub == 0) ids_s[r] = id;
+      const uint32_t rb = k_base + r * L.q_row;
+      const uint16_t* src = kv + static_cast<int64_t>(id < 0 ? 0 : id) * d_qk;
+      for (int c = ld_sub; c < q_chunks; c += 8) {
+        const uint32_t dst = rb + ((c ^ (r & 7)) << 4);
+        if (id >= 0 && c < q_src)
+          cp_async16(dst, src + c * 8);
+        else
+          st_zero16(dst);
+      }
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();  // tile, ids (and on the first tile Q, dout, statistics) visible
+
+    // S = Q K^T and dP = dout V^T: 16 heads x 32 slots per warp.
+    float s[4][4], dpv[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = dpv[j][e] = 0.f;
+    {
+      const uint32_t k0 = k_base + (32 * nh + b_row) * L.q_row, k1 = k0 + 16 * L.q_row;
+      const uint32_t qa = q_base + (16 * ms + a_row) * L.q_row;
+      const uint32_t da = do_base + (16 * ms + a_row) * L.do_row;
+#pragma unroll 1
+      for (int ks = 0; ks < ksq; ++ks) {
+        uint32_t a[4], b0[4], b1[4];
+        ldsm_x4(qa + (((2 * ks + a_cx) ^ sw) << 4), a);
+        const uint32_t kc = ((2 * ks + b_cx) ^ sw) << 4;
+        ldsm_x4(k0 + kc, b0);
+        ldsm_x4(k1 + kc, b1);
+        mma16816(s[0], a, b0[0], b0[1]);
+        mma16816(s[1], a, b0[2], b0[3]);
+        mma16816(s[2], a, b1[0], b1[1]);
+        mma16816(s[3], a, b1[2], b1[3]);
+      }
+      // V = the first d_v columns of K; dout is zero past d_v, so K's columns in
+      // [d_v, dvp) add nothing.
+#pragma unroll 1
+      for (int ks = 0; ks < ksv; ++ks) {
+        uint32_t a[4], b0[4], b1[4];
+        ldsm_x4(da + (((2 * ks + a_cx) ^ sw) << 4), a);
+        const uint32_t kc = ((2 * ks + b_cx) ^ sw) << 4;
+        ldsm_x4(k0 + kc, b0);
+        ldsm_x4(k1 + kc, b1);
+        mma16816(dpv[0], a, b0[0], b0[1]);
+        mma16816(dpv[1], a, b0[2], b0[3]);
+        mma16816(dpv[2], a, b1[0], b1[1]);
+        mma16816(dpv[3], a, b1[2], b1[3]);
+      }
+    }
+
+    // p = exp(sm_scale S - lse) r (0 for invalid slots and padded heads), dS = p (dP - Δ);
+    // P and sm_scale dS to shared memory in bf16 ([head][slot], 16-byte chunks swizzled).
+    {
+      const float l20 = lse_s[r0], l21 = lse_s[r1], rf0 = r_s[r0], rf1 = r_s[r1];
+      const float dl0 = delta_s[r0], dl1 = delta_s[r1];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int col = 32 * nh + 8 * j + 2 * c4;
+        const bool v0 = ids_s[col] >= 0, v1 = ids_s[col + 1] >= 0;
+        const float p00 = (hv0 && v0) ? exp2f(fmaf(s[j][0], scale_l2, -l20)) * rf0 : 0.f;
+        const float p01 = (hv0 && v1) ? exp2f(fmaf(s[j][1], scale_l2, -l20)) * rf0 : 0.f;
+        const float p10 = (hv1 && v0) ? exp2f(fmaf(s[j][2], scale_l2, -l21)) * rf1 : 0.f;
+        const float p11 = (hv1 && v1) ? exp2f(fmaf(s[j][3], scale_l2, -l21)) * rf1 : 0.f;
+        const float d00 = p00 * (dpv[j][0] - dl0) * sm_scale;
+        const float d01 = p01 * (dpv[j][1] - dl0) * sm_scale;
+        const float d10 = p10 * (dpv[j][2] - dl1) * sm_scale;
+        const float d11 = p11 * (dpv[j][3] - dl1) * sm_scale;
+        const int chunk = 4 * nh + j;
+        const int w0 = r0 * 32 + ((chunk ^ (r0 & 7)) << 2) + c4;
+        const int w1 = r1 * 32 + ((chunk ^ (r1 & 7)) << 2) + c4;
+        p_w[w0] = pack_bf16(p00, p01);
+        p_w[w1] = pack_bf16(p10, p11);
+        ds_w[w0] = pack_bf16(d00, d01);
+        ds_w[w1] = pack_bf16(d10, d11);
+      }
+    }
+    __syncthreads();  // P and dS visible
+
+    // dq += (sm_scale dS) K: all 64 heads x the warp's strip (nt n8 tiles) of d_qk.
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      uint32_t bk[kMaxNt][2];
+      const uint32_t krow = k_base + (16 * kk + a_row) * L.q_row;
+#pragma unroll
+      for (int j = 0; j < kMaxNt; ++j) {
+        bk[j][0] = bk[j][1] = 0u;
+        if (j < nt) ldsm_x2_t(krow + (((strip + j) ^ sw) << 4), bk[j]);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        uint32_t a[4];
+        ldsm_x4(ds_base + (16 * mt + a_row) * 128 + (((2 * kk + a_cx) ^ sw) << 4), a);
+#pragma unroll
+        for (int j = 0; j < kMaxNt; ++j)
+          if (j < nt) mma16816(acc_dq[mt][j], a, bk[j][0], bk[j][1]);
+      }
+    }
+
+    // dKV_tile = (sm_scale dS)^T Q + P^T dout: 64 slots x the warp's strip, kChunkNt n8
+    // tiles at a time (A from the [head][slot] tiles by transposed ldmatrix).
+    for (int j0 = 0; j0 < nt; j0 += kChunkNt) {
+      float acc[4][kChunkNt][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int jj = 0; jj < kChunkNt; ++jj)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][jj][e] = 0.f;
+#pragma unroll
+      for (int kh = 0; kh < kHeads / 16; ++kh) {
+        uint32_t bq[kChunkNt][2], bo[kChunkNt][2];
+        bool on_q[kChunkNt], on_o[kChunkNt];
+        const uint32_t qrow = q_base + (16 * kh + a_row) * L.q_row;
+        const uint32_t orow = do_base + (16 * kh + a_row) * L.do_row;
+#pragma unroll
+        for (int jj = 0; jj < kChunkNt; ++jj) {
+          const int c = strip + j0 + jj;  // 8-column chunk of d_qk
+          on_q[jj] = j0 + jj < nt;
+          on_o[jj] = on_q[jj] && c < dv_chunks;
+          bq[jj][0] = bq[jj][1] = bo[jj][0] = bo[jj][1] = 0u;
+          if (on_q[jj]) ldsm_x2_t(qrow + ((c ^ sw) << 4), bq[jj]);
+          if (on_o[jj]) ldsm_x2_t(orow + ((c ^ sw) << 4), bo[jj]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          const uint32_t at = (16 * kh + b_row) * 128 + (((2 * mt + b_cx) ^ sw) << 4);
+          uint32_t a[4];
+          ldsm_x4_t(ds_base + at, a);
+#pragma unroll
+          for (int jj = 0; jj < kChunkNt; ++jj)
+            if (on_q[jj]) mma16816(acc[mt][jj], a, bq[jj][0], bq[jj][1]);
+          ldsm_x4_t(p_base + at, a);
+#pragma unroll
+          for (int jj = 0; jj < kChunkNt; ++jj)
+            if (on_o[jj]) mma16816(acc[mt][jj], a, bo[jj][0], bo[jj][1]);
+        }
+      }
+      // Out: rows of valid slots only (an invalid slot's row is all zero and has no key).
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int sl = 16 * mt + g + 8 * half;
+          const int id = ids_s[sl];
+          if (id < 0) continue;
+#pragma unroll
+          for (int jj = 0; jj < kChunkNt; ++jj) {
+            const int col = 8 * (strip + j0 + jj) + 2 * c4;  // even; d_qk % 8 == 0
+            if (j0 + jj >= nt || col >= d_qk) continue;
+            const float x0 = acc[mt][jj][2 * half], x1 = acc[mt][jj][2 * half + 1];
+            if (kFast) {
+              float* dst = dkv + static_cast<int64_t>(id) * d_qk + col;
+              atomicAdd(dst, x0);
+              atomicAdd(dst + 1, x1);
+            } else {
+              const int64_t row =
+                  (lt * n_groups + grp) * k + static_cast<int64_t>(it) * kTile + sl;
+              *reinterpret_cast<float2*>(partial + row * d_qk + col) = make_float2(x0, x1);
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this tile's K, ids, P and dS
+  }
+
+  // dq rows of the group's heads (fp32; sm_scale is inside dS).
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = h0 + 16 * mt + g + 8 * half;
+      if (h >= h_q) continue;
+      float* drow = dq + (t * h_q + h) * static_cast<int64_t>(d_qk);
+#pragma unroll
+      for (int j = 0; j < kMaxNt; ++j) {
+        const int col = 8 * (strip + j) + 2 * c4;
+        if (j < nt && col < d_qk)
+          *reinterpret_cast<float2*>(drow + col) =
+              make_float2(acc_dq[mt][j][2 * half], acc_dq[mt][j][2 * half + 1]);
+      }
+    }
+  }
+}
+
+// ----------------------------------------------------------------- deterministic reduction
+
+/// keys[p] = the kv id of pair p = t·k + slot when the slot is valid, else s_kv (sorted last);
+/// vals[p] = p.
+__global__ void pair_keys_kernel(const int32_t* __restrict__ indices,
+                                 const int32_t* __restrict__ topk_length, int64_t s_q, int64_t k,
+                                 int s_kv, unsigned* __restrict__ keys, int* __restrict__ vals) {
+  const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (p >= s_q * k) return;
+  const int64_t t = p / k, j = p - t * k;
+  int64_t lim = k;
+  if (topk_length) lim = min(lim, static_cast<int64_t>(max(topk_length[t], 0)));
+  const int v = indices[p];
+  keys[p] = (j < lim && v >= 0 && v < s_kv) ? static_cast<unsigned>(v)
+                                            : static_cast<unsigned>(s_kv);
+  vals[p] = static_cast<int>(p);
+}
+
+/// First position in [lo, hi) whose value is >= x (a[] ascending).
+template <class T>
+__device__ int64_t lower_bound_dev(const T* a, int64_t lo, int64_t hi, int64_t x) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (static_cast<int64_t>(a[mid]) < x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+constexpr int kReduceVec = 5;  // float4 chunks per lane: 5 x 32 x 4 = 640 >= 576 columns
+
+/// One warp per key row s: dkv[s] += the scratch rows of the pairs (t, slot) with t in
+/// [t0, t1) that selected s, in ascending pair order (t, then slot), head groups in order.
+/// The sorted pair list is stable, so the sum is the same sequence of fp32 adds every run
+/// and for every chunking of the rows.
+__global__ void dkv_reduce_kernel(const unsigned* __restrict__ keys, const int* __restrict__ vals,
+                                  int64_t n, const float* __restrict__ partial, int s_kv,
+                                  int d_qk, int64_t k, int n_groups, int64_t t0, int64_t t1,
+                                  float* __restrict__ dkv) {
+  const int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (s >= s_kv) return;
+  const int64_t b = lower_bound_dev(keys, 0, n, s);
+  const int64_t e = lower_bound_dev(keys, b, n, s + 1);
+  const int64_t lo = lower_bound_dev(vals, b, e, t0 * k);
+  const int64_t hi = lower_bound_dev(vals, lo, e, t1 * k);
+  if (lo >= hi) return;
+  const int nc = d_qk / 4;
+  float4* row = reinterpret_cast<float4*>(dkv + s * d_qk);
+  float4 acc[kReduceVec];
+#pragma unroll
+  for (int u = 0; u < kReduceVec; ++u) {
+    const int c = lane + 32 * u;
+    acc[u] = c < nc ? row[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  for (int64_t i = lo; i < hi; ++i) {
+    const int64_t p = vals[i];
+    const int64_t lt = p / k - t0, slot = p % k;
+    for (int grp = 0; grp < n_groups; ++grp) {
+      const float4* src =
+          reinterpret_cast<const float4*>(partial + ((lt * n_groups + grp) * k + slot) * d_qk);
+#pragma unroll
+      for (int u = 0; u < kReduceVec; ++u) {
+        const int c = lane + 32 * u;
+        if (c < nc) {
+          const float4 v = src[c];
+          acc[u].x += v.x;
+          acc[u].y += v.y;
+          acc[u].z += v.z;
+          acc[u].w += v.w;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kReduceVec; ++u) {
+    const int c = lane + 32 * u;
+    if (c < nc) row[c] = acc[u];
+  }
+}
+
+/// dsink[h] = -Σ_t terms[t, h]: thread i sums rows i, i+256, ... in order, then a fixed tree.
+__global__ void dsink_reduce_kernel(const float* __restrict__ terms, int64_t s_q, int h_q,
+                                    float* __restrict__ dsink) {
+  __shared__ float red[256];
+  const int h = blockIdx.x, tid = threadIdx.x;
+  float a = 0.f;
+  for (int64_t t = tid; t < s_q; t += 256) a += terms[t * h_q + h];
+  red[tid] = a;
+  __syncthreads();
+  for (int off = 128; off > 0; off >>= 1) {
+    if (tid < off) red[tid] += red[tid + off];
+    __syncthreads();
+  }
+  if (tid == 0) dsink[h] = -red[0];
+}
+
+// ----------------------------------------------------------------- host side
+
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+struct ScratchPlan {
+  size_t terms = 0, keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0, cub = 0, partial = 0;
+  size_t cub_bytes = 0, total = 0;
+  int64_t rows = 0;  // query rows per main launch (deterministic: per scratch fill)
+  int end_bit = 1;
+};
+
+ScratchPlan plan_scratch(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
+                         SparseMlaBwdMode mode) {
+  ScratchPlan P;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t here = at;
+    at += align256(bytes);
+    return here;
+  };
+  P.terms = take(sizeof(float) * static_cast<size_t>(s_q * h_q));
+  P.rows = s_q;
+  if (mode == SparseMlaBwdMode::Deterministic && s_q > 0 && h_q > 0) {
+    const int64_t n = s_q * k;
+    while (P.end_bit < 32 && (int64_t{1} << P.end_bit) <= s_kv) ++P.end_bit;
+    P.keys_in = take(4 * static_cast<size_t>(n));
+    P.keys_out = take(4 * static_cast<size_t>(n));
+    P.vals_in = take(4 * static_cast<size_t>(n));
+    P.vals_out = take(4 * static_cast<size_t>(n));
+    size_t cub_bytes = 0;
+    DSA_CUDA_CHECK("sparse_mla_backward_device (sort size)",
+                   cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes,
+                                                   static_cast<const unsigned*>(nullptr),
+                                                   static_cast<unsigned*>(nullptr),
+                                                   static_cast<const int*>(nullptr),
+                                                   static_cast<int*>(nullptr), static_cast<int>(n),
+                                                   0, P.end_bit));
+    P.cub_bytes = cub_bytes;
+    P.cub = take(cub_bytes);
+    const int64_t groups = (h_q + kHeads - 1) / kHeads;
+    const int64_t row_bytes = std::max<int64_t>(1, groups * k * d_qk * 4);
+    P.rows = std::max<int64_t>(1, std::min<int64_t>(s_q, kPartialBudget / row_bytes));
+    P.partial = take(static_cast<size_t>(P.rows * row_bytes));
+  }
+  P.total = at;
+  return P;
+}
+
+void require(bool ok, const char* arg, const std::string& got, const std::string& expected) {
+  if (!ok)
+    throw std::invalid_argument(std::string("sparse_mla_backward_device: argument '") + arg +
+                                "' got " + got + ", expected " + expected);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <bool kFast>
+void launch_main(int64_t rows, int64_t groups, size_t smem, cudaStream_t stream,
+                 const uint16_t* q, const uint16_t* kv, const int32_t* indices,
+                 const int32_t* topk_length, const float* attn_sink, const uint16_t* out,
+                 const float* lse, const uint16_t* dout, int64_t h_q, int64_t d_qk, int64_t s_kv,
+                 int64_t k, int64_t d_v, float sm_scale, int64_t t0, float* dq, float* dkv,
+                 float* dsink_terms, float* partial) {
+  const char* where = "sparse_mla_backward_device";
+  DSA_CUDA_CHECK(where, cudaFuncSetAttribute(sparse_mla_bwd_kernel<kFast>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem)));
+  sparse_mla_bwd_kernel<kFast><<<static_cast<unsigned>(rows * groups), kThreads, smem, stream>>>(
+      q, kv, indices, topk_length, attn_sink, out, lse, dout, static_cast<int>(h_q),
+      static_cast<int>(d_qk), static_cast<int>(s_kv), k, static_cast<int>(d_v), sm_scale, t0, dq,
+      dkv, dsink_terms, partial);
+  DSA_CUDA_CHECK(where, cudaGetLastError());
+}
+
+}  // namespace
+
+int64_t sparse_mla_backward_max_d_qk() { return kMaxDp; }
+int64_t sparse_mla_backward_max_d_v() { return kMaxDvp; }
+
+size_t sparse_mla_backward_scratch_bytes(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv,
+                                         int64_t k, SparseMlaBwdMode mode) {
+  return plan_scratch(s_q, h_q, d_qk, s_kv, k, mode).total;
+}
+
+void sparse_mla_backward_device(const uint16_t* q, const uint16_t* kv, const int32_t* indices,
+                                const int32_t* topk_length, const float* attn_sink,
+                                const uint16_t* out, const float* lse, const uint16_t* dout,
+                                int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
+                                int64_t d_v, float sm_scale, float* dq, float* dkv, float* dsink,
+                                void* scratch, cudaStream_t stream, SparseMlaBwdMode mode) {
+  using std::to_string;
+  const char* where = "sparse_mla_backward_device";
+  require(s_q >= 0, "s_q", to_string(s_q), ">= 0");
+  require(h_q >= 0 && h_q <= INT32_MAX, "h_q", to_string(h_q), "0 <= h_q <= 2^31-1");
+  require(s_kv >= 0 && s_kv < INT32_MAX, "s_kv", to_string(s_kv), "0 <= s_kv < 2^31-1");
+  require(k >= 0, "k", to_string(k), ">= 0");
+  require(d_qk > 0 && d_qk % 8 == 0 && d_qk <= kMaxDp, "d_qk", to_string(d_qk),
+          "a multiple of 8 in (0, " + to_string(kMaxDp) + "] (kernel limit)");
+  require(d_v > 0 && d_v % 8 == 0 && d_v <= d_qk && d_v <= kMaxDvp, "d_v", to_string(d_v),
+          "a multiple of 8 in (0, min(d_qk, " + to_string(kMaxDvp) + ")]");
+  require(std::isfinite(sm_scale), "sm_scale", to_string(sm_scale), "a finite value");
+  require((attn_sink == nullptr) == (dsink == nullptr), "dsink",
+          dsink ? "a pointer" : "null", "given exactly when attn_sink is given");
+  require(mode == SparseMlaBwdMode::Fast || s_q * k <= INT32_MAX, "k", to_string(k),
+          "s_q * k <= 2^31-1 (deterministic pair list)");
+  const int64_t groups = (h_q + kHeads - 1) / kHeads;
+  require(s_q * groups <= INT32_MAX, "s_q", to_string(s_q), "s_q * ceil(h_q/64) <= 2^31-1");
+  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(kv),
+                        static_cast<const void*>(dout), static_cast<const void*>(dq),
+                        static_cast<const void*>(dkv)})
+    require(p == nullptr || aligned16(p), "q/kv/dout/dq/dkv", "a pointer not 16-byte aligned",
+            "16-byte aligned device pointers (cp.async, vector stores)");
+  const ScratchPlan plan = plan_scratch(s_q, h_q, d_qk, s_kv, k, mode);
+  require(plan.total == 0 || (scratch != nullptr && aligned16(scratch)), "scratch",
+          scratch ? "a pointer not 16-byte aligned" : "null",
+          to_string(plan.total) + " bytes (sparse_mla_backward_scratch_bytes), 16-byte aligned");
+
+  if (s_kv > 0)
+    DSA_CUDA_CHECK(where, cudaMemsetAsync(dkv, 0, sizeof(float) * s_kv * d_qk, stream));
+  if (s_q == 0 || h_q == 0) {
+    if (dsink && h_q > 0) DSA_CUDA_CHECK(where, cudaMemsetAsync(dsink, 0, sizeof(float) * h_q, stream));
+    return;
+  }
+  char* base = static_cast<char*>(scratch);
+  float* terms = attn_sink ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
+  const size_t smem = bwd_layout(d_qk, d_v).total;
+
+  if (mode == SparseMlaBwdMode::Fast) {
+    launch_main<true>(s_q, groups, smem, stream, q, kv, indices, topk_length, attn_sink, out, lse,
+                      dout, h_q, d_qk, s_kv, k, d_v, sm_scale, 0, dq, dkv, terms, nullptr);
+  } else {
+    const int64_t n = s_q * k;
+    auto* keys_in = reinterpret_cast<unsigned*>(base + plan.keys_in);
+    auto* keys_out = reinterpret_cast<unsigned*>(base + plan.keys_out);
+    auto* vals_in = reinterpret_cast<int*>(base + plan.vals_in);
+    auto* vals_out = reinterpret_cast<int*>(base + plan.vals_out);
+    auto* partial = reinterpret_cast<float*>(base + plan.partial);
+    if (n > 0) {
+      pair_keys_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+          indices, topk_length, s_q, k, static_cast<int>(s_kv), keys_in, vals_in);
+      DSA_CUDA_CHECK(where, cudaGetLastError());
+      size_t cub_bytes = plan.cub_bytes;
+      DSA_CUDA_CHECK(where, cub::DeviceRadixSort::SortPairs(
+                                base + plan.cub, cub_bytes, keys_in, keys_out, vals_in, vals_out,
+                                static_cast<int>(n), 0, plan.end_bit, stream));
+    }
+    for (int64_t t0 = 0; t0 < s_q; t0 += plan.rows) {
+      const int64_t t1 = std::min(s_q, t0 + plan.rows);
+      launch_main<false>(t1 - t0, groups, smem, stream, q, kv, indices, topk_length, attn_sink,
+                         out, lse, dout, h_q, d_qk, s_kv, k, d_v, sm_scale, t0, dq, dkv, terms,
+                         partial);
+      if (n > 0 && s_kv > 0) {
+        const int64_t blocks = (s_kv + 7) / 8;  // 8 warps (key rows) per block
+        dkv_reduce_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+            keys_out, vals_out, n, partial, static_cast<int>(s_kv), static_cast<int>(d_qk), k,
+            static_cast<int>(groups), t0, t1, dkv);
+        DSA_CUDA_CHECK(where, cudaGetLastError());
+      }
+    }
+  }
+  if (attn_sink) {
+    dsink_reduce_kernel<<<static_cast<unsigned>(h_q), 256, 0, stream>>>(terms, s_q,
+                                                                      static_cast<int>(h_q), dsink);
+    DSA_CUDA_CHECK(where, cudaGetLastError());
+  }
+}
+
+}  // namespace dsa::cuda
