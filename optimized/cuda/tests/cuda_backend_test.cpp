@@ -18,6 +18,7 @@
 #include "dsa/cuda/kernels.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
+#include "mla_case.h"
 
 namespace {
 
@@ -29,6 +30,8 @@ using dsa::TopkPolicy;
 using dsa::oracle::Op;
 using dsa::oracle::OpCase;
 using dsa::oracle::Verdict;
+using dsa_cuda_test::make_mla;
+using dsa_cuda_test::MlaShape;
 
 class CudaBackendTest : public ::testing::Test {
  protected:
@@ -280,54 +283,6 @@ TEST_F(CudaBackendTest, TopkAllUnselectableRowsAndEmptyShapes) {
 
 // ---------------------------------------------------------------- sparse MLA forward
 
-struct MlaShape {
-  int64_t s_q, h_q, d_qk, d_v, s_kv, k;
-};
-
-OpCase make_mla(const MlaShape& s, uint64_t seed, bool with_len, int sink_mode) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  OpCase c;
-  c.mla.q = Tensor(DType::BF16, {s.s_q, s.h_q, s.d_qk});
-  c.mla.kv = Tensor(DType::BF16, {s.s_kv, s.d_qk});
-  for (int64_t i = 0; i < c.mla.q.numel(); ++i) c.mla.q.set(i, normal(rng));
-  for (int64_t i = 0; i < c.mla.kv.numel(); ++i) c.mla.kv.set(i, normal(rng));
-  std::vector<int32_t> idx(s.s_q * s.k);
-  std::uniform_int_distribution<int64_t> id(0, s.s_kv - 1);
-  std::uniform_int_distribution<int> kind(0, 9);
-  const int32_t bad[4] = {-1, INT32_MIN, static_cast<int32_t>(s.s_kv), INT32_MAX};
-  for (int64_t t = 0; t < s.s_q; ++t) {
-    for (int64_t j = 0; j < s.k; ++j) {
-      int32_t v = static_cast<int32_t>(id(rng));
-      const int r = kind(rng);
-      if (r == 0) v = bad[j % 4];                       // holes of every invalid kind
-      if (r == 1 && j > 0) v = idx[t * s.k + j - 1];     // duplicates
-      if (t % 4 == 1 && j < 70) v = bad[j % 4];         // leading invalid block (> one tile of
-                                                        // every kernel: 32, 64, 64 slots)
-      if (t % 4 == 3) v = bad[(t + j) % 4];             // empty row
-      idx[t * s.k + j] = v;
-    }
-  }
-  c.mla.indices = Tensor::from_i32({s.s_q, s.k}, idx);
-  if (with_len) {
-    std::vector<int32_t> len(s.s_q);
-    std::uniform_int_distribution<int64_t> l(-2, s.k + 3);
-    for (int64_t t = 0; t < s.s_q; ++t) len[t] = static_cast<int32_t>(t == 0 ? 0 : l(rng));
-    c.mla.topk_length = Tensor::from_i32({s.s_q}, len);
-  }
-  if (sink_mode) {
-    Tensor sink(DType::F32, {s.h_q});
-    const double inf = std::numeric_limits<double>::infinity();
-    for (int64_t h = 0; h < s.h_q; ++h)
-      sink.set(h, sink_mode == 2 && h % 3 == 0 ? inf : sink_mode == 2 && h % 3 == 1 ? -inf
-                                                                                   : normal(rng));
-    c.mla.attn_sink = sink;
-  }
-  c.mla.sm_scale = 1.0 / std::sqrt(static_cast<double>(s.d_qk));
-  c.mla.d_v = s.d_v;
-  return c;
-}
-
 const char* kernel_name(dsa::cuda::SparseMlaKernel k) {
   switch (k) {
     case dsa::cuda::SparseMlaKernel::CudaCore: return "[cuda cores] ";
@@ -462,125 +417,10 @@ TEST_F(CudaBackendTest, SparseMlaForwardIndexView3d) {
   expect_mla_pass(*backend_, c, "[s_q,1,k] view");
 }
 
-// ---------------------------------------------------------------- sparse MLA backward
-
-// The backward kernel (sparse_mla_bwd.cu) is selected explicitly here, whatever
-// DSA_CUDA_SMLA_BWD says (the registered backend's default stays Fallback until the H200 run).
 std::unique_ptr<dsa::oracle::Backend> bwd_backend(dsa::cuda::SparseMlaBwdPath path) {
   dsa::cuda::CudaBackendOptions o;
   o.mla_bwd = path;
   return dsa::cuda::make_cuda_backend(o);
-}
-
-const char* bwd_name(dsa::cuda::SparseMlaBwdPath p) {
-  return p == dsa::cuda::SparseMlaBwdPath::KernelFast ? "[backward, fast (atomic dkv)] "
-                                                      : "[backward, deterministic] ";
-}
-
-// make_mla plus a random bf16 dout.
-OpCase make_mla_bwd(const MlaShape& s, uint64_t seed, bool with_len, int sink_mode) {
-  OpCase c = make_mla(s, seed, with_len, sink_mode);
-  std::mt19937_64 rng(seed ^ 0x5eedULL);
-  std::normal_distribution<double> normal(0.0, 1.0);
-  c.dout = Tensor(DType::BF16, {s.s_q, s.h_q, s.d_v});
-  for (int64_t i = 0; i < c.dout.numel(); ++i) c.dout.set(i, normal(rng));
-  return c;
-}
-
-// Oracle judgement (SPEC §9: float64 reference, baseline with Δ from the bf16 out) of dq, dkv
-// and dsink for both modes; the deterministic one is also run twice by check_op (bytes equal).
-// WEAK rows allowed explicitly, as for the forward (a case property: cancelling Δ rows).
-void expect_mla_bwd_pass(const OpCase& c, const std::string& label) {
-  dsa::oracle::CheckOptions opt = dsa::oracle::default_check_options();
-  opt.allow_weak = true;
-  for (auto path : {dsa::cuda::SparseMlaBwdPath::Kernel, dsa::cuda::SparseMlaBwdPath::KernelFast}) {
-    auto b = bwd_backend(path);
-    ASSERT_TRUE(b->supports(Op::SparseMlaBwd));
-    const dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::SparseMlaBwd, c, opt);
-    EXPECT_EQ(r.verdict, Verdict::Pass) << bwd_name(path) << label << "\n"
-                                        << dsa::oracle::format_op_report(r);
-    if (path == dsa::cuda::SparseMlaBwdPath::Kernel) {
-      EXPECT_TRUE(r.determinism_checked && r.determinism_ok) << label;
-    }
-  }
-}
-
-std::string mla_label(const MlaShape& s, int variant) {
-  return "s_q=" + std::to_string(s.s_q) + " h_q=" + std::to_string(s.h_q) +
-         " d_qk=" + std::to_string(s.d_qk) + " d_v=" + std::to_string(s.d_v) +
-         " s_kv=" + std::to_string(s.s_kv) + " k=" + std::to_string(s.k) +
-         " variant=" + std::to_string(variant);
-}
-
-// Small and production-width shapes: h_q 16 (one padded head group), 3 (d_qk 63 / d_v 17
-// padded to 64 / 24), 64, 128 (two groups), 100 (a padded second group), d_qk 576 and 512;
-// invalid ids of every kind, duplicates, leading invalid blocks longer than a tile, empty
-// rows; variant 1 adds topk_length and sinks, variant 2 sinks with ±inf.
-TEST_F(CudaBackendTest, SparseMlaBackwardShapesAndEdges) {
-  const std::vector<MlaShape> shapes = {{4, 16, 64, 64, 50, 33},     {4, 3, 63, 17, 40, 31},
-                                        {4, 64, 576, 512, 300, 150}, {4, 128, 576, 512, 400, 200},
-                                        {3, 100, 512, 512, 300, 129}};
-  uint64_t seed = 900;
-  for (const MlaShape& s : shapes)
-    for (int variant = 0; variant < 3; ++variant)
-      expect_mla_bwd_pass(make_mla_bwd(s, seed++, variant == 1, variant), mla_label(s, variant));
-}
-
-// Every query row and head selects the same few keys many times (duplicates across rows and
-// within a row): the deterministic mode returns the same bytes on repeated runs, and both modes
-// pass the oracle.
-TEST_F(CudaBackendTest, SparseMlaBackwardDeterministicUnderHeavyCollisions) {
-  const MlaShape s{16, 128, 576, 512, 7, 130};
-  OpCase c = make_mla_bwd(s, 4242, true, 1);
-  std::vector<int32_t> idx(s.s_q * s.k);
-  for (int64_t i = 0; i < s.s_q * s.k; ++i) idx[i] = static_cast<int32_t>((i * 5 + i / 13) % 9) - 1;
-  c.mla.indices = Tensor::from_i32({s.s_q, s.k}, idx);  // ids -1..7: invalid -1 and s_kv=7
-  auto b = bwd_backend(dsa::cuda::SparseMlaBwdPath::Kernel);
-  const dsa::SparseMlaGrads g1 = b->sparse_mla_backward(c.mla, c.dout);
-  for (int rep = 0; rep < 2; ++rep) {
-    const dsa::SparseMlaGrads g2 = b->sparse_mla_backward(c.mla, c.dout);
-    EXPECT_TRUE(dsa::oracle::bitwise_equal(g1.dq, g2.dq)) << "dq differs on run " << rep + 2;
-    EXPECT_TRUE(dsa::oracle::bitwise_equal(g1.dkv, g2.dkv)) << "dkv differs on run " << rep + 2;
-    ASSERT_TRUE(g1.dsink && g2.dsink);
-    EXPECT_TRUE(dsa::oracle::bitwise_equal(*g1.dsink, *g2.dsink)) << "dsink differs";
-  }
-  expect_mla_bwd_pass(c, "heavy collisions");
-}
-
-// SPEC §6: rows without a valid slot give dq exactly 0; keys nobody selected get dkv exactly 0;
-// nothing is NaN (sinks ±inf included); the one valid slot (in the second tile) does contribute.
-TEST_F(CudaBackendTest, SparseMlaBackwardEmptyRowsAreExact) {
-  const MlaShape s{4, 64, 576, 512, 10, 70};
-  OpCase c = make_mla_bwd(s, 43, false, 2);
-  std::vector<int32_t> idx(4 * 70, -1);
-  idx[70 * 2 + 66] = 3;  // row 2: one valid slot, in its second tile; the others none
-  idx[70 * 2 + 5] = 10;  // s_kv: invalid
-  c.mla.indices = Tensor::from_i32({4, 70}, idx);
-  for (auto path : {dsa::cuda::SparseMlaBwdPath::Kernel, dsa::cuda::SparseMlaBwdPath::KernelFast}) {
-    const dsa::SparseMlaGrads g = bwd_backend(path)->sparse_mla_backward(c.mla, c.dout);
-    for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{3}})
-      for (int64_t i = t * 64 * 576; i < (t + 1) * 64 * 576; ++i)
-        ASSERT_EQ(g.dq.get(i), 0.0) << bwd_name(path) << "dq of an empty row, flat " << i;
-    for (int64_t i = 0; i < g.dkv.numel(); ++i) {
-      ASSERT_FALSE(std::isnan(g.dkv.get(i))) << bwd_name(path) << i;
-      if (i / 576 != 3) {
-        ASSERT_EQ(g.dkv.get(i), 0.0) << bwd_name(path) << "dkv of key " << i / 576;
-      }
-    }
-    bool nonzero = false;
-    for (int64_t i = 3 * 576; i < 4 * 576; ++i) nonzero |= g.dkv.get(i) != 0.0;
-    EXPECT_TRUE(nonzero) << bwd_name(path) << "key 3 (selected once) got no gradient";
-    ASSERT_TRUE(g.dsink.has_value());
-    for (int64_t h = 0; h < 64; ++h) EXPECT_FALSE(std::isnan(g.dsink->get(h))) << h;
-  }
-  expect_mla_bwd_pass(c, "empty rows, d_qk 576");
-}
-
-// The sanitizer case of the backward (compute-sanitizer memcheck / racecheck in
-// ci/gpu/test.sh): production widths, invalid ids of every kind, duplicates, a leading invalid
-// block longer than a tile, empty rows, topk_length and sinks with ±inf, both modes.
-TEST_F(CudaBackendTest, SparseMlaBwdSanitizerSmall) {
-  expect_mla_bwd_pass(make_mla_bwd({4, 128, 576, 512, 300, 150}, 92, true, 2), "sanitizer case");
 }
 
 TEST(CudaBackendArgs, BadArgumentsNameTheArgument) {
