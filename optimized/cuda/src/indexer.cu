@@ -27,10 +27,12 @@
 
 #include "cuda_check.h"
 #include "dsa/cuda/kernels.h"
+#include "hopper_primitives.cuh"
 
 namespace dsa::cuda {
 namespace {
 
+using namespace detail;  // hopper_primitives.cuh
 using bf16 = __nv_bfloat16;
 
 constexpr int kMaxHeads = 64;   // M of one warpgroup product: heads padded to 64
@@ -55,139 +57,6 @@ constexpr int kDkStages = 3;
 constexpr uint32_t kDkTile = kMaxHeads * 256 + kDkKeys * 4 + kMaxHeads * 4;  // Q tile, dI, w
 constexpr size_t kDkSmem = 1024 + kDkStages * kDkTile + 16;
 
-// ---------------------------------------------------------------- PTX helpers
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// c[0..3] += A (m16 x k16, 4 registers) * B (k16 x n8, 2 registers), fp32 accumulation.
-__device__ __forceinline__ void mma16816(float* c, const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_fence() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-// Keeps the compiler from moving accumulator reads/writes across an async wgmma boundary.
-__device__ __forceinline__ void pin(float (&d)[64]) {
-#pragma unroll
-  for (int j = 0; j < 64; ++j) asm volatile("" : "+f"(d[j])::"memory");
-}
-// Generated operand list: m64n128k16, f32 += bf16 (A: 4 registers) x bf16 (B: descriptor).
-__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
-                                                 uint64_t desc_b, int scale_d) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc_b));
-#else
-  (void)d; (void)a; (void)desc_b; (void)scale_d;
-  __trap();
-#endif
-}
-
-// m64n128k16, f32 += bf16 (A: descriptor) x bf16 (B: descriptor), both K-major.
-__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a,
-                                                    uint64_t desc_b, int scale_d) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-#else
-  (void)d; (void)desc_a; (void)desc_b; (void)scale_d;
-  __trap();
-#endif
-}
-
-// Shared-memory descriptor of a K-major tile in the 128-byte swizzle (rows of 128 bytes, 8-row
-// atoms of 1024 bytes): start address >> 4, leading offset 1 (unused when swizzled), stride
-// offset 1024 >> 4 between 8-row groups, layout type 1 = 128B swizzle (bits 62-63).
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-// Byte offset of 16-byte chunk c (0..15, 8 bf16 each) of row r in a tile of `rows` rows of
-// 128 d-values: two column halves of rows x 128 B, chunk index XOR (row mod 8) inside each.
-__device__ __forceinline__ uint32_t swz(int rows, int r, int c) {
-  return static_cast<uint32_t>((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
 // Rows [row0, row0 + R) of a row-major bf16 matrix with `nrows` rows of d values into the
 // swizzled tile at `sbase`; rows past nrows and columns past d are zero-filled.
 template <int R, int NT = kThreads>
@@ -198,7 +67,7 @@ __device__ __forceinline__ void load_rows(uint32_t sbase, const bf16* src, int r
     const int r = i >> 4, c = i & 15;
     const bool valid = row0 + r < nrows && c * 8 < d;
     const bf16* p = valid ? src + static_cast<size_t>(row0 + r) * d + c * 8 : src;
-    cp_async16(sbase + swz(R, r, c), p, valid);
+    cp_async16_zfill(sbase + sw128_offset(R, r, c), p, valid ? 16u : 0u);
   }
 }
 
@@ -238,11 +107,6 @@ __device__ __forceinline__ float relu(float x) {
   float r;
   asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(x));
   return r;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // A fragments (m16 x k16) from the C fragments of two adjacent n8 tiles, each value split into
@@ -297,7 +161,7 @@ __device__ __forceinline__ void fwd_epilogue(const float (&acc)[64], float w0, f
   float* r = red + buf * 512 + warp * 128;
   *reinterpret_cast<float2*>(r + nt0 * 8 + 2 * t4) = make_float2(part[0], part[1]);
   *reinterpret_cast<float2*>(r + (nt0 + 1) * 8 + 2 * t4) = make_float2(part[2], part[3]);
-  named_barrier(1 + wg, 128);
+  named_barrier_sync(1 + wg, 128);
   const float* rb = red + buf * 512;
   const float s = ((rb[wtid] + rb[128 + wtid]) + rb[256 + wtid]) + rb[384 + wtid];
   const int key = key0 + wtid;
@@ -315,7 +179,7 @@ __device__ __forceinline__ void mma_tile(float (&acc)[64], const uint32_t (&qa)[
 #pragma unroll
     for (int p = 0; p < 8; ++p) {
       uint32_t b[4];
-      ldsm_x4(b, sbase + swz(kFwdKeys, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
+      ldsm_x4(b, sbase + sw128_offset(kFwdKeys, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
       mma16816(&acc[(2 * p) * 4], qa[kk], b[0], b[1]);
       mma16816(&acc[(2 * p + 1) * 4], qa[kk], b[2], b[3]);
     }
@@ -326,9 +190,10 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[64], const uint32_t (&qa
                                            uint32_t sbase) {
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
-    wgmma_m64n128k16(acc, qa[kk],
-                     sw128_desc(sbase + (kk >> 2) * (kFwdKeys * 128) + (kk & 3) * 32), kk > 0);
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t k_off = (kk >> 2) * (kFwdKeys * 128) + (kk & 3) * 32;
+    wgmma_m64n128k16_rs(acc, qa[kk], sw128_desc(sbase + k_off, 16, 1024), kk > 0);
+  }
   wgmma_commit();
 }
 
@@ -337,9 +202,12 @@ __device__ __forceinline__ void wgmma_tile(float (&acc)[64], const uint32_t (&qa
 __device__ __forceinline__ void wgmma_tile_ss(float (&acc)[64], uint32_t qtile, uint32_t sbase) {
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk)
-    wgmma_ss_m64n128k16(acc, sw128_desc(qtile + (kk >> 2) * (kMaxHeads * 128) + (kk & 3) * 32),
-                        sw128_desc(sbase + (kk >> 2) * (kFwdKeys * 128) + (kk & 3) * 32), kk > 0);
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t q_off = (kk >> 2) * (kMaxHeads * 128) + (kk & 3) * 32;
+    const uint32_t k_off = (kk >> 2) * (kFwdKeys * 128) + (kk & 3) * 32;
+    wgmma_m64n128k16_ss(acc, sw128_desc(qtile + q_off, 16, 1024),
+                        sw128_desc(sbase + k_off, 16, 1024), kk > 0);
+  }
   wgmma_commit();
 }
 
@@ -395,7 +263,7 @@ __global__ void __launch_bounds__(128 * kTok, 1)
     if (i < n)
       load_rows<kFwdKeys, kNT>(kbase + (i % kFwdStages) * kFwdTile, k, (kt0 + i) * kFwdKeys, s_kv,
                                d, tid);
-    cp_commit();
+    cp_async_commit();
   };
   if constexpr (kQSmem) {  // the rows' q_idx tiles join the first group
 #pragma unroll
@@ -428,22 +296,22 @@ __global__ void __launch_bounds__(128 * kTok, 1)
     // Step i < n-1: tile i+1 made visible to the block and its product issued (into `nxt`)
     // before the epilogue of tile i (in `cur`) runs, so the tensor cores work during it.
     auto step = [&](int i, float(&cur)[64], float(&nxt)[64]) {
-      cp_wait<kFwdStages - 3>();
+      cp_async_wait<kFwdStages - 3>();
       fence_proxy_async();
       __syncthreads();  // also: every warpgroup has retired tile i-1's product
       load_tile(i + kFwdStages - 1);  // into the stage of tile i-1
-      pin(nxt);
+      reg_fence(nxt);
       issue(nxt, i + 1);
       wgmma_wait<1>();
-      pin(cur);
+      reg_fence(cur);
       epilogue(cur, i);
     };
     auto last = [&](int i, float(&cur)[64]) {  // tile n-1: nothing left to issue
       wgmma_wait<0>();
-      pin(cur);
+      reg_fence(cur);
       epilogue(cur, i);
     };
-    cp_wait<kFwdStages - 2>();
+    cp_async_wait<kFwdStages - 2>();
     fence_proxy_async();
     __syncthreads();
     issue(acc_a, 0);
@@ -461,7 +329,7 @@ __global__ void __launch_bounds__(128 * kTok, 1)
   } else {
     float acc[64];
     for (int i = 0; i < n; ++i) {
-      cp_wait<kFwdStages - 2>();
+      cp_async_wait<kFwdStages - 2>();
       __syncthreads();
       load_tile(i + kFwdStages - 1);
       mma_tile(acc, qa, kbase + (i % kFwdStages) * kFwdTile, lane);
@@ -509,11 +377,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tid < 2 * kBwdKeys) {
         const int j = tid / kBwdKeys, c = tid % kBwdKeys, t = t0 + j, key = key0 + c;
         const bool valid = t < s_q && key < s_kv;
-        cp_async4(sb + kBwdKeys * 256 + tid * 4,
-                  valid ? d_scores + static_cast<size_t>(t) * s_kv + key : d_scores, valid);
+        cp_async4_zfill(sb + kBwdKeys * 256 + tid * 4,
+                        valid ? d_scores + static_cast<size_t>(t) * s_kv + key : d_scores,
+                        valid ? 4u : 0u);
       }
     }
-    cp_commit();
+    cp_async_commit();
   };
 #pragma unroll
   for (int i = 0; i < kBwdStages - 1; ++i) load_tile(i);
@@ -523,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int j = 0; j < 64; ++j) dqa[j] = 0.f;
   float dw0 = 0.f, dw1 = 0.f;
   for (int i = 0; i < n; ++i) {
-    cp_wait<kBwdStages - 2>();
+    cp_async_wait<kBwdStages - 2>();
     __syncthreads();
     load_tile(i + kBwdStages - 1);
     const uint32_t sb = base + (i % kBwdStages) * kBwdTile;
@@ -538,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
         uint32_t b[4];
-        ldsm_x4(b, sb + swz(kBwdKeys, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
+        ldsm_x4(b, sb + sw128_offset(kBwdKeys, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
         mma16816(&s[(2 * p) * 4], qa[kk], b[0], b[1]);
         mma16816(&s[(2 * p + 1) * 4], qa[kk], b[2], b[3]);
       }
@@ -560,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int dp = 0; dp < 8; ++dp) {
         uint32_t b[4];
-        ldsm_x4_t(b, sb + swz(kBwdKeys, kk * 16 + ((mi & 1) << 3) + r8, dp * 2 + (mi >> 1)));
+        ldsm_x4_t(b, sb + sw128_offset(kBwdKeys, kk * 16 + ((mi & 1) << 3) + r8, dp * 2 + (mi >> 1)));
 #pragma unroll
         for (int part = 2; part >= 0; --part) {  // smallest part first
           mma16816(&dqa[(2 * dp) * 4], a[part], b[0], b[1]);
@@ -630,15 +499,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_rows<kMaxHeads>(sb, q + static_cast<size_t>(t) * H * d, 0, H, d, tid);
       if (tid < kDkKeys) {
         const bool valid = s0 + tid < s_kv;
-        cp_async4(sb + kMaxHeads * 256 + tid * 4,
-                  valid ? d_scores + static_cast<size_t>(t) * s_kv + s0 + tid : d_scores, valid);
+        cp_async4_zfill(sb + kMaxHeads * 256 + tid * 4,
+                        valid ? d_scores + static_cast<size_t>(t) * s_kv + s0 + tid : d_scores,
+                        valid ? 4u : 0u);
       } else if (tid < kDkKeys + kMaxHeads) {
         const int h = tid - kDkKeys;
-        cp_async4(sb + kMaxHeads * 256 + kDkKeys * 4 + h * 4,
-                  h < H ? w + static_cast<size_t>(t) * H + h : w, h < H);
+        cp_async4_zfill(sb + kMaxHeads * 256 + kDkKeys * 4 + h * 4,
+                        h < H ? w + static_cast<size_t>(t) * H + h : w, h < H ? 4u : 0u);
       }
     }
-    cp_commit();
+    cp_async_commit();
   };
 #pragma unroll
   for (int i = 0; i < kDkStages - 1; ++i) load_tile(i);
@@ -647,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int j = 0; j < 64; ++j) dka[j] = 0.f;
   for (int i = 0; i < n; ++i) {
-    cp_wait<kDkStages - 2>();
+    cp_async_wait<kDkStages - 2>();
     __syncthreads();
     load_tile(i + kDkStages - 1);
     const int t = tmin + i;
@@ -664,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
         uint32_t b[4];
-        ldsm_x4(b, sb + swz(kMaxHeads, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
+        ldsm_x4(b, sb + sw128_offset(kMaxHeads, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
         mma16816(&s[(2 * p) * 4], ka[kk], b[0], b[1]);
         mma16816(&s[(2 * p + 1) * 4], ka[kk], b[2], b[3]);
       }
@@ -686,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int dp = 0; dp < 8; ++dp) {
         uint32_t b[4];
-        ldsm_x4_t(b, sb + swz(kMaxHeads, kk * 16 + ((mi & 1) << 3) + r8, dp * 2 + (mi >> 1)));
+        ldsm_x4_t(b, sb + sw128_offset(kMaxHeads, kk * 16 + ((mi & 1) << 3) + r8, dp * 2 + (mi >> 1)));
 #pragma unroll
         for (int part = 2; part >= 0; --part) {  // smallest part first
           mma16816(&dka[(2 * dp) * 4], a[part], b[0], b[1]);

@@ -25,7 +25,9 @@
 #include <cuda_runtime.h>
 
 #include "cuda_check.h"
+#include "hopper_primitives.cuh"
 #include "sparse_mla_internal.h"
+#include "tile_fill.cuh"
 
 namespace dsa::cuda::detail {
 namespace {
@@ -56,60 +58,6 @@ __host__ __device__ inline OpLayout op_layout(int64_t d_qk) {
   L.off_alpha = L.off_red + 2 * kHeads * 4;  // [kHeads] float (rescale, then final factor)
   L.total = L.off_alpha + kHeads * 4;
   return L;
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void st_zero16(uint32_t dst) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-/// D += A B, m16n8k16, bf16 inputs, fp32 accumulators (PTX ISA fragment layouts).
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-/// The kv id of slot `slot` of the row, or -1 when the slot is invalid (SPEC §4).
-__device__ __forceinline__ int slot_id(const int32_t* irow, int64_t slot, int64_t lim, int s_kv) {
-  if (slot >= lim) return -1;
-  const int v = irow[slot];
-  return (v >= 0 && v < s_kv) ? v : -1;
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -143,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (h0 + r < h_q && c < src_chunks)
       cp_async16(dst, q + ((t * h_q + h0 + r) * static_cast<int64_t>(d_qk) + c * 8));
     else
-      st_zero16(dst);
+      st_shared_zero16(dst);
   }
 
   int64_t lim = k;
@@ -171,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (id[u] >= 0 && c < src_chunks)
           cp_async16(dst, src + c * 8);
         else
-          st_zero16(dst);
+          st_shared_zero16(dst);
       }
     }
   };
@@ -232,10 +180,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 4
       for (int ks = 0; ks < ksteps; ++ks) {
         uint32_t a[4], b0[4], b1[4];
-        ldsm_x4(q_addr + (((2 * ks + a_cx) ^ sw) << 4), a);
+        ldsm_x4(a, q_addr + (((2 * ks + a_cx) ^ sw) << 4));
         const uint32_t kc = ((2 * ks + b_cx) ^ sw) << 4;
-        ldsm_x4(k0 + kc, b0);
-        ldsm_x4(k1 + kc, b1);
+        ldsm_x4(b0, k0 + kc);
+        ldsm_x4(b1, k1 + kc);
         mma16816(s[0], a, b0[0], b0[1]);
         mma16816(s[1], a, b0[2], b0[3]);
         mma16816(s[2], a, b1[0], b1[1]);
@@ -319,11 +267,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t vrow = kb + (16 * kk) * row_b + v_off;
 #pragma unroll
         for (int np = 0; np < 4; ++np)
-          ldsm_x4_t(vrow + (((col0 / 8 + 2 * np + a_cx) ^ sw) << 4), b[np]);
+          ldsm_x4_t(b[np], vrow + (((col0 / 8 + 2 * np + a_cx) ^ sw) << 4));
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt) {
           uint32_t a[4];
-          ldsm_x4(p_addr + mt * 16 * 128 + (((2 * kk + a_cx) ^ sw) << 4), a);
+          ldsm_x4(a, p_addr + mt * 16 * 128 + (((2 * kk + a_cx) ^ sw) << 4));
 #pragma unroll
           for (int np = 0; np < 4; ++np) {
             mma16816(o[mt][2 * np], a, b[np][0], b[np][1]);

@@ -26,7 +26,9 @@
 #include <cuda_runtime.h>
 
 #include "cuda_check.h"
+#include "hopper_primitives.cuh"
 #include "sparse_mla_internal.h"
+#include "tile_fill.cuh"
 
 namespace dsa::cuda::detail {
 namespace {
@@ -54,130 +56,6 @@ __host__ __device__ inline WgLayout wg_layout(int64_t d_qk) {
   L.off_y = L.off_red + 2 * kHeads * 4;   // split-d exchange, d_qk <= 512 only (8 KB)
   L.total = L.off_y + (L.nb == 8 ? kBlockBytes : 0) + 1024;  // + slack to align the base
   return L;
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-/// 16-byte cp.async; src_bytes 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-/// Makes this thread's generic-proxy shared-memory writes visible to the async proxy (wgmma).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-/// bar.sync on a named barrier (id 1..15) for `count` threads (a multiple of 32).
-__device__ __forceinline__ void named_barrier_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-/// Orders the compiler's uses of an accumulator register after the asm statements before it.
-__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-/// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA "matrix descriptor"):
-/// start address, leading and stride byte offsets, all in 16-byte units.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) |
-         (static_cast<uint64_t>((lbo & 0x3FFFFu) >> 4) << 16) |
-         (static_cast<uint64_t>((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ float ex2(float x) {  // 2^x; -inf -> +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ int slot_id(const int32_t* irow, int64_t slot, int64_t lim, int s_kv) {
-  if (slot >= lim) return -1;
-  const int v = irow[slot];
-  return (v >= 0 && v < s_kv) ? v : -1;
-}
-
-/// D += A B, wgmma m64n32k16, bf16 from shared memory (descriptors), fp32 accumulators;
-/// B K-major. Asynchronous: commit and wait before reading d.
-__device__ __forceinline__ void wgmma_m64n32(float (&d)[16], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-      "}, %16, %17, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(da), "l"(db), "r"(1));
-}
-
-/// D += A B, wgmma m64n64k16, bf16 from shared memory (descriptors), fp32 accumulators;
-/// B K-major. Asynchronous: commit and wait before reading d.
-__device__ __forceinline__ void wgmma_m64n64(float (&d)[32], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(1));
-}
-
-/// D += A B, wgmma m64n256k16, bf16 from shared memory (descriptors), fp32 accumulators;
-/// B MN-major (transposed). Asynchronous: commit and wait before reading d.
-__device__ __forceinline__ void wgmma_m64n256_bt(float (&d)[128], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(da), "l"(db), "r"(1));
 }
 
 // NB: 64-column blocks of d_qk, 8 (d_qk 449..512) or 9 (513..576). MODE:
@@ -232,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int b = 0; b < nb; ++b) {
       const int c = 8 * b + ld_sub;
       const bool ok = head && c < src_chunks;
-      cp_async16(dst + b * kBlockBytes, ok ? src + 8 * c : q, ok ? 16u : 0u);
+      cp_async16_zfill(dst + b * kBlockBytes, ok ? src + 8 * c : q, ok ? 16u : 0u);
     }
   }
 
@@ -257,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int b = 0; b < nb; ++b) {
         const int c = 8 * b + ld_sub;
         const bool ok = id[u] >= 0 && c < src_chunks;
-        cp_async16(dst + b * kBlockBytes, ok ? src + 8 * c : q, ok ? 16u : 0u);
+        cp_async16_zfill(dst + b * kBlockBytes, ok ? src + 8 * c : q, ok ? 16u : 0u);
       }
     }
   };
@@ -297,8 +175,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int ks = 0; ks < ksteps; ++ks) {
         if constexpr (kNoS) break;
         const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
-        wgmma_m64n32(s, sw128_desc(sb + off, 16, 1024),
-                     sw128_desc(kb + off + wg * 32 * 128, 16, 1024));
+        wgmma_m64n32k16_ss(s, sw128_desc(sb + off, 16, 1024),
+                           sw128_desc(kb + off + wg * 32 * 128, 16, 1024), 1);
       }
       wgmma_commit();
       if (it + 1 < n_tiles) {
@@ -322,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kq = 0; kq < ksteps / 2; ++kq) {
         const int ks = wg * (ksteps / 2) + kq;
         const uint32_t off = (ks >> 2) * kBlockBytes + (ks & 3) * 32;
-        wgmma_m64n64(sf, sw128_desc(sb + off, 16, 1024), sw128_desc(kb + off, 16, 1024));
+        wgmma_m64n64k16_ss(sf, sw128_desc(sb + off, 16, 1024), sw128_desc(kb + off, 16, 1024), 1);
       }
       wgmma_commit();
       if (it + 1 < n_tiles) {
@@ -414,8 +292,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // 3. O[:, 256wg..] += P V (k-steps kk: slots 16kk..16kk+15).
     auto pv_step = [&](int kk) {
-      wgmma_m64n256_bt(o, sw128_desc(sb + L.off_p + kk * 32, 16, 1024),
-                       sw128_desc(kb + 4 * wg * kBlockBytes + kk * 16 * 128, kBlockBytes, 1024));
+      wgmma_m64n256k16_ss</*kTransB=*/1>(
+          o, sw128_desc(sb + L.off_p + kk * 32, 16, 1024),
+          sw128_desc(kb + 4 * wg * kBlockBytes + kk * 16 * 128, kBlockBytes, 1024), 1);
     };
     if constexpr (kOwnFirst) {
       named_barrier_sync(1 + wg, 128);  // this warpgroup's half of P is complete

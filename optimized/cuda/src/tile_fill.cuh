@@ -1,11 +1,20 @@
-// Device helper shared by the sparse MLA forward kernels: compacts the next valid ids of one
-// query row into shared memory (SPEC §4: slot j valid iff 0 <= id < s_kv and j < topk_length,
-// the latter folded into `lim`). Invalid slots anywhere are skipped and never read through.
+// Device helpers shared by the sparse MLA forward kernels: the validity of one slot, and the
+// compaction of the next valid ids of one query row into shared memory (SPEC §4: slot j valid
+// iff 0 <= id < s_kv and j < topk_length, the latter folded into `lim`). Invalid slots
+// anywhere are skipped and never read through.
 #pragma once
 
 #include <cstdint>
 
 namespace dsa::cuda::detail {
+
+/// The kv id of slot `slot` of the row irow, or -1 when the slot is invalid (slot >= lim, id < 0
+/// or id >= s_kv; SPEC §4). lim: min(k, topk_length[t]).
+__device__ __forceinline__ int slot_id(const int32_t* irow, int64_t slot, int64_t lim, int s_kv) {
+  if (slot >= lim) return -1;
+  const int v = irow[slot];
+  return (v >= 0 && v < s_kv) ? v : -1;
+}
 
 /// Warp-level (call from one whole warp): fills ids_s with up to kTileRows valid ids taken in
 /// slot order from *sh_cursor on, then lane 0 stores the count in *sh_cnt and the next slot

@@ -20,6 +20,8 @@
 #include "dsa/oracle/report.h"
 #include "mla_case.h"
 
+#include "cuda_test_support.h"
+
 namespace {
 
 using dsa::DType;
@@ -27,21 +29,14 @@ using dsa::KeyWindows;
 using dsa::Tensor;
 using dsa::TieBreak;
 using dsa::TopkPolicy;
+using dsa::cuda::test::random_windows;
 using dsa::oracle::Op;
 using dsa::oracle::OpCase;
 using dsa::oracle::Verdict;
 using dsa_cuda_test::make_mla;
 using dsa_cuda_test::MlaShape;
 
-class CudaBackendTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    backend_ = dsa::cuda::make_cuda_backend();
-    const std::string why = backend_->unavailable_reason();
-    if (!why.empty()) GTEST_SKIP() << "cuda backend unavailable: " << why;
-  }
-  std::unique_ptr<dsa::oracle::Backend> backend_;
-};
+class CudaBackendTest : public dsa::cuda::test::CudaDeviceTest {};
 
 enum class Fill { Random, Plateau, Special };
 
@@ -71,18 +66,6 @@ Tensor make_scores(int64_t s_q, int64_t s_kv, Fill fill, uint64_t seed) {
     }
   }
   return t;
-}
-
-KeyWindows random_windows(int64_t s_q, int64_t s_kv, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int64_t> pos(0, s_kv);
-  std::vector<int64_t> ks(s_q), ke(s_q);
-  for (int64_t t = 0; t < s_q; ++t) {
-    ks[t] = pos(rng);
-    ke[t] = pos(rng);
-    if (t % 3 != 2 && ks[t] > ke[t]) std::swap(ks[t], ke[t]);  // every third row may be empty
-  }
-  return KeyWindows::explicit_windows(ks, ke, s_kv);
 }
 
 const char* kernel_name(dsa::cuda::TopkKernel k) {

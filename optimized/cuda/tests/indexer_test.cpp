@@ -19,12 +19,15 @@
 #include "dsa/oracle/report.h"
 #include "dsa/reference/indexer.h"
 
+#include "cuda_test_support.h"
+
 namespace {
 
 using dsa::DType;
 using dsa::KeyWindows;
 using dsa::Tensor;
 using dsa::cuda::IndexerKernel;
+using dsa::cuda::test::random_windows;
 using dsa::oracle::OpCase;
 using dsa::oracle::Verdict;
 
@@ -40,13 +43,7 @@ std::unique_ptr<dsa::oracle::Backend> make_backend(IndexerKernel k) {
   return dsa::cuda::make_cuda_backend(o);
 }
 
-class CudaIndexerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string why = dsa::cuda::make_cuda_backend()->unavailable_reason();
-    if (!why.empty()) GTEST_SKIP() << "cuda backend unavailable: " << why;
-  }
-};
+class CudaIndexerTest : public dsa::cuda::test::CudaDeviceTest {};
 
 // grid > 0: integers in [-grid, grid] (exact in bf16 and in every fp32 partial sum here).
 OpCase make_case(int64_t s_q, int64_t s_kv, int64_t h, int64_t d, KeyWindows windows,
@@ -69,18 +66,6 @@ OpCase make_case(int64_t s_q, int64_t s_kv, int64_t h, int64_t d, KeyWindows win
   fill(c.d_scores, 1.0);
   c.windows = std::move(windows);
   return c;
-}
-
-KeyWindows random_windows(int64_t s_q, int64_t s_kv, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int64_t> pos(0, s_kv);
-  std::vector<int64_t> ks(s_q), ke(s_q);
-  for (int64_t t = 0; t < s_q; ++t) {
-    ks[t] = pos(rng);
-    ke[t] = pos(rng);
-    if (t % 3 != 2 && ks[t] > ke[t]) std::swap(ks[t], ke[t]);  // every third row may be empty
-  }
-  return KeyWindows::explicit_windows(ks, ke, s_kv);
 }
 
 struct Shape {
