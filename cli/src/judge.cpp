@@ -80,7 +80,7 @@ nlohmann::json reports_json(const std::vector<oracle::OpReport>& reports) {
                               {"max_abs", num(t.metrics.max_abs)},
                               {"bound", num(t.max_bound)},  // candidate-independent
                               {"baseline_err", num(t.baseline_err)},
-                              {"floor", num(t.largest.floor_acc + t.largest.floor_round)},
+                              {"floor", num(t.largest.floor_acc + t.largest.floor_underflow + t.largest.floor_round)},
                               {"floor_source", t.floor_source},
                               {"err_over_bound", num(t.worst)},
                               {"weak_rows", t.weak_rows},

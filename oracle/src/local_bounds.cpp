@@ -23,11 +23,41 @@ constexpr double kEtaFtz = 0x1p-126;  // p_sink·Δ below fp32's normal range: f
 constexpr double kTiny32 = 0x1p-120;
 constexpr double kFlipLambda = 3.0;  // the table's largest λ: how far a correct fp32 out may lie  // probabilities below this may be fp32 subnormals
 
+// Underflow counts (OutputFloor::underflow; the judge multiplies them by the table's eta,
+// 2^-126: Higham eq. (2.8) with flush-to-zero). A value below kTiny32 (a 2^6 margin over
+// fp32's smallest normal for its own rounding) may flush and loses at most eta times the
+// factors applied after it: fu(x, weight). A sum can have a subnormal partial sum only if a
+// nonzero term is below 2^-103: terms of at least 2^-103 are multiples of 2^-126 in fp32 (and
+// bf16), and so is every partial sum, which is then 0 or normal. So a sum with a term below
+// kSumTiny (2^-97, the same margin) counts its n additions and result, n + 1 (a GEMM that
+// flushes its partial sums loses them coherently: measured, sqrt(n + 1) was too few). Other
+// sums count nothing: elements made of normal-range terms keep their bound unchanged.
+// Underflow carried into another sum from independent columns or rows (out's into Δ, Δ's
+// into dsink) adds in quadrature, as the floors' rounding errors do there.
+constexpr double kSumTiny = 0x1p-97;
+double adds(double n) { return n + 1; }
+// A dot of d products one of which may be tiny: the products and its additions.
+double dot_ops(int64_t d) { return static_cast<double>(d) + adds(static_cast<double>(d)); }
+double fu(double x, double weight) { return x != 0 && std::abs(x) < kTiny32 ? weight : 0.0; }
+bool tiny(double x) { return x != 0 && std::abs(x) < kSumTiny; }
+// Smallest nonzero |x_i| of each of the `rows` rows of `cols` values (+inf for a zero row):
+// a product of two rows' entries is at least the product of their minima.
+std::vector<double> row_min_nonzero(const std::vector<double>& x, int64_t rows, int64_t cols) {
+  std::vector<double> m(static_cast<size_t>(rows), std::numeric_limits<double>::infinity());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const double a = std::abs(x[static_cast<size_t>(r * cols + c)]);
+      if (a > 0 && a < m[static_cast<size_t>(r)]) m[static_cast<size_t>(r)] = a;
+    }
+  return m;
+}
+
 OutputFloor make(int64_t numel, int64_t row_len, std::string source) {
   OutputFloor f;
   f.row_len = std::max<int64_t>(1, row_len);
   f.acc.assign(static_cast<size_t>(numel), 0.0);
   f.narrow.assign(static_cast<size_t>(numel), 0.0);
+  f.underflow.assign(static_cast<size_t>(numel), 0.0);
   f.terms.assign(static_cast<size_t>(numel), 0.0);
   f.source = std::move(source);
   return f;
@@ -266,6 +296,8 @@ CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const
   OutputFloor f = make(s_q * s_kv, s_kv,
                        "u(sqrt(Σ_j (w_j(√d_I|q_j·k| + Σ_d|q_jd k_d|))^2) + √H_I|I| + Σ_j|w_j r_j|)");
   const double sd = std::sqrt(static_cast<double>(d)), sh = std::sqrt(static_cast<double>(H));
+  const std::vector<double> qmin = row_min_nonzero(Q, s_q * H, d), kmin = row_min_nonzero(K, s_kv, d);
+  f.underflow_source = "tiny dots (2d_I + 1)|w_j|, w_j r_j, H_I + 1 adds if a term is tiny";
   // Rows in parallel (each writes its own row); the dots of every head over the row's window
   // first (heads innermost, each sum in c order), then the sums over heads per key.
   parallel_for(s_q, static_cast<double>(s_kv) * static_cast<double>(H) * static_cast<double>(d) * 4,
@@ -278,12 +310,18 @@ CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const
     head_dots(&Q[static_cast<size_t>(t * H * d)], HH, static_cast<size_t>(d), static_cast<size_t>(d),
               K.data(), static_cast<size_t>(d), nullptr, ks, nw, dotH.data(), adH.data());
     for (int64_t s = ks; s < ke; ++s) {
-      double dots2 = 0, val = 0, abs_sum = 0, terms = 0;
+      double dots2 = 0, val = 0, abs_sum = 0, terms = 0, uf = 0;
+      bool tiny_sum = false;
       for (int64_t j = 0; j < H; ++j) {
         const size_t x = static_cast<size_t>(j) * nw + static_cast<size_t>(s - ks);
         const double dot = dotH[x], ad = adH[x];
         const double r = std::max(dot, 0.0), wj = W[static_cast<size_t>(t * H + j)];
         const double de = std::abs(wj) * (sd * std::abs(dot) + ad);
+        // underflow: the dot's products and sums when one may be tiny (× |w_j|), w_j r_j
+        if (qmin[static_cast<size_t>(t * H + j)] * kmin[static_cast<size_t>(s)] < kSumTiny)
+          uf += dot_ops(d) * std::abs(wj);
+        uf += fu(wj * r, 1.0);
+        tiny_sum = tiny_sum || tiny(wj * r);
         dots2 += de * de;
         val += wj * r;
         abs_sum += std::abs(wj * r);
@@ -292,6 +330,7 @@ CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const
       const size_t e = static_cast<size_t>(t * s_kv + s);
       f.acc[e] = kU32 * (std::sqrt(dots2) + sh * std::abs(val) + abs_sum);
       f.terms[e] = terms;
+      f.underflow[e] = uf + (tiny_sum ? adds(static_cast<double>(H)) : 0.0);
     }
   }
                });
@@ -321,7 +360,12 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
   OutputFloor dw = make(s_q * H, H,
                         "u(sqrt(Σ_s (dI(√d_I|q·k_s| + Σ_d|q_d k_sd|))^2) + √n|dw| + Σ_s|dI r_s|)");
   std::vector<double> dk_t(static_cast<size_t>(s_kv * d), 0.0), dk_amb(dk_t.size(), 0.0),
-      dk_v(dk_t.size(), 0.0);
+      dk_v(dk_t.size(), 0.0), dk_uf(dk_t.size(), 0.0);
+  std::vector<char> dk_tiny(dk_t.size(), 0), dq_tiny(static_cast<size_t>(d));
+  std::vector<double> dq_uf(static_cast<size_t>(d));
+  const std::vector<double> qmin = row_min_nonzero(Q, s_q * H, d), kmin = row_min_nonzero(K, s_kv, d);
+  for (OutputFloor* f : {&dq, &dk, &dw})
+    f->underflow_source = "dI (DAZ), dI·w, dI·k, each term below 2^-120, n + 1 adds if a term is tiny";
   std::vector<int64_t> dk_n(static_cast<size_t>(s_kv), 0);
   std::vector<double> dq_t(static_cast<size_t>(d)), dq_amb(static_cast<size_t>(d)),
       dq_v(static_cast<size_t>(d));
@@ -360,8 +404,12 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
       std::fill(dq_t.begin(), dq_t.end(), 0.0);
       std::fill(dq_amb.begin(), dq_amb.end(), 0.0);
       std::fill(dq_v.begin(), dq_v.end(), 0.0);
+      std::fill(dq_uf.begin(), dq_uf.end(), 0.0);
+      std::fill(dq_tiny.begin(), dq_tiny.end(), 0);
+      const double qm = qmin[static_cast<size_t>(t * H + j)];
       int64_t n_active = 0, n = 0;
-      double w_dots2 = 0, w_val = 0, w_abs = 0, w_terms = 0;
+      double w_dots2 = 0, w_val = 0, w_abs = 0, w_terms = 0, w_uf = 0;
+      bool w_tiny = false;
       for (int64_t s = ks; s < ke; ++s) {
         const double g = G[static_cast<size_t>(t * s_kv + s)];
         if (!std::isfinite(g) || g == 0) continue;
@@ -374,6 +422,10 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
         w_val += g * std::max(dot, 0.0);
         w_abs += std::abs(g * std::max(dot, 0.0));
         w_terms += std::abs(g) * ad;
+        // underflow of dw: the dot when a product may be tiny (× |dI|), dI (DAZ), dI·r
+        if (qm * kmin[static_cast<size_t>(s)] < kSumTiny) w_uf += dot_ops(d) * std::abs(g);
+        w_uf += fu(g, std::max(dot, 0.0)) + fu(g * std::max(dot, 0.0), 1.0);
+        w_tiny = w_tiny || tiny(g * std::max(dot, 0.0));
         // An exact zero dot means grid inputs, where fp32 is exact too (ReLU'(0) = 0, §2).
         const bool amb = dot != 0 && std::abs(dot) <= 8 * kU32 * (sd * std::abs(dot) + ad);
         if (!(dot > 0) && !amb) continue;
@@ -394,16 +446,30 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
             dk_amb[se] += std::abs(tq);
           }
         }
+        // underflow: dI (DAZ), dI·w, dI·k, the term; only when one of them may be tiny
+        const double ag = std::abs(g), ac = std::abs(coef);
+        if (std::min(ag, ac) * std::min({1.0, qm, kmin[static_cast<size_t>(s)]}) < kSumTiny)
+          for (int64_t c = 0; c < d; ++c) {
+            const size_t cc = static_cast<size_t>(c), se = static_cast<size_t>(s * d + c);
+            dq_uf[cc] += fu(g, std::abs(wj * k[c])) + fu(coef, std::abs(k[c])) +
+                         fu(g * k[c], std::abs(wj)) + fu(coef * k[c], 1.0);
+            dk_uf[se] += fu(g, std::abs(wj * q[c])) + fu(coef, std::abs(q[c])) +
+                         fu(g * q[c], std::abs(wj)) + fu(coef * q[c], 1.0);
+            dq_tiny[cc] = dq_tiny[cc] || tiny(coef * k[c]);
+            dk_tiny[se] = dk_tiny[se] || tiny(coef * q[c]);
+          }
       }
       const double sn = std::sqrt(static_cast<double>(n_active));
       for (int64_t c = 0; c < d; ++c) {
         const size_t e = static_cast<size_t>((t * H + j) * d + c), cc = static_cast<size_t>(c);
         dq.acc[e] = kU32 * (sn * std::abs(dq_v[cc]) + dq_t[cc]) + dq_amb[cc];
         dq.terms[e] = dq_t[cc];
+        dq.underflow[e] = dq_uf[cc] + (dq_tiny[cc] ? adds(static_cast<double>(n_active)) : 0.0);
       }
       const size_t e = static_cast<size_t>(t * H + j);
       dw.acc[e] = kU32 * (std::sqrt(w_dots2) + std::sqrt(static_cast<double>(n)) * std::abs(w_val) + w_abs);
       dw.terms[e] = w_terms;
+      dw.underflow[e] = w_uf + (w_tiny ? adds(static_cast<double>(n)) : 0.0);
     }
   }
   for (int64_t s = 0; s < s_kv; ++s)
@@ -412,6 +478,7 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
       const double sm = std::sqrt(static_cast<double>(dk_n[static_cast<size_t>(s)]));
       dk.acc[e] = kU32 * (sm * std::abs(dk_v[e]) + dk_t[e]) + dk_amb[e];
       dk.terms[e] = dk_t[e];
+      dk.underflow[e] = dk_uf[e] + (dk_tiny[e] ? adds(static_cast<double>(dk_n[static_cast<size_t>(s)])) : 0.0);
     }
   out["dq_idx"] = std::move(dq);
   out["dk_idx"] = std::move(dk);
@@ -435,6 +502,17 @@ struct MlaRowData {
   // [h]: the row's sink terms (dsink), when sink_on
   std::vector<char> sink_on;
   std::vector<double> sk_err2, sk_pd, sk_pad, sk_pn2, sk_pD, sk_pn2b;
+  // underflow (flush-to-zero): the slots whose dkv terms may flush or carry out's and Δ's
+  // underflow (usually none), and per head the dsink parts
+  struct UfSlot {
+    size_t h;
+    int64_t s;
+    double p, dS, gmd, gD;  // p_j, dS_j, |g_j - Δ|, p_j × (g_j's and Δ's underflow)
+    bool slow;              // p_j, dS_j or a term may be tiny: per-column counts
+  };
+  std::vector<UfSlot> uf_slots;
+  std::vector<double> uf_ds, uf_ds2;
+  std::vector<char> uf_dst;
 };
 
 // The floors for work_dtype and, when `also_f32` and work_dtype is 16-bit, for fp32 work too
@@ -458,6 +536,10 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   const bool fb = also_f32 && un > 0;  // also the fp32-work variant
   const double sm = in.sm_scale, asm_ = std::abs(in.sm_scale);
   const double sdqk = std::sqrt(static_cast<double>(dqk)), sdv = std::sqrt(static_cast<double>(dv));
+  // underflow: smallest nonzero |q|, |kv| and |dout| of each row (a product may be tiny)
+  const std::vector<double> qmin = row_min_nonzero(Q, s_q * h_q, dqk),
+                            kvmin = row_min_nonzero(KV, s_kv, dqk),
+                            dmin = dout ? row_min_nonzero(dO, s_q * h_q, dv) : std::vector<double>{};
 
   // Per key j of row (t,h): e_j = √d_qk|P_j| + |sm|Σ_d|q_d kv_jd| is the rounding scale of its
   // own fp32 logit (independent across keys: added in quadrature), c_j = |P_j - m| + 1 that
@@ -466,6 +548,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   OutputFloor fo = make(s_q * h_q * dv, dv,
                         "u(sqrt(Σ_j (p_j|v_jc-out_c|(e_j+c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|), "
                         "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
+  fo.underflow_source = "p_j < 2^-120 × |v_jc|, p_j v_jc, n + 1 adds if a term is tiny";
   const std::string fo_source_b = fo.source;
   if (un > 0)
     fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 3 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
@@ -473,11 +556,14 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   OutputFloor fl = make(s_q * h_q, 1,
                         "u(sqrt(Σ_j (p~_j(e_j+c_j))^2) + √n + |max| + |ln Σ exp(P-max)|)");
   OutputFloor fm = make(s_q * h_q, 1, "u·e_j of the keys within their error of the max");
+  fl.underflow_source = "tiny logit dots (2d_qk + 1) max(1,|sm|), exps below 2^-120, n + 1 adds";
+  fm.underflow_source = "tiny logit dots (2d_qk + 1) max(1,|sm|)";
   OutputFloor fdq, fdkv, fds;
   std::vector<double> kv_q2, kv_val, kv_abs, kv_n2, kv_nsq;
   std::vector<int64_t> kv_n;
-  std::vector<double> sk_q2, sk_val, sk_abs, sk_n2;
+  std::vector<double> sk_q2, sk_val, sk_abs, sk_n2, sk_uf2;
   std::vector<int64_t> sk_n;
+  std::vector<char> kv_tiny, sk_tiny;  // underflow: a dkv / dsink sum with a tiny term
   // the fp32-work variant's narrow parts
   std::vector<double> fo_nb(fb ? fo.narrow.size() : 0), fdq_nb, kv_n2b, sk_n2b;
   std::vector<std::string> src_b;
@@ -492,6 +578,10 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
                 "sqrt(Σ over (t,h,j→s) of (|sm q_c|δdS_j + |dout_c|δp_j)^2) + u(√m|dkv| + "
                 "Σ|terms|); " + dsrc);
     fds = make(h_q, 1, "sqrt(Σ_t (p_sink(u ā|Δ| + δΔ))^2) + u(√s_q|dsink| + Σ_t p_sink|Δ|); " + dsrc);
+    for (OutputFloor* f : {&fdq, &fdkv, &fds})
+      f->underflow_source = "p_j, dS_j, sm·dS_j and each term below 2^-120 × the factors "
+                   "after them, tiny g_j/Δ dots and out's underflow × p_j (Δ's in quadrature over "
+                   "columns, dsink over rows), n + 1 adds if a term is tiny";
     src_b = {fdq.source, fdkv.source, fds.source};
     if (un > 0) {
       for (OutputFloor* f : {&fdq, &fdkv, &fds})
@@ -501,7 +591,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     kv_val = kv_abs = kv_n2 = kv_nsq = kv_q2;
     kv_n.assign(static_cast<size_t>(s_kv), 0);
     sk_q2.assign(static_cast<size_t>(h_q), 0.0);
-    sk_val = sk_abs = sk_n2 = sk_q2;
+    sk_val = sk_abs = sk_n2 = sk_uf2 = sk_q2;
+    kv_tiny.assign(static_cast<size_t>(s_kv * dqk), 0);
+    sk_tiny.assign(static_cast<size_t>(h_q), 0);
     sk_n.assign(static_cast<size_t>(h_q), 0);
     if (fb) {
       fdq_nb.assign(fdq.narrow.size(), 0.0);
@@ -518,6 +610,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   // innermost) so they run over contiguous memory, which leaves every value unchanged.
   auto row_pass = [&](int64_t t, MlaRowData& R) {
     R.ids.clear();
+    R.uf_slots.clear();
     int64_t limit = k;
     if (in.topk_length) limit = std::min<int64_t>(limit, static_cast<int64_t>(in.topk_length->get(t)));
     for (int64_t j = 0; j < limit; ++j) {
@@ -833,6 +926,105 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         }
       }
     }
+    // Underflow (flush-to-zero) counts of the row: out, lse, max_logits, dq here; what dkv and
+    // dsink add, in R. Zero, and skipped, where every p_j, dS_j and product is normal-range.
+    R.uf_slots.clear();
+    if (dout) {
+      R.uf_ds.assign(H, 0.0);
+      R.uf_ds2.assign(H, 0.0);
+      R.uf_dst.assign(H, 0);
+    }
+    std::vector<double> ufo(DV), ufa(DV), gD(n), ufq(DQK);
+    std::vector<char> slow(n), tsq(DQK);
+    for (size_t h = 0; h < H; ++h) {
+      const int64_t row = t * h_q + static_cast<int64_t>(h);
+      const double* P = &PH[h * n];
+      const double* p = &pm[h * n];
+      const double* outh = &outc[h * DV];
+      const double qm = qmin[static_cast<size_t>(row)];
+      bool logit_tiny = false, out_uf = false;
+      double ufs = 0;
+      bool te = false;
+      for (size_t j = 0; j < n; ++j) {
+        const double kvm = kvmin[static_cast<size_t>(ids[j])];
+        logit_tiny = logit_tiny || qm * kvm < kSumTiny;
+        out_uf = out_uf || (p[j] != 0 && (p[j] < kTiny32 || p[j] * kvm < kSumTiny));
+        const double ej = std::exp(P[j] - hs[h].m);
+        ufs += fu(ej, 1.0);
+        te = te || tiny(ej);
+      }
+      const double uflogit = logit_tiny ? dot_ops(dqk) * std::max(1.0, asm_) + 1 : 0.0;
+      fm.underflow[static_cast<size_t>(row)] = uflogit;
+      fl.underflow[static_cast<size_t>(row)] = uflogit + ufs + (te ? adds(static_cast<double>(n)) : 0.0);
+      // out_c: p_j (× |v_jc|), p_j v_jc, the n adds if a term is tiny
+      std::fill(ufo.begin(), ufo.end(), 0.0);
+      std::fill(ufa.begin(), ufa.end(), 0.0);
+      if (out_uf) {
+        std::vector<char> ts(DV, 0);
+        for (size_t j = 0; j < n; ++j) {
+          const double* v = &KV[static_cast<size_t>(ids[j]) * DQK];
+          for (size_t c = 0; c < DV; ++c) {
+            ufo[c] += fu(p[j], std::abs(v[c])) + fu(p[j] * v[c], 1.0);
+            if (tiny(p[j] * v[c])) ts[c] = 1;
+          }
+        }
+        for (size_t c = 0; c < DV; ++c) {
+          ufa[c] = ts[c] ? adds(static_cast<double>(n)) : 0.0;
+          fo.underflow[static_cast<size_t>(row) * DV + c] = ufo[c] + ufa[c];
+        }
+      }
+      if (!dout) continue;
+      const double* dorow = &dO[static_cast<size_t>(row) * DV];
+      const double delta = hs[h].delta, psink = hs[h].psink;
+      // Δ = out·dout: out's flushed values (× |dout_c|) and additions (columns independent: in
+      // quadrature, as δΔ), Δ's products and additions
+      double ufD = 0, ufD2 = 0;
+      bool tD = false;
+      for (size_t c = 0; c < DV; ++c) {
+        ufD += std::abs(dorow[c]) * ufo[c] + fu(outh[c] * dorow[c], 1.0);
+        ufD2 += (dorow[c] * ufa[c]) * (dorow[c] * ufa[c]);
+        tD = tD || tiny(outh[c] * dorow[c]);
+      }
+      ufD += std::sqrt(ufD2) + (tD ? adds(static_cast<double>(dv)) : 0.0);
+      const double* dS = &dSm[h * n];
+      const double* g = &gH[h * n];
+      const double dm = dmin[static_cast<size_t>(row)];
+      bool any = false;
+      for (size_t j = 0; j < n; ++j) {
+        const double kvm = kvmin[static_cast<size_t>(ids[j])];
+        // dS_j through g_j's dot (a product may be tiny) and Δ's, × p_j
+        gD[j] = p[j] * ((dm * kvm < kSumTiny ? dot_ops(dv) : 0.0) + ufD);
+        slow[j] = std::min(p[j], std::abs(dS[j]) * std::min({1.0, asm_, kvm, asm_ * kvm})) < kSumTiny;
+        any = any || gD[j] > 0 || slow[j];
+        const bool slow_kv = std::min(p[j] * std::min(1.0, dm),
+                                      std::abs(dS[j]) * std::min({1.0, asm_, qm, asm_ * qm})) < kSumTiny;
+        if (gD[j] > 0 || slow_kv)
+          R.uf_slots.push_back({h, ids[j], p[j], dS[j], std::abs(g[j] - delta), gD[j], slow_kv});
+      }
+      if (any) {  // dq_c: p_j, dS_j, sm·dS_j, dS_j kv, the term; the dots (gD); the adds
+        std::fill(ufq.begin(), ufq.end(), 0.0);
+        std::fill(tsq.begin(), tsq.end(), 0);
+        for (size_t j = 0; j < n; ++j) {
+          const double* kvr = &KV[static_cast<size_t>(ids[j]) * DQK];
+          for (size_t c = 0; c < DQK; ++c) {
+            const double kv = kvr[c], a = std::abs(kv);
+            ufq[c] += asm_ * a * gD[j];
+            if (!slow[j]) continue;
+            ufq[c] += fu(p[j], asm_ * std::abs(g[j] - delta) * a) + fu(dS[j], asm_ * a) +
+                      fu(sm * dS[j], a) + fu(dS[j] * kv, asm_) + fu(sm * dS[j] * kv, 1.0);
+            if (tiny(dS[j] * kv) || tiny(sm * dS[j] * kv)) tsq[c] = 1;
+          }
+        }
+        for (size_t c = 0; c < DQK; ++c)
+          fdq.underflow[static_cast<size_t>(row) * DQK + c] =
+              ufq[c] + (tsq[c] ? adds(static_cast<double>(n)) * std::max(1.0, asm_) : 0.0);
+      }
+      if (in.attn_sink && psink > 0) {  // dsink: p_sink, p_sink Δ; Δ's (rows in quadrature)
+        R.uf_ds[h] = fu(psink, std::abs(delta)) + fu(psink * delta, 1.0);
+        R.uf_ds2[h] = (psink * ufD) * (psink * ufD);
+        R.uf_dst[h] = tiny(psink * delta);
+      }
+    }
   };
 
   // dkv columns [c0, c1) over the rows of a block, in (t, h, slot) order: this row's slots
@@ -965,6 +1157,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           g0 = g1;
         }
         if (!R.sink_on[h]) continue;
+        fds.underflow[h] += R.uf_ds[h];
+        sk_uf2[h] += R.uf_ds2[h];
+        if (R.uf_dst[h]) sk_tiny[h] = 1;
         ++sk_n[h];
         sk_q2[h] += R.sk_err2[h];
         sk_val[h] -= R.sk_pd[h];
@@ -974,6 +1169,21 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         fds.terms[h] += R.sk_pD[h];
       }
     }
+    // dkv underflow of the block's slots that may flush (linear: coherent under flush-to-zero)
+    for (size_t b = 0; b < nrows; ++b)
+      for (const MlaRowData::UfSlot& x : rows[b].uf_slots) {
+        const size_t row = static_cast<size_t>(t0 + static_cast<int64_t>(b)) * H + x.h;
+        for (size_t c = 0; c < DQK; ++c) {
+          const size_t e = static_cast<size_t>(x.s) * DQK + c;
+          const double qv = Q[row * DQK + c], qc = std::abs(qv), dc = c < DV ? dO[row * DV + c] : 0.0;
+          fdkv.underflow[e] += asm_ * qc * x.gD;
+          if (!x.slow) continue;
+          const double term1 = sm * x.dS * qv, term2 = x.p * dc;
+          fdkv.underflow[e] += fu(x.p, asm_ * x.gmd * qc + std::abs(dc)) + fu(x.dS, asm_ * qc) +
+                               fu(sm * x.dS, qc) + fu(x.dS * qv, asm_) + fu(term1, 1.0) + fu(term2, 1.0);
+          if (tiny(term1) || tiny(term2) || tiny(x.dS * qv)) kv_tiny[e] = 1;
+        }
+      }
     double slots = 0;
     for (size_t b = 0; b < nrows; ++b) slots += static_cast<double>(rows[b].n);
     parallel_for(dqk, 30.0 * static_cast<double>(h_q) * slots, [&](int64_t c0, int64_t c1) {
@@ -994,6 +1204,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         const size_t e = static_cast<size_t>(s * dqk + c);
         fdkv.acc[e] = std::sqrt(kv_q2[e]) + u * (sm_n * std::abs(kv_val[e]) + kv_abs[e]);
         fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::sqrt(kv_nsq[e]);
+        if (kv_tiny[e]) fdkv.underflow[e] += adds(2 * static_cast<double>(kv_n[static_cast<size_t>(s)]));
         if (fb) fdkv_nb[e] = std::sqrt(kv_n2b[e]) + 0.0 * std::sqrt(kv_nsq[e]);
       }
     }
@@ -1002,6 +1213,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       fds.acc[hh] = std::sqrt(sk_q2[hh]) +
                     u * (std::sqrt(static_cast<double>(sk_n[hh])) * std::abs(sk_val[hh]) + sk_abs[hh]);
       fds.narrow[hh] = std::sqrt(sk_n2[hh]);
+      fds.underflow[hh] += std::sqrt(sk_uf2[hh]) + (sk_tiny[hh] ? adds(static_cast<double>(sk_n[hh])) : 0.0);
       if (fb) fds_nb[hh] = std::sqrt(sk_n2b[hh]);
     }
   }
@@ -1100,15 +1312,19 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
     return out;
   }
   const double gabs = std::abs(in.coeff) / static_cast<double>(n_rows);
-  double loss_acc = 0, loss_T = 0, loss_sum = 0;
+  double loss_acc = 0, loss_T = 0, loss_sum = 0, loss_uf = 0, loss_terms = 0;
+  bool loss_tiny = false;
   std::vector<double> kl_row(static_cast<size_t>(s_q), 0.0);
   // Rows in parallel (each writes its own row of d_scores); the loss sums its rows' parts in
   // row order afterwards, so bytes do not depend on the thread count (issue 13).
   std::vector<double> row_acc(static_cast<size_t>(s_q), 0.0), row_sum(row_acc), row_T(row_acc);
-  std::vector<char> row_on(static_cast<size_t>(s_q), 0);
+  std::vector<char> row_on(static_cast<size_t>(s_q), 0), row_tiny(row_on);
+  std::vector<double> row_uf(row_acc), row_nt(row_acc);  // underflow: the loss's per row
+  fd.underflow_source = "q_s, the heads' probabilities below 2^-120 and their adds, q - p";
+  fl.underflow_source = "p_s below 2^-120 × |ln p_s - ln q_s|, n + 1 adds if a term is tiny";
   auto row_pass = [&](int64_t t) {
     std::vector<int64_t> S;
-    std::vector<double> P, A, pi, p, dp, qs;
+    std::vector<double> P, A, pi, p, dp, qs, pmin;
     key_set(t, S);
     const size_t n = S.size();
     if (n == 0) return;
@@ -1121,6 +1337,7 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
     const double sn = std::sqrt(static_cast<double>(n));
     p.assign(n, 0.0);
     dp.assign(n, 0.0);
+    pmin.assign(n, std::numeric_limits<double>::infinity());  // underflow: smallest head prob.
     P.resize(n); A.resize(n); pi.resize(n); qs.resize(n);
     for (int64_t h = 0; h < h_q; ++h) {
       double m = -std::numeric_limits<double>::infinity();
@@ -1140,6 +1357,7 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
       for (size_t j = 0; j < n; ++j) {
         const double aj = (sd + 1) * A[j] + std::abs(P[j] - m) + 1;
         p[j] += pi[j] / static_cast<double>(h_q);
+        if (pi[j] > 0) pmin[j] = std::min(pmin[j], pi[j]);
         // δπ_j = π_j(δP_j - Σ_i π_i δP_i): one key gives an exact softmax
         dp[j] += u * pi[j] * ((1 - pi[j]) * aj + abar - pi[j] * aj) / static_cast<double>(h_q);
       }
@@ -1173,12 +1391,21 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
       const size_t e = static_cast<size_t>(t * s_kv + S[j]);
       fd.acc[e] = gabs * (dp[j] + dq) + u * gabs * std::abs(qs[j] - p[j]);
       fd.terms[e] = gabs * (qs[j] + p[j]);
+      // underflow: q_s, a head's π_s (its adds if tiny), q_s - p_s and the scale
+      fd.underflow[e] = fu(qs[j], gabs) + (pmin[j] < kTiny32 ? gabs : 0.0) +
+                        (tiny(pmin[j] / static_cast<double>(h_q)) ? gabs * adds(static_cast<double>(h_q)) : 0.0) +
+                        (tiny(qs[j]) || tiny(p[j]) || tiny(qs[j] - p[j]) ? gabs + 1 : 0.0);
       // ln q_s = (I_s - max) - ln Z: the subtraction, Z's relative error, the log, the result
       const double dlnq = u * (std::abs(Is - mI) + bbar + (n > 1 ? sn : 0.0) +
                                std::abs(std::log(ZI)) + std::abs(lnq));
       const double lnp = p[j] > 0 ? std::log(std::max(p[j], dp[j])) : 0.0;
       // Σ_s δp_s = 0 (p is normalised), so δp_s enters with ln p_s - ln q_s - KL_t
       kl_acc += dp[j] * std::abs(lnp - lnq - kl_row[static_cast<size_t>(t)]) + p[j] * dlnq;
+      if (p[j] > 0) {  // underflow: p_s flushed loses p_s(ln p_s - ln q_s)
+        row_uf[static_cast<size_t>(t)] += fu(p[j], std::abs(std::log(p[j]) - lnq) + 1);
+        if (tiny(p[j] * (std::log(p[j]) - lnq))) row_tiny[static_cast<size_t>(t)] = 1;
+      }
+      row_nt[static_cast<size_t>(t)] += 1;
       if (p[j] > 0) {
         kl += p[j] * (std::log(p[j]) - lnq);
         kl_T += p[j] * (std::abs(std::log(p[j])) + std::abs(lnq));
@@ -1197,9 +1424,13 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
     loss_acc += row_acc[static_cast<size_t>(t)];
     loss_sum += row_sum[static_cast<size_t>(t)];
     loss_T += row_T[static_cast<size_t>(t)];
+    loss_uf += row_uf[static_cast<size_t>(t)];
+    loss_terms += row_nt[static_cast<size_t>(t)];
+    loss_tiny = loss_tiny || row_tiny[static_cast<size_t>(t)];
   }
   fl.acc[0] = gabs * (loss_acc + u * std::sqrt(static_cast<double>(n_rows)) * loss_sum);
   fl.terms[0] = gabs * loss_T;
+  fl.underflow[0] = gabs * loss_uf + (loss_tiny ? gabs * adds(loss_terms) + adds(static_cast<double>(n_rows)) : 0.0);
   out["loss"] = std::move(fl);
   out["d_scores"] = std::move(fd);
   return out;

@@ -104,6 +104,7 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   c.name = name;
   c.dtype = candidate.dtype();
   c.floor_source = floor.source;
+  c.underflow_source = floor.underflow_source;
   if (!is_floating(candidate.dtype())) {
     c.message = std::string("candidate dtype ") + dtype_name(candidate.dtype()) +
                 " is not floating";
@@ -118,6 +119,7 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   check_arg(static_cast<int64_t>(floor.acc.size()) == numel &&
                 static_cast<int64_t>(floor.terms.size()) == numel &&
                 (floor.narrow.empty() || static_cast<int64_t>(floor.narrow.size()) == numel) &&
+                (floor.underflow.empty() || static_cast<int64_t>(floor.underflow.size()) == numel) &&
                 floor.row_len > 0,
             "judge_tensor", "floor", std::to_string(floor.acc.size()) + " entries",
             std::to_string(numel) + " entries (one per element of '" + name + "')");
@@ -172,11 +174,14 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
     eb.rho_e_row = tol.rho * e_row[row];
     eb.floor_acc = tol.lambda * floor.acc[static_cast<size_t>(i)] +
                    (floor.narrow.empty() ? 0.0 : tol.lambda16 * floor.narrow[static_cast<size_t>(i)]);
+    // operations below the normal range (flush-to-zero): absolute, its own part
+    eb.floor_underflow =
+        floor.underflow.empty() ? 0.0 : tol.eta * floor.underflow[static_cast<size_t>(i)];
     // an F64 candidate is judged as an fp32 kernel (fp32 accumulation, SPEC §9): one fp32
     // rounding, so a result upcast to F64 gets the same bound as the F32 one
-    eb.floor_round = half_ulp(std::abs(r) + eb.rho_e_row + eb.floor_acc,
+    eb.floor_round = half_ulp(std::abs(r) + eb.rho_e_row + eb.floor_acc + eb.floor_underflow,
                               candidate.dtype() == DType::F64 ? DType::F32 : candidate.dtype());
-    eb.bound = eb.rho_e_row + eb.floor_acc + eb.floor_round;
+    eb.bound = eb.rho_e_row + eb.floor_acc + eb.floor_underflow + eb.floor_round;
     if (eb.bound > c.max_bound || c.largest.flat < 0) {
       c.max_bound = std::max(c.max_bound, eb.bound);
       c.largest = eb;
@@ -238,8 +243,8 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
     std::ostringstream os;
     os << c.failed_elements << " element(s) over their bound; first " << f.where << ": |"
        << f.candidate << " - " << f.reference << "| = " << f.err << " > bound " << f.bound
-       << " (rho x E_row " << f.rho_e_row << " + floor " << f.floor_acc << " + rounding "
-       << f.floor_round << ")";
+       << " (rho x E_row " << f.rho_e_row << " + floor " << f.floor_acc << " + underflow "
+       << f.floor_underflow << " + rounding " << f.floor_round << ")";
     c.message = os.str();
     return c;
   }
@@ -274,17 +279,22 @@ std::string format_tensor_checks(const std::vector<TensorCheck>& checks) {
     if (!c.passed) os << "    -> " << c.message << "\n";
     if (metrics_only) continue;
     auto parts = [&os, &c](const char* label, const ElementBound& e) {
-      char l[400];
+      char l[480];
       std::snprintf(l, sizeof l,
                     "    %s %s: err %.3e <= bound %.3e = rho %.3g x E_row %.3e + floor %.3e "
-                    "(lambda x first-order, source below) + rounding %.3e\n",
+                    "(lambda x first-order, source below) + underflow %.3e (eta x ops that "
+                    "may flush) + rounding %.3e\n",
                     label, e.where.c_str(), e.err, e.bound, c.rho,
-                    c.rho > 0 ? e.rho_e_row / c.rho : 0.0, e.floor_acc, e.floor_round);
+                    c.rho > 0 ? e.rho_e_row / c.rho : 0.0, e.floor_acc, e.floor_underflow,
+                    e.floor_round);
       os << l;
     };
     if (c.at_worst.flat >= 0) parts("bound at worst element", c.at_worst);
     for (const auto& f : c.failures) parts("FAILED", f);
     if (!c.floor_source.empty()) os << "    floor source: " << c.floor_source << "\n";
+    if (!c.underflow_source.empty())
+      os << "    underflow source (eta 2^-126 each, Higham eq. 2.8 with flush-to-zero): "
+         << c.underflow_source << "\n";
     if (c.weak_rows > 0) {
       os << "    WEAK: " << c.weak_rows << " of " << c.rows << " rows have a bound above theta "
          << c.theta << " x row scale (largest " << c.weakest << "); rows";

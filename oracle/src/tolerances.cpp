@@ -19,21 +19,31 @@ constexpr double kLambda16Grad = 1.0;  // gradients: dS in the working dtype, th
                                        // quadrature with constant 1 (Higham & Mary 2019)
 constexpr double kThetaWide = 1e-4;    // issue 12: a relative error of 1e-4 in fp32 must fail
 constexpr double kThetaNarrow = 1e-2;  // and of 1e-2 in bf16/fp16
+// Underflow (Higham 2nd ed. §2.1 eq. (2.8): fl(x op y) = (x op y)(1+δ) + η): with gradual
+// underflow |η| <= half the subnormal spacing, but GPU kernels flush subnormal results and
+// inputs to zero (FTZ/DAZ, tensor cores, fast exp), so |η| is up to the smallest normal of
+// the dtype the operation runs in: 2^-126 for fp32 accumulation and bf16 intermediates.
+// (fp16 intermediates keep their subnormals on GPUs; their rounding is the narrow term.)
+constexpr double kEtaFtz = 0x1p-126;
+constexpr const char* kEtaReason =
+    "; underflow: eta 2^-126 per operation that may flush (Higham eq. 2.8 with FTZ/DAZ: "
+    "|η| <= smallest normal), times the element's count of such operations weighted by the "
+    "factors after them (0 for elements of normal-range terms)";
 
 std::vector<Tolerance> build_table() {
   std::vector<Tolerance> t;
   auto rows = [&t](const char* op, const char* output, const std::string& reason,
                    double lambda16 = kLambda16Grad, double lambda_scale = 1.0) {
     for (DType d : {DType::F64, DType::F32})
-      t.push_back({op, output, d, kRhoWide, kLambda * lambda_scale, lambda16, kThetaWide,
+      t.push_back({op, output, d, kRhoWide, kLambda * lambda_scale, lambda16, kThetaWide, kEtaFtz,
                    "rho 2 (FlashAttention); floor: first-order fp32 error of the element's own "
-                   "sums (Higham ch. 3-4, √n·u of Higham & Mary 2019); " + reason});
+                   "sums (Higham ch. 3-4, √n·u of Higham & Mary 2019); " + reason + kEtaReason});
     for (DType d : {DType::BF16, DType::F16})
-      t.push_back({op, output, d, kRhoNarrow, kLambda * lambda_scale, lambda16, kThetaNarrow,
+      t.push_back({op, output, d, kRhoNarrow, kLambda * lambda_scale, lambda16, kThetaNarrow, kEtaFtz,
                    "16-bit output or working dtype: rho 1, the baseline's row error is its 16-bit "
                    "rounding (of the output, or of the out Δ comes from), inherited by the "
                    "candidate, not multiplied; lambda16 on one rounding per P/dS entry in "
-                   "quadrature (Higham & Mary 2019); " + reason});
+                   "quadrature (Higham & Mary 2019); " + reason + kEtaReason});
   };
   // §2 indexer.
   rows("indexer_scores", "scores", "Σ_j w_j ReLU(q_j·k): H_I dots of d_I terms");

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/reference/indexer.h"
@@ -820,10 +823,12 @@ class SharedIdsAcrossMicrobatches final : public oracle::DsaBlock {
 
 // A correct kernel's outputs: the float64 reference (or the fp32 baseline algorithm) rounded
 // to kernel dtypes — out in q's dtype, everything else F32 (SPEC §4 output dtypes).
-class RoundedControl final : public Wrap {
+class RoundedControl : public Wrap {
  public:
-  explicit RoundedControl(bool baseline)
-      : Wrap(baseline ? "control_fp32_baseline" : "control_rounded_f64"), baseline_(baseline) {}
+  explicit RoundedControl(bool baseline, std::string name = "")
+      : Wrap(!name.empty() ? std::move(name)
+                           : baseline ? "control_fp32_baseline" : "control_rounded_f64"),
+        baseline_(baseline) {}
   reference::Precision prec() const {
     return baseline_ ? reference::Precision::Baseline : reference::Precision::Reference;
   }
@@ -852,6 +857,57 @@ class RoundedControl final : public Wrap {
 
  private:
   bool baseline_;
+};
+
+// Sets the x86 MXCSR flush-to-zero (FTZ: subnormal results become 0) and denormals-are-zero
+// (DAZ: subnormal inputs read as 0) bits for its lifetime on this thread and restores them
+// after. parallel_for starts its helper threads per loop, and a new thread copies its
+// creator's MXCSR (Linux clone), so the reference's worker threads flush too.
+class FlushToZeroScope {
+ public:
+#if defined(__SSE2__)
+  FlushToZeroScope() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFtz | kDaz); }
+  ~FlushToZeroScope() { _mm_setcsr(saved_); }
+  static bool available() { return true; }
+
+ private:
+  static constexpr unsigned kFtz = 0x8000, kDaz = 0x0040;  // _MM_FLUSH_ZERO_ON, _MM_DENORMALS_ZERO_ON
+  unsigned saved_;
+#else
+  static bool available() { return false; }
+#endif
+};
+
+// A correct kernel on hardware that flushes subnormals (GPU FTZ, tensor cores, fast exp): the
+// fp32 baseline algorithm with FTZ and DAZ set while it runs (Higham eq. (2.8) with
+// |η| <= 2^-126 instead of half the subnormal spacing). A skip where MXCSR does not exist.
+class FlushToZeroControl final : public RoundedControl {
+ public:
+  FlushToZeroControl() : RoundedControl(true, "control_fp32_baseline_ftz") {}
+  std::string unavailable_reason() const override {
+    return FlushToZeroScope::available() ? "" : "needs x86 SSE (MXCSR FTZ/DAZ bits)";
+  }
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    FlushToZeroScope ftz;
+    return RoundedControl::indexer_scores(q, k, w, win);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    FlushToZeroScope ftz;
+    return RoundedControl::indexer_scores_backward(q, k, w, win, d);
+  }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    FlushToZeroScope ftz;
+    return RoundedControl::sparse_mla_forward(in);
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    FlushToZeroScope ftz;
+    return RoundedControl::sparse_mla_backward(in, dout);
+  }
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    FlushToZeroScope ftz;
+    return RoundedControl::indexer_kl_loss(in);
+  }
 };
 
 template <class M>
@@ -945,6 +1001,10 @@ std::vector<Subject> control_subjects() {
     s.name = s.make()->name();
     out.push_back(s);
   }
+  Subject ftz;
+  ftz.make = [] { return std::unique_ptr<Backend>(new FlushToZeroControl()); };
+  ftz.name = ftz.make()->name();
+  out.push_back(ftz);
   return out;
 }
 

@@ -29,6 +29,13 @@ struct OutputFloor {
   /// (P before P·V, dS before dS·K, Δ from its own 16-bit out; already × that dtype's u);
   /// all zero when the working dtype is fp32 or wider.
   std::vector<double> narrow;
+  /// Underflow count of the element (unitless; the judge multiplies it by the table's eta,
+  /// 2^-126): the operations of its chain whose result or input may lie below fp32's normal
+  /// range (below 2^-120), each weighted by the magnitude of the factors applied after it (a
+  /// flushed probability p_j counts |v_jc| in out_c), plus n + 1 for a sum of n terms one of
+  /// which is below 2^-97 — Higham eq. (2.8) with flush-to-zero. 0 for an element made of
+  /// normal-range terms. Empty: no underflow term.
+  std::vector<double> underflow;
   /// Σ|terms| of the element (the magnitude it is made of): a row's scale for WEAK is
   /// max(max|ref|, κ·max terms), κ = 3√θ, so a row whose reference cancelled is measured
   /// against its terms (SPEC §9 WEAK guard, report.h).
@@ -42,6 +49,8 @@ struct OutputFloor {
   DType work_dtype = DType::F32;
   /// Where the floor came from (a formula, printed with every bound).
   std::string source;
+  /// What the underflow count counts (a formula, printed with every bound).
+  std::string underflow_source;
 };
 
 /// Floor inputs of every output of one op on one case, by output name.
@@ -73,6 +82,9 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
 ///   dS_j = p_j(g_j - Δ), g_j = dout·v_j: δp_j, δg_j per key, δL and δΔ common to the row;
 ///   dq, dkv, dsink: those errors through their sums, + u(√n|sum| + Σ|terms|).
 /// Probabilities below 2^-100 add 2^-126 absolute each (subnormal products, flush-to-zero).
+/// Underflow counts (OutputFloor::underflow, × eta): for every p_j, dS_j, sm·dS_j or product
+/// below 2^-120 the magnitude of the factors after it; n + 1 for a sum with a term below 2^-97;
+/// out's underflow carried into Δ (columns in quadrature) and Δ's into dsink (rows in quadrature).
 /// Same argument rules as reference::sparse_mla_backward.
 CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype);
 

@@ -14,7 +14,8 @@
 
 namespace dsa::oracle {
 
-/// The bound of one element and its parts (SPEC §9): bound = rho_e_row + floor_acc + floor_round.
+/// The bound of one element and its parts (SPEC §9):
+/// bound = rho_e_row + floor_acc + floor_underflow + floor_round.
 struct ElementBound {
   int64_t flat = -1;
   std::string where;        ///< multi-index, e.g. "[3, 0, 17]"
@@ -22,6 +23,7 @@ struct ElementBound {
   double candidate = 0.0, reference = 0.0, err = 0.0;
   double rho_e_row = 0.0;   ///< ρ · E_row (baseline's largest error over the row)
   double floor_acc = 0.0;   ///< λ·acc + λ16·narrow (local_bounds.h; source in TensorCheck)
+  double floor_underflow = 0.0;  ///< eta · underflow count (Higham eq. 2.8, flush-to-zero)
   double floor_round = 0.0; ///< half an ulp of the output dtype at |ref| + the other parts
   double bound = 0.0;
 };
@@ -41,6 +43,7 @@ struct TensorCheck {
   ElementBound largest;       ///< the element with that bound, with its parts
   ElementBound at_worst;      ///< the element with the largest err / bound, with its parts
   std::string floor_source;   ///< where the floor came from (a formula)
+  std::string underflow_source;  ///< what the underflow part counts (a formula)
   int64_t failed_elements = 0;
   std::vector<ElementBound> failures;  ///< the first few failing elements
   int64_t rows = 0;           ///< SPEC §9 rows of this output
@@ -59,7 +62,8 @@ struct TensorCheck {
 };
 
 /// Judges `candidate` (any floating dtype) against `reference` (float64 truth) element by
-/// element (SPEC §9): |c - r| <= ρ·E_row + λ·acc_e + λ16·narrow_e + h_e, where E_row is
+/// element (SPEC §9): |c - r| <= ρ·E_row + λ·acc_e + λ16·narrow_e + η·underflow_e + h_e
+/// (η = the table's eta, underflow_e = OutputFloor::underflow), where E_row is
 /// the largest error over e's row (row = flat / floor.row_len) of `baseline` (F32, before
 /// rounding to the candidate's dtype: that one rounding is h_e) and (ρ, λ, θ) =
 /// tolerance(op, name, precision), precision = the candidate's dtype, or the floor's 16-bit

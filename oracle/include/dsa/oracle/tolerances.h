@@ -12,10 +12,12 @@ namespace dsa::oracle {
 
 /// One row of the table. The local rule (SPEC §9) accepts a finite element e when
 ///   |cand_e - ref_e| <= rho · E_row + floor_e,
-///   floor_e = lambda · acc_e + lambda16 · narrow_e + half_ulp(dtype, |ref_e| + the other parts),
+///   floor_e = lambda · acc_e + lambda16 · narrow_e + eta · underflow_e
+///             + half_ulp(dtype, |ref_e| + the other parts),
 /// with E_row the baseline's largest error over e's row (report.h), acc_e/narrow_e the
-/// element's first-order error scales (local_bounds.h) and the half ulp one rounding of the
-/// output. A row whose bound exceeds theta · rowscale for some element is WEAK (report.h).
+/// element's first-order error scales (local_bounds.h), underflow_e the element's count of
+/// operations that may underflow weighted by what multiplies them afterwards (local_bounds.h)
+/// and the half ulp one rounding of the output. A row whose bound exceeds theta · rowscale for some element is WEAK (report.h).
 /// Ops: the dsa::oracle::to_string(Op) names.
 struct Tolerance {
   std::string op;
@@ -25,6 +27,10 @@ struct Tolerance {
   double lambda;    ///< multiple of the fp32 first-order floor (Higham & Mary 2019 constant)
   double lambda16;  ///< multiple of the 16-bit working-dtype terms of the floor
   double theta;   ///< detection threshold: the published δ (docs/what-a-pass-means.md)
+  /// Absolute error of one operation whose result or input lies below the normal range:
+  /// Higham (2nd ed.) eq. (2.8) fl(x op y) = (x op y)(1 + δ) + η, |η| <= eta, with eta = the
+  /// smallest normal 2^-126 of fp32/bf16 because GPUs flush subnormals (FTZ/DAZ).
+  double eta;
   std::string reason;
 };
 
