@@ -219,10 +219,12 @@ OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOpti
   OutputFloor term;
   term.row_len = std::max<int64_t>(1, width);
   term.source = packed.source;
+  term.underflow_source = packed.underflow_source;
   term.logit_scale = packed.logit_scale;
   term.acc.assign(static_cast<size_t>(rows * width), 0.0);
   term.narrow.assign(term.acc.size(), 0.0);
   term.terms.assign(term.acc.size(), 0.0);
+  term.underflow.assign(term.acc.size(), 0.0);
   for (int64_t r0 = 0; r0 < rows; ++r0) {
     const int64_t b0 = std::min(batch - 1, r0 / std::max<int64_t>(1, next_n));
     for (int64_t p0 = 0; p0 < width && g.offsets[b0] + p0 < g.offsets[b0 + 1]; ++p0) {
@@ -230,6 +232,7 @@ OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOpti
       const size_t to = static_cast<size_t>(r0 * width + p0);
       term.acc[to] = packed.acc[from];
       term.terms[to] = packed.terms[from];
+      term.underflow[to] = packed.underflow[from];
     }
   }
   const char* row = indexer_row(b, to_string(op));
