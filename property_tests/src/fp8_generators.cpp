@@ -225,7 +225,7 @@ SmlaFp8Case draw_smla_fp8_case() {
   Rng r = draw_rng();
   in.q = Tensor(DType::BF16, {s_q, h, kMlaFp8Dqk});
   for (int64_t i = 0; i < in.q.numel(); ++i) in.q.set(i, uni(r, -1, 1));
-  in.sm_scale = 1.0 / std::sqrt(static_cast<double>(kMlaFp8Dqk)) * std::exp2(uni(r, -1, 2));
+  const double spread = std::exp2(uni(r, -1, 1));  // the logits' spread, set below
   // kv rows: per-tile amplitudes from 2^-8 to 2^6; some values at a tile's max, some tiny.
   Tensor kv(DType::F64, {tokens, kMlaFp8Dqk});
   for (int64_t t = 0; t < tokens; ++t)
@@ -239,6 +239,22 @@ SmlaFp8Case draw_smla_fp8_case() {
         kv.set(t * kMlaFp8Dqk + col, v);
       }
     }
+  // Logits of a few units (SPEC §9 WEAK): sm_scale = spread·√d_qk / (max |q row| · max |kv
+  // row|), so sm·|q ∘ kv|_2 <= spread. A FlashMLA-style kernel converts fp8 · scale to bf16
+  // before its MMAs, which moves each logit by ~2^-9 of that; with logits of hundreds (tile
+  // amplitudes up to 2^6) out moved by percents and a bf16 kernel could not be pinned to 1 %.
+  double qmax = 0, kvmax = 0;
+  for (int64_t row = 0; row < s_q * h; ++row) {
+    double n2 = 0;
+    for (int64_t col = 0; col < kMlaFp8Dqk; ++col) n2 += in.q.get(row * kMlaFp8Dqk + col) * in.q.get(row * kMlaFp8Dqk + col);
+    qmax = std::max(qmax, std::sqrt(n2));
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    double n2 = 0;
+    for (int64_t col = 0; col < kMlaFp8Dqk; ++col) n2 += kv.get(t * kMlaFp8Dqk + col) * kv.get(t * kMlaFp8Dqk + col);
+    kvmax = std::max(kvmax, std::sqrt(n2));
+  }
+  in.sm_scale = qmax > 0 && kvmax > 0 ? spread * std::sqrt(static_cast<double>(kMlaFp8Dqk)) / (qmax * kvmax) : 1.0;
   in.kv_cache = encode_mla_fp8_cache(kv, pow2 ? Fp8ScaleRule::Pow2 : Fp8ScaleRule::Amax)
                     .reshaped({num_blocks, bs, kMlaFp8TokenBytes});
   // Ids: valid, -1, out of range, INT32_MIN/MAX, duplicates; some rows all invalid.
