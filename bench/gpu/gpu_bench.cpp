@@ -282,12 +282,12 @@ void bench_mla_backward(std::ostringstream& table) {
     mine(0);
     check(cudaDeviceSynchronize(), "backward deterministic second run");
     const bool same = torch::equal(dq, dq1) && torch::equal(dkv, dkv1);
-    row("dsa cuda backward, deterministic (mma.sync; dkv rows reduced per key over a sorted pair list)",
+    row("dsa cuda backward, deterministic (mma.sync, P/dS bf16 hi+lo; dkv rows reduced per key over a sorted pair list)",
         t_det,
         "dq rel-Frobenius vs peer " + fmt("%.2e", rel(dq, pdq)) + ", dkv " +
             fmt("%.2e", rel(dkv, pdkv)) + ", two runs " + (same ? "bitwise equal" : "DIFFER") +
             ", " + fmt("%.2fx", t_det / t_fast) + " the fast mode's time");
-    row("dsa cuda backward, fast (mma.sync; fp32 atomicAdd dkv)", t_fast,
+    row("dsa cuda backward, fast (mma.sync, P/dS bf16 hi+lo; fp32 atomicAdd dkv)", t_fast,
         "dq rel-Frobenius vs peer " + fmt("%.2e", fast_dq) + ", dkv " + fmt("%.2e", fast_dkv) +
             ", dkv vs deterministic " + fmt("%.2e", rel(dkv_fast, dkv)));
     row("ATen gathered backward (index_select+bmm, bf16 dS/P, index_add_ fp32)", t_peer, "peer");

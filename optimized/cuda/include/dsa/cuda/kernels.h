@@ -114,9 +114,9 @@ size_t sparse_mla_backward_scratch_bytes(int64_t s_q, int64_t h_q, int64_t d_qk,
 /// times the sink factor) and dout [s_q,h_q,d_v] bf16. Outputs (fp32, overwritten): dq
 /// [s_q,h_q,d_qk] = sm_scale Σ_j dS_j kv[idx_j]; dkv [s_kv,d_qk] (zeroed first, then every
 /// valid (t, h, slot) adds sm_scale dS q[t,h] + p dout[t,h] (first d_v)); dsink [h_q] =
-/// -Σ_t exp(sink - L) Δ when attn_sink is given (else must be null). P and sm_scale·dS are
-/// rounded to bf16 for the products (FlashMLA-style; SPEC §9 floors count one rounding per
-/// entry). Invalid slots are never dereferenced; duplicate ids add once per slot; rows without
+/// -Σ_t exp(sink - L) Δ when attn_sink is given (else must be null). P and sm_scale·dS enter
+/// the products as bf16 hi + lo pairs (about 16 significant bits; a single bf16 rounding
+/// failed the SPEC §9 floors in a CPU model of the kernel). Invalid slots are never dereferenced; duplicate ids add once per slot; rows without
 /// a valid slot give dq 0 and add nothing. `scratch`: sparse_mla_backward_scratch_bytes bytes.
 /// Kernel limits: d_qk and d_v multiples of 8, d_qk <= 576, d_v <= min(d_qk, 512), q, kv,
 /// dout, dq, dkv, scratch 16-byte aligned; Deterministic needs s_q·k <= 2^31-1. Violations
