@@ -31,8 +31,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-/// 2^x, approximate, subnormals flushed to zero; -inf gives +0 (ex2.approx.ftz.f32;
-/// PTX ISA "ex2": max relative error 2^-22 over the normal range).
+/// 2^x, approximate, subnormal inputs and results flushed to zero; -inf gives +0
+/// (ex2.approx.ftz.f32; PTX ISA "ex2").
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -98,6 +98,14 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
 __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// Two transposed 8x8 b16 matrices: lanes 0-7 address the rows of the first, 8-15 of the
+/// second (ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16; PTX ISA "ldmatrix").
+__device__ __forceinline__ void ldsm_x2_t(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
                : "r"(addr));
 }
 

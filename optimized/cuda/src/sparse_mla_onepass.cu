@@ -26,6 +26,7 @@
 
 #include "cuda_check.h"
 #include "hopper_primitives.cuh"
+#include "online_softmax.cuh"
 #include "sparse_mla_internal.h"
 #include "tile_fill.cuh"
 
@@ -37,7 +38,6 @@ constexpr int kHeads = 64;     // heads per block (M)
 constexpr int kTile = 64;      // slots per tile (N of S, K of P V)
 constexpr int kMaxDp = 576;    // largest padded d_qk
 constexpr int kMaxDv = 512;    // 8 warps x 64 columns
-constexpr float kLog2e = 1.4426950408889634f;
 
 struct OpLayout {
   int dp;            // d_qk rounded up to 64 (whole 8-chunk swizzle groups)
@@ -170,11 +170,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t kb = sb + (stage ? L.off_kv1 : L.off_kv0);
 
     // S = Q K^T: 16 heads x 32 slots per warp.
-    float s[4][4];
+    float s[16];  // n8 tile j: s[4 j .. 4 j + 3]
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+    for (int j = 0; j < 16; ++j) s[j] = 0.f;
     {
       const uint32_t k0 = kb + k_off, k1 = k0 + 16 * row_b;
 #pragma unroll 4
@@ -184,62 +182,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t kc = ((2 * ks + b_cx) ^ sw) << 4;
         ldsm_x4(b0, k0 + kc);
         ldsm_x4(b1, k1 + kc);
-        mma16816(s[0], a, b0[0], b0[1]);
-        mma16816(s[1], a, b0[2], b0[3]);
-        mma16816(s[2], a, b1[0], b1[1]);
-        mma16816(s[3], a, b1[2], b1[3]);
+        mma16816(&s[0], a, b0[0], b0[1]);
+        mma16816(&s[4], a, b0[2], b0[3]);
+        mma16816(&s[8], a, b1[0], b1[1]);
+        mma16816(&s[12], a, b1[2], b1[3]);
       }
     }
 
-    // Masked, scaled logits and the half-row maxima.
-    const int* ids = ids_s + stage * kTile;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = 32 * nh + 8 * j + 2 * c4;
-      const bool v0 = ids[col] >= 0, v1 = ids[col + 1] >= 0;
-      s[j][0] = v0 ? s[j][0] * sm_scale : -INFINITY;
-      s[j][1] = v1 ? s[j][1] * sm_scale : -INFINITY;
-      s[j][2] = v0 ? s[j][2] * sm_scale : -INFINITY;
-      s[j][3] = v1 ? s[j][3] * sm_scale : -INFINITY;
-      mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
-    }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], off));
-      mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], off));
-    }
-    if (c4 == 0) {
-      red_s[nh * kHeads + r0] = mx[0];
-      red_s[nh * kHeads + r1] = mx[1];
-    }
+    // Masked, scaled logits and the half-row maxima; online softmax (both half-row warps
+    // compute the same new max), P in bf16.
+    mask_scale_row_max(s, ids_s + stage * kTile, nh, c4, r0, r1, sm_scale, red_s);
     __syncthreads();
-
-    // Online softmax (both half-row warps compute the same new max), P in bf16.
     float alpha[2], neg[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = i ? r1 : r0;
-      const float mn = fmaxf(m_run[i], fmaxf(red_s[r], red_s[kHeads + r]));
-      const float base = mn == -INFINITY ? 0.f : mn;  // all masked so far: p = 0, no NaN
-      alpha[i] = ex2((m_run[i] - base) * kLog2e);     // m_run = -inf -> 0
-      m_run[i] = mn;
-      neg[i] = -base * kLog2e;
-    }
+    softmax_rescale(red_s, r0, r1, m_run, alpha, neg);
     float ps[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float p0 = ex2(fmaf(s[j][0], kLog2e, neg[0]));
-      const float p1 = ex2(fmaf(s[j][1], kLog2e, neg[0]));
-      const float p2 = ex2(fmaf(s[j][2], kLog2e, neg[1]));
-      const float p3 = ex2(fmaf(s[j][3], kLog2e, neg[1]));
-      ps[0] += p0 + p1;
-      ps[1] += p2 + p3;
-      const int chunk = 4 * nh + j;
-      p_w[r0 * 32 + ((chunk ^ (r0 & 7)) << 2) + c4] = pack_bf16(p0, p1);
-      p_w[r1 * 32 + ((chunk ^ (r1 & 7)) << 2) + c4] = pack_bf16(p2, p3);
-    }
+    write_p(s, neg, nh, c4, r0, r1, p_w, ps);
     l_run[0] = l_run[0] * alpha[0] + ps[0];
     l_run[1] = l_run[1] * alpha[1] + ps[1];
     if (nh == 0 && c4 == 0) {

@@ -27,6 +27,7 @@
 
 #include "cuda_check.h"
 #include "hopper_primitives.cuh"
+#include "online_softmax.cuh"
 #include "sparse_mla_internal.h"
 #include "tile_fill.cuh"
 
@@ -37,7 +38,6 @@ constexpr int kThreads = 256;            // two warpgroups
 constexpr int kHeads = 64;               // wgmma M
 constexpr int kTile = 64;                // slots per tile
 constexpr uint32_t kBlockBytes = 8192;   // one 64-column block of a 64-row operand
-constexpr float kLog2e = 1.4426950408889634f;
 
 struct WgLayout {
   int nb;  // 64-column blocks of d_qk (8 or 9)
@@ -230,52 +230,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // 2. Masked, scaled logits; half-row maxima; online softmax; P in bf16.
-    const int* ids = ids_s + stage * kTile;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = 32 * wg + 8 * j + 2 * c4;
-      const bool v0 = ids[col] >= 0, v1 = ids[col + 1] >= 0;
-      s[4 * j + 0] = v0 ? s[4 * j + 0] * sm_scale : -INFINITY;
-      s[4 * j + 1] = v1 ? s[4 * j + 1] * sm_scale : -INFINITY;
-      s[4 * j + 2] = v0 ? s[4 * j + 2] * sm_scale : -INFINITY;
-      s[4 * j + 3] = v1 ? s[4 * j + 3] * sm_scale : -INFINITY;
-      mx[0] = fmaxf(mx[0], fmaxf(s[4 * j + 0], s[4 * j + 1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
-    }
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], off));
-      mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], off));
-    }
-    if (c4 == 0) {
-      red_s[wg * kHeads + r0] = mx[0];
-      red_s[wg * kHeads + r1] = mx[1];
-    }
+    mask_scale_row_max(s, ids_s + stage * kTile, wg, c4, r0, r1, sm_scale, red_s);
     __syncthreads();
     float alpha[2], neg[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = i ? r1 : r0;
-      const float mn = fmaxf(m_run[i], fmaxf(red_s[r], red_s[kHeads + r]));
-      const float base = mn == -INFINITY ? 0.f : mn;
-      alpha[i] = ex2((m_run[i] - base) * kLog2e);
-      m_run[i] = mn;
-      neg[i] = -base * kLog2e;
-    }
+    softmax_rescale(red_s, r0, r1, m_run, alpha, neg);
     float ps[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float p0 = ex2(fmaf(s[4 * j + 0], kLog2e, neg[0]));
-      const float p1 = ex2(fmaf(s[4 * j + 1], kLog2e, neg[0]));
-      const float p2 = ex2(fmaf(s[4 * j + 2], kLog2e, neg[1]));
-      const float p3 = ex2(fmaf(s[4 * j + 3], kLog2e, neg[1]));
-      ps[0] += p0 + p1;
-      ps[1] += p2 + p3;
-      const int chunk = 4 * wg + j;
-      p_w[r0 * 32 + ((chunk ^ (r0 & 7)) << 2) + c4] = pack_bf16(p0, p1);
-      p_w[r1 * 32 + ((chunk ^ (r1 & 7)) << 2) + c4] = pack_bf16(p2, p3);
-    }
+    write_p(s, neg, wg, c4, r0, r1, p_w, ps);
     l_run[0] = l_run[0] * alpha[0] + ps[0];
     l_run[1] = l_run[1] * alpha[1] + ps[1];
     // Rescale O (skipped when no row of the warp changed its max: alpha is exactly 1).
