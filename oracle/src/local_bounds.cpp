@@ -509,6 +509,7 @@ struct MlaRowData {
     int64_t s;
     double p, dS, gmd, gD;  // p_j, dS_j, |g_j - Δ|, p_j × (g_j's and Δ's underflow)
     bool slow;              // p_j, dS_j or a term may be tiny: per-column counts
+    bool p16, dS16;         // fp16 work: p_j, dS_j below fp16's normal range (2^-14)
   };
   std::vector<UfSlot> uf_slots;
   std::vector<double> uf_ds, uf_ds2;
@@ -936,6 +937,12 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     }
     std::vector<double> ufo(DV), ufa(DV), gD(n), ufq(DQK);
     std::vector<char> slow(n), tsq(DQK);
+    // fp16 work: P and dS rounded to fp16 keep fp16's subnormals on GPUs (cvt.rn.f16.f32,
+    // HMMA operands), so below 2^-14 each rounding errs by up to half its subnormal spacing,
+    // 2^-25 (Higham eq. 2.8 with gradual underflow), in units of eta; the relative narrow term
+    // u16·|x| misses it. (bf16 has fp32's exponent range: covered by the counts above.)
+    const bool f16 = work_dtype == DType::F16;
+    constexpr double kMin16 = 0x1p-14, kSub16 = 0x1p-25 / 0x1p-126;
     for (size_t h = 0; h < H; ++h) {
       const int64_t row = t * h_q + static_cast<int64_t>(h);
       const double* P = &PH[h * n];
@@ -948,7 +955,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       for (size_t j = 0; j < n; ++j) {
         const double kvm = kvmin[static_cast<size_t>(ids[j])];
         logit_tiny = logit_tiny || qm * kvm < kSumTiny;
-        out_uf = out_uf || (p[j] != 0 && (p[j] < kTiny32 || p[j] * kvm < kSumTiny));
+        out_uf = out_uf || (p[j] != 0 && (p[j] < kTiny32 || p[j] * kvm < kSumTiny || (f16 && p[j] < kMin16)));
         const double ej = std::exp(P[j] - hs[h].m);
         ufs += fu(ej, 1.0);
         te = te || tiny(ej);
@@ -963,8 +970,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         std::vector<char> ts(DV, 0);
         for (size_t j = 0; j < n; ++j) {
           const double* v = &KV[static_cast<size_t>(ids[j]) * DQK];
+          const double w16 = f16 && p[j] != 0 && p[j] < kMin16 ? kSub16 : 0.0;  // P in fp16
           for (size_t c = 0; c < DV; ++c) {
-            ufo[c] += fu(p[j], std::abs(v[c])) + fu(p[j] * v[c], 1.0);
+            ufo[c] += fu(p[j], std::abs(v[c])) + fu(p[j] * v[c], 1.0) + w16 * std::abs(v[c]);
             if (tiny(p[j] * v[c])) ts[c] = 1;
           }
         }
@@ -995,11 +1003,13 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         // dS_j through g_j's dot (a product may be tiny) and Δ's, × p_j
         gD[j] = p[j] * ((dm * kvm < kSumTiny ? dot_ops(dv) : 0.0) + ufD);
         slow[j] = std::min(p[j], std::abs(dS[j]) * std::min({1.0, asm_, kvm, asm_ * kvm})) < kSumTiny;
-        any = any || gD[j] > 0 || slow[j];
+        const bool p16 = f16 && p[j] != 0 && p[j] < kMin16;
+        const bool dS16 = f16 && dS[j] != 0 && std::abs(dS[j]) < kMin16;
+        any = any || gD[j] > 0 || slow[j] || dS16;
         const bool slow_kv = std::min(p[j] * std::min(1.0, dm),
                                       std::abs(dS[j]) * std::min({1.0, asm_, qm, asm_ * qm})) < kSumTiny;
-        if (gD[j] > 0 || slow_kv)
-          R.uf_slots.push_back({h, ids[j], p[j], dS[j], std::abs(g[j] - delta), gD[j], slow_kv});
+        if (gD[j] > 0 || slow_kv || p16 || dS16)
+          R.uf_slots.push_back({h, ids[j], p[j], dS[j], std::abs(g[j] - delta), gD[j], slow_kv, p16, dS16});
       }
       if (any) {  // dq_c: p_j, dS_j, sm·dS_j, dS_j kv, the term; the dots (gD); the adds
         std::fill(ufq.begin(), ufq.end(), 0.0);
@@ -1009,6 +1019,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           for (size_t c = 0; c < DQK; ++c) {
             const double kv = kvr[c], a = std::abs(kv);
             ufq[c] += asm_ * a * gD[j];
+            if (f16 && dS[j] != 0 && std::abs(dS[j]) < kMin16) ufq[c] += kSub16 * asm_ * a;  // dS in fp16
             if (!slow[j]) continue;
             ufq[c] += fu(p[j], asm_ * std::abs(g[j] - delta) * a) + fu(dS[j], asm_ * a) +
                       fu(sm * dS[j], a) + fu(dS[j] * kv, asm_) + fu(sm * dS[j] * kv, 1.0);
@@ -1177,6 +1188,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           const size_t e = static_cast<size_t>(x.s) * DQK + c;
           const double qv = Q[row * DQK + c], qc = std::abs(qv), dc = c < DV ? dO[row * DV + c] : 0.0;
           fdkv.underflow[e] += asm_ * qc * x.gD;
+          constexpr double kSub16 = 0x1p-25 / 0x1p-126;  // fp16 work: dS, P in fp16 (row_pass)
+          if (x.dS16) fdkv.underflow[e] += kSub16 * asm_ * qc;
+          if (x.p16) fdkv.underflow[e] += kSub16 * std::abs(dc);
           if (!x.slow) continue;
           const double term1 = sm * x.dS * qv, term2 = x.p * dc;
           fdkv.underflow[e] += fu(x.p, asm_ * x.gmd * qc + std::abs(dc)) + fu(x.dS, asm_ * qc) +

@@ -23,7 +23,8 @@ constexpr double kThetaNarrow = 1e-2;  // and of 1e-2 in bf16/fp16
 // underflow |η| <= half the subnormal spacing, but GPU kernels flush subnormal results and
 // inputs to zero (FTZ/DAZ, tensor cores, fast exp), so |η| is up to the smallest normal of
 // the dtype the operation runs in: 2^-126 for fp32 accumulation and bf16 intermediates.
-// (fp16 intermediates keep their subnormals on GPUs; their rounding is the narrow term.)
+// fp16 intermediates keep their subnormals on GPUs: below 2^-14 each rounding errs by up
+// to 2^-25, counted in units of this eta (local_bounds.cpp, kSub16).
 constexpr double kEtaFtz = 0x1p-126;
 constexpr const char* kEtaReason =
     "; underflow: eta 2^-126 per operation that may flush (Higham eq. 2.8 with FTZ/DAZ: "

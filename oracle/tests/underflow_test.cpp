@@ -123,6 +123,78 @@ TEST(Underflow, FlushToZeroKernelPassesAndAWrongValueFails) {
   EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, bad2, {}, "ftz").verdict, Verdict::Fail);
 }
 
+// An fp16 kernel (FlashMLA-style: P and dS rounded to fp16 before their GEMMs, fp32 sums,
+// out in fp16, gradients in fp32) keeps fp16's subnormals: below 2^-14 each rounding errs by up to 2^-25, not
+// u16·|x|. One key at logit 0 and 40 keys at logit -14 (p = e^-14 / (1 + 40 e^-14), an fp16
+// subnormal, all rounded alike): the kernel passes, and only because of the underflow part.
+double round16(double x) { return Tensor::from_f64({1}, {x}).to(DType::F16).get(0); }
+
+TEST(Underflow, Fp16KernelWithSubnormalProbabilitiesPasses) {
+  const int64_t n = 41, d = 4, dv = 2;
+  OpCase c;
+  std::vector<double> q = {1, 0, 0, 0}, kv(static_cast<size_t>(n * d));
+  for (int64_t s = 0; s < n; ++s) {
+    kv[static_cast<size_t>(s * d)] = s == 0 ? 0.0 : -14.0;
+    for (int64_t k = 1; k < d; ++k) kv[static_cast<size_t>(s * d + k)] = 0.75 + 0.125 * static_cast<double>(k);
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t s = 0; s < n; ++s) ids[static_cast<size_t>(s)] = static_cast<int32_t>(s);
+  c.mla.q = Tensor::from_f64({1, 1, d}, q).to(DType::F16);
+  c.mla.kv = Tensor::from_f64({n, d}, kv).to(DType::F16);
+  c.mla.indices = Tensor::from_i32({1, n}, ids);
+  c.mla.sm_scale = 1.0;
+  c.mla.d_v = dv;
+  c.dout = Tensor::from_f64({1, 1, dv}, {1.0, -0.5}).to(DType::F32);
+  // the kernel: e_j = exp(P_j - max) in fp16, out = Σ e_j v_j / Σ e_j; dS_j in fp16
+  const std::vector<double> Q = c.mla.q.to_f64(), KV = c.mla.kv.to_f64(), dO = c.dout.to_f64();
+  std::vector<double> P(static_cast<size_t>(n)), e(P), p(P);
+  double m = -INFINITY, S = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    double dot = 0;
+    for (int64_t k = 0; k < d; ++k) dot += Q[static_cast<size_t>(k)] * KV[static_cast<size_t>(j * d + k)];
+    P[static_cast<size_t>(j)] = dot;
+    m = std::max(m, dot);
+  }
+  for (int64_t j = 0; j < n; ++j) S += std::exp(P[static_cast<size_t>(j)] - m);
+  std::vector<double> out(static_cast<size_t>(dv), 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    e[static_cast<size_t>(j)] = round16(std::exp(P[static_cast<size_t>(j)] - m));
+    p[static_cast<size_t>(j)] = std::exp(P[static_cast<size_t>(j)] - m) / S;
+    for (int64_t k = 0; k < dv; ++k) out[static_cast<size_t>(k)] += e[static_cast<size_t>(j)] * KV[static_cast<size_t>(j * d + k)] / S;
+  }
+  double delta = 0;
+  for (int64_t k = 0; k < dv; ++k) delta += out[static_cast<size_t>(k)] * dO[static_cast<size_t>(k)];
+  std::vector<double> dq(static_cast<size_t>(d), 0.0), dkv(static_cast<size_t>(n * d), 0.0);
+  for (int64_t j = 0; j < n; ++j) {
+    double g = 0;
+    for (int64_t k = 0; k < dv; ++k) g += dO[static_cast<size_t>(k)] * KV[static_cast<size_t>(j * d + k)];
+    const double dS = round16(p[static_cast<size_t>(j)] * (g - delta));
+    for (int64_t k = 0; k < d; ++k) {
+      dq[static_cast<size_t>(k)] += dS * KV[static_cast<size_t>(j * d + k)];
+      dkv[static_cast<size_t>(j * d + k)] += dS * Q[static_cast<size_t>(k)] +
+                                             (k < dv ? e[static_cast<size_t>(j)] / S * dO[static_cast<size_t>(k)] : 0.0);
+    }
+  }
+  const SparseMlaForward ref = reference::sparse_mla_forward(c.mla);
+  NamedOutputs fwd{{"out", Tensor::from_f64({1, 1, dv}, out).to(DType::F16)},
+                   {"lse", ref.lse.to(DType::F32)}, {"max_logits", ref.max_logits.to(DType::F32)}};
+  NamedOutputs bwd{{"out", fwd.at("out")},
+                   {"dq", Tensor::from_f64({1, 1, d}, dq).to(DType::F32)},
+                   {"dkv", Tensor::from_f64({n, d}, dkv).to(DType::F32)}};
+  const OpReport rf = judge_outputs(Op::SparseMlaFwd, c, fwd, {}, "fp16");
+  const OpReport rb = judge_outputs(Op::SparseMlaBwd, c, bwd, {}, "fp16");
+  std::cout << format_op_report(rf) << format_op_report(rb);
+  EXPECT_EQ(rf.verdict, Verdict::Pass) << format_op_report(rf);
+  EXPECT_EQ(rb.verdict, Verdict::Pass) << format_op_report(rb);
+  EXPECT_TRUE(needs_underflow(rf) || needs_underflow(rb)) << "the case does not reach fp16's subnormals";
+  // out moved by twice the 16-bit detection threshold fails
+  NamedOutputs bad = fwd;
+  const double theta = tolerance("sparse_mla_fwd", "out", DType::F16).theta;
+  bad["out"] = bad["out"].to(DType::F32);
+  bad["out"].set(0, out[0] + 2 * theta * std::abs(ref.out.get(0)));
+  EXPECT_EQ(judge_outputs(Op::SparseMlaFwd, c, bad, {}, "fp16").verdict, Verdict::Fail);
+}
+
 // The suite's sparse MLA, indexer and KL properties on the flush-to-zero kernel (empty rows,
 // topk_length and extreme rows put probabilities and products below 2^-126: the false alarm
 // of libtorch-cuda's dkv on the H200). Level 0, four seeds.

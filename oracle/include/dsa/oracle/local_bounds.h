@@ -85,6 +85,7 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
 /// Underflow counts (OutputFloor::underflow, × eta): for every p_j, dS_j, sm·dS_j or product
 /// below 2^-120 the magnitude of the factors after it; n + 1 for a sum with a term below 2^-97;
 /// out's underflow carried into Δ (columns in quadrature) and Δ's into dsink (rows in quadrature).
+/// fp16 work_dtype: p_j and dS_j below 2^-14 add 2^-25 (fp16's gradual underflow) × the factors after them.
 /// Same argument rules as reference::sparse_mla_backward.
 CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype);
 
