@@ -168,18 +168,21 @@ __device__ __forceinline__ void fwd_epilogue(const float (&acc)[64], float w0, f
   if (out_row && key < s_kv) out_row[key] = (key >= win.lo && key < win.hi) ? s : -INFINITY;
 }
 
-// One warp's 16 heads x 128 keys x d 128 on mma.sync from the swizzled key tile.
-__device__ __forceinline__ void mma_tile(float (&acc)[64], const uint32_t (&qa)[8][4],
+// One warp's 16 rows x kCols columns x d 128 on mma.sync: acc = A B^T with A the warp's m16 x
+// k128 fragments (load_a_rows) and B the swizzled kCols-row tile at sbase (load_rows); acc in
+// the mma C layout (acc[4 nt + c]: row gid + 8 (c/2), column 8 nt + 2 t4 + c%2).
+template <int kCols>
+__device__ __forceinline__ void mma_tile(float (&acc)[kCols / 2], const uint32_t (&qa)[8][4],
                                          uint32_t sbase, int lane) {
   const int mi = lane >> 3, r8 = lane & 7;
 #pragma unroll
-  for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+  for (int j = 0; j < kCols / 2; ++j) acc[j] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk)
 #pragma unroll
-    for (int p = 0; p < 8; ++p) {
+    for (int p = 0; p < kCols / 16; ++p) {
       uint32_t b[4];
-      ldsm_x4(b, sbase + sw128_offset(kFwdKeys, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
+      ldsm_x4(b, sbase + sw128_offset(kCols, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
       mma16816(&acc[(2 * p) * 4], qa[kk], b[0], b[1]);
       mma16816(&acc[(2 * p + 1) * 4], qa[kk], b[2], b[3]);
     }
@@ -332,7 +335,7 @@ __global__ void __launch_bounds__(128 * kTok, 1)
       cp_async_wait<kFwdStages - 2>();
       __syncthreads();
       load_tile(i + kFwdStages - 1);
-      mma_tile(acc, qa, kbase + (i % kFwdStages) * kFwdTile, lane);
+      mma_tile<kFwdKeys>(acc, qa, kbase + (i % kFwdStages) * kFwdTile, lane);
       epilogue(acc, i);
     }
   }
@@ -400,17 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                       kBwdKeys * 256) + wg * kBwdKeys;
     const int key0 = (kt0 + i) * kBwdKeys;
     float s[32];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) s[j] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        uint32_t b[4];
-        ldsm_x4(b, sb + sw128_offset(kBwdKeys, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
-        mma16816(&s[(2 * p) * 4], qa[kk], b[0], b[1]);
-        mma16816(&s[(2 * p + 1) * 4], qa[kk], b[2], b[3]);
-      }
+    mma_tile<kBwdKeys>(s, qa, sb, lane);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -527,17 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                       kMaxHeads * 256);
     const float* ws = dis + kDkKeys;
     float s[32];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) s[j] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        uint32_t b[4];
-        ldsm_x4(b, sb + sw128_offset(kMaxHeads, 16 * p + ((mi >> 1) << 3) + r8, kk * 2 + (mi & 1)));
-        mma16816(&s[(2 * p) * 4], ka[kk], b[0], b[1]);
-        mma16816(&s[(2 * p + 1) * 4], ka[kk], b[2], b[3]);
-      }
+    mma_tile<kMaxHeads>(s, ka, sb, lane);
     const bool in0 = k0 >= win.lo && k0 < win.hi, in1 = k1 >= win.lo && k1 < win.hi;
     const float g0 = in0 ? dis[k0 - s0] : 0.f, g1 = in1 ? dis[k1 - s0] : 0.f;
 #pragma unroll
