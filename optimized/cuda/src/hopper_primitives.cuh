@@ -1,8 +1,9 @@
 // Internal: the PTX wrappers the hand-written tensor-core kernels share (indexer.cu,
-// sparse_mla_onepass.cu, sparse_mla_wgmma.cu): cp.async, ldmatrix, mma.sync, named barriers,
-// the async-proxy fence, wgmma with its shared-memory matrix descriptors, and the 128-byte
-// swizzle those descriptors address. One inline asm statement each, nothing added around it;
-// source of every rule: the PTX ISA (8.x) section named on each line.
+// sparse_mla_onepass.cu, sparse_mla_wgmma.cu, sparse_mla_bwd.cu): cp.async, ldmatrix,
+// mma.sync, named barriers, the async-proxy fence, wgmma with its shared-memory matrix
+// descriptors, and the 128-byte swizzle those descriptors address. One inline asm statement
+// each, nothing added around it; source of every rule: the PTX ISA (8.x) section named on each
+// line.
 //
 // The wgmma wrappers assemble only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); built for any other
 // target they trap, so a caller must keep launches away (as sparse_mla_wgmma_takes() does).

@@ -35,60 +35,33 @@
 
 #include "cuda_check.h"
 #include "dsa/cuda/kernels.h"
+#include "hopper_primitives.cuh"
 
 namespace dsa::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // 8 warps
-constexpr int kHeads = 64;     // heads per block (M of S, dP and dq; K of dKV)
-constexpr int kTile = 32;      // slots per tile
-constexpr int kMaxDp = 576;    // largest d_qk (rounded up to 64)
-constexpr int kMaxDvp = 512;   // largest d_v (rounded up to 64)
+constexpr int kThreads = 256;        // 8 warps
+constexpr int kHeads = 64;           // heads per block (M of S, dP and dq; K of dKV)
+constexpr int kTile = 32;            // slots per tile
+constexpr int kMaxDp = 576;          // largest d_qk (rounded up to 64)
+constexpr int kMaxDvp = 512;         // largest d_v (rounded up to 64)
 constexpr int kMaxNt = kMaxDp / 64;  // n8 tiles in a warp's strip of d_qk (8 warps)
 constexpr int kChunkNt = 3;          // n8 tiles of dKV_tile in registers at a time
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int64_t kPartialBudget = int64_t{2} << 30;  // deterministic scratch rows, bytes
 
-// ----------------------------------------------------------------- tensor-core primitives
+// ----------------------------------------------------------------- primitives
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void st_zero16(uint32_t dst) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// Two transposed 8x8 matrices: lanes 0-7 address the rows of the first, 8-15 of the second.
-__device__ __forceinline__ void ldsm_x2_t(uint32_t addr, uint32_t (&r)[2]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(addr));
-}
-/// D += A B, m16n8k16, bf16 inputs, fp32 accumulators (PTX ISA fragment layouts).
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using detail::cp_async16;
+using detail::cp_async_commit;
+using detail::cp_async_wait_all;
+using detail::ldsm_x2_t;
+using detail::ldsm_x4;
+using detail::ldsm_x4_t;
+using detail::mma16816;
+using detail::smem_u32;
+using detail::st_shared_zero16;
+
 /// hi = bf16(x), lo = bf16(x - hi) for a pair (packed as a bf16x2 each): hi + lo keeps about
 /// 16 significant bits of x.
 __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
@@ -117,7 +90,7 @@ __device__ __forceinline__ int slot_id(const int32_t* irow, int64_t slot, int64_
 // ----------------------------------------------------------------- shared-memory layout
 
 struct BwdLayout {
-  int dp, dvp;          // d_qk and d_v rounded up to 64 (whole 8-chunk swizzle groups)
+  int dp, dvp;             // d_qk and d_v rounded up to 64 (whole 8-chunk swizzle groups)
   uint32_t q_row, do_row;  // bytes per Q / kv row and per dout row
   uint32_t off_do, off_k, off_p, off_ds, off_ids, off_stat, total;
 };
@@ -128,15 +101,15 @@ __host__ __device__ inline BwdLayout bwd_layout(int64_t d_qk, int64_t d_v) {
   L.dvp = static_cast<int>((d_v + 63) / 64 * 64);
   L.q_row = static_cast<uint32_t>(L.dp) * 2u;
   L.do_row = static_cast<uint32_t>(L.dvp) * 2u;
-  L.off_do = kHeads * L.q_row;                 // Q   [kHeads][dp]
-  L.off_k = L.off_do + kHeads * L.do_row;      // dO  [kHeads][dvp]
-  L.off_p = L.off_k + kTile * L.q_row;         // K   [kTile][dp]
+  L.off_do = kHeads * L.q_row;             // Q   [kHeads][dp]
+  L.off_k = L.off_do + kHeads * L.do_row;  // dO  [kHeads][dvp]
+  L.off_p = L.off_k + kTile * L.q_row;     // K   [kTile][dp]
   // P and sm_scale·dS as bf16 hi + lo parts: a 128-byte row per head, chunks 0-3 the hi
   // parts of slots 0..31, chunks 4-7 the lo parts (8 chunks: the usual c ^ (row & 7) swizzle).
-  L.off_ds = L.off_p + kHeads * 128;           // P   [kHeads][hi 32 | lo 32] bf16
-  L.off_ids = L.off_ds + kHeads * 128;         // dS  [kHeads][hi 32 | lo 32] bf16
-  L.off_stat = L.off_ids + kTile * 4;          // ids [kTile]
-  L.total = L.off_stat + 3 * kHeads * 4;       // lse·log2(e), sink factor r, Δ per head
+  L.off_ds = L.off_p + kHeads * 128;      // P   [kHeads][hi 32 | lo 32] bf16
+  L.off_ids = L.off_ds + kHeads * 128;    // dS  [kHeads][hi 32 | lo 32] bf16
+  L.off_stat = L.off_ids + kTile * 4;     // ids [kTile]
+  L.total = L.off_stat + 3 * kHeads * 4;  // lse·log2(e), sink factor r, Δ per head
   return L;
 }
 
@@ -148,9 +121,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                           const int32_t* __restrict__ indices,
                           const int32_t* __restrict__ topk_length,
                           const float* __restrict__ attn_sink, const uint16_t* __restrict__ out,
-                          const float* __restrict__ lse, const uint16_t* __restrict__ dout,
-                          int h_q, int d_qk, int s_kv, int64_t k, int d_v, float sm_scale,
-                          int64_t t0, float* __restrict__ dq, float* __restrict__ dkv,
+                          const float* __restrict__ lse, const uint16_t* __restrict__ dout, int h_q,
+                          int d_qk, int s_kv, int64_t k, int d_v, float sm_scale, int64_t t0,
+                          float* __restrict__ dq, float* __restrict__ dkv,
                           float* __restrict__ dsink_terms, float* __restrict__ partial) {
   extern __shared__ __align__(128) unsigned char smem[];
   const BwdLayout L = bwd_layout(d_qk, d_v);
@@ -196,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (h0 + r < h_q && c < q_src)
       cp_async16(dst, q + ((t * h_q + h0 + r) * static_cast<int64_t>(d_qk) + c * 8));
     else
-      st_zero16(dst);
+      st_shared_zero16(dst);
   }
   for (int i = tid; i < kHeads * do_chunks; i += kThreads) {
     const int r = i / do_chunks, c = i - r * do_chunks;
@@ -204,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (h0 + r < h_q && c < do_src)
       cp_async16(dst, dout + ((t * h_q + h0 + r) * static_cast<int64_t>(d_v) + c * 8));
     else
-      st_zero16(dst);
+      st_shared_zero16(dst);
   }
   cp_async_commit();
 
@@ -247,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int b_cx = (lane >> 3) & 1;                      // their chunk offset
   const uint32_t q_base = sb, do_base = sb + L.off_do, k_base = sb + L.off_k;
   const uint32_t p_base = sb + L.off_p, ds_base = sb + L.off_ds;
-  const int nt = L.dp / 64;      // n8 tiles in a warp's strip of d_qk
-  const int strip = nt * warp;   // first 8-column chunk of the strip
+  const int nt = L.dp / 64;     // n8 tiles in a warp's strip of d_qk
+  const int strip = nt * warp;  // first 8-column chunk of the strip
   const int dv_chunks = L.dvp / 8;
   const int ksq = L.dp / 16, ksv = L.dvp / 16;
   const float scale_l2 = sm_scale * kLog2e;
@@ -276,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (id >= 0 && c < q_src)
           cp_async16(dst, src + c * 8);
         else
-          st_zero16(dst);
+          st_shared_zero16(dst);
       }
     }
     cp_async_commit();
@@ -296,8 +269,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 2
       for (int ks = 0; ks < ksq; ++ks) {
         uint32_t a[4], b[4];
-        ldsm_x4(qa + (((2 * ks + a_cx) ^ sw) << 4), a);
-        ldsm_x4(k0 + (((2 * ks + b_cx) ^ sw) << 4), b);
+        ldsm_x4(a, qa + (((2 * ks + a_cx) ^ sw) << 4));
+        ldsm_x4(b, k0 + (((2 * ks + b_cx) ^ sw) << 4));
         mma16816(s[0], a, b[0], b[1]);
         mma16816(s[1], a, b[2], b[3]);
       }
@@ -306,8 +279,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll 2
       for (int ks = 0; ks < ksv; ++ks) {
         uint32_t a[4], b[4];
-        ldsm_x4(da + (((2 * ks + a_cx) ^ sw) << 4), a);
-        ldsm_x4(k0 + (((2 * ks + b_cx) ^ sw) << 4), b);
+        ldsm_x4(a, da + (((2 * ks + a_cx) ^ sw) << 4));
+        ldsm_x4(b, k0 + (((2 * ks + b_cx) ^ sw) << 4));
         mma16816(dpv[0], a, b[0], b[1]);
         mma16816(dpv[1], a, b[2], b[3]);
       }
@@ -361,16 +334,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < kMaxNt; ++j) {
         bk[j][0] = bk[j][1] = 0u;
-        if (j < nt) ldsm_x2_t(krow + (((strip + j) ^ sw) << 4), bk[j]);
+        if (j < nt) ldsm_x2_t(bk[j], krow + (((strip + j) ^ sw) << 4));
       }
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
         for (int part = 0; part < 2; ++part) {  // hi, then lo
           uint32_t a[4];
-          ldsm_x4(ds_base + (16 * mt + a_row) * 128 +
-                      (((4 * part + 2 * kk + a_cx) ^ sw) << 4),
-                  a);
+          ldsm_x4(a, ds_base + (16 * mt + a_row) * 128 + (((4 * part + 2 * kk + a_cx) ^ sw) << 4));
 #pragma unroll
           for (int j = 0; j < kMaxNt; ++j)
             if (j < nt) mma16816(acc_dq[mt][j], a, bk[j][0], bk[j][1]);
@@ -400,21 +371,20 @@ __global__ void __launch_bounds__(kThreads, 1)
           on_q[jj] = j0 + jj < nt;
           on_o[jj] = on_q[jj] && c < dv_chunks;
           bq[jj][0] = bq[jj][1] = bo[jj][0] = bo[jj][1] = 0u;
-          if (on_q[jj]) ldsm_x2_t(qrow + ((c ^ sw) << 4), bq[jj]);
-          if (on_o[jj]) ldsm_x2_t(orow + ((c ^ sw) << 4), bo[jj]);
+          if (on_q[jj]) ldsm_x2_t(bq[jj], qrow + ((c ^ sw) << 4));
+          if (on_o[jj]) ldsm_x2_t(bo[jj], orow + ((c ^ sw) << 4));
         }
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
           for (int part = 0; part < 2; ++part) {  // hi, then lo
-            const uint32_t at =
-                (16 * kh + b_row) * 128 + (((4 * part + 2 * mt + b_cx) ^ sw) << 4);
+            const uint32_t at = (16 * kh + b_row) * 128 + (((4 * part + 2 * mt + b_cx) ^ sw) << 4);
             uint32_t a[4];
-            ldsm_x4_t(ds_base + at, a);
+            ldsm_x4_t(a, ds_base + at);
 #pragma unroll
             for (int jj = 0; jj < kChunkNt; ++jj)
               if (on_q[jj]) mma16816(acc[mt][jj], a, bq[jj][0], bq[jj][1]);
-            ldsm_x4_t(p_base + at, a);
+            ldsm_x4_t(a, p_base + at);
 #pragma unroll
             for (int jj = 0; jj < kChunkNt; ++jj)
               if (on_o[jj]) mma16816(acc[mt][jj], a, bo[jj][0], bo[jj][1]);
@@ -439,8 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               atomicAdd(dst, x0);
               atomicAdd(dst + 1, x1);
             } else {
-              const int64_t row =
-                  (lt * n_groups + grp) * k + static_cast<int64_t>(it) * kTile + sl;
+              const int64_t row = (lt * n_groups + grp) * k + static_cast<int64_t>(it) * kTile + sl;
               *reinterpret_cast<float2*>(partial + row * d_qk + col) = make_float2(x0, x1);
             }
           }
@@ -482,8 +451,8 @@ __global__ void pair_keys_kernel(const int32_t* __restrict__ indices,
   int64_t lim = k;
   if (topk_length) lim = min(lim, static_cast<int64_t>(max(topk_length[t], 0)));
   const int v = indices[p];
-  keys[p] = (j < lim && v >= 0 && v < s_kv) ? static_cast<unsigned>(v)
-                                            : static_cast<unsigned>(s_kv);
+  keys[p] =
+      (j < lim && v >= 0 && v < s_kv) ? static_cast<unsigned>(v) : static_cast<unsigned>(s_kv);
   vals[p] = static_cast<int>(p);
 }
 
@@ -507,8 +476,8 @@ constexpr int kReduceVec = 5;  // float4 chunks per lane: 5 x 32 x 4 = 640 >= 57
 /// The sorted pair list is stable, so the sum is the same sequence of fp32 adds every run
 /// and for every chunking of the rows.
 __global__ void dkv_reduce_kernel(const unsigned* __restrict__ keys, const int* __restrict__ vals,
-                                  int64_t n, const float* __restrict__ partial, int s_kv,
-                                  int d_qk, int64_t k, int n_groups, int64_t t0, int64_t t1,
+                                  int64_t n, const float* __restrict__ partial, int s_kv, int d_qk,
+                                  int64_t k, int n_groups, int64_t t0, int64_t t1,
                                   float* __restrict__ dkv) {
   const int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
@@ -592,6 +561,10 @@ ScratchPlan plan_scratch(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, i
   P.rows = s_q;
   if (mode == SparseMlaBwdMode::Deterministic && s_q > 0 && h_q > 0) {
     const int64_t n = s_q * k;
+    if (n > INT32_MAX)
+      throw std::invalid_argument(
+          "sparse_mla_backward_scratch_bytes: argument 'k' got s_q * k = " + std::to_string(n) +
+          ", expected s_q * k <= 2^31-1 (deterministic pair list)");
     while (P.end_bit < 32 && (int64_t{1} << P.end_bit) <= s_kv) ++P.end_bit;
     P.keys_in = take(4 * static_cast<size_t>(n));
     P.keys_out = take(4 * static_cast<size_t>(n));
@@ -599,12 +572,10 @@ ScratchPlan plan_scratch(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, i
     P.vals_out = take(4 * static_cast<size_t>(n));
     size_t cub_bytes = 0;
     DSA_CUDA_CHECK("sparse_mla_backward_device (sort size)",
-                   cub::DeviceRadixSort::SortPairs(nullptr, cub_bytes,
-                                                   static_cast<const unsigned*>(nullptr),
-                                                   static_cast<unsigned*>(nullptr),
-                                                   static_cast<const int*>(nullptr),
-                                                   static_cast<int*>(nullptr), static_cast<int>(n),
-                                                   0, P.end_bit));
+                   cub::DeviceRadixSort::SortPairs(
+                       nullptr, cub_bytes, static_cast<const unsigned*>(nullptr),
+                       static_cast<unsigned*>(nullptr), static_cast<const int*>(nullptr),
+                       static_cast<int*>(nullptr), static_cast<int>(n), 0, P.end_bit));
     P.cub_bytes = cub_bytes;
     P.cub = take(cub_bytes);
     const int64_t groups = (h_q + kHeads - 1) / kHeads;
@@ -625,12 +596,12 @@ void require(bool ok, const char* arg, const std::string& got, const std::string
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <bool kFast>
-void launch_main(int64_t rows, int64_t groups, size_t smem, cudaStream_t stream,
-                 const uint16_t* q, const uint16_t* kv, const int32_t* indices,
-                 const int32_t* topk_length, const float* attn_sink, const uint16_t* out,
-                 const float* lse, const uint16_t* dout, int64_t h_q, int64_t d_qk, int64_t s_kv,
-                 int64_t k, int64_t d_v, float sm_scale, int64_t t0, float* dq, float* dkv,
-                 float* dsink_terms, float* partial) {
+void launch_main(int64_t rows, int64_t groups, size_t smem, cudaStream_t stream, const uint16_t* q,
+                 const uint16_t* kv, const int32_t* indices, const int32_t* topk_length,
+                 const float* attn_sink, const uint16_t* out, const float* lse,
+                 const uint16_t* dout, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
+                 int64_t d_v, float sm_scale, int64_t t0, float* dq, float* dkv, float* dsink_terms,
+                 float* partial) {
   const char* where = "sparse_mla_backward_device";
   DSA_CUDA_CHECK(where, cudaFuncSetAttribute(sparse_mla_bwd_kernel<kFast>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -669,15 +640,15 @@ void sparse_mla_backward_device(const uint16_t* q, const uint16_t* kv, const int
   require(d_v > 0 && d_v % 8 == 0 && d_v <= d_qk && d_v <= kMaxDvp, "d_v", to_string(d_v),
           "a multiple of 8 in (0, min(d_qk, " + to_string(kMaxDvp) + ")]");
   require(std::isfinite(sm_scale), "sm_scale", to_string(sm_scale), "a finite value");
-  require((attn_sink == nullptr) == (dsink == nullptr), "dsink",
-          dsink ? "a pointer" : "null", "given exactly when attn_sink is given");
+  require((attn_sink == nullptr) == (dsink == nullptr), "dsink", dsink ? "a pointer" : "null",
+          "given exactly when attn_sink is given");
   require(mode == SparseMlaBwdMode::Fast || s_q * k <= INT32_MAX, "k", to_string(k),
           "s_q * k <= 2^31-1 (deterministic pair list)");
   const int64_t groups = (h_q + kHeads - 1) / kHeads;
   require(s_q * groups <= INT32_MAX, "s_q", to_string(s_q), "s_q * ceil(h_q/64) <= 2^31-1");
-  for (const void* p : {static_cast<const void*>(q), static_cast<const void*>(kv),
-                        static_cast<const void*>(dout), static_cast<const void*>(dq),
-                        static_cast<const void*>(dkv)})
+  for (const void* p :
+       {static_cast<const void*>(q), static_cast<const void*>(kv), static_cast<const void*>(dout),
+        static_cast<const void*>(dq), static_cast<const void*>(dkv)})
     require(p == nullptr || aligned16(p), "q/kv/dout/dq/dkv", "a pointer not 16-byte aligned",
             "16-byte aligned device pointers (cp.async, vector stores)");
   const ScratchPlan plan = plan_scratch(s_q, h_q, d_qk, s_kv, k, mode);
@@ -685,10 +656,10 @@ void sparse_mla_backward_device(const uint16_t* q, const uint16_t* kv, const int
           scratch ? "a pointer not 16-byte aligned" : "null",
           to_string(plan.total) + " bytes (sparse_mla_backward_scratch_bytes), 16-byte aligned");
 
-  if (s_kv > 0)
-    DSA_CUDA_CHECK(where, cudaMemsetAsync(dkv, 0, sizeof(float) * s_kv * d_qk, stream));
+  if (s_kv > 0) DSA_CUDA_CHECK(where, cudaMemsetAsync(dkv, 0, sizeof(float) * s_kv * d_qk, stream));
   if (s_q == 0 || h_q == 0) {
-    if (dsink && h_q > 0) DSA_CUDA_CHECK(where, cudaMemsetAsync(dsink, 0, sizeof(float) * h_q, stream));
+    if (dsink && h_q > 0)
+      DSA_CUDA_CHECK(where, cudaMemsetAsync(dsink, 0, sizeof(float) * h_q, stream));
     return;
   }
   char* base = static_cast<char*>(scratch);
@@ -716,9 +687,8 @@ void sparse_mla_backward_device(const uint16_t* q, const uint16_t* kv, const int
     }
     for (int64_t t0 = 0; t0 < s_q; t0 += plan.rows) {
       const int64_t t1 = std::min(s_q, t0 + plan.rows);
-      launch_main<false>(t1 - t0, groups, smem, stream, q, kv, indices, topk_length, attn_sink,
-                         out, lse, dout, h_q, d_qk, s_kv, k, d_v, sm_scale, t0, dq, dkv, terms,
-                         partial);
+      launch_main<false>(t1 - t0, groups, smem, stream, q, kv, indices, topk_length, attn_sink, out,
+                         lse, dout, h_q, d_qk, s_kv, k, d_v, sm_scale, t0, dq, dkv, terms, partial);
       if (n > 0 && s_kv > 0) {
         const int64_t blocks = (s_kv + 7) / 8;  // 8 warps (key rows) per block
         dkv_reduce_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
@@ -729,8 +699,8 @@ void sparse_mla_backward_device(const uint16_t* q, const uint16_t* kv, const int
     }
   }
   if (attn_sink) {
-    dsink_reduce_kernel<<<static_cast<unsigned>(h_q), 256, 0, stream>>>(terms, s_q,
-                                                                      static_cast<int>(h_q), dsink);
+    dsink_reduce_kernel<<<static_cast<unsigned>(h_q), 256, 0, stream>>>(
+        terms, s_q, static_cast<int>(h_q), dsink);
     DSA_CUDA_CHECK(where, cudaGetLastError());
   }
 }

@@ -23,7 +23,8 @@ struct MlaShape {
 /// previous slot, rows t%4==1 a leading invalid block of 70 slots, rows t%4==3 empty;
 /// with_len: topk_length in [-2, k+3] (row 0: 0); sink_mode 1: normal sinks, 2: also ±inf.
 /// sm_scale 1/sqrt(d_qk), d_v = s.d_v.
-inline dsa::oracle::OpCase make_mla(const MlaShape& s, uint64_t seed, bool with_len, int sink_mode) {
+inline dsa::oracle::OpCase make_mla(const MlaShape& s, uint64_t seed, bool with_len,
+                                    int sink_mode) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
   dsa::oracle::OpCase c;

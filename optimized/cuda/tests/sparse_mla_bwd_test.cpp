@@ -1,14 +1,14 @@
 // The sparse MLA backward kernel (optimized/cuda/src/sparse_mla_bwd.cu) through the `cuda`
 // backend (SPEC §5, §6, §9). Linked last into dsa_cuda_tests, so these tests run after the
 // others: a fault here cannot spoil an earlier test's CUDA context.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "dsa/cuda/backend.h"
 #include "dsa/oracle/op_check.h"
@@ -57,8 +57,9 @@ OpCase make_mla_bwd(const MlaShape& s, uint64_t seed, bool with_len, int sink_mo
 }
 
 // Oracle judgement (SPEC §9: float64 reference, baseline with Δ from the bf16 out) of dq, dkv
-// and dsink for the deterministic mode (and the fast one when fast_too); the deterministic one is also run twice by check_op (bytes equal).
-// WEAK rows allowed explicitly, as for the forward (a case property: cancelling Δ rows).
+// and dsink for the deterministic mode (and the fast one when fast_too); the deterministic one is
+// also run twice by check_op (bytes equal). WEAK rows allowed explicitly, as for the forward (a
+// case property: cancelling Δ rows).
 void expect_mla_bwd_pass(const OpCase& c, const std::string& label, bool fast_too = true) {
   dsa::oracle::CheckOptions opt = dsa::oracle::default_check_options();
   opt.allow_weak = true;
@@ -88,8 +89,10 @@ std::string mla_label(const MlaShape& s, int variant) {
 // invalid ids of every kind, duplicates, leading invalid blocks longer than a tile, empty
 // rows; variant 1 adds topk_length and sinks, variant 2 sinks with ±inf.
 TEST_F(CudaMlaBwdTest, SparseMlaBackwardShapesAndEdges) {
-  const std::vector<MlaShape> shapes = {{4, 16, 64, 64, 50, 33},     {4, 3, 63, 17, 40, 31},
-                                        {4, 64, 576, 512, 300, 150}, {4, 128, 576, 512, 400, 200},
+  const std::vector<MlaShape> shapes = {{4, 16, 64, 64, 50, 33},
+                                        {4, 3, 63, 17, 40, 31},
+                                        {4, 64, 576, 512, 300, 150},
+                                        {4, 128, 576, 512, 400, 200},
                                         {3, 100, 512, 512, 300, 129}};
   uint64_t seed = 900;
   for (const MlaShape& s : shapes)
@@ -109,7 +112,8 @@ class PerturbedBwd final : public dsa::oracle::Backend {
   dsa::SparseMlaForward sparse_mla_forward(const dsa::SparseMlaInputs& in) override {
     return inner_->sparse_mla_forward(in);
   }
-  dsa::SparseMlaGrads sparse_mla_backward(const dsa::SparseMlaInputs& in, const Tensor& dout) override {
+  dsa::SparseMlaGrads sparse_mla_backward(const dsa::SparseMlaInputs& in,
+                                          const Tensor& dout) override {
     dsa::SparseMlaGrads g = inner_->sparse_mla_backward(in, dout);
     Tensor& x = which_ == 0 ? g.dq : which_ == 1 ? g.dkv : *g.dsink;
     int64_t at = 0;
@@ -131,7 +135,9 @@ TEST_F(CudaMlaBwdTest, SparseMlaBackwardPerturbedOutputsFail) {
   for (int which = 0; which < 3; ++which) {
     PerturbedBwd b(bwd_backend(dsa::cuda::SparseMlaBwdPath::Kernel), which);
     const dsa::oracle::OpReport r = dsa::oracle::check_op(b, Op::SparseMlaBwd, c, opt);
-    EXPECT_NE(r.verdict, Verdict::Pass) << (which == 0 ? "dq" : which == 1 ? "dkv" : "dsink")
+    EXPECT_NE(r.verdict, Verdict::Pass) << (which == 0   ? "dq"
+                                            : which == 1 ? "dkv"
+                                                         : "dsink")
                                         << " moved by 5% passed\n"
                                         << dsa::oracle::format_op_report(r);
   }
@@ -197,7 +203,8 @@ TEST_F(CudaMlaBwdTest, SparseMlaBwdSanitizerSmall) {
     const dsa::SparseMlaGrads g = bwd_backend(path)->sparse_mla_backward(c.mla, c.dout);
     for (const Tensor* x : {&g.dq, &g.dkv}) {
       for (int64_t i = 0; i < x->numel(); ++i) {
-        ASSERT_TRUE(std::isfinite(x->get(i))) << bwd_name(path) << (x == &g.dq ? "dq " : "dkv ") << i;
+        ASSERT_TRUE(std::isfinite(x->get(i)))
+            << bwd_name(path) << (x == &g.dq ? "dq " : "dkv ") << i;
       }
     }
     ASSERT_TRUE(g.dsink.has_value());

@@ -102,7 +102,8 @@ int64_t sparse_mla_backward_max_d_v();
 /// Scratch bytes sparse_mla_backward_device needs for the shape and mode: s_q·h_q fp32 dsink
 /// terms; Deterministic adds the sorted pair list (4 int32 arrays of s_q·k plus CUB's sort
 /// storage) and up to 2 GiB of fp32 dkv rows (query rows are processed in chunks that fit).
-/// Throws std::runtime_error on a CUDA error of the sort-size query.
+/// Throws std::invalid_argument when Deterministic and s_q·k > 2^31-1, std::runtime_error on
+/// a CUDA error of the sort-size query.
 size_t sparse_mla_backward_scratch_bytes(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv,
                                          int64_t k, SparseMlaBwdMode mode);
 
