@@ -95,7 +95,9 @@ struct SmlaCase {
 /// rounding of duplicated terms; "dups" draws its few keys from a pool of at least k/8), and
 /// with a sink, dout's signs make Δ = out·dout >= max_c |out_c dout_c| > 0 in every row (per
 /// row: the largest column takes the sign of the others' sum, the row the sign that makes Δ
-/// positive), so dsink = -Σ p_sink Δ does not cancel.
+/// positive), so dsink = -Σ p_sink Δ does not cancel. The "wide" regime draws no sink, and each
+/// value column of its dout keeps one sign in every row (the p·dout terms of a key's dkv row
+/// add up).
 SmlaCase draw_smla_case(const std::string& layout = "");
 
 /// Extreme rows inside an ordinary batch (issue 9): some rows have one valid slot whose logit
