@@ -10,10 +10,11 @@ machine code (the ELF section .text.<kernel>: every SASS instruction's encoding)
 relocations, .nv.info.<kernel> (registers, barriers, parameter layout, ...), the sizes of its
 shared-memory and constant-bank sections, and ptxas's -v figures (registers, spills, stack).
 compare does the same for the tree as it is now, diffs them kernel by kernel, and checks that
-each kernel's code stands verbatim in the build's object (build the CUDA objects first). Names are
-compared with the anonymous-namespace tag normalised (cudafe derives it from the file's
-contents); no cuobjdump/nvdisasm is needed (this machine has neither), and equal encodings are
-a stricter test than equal disassembly.
+each kernel's code stands verbatim in the build's object (build the CUDA objects first). Kernel
+names are compared with cudafe's per-file anonymous-namespace tag normalised. No cuobjdump or
+nvdisasm is needed (the CI image has neither); equal encodings are a stricter test than equal
+disassembly. DIR and --build are relative to the repository root; nvcc runs one file at a time
+(about a minute for all of optimized/cuda on 2 cores).
 """
 import argparse, json, os, re, shlex, struct, subprocess, sys, tempfile
 
@@ -58,8 +59,8 @@ def kernels_of(cubin):
             continue
         k = name[len(".text."):]
         rela = secs.get(".rela.text." + k, (0, 0, b""))[2]
-        relocs = [(o, t & 0xFFFFFFFF, syms[t >> 32], a)
-                  for o, t, a in (struct.unpack_from("<QQq", rela, i) for i in range(0, len(rela), 24))]
+        entries = (struct.unpack_from("<QQq", rela, i) for i in range(0, len(rela), 24))
+        relocs = [(off, t & 0xFFFFFFFF, syms[t >> 32], add) for off, t, add in entries]
         res[norm(k)] = {
             "text": body.hex(),
             "text_info": info,  # register count etc. in the section header
@@ -121,8 +122,10 @@ def main():
     ap.add_argument("--build", default="build/cuda")
     a = ap.parse_args()
     os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    now = collect(a.build)
     path = os.path.join(a.dir, "kernels.json")
+    if a.mode == "compare" and not os.path.exists(path):
+        sys.exit(f"no snapshot at {path}: run `ci/sass_diff.py snapshot {a.dir}` before the change")
+    now = collect(a.build)
     if a.mode == "snapshot":
         os.makedirs(a.dir, exist_ok=True)
         json.dump(now, open(path, "w"))
@@ -138,7 +141,8 @@ def main():
             continue
         diff = [f for f in old[k] if old[k][f] != now[k].get(f)]
         n = len(old[k]["text"]) // 32  # 16-byte SASS instructions
-        print(f"{'same ' if not diff else 'DIFF '} {k} ({n} instructions; {'; '.join(now[k]['ptxas'])})"
+        figs = "; ".join(now[k]["ptxas"])
+        print(f"{'same ' if not diff else 'DIFF '} {k} ({n} instructions; {figs})"
               + (f" differs in: {', '.join(diff)}" if diff else ""))
         bad += bool(diff)
     n_diff = bad
@@ -149,11 +153,13 @@ def main():
         for f in files:
             if f.endswith(".cu.o"):
                 objs[f[:-5]] = open(os.path.join(root, f), "rb").read()
-    missing = [k for k in now if bytes.fromhex(now[k]["text"]) not in objs.get(k.split("/")[0], b"")]
+    missing = [k for k in now
+               if bytes.fromhex(now[k]["text"]) not in objs.get(k.split("/")[0], b"")]
     for k in missing:
         print(f"NOT IN THE BUILD'S OBJECT (stale build?): {k}")
     bad += len(missing)
-    print(f"{len(now) - len(missing)} of {len(now)} kernels' code found verbatim in {a.build}'s objects")
+    print(f"{len(now) - len(missing)} of {len(now)} kernels' code found verbatim in "
+          f"{a.build}'s objects")
     print(f"{len(set(old) | set(now))} kernels compared: "
           + ("machine code, relocations, .nv.info and ptxas -v figures identical" if not bad
              else f"{n_diff} DIFFERENT or missing, {len(missing)} not in the build's objects"))
