@@ -185,8 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       cp_async_commit();
       wgmma_wait_all();
-#pragma unroll
-      for (int i = 0; i < 16; ++i) reg_fence(s[i]);
+      reg_fence(s);
     } else {
       // Partial S over k-steps [wg * ksteps/2, (wg + 1) * ksteps/2) for all 64 slots.
       float sf[32];
@@ -209,8 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       cp_async_commit();
       wgmma_wait_all();
-#pragma unroll
-      for (int i = 0; i < 32; ++i) reg_fence(sf[i]);
+      reg_fence(sf);
       // Exchange: warpgroup 0 keeps slots 0..31 and hands over its partial of 32..63, and
       // the other way round. Thread i of one warpgroup holds the same (head, slot) positions
       // as thread i of the other, so the buffers are indexed [value][thread]. Warpgroup 0
@@ -258,8 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     if constexpr (kOwnFirst) {
       named_barrier_sync(1 + wg, 128);  // this warpgroup's half of P is complete
-#pragma unroll
-      for (int i = 0; i < 128; ++i) reg_fence(o[i]);
+      reg_fence(o);
       wgmma_fence();
       pv_step(2 * wg);
       pv_step(2 * wg + 1);
@@ -269,8 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       pv_step(2 * (1 - wg) + 1);
     } else {
       __syncthreads();  // P complete
-#pragma unroll
-      for (int i = 0; i < 128; ++i) reg_fence(o[i]);
+      reg_fence(o);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
@@ -280,8 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     wgmma_commit();
     wgmma_wait_all();
-#pragma unroll
-    for (int i = 0; i < 128; ++i) reg_fence(o[i]);
+    reg_fence(o);
   }
   cp_async_wait_all();
 
