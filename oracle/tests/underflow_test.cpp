@@ -13,6 +13,7 @@
 #include <iostream>
 #include <string>
 
+#include "dsa/contract/parallel.h"
 #include "dsa/oracle/local_bounds.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
@@ -193,6 +194,46 @@ TEST(Underflow, Fp16KernelWithSubnormalProbabilitiesPasses) {
   bad["out"] = bad["out"].to(DType::F32);
   bad["out"].set(0, out[0] + 2 * theta * std::abs(ref.out.get(0)));
   EXPECT_EQ(judge_outputs(Op::SparseMlaFwd, c, bad, {}, "fp16").verdict, Verdict::Fail);
+}
+
+// parallel_for starts its helper threads inside the kernel's FTZ/DAZ scope, and a new thread
+// copies its creator's MXCSR: every row flushes whichever thread ran it, and the bytes do not
+// depend on the thread count (issue 13). 4096 query rows of the subnormal case above (about
+// 1.2e6 flops: parallel_for uses helper threads from 2^19).
+TEST(Underflow, FlushToZeroReachesEveryWorkerThread) {
+  auto ftz = ftz_backend();
+  ASSERT_NE(ftz, nullptr);
+  if (!ftz->unavailable_reason().empty()) GTEST_SKIP() << ftz->unavailable_reason();
+  const OpCase one = subnormal_probability_case();
+  const int64_t rows = 4096, h = one.mla.q.size(1), d = one.mla.q.size(2), k = one.mla.indices.size(1);
+  const int64_t dv = one.mla.d_v;
+  const std::vector<double> q1 = one.mla.q.to_f64(), i1 = one.mla.indices.to_f64();
+  std::vector<double> q;
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t r = t % one.mla.q.size(0);
+    q.insert(q.end(), q1.begin() + r * h * d, q1.begin() + (r + 1) * h * d);
+    for (int64_t j = 0; j < k; ++j) ids.push_back(static_cast<int32_t>(i1[static_cast<size_t>(r * k + j)]));
+  }
+  SparseMlaInputs in = one.mla;
+  in.q = Tensor::from_f64({rows, h, d}, q).to(one.mla.q.dtype());
+  in.indices = Tensor::from_i32({rows, k}, ids);
+  const int saved = max_threads();
+  set_max_threads(1);
+  const SparseMlaForward serial = ftz->sparse_mla_forward(in);
+  set_max_threads(4);
+  const SparseMlaForward threaded = ftz->sparse_mla_forward(in);
+  set_max_threads(saved);
+  EXPECT_TRUE(bitwise_equal(serial.out, threaded.out)) << "FTZ did not reach a helper thread";
+  // every row flushed: its out differs from the gradual-underflow baseline's
+  const Tensor plain = reference::sparse_mla_forward(in, reference::Precision::Baseline).out.to(in.q.dtype());
+  int64_t flushed = 0;
+  for (int64_t t = 0; t < rows; ++t) {
+    bool differs = false;
+    for (int64_t i = t * h * dv; i < (t + 1) * h * dv; ++i) differs = differs || plain.get(i) != threaded.out.get(i);
+    flushed += differs;
+  }
+  EXPECT_EQ(flushed, rows);
 }
 
 // The suite's sparse MLA, indexer and KL properties on the flush-to-zero kernel (empty rows,
