@@ -93,6 +93,41 @@ void dq_slot_terms(size_t w, const double* __restrict kvr, double a1, double dSj
   }
 }
 
+// dq: two slots' terms (slot 0's, then slot 1's: the order of two dq_slot_terms calls), the
+// sums loaded and stored once.
+struct DqSlot {
+  const double* kvr;
+  double a1, dSj, pj, a2, a3;
+};
+void dq_two_slot_terms(size_t w, const DqSlot& s0, const DqSlot& s1, double* __restrict x2c,
+                       double* __restrict val, double* __restrict ab, double* __restrict pk,
+                       double* __restrict nsq, double* __restrict tt) {
+  const double* __restrict k0 = s0.kvr;
+  const double* __restrict k1 = s1.kvr;
+  for (size_t c = 0; c < w; ++c) {
+    const double u0 = k0[c], u1 = k1[c];
+    double x = x2c[c], v = val[c], a = ab[c], p = pk[c], n = nsq[c], t = tt[c];
+    x += (s0.a1 * u0) * (s0.a1 * u0);
+    v += s0.dSj * u0;
+    a += std::abs(s0.dSj * u0);
+    p += s0.pj * u0;
+    n += (s0.a2 * u0) * (s0.a2 * u0);
+    t += s0.a3 * std::abs(u0);
+    x += (s1.a1 * u1) * (s1.a1 * u1);
+    v += s1.dSj * u1;
+    a += std::abs(s1.dSj * u1);
+    p += s1.pj * u1;
+    n += (s1.a2 * u1) * (s1.a2 * u1);
+    t += s1.a3 * std::abs(u1);
+    x2c[c] = x;
+    val[c] = v;
+    ab[c] = a;
+    pk[c] = p;
+    nsq[c] = n;
+    tt[c] = t;
+  }
+}
+
 // dkv: one slot's terms for the columns of its key row (q, |q|, |sm||q|, dout (0 past d_v),
 // |dout| of the slot's query row and head).
 struct DkvSlot {
@@ -867,20 +902,37 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       }
       if (!dout) continue;
       // dq: sums over the slots per column (columns innermost)
-      for (size_t j = 0; j < n; ++j) {
-        const double* kvr = &KV[static_cast<size_t>(ids[j]) * DQK];
+      // two slots per pass (their terms in slot order), the eta sums of tiny p_j apart
+      auto dq_slot = [&](size_t h, size_t j) {
+        const size_t x = h * n + j;
+        const double a4 = GH[x] + hs[h].D;
+        return DqSlot{&KV[static_cast<size_t>(ids[j]) * DQK], wq[j] * indm[x], dSm[x], pm[x],
+                      wq[j] * dSm[x], pm[x] * a4};
+      };
+      size_t j = 0;
+      for (; j + 2 <= n; j += 2)
         for (size_t h = h0; h < h1; ++h) {
-          const size_t x = h * n + j, hc = h * DQK;
-          const double a1 = wq[j] * indm[x], dSj = dSm[x], pj = pm[x], a2 = wq[j] * dSm[x],
-                       a4 = GH[x] + hs[h].D, a3 = pm[x] * a4;
-          dq_slot_terms(DQK, kvr, a1, dSj, pj, a2, a3, &x2c[hc], &val[hc], &ab[hc], &pk[hc],
-                        &nsq[hc], &tt[hc]);
-          if (pj > 0 && pj < kTiny32) {
-            double* eh = &eta[hc];
+          const size_t hc = h * DQK;
+          dq_two_slot_terms(DQK, dq_slot(h, j), dq_slot(h, j + 1), &x2c[hc], &val[hc], &ab[hc],
+                            &pk[hc], &nsq[hc], &tt[hc]);
+        }
+      for (; j < n; ++j)
+        for (size_t h = h0; h < h1; ++h) {
+          const size_t hc = h * DQK;
+          const DqSlot d = dq_slot(h, j);
+          dq_slot_terms(DQK, d.kvr, d.a1, d.dSj, d.pj, d.a2, d.a3, &x2c[hc], &val[hc], &ab[hc],
+                        &pk[hc], &nsq[hc], &tt[hc]);
+        }
+      for (size_t jj = 0; jj < n; ++jj)
+        for (size_t h = h0; h < h1; ++h) {
+          const size_t x = h * n + jj;
+          if (pm[x] > 0 && pm[x] < kTiny32) {
+            const double a4 = GH[x] + hs[h].D;
+            const double* kvr = &KV[static_cast<size_t>(ids[jj]) * DQK];
+            double* eh = &eta[h * DQK];
             for (size_t c = 0; c < DQK; ++c) eh[c] += a4 * std::abs(kvr[c]);
           }
         }
-      }
       for (size_t h = h0; h < h1; ++h) {
         const HeadState& st = hs[h];
         const int64_t row = t * h_q + static_cast<int64_t>(h);
@@ -1100,6 +1152,20 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         };
         if (g1 - g0 == 1) {  // one slot: two heads per pass over the columns
           size_t h = 0;
+          for (; h + 4 <= H; h += 4) {
+            const DkvSlot xs[4] = {slot_of(h, g0), slot_of(h + 1, g0), slot_of(h + 2, g0),
+                                   slot_of(h + 3, g0)};
+            if (xs[0].tiny || xs[1].tiny || xs[2].tiny || xs[3].tiny) break;
+            const double* qs[4] = {&qv[h * w], &qv[(h + 1) * w], &qv[(h + 2) * w], &qv[(h + 3) * w]};
+            const double* dcs[4] = {&dcv[h * w], &dcv[(h + 1) * w], &dcv[(h + 2) * w],
+                                    &dcv[(h + 3) * w]};
+            if (v_n2b)
+              dkv_single_slot<4, 0, true>(w, xs, qs, dcs, asm_, v_val, v_abs, v_nsq, v_terms, v_q2,
+                                          v_n2, v_n2b);
+            else
+              dkv_single_slot<4, 0, false>(w, xs, qs, dcs, asm_, v_val, v_abs, v_nsq, v_terms, v_q2,
+                                           v_n2, v_n2b);
+          }
           for (; h + 2 <= H; h += 2) {
             const DkvSlot xs[2] = {slot_of(h, g0), slot_of(h + 1, g0)};
             const double* qs[2] = {&qv[h * w], &qv[(h + 1) * w]};
