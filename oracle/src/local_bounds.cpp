@@ -93,6 +93,47 @@ void dq_slot_terms(size_t w, const double* __restrict kvr, double a1, double dSj
   }
 }
 
+// out: two slots' terms per column (slot 0's, then slot 1's), the sums loaded and stored once.
+// o_c += p_j v_jc:
+void out_o2(size_t w, const double* __restrict v0, const double* __restrict v1, double p0,
+            double p1, double* __restrict o) {
+  for (size_t c = 0; c < w; ++c) {
+    double x = o[c];
+    x += p0 * v0[c];
+    x += p1 * v1[c];
+    o[c] = x;
+  }
+}
+// x2_c += (wq_j p_j|v_jc - o_c|(e_j + c_j))^2, w_c += p_j|v_jc|:
+void out_xw2(size_t w, const double* __restrict v0, const double* __restrict v1,
+             const double* __restrict o, double p0, double ec0, double wq0, double p1, double ec1,
+             double wq1, double* __restrict x2, double* __restrict wv) {
+  for (size_t c = 0; c < w; ++c) {
+    double x = x2[c], y = wv[c];
+    const double xe0 = p0 * std::abs(v0[c] - o[c]) * ec0;
+    x += (wq0 * xe0) * (wq0 * xe0);
+    y += p0 * std::abs(v0[c]);
+    const double xe1 = p1 * std::abs(v1[c] - o[c]) * ec1;
+    x += (wq1 * xe1) * (wq1 * xe1);
+    y += p1 * std::abs(v1[c]);
+    x2[c] = x;
+    wv[c] = y;
+  }
+}
+// z_c += (wq_j p_j v_jc)^2, zs_c += |p_j v_jc| (slots below the max):
+void out_z2(size_t w, const double* __restrict v0, const double* __restrict v1, double wp0,
+            double p0, double wp1, double p1, double* __restrict z, double* __restrict zs) {
+  for (size_t c = 0; c < w; ++c) {
+    double x = z[c], y = zs[c];
+    x += (wp0 * v0[c]) * (wp0 * v0[c]);
+    y += std::abs(p0 * v0[c]);
+    x += (wp1 * v1[c]) * (wp1 * v1[c]);
+    y += std::abs(p1 * v1[c]);
+    z[c] = x;
+    zs[c] = y;
+  }
+}
+
 // dq: two slots' terms (slot 0's, then slot 1's: the order of two dq_slot_terms calls), the
 // sums loaded and stored once.
 struct DqSlot {
@@ -777,7 +818,12 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     for (size_t h0 = 0; h0 < H; h0 += HB) {
       const size_t h1 = std::min(H, h0 + HB);
       // out: o_c = Σ_j p_j v_jc, then the sums around it (columns innermost)
-      for (size_t j = 0; j < n; ++j) {
+      auto kvrow = [&](size_t j) { return &KV[static_cast<size_t>(ids[j]) * DQK]; };
+      size_t j2 = 0;
+      for (; j2 + 2 <= n; j2 += 2)  // two slots per pass, in slot order
+        for (size_t h = h0; h < h1; ++h)
+          out_o2(DV, kvrow(j2), kvrow(j2 + 1), pm[h * n + j2], pm[h * n + j2 + 1], &o[h * DV]);
+      for (size_t j = j2; j < n; ++j) {
         const double* v = &KV[static_cast<size_t>(ids[j]) * DQK];
         for (size_t h = h0; h < h1; ++h) {
           const double pj = pm[h * n + j];
@@ -785,7 +831,41 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           for (size_t c = 0; c < DV; ++c) oh[c] += pj * v[c];
         }
       }
-      for (size_t j = 0; j < n; ++j) {
+      // x2 and w two slots per pass; z, zs (slots below the max) two per pass when both
+      // are; wabs (p_j below 2^-120) one slot at a time: each sum in slot order.
+      for (j2 = 0; j2 + 2 <= n; j2 += 2)
+        for (size_t h = h0; h < h1; ++h) {
+          const size_t x0 = h * n + j2, x1 = x0 + 1;
+          out_xw2(DV, kvrow(j2), kvrow(j2 + 1), &o[h * DV], pm[x0], EH[x0] + Cm[x0], wq[j2],
+                  pm[x1], EH[x1] + Cm[x1], wq[j2 + 1], &x2v[h * DV], &wv[h * DV]);
+          const bool b0 = PH[x0] < hs[h].m, b1 = PH[x1] < hs[h].m;
+          if (b0 && b1) {
+            out_z2(DV, kvrow(j2), kvrow(j2 + 1), wq[j2] * pm[x0], pm[x0], wq[j2 + 1] * pm[x1],
+                   pm[x1], &zv[h * DV], &zsv[h * DV]);
+          } else {
+            for (size_t j = j2; j < j2 + 2; ++j) {
+              if (!(PH[h * n + j] < hs[h].m)) continue;
+              const double* v = kvrow(j);
+              const double pj = pm[h * n + j], wp = wq[j] * pm[h * n + j];
+              double* zh = &zv[h * DV];
+              double* zsh = &zsv[h * DV];
+              for (size_t c = 0; c < DV; ++c) {
+                zh[c] += (wp * v[c]) * (wp * v[c]);
+                zsh[c] += std::abs(pj * v[c]);
+              }
+            }
+          }
+        }
+      for (size_t j = 0; j < j2; ++j)
+        for (size_t h = h0; h < h1; ++h) {
+          const double pj = pm[h * n + j];
+          if (pj > 0 && pj < kTiny32) {
+            const double* v = kvrow(j);
+            double* wah = &wabsv[h * DV];
+            for (size_t c = 0; c < DV; ++c) wah[c] += std::abs(v[c]);
+          }
+        }
+      for (size_t j = j2; j < n; ++j) {
         const double* v = &KV[static_cast<size_t>(ids[j]) * DQK];
         for (size_t h = h0; h < h1; ++h) {
           const double pj = pm[h * n + j], ec = EH[h * n + j] + Cm[h * n + j], wqj = wq[j],
