@@ -101,3 +101,6 @@ if [ "${PROFILE:-0}" = 1 ]; then  # one launch of the cluster top-k kernel under
 fi
 echo "=== summary"; cat "$out/summary.txt"
 [ -f "$out/gpu_bench.md" ] && cat "$out/gpu_bench.md" || tail -20 "$out/bench.txt" 2>/dev/null
+# Exit status: 1 when any step above reported a non-zero rc (a test, a sanitizer, the Python
+# check, a benchmark), so a caller (ci/gpu/round.sh) sees a failing round.
+! grep -qE " rc=[1-9]" "$out/summary.txt"
