@@ -89,7 +89,7 @@ inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string
   if (c.passed && c.weak_rows > 0) {
     const std::string why = c.name + ": " + std::to_string(c.weak_rows) + " of " +
                             std::to_string(c.rows) +
-                            " rows WEAK (floor above theta x row scale: a wrong value there "
+                            " rows WEAK (bound above theta x row scale: a wrong value there "
                             "could pass; SPEC §9)";
     if (weak_note_only) r.notes.push_back(why + "; noted only (FP8 tensor-core row: no threshold of its own yet)");
     else if (opt.allow_weak) r.notes.push_back(why + "; allowed (--allow-weak)");

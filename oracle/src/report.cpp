@@ -144,10 +144,9 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   const int64_t n_rows = numel == 0 ? 0 : (numel + row_len - 1) / row_len;
   c.rows = n_rows;
   // E_row: the baseline's largest error over the row (a non-finite baseline where the
-  // reference is finite makes the row's bound infinite: reported weak whatever its floor_e,
-  // never a silent pass).
+  // reference is finite makes the row's bound infinite: reported weak, never a silent pass).
   std::vector<double> e_row(static_cast<size_t>(n_rows), 0.0), scale(e_row.size(), 0.0),
-      terms(e_row.size(), 0.0), row_bound(e_row.size(), 0.0), row_floor(e_row.size(), 0.0);
+      terms(e_row.size(), 0.0), row_bound(e_row.size(), 0.0);
   std::vector<ElementBound> row_max(e_row.size());
   for (int64_t i = 0; i < numel; ++i) {
     const double r = reference.get(i);
@@ -183,18 +182,12 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
     eb.floor_round = half_ulp(std::abs(r) + eb.rho_e_row + eb.floor_acc + eb.floor_underflow,
                               candidate.dtype() == DType::F64 ? DType::F32 : candidate.dtype());
     eb.bound = eb.rho_e_row + eb.floor_acc + eb.floor_underflow + eb.floor_round;
-    // SPEC §9 floor_e (what WEAK judges): the same parts without ρ·E_row(baseline), its
-    // rounding taken at |ref| + floor + underflow
-    eb.floor_e = eb.floor_acc + eb.floor_underflow +
-                 half_ulp(std::abs(r) + eb.floor_acc + eb.floor_underflow,
-                          candidate.dtype() == DType::F64 ? DType::F32 : candidate.dtype());
     if (eb.bound > c.max_bound || c.largest.flat < 0) {
       c.max_bound = std::max(c.max_bound, eb.bound);
       c.largest = eb;
     }
-    row_bound[row] = std::max(row_bound[row], eb.bound);
-    if (eb.floor_e >= row_floor[row]) {
-      row_floor[row] = eb.floor_e;
+    if (eb.bound >= row_bound[row]) {
+      row_bound[row] = eb.bound;
       row_max[row] = eb;
     }
     const double w = eb.bound > 0 ? eb.err / eb.bound : (eb.err > 0 ? INFINITY : 0.0);
@@ -218,9 +211,6 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   c.row_weak.assign(static_cast<size_t>(n_rows), 0);
   c.row_scale.assign(static_cast<size_t>(n_rows), 0.0);
   c.row_max_bound = row_bound;
-  c.row_max_floor = row_floor;
-  c.row_rho_e_row.resize(e_row.size());
-  for (size_t r = 0; r < e_row.size(); ++r) c.row_rho_e_row[r] = tol.rho * e_row[r];
   for (int64_t row = 0; row < n_rows; ++row) {
     const size_t r = static_cast<size_t>(row);
     const double kappa = floor.logit_scale ? 1.0 : kKappa * std::sqrt(c.theta);
@@ -228,10 +218,7 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
     // precision; flush-to-zero kernels lose them): such rows are measured against 2^-100.
     const double rs = std::max({scale[r], kappa * terms[r], row_bound[r] > 0 ? kUnderflowScale : 0.0});
     c.row_scale[r] = rs;
-    // SPEC §9: WEAK compares floor_e (no ρ·E_row) with θ · the row scale
-    const double rel = !std::isfinite(e_row[r]) ? INFINITY
-                       : row_floor[r] > 0       ? (rs > 0 ? row_floor[r] / rs : INFINITY)
-                                                : 0.0;
+    const double rel = row_bound[r] > 0 ? (rs > 0 ? row_bound[r] / rs : INFINITY) : 0.0;
     if (rel > c.weakest || (row == 0 && rel >= c.weakest)) {
       c.weakest = rel;
       c.at_weakest = row_max[r];
@@ -309,16 +296,13 @@ std::string format_tensor_checks(const std::vector<TensorCheck>& checks) {
       os << "    underflow source (eta 2^-126 each, Higham eq. 2.8 with flush-to-zero): "
          << c.underflow_source << "\n";
     if (c.weak_rows > 0) {
-      os << "    WEAK: " << c.weak_rows << " of " << c.rows
-         << " rows have floor_e (floor + underflow + rounding, without rho x E_row) above theta "
-         << c.theta << " x row scale (largest floor_e / row scale " << c.weakest << "); rows";
+      os << "    WEAK: " << c.weak_rows << " of " << c.rows << " rows have a bound above theta "
+         << c.theta << " x row scale (largest " << c.weakest << "); rows";
       for (int64_t r : c.weak_row_ids) os << " " << r;
       os << (c.weak_rows > static_cast<int64_t>(c.weak_row_ids.size()) ? " ..." : "") << "\n";
       os << "    weakest row scale " << c.weakest_scale << " (max |ref| " << c.weakest_ref_max
          << ", largest Σ|terms| " << c.weakest_terms << ");";
-      char label[64];
-      std::snprintf(label, sizeof label, " its largest floor_e %.3e, at", c.at_weakest.floor_e);
-      parts(label, c.at_weakest);
+      parts(" its largest bound", c.at_weakest);
     }
   }
   return os.str();

@@ -26,9 +26,6 @@ struct ElementBound {
   double floor_underflow = 0.0;  ///< eta · underflow count (Higham eq. 2.8, flush-to-zero)
   double floor_round = 0.0; ///< half an ulp of the output dtype at |ref| + the other parts
   double bound = 0.0;
-  /// SPEC §9 floor_e: the bound without ρ·E_row (floor_acc + floor_underflow + half an ulp
-  /// of the output dtype at |ref| + those two); what WEAK compares with θ·rowscale
-  double floor_e = 0.0;
 };
 
 /// One output judged by the local rule (SPEC §9).
@@ -50,16 +47,14 @@ struct TensorCheck {
   int64_t failed_elements = 0;
   std::vector<ElementBound> failures;  ///< the first few failing elements
   int64_t rows = 0;           ///< SPEC §9 rows of this output
-  int64_t weak_rows = 0;      ///< rows whose floor_e exceeds theta · rowscale somewhere
+  int64_t weak_rows = 0;      ///< rows whose bound exceeds theta · rowscale somewhere
   std::vector<int64_t> weak_row_ids;  ///< the first few weak rows
-  double weakest = 0.0;       ///< max over rows of max floor_e / rowscale (≤ theta: not weak)
-  ElementBound at_weakest;    ///< the largest floor_e of the weakest row, with its parts
+  double weakest = 0.0;       ///< max over rows of max bound / rowscale (≤ theta: not weak)
+  ElementBound at_weakest;    ///< the largest bound of the weakest row, with its parts
   int64_t row_len = 1;                ///< elements per row (OutputFloor::row_len)
   std::vector<uint8_t> row_weak;      ///< per row: 1 when weak
   std::vector<double> row_scale;      ///< per row: the scale θ is measured against
   std::vector<double> row_max_bound;  ///< per row: the largest element bound
-  std::vector<double> row_max_floor;  ///< per row: the largest floor_e (SPEC §9 WEAK)
-  std::vector<double> row_rho_e_row;  ///< per row: ρ·E_row(baseline) (inf: non-finite baseline)
   double weakest_scale = 0.0; ///< that row's scale = max(max|ref|, κ·Σ|terms|) of the row
   double weakest_ref_max = 0.0, weakest_terms = 0.0;  ///< its parts
   bool passed = false;
@@ -73,8 +68,7 @@ struct TensorCheck {
 /// rounding to the candidate's dtype: that one rounding is h_e) and (ρ, λ, θ) =
 /// tolerance(op, name, precision), precision = the candidate's dtype, or the floor's 16-bit
 /// working dtype when the candidate is wider, and h_e is half an ulp of the candidate's dtype at |r| plus the
-/// other parts (its one output rounding). A row is weak when some element's floor_e (its bound
-/// without ρ·E_row: λ·acc_e + λ16·narrow_e + η·underflow_e + half an ulp at |r| + those) exceeds θ·rowscale,
+/// other parts (its one output rounding). A row is weak when some element's bound exceeds θ·rowscale,
 /// rowscale = max(max|ref| over the row, κ·the row's largest Σ|terms|), κ = 3√θ (1 for
 /// logit-like outputs, OutputFloor::logit_scale, and at least 2^-100 where fp32 nears its
 /// subnormals): a row whose reference cancelled (e.g. dq of a one-key row) is measured

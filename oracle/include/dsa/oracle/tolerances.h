@@ -17,7 +17,7 @@ namespace dsa::oracle {
 /// with E_row the baseline's largest error over e's row (report.h), acc_e/narrow_e the
 /// element's first-order error scales (local_bounds.h), underflow_e the element's count of
 /// operations that may underflow weighted by what multiplies them afterwards (local_bounds.h)
-/// and the half ulp one rounding of the output. A row whose floor_e (the bound without rho·E_row) exceeds theta · rowscale for some element is WEAK (report.h).
+/// and the half ulp one rounding of the output. A row whose bound exceeds theta · rowscale for some element is WEAK (report.h).
 /// Ops: the dsa::oracle::to_string(Op) names.
 struct Tolerance {
   std::string op;
