@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "dsa/contract/dtype.h"
 #include "dsa/oracle/backend.h"
 #include "dsa/oracle/local_bounds.h"
 #include "dsa/oracle/op_check.h"
@@ -63,6 +64,26 @@ bool run_backend(OpReport& r, Backend& b, const CheckOptions& opt, Call call, Eq
   return run_backend(r, b, opt.check_determinism, "", std::move(call), std::move(eq), out);
 }
 
+/// Precision rank of a float dtype (F16/BF16 1, F32 2, F64 3; 0 for the others), to tell an
+/// output narrower than the dtype the SPEC fixes for it.
+inline int precision_rank(DType d) {
+  return d == DType::F64 ? 3 : d == DType::F32 ? 2 : (d == DType::F16 || d == DType::BF16) ? 1 : 0;
+}
+
+/// Fails `r` when the candidate's output `name` is narrower than the dtype the SPEC fixes for
+/// it: `scores` fp32 (§2, §10), `lse` and `max_logits` fp32 (§4), and `out` not narrower than
+/// q's dtype (`at_least`, §4). A narrower output would otherwise be judged at its own, looser
+/// precision class (θ 1e-2 for bf16 instead of 1e-4): a false AGREES. Wider (e.g. a float64
+/// reference run) is judged by its own class. Returns true when it failed.
+inline bool narrower_than_contract(OpReport& r, const std::string& name, const std::string& label,
+                                   const Tensor& cand, DType at_least) {
+  if (!cand.defined() || precision_rank(cand.dtype()) >= precision_rank(at_least)) return false;
+  r.fail(name + label + ": dtype " + dtype_name(cand.dtype()) + ", expected " + dtype_name(at_least) +
+         " or wider (contract: the SPEC fixes this output's dtype; §2/§10 scores fp32, §4 lse and "
+         "max_logits fp32, out in q's dtype)");
+  return true;
+}
+
 /// Judges one output by the local rule (SPEC §9) and folds it into the report: Fail when an
 /// element is over its bound; Weak (or a note with opt.allow_weak) when rows are WEAK;
 /// Incomplete when the candidate did not return it; not judged (listed once, for an empty
@@ -83,6 +104,9 @@ inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string
                                                "output is judged unless the provided outputs are named)");
     return;
   }
+  if ((name == "scores" || name == "lse" || name == "max_logits") &&
+      narrower_than_contract(r, name, label, cand, DType::F32))
+    return;
   TensorCheck c = judge_tensor(row, name, cand, ref, base, floor);
   c.name = name + label;
   if (!c.passed) r.fail(c.name + ": " + c.message);

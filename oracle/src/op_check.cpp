@@ -240,6 +240,10 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
            bitwise_equal(x.max_logits, y.max_logits);
   };
   if (!run_backend(r, b, opt, [&] { return b.sparse_mla_forward(c.mla); }, eq, cand)) return r;
+  // SPEC §4: out in q's dtype; a narrower out would pick a looser baseline below.
+  if ((!opt.provided_outputs || opt.provided_outputs->count("out")) &&
+      detail::narrower_than_contract(r, "out", "", cand.out, c.mla.q.dtype()))
+    return r;
   const auto ref_p = shared_mla_forward(c, Precision::Reference);
   const auto base_p = shared_mla_forward(c, Precision::Baseline);
   const DType work = cand.out.defined() ? cand.out.dtype() : c.mla.q.dtype();
@@ -297,6 +301,14 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     } catch (const std::exception&) {
       // no forward to learn from: q's dtype (SPEC §4)
     }
+  }
+  if (detail::precision_rank(out_dtype) < detail::precision_rank(c.mla.q.dtype())) {
+    // SPEC §4: out is in q's dtype; an out narrower than q must not loosen the baseline.
+    r.notes.push_back(std::string("the candidate's out (") + dtype_name(out_dtype) +
+                      ") is narrower than q: baseline Δ at q's dtype (SPEC §4)");
+    out_dtype = c.mla.q.dtype();
+    delta_out.reset();
+    delta_from_candidate = false;
   }
   if (!delta_out && out_dtype != DType::F32 && out_dtype != DType::F64) {
     delta_out = base_fwd.out.to(out_dtype);

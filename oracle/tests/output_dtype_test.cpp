@@ -1,0 +1,60 @@
+// Outputs whose dtype the SPEC fixes (§2/§10 scores fp32, §4 lse and max_logits fp32, out in
+// q's dtype) are a contract check in the one judgement: a narrower output would otherwise be
+// judged at its own, looser precision class (bf16 θ 1e-2 instead of 1e-4) and AGREE although
+// it is wrong by up to that class's bound (found by a fresh-user run, 2026-11-30). Each test
+// also shows the same values in the contract dtype pass, so the failure is the dtype's.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/reference_backend.h"
+
+namespace dsa::oracle {
+namespace {
+
+fixtures::Fixture golden(const std::string& name) {
+  return fixtures::load_fixture(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors");
+}
+
+TEST(OutputDtype, Bf16LseOrMaxLogitsFails) {
+  const OpCase c = op_case_from_fixture(golden("smla_basic"));
+  const SparseMlaForward f = make_reference_backend()->sparse_mla_forward(c.mla);
+  const Tensor out = f.out.to(c.mla.q.dtype());
+  const NamedOutputs ok = {{"out", out}, {"lse", f.lse.to(DType::F32)}, {"max_logits", f.max_logits.to(DType::F32)}};
+  EXPECT_TRUE(judge_outputs(Op::SparseMlaFwd, c, ok, {}, "f32").passed());
+  for (const char* narrow : {"lse", "max_logits"}) {
+    NamedOutputs bad = ok;
+    bad[narrow] = bad.at(narrow).to(DType::BF16);
+    const OpReport r = judge_outputs(Op::SparseMlaFwd, c, bad, {}, "bf16");
+    EXPECT_EQ(r.verdict, Verdict::Fail) << narrow;
+    EXPECT_NE(r.reason.find(std::string(narrow) + ": dtype BF16, expected F32"), std::string::npos) << r.reason;
+  }
+}
+
+TEST(OutputDtype, Bf16IndexerScoresFail) {
+  const OpCase c = op_case_from_fixture(golden("idx_causal"));
+  const Tensor s = make_reference_backend()->indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
+  EXPECT_TRUE(judge_outputs(Op::IndexerScores, c, {{"scores", s.to(DType::F32)}}, {}, "f32").passed());
+  const OpReport r = judge_outputs(Op::IndexerScores, c, {{"scores", s.to(DType::BF16)}}, {}, "bf16");
+  EXPECT_EQ(r.verdict, Verdict::Fail);
+  EXPECT_NE(r.reason.find("scores: dtype BF16, expected F32"), std::string::npos) << r.reason;
+}
+
+TEST(OutputDtype, OutNarrowerThanQFails) {
+  OpCase c = op_case_from_fixture(golden("smla_basic"));
+  c.mla.q = c.mla.q.to(DType::F32);  // fp32 q: out must be fp32 (or wider)
+  c.mla.kv = c.mla.kv.to(DType::F32);
+  c.memo.reset();
+  const SparseMlaForward f = make_reference_backend()->sparse_mla_forward(c.mla);
+  CheckOptions only_out;
+  only_out.provided_outputs = std::set<std::string>{"out"};
+  EXPECT_TRUE(judge_outputs(Op::SparseMlaFwd, c, {{"out", f.out.to(DType::F32)}}, only_out, "f32").passed());
+  const OpReport r = judge_outputs(Op::SparseMlaFwd, c, {{"out", f.out.to(DType::BF16)}}, only_out, "bf16");
+  EXPECT_EQ(r.verdict, Verdict::Fail);
+  EXPECT_NE(r.reason.find("out: dtype BF16, expected F32"), std::string::npos) << r.reason;
+}
+
+}  // namespace
+}  // namespace dsa::oracle
