@@ -28,6 +28,20 @@ const std::vector<Op>& all_ops() {
   return ops;
 }
 
+const std::vector<std::string>& op_output_names(Op op) {
+  static const std::map<Op, std::vector<std::string>> names = {
+      {Op::IndexerScores, {"scores"}},
+      {Op::IndexerScoresBackward, {"dq_idx", "dk_idx", "dw"}},
+      {Op::Topk, {"indices"}},
+      {Op::SparseMlaFwd, {"out", "lse", "max_logits"}},
+      {Op::SparseMlaBwd, {"dq", "dkv", "dsink"}},
+      {Op::IndexerKlLoss, {"loss", "d_scores"}},
+      {Op::Fp8IndexerScores, {"scores"}},
+      {Op::PagedIndexerScores, {"scores"}},
+      {Op::SparseMlaFp8Fwd, {"out", "lse", "max_logits"}}};
+  return names.at(op);
+}
+
 namespace {
 [[noreturn]] void not_supported(const Backend& b, Op op) {
   throw NotSupported(b.name() + ": op " + to_string(op) + " is not implemented");

@@ -16,20 +16,6 @@ namespace dsa::oracle {
 
 using fixtures::Convention;
 
-const std::vector<std::string>& op_output_names(Op op) {
-  static const std::map<Op, std::vector<std::string>> names = {
-      {Op::IndexerScores, {"scores"}},
-      {Op::IndexerScoresBackward, {"dq_idx", "dk_idx", "dw"}},
-      {Op::Topk, {"indices"}},
-      {Op::SparseMlaFwd, {"out", "lse", "max_logits"}},
-      {Op::SparseMlaBwd, {"dq", "dkv", "dsink"}},
-      {Op::IndexerKlLoss, {"loss", "d_scores"}},
-      {Op::Fp8IndexerScores, {"scores"}},
-      {Op::PagedIndexerScores, {"scores"}},
-      {Op::SparseMlaFp8Fwd, {"out", "lse", "max_logits"}}};
-  return names.at(op);
-}
-
 const std::vector<std::string>& all_output_names() {
   static const std::vector<std::string> all = [] {
     std::set<std::string> s;

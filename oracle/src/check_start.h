@@ -84,6 +84,27 @@ inline bool narrower_than_contract(OpReport& r, const std::string& name, const s
   return true;
 }
 
+/// When opt.provided_outputs names none of the outputs of the op whose tolerance row is `row`
+/// (e.g. `--outputs indices` for sparse MLA), that op has nothing to judge: returns the skip
+/// reason (naming the op's outputs and the provided ones), else "". Without this the op would
+/// pass with every output "not judged" (SPEC §9 complete outputs; a fresh-user false AGREES).
+inline std::string nothing_provided(const CheckOptions& opt, const std::string& row) {
+  if (!opt.provided_outputs) return "";
+  const std::string key = row.substr(0, row.find(':'));
+  for (Op op : all_ops()) {
+    if (to_string(op) != key) continue;
+    std::string ours, given;
+    for (const auto& n : op_output_names(op)) {
+      if (opt.provided_outputs->count(n)) return "";
+      ours += (ours.empty() ? "" : ", ") + n;
+    }
+    for (const auto& n : *opt.provided_outputs) given += (given.empty() ? "" : ", ") + n;
+    return key + ": none of its outputs (" + ours + ") is among the provided outputs (" + given +
+           "): nothing of it is judged";
+  }
+  return "";
+}
+
 /// Judges one output by the local rule (SPEC §9) and folds it into the report: Fail when an
 /// element is over its bound; Weak (or a note with opt.allow_weak) when rows are WEAK;
 /// Incomplete when the candidate did not return it; not judged (listed once, for an empty
@@ -97,6 +118,11 @@ inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string
                          bool weak_note_only = false) {
   if (opt.provided_outputs && !opt.provided_outputs->count(name)) {
     if (label.empty()) r.not_judged.push_back(name);
+    const std::string none = nothing_provided(opt, row);
+    if (!none.empty() && r.verdict == Verdict::Pass) {
+      r.verdict = Verdict::Skip;  // not "pass": an op none of whose outputs is judged
+      r.reason = none;
+    }
     return;
   }
   if (!cand.defined()) {

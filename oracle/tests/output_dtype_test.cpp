@@ -3,6 +3,8 @@
 // judged at its own, looser precision class (bf16 θ 1e-2 instead of 1e-4) and AGREE although
 // it is wrong by up to that class's bound (found by a fresh-user run, 2026-11-30). Each test
 // also shows the same values in the contract dtype pass, so the failure is the dtype's.
+// Also: provided outputs (--outputs) that name none of an op's outputs skip that op instead of
+// letting it pass with nothing judged.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -54,6 +56,22 @@ TEST(OutputDtype, OutNarrowerThanQFails) {
   const OpReport r = judge_outputs(Op::SparseMlaFwd, c, {{"out", f.out.to(DType::BF16)}}, only_out, "bf16");
   EXPECT_EQ(r.verdict, Verdict::Fail);
   EXPECT_NE(r.reason.find("out: dtype BF16, expected F32"), std::string::npos) << r.reason;
+}
+
+TEST(ProvidedOutputs, NoneOfTheOpsOutputsSkipsInsteadOfPassing) {
+  const OpCase c = op_case_from_fixture(golden("smla_basic"));
+  const SparseMlaForward f = make_reference_backend()->sparse_mla_forward(c.mla);
+  Tensor out = f.out.to(c.mla.q.dtype());
+  out.set(0, out.get(0) * 1.25 + 0.25);  // a clearly wrong out element
+  const NamedOutputs wrong = {{"out", out}, {"lse", f.lse.to(DType::F32)}, {"max_logits", f.max_logits.to(DType::F32)}};
+  CheckOptions none, only_out;
+  none.provided_outputs = std::set<std::string>{"indices"};
+  only_out.provided_outputs = std::set<std::string>{"out"};
+  const OpReport r = judge_outputs(Op::SparseMlaFwd, c, wrong, none, "indices");
+  EXPECT_EQ(r.verdict, Verdict::Skip) << r.reason;
+  EXPECT_NE(r.reason.find("none of its outputs (out, lse, max_logits)"), std::string::npos) << r.reason;
+  EXPECT_EQ(overall_verdict({r}), Verdict::Skip);  // the CLI exits 1: not Pass
+  EXPECT_EQ(judge_outputs(Op::SparseMlaFwd, c, wrong, only_out, "out").verdict, Verdict::Fail);
 }
 
 }  // namespace

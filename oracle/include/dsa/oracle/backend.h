@@ -24,6 +24,10 @@ enum class Op {
 const char* to_string(Op op);
 /// All ops, in pipeline order (the §10 inference ops last).
 const std::vector<Op>& all_ops();
+/// Output names of `op`, in report order (SPEC §2-§7, §10): scores; dq_idx, dk_idx, dw;
+/// indices; out, lse, max_logits; dq, dkv, dsink; loss, d_scores; §10: scores, scores,
+/// out, lse, max_logits.
+const std::vector<std::string>& op_output_names(Op op);
 
 /// Thrown by a backend for an op it does not implement; the oracle reports "skip".
 class NotSupported : public std::runtime_error {

@@ -13,10 +13,6 @@
 
 namespace dsa::oracle {
 
-/// Output names of `op`, in report order (SPEC §2-§7, §10): scores; dq_idx, dk_idx, dw;
-/// indices; out, lse, max_logits; dq, dkv, dsink; loss, d_scores; §10: scores, scores,
-/// out, lse, max_logits.
-const std::vector<std::string>& op_output_names(Op op);
 /// Every output name of every op (sorted, unique).
 const std::vector<std::string>& all_output_names();
 
