@@ -144,6 +144,20 @@ void extreme_rows_in_batch(Backend& b, const BlockFactory&) {
     DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
+// A kernel's fp32 path (SPEC §4: q and kv in fp32, out in fp32, judged at the fp32 class):
+// the regular layouts and, one draw in eight, the extreme rows; forward and (when present)
+// backward. A backend without fp32 inputs answers NotSupported: the property is a skip.
+void fp32_inputs(Backend& b, const BlockFactory&) {
+  const SmlaCase c = *rc::gen::inRange(0, 8) == 0 ? draw_smla_extreme_case(DType::F32)
+                                                   : draw_smla_case("", DType::F32);
+  DumpOnFailure dump([&] { return to_fixture(c, b.supports(Op::SparseMlaBwd)); });
+  check_inputs(c);
+  RC_ASSERT(c.in.q.dtype() == DType::F32 && c.in.kv.dtype() == DType::F32);
+  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  if (b.supports(Op::SparseMlaBwd))
+    DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+}
+
 // Production shapes at levels >= 1 (h_q 64/128, d_qk 576/512, k 2048; 3 cases at level 1):
 // a skip at level 0, where the regular draws reach h_q 16, s_q 65 and k 2049.
 void production_shapes(Backend& b, const BlockFactory&) {
@@ -166,6 +180,7 @@ void add_sparse_mla_properties(std::vector<Property>& out) {
   out.push_back({"smla.backward_parity", {Op::SparseMlaBwd}, 1, backward_parity});
   out.push_back({"smla.duplicates_accumulate_in_dkv", {Op::SparseMlaBwd}, 1, duplicates_accumulate_in_dkv});
   out.push_back({"smla.extreme_rows_in_batch", {Op::SparseMlaFwd}, 1, extreme_rows_in_batch});
+  out.push_back({"smla.fp32_inputs", {Op::SparseMlaFwd}, 1, fp32_inputs});
   out.push_back({"smla.production_shapes", {Op::SparseMlaFwd}, 34, production_shapes, /*min_level=*/1});
 }
 

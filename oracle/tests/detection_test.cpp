@@ -621,25 +621,28 @@ RC_GTEST_PROP(Detection, KlLossPerturbationsFailOtherOrdersPass, ()) {
 }
 
 // (c) The suite's generated cases (property_tests generators at levels 0 and 1: the regular
-// and the extreme-row draws), judged on the float64 outputs rounded to fp32, pass
+// and the extreme-row draws; q/kv in bf16 or fp32), judged on the float64 outputs rounded to
+// `od` (F32: the fp32 class), pass
 // with no WEAK row (SPEC §9: a WEAK row fails; the generators keep their draws detectable,
 // property_tests/src/generators.cpp). Counts print as "generated" lines.
-void judge_generated(const props::SmlaCase& s) {
+void judge_generated(const props::SmlaCase& s, DType od) {
   OpCase c;
   c.mla = s.in;
   c.dout = s.dout;
   CheckOptions allow;
   allow.allow_weak = true;  // to count the WEAK rows, then assert there are none
+  const std::string key = od == DType::F32 ? "generated" : "generated-bf16out";
   const SparseMlaForward rf = reference::sparse_mla_forward(c.mla);
-  const NamedOutputs nf{{"out", rf.out.to(DType::F32)}, {"lse", rf.lse.to(DType::F32)},
+  const NamedOutputs nf{{"out", rf.out.to(od)}, {"lse", rf.lse.to(DType::F32)},
                         {"max_logits", rf.max_logits.to(DType::F32)}};
-  const SparseMlaGrads rg = reference::sparse_mla_backward(c.mla, c.dout);
-  NamedOutputs nb{{"dq", rg.dq.to(DType::F32)}, {"dkv", rg.dkv.to(DType::F32)}, {"out", nf.at("out")}};
+  const SparseMlaGrads rg = od == DType::F32 ? reference::sparse_mla_backward(c.mla, c.dout)
+      : reference::sparse_mla_backward(c.mla, c.dout, reference::Precision::Reference, nf.at("out"));
+  NamedOutputs nb{{"dq", rg.dq.to(od)}, {"dkv", rg.dkv.to(DType::F32)}, {"out", nf.at("out")}};
   if (rg.dsink) nb["dsink"] = rg.dsink->to(DType::F32);
   for (int pass = 0; pass < 2; ++pass) {
-    const OpReport r = pass == 0 ? judge_outputs(Op::SparseMlaFwd, c, nf, allow, "generated")
-                                 : judge_outputs(Op::SparseMlaBwd, c, nb, allow, "generated");
-    record("generated", r);
+    const OpReport r = pass == 0 ? judge_outputs(Op::SparseMlaFwd, c, nf, allow, key)
+                                 : judge_outputs(Op::SparseMlaBwd, c, nb, allow, key);
+    record(key, r);
     if (r.verdict != Verdict::Pass) RC_FAIL(s.desc + "\n" + format_op_report(r));
     for (const auto& t : r.tensors)
       if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated case: " + s.desc + "\n" + format_op_report(r));
@@ -649,10 +652,12 @@ void judge_generated(const props::SmlaCase& s) {
 RC_GTEST_PROP(Detection, GeneratedCasesHaveNoWeakRows, ()) {
   const int level = *rc::gen::element(0, 1);
   props::set_generation_level(level);
-  const props::SmlaCase s = *rc::gen::inRange(0, 8) == 0 ? props::draw_smla_extreme_case()
-                                                          : props::draw_smla_case();
+  // q/kv in bf16 (the properties' default) or fp32 (smla.fp32_inputs), one draw in four
+  const DType in = *rc::gen::inRange(0, 4) == 0 ? DType::F32 : DType::BF16;
+  const props::SmlaCase s = *rc::gen::inRange(0, 8) == 0 ? props::draw_smla_extreme_case(in)
+                                                          : props::draw_smla_case("", in);
   props::set_generation_level(0);
-  judge_generated(s);
+  judge_generated(s, DType::F32);
 }
 
 class PrintStats : public ::testing::Environment {

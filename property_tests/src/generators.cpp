@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <tuple>
 
 namespace dsa::props {
@@ -433,7 +434,9 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind)
   return c;
 }
 
-SmlaCase draw_smla_case(const std::string& layout_in) {
+SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype) {
+  if (in_dtype != DType::BF16 && in_dtype != DType::F32)
+    throw std::invalid_argument(std::string("draw_smla_case: in_dtype must be BF16 or F32, got ") + dtype_name(in_dtype));
   SmlaCase c;
   const std::string layout =
       layout_in.empty() ? *rc::gen::element<std::string>("mixed", "poison", "empty", "dups",
@@ -519,8 +522,8 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
   const bool view3 = *rc::gen::inRange(0, 6) == 0;  // the accepted [s_q, 1, k] view (SPEC §4)
   if (view3) c.in.indices = c.in.indices.reshaped({s_q, 1, k});
   if (use_len) c.in.topk_length = Tensor::from_i32({s_q}, lengths);
-  c.in.q = fill(DType::BF16, {s_q, h, d_qk}, Tier::Random, 1, r);
-  c.in.kv = fill(DType::BF16, {s_kv, d_qk}, Tier::Random, 1, r);
+  c.in.q = fill(in_dtype, {s_q, h, d_qk}, Tier::Random, 1, r);
+  c.in.kv = fill(in_dtype, {s_kv, d_qk}, Tier::Random, 1, r);
   if (layout == "poison")
     for (int64_t col = 0; col < d_qk; ++col) {
       c.in.kv.set(col, NAN);
@@ -580,7 +583,7 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
         for (int64_t col = 0; col < d_v; ++col) c.dout.set(row * d_v + col, -c.dout.get(row * d_v + col));
     }
   }
-  c.desc = "smla regime=" + regime + " layout=" + layout + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
+  c.desc = "smla regime=" + regime + " layout=" + layout + " q/kv=" + dtype_name(in_dtype) + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
            " d_qk=" + std::to_string(d_qk) + " d_v=" + std::to_string(d_v) + " s_kv=" +
            std::to_string(s_kv) + " k=" + std::to_string(k) + (use_len ? " topk_length" : "") + (view3 ? " indices[s_q,1,k]" : "") +
            (c.in.attn_sink ? " sink" : "");
@@ -588,7 +591,9 @@ SmlaCase draw_smla_case(const std::string& layout_in) {
   return c;
 }
 
-SmlaCase draw_smla_extreme_case() {
+SmlaCase draw_smla_extreme_case(DType in_dtype) {
+  if (in_dtype != DType::BF16 && in_dtype != DType::F32)
+    throw std::invalid_argument(std::string("draw_smla_extreme_case: in_dtype must be BF16 or F32, got ") + dtype_name(in_dtype));
   SmlaCase c;
   const int level = generation_level();
   const int64_t s_q = draw_in(2, 12);
@@ -613,8 +618,8 @@ SmlaCase draw_smla_extreme_case() {
   const int64_t cA = d_v, cB = d_v + 1, cH = d_qk - 1;
   c.in.sm_scale = 1.0 / std::sqrt(static_cast<double>(d_qk));
   c.in.d_v = d_v;
-  c.in.q = fill(DType::BF16, {s_q, h, d_qk}, Tier::Random, 1, r);
-  c.in.kv = fill(DType::BF16, {s_kv, d_qk}, Tier::Random, 1, r);
+  c.in.q = fill(in_dtype, {s_q, h, d_qk}, Tier::Random, 1, r);
+  c.in.kv = fill(in_dtype, {s_kv, d_qk}, Tier::Random, 1, r);
   for (int64_t t = 0; t < s_q; ++t)
     for (int64_t i = 0; i < h; ++i) {
       c.in.q.set((t * h + i) * d_qk + cA, irand(r, 0, 1) ? 100.0 : -100.0);
@@ -675,7 +680,7 @@ SmlaCase draw_smla_extreme_case() {
   c.dout = fill(DType::F32, {s_q, h, d_v}, Tier::Random, 1, r);
   std::string kk;
   for (const auto& kd : kinds) kk += (kk.empty() ? "" : ",") + kd;
-  c.desc = "smla extreme s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) + " d_qk=" +
+  c.desc = "smla extreme q/kv=" + std::string(dtype_name(in_dtype)) + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) + " d_qk=" +
            std::to_string(d_qk) + " d_v=" + std::to_string(d_v) + " s_kv=" + std::to_string(s_kv) +
            " k=" + std::to_string(k) + " hot_key=" + std::to_string(hot) + " rows=" + kk +
            (use_len ? " topk_length" : "") + (c.in.attn_sink ? " sink=" + sinks : "");

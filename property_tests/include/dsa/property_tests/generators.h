@@ -75,7 +75,7 @@ struct IndexerCase {
 IndexerCase draw_indexer_case(std::optional<Tier> tier = std::nullopt,
                               const char* window_kind = nullptr);
 
-/// Sparse MLA case (SPEC §4-§6): q [s_q,h_q,d_qk], kv [s_kv,d_qk] BF16, dout F32; indices
+/// Sparse MLA case (SPEC §4-§6): q [s_q,h_q,d_qk], kv [s_kv,d_qk] BF16 (or F32), dout F32; indices
 /// [s_q,k] I32 with invalid ids (-1, -2^31, s_kv, 2^31-1, ...) in front, behind and in holes,
 /// all-invalid rows, duplicates; optional topk_length with valid-looking garbage past it;
 /// optional attn_sink with ±inf, ±80. `layout`: "" (any), "poison" (kv rows 0 and s_kv-1 are
@@ -98,14 +98,17 @@ struct SmlaCase {
 /// positive), so dsink = -Σ p_sink Δ does not cancel. The "wide" regime draws no sink, and each
 /// value column of its dout keeps one sign in every row (the p·dout terms of a key's dkv row
 /// add up).
-SmlaCase draw_smla_case(const std::string& layout = "");
+/// `in_dtype`: the dtype of q and kv, BF16 (the default) or F32 (a kernel's fp32 path,
+/// judged at the fp32 class); anything else throws std::invalid_argument.
+SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::BF16);
 
 /// Extreme rows inside an ordinary batch (issue 9): some rows have one valid slot whose logit
 /// is +-2^18 (a dedicated key row that no ordinary row selects: well conditioned for fp32,
 /// since the row's softmax is exact whatever the offset), some rows are empty, one "hot" key
 /// is selected by most rows, two RoPE columns (>= d_v) hold +-100 in q (small in kv) and in
 /// kv (small in q) so the logits stay O(1); sinks +-80, +-inf or finite per head.
-SmlaCase draw_smla_extreme_case();
+/// `in_dtype`: q and kv dtype, BF16 (default) or F32, as for draw_smla_case.
+SmlaCase draw_smla_extreme_case(DType in_dtype = DType::BF16);
 
 /// Production shapes: s_q 1, h_q 64 or 128, d_qk 576/d_v 512 or 512/512, k 2048 over
 /// 2048-4097 keys, ids distinct with tail padding or holes (h_q 16 if drawn at level 0; the
