@@ -104,6 +104,7 @@ int run_audit(const AuditOptions& opts) {
   bool stop = false;
   int interrupted = 0;      // the signal that stopped the audit, else 0
   size_t tasks_not_run = 0;  // of the backend that was interrupted
+  std::vector<std::string> ran_nothing;  // backends of which no case passed or failed
   for (const auto& name : names) {
     std::unique_ptr<oracle::Backend> backend = oracle::make_backend(name);
     label += (label.empty() ? "" : ",") + name;
@@ -112,6 +113,7 @@ int run_audit(const AuditOptions& opts) {
       CaseResult c = make_case("*", "backend " + name, "skip");
       c.message = why;
       all.push_back(c);
+      ran_nothing.push_back(name + " (unavailable: " + why + ")");
       continue;
     }
     std::vector<AuditTask> tasks;
@@ -139,7 +141,7 @@ int run_audit(const AuditOptions& opts) {
       std::vector<CaseResult> results;
     };
     std::vector<Outcome> outcomes(tasks.size());
-    size_t emitted = 0;
+    size_t emitted = 0, judged = 0;  // judged: cases that passed or failed (not skipped)
     bool last_stops = false;  // the last emitted task stops the audit (fail-fast, interrupt)
     auto work = [&](int64_t i) {
       const AuditTask& task = tasks[static_cast<size_t>(i)];
@@ -190,8 +192,11 @@ int run_audit(const AuditOptions& opts) {
       for (auto& r : o.results) {
         r.seconds = o.secs / std::max<size_t>(o.results.size(), 1);
         if (names.size() > 1) r.op = name + "/" + r.op;
+        judged += r.status == "pass" || r.status == "fail";
         if (r.status == "fail") shown.status = "fail";
         else if (r.status == "pass" && shown.status == "skip") shown.status = "pass";
+        // a partial pass shows what was not judged (the first result's list, e.g. one op)
+        if (r.status == "pass" && shown.not_judged.empty()) shown.not_judged = r.not_judged;
         all.push_back(r);
       }
       o.results.clear();
@@ -202,6 +207,7 @@ int run_audit(const AuditOptions& opts) {
                      [&](int64_t) { return last_stops; });
     if (interrupted) tasks_not_run = tasks.size() - emitted;
     progress.finish();
+    if (judged == 0 && !stop && !interrupted) ran_nothing.push_back(name);
     if (stop || interrupted) break;
   }
   print_summary(stdout, label, all);
@@ -225,7 +231,14 @@ int run_audit(const AuditOptions& opts) {
   bool failed = std::any_of(all.begin(), all.end(), [](const CaseResult& c) { return c.status == "fail"; });
   if (interrupted) return kExitInterruptedBase + interrupted;
   if (input_error) return kExitUsage;
-  return failed ? kExitDisagree : kExitOk;
+  if (failed) return kExitDisagree;
+  // An audit that judged nothing is not a pass (a typo in --ops/--only, ops the backend cannot
+  // run, an unavailable backend): exit 2, naming each backend that ran no case.
+  for (const auto& n : ran_nothing)
+    std::fprintf(stderr, "dsa-verify: error: audit: backend %s ran no case: every selected property and "
+                 "fixture was skipped (reasons in the table; check --ops, --only and what the backend "
+                 "supports)\n", n.c_str());
+  return ran_nothing.empty() ? kExitOk : kExitUsage;
 }
 
 }  // namespace dsa::cli

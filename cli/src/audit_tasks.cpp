@@ -31,6 +31,23 @@ double worst_ratio(const oracle::OpReport& r) {
   return w;
 }
 
+double worst_err_over_bound(const oracle::OpReport& r) {
+  double w = 0.0;
+  for (const auto& t : r.tensors)
+    if (!std::isnan(t.worst)) w = std::max(w, t.worst);
+  return w;
+}
+
+std::vector<std::string> not_judged_outputs(const props::Property& p,
+                                            const std::optional<std::set<std::string>>& provided) {
+  std::vector<std::string> out;
+  if (!provided) return out;
+  for (oracle::Op op : p.ops)
+    for (const auto& n : oracle::op_output_names(op))
+      if (!provided->count(n) && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  return out;
+}
+
 std::vector<std::string> list_fixtures(const std::string& dir) {
   std::vector<std::string> files;
   if (!fs::is_directory(dir)) return files;
@@ -60,15 +77,11 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
         if (!op_selected(opts, op.op)) continue;
         CaseResult c = make_case(op.op, kind + ":" + stem, status_of(op.verdict));
         c.worst_ratio = worst_ratio(op);
+        c.worst_err_over_bound = worst_err_over_bound(op);
         c.has_ratio = !op.tensors.empty();
         c.cases = 1;
         c.message = op.verdict == oracle::Verdict::Pass ? "" : op.reason;
-        if (op.verdict == oracle::Verdict::Pass && !op.not_judged.empty()) {
-          c.message = "partial: ";
-          for (size_t i = 0; i < op.not_judged.size(); ++i)
-            c.message += (i ? ", " : "") + op.not_judged[i];
-          c.message += " not judged";
-        }
+        if (op.verdict == oracle::Verdict::Pass) c.not_judged = op.not_judged;  // partial
         if (!op.passed()) {
           c.message += "\n" + oracle::format_op_report(op);
           c.repro = repro;
@@ -141,6 +154,7 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       props::PropertyResult r = props::run_property(subject, p, so);
       one_property.unlock();
       CaseResult c = make_case(op, "property:" + p.name, status_of(r.verdict));
+      if (r.verdict == oracle::Verdict::Pass) c.not_judged = not_judged_outputs(p, so.check.provided_outputs);
       c.cases = r.cases;
       c.message = r.message;
       c.repro = r.repro;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <functional>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,12 @@ struct ReproCommands {
 std::string status_of(oracle::Verdict v);
 /// Largest finite measured ratio over the judged tensors (0 when none).
 double worst_ratio(const oracle::OpReport& r);
+/// Largest err / bound over the judged tensors' elements (TensorCheck::worst; 0 when none).
+double worst_err_over_bound(const oracle::OpReport& r);
+/// Outputs of `p`'s ops that `provided` (--outputs, a plugin's declaration) leaves out, in
+/// op_output_names order: what a passing property did not judge. Empty when `provided` is unset.
+std::vector<std::string> not_judged_outputs(const props::Property& p,
+                                            const std::optional<std::set<std::string>>& provided);
 /// The .safetensors files of `dir`, sorted (empty when `dir` is not a directory).
 std::vector<std::string> list_fixtures(const std::string& dir);
 /// True when `op` is selected by --ops (every op when empty).

@@ -43,8 +43,10 @@ std::vector<std::string> parse_output_names(const std::vector<std::string>& name
 
 /// `dsa-verify fixtures check PATH [--backend NAME]...`: PATH is a directory (MANIFEST or
 /// SHA256SUMS verified) or one fixture file. The producer's expected.* and each named backend
-/// (default: every available one) are judged by the same check_op; one line per file and
-/// backend: agree, DISAGREE or skip (a backend that cannot run the op).
+/// (default: every available one) are judged by the same check_op; one line per file, op and
+/// candidate: agree; partial (a pass with outputs not judged, named: "partial: lse not
+/// stored, not judged"); skip (a backend that cannot run the op, or a producer storing none of
+/// its outputs), never agree; or DISAGREE / INCOMPLETE / WEAK (exit 1).
 int run_fixtures_check(const std::string& path, const std::vector<std::string>& backends,
                        bool verbose, const JudgeOptions& judge = {});
 
@@ -73,7 +75,8 @@ struct AuditOptions {
   JudgeOptions judge;                 ///< --outputs, --allow-weak for every judged case
 };
 /// Exit 0 all passed, 1 a failure, 2 usage or input errors (an unreadable fixture: reported as
-/// a failed case, the rest of the audit still runs and its reports are written). SIGINT or
+/// a failed case, the rest of the audit still runs and its reports are written) or a backend
+/// that ran no case (every selected property and fixture skipped: not a pass). SIGINT or
 /// SIGTERM: the running plugin child is killed, the running case is reported "interrupted",
 /// the cases done so far and the JSON/JUnit reports are written; exit 128 + signal.
 int run_audit(const AuditOptions& opts);

@@ -69,12 +69,20 @@ static std::vector<std::string> fixture_files(const std::string& dir) {
   return files;
 }
 
-// Status word of one candidate's op reports: agree, skip (nothing judged: the backend
-// cannot run the op), or a failure: DISAGREE, INCOMPLETE, WEAK (without --allow-weak).
-static const char* status_word(const std::vector<oracle::OpReport>& reports) {
-  switch (oracle::overall_verdict(reports)) {
-    case oracle::Verdict::Pass: return "agree";
-    case oracle::Verdict::Skip: return "skip";
+// Result of one op of one candidate: agree; partial (a pass with outputs not judged, named);
+// skip (nothing judged: the backend cannot run the op, or the producer stores none of its
+// outputs), never agree; or a failure: DISAGREE, INCOMPLETE, WEAK (without --allow-weak).
+// The first word is what the summary counts.
+static std::string op_result(const oracle::OpReport& r, bool producer) {
+  std::string list;
+  for (const auto& n : r.not_judged) list += (list.empty() ? "" : ", ") + n;
+  switch (r.verdict) {
+    case oracle::Verdict::Pass:
+      if (list.empty()) return "agree";
+      return "partial: " + list + (producer ? " not stored, not judged" : " not judged");
+    case oracle::Verdict::Skip:
+      if (producer) return "skip: " + (list.empty() ? std::string("no output") : list) + " not stored";
+      return "skip: " + r.reason;
     case oracle::Verdict::Weak: return "WEAK";
     case oracle::Verdict::Incomplete: return "INCOMPLETE";
     case oracle::Verdict::Fail: break;
@@ -108,7 +116,7 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     backends.push_back(std::move(b));
   }
 
-  size_t pass = 0, fail = 0, skip = 0;
+  size_t pass = 0, partial = 0, fail = 0, skip = 0;
   std::vector<std::string> summary;
   const oracle::CheckOptions opt = check_options(judge, /*file_route=*/false);
   nlohmann::json json_files = nlohmann::json::array();
@@ -124,11 +132,17 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
   auto judge_file = [&](int64_t i) {
     const std::string& file = files[static_cast<size_t>(i)];
     FileResult& out = results[static_cast<size_t>(i)];
-    auto row = [&](const fixtures::Fixture& f, const std::string& who, const char* word) {
-      char line[512];
-      std::snprintf(line, sizeof line, "%-28s %-20s %-16s %s", f.case_name.c_str(), f.op.c_str(),
-                    who.c_str(), word);
-      out.rows.emplace_back(line, word);
+    // One row per op of the fixture and candidate: a fwd+bwd file whose producer stores only
+    // the forward shows the backward as skip, never as part of an agree.
+    auto rows = [&](const fixtures::Fixture& f, const std::string& who,
+                    const std::vector<oracle::OpReport>& reports, bool producer) {
+      for (const auto& r : reports) {
+        const std::string word = op_result(r, producer);
+        char line[768];
+        std::snprintf(line, sizeof line, "%-28s %-24s %-16s %s", f.case_name.c_str(), r.op.c_str(),
+                      who.c_str(), word.c_str());
+        out.rows.emplace_back(line, word.substr(0, word.find(':')));
+      }
     };
     fixtures::Fixture f;
     oracle::OpCase c;  // built once: the producer and every backend share its reference results
@@ -146,7 +160,7 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     }
     const bool producer_ok = r.passed();
     if (verbose || !producer_ok) out.text += oracle::format_fixture_report(r) + "\n";
-    row(f, "producer", status_word(r.producer_vs_reference));
+    rows(f, "producer", r.producer_vs_reference, true);
     nlohmann::json jf = {{"path", file}, {"case", f.case_name}, {"producer", reports_json(r.producer_vs_reference)},
                          {"backends", nlohmann::json::object()}};
     for (auto& b : backends) {
@@ -158,11 +172,10 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
         out.usage_error = true;
         continue;
       }
-      const char* word = status_word(reports);
       const oracle::Verdict v = oracle::overall_verdict(reports);
       if (verbose || (v != oracle::Verdict::Pass && v != oracle::Verdict::Skip))
         for (const auto& rep : reports) out.text += oracle::format_op_report(rep);
-      row(f, b->name(), word);
+      rows(f, b->name(), reports, false);
       jf["backends"][b->name()] = reports_json(reports);
     }
     out.json = std::move(jf);
@@ -174,8 +187,8 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     if (out.usage_error) code = kExitUsage;
     for (const auto& [line, w] : out.rows) {
       summary.push_back(line);
-      (w == "agree" ? pass : w == "skip" ? skip : fail)++;
-      if (w != "agree" && w != "skip" && code == kExitOk) code = kExitDisagree;
+      (w == "agree" ? pass : w == "partial" ? partial : w == "skip" ? skip : fail)++;
+      if (w != "agree" && w != "partial" && w != "skip" && code == kExitOk) code = kExitDisagree;
     }
     if (out.json) json_files.push_back(std::move(*out.json));
     out = FileResult{};  // free the text early
@@ -183,9 +196,10 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
   parallel_ordered(static_cast<int64_t>(files.size()), judge_file, print_file);
   if (!judge.json_path.empty())
     write_text_file(judge.json_path, nlohmann::json{{"files", json_files}}.dump(2) + "\n");
-  std::printf("\nfixtures check %s\n%-28s %-20s %-16s %s\n", path.c_str(), "case", "op", "judged", "result");
+  std::printf("\nfixtures check %s\n%-28s %-24s %-16s %s\n", path.c_str(), "case", "op", "judged", "result");
   for (const auto& s : summary) std::printf("%s\n", s.c_str());
-  std::printf("\nfixtures: %zu agree, %zu disagree, %zu skipped\n", pass, fail, skip);
+  std::printf("\nfixtures: %zu agree, %zu partial, %zu disagree, %zu skipped (rows: one per op and "
+              "candidate)\n", pass, partial, fail, skip);
   return code;
 }
 

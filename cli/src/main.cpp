@@ -29,7 +29,20 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--ops", audit.ops, "Ops to audit (comma-separated)")->delimiter(',');
   audit_cmd->add_option("--only", audit.only, "Run only these properties (comma-separated names)")->delimiter(',');
   audit_cmd->add_option("--level", audit.level, "Test level 0 (CI), 1, 2 (soak)")->check(CLI::Range(0, 2));
-  audit_cmd->add_option("--seed", audit.seed, "Seed of the property runs");
+  // Read as text and checked here: a negative or too large number would otherwise wrap
+  // silently into another seed (uint64).
+  std::string seed_text;
+  audit_cmd->add_option("--seed", seed_text,
+      "Seed of the property runs, 0 to 18446744073709551615 (0: a random seed per property)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            const std::string range = "expected an integer from 0 to 18446744073709551615";
+            if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos)
+              return "got \"" + v + "\", " + range;
+            if (v.size() == 20 && v > "18446744073709551615") return "got " + v + ", " + range;
+            return "";
+          },
+          "UINT64"));
   audit_cmd->add_option("--json", audit.json_path, "Write the full report as JSON");
   audit_cmd->add_option("--junit", audit.junit_path, "Write JUnit XML");
   audit_cmd->add_flag("--fail-fast", audit.fail_fast, "Stop at the first failure");
@@ -111,6 +124,7 @@ int main(int argc, char** argv) {
   try {
     if (jobs > 0) dsa::set_max_threads(jobs);
     dsa::backends::register_builtin_backends();
+    if (!seed_text.empty()) audit.seed = std::stoull(seed_text);  // checked above
     if (!audit_outputs.empty()) audit.judge.outputs = parse_output_names(audit_outputs, "--outputs");
     if (!compare_outputs.empty()) compare_judge.outputs = parse_output_names(compare_outputs, "--outputs");
     if (!replay_outputs.empty()) replay_judge.outputs = parse_output_names(replay_outputs, "--outputs");

@@ -9,6 +9,13 @@
 
 namespace dsa::cli {
 
+std::string partial_note(const CaseResult& c) {
+  if (c.status != "pass" || c.not_judged.empty()) return "";
+  std::string s = "partial: ";
+  for (size_t i = 0; i < c.not_judged.size(); ++i) s += (i ? ", " : "") + c.not_judged[i];
+  return s + " not judged";
+}
+
 CaseResult make_case(std::string op, std::string property, std::string status) {
   CaseResult c;
   c.op = std::move(op);
@@ -23,16 +30,20 @@ Progress::Progress(size_t total)
 void Progress::update(const CaseResult& c) {
   ++done_;
   if (c.status == "fail") ++failed_;
+  const std::string partial = partial_note(c);
+  if (!partial.empty()) ++partial_;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   if (tty_) {
     const int width = 30;
     int filled = total_ ? static_cast<int>(width * done_ / total_) : width;
-    std::fprintf(stderr, "\r[%s%s] %zu/%zu cases, %zu failed, %.1fs  %-40.40s",
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu cases, %zu failed, %zu partial, %.1fs  %-40.40s",
                  std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done_,
-                 total_, failed_, secs, (c.op + " " + c.property).c_str());
+                 total_, failed_, partial_, secs, (c.op + " " + c.property).c_str());
   } else {
-    std::fprintf(stderr, "[%zu/%zu] %-4s %s %s (%.1fs)\n", done_, total_, c.status.c_str(),
-                 c.op.c_str(), c.property.c_str(), secs);
+    // "[3/9] pass sparse_mla_fwd property:x (partial: max_logits not judged) (0.4s)"
+    std::fprintf(stderr, "[%zu/%zu] %-4s %s %s%s (%.1fs)\n", done_, total_, c.status.c_str(),
+                 c.op.c_str(), c.property.c_str(), partial.empty() ? "" : (" (" + partial + ")").c_str(),
+                 secs);
   }
   std::fflush(stderr);
 }
@@ -42,19 +53,32 @@ void Progress::finish() {
 }
 
 void print_summary(std::FILE* out, const std::string& backend, const std::vector<CaseResult>& cases) {
-  size_t pass = 0, fail = 0, skip = 0, interrupted = 0;
+  size_t pass = 0, partial = 0, fail = 0, skip = 0, interrupted = 0;
   std::fprintf(out, "\ndsa-verify audit: backend %s\n", backend.c_str());
-  std::fprintf(out, "%-24s %-44s %-6s %11s %7s\n", "op", "property", "result", "worst ratio", "cases");
+  // err/base: worst max|c - r| / the fp32 baseline's error (SPEC §9 "measured ratio");
+  // err/bound: worst |c - r| / the element's bound (> 1 fails). "-": not measured (properties).
+  std::fprintf(out, "%-24s %-44s %-7s %9s %9s %7s\n", "op", "property", "result", "err/base",
+               "err/bound", "cases");
   for (const auto& c : cases) {
-    char ratio[32] = "-";
-    if (c.has_ratio) std::snprintf(ratio, sizeof ratio, "%.3g", c.worst_ratio);
-    std::fprintf(out, "%-24s %-44s %-6s %11s %7lld\n", c.op.c_str(), c.property.c_str(),
-                 c.status.c_str(), ratio, static_cast<long long>(c.cases));
+    char ratio[32] = "-", over[32] = "-";
+    if (c.has_ratio) {
+      std::snprintf(ratio, sizeof ratio, "%.3g", c.worst_ratio);
+      std::snprintf(over, sizeof over, "%.3g", c.worst_err_over_bound);
+    }
+    const bool is_partial = !partial_note(c).empty();
+    std::fprintf(out, "%-24s %-44s %-7s %9s %9s %7lld\n", c.op.c_str(), c.property.c_str(),
+                 is_partial ? "partial" : c.status.c_str(), ratio, over, static_cast<long long>(c.cases));
     (c.status == "pass" ? pass : c.status == "fail" ? fail : c.status == "interrupted" ? interrupted : skip)++;
+    partial += is_partial;
   }
   for (const auto& c : cases) {
     if (c.status == "skip" && !c.message.empty())
       std::fprintf(out, "skipped %s %s: %s\n", c.op.c_str(), c.property.c_str(), c.message.c_str());
+  }
+  for (const auto& c : cases) {
+    const std::string note = partial_note(c);
+    if (!note.empty())  // "partial OP PROPERTY: max_logits not judged"
+      std::fprintf(out, "partial %s %s: %s\n", c.op.c_str(), c.property.c_str(), note.substr(9).c_str());
   }
   for (const auto& c : cases) {
     if (c.status != "fail" && c.status != "interrupted") continue;
@@ -64,8 +88,10 @@ void print_summary(std::FILE* out, const std::string& backend, const std::vector
     if (!c.fixture.empty()) std::fprintf(out, "  fixture:   %s\n", c.fixture.c_str());
   }
   if (pass == 0 && fail == 0 && interrupted == 0)
-    std::fprintf(out, "\nwarning: no case ran (every op was skipped: see the reasons above)\n");
-  std::fprintf(out, "\naudit: %zu passed, %zu failed, %zu skipped", pass, fail, skip);
+    std::fprintf(out, "\nerror: no case ran (every op was skipped: see the reasons above)\n");
+  std::fprintf(out, "\naudit: %zu passed", pass);
+  if (partial) std::fprintf(out, " (%zu partial: some outputs not judged)", partial);
+  std::fprintf(out, ", %zu failed, %zu skipped", fail, skip);
   std::fprintf(out, interrupted ? ", %zu interrupted\n" : "\n", interrupted);
 }
 
@@ -75,15 +101,21 @@ nlohmann::json to_json(const std::string& backend, const std::vector<CaseResult>
   j["backend"] = backend;
   j["contract_version"] = DSA_CONTRACT_VERSION;
   nlohmann::json arr = nlohmann::json::array();
-  size_t pass = 0, fail = 0, skip = 0, interrupted = 0;
+  size_t pass = 0, partial = 0, fail = 0, skip = 0, interrupted = 0;
   for (const auto& c : cases) {
+    const std::string note = partial_note(c);
     arr.push_back({{"op", c.op}, {"property", c.property}, {"status", c.status},
-                   {"worst_ratio", c.has_ratio ? nlohmann::json(c.worst_ratio) : nlohmann::json(nullptr)}, {"cases", c.cases}, {"message", c.message},
+                   {"partial", !note.empty()}, {"not_judged", c.not_judged},
+                   {"worst_ratio", c.has_ratio ? nlohmann::json(c.worst_ratio) : nlohmann::json(nullptr)},
+                   {"worst_err_over_bound", c.has_ratio ? nlohmann::json(c.worst_err_over_bound) : nlohmann::json(nullptr)},
+                   {"cases", c.cases}, {"message", c.message},
                    {"repro", c.repro}, {"fixture", c.fixture}, {"seconds", c.seconds}});
     (c.status == "pass" ? pass : c.status == "fail" ? fail : c.status == "interrupted" ? interrupted : skip)++;
+    partial += !note.empty();
   }
   j["cases"] = arr;
-  j["summary"] = {{"passed", pass}, {"failed", fail}, {"skipped", skip}, {"interrupted", interrupted}};
+  j["summary"] = {{"passed", pass}, {"partial", partial}, {"failed", fail}, {"skipped", skip},
+                  {"interrupted", interrupted}};
   return j;
 }
 
@@ -129,10 +161,14 @@ std::string to_junit(const std::string& backend, const std::vector<CaseResult>& 
          std::to_string(list.size()) + "\" failures=\"" + std::to_string(f) +
          "\" errors=\"" + std::to_string(e) + "\" skipped=\"" + std::to_string(s) + "\" time=\"" + std::to_string(t) + "\">\n";
     for (auto* c : list) {
+      // A partial pass says so in its name (what a CI page lists) and in its system-out.
+      const std::string note = partial_note(*c);
       x += "    <testcase classname=\"" + xml_escape(backend + "." + op) + "\" name=\"" +
-           xml_escape(c->property) + "\" time=\"" + std::to_string(c->seconds) + "\"";
-      if (c->status == "pass") { x += "/>\n"; continue; }
+           xml_escape(c->property + (note.empty() ? "" : " [" + note + "]")) + "\" time=\"" +
+           std::to_string(c->seconds) + "\"";
+      if (c->status == "pass" && note.empty()) { x += "/>\n"; continue; }
       x += ">\n";
+      if (!note.empty()) x += "      <system-out>" + xml_escape(note) + "</system-out>\n";
       if (c->status == "fail") {
         std::string body = c->message;
         if (!c->repro.empty()) body += "\nreproduce: " + c->repro;
@@ -142,7 +178,7 @@ std::string to_junit(const std::string& backend, const std::vector<CaseResult>& 
       } else if (c->status == "interrupted") {  // no verdict: a JUnit error, not a failure
         x += "      <error message=\"" + xml_escape(c->message.substr(0, 200)) +
              "\" type=\"interrupted\">" + xml_escape(c->message) + "</error>\n";
-      } else {
+      } else if (c->status != "pass") {
         x += "      <skipped message=\"" + xml_escape(c->message) + "\"/>\n";
       }
       x += "    </testcase>\n";

@@ -16,8 +16,15 @@ struct CaseResult {
   std::string op;        ///< e.g. "sparse_mla_fwd"
   std::string property;  ///< e.g. "empty_rows", "golden:smla_sink"
   std::string status;    ///< "pass" | "fail" | "skip" | "interrupted" (SIGINT/SIGTERM, no verdict)
-  double worst_ratio = 0.0;  ///< worst measured err(candidate)/err(baseline) over judged tensors
+  /// Outputs of the op that were not judged (--outputs, a plugin's provided_outputs): a pass
+  /// with any is partial, and the table, progress line, JSON and JUnit say so.
+  std::vector<std::string> not_judged;
+  /// Worst measured err(candidate) / err(baseline) over the judged tensors (the "ratio" column
+  /// of compare's tables; SPEC §9 "measured ratio"), not err / bound.
+  double worst_ratio = 0.0;
   bool has_ratio = false;    ///< false when the case measures no ratio (properties)
+  /// Worst err / bound over the judged tensors' elements (SPEC §9; > 1 fails); valid with has_ratio.
+  double worst_err_over_bound = 0.0;
   int64_t cases = 0;     ///< generated cases (properties) or tensors (fixtures)
   std::string message;   ///< failure or skip reason
   std::string repro;     ///< one-line reproduction command
@@ -28,6 +35,9 @@ struct CaseResult {
 /// A case with op, property and status set, everything else empty.
 CaseResult make_case(std::string op, std::string property, std::string status);
 
+/// "partial: lse, max_logits not judged" for a pass with outputs not judged, else "".
+std::string partial_note(const CaseResult& c);
+
 /// Progress on stderr: a redrawn bar on a terminal, one plain line per case otherwise.
 class Progress {
  public:
@@ -36,17 +46,20 @@ class Progress {
   void finish();
 
  private:
-  size_t total_, done_ = 0, failed_ = 0;
+  size_t total_, done_ = 0, failed_ = 0, partial_ = 0;
   bool tty_;
   std::chrono::steady_clock::time_point start_;
 };
 
-/// Summary table (op × property → status, worst ratio, cases) then every failure with its
-/// reproduction and dumped fixture. Written to `out`.
+/// Summary table (op × property → result, worst err/base_err ratio, cases; result "partial"
+/// for a pass with outputs not judged), the skip and partial reasons, then every failure with
+/// its reproduction and dumped fixture. Written to `out`.
 void print_summary(std::FILE* out, const std::string& backend, const std::vector<CaseResult>& cases);
 /// The full report as JSON.
 nlohmann::json to_json(const std::string& backend, const std::vector<CaseResult>& cases);
 /// JUnit XML (testsuites/testsuite/testcase with failure/skipped elements), one testsuite per op.
+/// A partial pass is named "PROPERTY [partial: X not judged]" and carries the same note in
+/// its system-out, so a CI reader sees it.
 std::string to_junit(const std::string& backend, const std::vector<CaseResult>& cases);
 /// Writes text to a file; throws std::runtime_error naming the path on failure.
 void write_text_file(const std::string& path, const std::string& text);

@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -48,6 +49,34 @@ inline int run_cli(const std::string& args) {
   std::ifstream in(log);
   std::cout << "$ dsa-verify " << args << "\n" << in.rdbuf();
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/// Runs `dsa-verify ARGS`; `*output` receives its stdout and stderr together; returns its exit
+/// status (-1 if it did not exit).
+inline int run_cli_capture(const std::string& args, std::string* output) {
+  const std::string log = (std::filesystem::temp_directory_path() /
+                           ("dsa_routes_cli_" + std::to_string(::getpid()) + ".log")).string();
+  const std::string cmd = std::string(DSA_VERIFY) + " " + args + " > " + log + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(log);
+  std::stringstream all;
+  all << in.rdbuf();
+  *output = all.str();
+  std::cout << "$ dsa-verify " << args << "\n" << *output;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/// The lines of `text` that contain every one of `words`.
+inline std::vector<std::string> lines_with(const std::string& text, const std::vector<std::string>& words) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    bool all = true;
+    for (const auto& w : words) all &= line.find(w) != std::string::npos;
+    if (all) out.push_back(line);
+  }
+  return out;
 }
 
 inline nlohmann::json read_json(const std::string& path) {

@@ -60,6 +60,10 @@ def main(argv=None):
         print(f"dsa_verify: error: {e}", file=sys.stderr)
         return 2
     sys.stdout.write(report.summary())
+    if report.ran_nothing and report.passed and not report.input_error:
+        print(f"dsa_verify: error: audit: backend {report.backend} ran no case: every selected property and "
+              "fixture was skipped (reasons in the table; check --ops, --only and what the backend supports)",
+              file=sys.stderr)
     return report.exit_code()
 
 

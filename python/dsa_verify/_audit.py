@@ -29,6 +29,8 @@ class CaseResult:
     property: str
     status: str  # "pass" | "fail" | "skip"
     worst_ratio: Optional[float] = None  # worst err(candidate)/err(baseline); None: not measured
+    worst_err_over_bound: Optional[float] = None  # worst err/bound (> 1 fails); None: not measured
+    not_judged: List[str] = field(default_factory=list)  # outputs not judged: a pass is partial
     cases: int = 0  # generated cases (properties) or 1 (fixtures)
     message: str = ""  # failure or skip reason (oracle report, Python traceback)
     repro: str = ""  # one-line reproduction command
@@ -37,8 +39,9 @@ class CaseResult:
     input_error: bool = False
 
     def as_dict(self):
-        return {k: getattr(self, k) for k in ("op", "property", "status", "worst_ratio", "cases",
-                                              "message", "repro", "fixture", "seconds")}
+        return {k: getattr(self, k) for k in ("op", "property", "status", "worst_ratio", "worst_err_over_bound",
+                                              "not_judged", "cases", "message", "repro", "fixture",
+                                              "seconds")}
 
 
 @dataclass
@@ -82,9 +85,18 @@ class Report:
         """JUnit XML (one testsuite per op) as text."""
         return _core.to_junit(self.backend, [c.as_dict() for c in self.cases])
 
+    @property
+    def ran_nothing(self):
+        """True when no case passed or failed (every one skipped): not a pass."""
+        return not any(c.status in ("pass", "fail") for c in self.cases)
+
     def exit_code(self):
-        """0 all passed, 1 a failure, 2 an input error (as dsa-verify audit)."""
-        return 2 if self.input_error else (0 if self.passed else 1)
+        """0 all passed, 1 a failure, 2 an input error or no case ran (as dsa-verify audit)."""
+        if self.input_error:
+            return 2
+        if not self.passed:
+            return 1
+        return 2 if self.ran_nothing else 0
 
 
 def load_backend(spec):
@@ -295,7 +307,9 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
             skipped = all(r.status == "skip" for r in results)  # also none (a fixture of other ops)
             if bar:
                 status = "fail" if failed else ("skip" if skipped else "pass")
-                bar.update({"op": task["op"], "property": task["property"], "status": status})
+                partial = next((r.not_judged for r in results if r.status == "pass" and r.not_judged), [])
+                bar.update({"op": task["op"], "property": task["property"], "status": status,
+                            "not_judged": partial})
             if fail_fast and failed:
                 break
         if bar:

@@ -34,6 +34,8 @@ py::dict case_to_dict(const cli::CaseResult& c) {
   d["property"] = c.property;
   d["status"] = c.status;
   d["worst_ratio"] = c.has_ratio ? py::object(py::float_(c.worst_ratio)) : py::object(py::none());
+  d["worst_err_over_bound"] = c.has_ratio ? py::object(py::float_(c.worst_err_over_bound)) : py::object(py::none());
+  d["not_judged"] = c.not_judged;
   d["cases"] = c.cases;
   d["message"] = c.message;
   d["repro"] = c.repro;
@@ -50,6 +52,9 @@ cli::CaseResult case_from_dict(py::handle h) {
     c.has_ratio = true;
     c.worst_ratio = d["worst_ratio"].cast<double>();
   }
+  if (d.contains("worst_err_over_bound") && !d["worst_err_over_bound"].is_none())
+    c.worst_err_over_bound = d["worst_err_over_bound"].cast<double>();
+  if (d.contains("not_judged")) c.not_judged = d["not_judged"].cast<std::vector<std::string>>();
   if (d.contains("cases")) c.cases = d["cases"].cast<int64_t>();
   if (d.contains("message")) c.message = d["message"].cast<std::string>();
   if (d.contains("repro")) c.repro = d["repro"].cast<std::string>();

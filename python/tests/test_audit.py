@@ -74,6 +74,9 @@ def test_not_implemented_is_a_skip():
     rep = only_topk(backends.NotImplementedTopk(), fixtures=True)
     assert statuses(rep) == {"skip"}
     assert "this kernel has no top-k yet" in rep.cases[0].message
+    # An audit that ran no case is not a pass (exit 2, as dsa-verify audit), and says so.
+    assert rep.ran_nothing and rep.exit_code() == 2
+    assert "no case ran" in rep.summary()
 
 
 @pytest.mark.parametrize("backend, words", [
@@ -108,6 +111,10 @@ def test_declared_partial_outputs_are_not_judged_instead_of_incomplete():
     assert rep.passed, rep.summary()
     assert any(c.status == "pass" and c.property.startswith("property:smla.") for c in rep.cases)
     assert any(c.status == "pass" and c.property.startswith("golden:smla") for c in rep.cases)
+    # Partial passes say what was not judged in the table and JUnit, not only in the JSON.
+    partial = [c for c in rep.cases if c.status == "pass" and c.not_judged]
+    assert partial and all(c.not_judged == ["max_logits"] for c in partial), rep.summary()
+    assert "partial" in rep.summary() and "[partial: max_logits not judged]" in rep.to_junit()
     # Undeclared, the same kernel is INCOMPLETE (SPEC §9 complete outputs).
     undeclared = type("Undeclared", (backends.ForwardOutAndLse,), {"outputs": None, "name": "undeclared"})
     rep = dsa_verify.audit(undeclared(), only=["smla.forward_ratio"], progress=False)
