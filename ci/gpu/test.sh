@@ -13,7 +13,8 @@
 # Filters for short runs: CUDA_TEST_FILTER / TORCH_OPS_FILTER (gtest filters of dsa_cuda_tests /
 # dsa_torch_ops_tests), SAN_FILTER (the sanitizer case's gtest filter), SKIP_PY=1 (no Python
 # check); DSA_BENCH_MLA_ONLY=1 / DSA_BENCH_TOPK_ONLY=1 and DSA_MLA_ONEPASS_ONLY=1 reach the
-# benchmark and the tests through the environment.
+# benchmark and the tests through the environment. AUDIT_OPS=op,op adds `dsa-verify audit
+# --backend cuda --ops AUDIT_OPS` at levels 0 and 1 (seed SEED, default 7; AUDIT_TIMEOUT s each).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-out}
@@ -36,6 +37,7 @@ cmake -S "$deps/googletest" -B "$bd/gtest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DDSA_GTEST_SOURCE_DIR= >>"$out/build.txt" 2>&1 \
   && cmake --build "$bd/main" -j 16 --target dsa_cuda_tests dsa_gpu_bench dsa_torch_ops dsa_torch_ops_tests \
     $([ "${SKIP_PROPS:-0}" = 1 ] || echo dsa_prop_tests) $([ "${REF_BENCH:-0}" = 1 ] && echo dsa_reference_bench) \
+    $([ -n "${AUDIT_OPS:-}" ] && echo dsa-verify) \
     >>"$out/build.txt" 2>&1
 rc=$?
 echo "build rc=$rc (${SECONDS}s)" | tee -a "$out/summary.txt"
@@ -79,6 +81,16 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   SECONDS=0
   OUT=$out timeout 150 "$bin/dsa_gpu_bench" >"$out/bench.txt" 2>&1
   echo "dsa_gpu_bench rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
+fi
+if [ -n "${AUDIT_OPS:-}" ]; then  # dsa-verify audit --backend cuda on these ops, levels 0 and 1
+  for lvl in 0 1; do
+    SECONDS=0
+    echo "=== level $lvl" >>"$out/audit.txt"
+    timeout "${AUDIT_TIMEOUT:-150}" "$bd/main/cli/dsa-verify" audit --backend cuda --level $lvl \
+      --seed "${SEED:-7}" --ops "$AUDIT_OPS" >>"$out/audit.txt" 2>&1
+    echo "audit --backend cuda --ops $AUDIT_OPS level $lvl (DSA_CUDA_SMLA_BWD=${DSA_CUDA_SMLA_BWD:-unset}) rc=$? (${SECONDS}s): $(grep -E '^audit:' "$out/audit.txt" | tail -1)" | tee -a "$out/summary.txt"
+  done
+  grep -E "^\[[0-9]+/[0-9]+\] (fail|weak|incomplete)|FAIL" "$out/audit.txt" | head -20
 fi
 if [ "${REF_BENCH:-0}" = 1 ]; then  # CPU: reference sparse MLA at the glm5 shape, 1..16 threads
   SECONDS=0

@@ -89,14 +89,41 @@ void unpad(const DeviceBuffer& b, int64_t rows, int64_t d, int64_t d_pad, Tensor
     std::memcpy(dst + r * d, &tmp[static_cast<size_t>(r * d_pad)], sizeof(uint16_t) * d);
 }
 
-// Device rows of d_pad floats back into an F32 host tensor's rows of d.
-void unpad_f32(const DeviceBuffer& b, int64_t rows, int64_t d, int64_t d_pad, Tensor& out,
-               const char* where) {
+// Device rows of d_pad floats into an F32 host tensor's rows of d: stored (add == false) or
+// added to what it holds (add == true, one fp32 add per element).
+void accumulate_f32(const DeviceBuffer& b, int64_t rows, int64_t d, int64_t d_pad, Tensor& out,
+                    bool add, const char* where) {
   std::vector<float> tmp(static_cast<size_t>(rows * d_pad));
   b.download(tmp.data(), where);
   auto* dst = reinterpret_cast<float*>(out.raw());
   for (int64_t r = 0; r < rows; ++r)
-    std::memcpy(dst + r * d, &tmp[static_cast<size_t>(r * d_pad)], sizeof(float) * d);
+    for (int64_t c = 0; c < d; ++c) {
+      const float v = tmp[static_cast<size_t>(r * d_pad + c)];
+      dst[r * d + c] = add ? dst[r * d + c] + v : v;
+    }
+}
+
+// dout as bf16 tensors whose sum is dout exactly (SPEC §5 backward of a BF16-only kernel):
+// BF16 itself; F32 / F16 split into hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid)
+// (each difference exact in float64; 3 x 8 significant bits hold every fp32 value down to
+// bf16's subnormal range), all-zero parts after the first left out.
+std::vector<Tensor> bf16_parts(const Tensor& dout) {
+  if (dout.dtype() == DType::BF16) return {dout};
+  std::vector<Tensor> parts;
+  Tensor rest = dout.to(DType::F64);
+  for (int p = 0; p < 3; ++p) {
+    Tensor part(DType::BF16, dout.shape());
+    bool nonzero = false;
+    for (int64_t i = 0; i < rest.numel(); ++i) {
+      const double x = rest.get(i);
+      part.set(i, x);
+      const double hb = part.get(i);
+      rest.set(i, x - hb);
+      nonzero = nonzero || hb != 0.0;
+    }
+    if (p == 0 || nonzero) parts.push_back(std::move(part));
+  }
+  return parts;
 }
 
 // SPEC §2 argument checks of the indexer ops; q_idx/k_idx dtypes other than BF16 and w other
@@ -326,21 +353,26 @@ class CudaBackend final : public oracle::Backend {
 
   // SPEC §5: the backend's own forward (options_.mla_kernel) gives out (bf16) and lse; Δ is
   // taken from that out. d_qk and d_v are zero-padded to multiples of 8 for the kernel (zero
-  // columns change no dot product; the padded columns of dq/dkv are dropped).
+  // columns change no dot product; the padded columns of dq/dkv are dropped). dout BF16 runs
+  // the kernel once; F32 / F16 dout (the properties draw F32) is split exactly into bf16
+  // parts hi + mid + lo (8 significant bits each: every fp32 value, subnormals aside), the
+  // kernel runs once per nonzero part and the grads are added in that order: the backward is
+  // linear in dout (dS, dq, dkv, dsink all are, Δ = out·dout included), so the sum is the
+  // backward of the fp32 dout to fp32 rounding, and deterministic. F64 dout: NotSupported.
   SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
     const char* where = "cuda sparse_mla_backward";
     if (options_.mla_bwd == SparseMlaBwdPath::Fallback)
       throw oracle::NotSupported(std::string(where) +
-                                 ": the backward kernel is off (CudaBackendOptions::mla_bwd or "
-                                 "DSA_CUDA_SMLA_BWD=kernel turns it on)");
+                                 ": the backward kernel is off (CudaBackendOptions::mla_bwd = "
+                                 "Fallback, or DSA_CUDA_SMLA_BWD=fallback)");
     const MlaDims md = check_mla(where, in);
     const int64_t s_q = md.s_q, h_q = md.h_q, d_qk = md.d_qk, s_kv = md.s_kv, k = md.k;
     const int64_t d_v = in.d_v;
     check_rank(where, "dout", dout, 3);
-    if (dout.dtype() == DType::F32 || dout.dtype() == DType::F16 || dout.dtype() == DType::F64)
-      throw oracle::NotSupported(std::string(where) + ": dout dtype " + dtype_name(dout.dtype()) +
-                                 " not supported (BF16 only)");
-    check_dtype(where, "dout", dout, {DType::BF16});
+    if (dout.dtype() == DType::F64)
+      throw oracle::NotSupported(std::string(where) + ": dout dtype F64 not supported (BF16, "
+                                 "F16 or F32)");
+    check_dtype(where, "dout", dout, {DType::BF16, DType::F16, DType::F32});
     check_shape(where, "dout", dout, {s_q, h_q, d_v});
     const int64_t dq8 = (d_qk + 7) / 8 * 8, dv8 = (d_v + 7) / 8 * 8;
     if (dq8 > sparse_mla_backward_max_d_qk() || dv8 > sparse_mla_backward_max_d_v())
@@ -382,21 +414,25 @@ class CudaBackend final : public oracle::Backend {
       d_out.download(out.raw(), where);
       return upload_vec(pad_rows(out, s_q * h_q, d_v, dv8), where);
     }();
-    DeviceBuffer d_dout = upload_vec(pad_rows(dout, s_q * h_q, d_v, dv8), where);
     DeviceBuffer d_dq(sizeof(float) * s_q * h_q * dq8, where);
     DeviceBuffer d_dkv(sizeof(float) * s_kv * dq8, where);
     DeviceBuffer d_dsink(in.attn_sink ? sizeof(float) * h_q : 0, where);
     DeviceBuffer d_scratch(sparse_mla_backward_scratch_bytes(s_q, h_q, dq8, s_kv, k, mode), where);
-    sparse_mla_backward_device(
-        d_q.get<uint16_t>(), d_kv.get<uint16_t>(), d_idx.get<int32_t>(), len, sink,
-        dv8 == d_v ? d_out.get<uint16_t>() : d_out8.get<uint16_t>(), d_lse.get<float>(),
-        d_dout.get<uint16_t>(), s_q, h_q, dq8, s_kv, k, dv8, static_cast<float>(in.sm_scale),
-        d_dq.get<float>(), d_dkv.get<float>(), in.attn_sink ? d_dsink.get<float>() : nullptr,
-        d_scratch.get<void>(), nullptr, mode);
-    DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
-    unpad_f32(d_dq, s_q * h_q, d_qk, dq8, g.dq, where);
-    unpad_f32(d_dkv, s_kv, d_qk, dq8, g.dkv, where);
-    if (in.attn_sink) d_dsink.download(g.dsink->raw(), where);
+    const std::vector<Tensor> parts = bf16_parts(dout);
+    for (size_t i = 0; i < parts.size(); ++i) {
+      DeviceBuffer d_dout = upload_vec(pad_rows(parts[i], s_q * h_q, d_v, dv8), where);
+      sparse_mla_backward_device(
+          d_q.get<uint16_t>(), d_kv.get<uint16_t>(), d_idx.get<int32_t>(), len, sink,
+          dv8 == d_v ? d_out.get<uint16_t>() : d_out8.get<uint16_t>(), d_lse.get<float>(),
+          d_dout.get<uint16_t>(), s_q, h_q, dq8, s_kv, k, dv8, static_cast<float>(in.sm_scale),
+          d_dq.get<float>(), d_dkv.get<float>(), in.attn_sink ? d_dsink.get<float>() : nullptr,
+          d_scratch.get<void>(), nullptr, mode);
+      DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
+      // Part 0 writes the grads; later parts add in order (hi + mid + lo).
+      accumulate_f32(d_dq, s_q * h_q, d_qk, dq8, g.dq, i > 0, where);
+      accumulate_f32(d_dkv, s_kv, d_qk, dq8, g.dkv, i > 0, where);
+      if (in.attn_sink) accumulate_f32(d_dsink, 1, h_q, h_q, *g.dsink, i > 0, where);
+    }
     return g;
   }
 
@@ -412,9 +448,9 @@ class CudaBackend final : public oracle::Backend {
 
 SparseMlaBwdPath sparse_mla_bwd_path_from_env() {
   const char* v = std::getenv("DSA_CUDA_SMLA_BWD");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "fallback") == 0)
-    return SparseMlaBwdPath::Fallback;
-  if (std::strcmp(v, "kernel") == 0) return SparseMlaBwdPath::Kernel;
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "kernel") == 0)
+    return SparseMlaBwdPath::Kernel;
+  if (std::strcmp(v, "fallback") == 0) return SparseMlaBwdPath::Fallback;
   if (std::strcmp(v, "fast") == 0) return SparseMlaBwdPath::KernelFast;
   throw std::invalid_argument(std::string("DSA_CUDA_SMLA_BWD: got '") + v +
                               "', expected 'kernel', 'fast' or 'fallback' (or unset)");

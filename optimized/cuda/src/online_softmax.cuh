@@ -27,10 +27,12 @@ __device__ __forceinline__ void mask_scale_row_max(float (&s)[16], const int* id
   for (int j = 0; j < 4; ++j) {
     const int col = 32 * half + 8 * j + 2 * c4;
     const bool v0 = ids[col] >= 0, v1 = ids[col + 1] >= 0;
-    s[4 * j + 0] = v0 ? s[4 * j + 0] * sm_scale : -INFINITY;
-    s[4 * j + 1] = v1 ? s[4 * j + 1] * sm_scale : -INFINITY;
-    s[4 * j + 2] = v0 ? s[4 * j + 2] * sm_scale : -INFINITY;
-    s[4 * j + 3] = v1 ? s[4 * j + 3] * sm_scale : -INFINITY;
+    // __fmul_rn: never contracted into a later FMA, so write_p's s - m is exactly 0 at the
+    // max (p = 1: a one-slot row has l = 1 and lse = max_logits exactly).
+    s[4 * j + 0] = v0 ? __fmul_rn(s[4 * j + 0], sm_scale) : -INFINITY;
+    s[4 * j + 1] = v1 ? __fmul_rn(s[4 * j + 1], sm_scale) : -INFINITY;
+    s[4 * j + 2] = v0 ? __fmul_rn(s[4 * j + 2], sm_scale) : -INFINITY;
+    s[4 * j + 3] = v1 ? __fmul_rn(s[4 * j + 3], sm_scale) : -INFINITY;
     mx[0] = fmaxf(mx[0], fmaxf(s[4 * j + 0], s[4 * j + 1]));
     mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
   }
@@ -47,12 +49,12 @@ __device__ __forceinline__ void mask_scale_row_max(float (&s)[16], const int* id
 
 /// The online-softmax update of rows r0, r1 = r0 + 8 from both halves' maxima in red_s
 /// (written by mask_scale_row_max, then a barrier): m_run becomes the new running max;
-/// alpha = exp(m_old - m_new) (0 while m_old = -inf) rescales O and l; neg = -m_new log2(e)
-/// for write_p, with a max still -inf replaced by 0 (a fully masked leading tile gives p = 0,
+/// alpha = exp(m_old - m_new) (0 while m_old = -inf) rescales O and l; base = m_new for
+/// write_p, with a max still -inf replaced by 0 (a fully masked leading tile gives p = 0,
 /// never exp(-inf - -inf)). exp by ex2.approx (hopper_primitives.cuh).
 __device__ __forceinline__ void softmax_rescale(const float* red_s, int r0, int r1,
                                                 float (&m_run)[2], float (&alpha)[2],
-                                                float (&neg)[2]) {
+                                                float (&base_out)[2]) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int r = i ? r1 : r0;
@@ -60,21 +62,24 @@ __device__ __forceinline__ void softmax_rescale(const float* red_s, int r0, int 
     const float base = mn == -INFINITY ? 0.f : mn;  // all masked so far: p = 0, no NaN
     alpha[i] = ex2((m_run[i] - base) * kLog2e);     // m_run = -inf -> 0
     m_run[i] = mn;
-    neg[i] = -base * kLog2e;
+    base_out[i] = base;
   }
 }
 
-/// p = exp(s - m_new) = 2^(s log2(e) + neg) of the thread's 16 logits, written as bf16 into
-/// P (64 rows x 64 slots, 128-byte rows, 16-byte chunk c of row r at chunk c ^ (r % 8); p_w
-/// its 32-bit words); ps[i] += the sum of row r0 + 8 i's p (the rows' share of l).
-__device__ __forceinline__ void write_p(const float (&s)[16], const float (&neg)[2], int half,
+/// p = exp(s - m_new) = 2^((s - base) log2(e)) of the thread's 16 logits (s - base is exact
+/// near the max, so the max itself gets p = 1 exactly; 2^(s log2(e) - m log2(e)) by one FMA
+/// gave 2^(rounding error of m log2(e)), which moved lse of a one-slot row off max_logits and,
+/// at logits ~2^18, by 1% of p), written as bf16 into P (64 rows x 64 slots, 128-byte rows,
+/// 16-byte chunk c of row r at chunk c ^ (r % 8); p_w its 32-bit words); ps[i] += the sum of
+/// row r0 + 8 i's p (the rows' share of l).
+__device__ __forceinline__ void write_p(const float (&s)[16], const float (&base)[2], int half,
                                         int c4, int r0, int r1, uint32_t* p_w, float (&ps)[2]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const float p0 = ex2(fmaf(s[4 * j + 0], kLog2e, neg[0]));
-    const float p1 = ex2(fmaf(s[4 * j + 1], kLog2e, neg[0]));
-    const float p2 = ex2(fmaf(s[4 * j + 2], kLog2e, neg[1]));
-    const float p3 = ex2(fmaf(s[4 * j + 3], kLog2e, neg[1]));
+    const float p0 = ex2((s[4 * j + 0] - base[0]) * kLog2e);
+    const float p1 = ex2((s[4 * j + 1] - base[0]) * kLog2e);
+    const float p2 = ex2((s[4 * j + 2] - base[1]) * kLog2e);
+    const float p3 = ex2((s[4 * j + 3] - base[1]) * kLog2e);
     ps[0] += p0 + p1;
     ps[1] += p2 + p3;
     const int chunk = 4 * half + j;

@@ -23,9 +23,11 @@
 // Shared memory at d_qk 576, d_v 512: Q 72 KiB, dout 64 KiB, one kv tile 36 KiB, P and dS
 // (hi | lo) 8 KiB each, ids and row statistics: 193,408 bytes (one block per SM, no gather
 // pipeline: the first round keeps one stage and two barriers per tile).
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -109,7 +111,7 @@ __host__ __device__ inline BwdLayout bwd_layout(int64_t d_qk, int64_t d_v) {
   L.off_ds = L.off_p + kHeads * 128;      // P   [kHeads][hi 32 | lo 32] bf16
   L.off_ids = L.off_ds + kHeads * 128;    // dS  [kHeads][hi 32 | lo 32] bf16
   L.off_stat = L.off_ids + kTile * 4;     // ids [kTile]
-  L.total = L.off_stat + 3 * kHeads * 4;  // lse·log2(e), sink factor r, Δ per head
+  L.total = L.off_stat + 3 * kHeads * 4;  // lse, sink factor r, Δ per head
   return L;
 }
 
@@ -129,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const BwdLayout L = bwd_layout(d_qk, d_v);
   const uint32_t sb = smem_u32(smem);
   int* ids_s = reinterpret_cast<int*>(smem + L.off_ids);
-  float* lse_s = reinterpret_cast<float*>(smem + L.off_stat);  // lse · log2(e)
+  float* lse_s = reinterpret_cast<float*>(smem + L.off_stat);  // lse (natural log)
   float* r_s = lse_s + kHeads;                                 // sink factor
   float* delta_s = r_s + kHeads;                               // Δ
   uint32_t* p_w = reinterpret_cast<uint32_t*>(smem + L.off_p);
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // factor r = exp(lse - L) and the dsink term exp(sink - L) Δ (stable for sink = ±inf).
   for (int i = 0; i < 8; ++i) {
     const int r = 8 * warp + i, h = h0 + r;
-    float dl = 0.f, l2 = INFINITY, rf = 1.f;  // padded head: p = 0 (also masked below)
+    float dl = 0.f, lsv = INFINITY, rf = 1.f;  // padded head: p = 0 (also masked below)
     if (h < h_q) {
       const int64_t at = (t * h_q + h) * static_cast<int64_t>(d_v);
       float a = 0.f;
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         a = fmaf(bf16_bits_to_float(out[at + c]), bf16_bits_to_float(dout[at + c]), a);
       dl = warp_sum(a);
       const float ls = lse[t * h_q + h];
-      l2 = ls * kLog2e;
+      lsv = ls;
       if (attn_sink) {
         const float sk = attn_sink[h];
         rf = 1.f / (1.f + expf(sk - ls));
@@ -201,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (lane == 0) {
-      lse_s[r] = l2;
+      lse_s[r] = lsv;
       r_s[r] = rf;
       delta_s[r] = dl;
     }
@@ -224,7 +226,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int strip = nt * warp;  // first 8-column chunk of the strip
   const int dv_chunks = L.dvp / 8;
   const int ksq = L.dp / 16, ksv = L.dvp / 16;
-  const float scale_l2 = sm_scale * kLog2e;
   const int r0 = 16 * ms + g, r1 = r0 + 8;  // S rows (local heads) of this thread
   const bool hv0 = h0 + r0 < h_q, hv1 = h0 + r1 < h_q;
 
@@ -290,17 +291,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     // P and sm_scale dS to shared memory as bf16 hi + lo parts ([head][hi | lo], swizzled):
     // one bf16 rounding of P or dS fails the oracle's floors, hi + lo keeps ~16 bits.
     {
-      const float l20 = lse_s[r0], l21 = lse_s[r1], rf0 = r_s[r0], rf1 = r_s[r1];
+      const float ls0 = lse_s[r0], ls1 = lse_s[r1], rf0 = r_s[r0], rf1 = r_s[r1];
       const float dl0 = delta_s[r0], dl1 = delta_s[r1];
+      // p = exp(P - lse) with P = sm_scale S rounded as the forward rounds it (__fmul_rn, no
+      // FMA contraction) and P - lse exact near the max: the forward's one-slot row has
+      // lse = P exactly, so p = 1 exactly. exp2(fma(S, sm_scale log2 e, -lse log2 e))
+      // rounded both products: at logits ~2^18 that moved p by ~1% (golden
+      // smla_extreme_row_in_batch, dkv of its one-slot keys, err/bound 4.18).
+      auto prob = [&](float sv, float ls, float rf) {
+        return exp2f((__fmul_rn(sv, sm_scale) - ls) * kLog2e) * rf;
+      };
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int col = 16 * nh + 8 * j + 2 * c4;
         const bool v0 = ids_s[col] >= 0, v1 = ids_s[col + 1] >= 0;
         float pv[4], dv[4];
-        pv[0] = (hv0 && v0) ? exp2f(fmaf(s[j][0], scale_l2, -l20)) * rf0 : 0.f;
-        pv[1] = (hv0 && v1) ? exp2f(fmaf(s[j][1], scale_l2, -l20)) * rf0 : 0.f;
-        pv[2] = (hv1 && v0) ? exp2f(fmaf(s[j][2], scale_l2, -l21)) * rf1 : 0.f;
-        pv[3] = (hv1 && v1) ? exp2f(fmaf(s[j][3], scale_l2, -l21)) * rf1 : 0.f;
+        pv[0] = (hv0 && v0) ? prob(s[j][0], ls0, rf0) : 0.f;
+        pv[1] = (hv0 && v1) ? prob(s[j][1], ls0, rf0) : 0.f;
+        pv[2] = (hv1 && v0) ? prob(s[j][2], ls1, rf1) : 0.f;
+        pv[3] = (hv1 && v1) ? prob(s[j][3], ls1, rf1) : 0.f;
         dv[0] = pv[0] * (dpv[j][0] - dl0) * sm_scale;
         dv[1] = pv[1] * (dpv[j][1] - dl0) * sm_scale;
         dv[2] = pv[2] * (dpv[j][2] - dl1) * sm_scale;
@@ -541,6 +550,17 @@ __global__ void dsink_reduce_kernel(const float* __restrict__ terms, int64_t s_q
 
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
+/// Multiprocessors of the current device (1 when the query fails).
+int64_t sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+    (void)cudaGetLastError();  // a failed query leaves no error for a later check
+    return 1;
+  }
+  return n;
+}
+
 struct ScratchPlan {
   size_t terms = 0, keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0, cub = 0, partial = 0;
   size_t cub_bytes = 0, total = 0;
@@ -581,6 +601,13 @@ ScratchPlan plan_scratch(int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, i
     const int64_t groups = (h_q + kHeads - 1) / kHeads;
     const int64_t row_bytes = std::max<int64_t>(1, groups * k * d_qk * 4);
     P.rows = std::max<int64_t>(1, std::min<int64_t>(s_q, kPartialBudget / row_bytes));
+    // Chunks of whole waves (one block per SM): rows · groups a multiple of the SM count, so
+    // only the last chunk has a partial wave (4 chunks of 227 rows at h_q 128, k 2048 left
+    // 3.44 waves each: 18 waves where the fast mode's one launch needs 16). The order of
+    // the adds does not depend on the chunking.
+    const int64_t sms = sm_count();
+    const int64_t unit = sms / std::gcd(sms, groups);
+    if (P.rows < s_q && P.rows >= unit) P.rows = P.rows / unit * unit;
     P.partial = take(static_cast<size_t>(P.rows * row_bytes));
   }
   P.total = at;

@@ -193,10 +193,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // compute the same new max), P in bf16.
     mask_scale_row_max(s, ids_s + stage * kTile, nh, c4, r0, r1, sm_scale, red_s);
     __syncthreads();
-    float alpha[2], neg[2];
-    softmax_rescale(red_s, r0, r1, m_run, alpha, neg);
+    float alpha[2], m_base[2];
+    softmax_rescale(red_s, r0, r1, m_run, alpha, m_base);
     float ps[2] = {0.f, 0.f};
-    write_p(s, neg, nh, c4, r0, r1, p_w, ps);
+    write_p(s, m_base, nh, c4, r0, r1, p_w, ps);
     l_run[0] = l_run[0] * alpha[0] + ps[0];
     l_run[1] = l_run[1] * alpha[1] + ps[1];
     if (nh == 0 && c4 == 0) {

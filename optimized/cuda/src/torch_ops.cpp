@@ -1,6 +1,7 @@
 // CUDA dispatch of the `dsa` operator library (schemas in optimized/src/ops.cpp, SPEC §2-§4):
 // dsa::topk_indices on CUDA tensors runs the cluster top-k kernel (select_topk_device),
-// dsa::sparse_mla_fwd the one-pass sparse MLA forward (sparse_mla_forward_device, OnePassWgmma) and
+// dsa::sparse_mla_fwd the one-pass sparse MLA forward (sparse_mla_forward_device, OnePassWgmma),
+// dsa::sparse_mla_bwd the deterministic tensor-core backward (sparse_mla_backward_device) and
 // dsa::indexer_scores / dsa::indexer_scores_backward the tensor-core indexer kernels
 // (indexer_scores_device, indexer_scores_backward_device), on the current CUDA stream with
 // device pointers, no host copies. Inputs a kernel does not take (top-k: scores not fp32,
@@ -10,11 +11,14 @@
 // and every invalid input go to the ATen composites (optimized/src/topk.cpp, sparse_mla.cpp,
 // indexer.cpp), which raise the op's errors naming the argument. The composites stay reachable
 // on their own as dsa::optimized::kernels::* and on CPU tensors.
+#include <algorithm>
 #include <climits>
 #include <cmath>
-#include <tuple>
+#include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -23,6 +27,7 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include "dsa/cuda/backend.h"
 #include "dsa/cuda/kernels.h"
 #include "dsa/cuda/torch_ops.h"
 #include "kernels.h"  // optimized/src: the composite kernels
@@ -132,6 +137,110 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fwd_cuda(
   return {out, lse, max_logits};
 }
 
+// dsa::sparse_mla_bwd (SPEC §5) on the tensor-core backward (sparse_mla_backward_device):
+// deterministic by default (DSA_CUDA_SMLA_BWD=fast: atomic dkv; =fallback: the composite).
+// Taken: q/kv/out bf16, lse fp32 [s_q, h_q], dout bf16, fp16 or fp32 [s_q, h_q, d_v], d_qk and
+// d_v multiples of 8 within the kernel limits, int32 indices/topk_length, fp32 attn_sink, one
+// device, 16-byte aligned data, s_q·k <= 2^31-1. dout other than bf16 is split exactly into
+// bf16 parts hi + mid + lo (the backward is linear in dout), one kernel run each, the grads
+// added in that order. Returns dq in q's dtype, dkv and dsink fp32 (the composite's dtypes);
+// anything else goes to the composite (optimized/src/sparse_mla.cpp), which raises the errors.
+bool aligned16(const at::Tensor& t) {
+  return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15u) == 0;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_bwd_cuda(
+    const at::Tensor& q, const at::Tensor& kv, const at::Tensor& indices, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& dout, double sm_scale, int64_t d_v,
+    const c10::optional<at::Tensor>& topk_length, const c10::optional<at::Tensor>& attn_sink) {
+  const auto composite = [&] {
+    return dsa::optimized::kernels::sparse_mla_bwd(q, kv, indices, out, lse, dout, sm_scale, d_v,
+                                                    topk_length, attn_sink);
+  };
+  SparseMlaBwdPath path = SparseMlaBwdPath::Kernel;
+  try {
+    path = sparse_mla_bwd_path_from_env();
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "dsa::sparse_mla_bwd: ", e.what());
+  }
+  if (path == SparseMlaBwdPath::Fallback) return composite();
+  const bool shapes = q.dim() == 3 && kv.dim() == 2 && kv.size(1) == q.size(2) &&
+                      (indices.dim() == 2 || (indices.dim() == 3 && indices.size(1) == 1)) &&
+                      indices.size(0) == q.size(0) && d_v > 0 && d_v <= q.size(2) &&
+                      out.dim() == 3 && dout.dim() == 3 && lse.dim() == 2 &&
+                      out.sizes() == dout.sizes() && out.size(0) == q.size(0) &&
+                      out.size(1) == q.size(1) && out.size(2) == d_v && lse.size(0) == q.size(0) &&
+                      lse.size(1) == q.size(1);
+  if (!shapes) return composite();
+  const int64_t s_q = q.size(0), h_q = q.size(1), d_qk = q.size(2), s_kv = kv.size(0);
+  const int64_t k = indices.size(-1);
+  const at::Device dev = q.device();
+  const auto st = dout.scalar_type();
+  const bool takes =
+      q.scalar_type() == at::kBFloat16 && kv.scalar_type() == at::kBFloat16 &&
+      out.scalar_type() == at::kBFloat16 && lse.scalar_type() == at::kFloat &&
+      (st == at::kBFloat16 || st == at::kFloat || st == at::kHalf) &&
+      indices.scalar_type() == at::kInt && kv.device() == dev && indices.device() == dev &&
+      out.device() == dev && lse.device() == dev && dout.device() == dev && d_qk % 8 == 0 &&
+      d_v % 8 == 0 && d_qk <= sparse_mla_backward_max_d_qk() &&
+      d_v <= sparse_mla_backward_max_d_v() && std::isfinite(sm_scale) && s_kv < INT32_MAX &&
+      h_q <= INT32_MAX && s_q > 0 && h_q > 0 && k > 0 && s_q * k <= INT32_MAX &&
+      s_q * ((h_q + 63) / 64) <= INT32_MAX && on(topk_length, at::kInt, s_q, dev) &&
+      on(attn_sink, at::kFloat, h_q, dev);
+  if (!takes) return composite();
+  const c10::DeviceGuard guard(dev);
+  const at::Tensor qc = q.contiguous(), kvc = kv.contiguous(), oc = out.contiguous();
+  const at::Tensor lc = lse.contiguous();
+  const at::Tensor ids = indices.reshape({s_q, k}).contiguous();
+  at::Tensor len, sink;
+  if (topk_length.has_value() && topk_length->defined()) len = topk_length->contiguous();
+  if (attn_sink.has_value() && attn_sink->defined()) sink = attn_sink->contiguous();
+  if (!aligned16(qc) || !aligned16(kvc) || !aligned16(oc)) return composite();
+  std::vector<at::Tensor> parts;
+  if (st == at::kBFloat16) {
+    parts.push_back(dout.contiguous());
+  } else {
+    at::Tensor rest = dout.to(at::kFloat);
+    for (int p = 0; p < 3; ++p) {
+      at::Tensor part = rest.to(at::kBFloat16).contiguous();
+      rest = rest - part.to(at::kFloat);
+      parts.push_back(part);
+    }
+  }
+  const SparseMlaBwdMode mode = path == SparseMlaBwdPath::KernelFast
+                                    ? SparseMlaBwdMode::Fast
+                                    : SparseMlaBwdMode::Deterministic;
+  const auto fopts = qc.options().dtype(at::kFloat);
+  const size_t scratch_bytes = sparse_mla_backward_scratch_bytes(s_q, h_q, d_qk, s_kv, k, mode);
+  at::Tensor scratch =
+      at::empty({static_cast<int64_t>(std::max<size_t>(scratch_bytes, 1))}, qc.options().dtype(at::kByte));
+  const cudaStream_t stream = current_stream(dev);
+  at::Tensor dq, dkv, dsink = sink.defined() ? at::Tensor() : at::zeros({0}, fopts);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    at::Tensor dq_i = at::empty({s_q, h_q, d_qk}, fopts), dkv_i = at::empty({s_kv, d_qk}, fopts);
+    at::Tensor dsink_i = sink.defined() ? at::empty({h_q}, fopts) : at::Tensor();
+    sparse_mla_backward_device(
+        reinterpret_cast<const uint16_t*>(qc.data_ptr()),
+        reinterpret_cast<const uint16_t*>(kvc.data_ptr()), ids.data_ptr<int32_t>(),
+        len.defined() ? len.data_ptr<int32_t>() : nullptr,
+        sink.defined() ? sink.data_ptr<float>() : nullptr,
+        reinterpret_cast<const uint16_t*>(oc.data_ptr()), lc.data_ptr<float>(),
+        reinterpret_cast<const uint16_t*>(parts[i].data_ptr()), s_q, h_q, d_qk, s_kv, k, d_v,
+        static_cast<float>(sm_scale), dq_i.data_ptr<float>(), dkv_i.data_ptr<float>(),
+        sink.defined() ? dsink_i.data_ptr<float>() : nullptr, scratch.data_ptr(), stream, mode);
+    if (i == 0) {
+      dq = dq_i;
+      dkv = dkv_i;
+      if (sink.defined()) dsink = dsink_i;
+    } else {  // hi + mid + lo, in that order
+      dq.add_(dq_i);
+      dkv.add_(dkv_i);
+      if (sink.defined()) dsink.add_(dsink_i);
+    }
+  }
+  return {dq.to(q.scalar_type()), dkv, dsink};
+}
+
 // The indexer kernels take bf16 q_idx/k_idx, fp32 w, H_I <= 64, d_I <= 128, int32-indexable
 // sizes and windows both given or both absent (int, on the same device); d_I is zero-padded to
 // a multiple of 8 here (a copy). Anything else goes to the composite, which raises the errors.
@@ -225,6 +334,7 @@ bool torch_ops_registered() { return true; }
 TORCH_LIBRARY_IMPL(dsa, CUDA, m) {
   m.impl("topk_indices", &dsa::cuda::topk_indices_cuda);
   m.impl("sparse_mla_fwd", &dsa::cuda::sparse_mla_fwd_cuda);
+  m.impl("sparse_mla_bwd", &dsa::cuda::sparse_mla_bwd_cuda);
   m.impl("indexer_scores", &dsa::cuda::indexer_scores_cuda);
   m.impl("indexer_scores_backward", &dsa::cuda::indexer_scores_backward_cuda);
 }

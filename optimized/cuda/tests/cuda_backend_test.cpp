@@ -411,7 +411,8 @@ TEST(CudaBackendArgs, BadArgumentsNameTheArgument) {
   EXPECT_EQ(b->name(), "cuda");
   EXPECT_TRUE(b->supports(Op::Topk));
   EXPECT_TRUE(b->supports(Op::SparseMlaFwd));
-  // The backward is supported only where the switch turns it on (default: off).
+  // The backward is supported unless the switch turns it off (default: the deterministic
+  // kernel; DSA_CUDA_SMLA_BWD=fallback leaves it unsupported).
   EXPECT_EQ(b->supports(Op::SparseMlaBwd),
             dsa::cuda::sparse_mla_bwd_path_from_env() != dsa::cuda::SparseMlaBwdPath::Fallback);
   EXPECT_FALSE(bwd_backend(dsa::cuda::SparseMlaBwdPath::Fallback)->supports(Op::SparseMlaBwd));
@@ -446,6 +447,10 @@ TEST(CudaBackendArgs, BadArgumentsNameTheArgument) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("dout"), std::string::npos) << e.what();
   }
+  // dout F64 is not taken (the kernel's parts are bf16: F16/F32 split exactly, F64 not).
+  EXPECT_THROW(bwd_backend(dsa::cuda::SparseMlaBwdPath::Kernel)
+                   ->sparse_mla_backward(in, Tensor(DType::F64, {2, 4, 16})),
+               dsa::oracle::NotSupported);
 }
 
 }  // namespace

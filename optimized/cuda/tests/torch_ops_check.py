@@ -1,7 +1,8 @@
 """The CUDA dispatch of dsa::topk_indices (SPEC §3), dsa::indexer_scores (+ backward, SPEC
-§2, integer grids: bit-exact against the same op on CPU tensors) and dsa::sparse_mla_fwd (SPEC
+§2, integer grids: bit-exact against the same op on CPU tensors), dsa::sparse_mla_fwd (SPEC
 §4, §6, an exact grid: rows of one repeated id and empty rows equal the op on CPU tensors
-bit for bit) from Python, run on the GPU machine by
+bit for bit) and dsa::sparse_mla_bwd (§5: a CUDA kernel, the composite's dtypes, finite,
+deterministic) from Python, run on the GPU machine by
 ci/gpu/test.sh: loads libdsa_torch_ops.so with torch.ops.load_library, checks that the op has
 a CUDA kernel, that on CUDA tensors it returns the composite's answer (the same op on CPU
 tensors: bytes when sorted, sets when unsorted) for random and plateau rows, windows, both
@@ -92,15 +93,35 @@ def main() -> int:
     ref = mop(q, kvm, idx, 0.125, d_v, length, None)
     rows = [0, 1, 3, 4, 5]
     cases += 1
-    if not (got[0].is_cuda and got[0].dtype == torch.bfloat16
-            and torch.equal(got[0].cpu(), ref[0]) and torch.equal(got[2].cpu(), ref[2])
-            and torch.equal(got[1].cpu()[rows], ref[1][rows])
-            and torch.equal(ref[0][0], kvm[17, :d_v].expand(h_q, d_v))
-            and torch.equal(ref[0][2], kvm[33, :d_v].expand(h_q, d_v))
-            and bool(torch.isposinf(ref[1][3:]).all()) and bool(torch.isneginf(ref[2][3:]).all())
-            and not bool(ref[0][3:].any())):
+    checks = {
+        "cuda bf16 out": got[0].is_cuda and got[0].dtype == torch.bfloat16,
+        "out": torch.equal(got[0].cpu(), ref[0]),
+        "max_logits": torch.equal(got[2].cpu(), ref[2]),
+        "lse of rows 0, 1, 3-5": torch.equal(got[1].cpu()[rows], ref[1][rows]),
+        "composite row 0 = kv[17]": torch.equal(ref[0][0], kvm[17, :d_v].expand(h_q, d_v)),
+        "composite row 2 = kv[33]": torch.equal(ref[0][2], kvm[33, :d_v].expand(h_q, d_v)),
+        "empty rows": bool(torch.isposinf(ref[1][3:]).all()) and bool(torch.isneginf(ref[2][3:]).all())
+        and not bool(ref[0][3:].any()),
+    }
+    if not all(checks.values()):
         fails += 1
-        print("MISMATCH sparse_mla_fwd on the exact grid (one id per row, empty rows)")
+        print("MISMATCH sparse_mla_fwd on the exact grid (one id per row, empty rows): "
+              + ", ".join(k for k, v in checks.items() if not v))
+    # dsa::sparse_mla_bwd (SPEC §5) has a CUDA kernel (the deterministic backward): on CUDA
+    # tensors it returns finite grads of the composite's dtypes, bitwise equal run to run.
+    bop = torch.ops.dsa.sparse_mla_bwd
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("dsa::sparse_mla_bwd", "CUDA")
+    qc, kvc, ic, lc = q.cuda(), kvm.cuda(), idx.cuda(), length.cuda()
+    dout = torch.randn(s_q, h_q, d_v, device="cuda")
+    b1 = bop(qc, kvc, ic, got[0], got[1], dout, 0.125, d_v, lc, None)
+    b2 = bop(qc, kvc, ic, got[0], got[1], dout, 0.125, d_v, lc, None)
+    rb = bop(q, kvm, idx, ref[0], ref[1], dout.cpu(), 0.125, d_v, length, None)
+    cases += 1
+    if not (all(a.is_cuda and a.dtype == r.dtype and bool(torch.isfinite(a).all())
+                for a, r in zip(b1[:2], rb[:2]))
+            and all(torch.equal(a, b) for a, b in zip(b1, b2)) and bool(b1[1].abs().sum() > 0)):
+        fails += 1
+        print("MISMATCH sparse_mla_bwd on CUDA (dtypes, finite, run to run)")
     x = torch.randn(128, 131072, device="cuda")
     ids = op(x, 2048, None, None, "small", True)
     peer = torch.topk(x, 2048, dim=1, largest=True, sorted=True).indices

@@ -1,7 +1,7 @@
 // The CUDA dispatch of dsa::indexer_scores (+ backward) on integer grids equals the composite
 // bit for bit (every product and sum exact), windows int32/int64, d_I padded, H_I 37.
-// The CUDA dispatch of dsa::topk_indices and dsa::sparse_mla_fwd (libdsa_torch_ops, SPEC §3,
-// §4; the sparse MLA test is at the end) from C++. Top-k: the dispatcher
+// The CUDA dispatch of dsa::topk_indices, dsa::sparse_mla_fwd and dsa::sparse_mla_bwd
+// (libdsa_torch_ops, SPEC §3-§5; with the autograd function) from C++. Top-k: the dispatcher
 // has a CUDA kernel for the op, and on CUDA tensors it returns what the ATen composite returns
 // on the same tensors (bytes for sorted small/large, sets for unsorted) for random, plateau
 // and NaN/±inf/±0 rows, windows, k from 1 to past s_kv and rows over one CTA and a cluster;
@@ -17,6 +17,7 @@
 
 #include "dsa/cuda/kernels.h"
 #include "dsa/cuda/torch_ops.h"
+#include "dsa/optimized/autograd.h"
 #include "dsa/optimized/indexer.h"
 #include "dsa/optimized/sparse_mla.h"
 #include "dsa/optimized/topk.h"
@@ -150,6 +151,92 @@ TEST_F(TorchOpsCudaTest, SparseMlaFwdRunsTheOnePassKernel) {
       dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_v, len, sink.to(at::kDouble));
   EXPECT_EQ(std::get<0>(via_composite).sizes(), std::get<0>(got).sizes());
   EXPECT_THROW(dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_qk + 1, len, sink), c10::Error);
+}
+
+// dsa::sparse_mla_bwd on CUDA tensors runs the deterministic backward kernel (its accuracy is
+// judged by the oracle in dsa_cuda_tests): dkv and dsink are bitwise what
+// sparse_mla_backward_device(Deterministic) returns on the same device tensors and dq is its
+// fp32 dq in q's dtype (the composite's dtypes); repeated calls are bitwise identical; an fp32
+// dout holding bf16 values gives the bf16 dout's grads, a general fp32 dout is not rounded to
+// bf16; the autograd function (dsa::optimized::autograd::sparse_mla) returns the op's grads on
+// CUDA; inputs the kernel does not take go to the composite, whose errors are raised.
+TEST_F(TorchOpsCudaTest, SparseMlaBwdRunsTheDeterministicKernel) {
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("dsa::sparse_mla_bwd", "");
+  EXPECT_TRUE(op.hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+  at::manual_seed(11);
+  const int64_t s_q = 6, h_q = 128, d_qk = 576, d_v = 512, s_kv = 300, k = 150;
+  const auto bf = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA);
+  const auto f32 = bf.dtype(at::kFloat);
+  const auto q = at::randn({s_q, h_q, d_qk}, bf);
+  const auto kv = at::randn({s_kv, d_qk}, bf);
+  auto idx = at::randint(-3, s_kv + 3, {s_q, k}, at::TensorOptions().dtype(at::kInt));
+  idx[2].fill_(-1);  // an empty row
+  idx[4].narrow(0, 0, 75).fill_(7);  // duplicates
+  idx = idx.cuda();
+  const auto len = at::tensor({150, 0, 150, 70, 140, 149}, at::kInt).cuda();
+  const auto sink = at::randn({h_q}, f32);
+  const double scale = 1.0 / 24.0;
+  const auto f = dsa::optimized::sparse_mla_fwd(q, kv, idx, scale, d_v, len, sink);
+  const auto& out = std::get<0>(f);
+  const auto& lse = std::get<1>(f);
+  const auto dout = at::randn({s_q, h_q, d_v}, bf);
+  const auto g = dsa::optimized::sparse_mla_bwd(q, kv, idx, out, lse, dout, scale, d_v, len, sink);
+  const auto again =
+      dsa::optimized::sparse_mla_bwd(q, kv, idx, out, lse, dout, scale, d_v, len, sink);
+  auto dq = at::empty({s_q, h_q, d_qk}, f32), dkv = at::empty({s_kv, d_qk}, f32);
+  auto dsink = at::empty({h_q}, f32);
+  const auto mode = dsa::cuda::SparseMlaBwdMode::Deterministic;
+  auto scratch = at::empty(
+      {static_cast<int64_t>(dsa::cuda::sparse_mla_backward_scratch_bytes(s_q, h_q, d_qk, s_kv, k, mode))},
+      bf.dtype(at::kByte));
+  dsa::cuda::sparse_mla_backward_device(
+      reinterpret_cast<const uint16_t*>(q.data_ptr()), reinterpret_cast<const uint16_t*>(kv.data_ptr()),
+      idx.data_ptr<int32_t>(), len.data_ptr<int32_t>(), sink.data_ptr<float>(),
+      reinterpret_cast<const uint16_t*>(out.data_ptr()), lse.data_ptr<float>(),
+      reinterpret_cast<const uint16_t*>(dout.data_ptr()), s_q, h_q, d_qk, s_kv, k, d_v,
+      static_cast<float>(scale), dq.data_ptr<float>(), dkv.data_ptr<float>(),
+      dsink.data_ptr<float>(), scratch.data_ptr(), nullptr, mode);
+  ASSERT_TRUE(std::get<0>(g).is_cuda());
+  EXPECT_EQ(std::get<0>(g).scalar_type(), at::kBFloat16);
+  EXPECT_EQ(std::get<1>(g).scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(std::get<0>(g), dq.to(at::kBFloat16)));
+  EXPECT_TRUE(at::equal(std::get<1>(g), dkv));
+  EXPECT_TRUE(at::equal(std::get<2>(g), dsink));
+  EXPECT_GT(dkv.abs().max().item<float>(), 0.0f);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(at::equal(i == 0 ? std::get<0>(g) : i == 1 ? std::get<1>(g) : std::get<2>(g),
+                          i == 0 ? std::get<0>(again) : i == 1 ? std::get<1>(again) : std::get<2>(again)))
+        << "run to run, output " << i;
+  // fp32 dout: bf16 values -> the same grads; general values -> not the grads of bf16(dout).
+  const auto g_same = dsa::optimized::sparse_mla_bwd(q, kv, idx, out, lse, dout.to(at::kFloat),
+                                                     scale, d_v, len, sink);
+  EXPECT_TRUE(at::equal(std::get<1>(g_same), dkv));
+  EXPECT_TRUE(at::equal(std::get<0>(g_same), std::get<0>(g)));
+  const auto dout32 = at::randn({s_q, h_q, d_v}, f32);
+  const auto g32 = dsa::optimized::sparse_mla_bwd(q, kv, idx, out, lse, dout32, scale, d_v, len, sink);
+  const auto g16 = dsa::optimized::sparse_mla_bwd(q, kv, idx, out, lse, dout32.to(at::kBFloat16),
+                                                  scale, d_v, len, sink);
+  EXPECT_FALSE(at::equal(std::get<1>(g32), std::get<1>(g16))) << "fp32 dout rounded to bf16";
+  // The autograd function on CUDA: forward and backward through the dispatcher's kernels.
+  {
+    const auto qa = q.detach().requires_grad_(true);
+    const auto kva = kv.detach().requires_grad_(true);
+    const auto sinka = sink.detach().requires_grad_(true);
+    const auto r = dsa::optimized::autograd::sparse_mla(qa, kva, idx, scale, d_v, len, sinka);
+    EXPECT_TRUE(at::equal(std::get<0>(r), out));
+    std::get<0>(r).backward(dout);
+    ASSERT_TRUE(qa.grad().defined() && kva.grad().defined() && sinka.grad().defined());
+    EXPECT_TRUE(at::equal(qa.grad(), std::get<0>(g)));
+    EXPECT_TRUE(at::equal(kva.grad(), dkv.to(at::kBFloat16)));
+    EXPECT_TRUE(at::equal(sinka.grad(), dsink));
+  }
+  // Not taken by the kernel (a float64 sink): the composite runs; bad input raises its error.
+  const auto via_composite = dsa::optimized::sparse_mla_bwd(q, kv, idx, out, lse, dout, scale, d_v,
+                                                            len, sink.to(at::kDouble));
+  EXPECT_EQ(std::get<1>(via_composite).sizes(), dkv.sizes());
+  EXPECT_THROW(dsa::optimized::sparse_mla_bwd(q, kv, idx, out, lse, dout, scale, d_v, len,
+                                              sink.narrow(0, 0, h_q - 1)),
+               c10::Error);
 }
 
 TEST_F(TorchOpsCudaTest, IndexerDispatcherHasTheCudaKernels) {

@@ -11,11 +11,12 @@ namespace dsa::cuda {
 
 /// Backend "cuda": Op::IndexerScores / Op::IndexerScoresBackward (SPEC §2; q_idx/k_idx BF16,
 /// w F32, H_I <= 64, d_I <= 128; scores F32, dq_idx/dk_idx BF16, dw F32), Op::SparseMlaBwd
-/// only when CudaBackendOptions::mla_bwd is not Fallback (SPEC §5; q/kv/dout BF16, d_qk and
-/// d_v up to 576 / 512 after padding to multiples of 8; dq, dkv, dsink F32), Op::Topk (SPEC §3;
-/// scores F32 [s_q,s_kv], returns I32 [s_q,k]) and Op::SparseMlaFwd (SPEC §4, §6; q/kv BF16,
-/// returns out BF16, lse/max_logits F32); every other op, and other dtypes or shapes past the
-/// kernel limits (F32/F16/F64 q, F64 scores, H_I > 64), throw oracle::NotSupported.
+/// unless CudaBackendOptions::mla_bwd is Fallback (SPEC §5; q/kv BF16, dout BF16, F16 or F32
+/// (F16/F32 split exactly into bf16 parts, one kernel run each), d_qk and d_v up to 576 / 512
+/// after padding to multiples of 8; dq, dkv, dsink F32), Op::Topk (SPEC §3; scores F32
+/// [s_q,s_kv], returns I32 [s_q,k]) and Op::SparseMlaFwd (SPEC §4, §6; q/kv BF16, returns out
+/// BF16, lse/max_logits F32); every other op, and other dtypes or shapes past the kernel
+/// limits (F32/F16/F64 q, F64 scores or dout, H_I > 64), throw oracle::NotSupported.
 /// unavailable_reason() is "no CUDA device" when cudaGetDeviceCount fails or reports 0.
 /// Bad shapes or dtypes throw std::invalid_argument naming the argument; CUDA failures throw
 /// std::runtime_error naming the call. Deterministic.
@@ -24,16 +25,15 @@ namespace dsa::cuda {
 /// 2026-11-30-gpu-sparse-mla-fwd.md; the defaults are what the registered "cuda" backend uses:
 /// the one-pass wgmma MLA kernel (OnePassWgmma, faster than its SplitD and OwnHalfFirst
 /// variants on the H200), with its mma.sync fallback).
-/// How the backend runs Op::SparseMlaBwd (SPEC §5). Fallback: not supported (throws
-/// oracle::NotSupported; the path before the backward kernel, the default until the kernel
-/// has passed on the H200). Kernel: the tensor-core backward in its deterministic mode
-/// (sparse_mla_backward_device, SparseMlaBwdMode::Deterministic) after the backend's own
-/// forward (Δ from its bf16 out); dq, dkv, dsink F32. KernelFast: the same with atomic dkv
-/// (the backend then reports deterministic() false).
+/// How the backend runs Op::SparseMlaBwd (SPEC §5). Kernel (the default): the tensor-core
+/// backward in its deterministic mode (sparse_mla_backward_device,
+/// SparseMlaBwdMode::Deterministic) after the backend's own forward (Δ from its bf16 out);
+/// dq, dkv, dsink F32. KernelFast: the same with atomic dkv (the backend then reports
+/// deterministic() false). Fallback: not supported (throws oracle::NotSupported).
 enum class SparseMlaBwdPath { Fallback, Kernel, KernelFast };
 
-/// The path named by the environment variable DSA_CUDA_SMLA_BWD: unset, empty or "fallback"
-/// -> Fallback, "kernel" -> Kernel, "fast" -> KernelFast; other values throw
+/// The path named by the environment variable DSA_CUDA_SMLA_BWD: unset, empty or "kernel"
+/// -> Kernel, "fast" -> KernelFast, "fallback" -> Fallback; other values throw
 /// std::invalid_argument naming the variable.
 SparseMlaBwdPath sparse_mla_bwd_path_from_env();
 

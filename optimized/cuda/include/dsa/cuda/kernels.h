@@ -112,7 +112,7 @@ size_t sparse_mla_backward_scratch_bytes(int64_t s_q, int64_t h_q, int64_t d_qk,
 /// int32 of any value, topk_length [s_q] int32 or null, attn_sink [h_q] fp32 or null, ±inf
 /// allowed), plus out [s_q,h_q,d_v] bf16 and lse [s_q,h_q] fp32 as the forward returned them
 /// (Δ = rowsum(out·dout) is taken from this out; P is recomputed as exp(sm_scale q·k - lse)
-/// times the sink factor) and dout [s_q,h_q,d_v] bf16. Outputs (fp32, overwritten): dq
+/// times the sink factor, sm_scale q·k rounded as the forward rounds it: a one-slot row has p = 1) and dout [s_q,h_q,d_v] bf16. Outputs (fp32, overwritten): dq
 /// [s_q,h_q,d_qk] = sm_scale Σ_j dS_j kv[idx_j]; dkv [s_kv,d_qk] (zeroed first, then every
 /// valid (t, h, slot) adds sm_scale dS q[t,h] + p dout[t,h] (first d_v)); dsink [h_q] =
 /// -Σ_t exp(sink - L) Δ when attn_sink is given (else must be null). P and sm_scale·dS enter
