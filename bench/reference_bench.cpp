@@ -135,6 +135,28 @@ void BM_ReferenceSparseMlaBackwardThreads(benchmark::State& state) {
   set_gflops(state, 3 * 2.0 * kSqGlm5 * kHq * kTopk * (kDqk + kDv));
 }
 
+// The part of a call that does not scale with its rows (validation, input conversion, the
+// output tensors' allocation and zero fill, thread starts): the glm5 inputs with every row
+// empty (topk_length 0), so each row returns at once; one iteration = one forward and one
+// backward. Its wall time against the full calls' at the same thread count is the share the
+// row work cannot hide.
+void BM_ReferenceSparseMlaFixedPartThreads(benchmark::State& state) {
+  dsa::set_max_threads(static_cast<int>(state.range(0)));
+  dsa::SparseMlaInputs in = make_inputs(kSqGlm5);
+  in.topk_length = dsa::Tensor(dsa::DType::I32, {kSqGlm5});  // zeros: no valid slot
+  dsa::Tensor dout(dsa::DType::BF16, {kSqGlm5, kHq, kDv});
+  benchmark::DoNotOptimize(dsa::reference::sparse_mla_backward(in, dout).dkv.raw());  // warm-up
+  const Usage a = usage_now();
+  for (auto _ : state) {
+    dsa::SparseMlaForward f = dsa::reference::sparse_mla_forward(in);
+    benchmark::DoNotOptimize(f.out.raw());
+    dsa::SparseMlaGrads g = dsa::reference::sparse_mla_backward(in, dout);
+    benchmark::DoNotOptimize(g.dkv.raw());
+  }
+  static double one_thread_wall = 0;
+  set_thread_counters(state, a, usage_now(), one_thread_wall);
+}
+
 // 1, 2, 4, 8, 16 threads, up to the hardware threads of this machine, then 1 again.
 void thread_counts(benchmark::internal::Benchmark* b) {
   const int hw = dsa::max_threads();
@@ -178,5 +200,7 @@ BENCHMARK(BM_ReferenceSparseMlaForwardThreads)->Apply(thread_counts)->UseRealTim
     ->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_ReferenceSparseMlaBackwardThreads)->Apply(thread_counts)->UseRealTime()
     ->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_ReferenceSparseMlaFixedPartThreads)->Apply(thread_counts)->UseRealTime()
+    ->Unit(benchmark::kMillisecond)->Iterations(5);
 
 BENCHMARK_MAIN();

@@ -41,7 +41,7 @@ constexpr A inf() {
   return std::numeric_limits<A>::infinity();
 }
 
-/// Converts elements [i0, i1) of tensor `t` (any floating dtype) to A into dst[i0, i1).
+/// Converts elements [i0, i1) of tensor `t` (any floating dtype) to A into dst[0, i1 - i0).
 /// Upcasts are exact (bf16/f16/f32 -> float or double, f64 -> double); an F64 input read at
 /// float (Baseline) rounds to nearest even once.
 template <class A>
@@ -49,28 +49,77 @@ void convert_range(const Tensor& t, A* dst, int64_t i0, int64_t i1) {
   switch (t.dtype()) {
     case DType::F64: {
       const double* src = t.data<double>();
-      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(src[i]);
+      for (int64_t i = i0; i < i1; ++i) dst[i - i0] = static_cast<A>(src[i]);
       break;
     }
     case DType::F32: {
       const float* src = t.data<float>();
-      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(src[i]);
+      for (int64_t i = i0; i < i1; ++i) dst[i - i0] = static_cast<A>(src[i]);
       break;
     }
     case DType::BF16: {
+      // bf16_to_float inlined (the upper 16 bits of a float), so the loop vectorizes.
       const bf16* src = t.data<bf16>();
-      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(bf16_to_float(src[i]));
+      for (int64_t i = i0; i < i1; ++i) {
+        const uint32_t u = static_cast<uint32_t>(src[i].bits) << 16;
+        float f;
+        std::memcpy(&f, &u, sizeof f);
+        dst[i - i0] = static_cast<A>(f);
+      }
       break;
     }
     case DType::F16: {
       const f16* src = t.data<f16>();
-      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(f16_to_float(src[i]));
+      for (int64_t i = i0; i < i1; ++i) dst[i - i0] = static_cast<A>(f16_to_float(src[i]));
       break;
     }
     default:
-      for (int64_t i = i0; i < i1; ++i) dst[i] = static_cast<A>(t.get(i));
+      for (int64_t i = i0; i < i1; ++i) dst[i - i0] = static_cast<A>(t.get(i));
   }
 }
+
+/// Rows of a [rows, cols] tensor (any floating dtype) read at A on demand, converted as by
+/// convert_range: the typed pointer is looked up once, so reading a few rows costs no more
+/// than converting them.
+template <class A>
+class RowReader {
+ public:
+  RowReader(const Tensor& t, int64_t cols) : t_(t), cols_(cols) {}
+  /// Copies columns [0, n) of rows ids[j0, j1) into dst, a [j1 - j0, n] row-major buffer
+  /// (n <= cols).
+  void gather(const std::vector<int32_t>& ids, int64_t j0, int64_t j1, int64_t n, A* dst) const {
+    switch (t_.dtype()) {
+      case DType::F64: return gather_typed(t_.data<double>(), ids, j0, j1, n, dst);
+      case DType::F32: return gather_typed(t_.data<float>(), ids, j0, j1, n, dst);
+      case DType::BF16: return gather_typed(t_.data<bf16>(), ids, j0, j1, n, dst);
+      default:
+        for (int64_t j = j0; j < j1; ++j, dst += n) {
+          const int64_t r = ids[static_cast<size_t>(j)];
+          convert_range<A>(t_, dst, r * cols_, r * cols_ + n);
+        }
+    }
+  }
+
+ private:
+  static A up(double v) { return static_cast<A>(v); }
+  static A up(float v) { return static_cast<A>(v); }
+  static A up(bf16 v) {
+    const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return static_cast<A>(f);
+  }
+  template <class S>
+  void gather_typed(const S* src, const std::vector<int32_t>& ids, int64_t j0, int64_t j1,
+                    int64_t n, A* dst) const {
+    for (int64_t j = j0; j < j1; ++j, dst += n) {
+      const S* row = src + static_cast<int64_t>(ids[static_cast<size_t>(j)]) * cols_;
+      for (int64_t c = 0; c < n; ++c) dst[c] = up(row[c]);
+    }
+  }
+  const Tensor& t_;
+  int64_t cols_;
+};
 
 /// Elements per chunk of the parallel element-wise copies below, and their cost hint in
 /// flops per element (memory-bound: a converted element costs about as much as ~16 flops of
@@ -87,7 +136,7 @@ Mat<A> to_mat(const Tensor& t, int64_t rows, int64_t cols) {
   A* dst = m.data();
   parallel_for((n + kCopyChunk - 1) / kCopyChunk, kCopyChunk * kCopyWorkPerElement,
                [&](int64_t c0, int64_t c1) {
-                 convert_range<A>(t, dst, c0 * kCopyChunk, std::min(n, c1 * kCopyChunk));
+                 convert_range<A>(t, dst + c0 * kCopyChunk, c0 * kCopyChunk, std::min(n, c1 * kCopyChunk));
                });
   return m;
 }

@@ -1,12 +1,14 @@
 // Sparse MLA forward and backward (SPEC §4-§6), one template on the accumulation type.
 // Per query row t: gather the valid selected kv rows into Kg [n, d_qk], then
-// P = sm_scale · Q_t Kg^T [h_q, n] and out = softmax(P) · Kg[:, :d_v] with Eigen GEMMs.
+// P = sm_scale · Q_t Kg^T [h_q, n] and out = softmax(P) · Kg[:, :d_v] with Eigen GEMMs
+// (the forward gathers long rows by slot blocks, with the same bytes: SlotBlocks).
 #include "dsa/reference/sparse_mla.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -67,24 +69,84 @@ void valid_ids(const SparseMlaInputs& in, const MlaDims& d, int64_t t, std::vect
     if (row[j] >= 0 && row[j] < d.s_kv) ids.push_back(row[j]);
 }
 
+/// Slot blocks of the forward's gathered keys (issue 13): a query row gathers k kv rows of
+/// d_qk values (9.4 MiB at the glm5 shape in float64), far more than a core's L2 cache, and
+/// with every core doing so the gather and the two GEMMs' reads of it compete for memory.
+/// Blocks keep each thread's gathered keys in its L2 and give the same bytes as the
+/// unblocked products (test SlotBlocks.*), because of how Eigen 3.4 computes a product into
+/// a row-major destination: as the transposed column-major GEMM, the destination's columns
+/// being the micro-kernel's rows (mr at a time, the last rows in smaller kernels), its depth
+/// split in panels of kc (gebp adds each panel's sum into the destination, panel by panel).
+///  - logits P = Q_t Kg^T [h_q, n]: column blocks of P (slots) of a multiple of mr, the last
+///    block taking the remainder, give every slot the same micro-kernel, and the depth (d_qk)
+///    panels do not depend on n: every logit is the same sum.
+///  - out = P V [h_q, d_v], summed over slots: blocks equal to Eigen's own depth panels for
+///    the unblocked product (kc from its blocking heuristic), added into out in order, are the
+///    same sums as the one GEMM.
+/// Products with one row or one column (Eigen's GEMV path) are never blocked.
+template <class A>
+struct SlotBlocks {
+  static constexpr int64_t kMr = Eigen::internal::gebp_traits<A, A>::mr;
+  /// Slots per logits block: 16 micro-kernel rows (96 in float64 with SSE2: 432 KiB of
+  /// gathered keys at d_qk 576).
+  static constexpr int64_t kLogits = 16 * kMr;
+
+  /// Whether the logits of an [h_q, n] row are computed by blocks.
+  static bool logits_blocked(int64_t h_q, int64_t n) { return h_q > 1 && n >= 2 * kLogits; }
+
+  /// Eigen's depth panel for out [h_q, d_v] = P [h_q, n] · V [n, d_v]; n (one panel) for a
+  /// GEMV-shaped product.
+  static int64_t pv_panel(int64_t h_q, int64_t n, int64_t d_v) {
+    if (h_q <= 1 || d_v <= 1) return n;
+    // gemm_blocking_space of a row-major destination: m = its columns, n = its rows.
+    Eigen::Index kc = n, mc = d_v, nc = h_q;
+    Eigen::internal::computeProductBlockingSizes<A, A, 1, Eigen::Index>(kc, mc, nc, 1);
+    return std::max<int64_t>(1, std::min<int64_t>(n, kc));
+  }
+};
+
 /// Shared per-row state: the gathered keys and the logits with their row statistics.
 template <class A>
 struct RowSoftmax {
-  Mat<A> Kg;     // [n, d_qk] gathered kv rows
+  Mat<A> Kg;     // [n, d_qk] gathered kv rows (compute() only)
   Mat<A> P;      // [h_q, n] logits, then probabilities
   Vec<A> m;      // [h_q] max logits
   Vec<A> lse;    // [h_q] natural-log sum exp
   Vec<A> r;      // [h_q] sink scale exp(lse) / (exp(lse) + exp(sink)); 1 without sink
   Vec<A> psink;  // [h_q] sink probability exp(sink - L); 0 without sink
 
-  // Gathers kv rows `ids`, computes logits of Qt [h_q, d_qk] and softmax statistics;
+  // Gathers kv rows `ids` into Kg, computes logits of Qt [h_q, d_qk] and softmax statistics;
   // leaves P = exp(P - lse) · r, i.e. the §5 probabilities p_j = exp(P_j - L).
-  void compute(const Mat<A>& KV, const Eigen::Ref<const Mat<A>>& Qt,
+  void compute(const detail::RowReader<A>& kv, int64_t d_qk, const Eigen::Ref<const Mat<A>>& Qt,
                const std::vector<int32_t>& ids, A sm_scale, const Vec<A>* sink) {
     const int64_t n = static_cast<int64_t>(ids.size());
-    Kg.resize(n, KV.cols());
-    for (int64_t j = 0; j < n; ++j) Kg.row(j) = KV.row(ids[j]);
+    Kg.resize(n, d_qk);
+    kv.gather(ids, 0, n, d_qk, Kg.data());
     P.noalias() = Qt * Kg.transpose();
+    normalize(sm_scale, sink);
+  }
+
+  // The same P and statistics as compute() (same bytes), gathering the keys by slot blocks
+  // into `buf` (SlotBlocks) instead of keeping them all in Kg.
+  void compute_blocked(const detail::RowReader<A>& kv, int64_t d_qk,
+                       const Eigen::Ref<const Mat<A>>& Qt, const std::vector<int32_t>& ids,
+                       A sm_scale, const Vec<A>* sink, std::vector<A>& buf) {
+    const int64_t n = static_cast<int64_t>(ids.size());
+    P.resize(Qt.rows(), n);
+    const int64_t B = SlotBlocks<A>::kLogits;
+    const int64_t blocks = n / B;  // >= 2 (SlotBlocks::logits_blocked)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t j0 = b * B, j1 = b + 1 == blocks ? n : j0 + B;  // the last takes the rest
+      if (buf.size() < static_cast<size_t>((j1 - j0) * d_qk)) buf.resize(static_cast<size_t>((j1 - j0) * d_qk));
+      kv.gather(ids, j0, j1, d_qk, buf.data());
+      const Eigen::Map<const Mat<A>> Kb(buf.data(), j1 - j0, d_qk);
+      P.middleCols(j0, j1 - j0).noalias() = Qt * Kb.transpose();
+    }
+    normalize(sm_scale, sink);
+  }
+
+  // From logits P: max, lse, sink terms; P becomes the probabilities.
+  void normalize(A sm_scale, const Vec<A>* sink) {
     P *= sm_scale;
     m = P.rowwise().maxCoeff();
     P.colwise() -= m;  // max-subtract: every row has a finite max (n > 0, finite inputs)
@@ -137,13 +199,16 @@ void for_each_row(int64_t n, double work_per_row, const Body& body) {
 template <class A>
 struct ForwardScratch {
   std::vector<int32_t> ids;
+  Mat<A> Qt;          // [h_q, d_qk] q rows of this query row at A
+  std::vector<A> buf;  // one slot block of gathered keys (SlotBlocks)
   RowSoftmax<A> rs;
 };
 
 template <class A>
 SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
-  const Mat<A> Q = detail::to_mat<A>(in.q, d.s_q * d.h_q, d.d_qk);
-  const Mat<A> KV = detail::to_mat<A>(in.kv, d.s_kv, d.d_qk);
+  // q rows are converted per query row and kv rows as they are gathered, inside the
+  // parallel row loop: no whole-tensor copies.
+  const detail::RowReader<A> kv(in.kv, d.d_qk);
   Vec<A> sink;
   if (in.attn_sink) sink = detail::to_mat<A>(*in.attn_sink, d.h_q, 1);
   // Results are written in place into the output tensors (zero-initialised).
@@ -159,10 +224,30 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   for_each_row<ForwardScratch<A>>(d.s_q, row_flops(d), [&](ForwardScratch<A>& s, int64_t t) {
     valid_ids(in, d, t, s.ids);
     if (s.ids.empty()) return;  // SPEC §6: out 0, lse +inf, max_logits -inf
+    const int64_t n = static_cast<int64_t>(s.ids.size());
+    s.Qt.resize(d.h_q, d.d_qk);
+    detail::convert_range<A>(in.q, s.Qt.data(), t * d.h_q * d.d_qk, (t + 1) * d.h_q * d.d_qk);
     RowSoftmax<A>& rs = s.rs;
-    rs.compute(KV, Q.middleRows(t * d.h_q, d.h_q), s.ids, static_cast<A>(in.sm_scale),
-               in.attn_sink ? &sink : nullptr);
-    out.middleRows(t * d.h_q, d.h_q).noalias() = rs.P * rs.Kg.leftCols(d.d_v);
+    const A sm = static_cast<A>(in.sm_scale);
+    const Vec<A>* sk = in.attn_sink ? &sink : nullptr;
+    auto out_t = out.middleRows(t * d.h_q, d.h_q);
+    if (!SlotBlocks<A>::logits_blocked(d.h_q, n) || d.d_v <= 1) {
+      // Small rows (and GEMV-shaped products): the keys gathered whole, as always.
+      rs.compute(kv, d.d_qk, s.Qt, s.ids, sm, sk);
+      out_t.noalias() = rs.P * rs.Kg.leftCols(d.d_v);
+    } else {
+      rs.compute_blocked(kv, d.d_qk, s.Qt, s.ids, sm, sk, s.buf);
+      // out = P V by Eigen's own depth panels (SlotBlocks), V's panel gathered into buf.
+      const int64_t kc = SlotBlocks<A>::pv_panel(d.h_q, n, d.d_v);
+      for (int64_t j0 = 0; j0 < n; j0 += kc) {
+        const int64_t nb = std::min(kc, n - j0);
+        if (s.buf.size() < static_cast<size_t>(nb * d.d_v)) s.buf.resize(static_cast<size_t>(nb * d.d_v));
+        kv.gather(s.ids, j0, j0 + nb, d.d_v, s.buf.data());
+        const Eigen::Map<const Mat<A>> Vb(s.buf.data(), nb, d.d_v);
+        if (j0 == 0) out_t.noalias() = rs.P.middleCols(0, nb) * Vb;
+        else out_t.noalias() += rs.P.middleCols(j0, nb) * Vb;
+      }
+    }
     lse.row(t) = rs.lse.transpose();
     mx.row(t) = rs.m.transpose();
   });
@@ -194,7 +279,7 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
   const Mat<A> Q = detail::to_mat<A>(in.q, d.s_q * d.h_q, d.d_qk);
   Mat<A> Ogiven;
   if (given_out) Ogiven = detail::to_mat<A>(*given_out, d.s_q * d.h_q, d.d_v);
-  const Mat<A> KV = detail::to_mat<A>(in.kv, d.s_kv, d.d_qk);
+  const detail::RowReader<A> kv(in.kv, d.d_qk);  // kv rows converted as they are gathered
   const Mat<A> dO = detail::to_mat<A>(dout, d.s_q * d.h_q, d.d_v);
   Vec<A> sink;
   if (in.attn_sink) sink = detail::to_mat<A>(*in.attn_sink, d.h_q, 1);
@@ -245,7 +330,7 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
       Vec<A>& delta = s.delta;
       const auto Qt = Q.middleRows(t * d.h_q, d.h_q);
       const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
-      rs.compute(KV, Qt, g.ids, sm, in.attn_sink ? &sink : nullptr);
+      rs.compute(kv, d.d_qk, Qt, g.ids, sm, in.attn_sink ? &sink : nullptr);
       const auto Vg = rs.Kg.leftCols(d.d_v);
       if (given_out) O = Ogiven.middleRows(t * d.h_q, d.h_q);    // out as the kernel got it
       else O.noalias() = rs.P * Vg;                              // sink-scaled out [h_q, d_v]
