@@ -27,6 +27,12 @@ FixtureDirs default_fixture_dirs();
 /// `dsa-verify backends`: lists registered backends and whether each is usable here.
 int run_list_backends();
 
+/// `dsa-verify mutants --list`: one line per mutant of props::mutant_subjects(), in order:
+/// its index, the plugin library built from it (build/<preset>/plugin/libdsa_mutant_plugin_<i>.so;
+/// block-level mutants have no ABI op and run in-process only), its name and the field fault it
+/// imitates. The map from plugin number to fault, generated from the code's list.
+int run_list_mutants();
+
 /// How a route judges (shared by compare, replay, fixtures check and audit; SPEC §9).
 struct JudgeOptions {
   /// Outputs the kernel provides (--outputs out,lse); the others are "not judged" and the

@@ -28,8 +28,9 @@ int run_compare(const std::string& golden, const std::string& candidate,
   bool any = false;
   for (oracle::Op op : oracle::fixture_ops(f)) any |= !backend->stored_outputs(op).empty();
   if (!any) throw fixtures::FileError(candidate, "holds no outputs for the golden's op " + f.op);
-  const std::vector<oracle::OpReport> reports =
+  std::vector<oracle::OpReport> reports =
       oracle::judge_fixture_ops(f, *backend, check_options(judge, /*file_route=*/true));
+  add_convention_hints(reports, *backend);
   for (const auto& n : backend->adapter_notes()) std::printf("convention applied: %s\n", n.c_str());
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
   if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");

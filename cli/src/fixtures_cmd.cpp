@@ -13,6 +13,7 @@
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/candidate_backend.h"
 #include "dsa/plugin/plugin_backend.h"
+#include "dsa/property_tests/suite.h"
 #include "judge.h"
 #include "report.h"
 
@@ -36,6 +37,20 @@ int run_list_backends() {
     auto b = oracle::make_backend(name);
     std::string why = b->unavailable_reason();
     std::printf("%-16s %s\n", name.c_str(), why.empty() ? "available" : ("unavailable: " + why).c_str());
+  }
+  return kExitOk;
+}
+
+int run_list_mutants() {
+  const std::vector<props::Subject> all = props::mutant_subjects();
+  std::printf("%-5s %-32s %-44s %s\n", "index", "plugin", "mutant", "fault");
+  size_t plugin_index = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    // Block-level mutants (§8 replay) come last and have no ABI op (plugin/CMakeLists.txt).
+    const bool block = all[i].name.rfind("block_", 0) == 0;
+    const std::string lib = block ? "(in-process only)"
+                                  : "libdsa_mutant_plugin_" + std::to_string(plugin_index++) + ".so";
+    std::printf("%-5zu %-32s %-44s %s\n", i, lib.c_str(), all[i].name.c_str(), all[i].fault.c_str());
   }
   return kExitOk;
 }
@@ -221,9 +236,12 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
     throw std::invalid_argument("replay: argument '--convention' converts a candidate file; it needs --candidate");
   fixtures::Fixture f = fixtures::load_fixture(file);
   std::unique_ptr<oracle::Backend> b;
+  const oracle::CandidateBackend* stored = nullptr;  // --candidate: for convention hints
   bool file_route = false;
   if (!candidate.empty()) {
-    b = oracle::load_candidate_file(candidate, conventions);
+    auto cb = oracle::load_candidate_file(candidate, conventions);
+    stored = cb.get();
+    b = std::move(cb);
     file_route = true;
   } else {
     const std::string name = plugin_path.empty() ? backend_arg : plugin::register_plugin(plugin_path);
@@ -234,8 +252,9 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
     std::fprintf(stderr, "dsa-verify: backend %s unavailable: %s\n", b->name().c_str(), why.c_str());
     return kExitUsage;
   }
-  const std::vector<oracle::OpReport> reports =
+  std::vector<oracle::OpReport> reports =
       oracle::judge_fixture_ops(f, *b, check_options(judge, file_route));
+  if (stored) add_convention_hints(reports, *stored);
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
   if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");
   std::printf("replay: %s\n", oracle::verdict_line(reports).c_str());

@@ -49,6 +49,35 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route, const
   return o;
 }
 
+void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::CandidateBackend& candidate) {
+  const Tensor* ids = candidate.stored("indices");
+  if (!ids) return;
+  auto uses = [&](fixtures::Convention c) {
+    const auto& all = candidate.conventions();
+    return std::find(all.begin(), all.end(), c) != all.end();
+  };
+  // (violation rule, hint) pairs that apply to this file
+  std::vector<std::pair<std::string, std::string>> hints;
+  if (ids->dtype() == DType::I64 && !uses(fixtures::Convention::Int64Ids))
+    hints.emplace_back("dtype", "the file stores int64 ids: if the kernel returns int64 ids, pass "
+                                "--convention int64_ids (it narrows them to int32; an id outside int32 still fails)");
+  if (ids->dim() == 3 && ids->size(1) == 1 && !uses(fixtures::Convention::IdsSq1K))
+    hints.emplace_back("shape", "the file stores [s_q, 1, k] ids: if that is the kernel's layout, pass "
+                                "--convention ids_s_q_1_k");
+  for (auto& r : reports) {
+    if (r.op != oracle::to_string(oracle::Op::Topk) || r.passed()) continue;
+    for (const auto& [rule, hint] : hints) {
+      bool found = false;
+      for (auto& v : r.topk_violations)
+        if (v.rule == rule) {
+          v.detail += "; hint: " + hint;
+          found = true;
+        }
+      if (found) r.reason += "; hint: " + hint;
+    }
+  }
+}
+
 int exit_code(const std::vector<oracle::OpReport>& reports) {
   return oracle::overall_verdict(reports) == oracle::Verdict::Pass ? kExitOk : kExitDisagree;
 }

@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "dsa/oracle/backend.h"
+#include "dsa/oracle/candidate_backend.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
 
@@ -24,6 +25,12 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route);
 /// check_options with the outputs `backend` declares it writes (Backend::provided_outputs, a
 /// plugin's provided_outputs) intersected into provided_outputs: the others are not judged.
 oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route, const oracle::Backend& backend);
+
+/// Hints for a stored candidate whose ids look like a representation a convention converts:
+/// I64 indices without int64_ids, [s_q, 1, k] indices without ids_s_q_1_k. Appended to the
+/// failing top-k report's reason and its dtype / shape violation ("...; if the kernel returns
+/// int64 ids, pass --convention int64_ids"), never changing a verdict.
+void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::CandidateBackend& candidate);
 
 /// Exit code of one candidate's op reports: kExitOk when overall_verdict is Pass,
 /// kExitDisagree otherwise (a failure, INCOMPLETE, WEAK without --allow-weak, or nothing judged).

@@ -114,6 +114,11 @@ int main(int argc, char** argv) {
   replay->add_option("--json", replay_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
   auto* list = app.add_subcommand("backends", "List the registered backends");
+  auto* mutants = app.add_subcommand("mutants", "The mutants of the property suite and their plugin libraries");
+  bool mutants_list = false;
+  mutants->add_flag("--list", mutants_list,
+                    "List index, plugin library (libdsa_mutant_plugin_N.so), name and fault of every mutant")
+      ->required();
 
   try {
     app.parse(argc, argv);
@@ -147,6 +152,7 @@ int main(int argc, char** argv) {
       return run_replay(replay_fixture, replay_backend, replay_plugin, replay_candidate, replay_judge,
                         dsa::fixtures::parse_conventions(replay_conventions, "--convention"));
     if (*list) return run_list_backends();
+    if (*mutants) return run_list_mutants();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dsa-verify: error: %s\n", e.what());
     return kExitUsage;

@@ -10,6 +10,8 @@
 #include "audit_tasks.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/reference_backend.h"
+#include "dsa/property_tests/suite.h"
+#include "dsa/reference/sparse_mla.h"
 #include "report.h"
 #include "route_test_util.h"
 
@@ -159,6 +161,146 @@ TEST(AuditSeed, NegativeOrTooLargeIsAUsageError) {
   }
   std::string out;
   EXPECT_EQ(run_cli_capture("audit --backend reference --only topk.contract_exact --seed 18446744073709551615", &out), 0);
+}
+
+// A failing element prints "err X > bound Y" (never "<="); a passing one "<=".
+TEST(ReportFormat, AFailedElementPrintsGreaterThanItsBound) {
+  oracle::TensorCheck c;
+  c.name = "out";
+  c.rho = 2;
+  c.bound = 1.0;
+  c.passed = false;
+  c.message = "1 element(s) over their bound";
+  oracle::ElementBound e;
+  e.flat = 0;
+  e.where = "[0, 0, 0]";
+  e.err = 2.0;
+  e.bound = 1.0;
+  e.rho_e_row = 0.5;
+  e.floor_acc = 0.5;
+  c.at_worst = e;
+  c.failures = {e};
+  oracle::TensorCheck ok = c;
+  ok.passed = true;
+  ok.failures.clear();
+  ok.at_worst.err = 0.5;
+  const std::string text = oracle::format_tensor_checks({c, ok});
+  std::cout << text;
+  const auto failed = lines_with(text, {"FAILED [0, 0, 0]"});
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0].find("err 2.000e+00 > bound 1.000e+00"), std::string::npos) << failed[0];
+  EXPECT_EQ(failed[0].find("<="), std::string::npos) << failed[0];
+  EXPECT_EQ(lines_with(text, {"bound at worst element", "err 5.000e-01 <= bound 1.000e+00"}).size(), 1u);
+}
+
+// A topk golden and its indices stored as int64: compare fails (ids are int32, SPEC §3) and
+// the error says which convention converts them; with it the same file agrees.
+TEST(CompareHints, Int64IdsNameTheirConvention) {
+  Scratch dir("int64_hint");
+  const std::string g = golden("topk_distinct_causal");
+  const fixtures::Fixture f = fixtures::load_fixture(g);
+  const Tensor& ids = f.expected.at("indices");
+  Tensor wide(DType::I64, ids.shape());
+  for (int64_t i = 0; i < ids.numel(); ++i) wide.set(i, ids.get(i));
+  test::write_outputs(dir.file("c.safetensors"), {{"indices", wide}});
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("c.safetensors"), &out), 1);
+  EXPECT_FALSE(lines_with(out, {"indices dtype I64, expected I32", "--convention int64_ids"}).empty());
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("c.safetensors") +
+                                " --convention int64_ids", &out), 0);
+  EXPECT_EQ(out.find("hint:"), std::string::npos);
+}
+
+// q and kv disagreeing on d_qk: the error names both and their shapes, not kv alone.
+TEST(InputErrors, DqkMismatchNamesQAndKv) {
+  SparseMlaInputs in;
+  in.q = Tensor(DType::F32, {2, 1, 7});
+  in.kv = Tensor(DType::F32, {3, 8});
+  in.indices = Tensor::from_i32({2, 1}, {0, 1});
+  in.sm_scale = 0.5;
+  in.d_v = 4;
+  std::string what;
+  try {
+    reference::sparse_mla_forward(in);
+  } catch (const std::invalid_argument& e) {
+    what = e.what();
+  }
+  EXPECT_NE(what.find("arguments 'q' and 'kv' disagree on d_qk"), std::string::npos) << what;
+  EXPECT_NE(what.find("q shape [2, 1, 7]"), std::string::npos) << what;
+  EXPECT_NE(what.find("kv shape [3, 8]"), std::string::npos) << what;
+  // Through a file: the file's path, the op, both arguments, no function name; exit 2.
+  Scratch dir("dqk");
+  fixtures::Fixture f = fixtures::load_fixture(golden("smla_basic"));
+  const Tensor& q = f.inputs.at("q");
+  Tensor narrow(q.dtype(), {q.size(0), q.size(1), q.size(2) - 1});
+  for (int64_t r = 0; r < q.size(0) * q.size(1); ++r)
+    for (int64_t d = 0; d + 1 < q.size(2); ++d) narrow.set(r * (q.size(2) - 1) + d, q.get(r * q.size(2) + d));
+  f.inputs.at("q") = narrow;
+  const std::string path = dir.file("q_narrow.safetensors");
+  fixtures::save_fixture(path, f);
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2);
+  EXPECT_FALSE(lines_with(out, {path + ": sparse_mla_fwd inputs: arguments 'q' and 'kv' disagree on d_qk"}).empty());
+  EXPECT_EQ(out.find("sparse_mla_forward:"), std::string::npos);
+}
+
+// params.k out of range or not an integer: an input error (exit 2) naming params.k and the
+// range on every file route, never a backend failure (exit 1) or a truncated k.
+TEST(InputErrors, TopkParamKOutOfRangeIsAnInputError) {
+  Scratch dir("param_k");
+  for (const nlohmann::json& k : {nlohmann::json(1e12), nlohmann::json(-3), nlohmann::json(16.5)}) {
+    fixtures::Fixture f = fixtures::load_fixture(golden("topk_distinct_causal"));
+    f.params["k"] = k;
+    const std::string path = dir.file("k.safetensors");
+    fixtures::save_fixture(path, f);
+    std::string out;
+    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << k;
+    EXPECT_FALSE(lines_with(out, {path + ": params.k got", "expected an integer from 0 to"}).empty()) << k;
+    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden("topk_distinct_causal"), &out), 2);
+    EXPECT_FALSE(lines_with(out, {"params.k got", "expected an integer from 0 to"}).empty()) << k;
+    EXPECT_EQ(out.find("backend threw"), std::string::npos);
+  }
+}
+
+// Inputs of the wrong rank name the tensor and the file, not Tensor::size.
+TEST(InputErrors, WrongRankNamesTheTensor) {
+  Scratch dir("rank");
+  fixtures::Fixture f = fixtures::load_fixture(golden("topk_distinct_causal"));
+  f.inputs.at("scores") = f.inputs.at("scores").reshaped({f.inputs.at("scores").numel()});
+  const std::string path = dir.file("s1d.safetensors");
+  fixtures::save_fixture(path, f);
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2);
+  EXPECT_FALSE(lines_with(out, {path + ": tensor 'scores' has shape", "expected 2 dimensions"}).empty());
+  EXPECT_EQ(out.find("Tensor::size"), std::string::npos);
+  f = fixtures::load_fixture(golden("topk_distinct_causal"));
+  f.inputs.at("ks") = f.inputs.at("ks").reshaped({4, f.inputs.at("ks").numel() / 4});
+  fixtures::save_fixture(path, f);
+  EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2);
+  EXPECT_FALSE(lines_with(out, {path + ": tensor 'ks' has shape", "expected 1 dimension [s_q]"}).empty());
+}
+
+// `dsa-verify mutants --list` maps every plugin number to its mutant and fault, from the
+// code's own list (props::mutant_subjects), and names each built plugin library.
+TEST(MutantsList, EveryPluginNumberMapsToItsMutant) {
+  std::string out;
+  ASSERT_EQ(run_cli_capture("mutants --list", &out), 0);
+  const std::vector<props::Subject> all = props::mutant_subjects();
+  size_t plugins = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool block = all[i].name.rfind("block_", 0) == 0;
+    const std::string lib = block ? "(in-process only)" : "libdsa_mutant_plugin_" + std::to_string(i) + ".so";
+    EXPECT_EQ(lines_with(out, {std::to_string(i) + " ", lib, " " + all[i].name + " ", all[i].fault}).size(), 1u)
+        << all[i].name;
+    if (block) continue;
+    ++plugins;
+    const std::string built = test::mutant_plugin(i);
+    if (!built.empty()) {
+      EXPECT_NE(built.find("libdsa_mutant_plugin_" + std::to_string(i) + ".so"), std::string::npos);
+    }
+  }
+  EXPECT_FALSE(test::mutant_plugin(plugins - 1).empty()) << "every listed plugin is built";
+  EXPECT_TRUE(test::mutant_plugin(plugins).empty()) << "no plugin beyond the list";
 }
 
 }  // namespace

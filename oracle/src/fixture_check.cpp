@@ -1,8 +1,11 @@
 #include "dsa/oracle/fixture_check.h"
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
+#include "dsa/contract/errors.h"
 #include "dsa/fixtures/fp8_fixture.h"
 
 
@@ -36,15 +39,48 @@ T param_or(const Fixture& f, const char* key, T fallback) {
   return f.params.contains(key) ? param<T>(f, key) : fallback;
 }
 
+// An integer parameter in [lo, hi]: a non-integral number (16.5, 1e12 beyond hi) is an error
+// naming params.<key> and the range, never truncated or handed to a backend.
+int64_t int_param(const Fixture& f, const char* key, int64_t lo, int64_t hi, const std::string& why) {
+  if (!f.params.contains(key)) throw FileError(label_of(f), std::string("missing param '") + key + "'");
+  const nlohmann::json& v = f.params[key];
+  const std::string range = "an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + why;
+  const bool number = v.is_number();
+  const double x = number ? v.get<double>() : 0.0;
+  if (!number || x != std::floor(x) || x < static_cast<double>(lo) || x > static_cast<double>(hi))
+    throw FileError(label_of(f), std::string("params.") + key + " got " + v.dump() + ", expected " + range);
+  return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(x);
+}
+
+// The reference's argument errors begin with its function's name ("sparse_mla_forward:
+// argument 'kv' ..."); a file's error names the file and the op instead.
+std::string without_function(const std::string& what) {
+  const size_t colon = what.find(": argument");
+  if (colon == std::string::npos || what.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != colon)
+    return what;
+  return what.substr(colon + 2);
+}
+
 std::vector<int64_t> to_i64(const Tensor& t) {
   std::vector<int64_t> v(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = static_cast<int64_t>(t.get(i));
   return v;
 }
 
+// Input `name` must have `rank` dimensions (`layout` names them): a file error naming the
+// tensor, never a Tensor::size error from deeper down.
+const Tensor& with_rank(const Fixture& f, const Tensor& t, const char* name, int64_t rank, const char* layout) {
+  if (t.dim() != rank)
+    throw FileError(label_of(f), std::string("tensor '") + name + "' has shape " + shape_str(t.shape()) +
+                                     ", expected " + std::to_string(rank) + (rank == 1 ? " dimension " : " dimensions ") + layout);
+  return t;
+}
+
 KeyWindows windows_of(const Fixture& f, int64_t s_q, int64_t s_kv) {
   const Tensor* ks = find(f.inputs, "ks");
   const Tensor* ke = find(f.inputs, "ke");
+  if (ks) with_rank(f, *ks, "ks", 1, "[s_q]");
+  if (ke) with_rank(f, *ke, "ke", 1, "[s_q]");
   if (ks && ke) return KeyWindows::explicit_windows(to_i64(*ks), to_i64(*ke), s_kv);
   return KeyWindows::full(s_q, s_kv);
 }
@@ -81,14 +117,20 @@ OpCase op_case_unchecked(const Fixture& f) {
   const std::string label = label_of(f);
   for (Op op : fixture_ops(f)) {
     if (op == Op::IndexerScores || op == Op::IndexerScoresBackward) {
-      c.q_idx = require_input(f, "q_idx", label);
-      c.k_idx = require_input(f, "k_idx", label);
+      c.q_idx = with_rank(f, require_input(f, "q_idx", label), "q_idx", 3, "[s_q, H_I, d_I]");
+      c.k_idx = with_rank(f, require_input(f, "k_idx", label), "k_idx", 2, "[s_kv, d_I]");
       c.w = require_input(f, "w", label);
       c.windows = windows_of(f, c.q_idx.size(0), c.k_idx.size(0));
       if (op == Op::IndexerScoresBackward) c.d_scores = require_input(f, "d_scores", label);
     } else if (op == Op::Topk) {
-      c.scores = require_input(f, "scores", label);
-      c.k = param<int64_t>(f, "k");
+      c.scores = with_rank(f, require_input(f, "scores", label), "scores", 2, "[s_q, s_kv]");
+      // SPEC §3: k >= 0, ids int32; the [s_q, k] output is at most 2^30 ids (4 GiB).
+      const int64_t s_q = std::max<int64_t>(1, c.scores.size(0));
+      const int64_t k_max = std::min<int64_t>(2147483647, (int64_t{1} << 30) / s_q);
+      c.k = int_param(f, "k", 0, k_max,
+                      k_max == 2147483647 ? " (SPEC §3: int32 ids)"
+                                          : " (SPEC §3 allows up to 2^31 - 1; the output [s_q = " +
+                                                std::to_string(s_q) + ", k] is held to 2^30 ids)");
       c.policy.tie_break = parse_tie_break(param_or<std::string>(f, "tie_break", "any"));
       c.policy.sorted = param_or<bool>(f, "sorted", true);
       if (find(f.inputs, "ks") && find(f.inputs, "ke"))
@@ -100,10 +142,12 @@ OpCase op_case_unchecked(const Fixture& f) {
       if (const Tensor* t = find(f.inputs, "topk_length")) c.mla.topk_length = *t;
       if (const Tensor* t = find(f.inputs, "attn_sink")) c.mla.attn_sink = *t;
       c.mla.sm_scale = param<double>(f, "sm_scale");
-      c.mla.d_v = param<int64_t>(f, "d_v");
+      // 0 < d_v <= d_qk (q's last dim; SPEC §4); a q of another rank is the reference's error
+      c.mla.d_v = c.mla.q.dim() == 3 ? int_param(f, "d_v", 1, c.mla.q.size(2), " (d_qk, q's last dim; SPEC §4)")
+                                     : param<int64_t>(f, "d_v");
       if (op == Op::SparseMlaBwd) c.dout = require_input(f, "dout", label);
     } else if (op == Op::IndexerKlLoss) {
-      c.kl.scores = require_input(f, "scores", label);
+      c.kl.scores = with_rank(f, require_input(f, "scores", label), "scores", 2, "[s_q, s_kv]");
       c.kl.q = require_input(f, "q", label);
       c.kl.kv = require_input(f, "kv", label);
       c.kl.sm_scale = param<double>(f, "sm_scale");
@@ -129,9 +173,9 @@ OpCase op_case_from_fixture(const Fixture& f) {
     return op_case_unchecked(f);
   } catch (const std::invalid_argument& e) {
     // Bad windows, policy names, ranks: the file is at fault, so the error names it.
-    throw FileError(label_of(f), e.what());
+    throw FileError(label_of(f), without_function(e.what()));
   } catch (const std::out_of_range& e) {
-    throw FileError(label_of(f), e.what());
+    throw FileError(label_of(f), without_function(e.what()));
   }
 }
 
@@ -167,7 +211,7 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, const OpCase& c, Backe
       r = check_op(candidate, op, c, eff);
     } catch (const std::invalid_argument& e) {
       // Usually the reference rejecting the fixture's inputs: the error names the file.
-      throw FileError(label_of(f), std::string(to_string(op)) + ": " + e.what());
+      throw FileError(label_of(f), std::string(to_string(op)) + " inputs: " + without_function(e.what()));
     }
     // Stored outputs: an op of the fixture for which the candidate holds nothing is not a
     // skip (a backend that cannot run it) but missing outputs (SPEC §9 complete outputs).

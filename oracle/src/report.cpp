@@ -281,10 +281,10 @@ std::string format_tensor_checks(const std::vector<TensorCheck>& checks) {
     auto parts = [&os, &c](const char* label, const ElementBound& e) {
       char l[480];
       std::snprintf(l, sizeof l,
-                    "    %s %s: err %.3e <= bound %.3e = rho %.3g x E_row %.3e + floor %.3e "
+                    "    %s %s: err %.3e %s bound %.3e = rho %.3g x E_row %.3e + floor %.3e "
                     "(lambda x first-order, source below) + underflow %.3e (eta x ops that "
                     "may flush) + rounding %.3e\n",
-                    label, e.where.c_str(), e.err, e.bound, c.rho,
+                    label, e.where.c_str(), e.err, e.err <= e.bound ? "<=" : ">", e.bound, c.rho,
                     c.rho > 0 ? e.rho_e_row / c.rho : 0.0, e.floor_acc, e.floor_underflow,
                     e.floor_round);
       os << l;

@@ -15,7 +15,7 @@ Tensor fp8_indexer_scores(const Fp8IndexerInputs& in, Precision precision) {
   check_dtype(where, "q_idx", in.q_idx, {DType::U8});
   detail::check_rank2(where, "k_idx", in.k_idx, "[s_kv, d_I] (fp8 bytes)");
   check_dtype(where, "k_idx", in.k_idx, {DType::U8});
-  check_shape(where, "k_idx", in.k_idx, {-1, in.q_idx.size(2)});
+  detail::check_same_last_dim(where, "q_idx", in.q_idx, "k_idx", in.k_idx, "d_I");
   const int64_t s_q = in.q_idx.size(0), s_kv = in.k_idx.size(0), d_i = in.k_idx.size(1);
   check_shape(where, "k_scale", in.k_scale, {s_kv});
   check_dtype(where, "k_scale", in.k_scale, {DType::F32});

@@ -22,7 +22,7 @@ IndexerDims validate(const char* where, const Tensor& q_idx, const Tensor& k_idx
   detail::check_activation_dtype(where, "q_idx", q_idx);
   const IndexerDims d{q_idx.size(0), q_idx.size(1), q_idx.size(2), 0};
   detail::check_rank2(where, "k_idx", k_idx, "[s_kv, d_I]");
-  check_shape(where, "k_idx", k_idx, {-1, d.d_i});
+  detail::check_same_last_dim(where, "q_idx", q_idx, "k_idx", k_idx, "d_I");
   detail::check_activation_dtype(where, "k_idx", k_idx);
   check_shape(where, "w", w, {d.s_q, d.h_i});
   detail::check_wide_dtype(where, "w", w);

@@ -212,6 +212,22 @@ inline void check_rank2(const char* where, const char* arg, const Tensor& t, con
             std::string("2 dimensions ") + layout);
 }
 
+/// Requires the last dimension of `b` to equal that of `a` (a width both share, e.g. d_qk of
+/// q and kv). Neither is presumed right: the std::invalid_argument names both arguments,
+/// their shapes and the shared width, e.g. "sparse_mla_forward: arguments 'q' and 'kv' disagree
+/// on d_qk: q shape [24, 8, 79] ends in 79, kv shape [72, 80] ends in 80; expected both to end
+/// in the same d_qk".
+inline void check_same_last_dim(const char* where, const char* a_name, const Tensor& a,
+                                const char* b_name, const Tensor& b, const char* width) {
+  const int64_t x = a.size(-1), y = b.size(-1);
+  if (x == y) return;
+  throw std::invalid_argument(std::string(where) + ": arguments '" + a_name + "' and '" + b_name +
+                              "' disagree on " + width + ": " + a_name + " shape " + shape_str(a.shape()) +
+                              " ends in " + std::to_string(x) + ", " + b_name + " shape " +
+                              shape_str(b.shape()) + " ends in " + std::to_string(y) + "; expected both to end in the same " +
+                              width);
+}
+
 /// Numerically stable ln Σ exp(x) over a row; -inf for an empty row or all -inf.
 template <class A, class Derived>
 A log_sum_exp(const Eigen::MatrixBase<Derived>& x) {

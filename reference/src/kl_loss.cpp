@@ -27,6 +27,8 @@ KlDims validate(const IndexerKlInputs& in) {
   detail::check_activation_dtype(where, "q", in.q);
   d.h_q = in.q.size(1);
   d.d_qk = in.q.size(2);
+  detail::check_rank2(where, "kv", in.kv, "[s_kv, d_qk]");
+  detail::check_same_last_dim(where, "q", in.q, "kv", in.kv, "d_qk");
   check_shape(where, "kv", in.kv, {d.s_kv, d.d_qk});
   detail::check_activation_dtype(where, "kv", in.kv);
   check_arg(std::isfinite(in.sm_scale), where, "sm_scale", str(in.sm_scale), "a finite value");

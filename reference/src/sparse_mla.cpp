@@ -30,7 +30,7 @@ MlaDims validate(const char* where, const SparseMlaInputs& in) {
   detail::check_activation_dtype(where, "q", in.q);
   MlaDims d{in.q.size(0), in.q.size(1), in.q.size(2), in.d_v, 0, 0};
   detail::check_rank2(where, "kv", in.kv, "[s_kv, d_qk]");
-  check_shape(where, "kv", in.kv, {-1, d.d_qk});
+  detail::check_same_last_dim(where, "q", in.q, "kv", in.kv, "d_qk");
   detail::check_activation_dtype(where, "kv", in.kv);
   d.s_kv = in.kv.size(0);
   check_arg(in.d_v > 0 && in.d_v <= d.d_qk, where, "d_v", std::to_string(in.d_v),

@@ -41,6 +41,11 @@ class CandidateBackend : public Backend {
   /// Names of the stored outputs of `op` (in op_output_names order).
   std::vector<std::string> stored_outputs(Op op) const;
   const std::vector<fixtures::Convention>& conventions() const { return conventions_; }
+  /// The stored tensor of output `name` as read (before any convention), or nullptr.
+  const Tensor* stored(const std::string& name) const {
+    auto it = outputs_.find(name);
+    return it == outputs_.end() ? nullptr : &it->second;
+  }
   /// One line per convention applied so far ("topk_width_min_k_s_kv: indices [6, 24] padded
   /// with -1 to [6, 40]"), for reports.
   const std::vector<std::string>& adapter_notes() const { return notes_; }
