@@ -1048,8 +1048,12 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           const double arg = st.sink_finite ? std::abs(st.sinkv - st.L) + 1 : 0.0;
           const double err = psink * (u * (arg + abar) * std::abs(delta) + dDelta) +
                              (psink < 0x1p-100 ? kEtaFtz * D : 0.0) +
-                             // Δ's products and p_sink·Δ below the normal range (flush-to-zero)
-                             (psink * D < 0x1p-100 ? kEtaFtz * static_cast<double>(1 + dv) : 0.0);
+                             // Δ's products and p_sink·Δ below the normal range (flush-to-zero).
+                             // Not for a sink of +inf (L = +inf): every p_j, out and Δ are then
+                             // exact zeros in any kernel, and an exact 0 is no underflow (η = 0
+                             // in Higham eq. 2.8; fu() skips zeros the same way).
+                             (std::isfinite(st.L) && psink * D < 0x1p-100
+                                  ? kEtaFtz * static_cast<double>(1 + dv) : 0.0);
           R.sk_err2[h] = err * err;
           R.sk_pd[h] = psink * delta;
           R.sk_pad[h] = psink * std::abs(delta);

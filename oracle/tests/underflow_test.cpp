@@ -265,6 +265,44 @@ TEST(Underflow, FlushToZeroKernelPassesTheSuite) {
   EXPECT_GT(cases, 0);
 }
 
+// A head whose sink is +inf has L = +inf: every p_j, out and Δ are exact zeros in any kernel,
+// and so is its dsink; an exact zero is no underflow (η = 0, Higham eq. 2.8), so that head's
+// dsink bound is the output rounding alone and a nonzero dsink of 2^-124 fails. (The bound
+// used to count Δ's d_v + 1 products as flushable there: 3 × 5 × 2^-126 × √2 ≈ 2.5e-37 on this
+// case, which passed 2^-124 ≈ 4.7e-38, and on glm5's d_v 512 made the head WEAK.)
+TEST(Underflow, InfiniteSinkHeadDsinkIsExactZero) {
+  const int64_t s_q = 2, h = 2, d = 8, dv = 4, s_kv = 3;
+  OpCase c;
+  std::vector<double> q(static_cast<size_t>(s_q * h * d)), kv(static_cast<size_t>(s_kv * d)),
+      dout(static_cast<size_t>(s_q * h * dv));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<double>(static_cast<int64_t>(i % 5) - 2) / 4;
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<double>(static_cast<int64_t>(i % 7) - 3) / 4;
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = static_cast<double>(static_cast<int64_t>(i % 3) - 1) / 2 + 0.25;
+  c.mla.q = Tensor::from_f64({s_q, h, d}, q).to(DType::BF16);
+  c.mla.kv = Tensor::from_f64({s_kv, d}, kv).to(DType::BF16);
+  c.mla.indices = Tensor::from_i32({s_q, s_kv}, {0, 1, 2, 2, 1, 0});
+  c.mla.sm_scale = 0.5;
+  c.mla.d_v = dv;
+  c.mla.attn_sink = Tensor::from_f64({h}, {INFINITY, 0.5}).to(DType::F32);
+  c.dout = Tensor::from_f64({s_q, h, dv}, dout).to(DType::F32);
+  const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
+  const SparseMlaGrads g = reference::sparse_mla_backward(c.mla, c.dout);
+  ASSERT_TRUE(g.dsink.has_value());
+  ASSERT_EQ(g.dsink->get(0), 0.0);
+  const CaseFloors fl = sparse_mla_floors(c.mla, &c.dout, DType::F32);
+  EXPECT_EQ(fl.at("dsink").acc[0], 0.0);
+  NamedOutputs outs{{"dq", g.dq.to(DType::F32)}, {"dkv", g.dkv.to(DType::F32)},
+                    {"dsink", g.dsink->to(DType::F32)}, {"out", f.out.to(DType::F32)}};
+  CheckOptions opt;
+  const OpReport ok = judge_outputs(Op::SparseMlaBwd, c, outs, opt, "exact");
+  EXPECT_EQ(ok.verdict, Verdict::Pass) << format_op_report(ok);
+  Tensor bad = outs.at("dsink").to(DType::F32);
+  bad.set(0, 0x1p-124);
+  outs["dsink"] = bad;
+  const OpReport r = judge_outputs(Op::SparseMlaBwd, c, outs, opt, "dsink 2^-124 on the +inf head");
+  EXPECT_EQ(r.verdict, Verdict::Fail) << format_op_report(r);
+}
+
 // Rows whose reference values are all at least 2^-60 keep their largest bound bit for bit
 // when the underflow part is added (it is ~2^-126 per operation and only where a term is
 // tiny). Judged against the float64 reference itself (E_row 0), so only the floor parts count.
