@@ -193,6 +193,21 @@ TEST(ReportFormat, AFailedElementPrintsGreaterThanItsBound) {
   EXPECT_EQ(lines_with(text, {"bound at worst element", "err 5.000e-01 <= bound 1.000e+00"}).size(), 1u);
 }
 
+// An output of the wrong shape is not measured: its row shows "-", never a 0 error or ratio.
+TEST(ReportFormat, AShapeMismatchShowsNoMeasurement) {
+  const Tensor ref = Tensor::from_f64({2, 2}, {1, 2, 3, 4});
+  const Tensor cand = Tensor::from_f64({1, 4}, {1, 2, 3, 4}).to(DType::F32);
+  const oracle::TensorCheck c = oracle::judge_tensor("sparse_mla_fwd", "lse", cand, ref, ref, oracle::OutputFloor{});
+  ASSERT_FALSE(c.passed);
+  const std::string text = oracle::format_tensor_checks({c});
+  std::cout << text;
+  const auto row = lines_with(text, {"  lse "});
+  ASSERT_EQ(row.size(), 1u);
+  EXPECT_EQ(row[0].find("0.000e+00"), std::string::npos) << row[0];
+  EXPECT_NE(row[0].find(" - "), std::string::npos) << row[0];
+  EXPECT_FALSE(lines_with(text, {"-> shape [1, 4]"}).empty()) << text;
+}
+
 // A topk golden and its indices stored as int64: compare fails (ids are int32, SPEC §3) and
 // the error says which convention converts them; with it the same file agrees.
 TEST(CompareHints, Int64IdsNameTheirConvention) {

@@ -44,6 +44,15 @@ TEST(TopkMessages, RoundTripDigitsTellValuesApart) {
   EXPECT_TRUE(check_topk(Tensor::from_i32({1, 2}, {0, 1}), z, 2, p, std::nullopt).empty());
 }
 
+// A tie order broken between -0.0 and +0.0 shows both values (they print apart and are equal).
+TEST(TopkMessages, SignedZeroTieOrderShowsBothValues) {
+  const Tensor z = Tensor::from_f64({1, 3}, {0.0, -0.0, -1.0}).to(DType::F32);
+  const TopkPolicy small{TieBreak::Small, true};
+  const auto v = check_topk(Tensor::from_i32({1, 2}, {1, 0}), z, 2, small, std::nullopt);
+  const std::string d = details(v, "tie_order");
+  EXPECT_NE(d.find("equal scores -0.0 and 0 (IEEE equal): id 1 before 0"), std::string::npos) << d;
+}
+
 TEST(TopkMessages, ContractViolationsNameTheirRows) {
   Tensor s = Tensor::from_f64({4, 3}, {NAN, 1, 2, 1, 2, 3, NAN, 1, 2, 3, 2, 1}).to(DType::F32);
   const TopkPolicy p{TieBreak::Any, false};

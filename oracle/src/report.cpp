@@ -262,8 +262,16 @@ std::string format_tensor_checks(const std::vector<TensorCheck>& checks) {
   for (const auto& c : checks) {
     // Rows judged by metrics only (no baseline, no bound) show "-" and say so in the verdict.
     const bool metrics_only = std::isnan(c.bound);
-    char base[16] = "-", ratio[16] = "-", worst[16] = "-";
-    if (!metrics_only) {
+    // A candidate of another shape or a non-floating dtype is never measured: "-", not 0.
+    const bool measured = c.metrics.shape_ok && is_floating(c.dtype);
+    char base[16] = "-", ratio[16] = "-", worst[16] = "-", max_abs[16] = "-", rel_fro[16] = "-",
+         cosine[16] = "-";
+    if (measured) {
+      std::snprintf(max_abs, sizeof max_abs, "%.3e", c.metrics.max_abs);
+      std::snprintf(rel_fro, sizeof rel_fro, "%.3e", c.metrics.rel_fro);
+      std::snprintf(cosine, sizeof cosine, "%.7f", c.metrics.cosine);
+    }
+    if (measured && !metrics_only) {
       std::snprintf(base, sizeof base, "%.3e", c.baseline_err);
       std::snprintf(ratio, sizeof ratio, "%.3g", c.ratio);
       std::snprintf(worst, sizeof worst, "%.3g", c.worst);
@@ -272,12 +280,12 @@ std::string format_tensor_checks(const std::vector<TensorCheck>& checks) {
                           : metrics_only ? "pass (non-finite positions only)"
                           : c.weak_rows > 0 ? "pass, WEAK rows"
                                             : "pass";
-    std::snprintf(line, sizeof line, "  %-12s %-5s %10.3e %10.3e %10.7f %10s %8s %9s %s\n",
-                  c.name.c_str(), dtype_name(c.dtype), c.metrics.max_abs, c.metrics.rel_fro,
-                  c.metrics.cosine, base, ratio, worst, verdict);
+    std::snprintf(line, sizeof line, "  %-12s %-5s %10s %10s %10s %10s %8s %9s %s\n",
+                  c.name.c_str(), dtype_name(c.dtype), max_abs, rel_fro, cosine, base, ratio, worst,
+                  verdict);
     os << line;
     if (!c.passed) os << "    -> " << c.message << "\n";
-    if (metrics_only) continue;
+    if (metrics_only || !measured) continue;
     auto parts = [&os, &c](const char* label, const ElementBound& e) {
       char l[480];
       std::snprintf(l, sizeof l,

@@ -237,8 +237,12 @@ std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& score
           const bool asc = picks[i - 1] < picks[i];
           if ((policy.tie_break == TieBreak::Small && !asc) ||
               (policy.tie_break == TieBreak::Large && asc))
+            // -0.0 and +0.0 are equal (IEEE) but print apart: both are shown
             out.push_back({"tie_order", t, pick_slots[i],
-                           std::string("equal scores ") + fmt(a) + ": id " +
+                           std::string("equal scores ") +
+                               (std::signbit(a) == std::signbit(b) ? fmt(a)
+                                                                   : fmt(a) + " and " + fmt(b) + " (IEEE equal)") +
+                               ": id " +
                                std::to_string(picks[i - 1]) + " before " +
                                std::to_string(picks[i]) + " under tie_break=" +
                                to_string(policy.tie_break)});
