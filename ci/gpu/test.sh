@@ -14,7 +14,9 @@
 # dsa_torch_ops_tests), SAN_FILTER (the sanitizer case's gtest filter), SKIP_PY=1 (no Python
 # check); DSA_BENCH_MLA_ONLY=1 / DSA_BENCH_TOPK_ONLY=1 and DSA_MLA_ONEPASS_ONLY=1 reach the
 # benchmark and the tests through the environment. AUDIT_OPS=op,op adds `dsa-verify audit
-# --backend cuda --ops AUDIT_OPS` at levels 0 and 1 (seed SEED, default 7; AUDIT_TIMEOUT s each).
+# --backend cuda --ops AUDIT_OPS` at levels 0 and 1 (seed SEED, default 7; AUDIT_TIMEOUT s each),
+# once per top-k kernel in AUDIT_TOPK_KERNELS (comma-separated DSA_CUDA_TOPK values; default:
+# the backend's default kernel).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-out}
@@ -83,12 +85,15 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   echo "dsa_gpu_bench rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
 fi
 if [ -n "${AUDIT_OPS:-}" ]; then  # dsa-verify audit --backend cuda on these ops, levels 0 and 1
+  for kern in $(echo "${AUDIT_TOPK_KERNELS:-default}" | tr , ' '); do  # DSA_CUDA_TOPK values
   for lvl in 0 1; do
     SECONDS=0
-    echo "=== level $lvl" >>"$out/audit.txt"
+    echo "=== level $lvl, top-k kernel $kern" >>"$out/audit.txt"
+    env $([ "$kern" = default ] || echo "DSA_CUDA_TOPK=$kern") \
     timeout "${AUDIT_TIMEOUT:-150}" "$bd/main/cli/dsa-verify" audit --backend cuda --level $lvl \
       --seed "${SEED:-7}" --ops "$AUDIT_OPS" >>"$out/audit.txt" 2>&1
-    echo "audit --backend cuda --ops $AUDIT_OPS level $lvl (DSA_CUDA_SMLA_BWD=${DSA_CUDA_SMLA_BWD:-unset}) rc=$? (${SECONDS}s): $(grep -E '^audit:' "$out/audit.txt" | tail -1)" | tee -a "$out/summary.txt"
+    echo "audit --backend cuda --ops $AUDIT_OPS level $lvl (DSA_CUDA_SMLA_BWD=${DSA_CUDA_SMLA_BWD:-unset}, DSA_CUDA_TOPK=$kern) rc=$? (${SECONDS}s): $(grep -E '^audit:' "$out/audit.txt" | tail -1)" | tee -a "$out/summary.txt"
+  done
   done
   grep -E "^\[[0-9]+/[0-9]+\] (fail|weak|incomplete)|FAIL" "$out/audit.txt" | head -20
 fi

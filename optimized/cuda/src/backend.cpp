@@ -9,6 +9,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -454,6 +455,23 @@ SparseMlaBwdPath sparse_mla_bwd_path_from_env() {
   if (std::strcmp(v, "fast") == 0) return SparseMlaBwdPath::KernelFast;
   throw std::invalid_argument(std::string("DSA_CUDA_SMLA_BWD: got '") + v +
                               "', expected 'kernel', 'fast' or 'fallback' (or unset)");
+}
+
+TopkKernel topk_kernel_from_env() {
+  const char* v = std::getenv("DSA_CUDA_TOPK");
+  if (v == nullptr || *v == '\0') return TopkKernel::Cluster;
+  const std::pair<const char*, TopkKernel> names[] = {
+      {"radix", TopkKernel::Radix},
+      {"two-read", TopkKernel::TwoRead},
+      {"cluster", TopkKernel::Cluster},
+      {"cluster-fused-sort", TopkKernel::ClusterFusedSort},
+      {"persistent", TopkKernel::Persistent},
+      {"persistent-wide", TopkKernel::PersistentWide}};
+  for (const auto& [name, kernel] : names)
+    if (std::strcmp(v, name) == 0) return kernel;
+  throw std::invalid_argument(std::string("DSA_CUDA_TOPK: got '") + v +
+                              "', expected 'radix', 'two-read', 'cluster', 'cluster-fused-sort', "
+                              "'persistent' or 'persistent-wide' (or unset)");
 }
 
 std::unique_ptr<oracle::Backend> make_cuda_backend(const CudaBackendOptions& options) {

@@ -340,9 +340,19 @@ void select_topk_device(const float* scores, int64_t s_q, int64_t s_kv, int64_t 
     throw std::invalid_argument(std::string(where) + ": argument 's_q' got " +
                                 std::to_string(s_q) + ", expected <= 2^31-1");
   const bool large = policy.tie_break == TieBreak::Large;
-  if (variant == TopkKernel::Cluster) {
+  if (variant == TopkKernel::Persistent || variant == TopkKernel::PersistentWide) {
+    const bool wide = variant == TopkKernel::PersistentWide;
+    if (detail::topk_persist_supported(s_q, s_kv, k, policy.sorted, wide)) {
+      detail::topk_persist_launch(scores, s_q, s_kv, k, ks, ke, large, policy.sorted, out, stream,
+                                  wide);
+      return;
+    }
+    variant = TopkKernel::Cluster;
+  }
+  if (variant == TopkKernel::Cluster || variant == TopkKernel::ClusterFusedSort) {
     if (detail::topk_cluster_supported(s_q, s_kv, k, policy.sorted)) {
-      detail::topk_cluster_launch(scores, s_q, s_kv, k, ks, ke, large, policy.sorted, out, stream);
+      detail::topk_cluster_launch(scores, s_q, s_kv, k, ks, ke, large, policy.sorted, out, stream,
+                                  variant == TopkKernel::ClusterFusedSort);
       return;
     }
     variant = TopkKernel::Radix;

@@ -38,6 +38,31 @@ using dsa_cuda_test::MlaShape;
 
 class CudaBackendTest : public dsa::cuda::test::CudaDeviceTest {};
 
+// Sets an environment variable for a scope, then restores its previous value (or unsets it).
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~EnvGuard() {
+    if (had_) {
+      ::setenv(name_, old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
 enum class Fill { Random, Plateau, Special };
 
 Tensor make_scores(int64_t s_q, int64_t s_kv, Fill fill, uint64_t seed) {
@@ -73,16 +98,27 @@ const char* kernel_name(dsa::cuda::TopkKernel k) {
     case dsa::cuda::TopkKernel::Radix: return "[radix] ";
     case dsa::cuda::TopkKernel::TwoRead: return "[two-read] ";
     case dsa::cuda::TopkKernel::Cluster: return "[cluster] ";
+    case dsa::cuda::TopkKernel::ClusterFusedSort: return "[cluster, fused sort] ";
+    case dsa::cuda::TopkKernel::Persistent: return "[persistent] ";
+    case dsa::cuda::TopkKernel::PersistentWide: return "[persistent wide] ";
   }
   return "[?] ";
 }
 
-// Every top-k kernel (radix, two-read, cluster) is checked on every case unless `kernels`
-// narrows it.
+// The one-read kernels: cluster (sort afterwards), cluster with the fused sort, persistent
+// (default and wide).
+const std::vector<dsa::cuda::TopkKernel> kOneRead = {
+    dsa::cuda::TopkKernel::Cluster, dsa::cuda::TopkKernel::ClusterFusedSort,
+    dsa::cuda::TopkKernel::Persistent, dsa::cuda::TopkKernel::PersistentWide};
+
+// Every top-k kernel (radix, two-read, the one-read kernels) is checked on every case unless
+// `kernels` narrows it.
 void expect_topk_pass(dsa::oracle::Backend&, const OpCase& c, const std::string& label,
                       std::vector<dsa::cuda::TopkKernel> kernels = {
                           dsa::cuda::TopkKernel::Radix, dsa::cuda::TopkKernel::TwoRead,
-                          dsa::cuda::TopkKernel::Cluster}) {
+                          dsa::cuda::TopkKernel::Cluster, dsa::cuda::TopkKernel::ClusterFusedSort,
+                          dsa::cuda::TopkKernel::Persistent,
+                          dsa::cuda::TopkKernel::PersistentWide}) {
   for (auto kernel : kernels) {
     dsa::cuda::CudaBackendOptions o;
     o.topk_kernel = kernel;
@@ -179,7 +215,7 @@ TEST_F(CudaBackendTest, TopkClusterLongRowsPlateausBandsAndWindows) {
         expect_topk_pass(*backend_, c,
                          "131072 k=" + std::to_string(k) + " tie=" + dsa::to_string(tb) +
                              " sorted=" + std::to_string(sorted),
-                         {dsa::cuda::TopkKernel::Cluster});
+                         kOneRead);
       }
     }
   }
@@ -201,11 +237,11 @@ TEST_F(CudaBackendTest, TopkClusterLongRowsPlateausBandsAndWindows) {
         c.policy = TopkPolicy{tb, sorted};
         c.topk_windows = random_windows(6, 40001, seed++);
         expect_topk_pass(*backend_, c, "40001 windows fill=" + std::to_string(static_cast<int>(fill)),
-                         {dsa::cuda::TopkKernel::Cluster});
+                         kOneRead);
         c.topk_windows = std::nullopt;
         c.k = 50000;  // k > s_kv
         expect_topk_pass(*backend_, c, "40001 k=50000 fill=" + std::to_string(static_cast<int>(fill)),
-                         {dsa::cuda::TopkKernel::Cluster});
+                         kOneRead);
       }
     }
   }
@@ -227,13 +263,96 @@ TEST_F(CudaBackendTest, TopkSanitizerSmall) {
         c.policy = TopkPolicy{TieBreak::Large, sorted};
         c.topk_windows = random_windows(rows, s_kv, seed++);
         if (s_kv > 65536) {  // the one-CTA kernels on a 131072-key row: slow under racecheck
-          expect_topk_pass(*backend_, c, "sanitizer s_kv=" + std::to_string(s_kv),
-                           {dsa::cuda::TopkKernel::Cluster});
+          expect_topk_pass(*backend_, c, "sanitizer s_kv=" + std::to_string(s_kv), kOneRead);
         } else {
           expect_topk_pass(*backend_, c, "sanitizer s_kv=" + std::to_string(s_kv));
         }
       }
     }
+  }
+  // The persistent kernels with one cluster for every row (each cluster copies row i+1 while
+  // it selects row i, and reuses its histograms and counts): 3 rows of 16384 keys (4-CTA /
+  // 8-CTA wide clusters) and 2 of 131072 (8 / 16 CTAs).
+  const EnvGuard one_cluster("DSA_CUDA_TOPK_MAX_CLUSTERS", "1");
+  for (int64_t s_kv : {int64_t{16384}, int64_t{131072}}) {
+    for (Fill fill : {Fill::Random, Fill::Plateau}) {
+      if (s_kv > 65536 && fill == Fill::Plateau) continue;  // racecheck time
+      for (bool sorted : {true, false}) {
+        OpCase c;
+        const int64_t rows = s_kv > 65536 ? 2 : 3;
+        c.scores = make_scores(rows, s_kv, fill, seed++);
+        c.k = 300;
+        c.policy = TopkPolicy{TieBreak::Large, sorted};
+        c.topk_windows = random_windows(rows, s_kv, seed++);
+        expect_topk_pass(*backend_, c, "sanitizer, one cluster, s_kv=" + std::to_string(s_kv),
+                         {dsa::cuda::TopkKernel::Persistent, dsa::cuda::TopkKernel::PersistentWide});
+      }
+    }
+  }
+}
+
+// The persistent kernels with several rows a cluster: the grid capped at 1 and 2 clusters
+// (DSA_CUDA_TOPK_MAX_CLUSTERS) over rows of 131072 keys (random, 131072 equal values, a 6-ulp
+// band, a ReLU plateau, repeated), over 40 rows of 4096 keys with windows and special values,
+// and over unaligned 40001-key rows; then 300 rows of 4096 keys on the uncapped grid (more
+// rows than clusters fit). Sorted and unsorted, every tie-break, k below and above the row.
+TEST_F(CudaBackendTest, TopkPersistentSeveralRowsPerCluster) {
+  const std::vector<dsa::cuda::TopkKernel> persistent = {dsa::cuda::TopkKernel::Persistent,
+                                                         dsa::cuda::TopkKernel::PersistentWide};
+  const int64_t s_kv = 131072;
+  Tensor scores(DType::F32, {6, s_kv});
+  std::mt19937_64 rng(777);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> ulps(0, 5);
+  float* p = scores.data<float>();
+  for (int64_t i = 0; i < s_kv; ++i) {
+    p[i] = normal(rng);
+    p[s_kv + i] = 0.75f;
+    float b = 1.0f;
+    for (int u = ulps(rng); u > 0; --u) b = std::nextafter(b, 2.0f);
+    p[2 * s_kv + i] = b;
+    p[3 * s_kv + i] = std::max(0.0f, normal(rng) - 2.5f);
+    p[4 * s_kv + i] = normal(rng);
+    p[5 * s_kv + i] = p[i];  // row 0 again: the same ids
+  }
+  uint64_t seed = 3000;
+  for (const char* cap : {"1", "2"}) {
+    const EnvGuard g("DSA_CUDA_TOPK_MAX_CLUSTERS", cap);
+    for (TieBreak tb : {TieBreak::Small, TieBreak::Large}) {
+      for (bool sorted : {true, false}) {
+        for (int64_t k : {int64_t{2048}, int64_t{1}}) {
+          OpCase c;
+          c.scores = scores;
+          c.k = k;
+          c.policy = TopkPolicy{tb, sorted};
+          expect_topk_pass(*backend_, c,
+                           std::string("cap ") + cap + " 6x131072 k=" + std::to_string(k) +
+                               " tie=" + dsa::to_string(tb) + " sorted=" + std::to_string(sorted),
+                           persistent);
+        }
+        OpCase c;
+        c.scores = make_scores(40, 4096, sorted ? Fill::Special : Fill::Plateau, seed++);
+        c.k = 2048;
+        c.policy = TopkPolicy{tb, sorted};
+        c.topk_windows = random_windows(40, 4096, seed++);
+        expect_topk_pass(*backend_, c, std::string("cap ") + cap + " 40x4096 windows", persistent);
+        c.topk_windows = std::nullopt;
+        c.k = 5000;  // k > s_kv
+        expect_topk_pass(*backend_, c, std::string("cap ") + cap + " 40x4096 k=5000", persistent);
+        c.scores = make_scores(5, 40001, Fill::Random, seed++);
+        c.k = 2048;
+        c.topk_windows = random_windows(5, 40001, seed++);
+        expect_topk_pass(*backend_, c, std::string("cap ") + cap + " 5x40001 windows", persistent);
+      }
+    }
+  }
+  OpCase c;
+  c.scores = make_scores(300, 4096, Fill::Random, 4242);
+  c.k = 2048;
+  for (bool sorted : {true, false}) {
+    c.policy = TopkPolicy{TieBreak::Small, sorted};
+    expect_topk_pass(*backend_, c, "300x4096 uncapped sorted=" + std::to_string(sorted),
+                     persistent);
   }
 }
 

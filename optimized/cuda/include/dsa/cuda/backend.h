@@ -37,8 +37,13 @@ enum class SparseMlaBwdPath { Fallback, Kernel, KernelFast };
 /// std::invalid_argument naming the variable.
 SparseMlaBwdPath sparse_mla_bwd_path_from_env();
 
+/// The top-k kernel named by the environment variable DSA_CUDA_TOPK: unset or empty ->
+/// Cluster (the default), "radix", "two-read", "cluster", "cluster-fused-sort", "persistent",
+/// "persistent-wide"; other values throw std::invalid_argument naming the variable.
+TopkKernel topk_kernel_from_env();
+
 struct CudaBackendOptions {
-  TopkKernel topk_kernel = TopkKernel::Cluster;
+  TopkKernel topk_kernel = topk_kernel_from_env();
   SparseMlaKernel mla_kernel = SparseMlaKernel::OnePassWgmma;
   IndexerKernel indexer_kernel = IndexerKernel::Wgmma3;
   SparseMlaBwdPath mla_bwd = sparse_mla_bwd_path_from_env();

@@ -25,8 +25,15 @@ size_t topk_scratch_bytes(int64_t s_q, int64_t s_kv, int64_t k);
 /// Cluster: one read; a cluster of up to 8 CTAs per row keeps the row in shared memory and
 /// runs an 11/11/10-bit radix select with cluster-combined histograms, then places ids by
 /// prefix sums (sm_90; shapes it does not take, s_kv over 245760 or sorted k over
-/// 16384, run Radix).
-enum class TopkKernel { Radix, TwoRead, Cluster };
+/// 16384, run Radix); sorted with k <= 2048 selects unsorted, then a second kernel sorts each
+/// row's ids (one CTA a row, keys re-read from the scores). ClusterFusedSort: Cluster with the
+/// sort inside the cluster kernel (CTA 0 of each row's cluster sorts; the round-2 path).
+/// Persistent: the cluster selection with a grid of as many clusters as fit at once, each
+/// running several rows, keys in registers, the next row's slice copied while the current one
+/// is selected; sorted sorts afterwards like Cluster (shapes it does not take, s_kv over
+/// 131072 or sorted k over 2048, run Cluster). PersistentWide: Persistent with half-length
+/// slices over up to 16 CTAs a row (a non-portable cluster size) and 2 CTAs an SM.
+enum class TopkKernel { Radix, TwoRead, Cluster, ClusterFusedSort, Persistent, PersistentWide };
 
 /// Top-k per row (SPEC §3). scores [s_q,s_kv] fp32 row-major; ks/ke [s_q] int64 key windows
 /// (both null = every key; clamped to [0,s_kv], ks >= ke empty); k >= 0 (k > s_kv legal);
