@@ -33,6 +33,8 @@ size_t topk_scratch_bytes(int64_t s_q, int64_t s_kv, int64_t k);
 /// is selected; sorted sorts afterwards like Cluster (shapes it does not take, s_kv over
 /// 131072 or sorted k over 2048, run Cluster). PersistentWide: Persistent with half-length
 /// slices over up to 16 CTAs a row (a non-portable cluster size) and 2 CTAs an SM.
+/// Cluster is the default and the fastest on the H200; the others are kept for comparison
+/// (bench/results/2026-11-30-gpu-topk-cluster.md).
 enum class TopkKernel { Radix, TwoRead, Cluster, ClusterFusedSort, Persistent, PersistentWide };
 
 /// Top-k per row (SPEC §3). scores [s_q,s_kv] fp32 row-major; ks/ke [s_q] int64 key windows
