@@ -43,6 +43,16 @@ TEST(AuditRanNothing, OnlyAPropertyTheKernelCannotRunExitsTwo) {
   EXPECT_NE(out.find("audit: 0 passed, 0 failed"), std::string::npos);
 }
 
+// A typo in --only or --ops is a usage error naming the flag and what it expects (exit 2),
+// never an empty green audit.
+TEST(AuditRanNothing, ATypoInOnlyOrOpsIsAUsageError) {
+  std::string out;
+  EXPECT_EQ(run_cli_capture("audit --backend reference --only topk.contract_exactt", &out), 2);
+  EXPECT_FALSE(lines_with(out, {"argument '--only' got \"topk.contract_exactt\"", "expected a property name"}).empty());
+  EXPECT_EQ(run_cli_capture("audit --backend reference --ops topkk", &out), 2);
+  EXPECT_FALSE(lines_with(out, {"argument '--ops' got \"topkk\"", "expected one of", "sparse_mla_fwd"}).empty());
+}
+
 // A plugin declaring out and lse: its passes are partial in the table, the progress lines,
 // the JUnit names (and system-out) and the JSON.
 TEST(AuditPartial, TableProgressJunitAndJsonSayWhatWasNotJudged) {
