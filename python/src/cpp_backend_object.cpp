@@ -2,6 +2,7 @@
 
 #include <pybind11/stl.h>
 
+#include <atomic>
 #include <map>
 
 #include "dlpack_capsule.h"
@@ -146,16 +147,29 @@ py::dict call(CppBackend& self, const std::string& op_name, const py::dict& t, c
   return d;
 }
 
+std::atomic<long long>& translator_calls() {
+  static std::atomic<long long> n{0};
+  return n;
+}
+
 }  // namespace
 
 void bind_cpp_backend(py::module_& m) {
-  py::register_exception_translator([](std::exception_ptr p) {
+  // Module-local: it only sees exceptions of this module's own functions. A global translator
+  // lands in every pybind11 module sharing these internals, torch included: each c10::Error of
+  // a torch op called from Python was rethrown by this module's code (seen in gdb), in _core
+  // under its own static C++ runtime, i.e. two C++ runtimes handling one exception.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    translator_calls().fetch_add(1);
     try {
       if (p) std::rethrow_exception(p);
     } catch (const oracle::NotSupported& e) {
       PyErr_SetString(PyExc_NotImplementedError, e.what());
     }
   });
+  m.def("_translator_calls", [] { return translator_calls().load(); },
+        "How many exceptions this module's translator has examined (only this module's own: an "
+        "exception of another module, e.g. a torch op, never reaches it)");
   py::class_<CppBackend>(m, "CppBackend", py::module_local(), "A C++ dsa::oracle::Backend called with DLPack capsules")
       .def_property_readonly("name", [](const CppBackend& b) { return b.backend->name(); })
       .def_property_readonly("deterministic", [](const CppBackend& b) { return b.backend->deterministic(); })
