@@ -8,20 +8,47 @@
 # §10 inference ops (fp8_indexer_scores, paged_indexer_scores, sparse_mla_fp8_fwd) are part of
 # (1) and (3): each of the three JSON reports must have a passing case of each, and a planted
 # §10 fault (faulty_backend:TileScaleSwapped) must fail on CUDA.
-# Logs and JSON reports go to ${OUT:-out}/. Run on the H200 on 2026-11-30 (steps 1-2; see
+# Logs and JSON reports go to ${OUT:-out}/. Run on the H200 on 2026-11-30 (see
 # bench/results/2026-11-30-gpu-python-route.md).
+# Standalone (no ci/gpu/test.sh before it): configures ${BUILD_DIR}/main itself the same way,
+# with the carried deps (GPU_DEPS, as test.sh). ONLY_TORCH_OPS=1 runs step (3) alone (with the
+# SPEC §10 check on its two reports) and builds only what it needs; when the Python audit dies
+# on a signal, a gdb backtrace of the §10 ops' audit goes to ${OUT}/py_torch_ops_gdb.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-out}
 mkdir -p "$out"
 bd=${BUILD_DIR:-/tmp/dsa-gpu-build}/main
 seed=${SEED:-7}
+only=${ONLY_TORCH_OPS:-0}
 # PyTorch may live in a venv (it does on the H200 machine): configure the module for the
 # interpreter that imports torch, not /usr/bin/python3 (python/CMakeLists.txt's default).
 py=$(python3 -c 'import sys; print(sys.executable)')
-cmake -S . -B "$bd" -DPython3_EXECUTABLE="$py" >"$out/py_configure.txt" 2>&1 || exit 1
-cmake --build "$bd" -j 16 --target dsa_verify_core dsa_verify_backends dsa-verify dsa_torch_ops \
+SECONDS=0
+if [ ! -f "$bd/CMakeCache.txt" ]; then
+  deps=${GPU_DEPS:-$PWD/.gpu-deps}
+  [ -d "$deps/googletest" ] || deps=$(cd .. && pwd)  # run from .gpu-deps/wt
+  gt=${BUILD_DIR:-/tmp/dsa-gpu-build}
+  torch_dir=$($py -c "import torch;print(torch.utils.cmake_prefix_path)")/Torch
+  { cmake -S "$deps/googletest" -B "$gt/gtest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX="$gt/gtest-prefix" -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
+    && cmake --build "$gt/gtest" -j 16 --target install \
+    && cmake -S . -B "$bd" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSA_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DDSA_BUILD_BENCH=OFF -DTorch_DIR="$torch_dir" \
+      -DCMAKE_PREFIX_PATH="$deps/prefix;$gt/gtest-prefix" -DDSA_GTEST_SOURCE_DIR= \
+      -DPython3_EXECUTABLE="$py"; } >"$out/py_configure.txt" 2>&1 || { tail -30 "$out/py_configure.txt"; exit 1; }
+else
+  cmake -S . -B "$bd" -DPython3_EXECUTABLE="$py" >"$out/py_configure.txt" 2>&1 || exit 1
+fi
+targets="dsa_verify_core dsa-verify dsa_torch_ops"
+[ "$only" = 1 ] || targets="$targets dsa_verify_backends"
+cmake --build "$bd" -j 16 --target $targets \
   >"$out/py_build.txt" 2>&1 || { grep -B2 -A10 -i error "$out/py_build.txt" | head -40; exit 1; }
+echo "configure + build ($targets): ${SECONDS}s" | tee -a "$out/py_summary.txt"
+# libdsa_torch_ops.so must use PyTorch's shared C++ runtime, not a static copy of its own
+# (dsa_shared_cxx_runtime; the cause of the 2026-11-30 SIGSEGV): 0 stream symbols defined.
+so=$bd/optimized/cuda/libdsa_torch_ops.so
+echo "libdsa_torch_ops.so: $(nm -D --defined-only "$so" | grep -c '_ZNSo9_M_insertIdEERSoT_\|_ZTVNSt7__cxx1119basic_ostringstream') libstdc++ stream symbols defined (must be 0); needs $(readelf -d "$so" | grep -o 'libstdc++[^]]*\|libgcc_s[^]]*' | tr '\n' ' ')" | tee -a "$out/py_summary.txt"
 export PYTHONPATH=$bd/python:$PWD/docs/examples
 status=0
 run() {  # name, then the command
@@ -32,6 +59,7 @@ run() {  # name, then the command
   echo "$name rc=$rc (${SECONDS}s): $(grep -E '^audit:' "$out/$name.txt" | tail -1)" | tee -a "$out/py_summary.txt"
   return $rc
 }
+if [ "$only" != 1 ]; then
 run py_torch_example_cuda $py -m dsa_verify audit torch_backend:TorchBackend --device cuda --seed "$seed" \
   --json "$out/py_torch_example_cuda.json" || status=1
 [ "${SKIP_ISOLATE:-0}" = 1 ] || run py_torch_example_cuda_isolated $py -m dsa_verify audit torch_backend:TorchBackend --device cuda --seed "$seed" \
@@ -42,10 +70,20 @@ if $py -c "import triton" 2>/dev/null; then
 else
   echo "py_triton_indexer_cuda: skipped (triton not installed)" | tee -a "$out/py_summary.txt"
 fi
-DSA_TORCH_OPS_LIB=$bd/optimized/cuda/libdsa_torch_ops.so run py_torch_ops_cuda \
-  $py -m dsa_verify audit dsa_torch_ops_backend:DsaTorchOpsCuda --device cuda --seed "$seed" \
-  --json "$out/py_torch_ops_cuda.json"
-run cli_libtorch_cuda "$bd/cli/dsa-verify" audit --backend libtorch-cuda --seed "$seed" \
+fi
+export DSA_TORCH_OPS_LIB=$bd/optimized/cuda/libdsa_torch_ops.so
+run py_torch_ops_cuda timeout 150 $py -X faulthandler -m dsa_verify audit dsa_torch_ops_backend:DsaTorchOpsCuda \
+  --device cuda --seed "$seed" --json "$out/py_torch_ops_cuda.json"
+rc=$?
+if [ $rc -ge 128 ]; then  # died on a signal: where (the SPEC §10 ops, where it died on 2026-11-30)
+  tail -40 "$out/py_torch_ops_cuda.txt"
+  command -v gdb >/dev/null && timeout 60 gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args \
+    $py -m dsa_verify audit dsa_torch_ops_backend:DsaTorchOpsCuda --device cuda --seed "$seed" \
+    --ops fp8_indexer_scores >"$out/py_torch_ops_gdb.txt" 2>&1
+  grep -E "^#[0-9]" "$out/py_torch_ops_gdb.txt" 2>/dev/null | head -30
+fi
+unset DSA_TORCH_OPS_LIB
+run cli_libtorch_cuda timeout 120 "$bd/cli/dsa-verify" audit --backend libtorch-cuda --seed "$seed" \
   --json "$out/cli_libtorch_cuda.json"
 $py - "$out/cli_libtorch_cuda.json" "$out/py_torch_ops_cuda.json" <<'PY' | tee -a "$out/py_summary.txt" || status=1
 import json, sys
@@ -59,8 +97,9 @@ for k, v in sorted(diff.items()):
 sys.exit(1 if diff else 0)
 PY
 # SPEC §10 on CUDA: judged (not skipped) on every route; a planted fault fails (exit 1).
-$py - "$out/py_torch_example_cuda.json" "$out/py_torch_ops_cuda.json" "$out/cli_libtorch_cuda.json" <<'PY' \
-  | tee -a "$out/py_summary.txt" || status=1
+reports="$out/py_torch_ops_cuda.json $out/cli_libtorch_cuda.json"
+[ "$only" = 1 ] || reports="$out/py_torch_example_cuda.json $reports"
+$py - $reports <<'PY' | tee -a "$out/py_summary.txt" || status=1
 import json, sys
 ops = ("fp8_indexer_scores", "paged_indexer_scores", "sparse_mla_fp8_fwd")
 bad = 0
@@ -71,7 +110,10 @@ for path in sys.argv[1:]:
     print(f"{path}: SPEC §10 ops with a passing case: {len(ops) - len(missing)}/3" + (f", none for {missing}" if missing else ""))
 sys.exit(1 if bad else 0)
 PY
+if [ "$only" != 1 ]; then
 run py_faulty_tile_scale_cuda $py -m dsa_verify audit faulty_backend:TileScaleSwapped --device cuda \
   --ops sparse_mla_fp8_fwd --seed "$seed"
 [ $? -eq 1 ] || { echo "py_faulty_tile_scale_cuda: expected exit 1 (the planted §10 fault fails)" | tee -a "$out/py_summary.txt"; status=1; }
+fi
+echo "=== python_audit summary"; cat "$out/py_summary.txt"
 exit $status

@@ -15,7 +15,9 @@ a user audits a vLLM / SGLang / FlashMLA op: a thin Python backend that calls th
 The library is loaded from $DSA_TORCH_OPS_LIB (torch.ops.load_library) when set, else by
 importing dsa_verify._backends, which links the same operator library (the `dsa` namespace
 can be registered once per process). The CPU comparison with the CLI runs in CI
-(python/tests/test_same_verdicts.py); the CUDA one was not run yet.
+(python/tests/test_same_verdicts.py). On the H200 the CUDA one crashed at the first rejected
+input (the library carried its own static libstdc++; fixed by linking PyTorch's shared runtime,
+dsa_shared_cxx_runtime in CMakeLists.txt) and has not been re-run since.
 """
 import os
 
