@@ -447,6 +447,15 @@ class CudaBackend final : public oracle::Backend {
 
 }  // namespace
 
+SparseMlaKernel sparse_mla_kernel_from_env() {
+  const char* v = std::getenv("DSA_CUDA_SMLA_FWD");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "wgmma") == 0)
+    return SparseMlaKernel::OnePassWgmma;
+  if (std::strcmp(v, "mma") == 0) return SparseMlaKernel::OnePass;
+  throw std::invalid_argument(std::string("DSA_CUDA_SMLA_FWD: got '") + v +
+                              "', expected 'wgmma' or 'mma' (or unset)");
+}
+
 SparseMlaBwdPath sparse_mla_bwd_path_from_env() {
   const char* v = std::getenv("DSA_CUDA_SMLA_BWD");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "kernel") == 0)

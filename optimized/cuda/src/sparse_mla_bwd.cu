@@ -20,9 +20,9 @@
 // dsink[h] = -Σ_t exp(sink - L) Δ: one term per (t, h) in scratch, summed per head in a fixed
 // order (both modes). Empty rows (no valid slot): dq 0, no dkv or dsink contribution.
 //
-// Shared memory at d_qk 576, d_v 512: Q 72 KiB, dout 64 KiB, one kv tile 36 KiB, P and dS
-// (hi | lo) 8 KiB each, ids and row statistics: 193,408 bytes (one block per SM, no gather
-// pipeline: the first round keeps one stage and two barriers per tile).
+// Shared memory at d_qk 576, d_v 512: Q 72 KiB, dout 64 KiB, two kv tiles of 36 KiB (tile
+// it+1 is gathered while tile it is computed), P and dS (hi | lo) 8 KiB each, ids and row
+// statistics: 230,400 bytes (one block per SM; two barriers per tile).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -105,12 +105,12 @@ __host__ __device__ inline BwdLayout bwd_layout(int64_t d_qk, int64_t d_v) {
   L.do_row = static_cast<uint32_t>(L.dvp) * 2u;
   L.off_do = kHeads * L.q_row;             // Q   [kHeads][dp]
   L.off_k = L.off_do + kHeads * L.do_row;  // dO  [kHeads][dvp]
-  L.off_p = L.off_k + kTile * L.q_row;     // K   [kTile][dp]
+  L.off_p = L.off_k + 2 * kTile * L.q_row;  // K   [2 stages][kTile][dp]
   // P and sm_scale·dS as bf16 hi + lo parts: a 128-byte row per head, chunks 0-3 the hi
   // parts of slots 0..31, chunks 4-7 the lo parts (8 chunks: the usual c ^ (row & 7) swizzle).
   L.off_ds = L.off_p + kHeads * 128;      // P   [kHeads][hi 32 | lo 32] bf16
   L.off_ids = L.off_ds + kHeads * 128;    // dS  [kHeads][hi 32 | lo 32] bf16
-  L.off_stat = L.off_ids + kTile * 4;     // ids [kTile]
+  L.off_stat = L.off_ids + 2 * kTile * 4;  // ids [2 stages][kTile]
   L.total = L.off_stat + 3 * kHeads * 4;  // lse, sink factor r, Δ per head
   return L;
 }
@@ -237,25 +237,35 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_dq[mt][j][e] = 0.f;
 
-  for (int it = 0; it < n_tiles; ++it) {
-    // Gather tile `it` (every warp finished tile it-1: barrier at the end of the loop).
-    {
-      const int r = ld_row;
-      const int id = slot_id(irow, static_cast<int64_t>(it) * kTile + r, lim, s_kv);
-      if (ld_sub == 0) ids_s[r] = id;
-      const uint32_t rb = k_base + r * L.q_row;
-      const uint16_t* src = kv + static_cast<int64_t>(id < 0 ? 0 : id) * d_qk;
-      for (int c = ld_sub; c < q_chunks; c += 8) {
-        const uint32_t dst = rb + ((c ^ (r & 7)) << 4);
-        if (id >= 0 && c < q_src)
-          cp_async16(dst, src + c * 8);
-        else
-          st_shared_zero16(dst);
-      }
+  // Gather of tile `tile` into stage `st` (K rows and ids): thread tid copies row tid/8,
+  // chunks tid%8 + 8i; invalid slots are zero rows, never read through.
+  auto gather = [&](int tile, int st) {
+    const int r = ld_row;
+    const int id = slot_id(irow, static_cast<int64_t>(tile) * kTile + r, lim, s_kv);
+    if (ld_sub == 0) ids_s[st * kTile + r] = id;
+    const uint32_t rb = k_base + (st * kTile + r) * L.q_row;
+    const uint16_t* src = kv + static_cast<int64_t>(id < 0 ? 0 : id) * d_qk;
+    for (int c = ld_sub; c < q_chunks; c += 8) {
+      const uint32_t dst = rb + ((c ^ (r & 7)) << 4);
+      if (id >= 0 && c < q_src)
+        cp_async16(dst, src + c * 8);
+      else
+        st_shared_zero16(dst);
     }
     cp_async_commit();
+  };
+  gather(0, 0);
+
+  // Two stages: tile it+1 is gathered while tile it is computed. One barrier at the top of a
+  // tile (its gather landed; every warp is done with tile it-1, so stage it+1 and P / dS are
+  // free) and one after P / dS are written.
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it & 1;
     cp_async_wait_all();
     __syncthreads();  // tile, ids (and on the first tile Q, dout, statistics) visible
+    if (it + 1 < n_tiles) gather(it + 1, stage ^ 1);
+    const int* ids_t = ids_s + stage * kTile;
+    const uint32_t kt_base = k_base + stage * kTile * L.q_row;
 
     // S = Q K^T and dP = dout V^T: 16 heads x 16 slots per warp.
     float s[2][4], dpv[2][4];
@@ -264,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = dpv[j][e] = 0.f;
     {
-      const uint32_t k0 = k_base + (16 * nh + b_row) * L.q_row;
+      const uint32_t k0 = kt_base + (16 * nh + b_row) * L.q_row;
       const uint32_t qa = q_base + (16 * ms + a_row) * L.q_row;
       const uint32_t da = do_base + (16 * ms + a_row) * L.do_row;
 #pragma unroll 2
@@ -304,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int col = 16 * nh + 8 * j + 2 * c4;
-        const bool v0 = ids_s[col] >= 0, v1 = ids_s[col + 1] >= 0;
+        const bool v0 = ids_t[col] >= 0, v1 = ids_t[col + 1] >= 0;
         float pv[4], dv[4];
         pv[0] = (hv0 && v0) ? prob(s[j][0], ls0, rf0) : 0.f;
         pv[1] = (hv0 && v1) ? prob(s[j][1], ls0, rf0) : 0.f;
@@ -339,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
       uint32_t bk[kMaxNt][2];
-      const uint32_t krow = k_base + (16 * kk + a_row) * L.q_row;
+      const uint32_t krow = kt_base + (16 * kk + a_row) * L.q_row;
 #pragma unroll
       for (int j = 0; j < kMaxNt; ++j) {
         bk[j][0] = bk[j][1] = 0u;
@@ -406,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int sl = 16 * mt + g + 8 * half;
-          const int id = ids_s[sl];
+          const int id = ids_t[sl];
           if (id < 0) continue;
 #pragma unroll
           for (int jj = 0; jj < kChunkNt; ++jj) {
@@ -425,7 +435,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
-    __syncthreads();  // every warp is done with this tile's K, ids, P and dS
   }
 
   // dq rows of the group's heads (fp32; sm_scale is inside dS).

@@ -42,9 +42,14 @@ SparseMlaBwdPath sparse_mla_bwd_path_from_env();
 /// "persistent-wide"; other values throw std::invalid_argument naming the variable.
 TopkKernel topk_kernel_from_env();
 
+/// The forward kernel named by the environment variable DSA_CUDA_SMLA_FWD: unset, empty or
+/// "wgmma" -> OnePassWgmma, "mma" -> OnePass (the mma.sync one-pass kernel); other values
+/// throw std::invalid_argument naming the variable (an audit of a non-default kernel).
+SparseMlaKernel sparse_mla_kernel_from_env();
+
 struct CudaBackendOptions {
   TopkKernel topk_kernel = topk_kernel_from_env();
-  SparseMlaKernel mla_kernel = SparseMlaKernel::OnePassWgmma;
+  SparseMlaKernel mla_kernel = sparse_mla_kernel_from_env();
   IndexerKernel indexer_kernel = IndexerKernel::Wgmma3;
   SparseMlaBwdPath mla_bwd = sparse_mla_bwd_path_from_env();
 };
