@@ -14,6 +14,7 @@
 #include <Eigen/Dense>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -178,6 +179,37 @@ void BM_EigenGemmF64SameShapes(benchmark::State& state) {
   set_gflops(state, 2.0 * kHq * kTopk * (kDqk + kDv));
 }
 
+// The scaling ceiling of the GEMMs alone: the glm5 case's 64 query rows of the two same-shape
+// GEMMs, each row on its own thread-private operands (Q_t [64, 576] and K [2048, 576] per
+// thread, no gather, no softmax), rows spread over state.range(0) threads like the reference's.
+// x_linear against its own 1-thread run: what this machine's cores, caches and memory allow
+// for this work, the peer of the reference's x_linear in the same run.
+void BM_EigenGemmF64SameShapesThreads(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  dsa::set_max_threads(threads);
+  struct Operands {
+    MatD Q = MatD::Random(kHq, kDqk), K = MatD::Random(kTopk, kDqk), P, O;
+  };
+  std::vector<Operands> ops(static_cast<size_t>(threads));
+  auto rows = [&] {
+    std::atomic<int64_t> next{0};
+    dsa::parallel_for(threads, 1e18, [&](int64_t w, int64_t) {
+      Operands& o = ops[static_cast<size_t>(w)];
+      for (int64_t t = next++; t < kSqGlm5; t = next++) {
+        o.P.noalias() = o.Q * o.K.transpose();
+        o.O.noalias() = o.P * o.K.leftCols(kDv);
+        benchmark::DoNotOptimize(o.O.data());
+      }
+    });
+  };
+  rows();  // warm-up
+  static double one_thread_wall = 0;
+  const Usage a = usage_now();
+  for (auto _ : state) rows();
+  set_thread_counters(state, a, usage_now(), one_thread_wall);
+  set_gflops(state, 2.0 * kSqGlm5 * kHq * kTopk * (kDqk + kDv));
+}
+
 // A large square float64 GEMM, Eigen's best case on this machine.
 void BM_EigenGemmF64Square(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -194,6 +226,8 @@ void BM_EigenGemmF64Square(benchmark::State& state) {
 
 BENCHMARK(BM_EigenGemmF64SameShapes)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_EigenGemmF64Square)->Arg(1024)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EigenGemmF64SameShapesThreads)->Apply(thread_counts)->UseRealTime()
+    ->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_ReferenceSparseMlaForward)->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_EigenGemmF64SameShapes)->Unit(benchmark::kMillisecond)->Name("BM_EigenGemmF64SameShapes/after");
 BENCHMARK(BM_ReferenceSparseMlaForwardThreads)->Apply(thread_counts)->UseRealTime()

@@ -38,6 +38,6 @@ run() {  # run TIMEOUT FILTER
     >>"$out/ref_bench.txt" 2>&1
   echo "filter '$2' rc=$? (${SECONDS}s)" | tee -a "$out/ref_bench.txt"
 }
-run "${FWD_TIMEOUT:-60}" 'EigenGemmF64SameShapes|ForwardThreads|FixedPartThreads'
+run "${FWD_TIMEOUT:-90}" 'EigenGemmF64SameShapes|ForwardThreads|FixedPartThreads'
 run "${BWD_TIMEOUT:-70}" 'BackwardThreads'
 grep -E "^BM_|Model name|^CPU|rc=" "$out/ref_bench.txt"

@@ -163,14 +163,30 @@ class OutputsBackend : public Backend {
   std::string label_;
 };
 
+// The candidate's result. The reference backend's (computes_reference) is the case's
+// float64 reference itself: taken through `shared` (the memo the judge uses, so it is computed
+// once per case) and not run a second time for determinism (its bytes do not depend on the
+// run or the thread count: ThreadCount.*); a note says so. Other backends: run_backend.
+template <class R, class Shared, class Call, class Eq>
+bool run_candidate(OpReport& r, Backend& b, const CheckOptions& opt, Shared&& shared, Call call,
+                   Eq eq, R& out) {
+  if (!b.computes_reference()) return run_backend(r, b, opt, std::move(call), std::move(eq), out);
+  const bool ok = run_backend(r, b, false, "", [&] { return R(*shared()); }, std::move(eq), out);
+  if (ok)
+    r.notes.push_back("candidate = the case's shared float64 reference (computed once per case, "
+                      "not run twice)");
+  return ok;
+}
+
 }  // namespace
 
 OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt) {
   const Op op = Op::IndexerScores;
   OpReport r = detail::start_report(b, to_string(op), op);
   Tensor cand;
-  if (!run_backend(r, b, opt, [&] { return b.indexer_scores(c.q_idx, c.k_idx, c.w, c.windows); },
-                   bitwise_equal, cand))
+  if (!run_candidate(r, b, opt, [&] { return shared_indexer_scores(c, Precision::Reference); },
+                     [&] { return b.indexer_scores(c.q_idx, c.k_idx, c.w, c.windows); },
+                     bitwise_equal, cand))
     return r;
   const auto ref = shared_indexer_scores(c, Precision::Reference);
   const auto base = shared_indexer_scores(c, Precision::Baseline);
@@ -187,17 +203,20 @@ OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions&
     return bitwise_equal(x.dq_idx, y.dq_idx) && bitwise_equal(x.dk_idx, y.dk_idx) &&
            bitwise_equal(x.dw, y.dw);
   };
-  if (!run_backend(r, b, opt,
-                   [&] {
-                     return b.indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows,
-                                                      c.d_scores);
-                   },
-                   eq, cand))
-    return r;
   const Fingerprint fp = fp_indexer(c).add(c.d_scores);
-  const auto ref_p = shared_result<IndexerGrads>(memo_of(c), "indexer_scores_backward/reference", fp, [&] {
-    return reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
-  });
+  auto shared_ref = [&] {
+    return shared_result<IndexerGrads>(memo_of(c), "indexer_scores_backward/reference", fp, [&] {
+      return reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+    });
+  };
+  if (!run_candidate(r, b, opt, shared_ref,
+                     [&] {
+                       return b.indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows,
+                                                        c.d_scores);
+                     },
+                     eq, cand))
+    return r;
+  const auto ref_p = shared_ref();
   const auto base_p = shared_result<IndexerGrads>(memo_of(c), "indexer_scores_backward/baseline", fp, [&] {
     return reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores,
                                               Precision::Baseline);
@@ -239,7 +258,9 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
     return bitwise_equal(x.out, y.out) && bitwise_equal(x.lse, y.lse) &&
            bitwise_equal(x.max_logits, y.max_logits);
   };
-  if (!run_backend(r, b, opt, [&] { return b.sparse_mla_forward(c.mla); }, eq, cand)) return r;
+  if (!run_candidate(r, b, opt, [&] { return shared_mla_forward(c, Precision::Reference); },
+                     [&] { return b.sparse_mla_forward(c.mla); }, eq, cand))
+    return r;
   // SPEC §4: out in q's dtype; a narrower out would pick a looser baseline below.
   if ((!opt.provided_outputs || opt.provided_outputs->count("out")) &&
       detail::narrower_than_contract(r, "out", "", cand.out, c.mla.q.dtype()))
@@ -267,7 +288,13 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
            x.dsink.has_value() == y.dsink.has_value() &&
            (!x.dsink || bitwise_equal(*x.dsink, *y.dsink));
   };
-  if (!run_backend(r, b, opt, [&] { return b.sparse_mla_backward(c.mla, c.dout); }, eq, cand))
+  const Fingerprint fp = fp_mla(c.mla).add(c.dout);
+  auto shared_ref = [&] {
+    return shared_result<SparseMlaGrads>(memo_of(c), "sparse_mla_bwd/reference", fp,
+                                         [&] { return reference::sparse_mla_backward(c.mla, c.dout); });
+  };
+  if (!run_candidate(r, b, opt, shared_ref, [&] { return b.sparse_mla_backward(c.mla, c.dout); },
+                     eq, cand))
     return r;
   // SPEC §9: the baseline takes Δ from `out` at the candidate's precision (§5). The dtype
   // comes from the out the route handed over, else from the candidate's own forward, else
@@ -294,6 +321,8 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     } else {
       r.notes.push_back("the handed-over out fails the forward rule; baseline Δ from its own out");
     }
+  } else if (b.computes_reference()) {
+    out_dtype = shared_mla_forward(c, Precision::Reference)->out.dtype();  // F64, computed once
   } else if (b.supports(Op::SparseMlaFwd)) {
     try {
       const SparseMlaForward f = b.sparse_mla_forward(c.mla);
@@ -315,10 +344,7 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     r.notes.push_back(std::string("baseline takes Δ from its out rounded to ") +
                       dtype_name(out_dtype) + " (the candidate's out dtype, SPEC §9)");
   }
-  const Fingerprint fp = fp_mla(c.mla).add(c.dout);
-  const auto ref_p = shared_result<SparseMlaGrads>(memo_of(c), "sparse_mla_bwd/reference", fp, [&] {
-    return reference::sparse_mla_backward(c.mla, c.dout);
-  });
+  const auto ref_p = shared_ref();
   // Δ from the baseline's own out rounded to out_dtype depends on the case and that dtype
   // only; Δ from the candidate's out is that candidate's (computed for it alone).
   const std::string base_kind =
@@ -349,10 +375,14 @@ OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& 
   auto eq = [](const IndexerKlResult& x, const IndexerKlResult& y) {
     return bitwise_equal(x.loss, y.loss) && bitwise_equal(x.d_scores, y.d_scores);
   };
-  if (!run_backend(r, b, opt, [&] { return b.indexer_kl_loss(c.kl); }, eq, cand)) return r;
   const Fingerprint fp = fp_kl(c.kl);
-  const auto ref_p = shared_result<IndexerKlResult>(memo_of(c), "indexer_kl_loss/reference", fp,
-                                                    [&] { return reference::indexer_kl_loss(c.kl); });
+  auto shared_ref = [&] {
+    return shared_result<IndexerKlResult>(memo_of(c), "indexer_kl_loss/reference", fp,
+                                          [&] { return reference::indexer_kl_loss(c.kl); });
+  };
+  if (!run_candidate(r, b, opt, shared_ref, [&] { return b.indexer_kl_loss(c.kl); }, eq, cand))
+    return r;
+  const auto ref_p = shared_ref();
   const auto base_p = shared_result<IndexerKlResult>(memo_of(c), "indexer_kl_loss/baseline", fp, [&] {
     return reference::indexer_kl_loss(c.kl, Precision::Baseline);
   });

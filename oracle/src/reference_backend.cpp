@@ -16,6 +16,7 @@ class ReferenceBackend final : public Backend {
  public:
   std::string name() const override { return "reference"; }
   bool supports(Op) const override { return true; }
+  bool computes_reference() const override { return true; }
   Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
                         const KeyWindows& windows) override {
     return reference::indexer_scores(q_idx, k_idx, w, windows);

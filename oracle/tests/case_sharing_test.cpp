@@ -131,6 +131,72 @@ TEST(CaseSharing, Fp8OpsOncePerCase) {
                        {"sparse_mla_fp8_fwd/reference"});
 }
 
+// The reference backend with a count of the computations it makes itself.
+class CountingReference : public Backend {
+ public:
+  std::string name() const override { return "reference"; }
+  bool supports(Op op) const override { return inner_->supports(op); }
+  bool computes_reference() const override { return inner_->computes_reference(); }
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w,
+                        const KeyWindows& win) override {
+    ++calls["indexer_scores/reference"];
+    return inner_->indexer_scores(q, k, w, win);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    ++calls["indexer_scores_backward/reference"];
+    return inner_->indexer_scores_backward(q, k, w, win, d);
+  }
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p,
+                     const std::optional<KeyWindows>& win) override {
+    return inner_->select_topk(s, k, p, win);
+  }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    ++calls["sparse_mla_fwd/reference"];
+    return inner_->sparse_mla_forward(in);
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    ++calls["sparse_mla_bwd/reference"];
+    return inner_->sparse_mla_backward(in, dout);
+  }
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    ++calls["indexer_kl_loss/reference"];
+    return inner_->indexer_kl_loss(in);
+  }
+  std::map<std::string, int64_t> calls;
+
+ private:
+  std::unique_ptr<Backend> inner_ = make_reference_backend();
+};
+
+// The reference backend judged as a candidate (fixtures check, audit --backend reference)
+// takes its results from the case's memo: with the producer judged too, each reference
+// result is computed once per case, counting the backend's own calls (before: the sparse
+// MLA forward 3 more times per file: two determinism runs and the backward's look at its
+// out dtype; the backward 2 more times).
+TEST(CaseSharing, ReferenceBackendAsCandidateSharesTheCaseReference) {
+  for (const auto& [fixture, kinds] :
+       std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"smla_sink", {"sparse_mla_fwd/reference", "sparse_mla_bwd/reference"}},
+           {"idx_causal", {"indexer_scores/reference", "indexer_scores_backward/reference"}},
+           {"kl_sparse_causal", {"indexer_kl_loss/reference"}}}) {
+    SCOPED_TRACE(fixture);
+    const fixtures::Fixture f = golden(fixture);
+    const OpCase c = op_case_from_fixture(f);
+    CountingReference ref;
+    const auto n = counted([&] {
+      FixtureReport r = check_fixture(f, c, nullptr);
+      for (auto& rep : judge_fixture_ops(f, c, ref)) r.backend_vs_reference.push_back(std::move(rep));
+      EXPECT_TRUE(r.passed()) << format_fixture_report(r);
+    });
+    for (const auto& k : kinds) {
+      const int64_t own = ref.calls.count(k) ? ref.calls.at(k) : 0;
+      EXPECT_EQ(own + (n.count(k) ? n.at(k) : 0), 1)
+          << k << ": " << own << " computed by the backend itself";
+    }
+  }
+}
+
 TEST(CaseSharing, ACopyWithChangedInputsDoesNotShareResults) {
   const fixtures::Fixture f = golden("smla_basic");
   const OpCase c = op_case_from_fixture(f);

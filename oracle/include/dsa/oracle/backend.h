@@ -47,6 +47,11 @@ class Backend {
   virtual std::string unavailable_reason() const { return {}; }
   /// True when identical inputs give bitwise-identical outputs (SPEC §3.5).
   virtual bool deterministic() const { return true; }
+  /// True when every op returns exactly dsa::reference's Precision::Reference result for its
+  /// inputs (the `reference` backend). The sparse MLA, indexer and KL checks then take the
+  /// candidate's result from the case's memo (the reference the judge uses, computed once per
+  /// case) instead of calling the backend (issue 13). Default false.
+  virtual bool computes_reference() const { return false; }
   /// True when the backend implements `op`.
   virtual bool supports(Op op) const = 0;
   /// The outputs the backend writes (output names as in SPEC §2-§7, e.g. {"out", "lse"});

@@ -11,6 +11,8 @@ namespace dsa::oracle {
 /// Backend "reference": every op of SPEC §2-§7 computed by dsa::reference at
 /// Precision::Reference. Outputs are F64 (the exact truth, not rounded to a kernel dtype), so
 /// its error against the reference is zero by construction; Topk returns I32. Deterministic.
+/// computes_reference(): the checks take its results from the case's memo (one computation
+/// per case, shared with the judge's reference).
 /// Errors: whatever dsa::reference throws (std::invalid_argument naming the argument).
 std::unique_ptr<Backend> make_reference_backend();
 
