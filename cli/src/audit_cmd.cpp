@@ -189,6 +189,9 @@ int run_audit(const AuditOptions& opts) {
       input_error |= o.input_error;
       // The progress line says skip when nothing ran (never pass), fail when anything failed.
       CaseResult shown = make_case(task.op, task.property, "skip");
+      std::string skipped_ops;  // ops of a fixture this backend cannot run, beside a pass
+      for (const auto& r : o.results)
+        if (r.status == "skip") skipped_ops += (skipped_ops.empty() ? "" : ", ") + r.op;
       for (auto& r : o.results) {
         r.seconds = o.secs / std::max<size_t>(o.results.size(), 1);
         if (names.size() > 1) r.op = name + "/" + r.op;
@@ -200,6 +203,7 @@ int run_audit(const AuditOptions& opts) {
         all.push_back(r);
       }
       o.results.clear();
+      if (shown.status == "pass" && !skipped_ops.empty()) shown.message = "skip: " + skipped_ops;
       progress.update(shown);
       if (opts.fail_fast && shown.status == "fail") stop = last_stops = true;
     };

@@ -79,7 +79,7 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
         c.worst_ratio = worst_ratio(op);
         c.worst_err_over_bound = worst_err_over_bound(op);
         c.has_ratio = !op.tensors.empty();
-        c.cases = 1;
+        c.cases = op.verdict == oracle::Verdict::Skip ? 0 : 1;  // a skip judged nothing
         c.message = op.verdict == oracle::Verdict::Pass ? "" : op.reason;
         if (op.verdict == oracle::Verdict::Pass) c.not_judged = op.not_judged;  // partial
         if (!op.passed()) {

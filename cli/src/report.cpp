@@ -30,8 +30,11 @@ Progress::Progress(size_t total)
 void Progress::update(const CaseResult& c) {
   ++done_;
   if (c.status == "fail") ++failed_;
-  const std::string partial = partial_note(c);
+  std::string partial = partial_note(c);
   if (!partial.empty()) ++partial_;
+  // A pass beside ops that did not run says which (never a plain pass for them).
+  if (c.status == "pass" && c.message.rfind("skip: ", 0) == 0)
+    partial += (partial.empty() ? "" : "; ") + c.message;
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   if (tty_) {
     const int width = 30;

@@ -38,7 +38,9 @@ CaseResult make_case(std::string op, std::string property, std::string status);
 /// "partial: lse, max_logits not judged" for a pass with outputs not judged, else "".
 std::string partial_note(const CaseResult& c);
 
-/// Progress on stderr: a redrawn bar on a terminal, one plain line per case otherwise.
+/// Progress on stderr: a redrawn bar on a terminal, one plain line per case otherwise. A
+/// pass carries its partial note ("(partial: max_logits not judged)") and, when its message
+/// starts with "skip: ", the ops of the task that did not run ("(skip: sparse_mla_bwd)").
 class Progress {
  public:
   explicit Progress(size_t total);

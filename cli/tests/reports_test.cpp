@@ -82,6 +82,24 @@ TEST(AuditPartial, TableProgressJunitAndJsonSayWhatWasNotJudged) {
   }
 }
 
+// A fixture task whose backward the kernel cannot run: the progress line of its passing
+// forward names the skipped op, and the table has a skip row (0 cases) for it.
+TEST(AuditPartial, ProgressOfAFixtureNamesTheOpsThatDidNotRun) {
+  Scratch dir("audit_fixture_skip");
+  std::filesystem::create_directories(dir.file("golden"));
+  std::filesystem::create_directories(dir.file("peer"));
+  std::filesystem::copy_file(golden("smla_sink"), dir.file("golden/smla_sink.safetensors"));
+  std::string out;
+  const int rc = run_cli_capture("audit --plugin " + std::string(DSA_PARTIAL_PLUGIN) +
+                                     " --ops sparse_mla_fwd,sparse_mla_bwd --dump-dir " + dir.file("dump"),
+                                 &out, "DSA_FIXTURES_DIR=" + dir.file(""));
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(lines_with(out, {"] pass fixture golden:smla_sink", "skip: sparse_mla_bwd"}).size(), 1u);
+  const auto skip_row = lines_with(out, {"sparse_mla_bwd ", "golden:smla_sink", " skip "});
+  ASSERT_EQ(skip_row.size(), 1u);
+  EXPECT_EQ(skip_row[0].back(), '0') << skip_row[0];
+}
+
 // The audit's fixture tasks carry what --outputs left out; a full judgement carries nothing.
 TEST(AuditPartial, FixtureCasesCarryTheOutputsNotJudged) {
   Scratch dir("audit_fixture_partial");

@@ -53,10 +53,12 @@ inline int run_cli(const std::string& args) {
 
 /// Runs `dsa-verify ARGS`; `*output` receives its stdout and stderr together; returns its exit
 /// status (-1 if it did not exit).
-inline int run_cli_capture(const std::string& args, std::string* output) {
+/// `env` ("NAME=value ...", optional) is set for that run only.
+inline int run_cli_capture(const std::string& args, std::string* output, const std::string& env = "") {
   const std::string log = (std::filesystem::temp_directory_path() /
                            ("dsa_routes_cli_" + std::to_string(::getpid()) + ".log")).string();
-  const std::string cmd = std::string(DSA_VERIFY) + " " + args + " > " + log + " 2>&1";
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(DSA_VERIFY) + " " + args +
+                          " > " + log + " 2>&1";
   const int status = std::system(cmd.c_str());
   std::ifstream in(log);
   std::stringstream all;

@@ -308,8 +308,10 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
             if bar:
                 status = "fail" if failed else ("skip" if skipped else "pass")
                 partial = next((r.not_judged for r in results if r.status == "pass" and r.not_judged), [])
+                skipped = ", ".join(r.op for r in results if r.status == "skip")
                 bar.update({"op": task["op"], "property": task["property"], "status": status,
-                            "not_judged": partial})
+                            "not_judged": partial,
+                            "message": f"skip: {skipped}" if status == "pass" and skipped else ""})
             if fail_fast and failed:
                 break
         if bar:
