@@ -155,6 +155,9 @@ def provided_outputs(bridge):
 
 
 def _options(spec, ops, only, level, seed, dump_dir, fixtures, device):
+    # A uint64, as `dsa-verify audit --seed`: a negative or larger value is an error, not a wrap.
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+        raise ValueError(f"argument 'seed' (--seed) got {seed!r}, expected an integer from 0 to {2**64 - 1}")
     target = spec or "<module:Class>"
     dev = "" if device == "cpu" else f" --device {device}"
     py = python_command()

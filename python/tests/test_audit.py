@@ -127,6 +127,12 @@ def test_false_determinism_claim_fails():
     assert "different bytes" in rep.failures[0].message or "bitwise" in rep.failures[0].message
 
 
+@pytest.mark.parametrize("seed", [-1, 2**64, 1.5])
+def test_seed_out_of_range_is_a_usage_error(seed):
+    with pytest.raises(ValueError, match="--seed.*from 0 to 18446744073709551615"):
+        dsa_verify.audit(backends.Raises(), only=["topk.contract_exact"], seed=seed, progress=False)
+
+
 def test_unknown_op_is_a_usage_error():
     with pytest.raises(ValueError, match="--ops"):
         dsa_verify.audit(TorchBackend(), ops=["topkk"], progress=False)
