@@ -122,7 +122,10 @@ def test_declared_partial_outputs_are_not_judged_instead_of_incomplete():
 
 
 def test_false_determinism_claim_fails():
-    rep = only_topk(backends.Nondeterministic(), only=["topk.contract_exact"])
+    # topk.contract_exact alone drew no tie across the k-th value in about 1 of 6 random runs
+    # (the alternating tie fill then looked deterministic); the two properties that build ties
+    # at the k-th value on purpose catch it on every run.
+    rep = only_topk(backends.Nondeterministic(), only=["topk.int32_contiguous_deterministic", "topk.tie_overflow"])
     assert not rep.passed
     assert "different bytes" in rep.failures[0].message or "bitwise" in rep.failures[0].message
 
