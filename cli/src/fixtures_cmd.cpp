@@ -215,6 +215,12 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
   for (const auto& s : summary) std::printf("%s\n", s.c_str());
   std::printf("\nfixtures: %zu agree, %zu partial, %zu disagree, %zu skipped (rows: one per op and "
               "candidate)\n", pass, partial, fail, skip);
+  // Nothing judged (every row a skip) is not a pass, as in the audit.
+  if (code == kExitOk && pass + partial + fail == 0) {
+    std::fprintf(stderr, "dsa-verify: error: fixtures check %s judged nothing: every row was skipped "
+                 "(no stored outputs and no backend that runs the op)\n", path.c_str());
+    return kExitUsage;
+  }
   return code;
 }
 

@@ -178,6 +178,23 @@ TEST(FixturesCheckPartial, ProducerLackingOutputsIsPartialOrSkipNeverAgree) {
   EXPECT_EQ(lines_with(out, {"sparse_mla_bwd ", "reference", "agree"}).size(), 1u);
 }
 
+// A fixtures check that judged nothing (no stored outputs, no backend that runs the op) is
+// not a pass: exit 2.
+TEST(FixturesCheckPartial, NothingJudgedIsNotAPass) {
+  std::string out;
+  ASSERT_EQ(run_cli_capture("backends", &out), 0);
+  if (lines_with(out, {"libtorch-composite", "unavailable"}).empty())
+    GTEST_SKIP() << "libtorch-composite is available here: no backend to leave unused";
+  Scratch dir("check_nothing");
+  fixtures::Fixture f = fixtures::load_fixture(golden("topk_distinct_causal"));
+  f.expected.clear();
+  fixtures::save_fixture(dir.file("inputs_only.safetensors"), f);
+  EXPECT_EQ(run_cli_capture("fixtures check " + dir.file("inputs_only.safetensors") + " --backend libtorch-composite",
+                            &out), 2);
+  EXPECT_FALSE(lines_with(out, {"topk", "producer", "skip: indices not stored"}).empty());
+  EXPECT_NE(out.find("judged nothing"), std::string::npos);
+}
+
 // --seed is a uint64: a negative or too large value is a usage error naming --seed and the
 // range, never a silently wrapped seed.
 TEST(AuditSeed, NegativeOrTooLargeIsAUsageError) {
