@@ -85,17 +85,18 @@ template <class A>
 class RowReader {
  public:
   RowReader(const Tensor& t, int64_t cols) : t_(t), cols_(cols) {}
-  /// Copies columns [0, n) of rows ids[j0, j1) into dst, a [j1 - j0, n] row-major buffer
-  /// (n <= cols).
-  void gather(const std::vector<int32_t>& ids, int64_t j0, int64_t j1, int64_t n, A* dst) const {
+  /// Copies columns [c0, c1) of rows ids[j0, j1) into dst, a [j1 - j0, c1 - c0] row-major
+  /// buffer (0 <= c0 <= c1 <= cols).
+  void gather(const std::vector<int32_t>& ids, int64_t j0, int64_t j1, int64_t c0, int64_t c1,
+              A* dst) const {
     switch (t_.dtype()) {
-      case DType::F64: return gather_typed(t_.data<double>(), ids, j0, j1, n, dst);
-      case DType::F32: return gather_typed(t_.data<float>(), ids, j0, j1, n, dst);
-      case DType::BF16: return gather_typed(t_.data<bf16>(), ids, j0, j1, n, dst);
+      case DType::F64: return gather_typed(t_.data<double>(), ids, j0, j1, c0, c1, dst);
+      case DType::F32: return gather_typed(t_.data<float>(), ids, j0, j1, c0, c1, dst);
+      case DType::BF16: return gather_typed(t_.data<bf16>(), ids, j0, j1, c0, c1, dst);
       default:
-        for (int64_t j = j0; j < j1; ++j, dst += n) {
+        for (int64_t j = j0; j < j1; ++j, dst += c1 - c0) {
           const int64_t r = ids[static_cast<size_t>(j)];
-          convert_range<A>(t_, dst, r * cols_, r * cols_ + n);
+          convert_range<A>(t_, dst, r * cols_ + c0, r * cols_ + c1);
         }
     }
   }
@@ -111,10 +112,10 @@ class RowReader {
   }
   template <class S>
   void gather_typed(const S* src, const std::vector<int32_t>& ids, int64_t j0, int64_t j1,
-                    int64_t n, A* dst) const {
-    for (int64_t j = j0; j < j1; ++j, dst += n) {
+                    int64_t c0, int64_t c1, A* dst) const {
+    for (int64_t j = j0; j < j1; ++j, dst += c1 - c0) {
       const S* row = src + static_cast<int64_t>(ids[static_cast<size_t>(j)]) * cols_;
-      for (int64_t c = 0; c < n; ++c) dst[c] = up(row[c]);
+      for (int64_t c = c0; c < c1; ++c) dst[c - c0] = up(row[c]);
     }
   }
   const Tensor& t_;

@@ -87,12 +87,31 @@ void valid_ids(const SparseMlaInputs& in, const MlaDims& d, int64_t t, std::vect
 template <class A>
 struct SlotBlocks {
   static constexpr int64_t kMr = Eigen::internal::gebp_traits<A, A>::mr;
-  /// Slots per logits block: 16 micro-kernel rows (96 in float64 with SSE2: 432 KiB of
+  /// Slots per logits block: 16 micro-kernel rows (64 in float64 with SSE2, mr 4: 288 KiB of
   /// gathered keys at d_qk 576).
   static constexpr int64_t kLogits = 16 * kMr;
 
   /// Whether the logits of an [h_q, n] row are computed by blocks.
   static bool logits_blocked(int64_t h_q, int64_t n) { return h_q > 1 && n >= 2 * kLogits; }
+
+  /// Columns of out (and V) per P·V block for a panel of kc slots: about 1 MiB of V per
+  /// block, a multiple of mr (blocks of this width, the last one taking the rest, at least
+  /// mr wide: pv_column_blocks). Column blocks of out are the micro-kernel's rows: every
+  /// element keeps its sum.
+  static int64_t pv_columns(int64_t kc, int64_t d_v) {
+    const int64_t fit = std::max<int64_t>(
+        1, (int64_t{1} << 20) / (std::max<int64_t>(1, kc) * static_cast<int64_t>(sizeof(A))));
+    const int64_t blocks = (d_v + fit - 1) / fit;
+    const int64_t per = (d_v + blocks - 1) / blocks;
+    return std::min(d_v, (per + kMr - 1) / kMr * kMr);
+  }
+  /// How many column blocks of width `bv` cover d_v (the last one, taking the rest, is at
+  /// least mr wide or the only one).
+  static int64_t pv_column_blocks(int64_t bv, int64_t d_v) {
+    int64_t count = (d_v + bv - 1) / bv;
+    if (count > 1 && d_v - (count - 1) * bv < kMr) --count;
+    return count;
+  }
 
   /// Eigen's depth panel for out [h_q, d_v] = P [h_q, n] · V [n, d_v]; n (one panel) for a
   /// GEMV-shaped product.
@@ -121,7 +140,7 @@ struct RowSoftmax {
                const std::vector<int32_t>& ids, A sm_scale, const Vec<A>* sink) {
     const int64_t n = static_cast<int64_t>(ids.size());
     Kg.resize(n, d_qk);
-    kv.gather(ids, 0, n, d_qk, Kg.data());
+    kv.gather(ids, 0, n, 0, d_qk, Kg.data());
     P.noalias() = Qt * Kg.transpose();
     normalize(sm_scale, sink);
   }
@@ -138,7 +157,7 @@ struct RowSoftmax {
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t j0 = b * B, j1 = b + 1 == blocks ? n : j0 + B;  // the last takes the rest
       if (buf.size() < static_cast<size_t>((j1 - j0) * d_qk)) buf.resize(static_cast<size_t>((j1 - j0) * d_qk));
-      kv.gather(ids, j0, j1, d_qk, buf.data());
+      kv.gather(ids, j0, j1, 0, d_qk, buf.data());
       const Eigen::Map<const Mat<A>> Kb(buf.data(), j1 - j0, d_qk);
       P.middleCols(j0, j1 - j0).noalias() = Qt * Kb.transpose();
     }
@@ -237,15 +256,22 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
       out_t.noalias() = rs.P * rs.Kg.leftCols(d.d_v);
     } else {
       rs.compute_blocked(kv, d.d_qk, s.Qt, s.ids, sm, sk, s.buf);
-      // out = P V by Eigen's own depth panels (SlotBlocks), V's panel gathered into buf.
+      // out = P V by Eigen's own depth panels (SlotBlocks), each panel of V gathered into buf
+      // by column blocks (out's columns: the micro-kernel's rows) of about 1 MiB.
       const int64_t kc = SlotBlocks<A>::pv_panel(d.h_q, n, d.d_v);
+      const int64_t bv = SlotBlocks<A>::pv_columns(kc, d.d_v);
+      const int64_t col_blocks = SlotBlocks<A>::pv_column_blocks(bv, d.d_v);  // the last takes the rest
       for (int64_t j0 = 0; j0 < n; j0 += kc) {
         const int64_t nb = std::min(kc, n - j0);
-        if (s.buf.size() < static_cast<size_t>(nb * d.d_v)) s.buf.resize(static_cast<size_t>(nb * d.d_v));
-        kv.gather(s.ids, j0, j0 + nb, d.d_v, s.buf.data());
-        const Eigen::Map<const Mat<A>> Vb(s.buf.data(), nb, d.d_v);
-        if (j0 == 0) out_t.noalias() = rs.P.middleCols(0, nb) * Vb;
-        else out_t.noalias() += rs.P.middleCols(j0, nb) * Vb;
+        for (int64_t cb = 0; cb < col_blocks; ++cb) {
+          const int64_t c0 = cb * bv, c1 = cb + 1 == col_blocks ? d.d_v : c0 + bv;
+          if (s.buf.size() < static_cast<size_t>(nb * (c1 - c0))) s.buf.resize(static_cast<size_t>(nb * (c1 - c0)));
+          kv.gather(s.ids, j0, j0 + nb, c0, c1, s.buf.data());
+          const Eigen::Map<const Mat<A>> Vb(s.buf.data(), nb, c1 - c0);
+          auto out_b = out_t.middleCols(c0, c1 - c0);
+          if (j0 == 0) out_b.noalias() = rs.P.middleCols(0, nb) * Vb;
+          else out_b.noalias() += rs.P.middleCols(j0, nb) * Vb;
+        }
       }
     }
     lse.row(t) = rs.lse.transpose();

@@ -3,9 +3,10 @@
 // gathered keys. The unblocked forward is kept here as it was written before the blocks
 // (one gather, P = Q_t Kg^T, the softmax, out = P Kg[:, :d_v]); both precisions, rows long
 // enough for several blocks and several depth panels, odd sizes (no multiple of the GEMM
-// micro-kernel), -1 holes, duplicates, topk_length and a sink. A logits block that is not
-// a multiple of the micro-kernel's rows, or P·V blocks other than Eigen's own depth panels,
-// change the bytes (checked by hand with both mutants) and fail this test.
+// micro-kernel), -1 holes, duplicates, topk_length and a sink. A logits block or a P·V
+// column block that is not a multiple of the micro-kernel's rows, or P·V blocks other than
+// Eigen's own depth panels, change the bytes (checked by hand with the three mutants) and
+// fail this test.
 #include <gtest/gtest.h>
 
 #include <Eigen/Dense>
