@@ -699,14 +699,14 @@ OpCase golden_case(const std::string& name) {
       fixtures::load_fixture(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors"));
 }
 
-// The golden sparse MLA cases (duplicates, sinks, empty and invalid rows, topk_length, an
+// The golden sparse MLA cases (duplicates, sinks, empty and invalid rows, topk_length, fp32 inputs, an
 // extreme row), and smla_basic with q scaled by 64 (probabilities below 2^-120: the
 // subnormal terms).
 std::vector<std::pair<std::string, OpCase>> mla_cases() {
   std::vector<std::pair<std::string, OpCase>> out;
   for (const char* n : {"smla_basic", "smla_causal_topk", "smla_duplicates", "smla_empty_rows",
                         "smla_extreme_row_in_batch", "smla_invalid_mix", "smla_leading_padding",
-                        "smla_sink", "smla_topk_length"})
+                        "smla_sink", "smla_topk_length", "smla_fp32"})
     out.emplace_back(n, golden_case(n));
   OpCase big = golden_case("smla_basic");
   for (int64_t i = 0; i < big.mla.q.numel(); ++i) big.mla.q.set(i, 64 * big.mla.q.get(i));
