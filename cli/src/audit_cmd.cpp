@@ -229,6 +229,8 @@ int run_audit(const AuditOptions& opts) {
     j["interrupted"] = interrupted ? nlohmann::json(signal_name(interrupted)) : nlohmann::json(nullptr);
     j["tasks_not_run"] = tasks_not_run;
     j["backends_not_run"] = backends_not_run;
+    // Backends of which every selected case was skipped: the audit then exits 2 (no pass).
+    j["backends_that_ran_no_case"] = ran_nothing;
     write_text_file(opts.json_path, j.dump(2) + "\n");
   }
   if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, all));

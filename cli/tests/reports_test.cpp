@@ -35,10 +35,14 @@ std::string read_text(const std::string& path) {
 
 // --only naming a property of an op the kernel cannot run: every case skipped, exit 2 (not 0).
 TEST(AuditRanNothing, OnlyAPropertyTheKernelCannotRunExitsTwo) {
+  Scratch dir("ran_nothing");
   std::string out;
   const int rc = run_cli_capture(std::string("audit --plugin ") + DSA_EXAMPLE_PLUGIN +
-                                     " --only kl.loss_and_gradient_ratio,kl.neg_inf_scores", &out);
+                                     " --only kl.loss_and_gradient_ratio,kl.neg_inf_scores --json " +
+                                     dir.file("r.json"), &out);
   EXPECT_EQ(rc, 2);
+  EXPECT_EQ(test::read_json(dir.file("r.json")).value("backends_that_ran_no_case", nlohmann::json()),
+            nlohmann::json::array({"plugin:example"}));
   EXPECT_NE(out.find("ran no case"), std::string::npos);
   EXPECT_NE(out.find("audit: 0 passed, 0 failed"), std::string::npos);
 }
