@@ -8,6 +8,9 @@
 # (3) ci/gpu/python_audit.sh (the Python route on CUDA, §10 ops included);
 # (4) if time is left (LEVEL1_BY seconds into the call), the cuda backend at level 1 (production
 #     shapes) for sparse MLA, the indexer and top-k.
+# (5) REF_CPU=1: ci/gpu/ref_bench_cpu.sh (the float64 reference's 1..16-thread scaling) when
+#     the call is fewer than REF_BY seconds old. PY_TIMEOUT bounds step (3) (ONLY_TORCH_OPS=1
+#     reaches python_audit.sh through the environment).
 # The device returns at most 8 files, so every log goes to a scratch folder that is packed into
 # $OUT/round.tgz after each step (a call cut short still returns what was done); the summary
 # lines are also in $OUT/summary.txt. Run from the repo root or from .gpu-deps/wt.
@@ -31,7 +34,7 @@ DSA_CUDA_SMLA_BWD=kernel timeout 150 "$cli" audit --backend cuda --seed "${SEED:
   --json "$res/cuda_audit_l0.json" >"$res/cuda_audit_l0.txt" 2>&1
 step "audit --backend cuda (DSA_CUDA_SMLA_BWD=kernel) level 0 rc=$?: $(grep -E '^audit:' "$res/cuda_audit_l0.txt" | tail -1) (at $((SECONDS - start)) s)"
 grep -E "^\[[0-9]+/[0-9]+\] (fail|weak|incomplete)" "$res/cuda_audit_l0.txt" | head -20
-SKIP_ISOLATE=1 timeout 240 bash ci/gpu/python_audit.sh >"$res/python_audit.txt" 2>&1
+SKIP_ISOLATE=1 timeout "${PY_TIMEOUT:-240}" bash ci/gpu/python_audit.sh >"$res/python_audit.txt" 2>&1
 step "python_audit.sh rc=$? (at $((SECONDS - start)) s)"
 cat "$res/py_summary.txt" 2>/dev/null
 if [ $((SECONDS - start)) -lt "${LEVEL1_BY:-380}" ]; then
@@ -41,6 +44,14 @@ if [ $((SECONDS - start)) -lt "${LEVEL1_BY:-380}" ]; then
   step "audit --backend cuda level 1 rc=$?: $(grep -E '^audit:' "$res/cuda_audit_l1.txt" | tail -1) (at $((SECONDS - start)) s)"
 else
   step "audit --backend cuda level 1: not run (no time left in this call)"
+fi
+if [ "${REF_CPU:-0}" = 1 ]; then  # issue 13: the reference's thread scaling, g++ only, last
+  if [ $((SECONDS - start)) -lt "${REF_BY:-420}" ]; then
+    OUT=$res/ref bash ci/gpu/ref_bench_cpu.sh >"$res/ref_cpu.txt" 2>&1
+    step "ref_bench_cpu.sh rc=$? (at $((SECONDS - start)) s)"
+  else
+    step "ref_bench_cpu.sh: not run (no time left in this call)"
+  fi
 fi
 echo "=== round summary"; cat "$res/summary.txt"
 [ -f "$res/gpu_bench.md" ] && cat "$res/gpu_bench.md"
