@@ -88,17 +88,17 @@ struct SmlaCase {
 };
 ///
 /// Shapes (issue 9), one regime per case: "small" (s_q 1-6, h_q 1-4, s_kv <= 65, k <= 65,
-/// d_qk 24 or 32, 576 one case in ten; d_v d_qk or d_qk/2), "heads" (h_q 5-16; 64 or 128 at level >= 1), "rows" (s_q 8, 9,
+/// d_qk 24 or 32 with d_v d_qk or d_qk - 8 in every regime but 576/512 one case in ten), "heads" (h_q 5-16; 64 or 128 at level >= 1), "rows" (s_q 8, 9,
 /// 16, 17, 64 or 65 over few keys, so key rows are shared across 64-row tiles), "wide" (k
-/// 1025, 2048 or 2049 over s_kv 1025-4097 keys, d_qk 16 or 32). Level 0 stays under ~2^20
+/// 1025, 2048 or 2049 over s_kv 1025-4097 keys). Level 0 stays under ~2^20
 /// multiply-adds a case.
-/// Detectable draws (SPEC §9, no WEAK row at the fp32 class; about 1 draw in 80 still has one
+/// Detectable draws (SPEC §9, no WEAK row at the fp32 class; about 1 draw in 130 still has one
 /// at the bf16 class, docs/what-a-pass-means.md): a row holds one key in at most 8 slots
 /// (coherent rounding of duplicated terms; "dups" draws its few keys from a pool of at least
 /// k/8); with a sink, the columns of dout with the largest |out_c dout_c| take the sign of
 /// out_c until Δ = out·dout >= min(4 sqrt(Σ_c (out_c dout_c)²), Σ_c |out_c dout_c|) > 0 in
 /// every row, so dsink = -Σ p_sink Δ does not cancel below Δ's fp32 or bf16 errors; head dims
-/// of at least 16 (4 value columns left bf16 rows near θ). The "wide" regime draws no sink,
+/// 24 or 32 with at least 16 value columns (4-12 value columns left bf16 rows near θ). The "wide" regime draws no sink,
 /// and each value column of its dout keeps one sign in every row (the p·dout terms of a key's
 /// dkv row add up). Big shapes (d_v 512) draw no +80 sink (dsink at fp32's underflow edge).
 /// `in_dtype`: the dtype of q and kv, BF16 (the default) or F32 (a kernel's fp32 path,
