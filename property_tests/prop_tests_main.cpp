@@ -12,6 +12,7 @@
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/suite.h"
+#include "src/props_common.h"
 #ifdef DSA_HAVE_BACKENDS
 #include "dsa/backends/builtin.h"
 #endif
@@ -118,6 +119,23 @@ TEST(FalseAlarms, CorrectBackendsPassLevel1OverSeeds) {
 // A failing property prints a one-line repro and dumps the (shrunk) case as a fixture that
 // `dsa-verify fixtures check` (oracle::check_fixture) replays: the mutant fails it again and
 // the reference passes it.
+// The sparse MLA properties' WEAK rule (DSA_PROP_ASSERT_DETECTABLE): a draw WEAK only in
+// 16-bit-class outputs counts as judged, one WEAK fp32-class output fails it.
+TEST(WeakRule, OnlySixteenBitClassWeakRowsAreJudgedDraws) {
+  dsa::oracle::OpReport r;
+  r.verdict = dsa::oracle::Verdict::Weak;
+  r.tensors.resize(2);
+  r.tensors[0].precision = dsa::DType::BF16;
+  r.tensors[0].weak_rows = 3;
+  r.tensors[1].precision = dsa::DType::F32;
+  r.tensors[1].weak_rows = 0;
+  EXPECT_TRUE(dsa::props::weak_only_in_16bit(r));
+  r.tensors[1].weak_rows = 1;
+  EXPECT_FALSE(dsa::props::weak_only_in_16bit(r));
+  r.tensors[1].precision = dsa::DType::F16;
+  EXPECT_TRUE(dsa::props::weak_only_in_16bit(r));
+}
+
 TEST(Repro, FailingCaseIsDumpedAsAReplayableFixture) {
   Subject mutant;
   for (const auto& m : mutant_subjects())

@@ -49,7 +49,7 @@ void forward_ratio(Backend& b, const BlockFactory&) {
     for (int64_t j = 0; j < c.in.indices.size(-1); ++j) any_valid = any_valid || valid_slot(c.in, t, j);
   bool finite_sink = !c.in.attn_sink || oracle::nonfinite_positions(*c.in.attn_sink).pos_inf.empty();
   if (any_valid && finite_sink) RC_ASSERT(!all_zero(reference::sparse_mla_forward(c.in).out));
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
 }
 
 // kv rows 0 and s_kv-1 hold NaN and no valid slot points at them: reading through an invalid
@@ -60,7 +60,7 @@ void invalid_slots_never_read(Backend& b, const BlockFactory&) {
   const SparseMlaForward f = b.sparse_mla_forward(c.in);
   RC_ASSERT(!has_nan(f.out));
   RC_ASSERT(!has_nan(f.lse));
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
 }
 
 // Empty rows: out 0, lse +inf, max_logits -inf, dq 0, nothing NaN (SPEC §6). The backward
@@ -90,11 +90,11 @@ void empty_rows(Backend& b, const BlockFactory&) {
     }
   }
   RC_ASSERT(!has_nan(f.out));
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
   if (!with_bwd) return;
   RC_ASSERT(!has_nan(g.dq));
   RC_ASSERT(!has_nan(g.dkv));
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
 // The first 64 slots are invalid: a fully masked leading block must not poison an online
@@ -103,7 +103,7 @@ void leading_masked_block(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_case("leading_block");
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
 }
 
 // Valid-looking ids past topk_length are ignored, forward and (when present) backward.
@@ -111,9 +111,9 @@ void topk_length_respected(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_case("topk_length");
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
   if (b.supports(Op::SparseMlaBwd))
-    DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+    DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
 // Gradient parity (dq, dkv, dsink) for the same dout; determinism of a second run.
@@ -122,7 +122,7 @@ void backward_parity(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
   RC_ASSERT(!all_zero(c.dout));
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
 // Few keys selected many times (heads, rows, duplicate slots): every add lands in dkv.
@@ -130,7 +130,7 @@ void duplicates_accumulate_in_dkv(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_case("dups");
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
 // Extreme rows inside an ordinary batch (logits +-2^18 on one-key rows, empty rows, a hot
@@ -139,9 +139,9 @@ void extreme_rows_in_batch(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_extreme_case();
   DumpOnFailure dump([&] { return to_fixture(c, b.supports(Op::SparseMlaBwd)); });
   check_inputs(c);
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
   if (b.supports(Op::SparseMlaBwd))
-    DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+    DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
 // A kernel's fp32 path (SPEC §4: q and kv in fp32, out in fp32, judged at the fp32 class):
@@ -153,9 +153,9 @@ void fp32_inputs(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, b.supports(Op::SparseMlaBwd)); });
   check_inputs(c);
   RC_ASSERT(c.in.q.dtype() == DType::F32 && c.in.kv.dtype() == DType::F32);
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
   if (b.supports(Op::SparseMlaBwd))
-    DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+    DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
 // Production shapes at levels >= 1 (h_q 64/128, d_qk 576/512, k 2048; 3 cases at level 1):
@@ -164,9 +164,9 @@ void production_shapes(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_production_case();
   DumpOnFailure dump([&] { return to_fixture(c, b.supports(Op::SparseMlaBwd)); });
   check_inputs(c);
-  DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
   if (b.supports(Op::SparseMlaBwd))
-    DSA_PROP_ASSERT_PASSED(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+    DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
 }  // namespace

@@ -39,17 +39,43 @@ fixtures::Fixture to_fixture(const SmlaCase& c, bool backward);
 fixtures::Fixture to_fixture(const KlCase& c);
 fixtures::Fixture to_fixture(const BlockCase& c);
 
+/// True when every WEAK output of `r` is judged at a 16-bit class (BF16/F16 precision, θ =
+/// 1e-2): the only WEAK rows the generators still produce (about 1 sparse MLA draw in 130, a
+/// bf16 out row at 1.0-1.2 θ; docs/what-a-pass-means.md). False if an fp32-class output is WEAK.
+inline bool weak_only_in_16bit(const ::dsa::oracle::OpReport& r) {
+  for (const auto& t : r.tensors)
+    if (t.weak_rows > 0 && t.precision != ::dsa::DType::BF16 && t.precision != ::dsa::DType::F16)
+      return false;
+  return true;
+}
+
 /// Fails the property with the whole formatted report unless it passed. A WEAK report judged
 /// every element (WEAK is only set when every element is within its bound), so the draw
-/// counts as judged, never discarded; the generators keep WEAK rows out of their draws
-/// (test Detection.GeneratedCasesHaveNoWeakRows), and a property that needs every row
-/// detectable asserts it itself.
+/// counts as judged, never discarded; a property that needs every row detectable asserts it
+/// itself (DSA_PROP_ASSERT_DETECTABLE).
 #define DSA_PROP_ASSERT_PASSED(report)                                   \
   do {                                                                   \
     const auto& dsa_r_ = (report);                                       \
     if (dsa_r_.verdict == ::dsa::oracle::Verdict::Skip)                  \
       throw ::dsa::oracle::NotSupported(dsa_r_.reason);                  \
     if (dsa_r_.verdict != ::dsa::oracle::Verdict::Weak && !dsa_r_.passed()) \
+      RC_FAIL(::dsa::oracle::format_op_report(dsa_r_));                  \
+  } while (0)
+
+/// As DSA_PROP_ASSERT_PASSED, but a draw WEAK in an fp32-class output fails: the sparse MLA
+/// generators keep those out (Detection.GeneratedCasesHaveNoWeakRows). A draw WEAK only in
+/// 16-bit-class outputs still counts as judged (about 1 sparse MLA draw in 130: a bf16 out row
+/// at 1.0-1.2 θ, Detection.DISABLED_GeneratedCasesHaveNoWeakRowsBf16Out). The indexer and KL
+/// generators are not conditioned so (an indexer backward row of 2049 keys whose q·k lies
+/// within its rounding of 0 is WEAK at the fp32 class): their properties use the macro above.
+#define DSA_PROP_ASSERT_DETECTABLE(report)                               \
+  do {                                                                   \
+    const auto& dsa_r_ = (report);                                       \
+    if (dsa_r_.verdict == ::dsa::oracle::Verdict::Skip)                  \
+      throw ::dsa::oracle::NotSupported(dsa_r_.reason);                  \
+    const bool dsa_weak16_ = dsa_r_.verdict == ::dsa::oracle::Verdict::Weak && \
+                             ::dsa::props::weak_only_in_16bit(dsa_r_);   \
+    if (!dsa_weak16_ && !dsa_r_.passed())                                \
       RC_FAIL(::dsa::oracle::format_op_report(dsa_r_));                  \
   } while (0)
 
