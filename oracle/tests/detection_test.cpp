@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/reference_backend.h"
@@ -625,7 +626,7 @@ RC_GTEST_PROP(Detection, KlLossPerturbationsFailOtherOrdersPass, ()) {
 // `od` (F32: the fp32 class), pass
 // with no WEAK row (SPEC §9: a WEAK row fails; the generators keep their draws detectable,
 // property_tests/src/generators.cpp). Counts print as "generated" lines.
-void judge_generated(const props::SmlaCase& s, DType od) {
+void judge_generated(const props::SmlaCase& s, DType od, const std::set<std::string>& only = {}) {
   OpCase c;
   c.mla = s.in;
   c.dout = s.dout;
@@ -645,7 +646,8 @@ void judge_generated(const props::SmlaCase& s, DType od) {
     record(key, r);
     if (r.verdict != Verdict::Pass) RC_FAIL(s.desc + "\n" + format_op_report(r));
     for (const auto& t : r.tensors)
-      if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated case: " + s.desc + "\n" + format_op_report(r));
+      if (t.weak_rows > 0 && (only.empty() || only.count(t.name)))
+        RC_FAIL("WEAK rows in a generated case: " + s.desc + "\n" + format_op_report(r));
   }
 }
 
@@ -675,6 +677,19 @@ RC_GTEST_PROP(Detection, DISABLED_GeneratedCasesHaveNoWeakRowsBf16Out, ()) {
                                                           : props::draw_smla_case();
   props::set_generation_level(0);
   judge_generated(s, DType::BF16);
+}
+
+// What the bf16 class does meet: no WEAK dsink row (dout's signs keep Δ large against each
+// out_c's bf16 rounding; before that rule 134 of 2000 draws had a WEAK bf16-class dsink, 0
+// of 6000 since, seeds 1-6). Draws with a sink only (an extreme-row draw one in eight).
+RC_GTEST_PROP(Detection, GeneratedCasesBf16OutDsinkIsDetectable, ()) {
+  const int level = *rc::gen::element(0, 1);
+  props::set_generation_level(level);
+  const props::SmlaCase s = *rc::gen::inRange(0, 8) == 0 ? props::draw_smla_extreme_case()
+                                                          : props::draw_smla_case();
+  props::set_generation_level(0);
+  RC_PRE(s.in.attn_sink.has_value());
+  judge_generated(s, DType::BF16, {"dsink"});
 }
 
 class PrintStats : public ::testing::Environment {
