@@ -92,8 +92,12 @@ struct SmlaCase {
 /// 16, 17, 64 or 65 over few keys, so key rows are shared across 64-row tiles), "wide" (k
 /// 1025, 2048 or 2049 over s_kv 1025-4097 keys). Level 0 stays under ~2^20
 /// multiply-adds a case.
-/// Detectable draws (SPEC §9, no WEAK row at the fp32 class; about 1 draw in 130 still has one
-/// at the bf16 class, docs/what-a-pass-means.md): a row holds one key in at most 8 slots
+/// Detectable draws (SPEC §9, no WEAK row at the fp32 class nor, for bf16 q/kv, at the bf16
+/// class, docs/what-a-pass-means.md): with bf16 q/kv each (t, h) row whose bf16-class out
+/// bound exceeds 0.8 θ of its row scale gets q[t, h, :] redrawn (up to 12 judgements, the
+/// row's best draw kept), then each dq row above 0.9 θ its dout row (a dkv or dsink row:
+/// every dout row; magnitudes only, signs kept; up to 6 judgements), judged by the oracle's
+/// own bound code as a bf16-output kernel is (judge_outputs). A row holds one key in at most 8 slots
 /// (coherent rounding of duplicated terms; "dups" draws its few keys from a pool of at least
 /// k/8); with a sink, the columns of dout with the largest |out_c dout_c| take the sign of
 /// out_c until Δ = out·dout >= min(4 sqrt(Σ_c (out_c dout_c)²), Σ_c |out_c dout_c|) > 0 in
@@ -110,7 +114,8 @@ SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::
 /// since the row's softmax is exact whatever the offset), some rows are empty, one "hot" key
 /// is selected by most rows, two RoPE columns (>= d_v) hold +-100 in q (small in kv) and in
 /// kv (small in q) so the logits stay O(1); sinks +-80, +-inf or finite per head, dout signed as in
-/// draw_smla_case when a sink is drawn.
+/// draw_smla_case when a sink is drawn; bf16 draws conditioned as in draw_smla_case (ordinary
+/// rows only; the large RoPE columns are kept).
 /// `in_dtype`: q and kv dtype, BF16 (default) or F32, as for draw_smla_case.
 SmlaCase draw_smla_extreme_case(DType in_dtype = DType::BF16);
 
