@@ -40,8 +40,10 @@ fixtures::Fixture to_fixture(const KlCase& c);
 fixtures::Fixture to_fixture(const BlockCase& c);
 
 /// True when every WEAK output of `r` is judged at a 16-bit class (BF16/F16 precision, θ =
-/// 1e-2): the only WEAK rows the generators still produce (about 1 sparse MLA draw in 130, a
-/// bf16 out row at 1.0-1.2 θ; docs/what-a-pass-means.md). False if an fp32-class output is WEAK.
+/// 1e-2): before the generators conditioned bf16 draws row by row about 1 sparse MLA draw in
+/// 130 had one (a bf16 out row at 1.0-1.2 θ), none in 8000 since (Detection.
+/// GeneratedCasesHaveNoWeakRowsBf16Out; docs/what-a-pass-means.md); still possible on shapes
+/// the generators do not condition (production shapes, FP8). False if an fp32-class output is WEAK.
 inline bool weak_only_in_16bit(const ::dsa::oracle::OpReport& r) {
   for (const auto& t : r.tensors)
     if (t.weak_rows > 0 && t.precision != ::dsa::DType::BF16 && t.precision != ::dsa::DType::F16)
@@ -64,8 +66,9 @@ inline bool weak_only_in_16bit(const ::dsa::oracle::OpReport& r) {
 
 /// As DSA_PROP_ASSERT_PASSED, but a draw WEAK in an fp32-class output fails: the sparse MLA
 /// generators keep those out (Detection.GeneratedCasesHaveNoWeakRows). A draw WEAK only in
-/// 16-bit-class outputs still counts as judged (about 1 sparse MLA draw in 130: a bf16 out row
-/// at 1.0-1.2 θ, Detection.DISABLED_GeneratedCasesHaveNoWeakRowsBf16Out). The indexer and KL
+/// 16-bit-class outputs still counts as judged (the generators' bf16 draws have none since
+/// their per-row conditioning, Detection.GeneratedCasesHaveNoWeakRowsBf16Out; a backend's own
+/// bf16 out and the unconditioned production/FP8 shapes are not measured so). The indexer and KL
 /// generators are not conditioned so (an indexer backward row of 2049 keys whose q·k lies
 /// within its rounding of 0 is WEAK at the fp32 class): their properties use the macro above.
 #define DSA_PROP_ASSERT_DETECTABLE(report)                               \
