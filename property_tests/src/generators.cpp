@@ -543,6 +543,40 @@ TopkCase draw_topk_ties_case() {
   return c;
 }
 
+// Random-tier indexer draws with every visible logit q_idx[t, j]·k_idx[s] away from 0 (SPEC
+// §9 WEAK): a dot within its own fp32 rounding (γ_d · Σ_i |q_i k_i|, d·2^-24 up to 3.8e-6 of
+// it at d_I = 64) of 0 may flip ReLU' in a correct kernel, and a flipped key carries its whole
+// term into the bound of dq_idx / dk_idx (measured: 3 of 10 seeds x 500 level 0-1 draws had a
+// WEAK backward row, e.g. s_kv = 2049, d_I = 16). Each key row s whose visible dots include
+// one with |q·k| < kLogitMargin · Σ_i |q_i k_i| gets k_idx[s, :] redrawn uniform(-1, 1) (bf16),
+// at most kKeyAttempts times; kLogitMargin = 2^-12 is ~64x γ_64, and about one dot in 1000
+// lies inside it. Deterministic in `r`. The exact tier is left as drawn: its integer products
+// sum exactly, so a 0 there is exact and is no flip.
+void keep_logits_off_zero(IndexerCase& c, Rng& r) {
+  constexpr double kLogitMargin = 1.0 / 4096;
+  constexpr int kKeyAttempts = 32;
+  const int64_t s_q = c.q_idx.size(0), H = c.q_idx.size(1), d = c.q_idx.size(2), s_kv = c.k_idx.size(0);
+  const std::vector<double> Q = c.q_idx.to_f64();
+  auto near_zero = [&](int64_t s) {
+    for (int64_t t = 0; t < s_q; ++t) {
+      if (!c.windows.contains(t, s)) continue;
+      for (int64_t j = 0; j < H; ++j) {
+        double dot = 0, mag = 0;
+        for (int64_t x = 0; x < d; ++x) {
+          const double p = Q[static_cast<size_t>((t * H + j) * d + x)] * c.k_idx.get(s * d + x);
+          dot += p;
+          mag += std::abs(p);
+        }
+        if (mag > 0 && std::abs(dot) < kLogitMargin * mag) return true;
+      }
+    }
+    return false;
+  };
+  for (int64_t s = 0; s < s_kv; ++s)
+    for (int attempt = 0; attempt < kKeyAttempts && near_zero(s); ++attempt)
+      for (int64_t x = 0; x < d; ++x) c.k_idx.set(s * d + x, uni(r, -1, 1));
+}
+
 IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind) {
   IndexerCase c;
   c.tier = tier ? *tier : (draw_bool() ? Tier::Exact : Tier::Random);
@@ -570,6 +604,7 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind)
   c.k_idx = fill(DType::BF16, {s_kv, d}, c.tier, exact ? 3 : 1, r);
   c.w = fill(DType::F32, {s_q, h}, c.tier, exact ? 2 : 1, r);
   c.d_scores = fill(DType::F32, {s_q, s_kv}, c.tier, exact ? 2 : 1, r);
+  if (!exact) keep_logits_off_zero(c, r);
   c.desc = std::string("indexer ") + (exact ? "exact" : "random") + " s_q=" + std::to_string(s_q) +
            " s_kv=" + std::to_string(s_kv) + " H_I=" + std::to_string(h) + " d_I=" +
            std::to_string(d) + " windows=" + wk;

@@ -68,9 +68,10 @@ inline bool weak_only_in_16bit(const ::dsa::oracle::OpReport& r) {
 /// generators keep those out (Detection.GeneratedCasesHaveNoWeakRows). A draw WEAK only in
 /// 16-bit-class outputs still counts as judged (the generators' bf16 draws have none since
 /// their per-row conditioning, Detection.GeneratedCasesHaveNoWeakRowsBf16Out; a backend's own
-/// bf16 out and the unconditioned production/FP8 shapes are not measured so). The indexer and KL
-/// generators are not conditioned so (an indexer backward row of 2049 keys whose q·k lies
-/// within its rounding of 0 is WEAK at the fp32 class): their properties use the macro above.
+/// bf16 out and the unconditioned production/FP8 shapes are not measured so). The indexer
+/// properties use it too: draw_indexer_case keeps random-tier logits q·k off 0
+/// (Detection.GeneratedIndexerCasesHaveNoWeakRows). The KL generator is not conditioned so:
+/// its properties use the macro above.
 #define DSA_PROP_ASSERT_DETECTABLE(report)                               \
   do {                                                                   \
     const auto& dsa_r_ = (report);                                       \
