@@ -2,7 +2,9 @@
 // golden fixture. The candidate file is served by oracle::CandidateBackend and judged by
 // oracle::judge_fixture_ops, the code every other route uses (SPEC §9); conventions convert
 // representations and never loosen a check.
+#include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include "commands.h"
 #include "dsa/fixtures/fixture.h"
@@ -12,6 +14,34 @@
 #include "report.h"
 
 namespace dsa::cli {
+
+/// Says which outputs the candidate file holds that this comparison will not judge: outputs
+/// of an op the golden does not define (e.g. dkv beside a forward-only golden) and outputs that
+/// --outputs leaves out. Silence there read as "judged" (fresh-user report, session 4).
+/// Prints one `note:` line per tensor to stdout; throws nothing.
+static void print_unjudged_stored_outputs(const fixtures::Fixture& f,
+                                          const oracle::CandidateBackend& backend,
+                                          const oracle::CheckOptions& opt,
+                                          const std::string& candidate) {
+  const std::vector<oracle::Op> judged = oracle::fixture_ops(f);
+  std::set<std::string> judged_names;
+  for (oracle::Op op : judged)
+    for (const auto& n : backend.stored_outputs(op)) judged_names.insert(n);
+  std::set<std::string> said;
+  for (oracle::Op op : oracle::all_ops()) {
+    if (std::find(judged.begin(), judged.end(), op) != judged.end()) continue;
+    for (const auto& n : backend.stored_outputs(op))
+      if (!judged_names.count(n) && said.insert(n).second)
+        std::printf("note: %s: tensor '%s' is an output of %s, which golden op '%s' does not "
+                    "define; not judged\n", candidate.c_str(), n.c_str(), oracle::to_string(op),
+                    f.op.c_str());
+  }
+  if (!opt.provided_outputs) return;
+  for (const auto& n : judged_names)
+    if (!opt.provided_outputs->count(n))
+      std::printf("note: %s: tensor '%s' is in the file but not named by --outputs; not judged\n",
+                  candidate.c_str(), n.c_str());
+}
 
 int run_compare(const std::string& golden, const std::string& candidate,
                 const std::vector<fixtures::Convention>& conventions, const JudgeOptions& judge) {
@@ -28,8 +58,9 @@ int run_compare(const std::string& golden, const std::string& candidate,
   bool any = false;
   for (oracle::Op op : oracle::fixture_ops(f)) any |= !backend->stored_outputs(op).empty();
   if (!any) throw fixtures::FileError(candidate, "holds no outputs for the golden's op " + f.op);
-  std::vector<oracle::OpReport> reports =
-      oracle::judge_fixture_ops(f, *backend, check_options(judge, /*file_route=*/true));
+  const oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
+  print_unjudged_stored_outputs(f, *backend, opt, candidate);
+  std::vector<oracle::OpReport> reports = oracle::judge_fixture_ops(f, *backend, opt);
   add_convention_hints(reports, *backend);
   for (const auto& n : backend->adapter_notes()) std::printf("convention applied: %s\n", n.c_str());
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());

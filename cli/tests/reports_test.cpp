@@ -275,6 +275,30 @@ TEST(CompareHints, Int64IdsNameTheirConvention) {
   EXPECT_EQ(out.find("hint:"), std::string::npos);
 }
 
+// A candidate file's outputs that the comparison will not judge are named, never silently
+// dropped: an output of an op the golden does not define, and one --outputs leaves out.
+TEST(CompareNotes, UnjudgedStoredOutputsAreNamed) {
+  Scratch dir("unjudged");
+  const std::string g = golden("topk_distinct_causal");
+  const fixtures::Fixture f = fixtures::load_fixture(g);
+  test::write_outputs(dir.file("c.safetensors"),
+                      {{"indices", f.expected.at("indices")}, {"dkv", Tensor(DType::F32, {2, 3})}});
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("c.safetensors"), &out), 0);
+  EXPECT_FALSE(lines_with(out, {"note:", "'dkv' is an output of sparse_mla_bwd", "not judged"}).empty()) << out;
+  EXPECT_TRUE(lines_with(out, {"note:", "'indices'"}).empty()) << out;
+  const std::string s = golden("smla_basic");
+  const fixtures::Fixture m = fixtures::load_fixture(s);
+  std::map<std::string, Tensor> outs;
+  for (const char* n : {"out", "lse", "max_logits", "dq", "dkv"}) outs.emplace(n, m.expected.at(n));
+  test::write_outputs(dir.file("m.safetensors"), outs);
+  EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
+                                " --outputs out,lse,max_logits", &out), 0);
+  EXPECT_FALSE(lines_with(out, {"note:", "'dkv' is in the file but not named by --outputs"}).empty()) << out;
+  EXPECT_FALSE(lines_with(out, {"note:", "'dq' is in the file but not named by --outputs"}).empty()) << out;
+  EXPECT_TRUE(lines_with(out, {"note:", "'out'"}).empty()) << out;
+}
+
 // q and kv disagreeing on d_qk: the error names both and their shapes, not kv alone.
 TEST(InputErrors, DqkMismatchNamesQAndKv) {
   SparseMlaInputs in;
