@@ -299,6 +299,23 @@ TEST(CompareNotes, UnjudgedStoredOutputsAreNamed) {
   EXPECT_TRUE(lines_with(out, {"note:", "'out'"}).empty()) << out;
 }
 
+// A comparison that judged nothing (--outputs names none of the golden op's outputs) is a
+// usage error (exit 2), as an audit or fixtures check that ran no case; not exit 1 or 0.
+TEST(CompareNotes, JudgedNothingExitsTwo) {
+  Scratch dir("judged_nothing");
+  const std::string s = golden("smla_basic");
+  const fixtures::Fixture m = fixtures::load_fixture(s);
+  std::map<std::string, Tensor> outs;
+  for (const char* n : {"out", "lse", "max_logits"}) outs.emplace(n, m.expected.at(n));
+  test::write_outputs(dir.file("m.safetensors"), outs);
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
+                                " --outputs indices", &out), 2) << out;
+  EXPECT_FALSE(lines_with(out, {"compare: judged nothing"}).empty()) << out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
+                                " --outputs out,lse,max_logits", &out), 0) << out;
+}
+
 // q and kv disagreeing on d_qk: the error names both and their shapes, not kv alone.
 TEST(InputErrors, DqkMismatchNamesQAndKv) {
   SparseMlaInputs in;
