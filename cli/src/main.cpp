@@ -100,7 +100,10 @@ int main(int argc, char** argv) {
   JudgeOptions replay_judge;
   auto* replay = app.add_subcommand("replay", "Re-run one dumped failing case");
   replay->add_option("fixture", replay_fixture, "Dumped fixture (.safetensors)")->required()->check(CLI::ExistingFile);
-  auto* replay_backend_opt = replay->add_option("--backend", replay_backend, "Backend to run");
+  auto* replay_backend_opt = replay->add_option(
+      "--backend", replay_backend,
+      "Backend to run (default: reference, which only re-judges the case's own float64 reference; "
+      "to reproduce a failure give the --backend, --plugin or --candidate its repro line names)");
   auto* replay_plugin_opt = replay->add_option("--plugin", replay_plugin, "Plugin shared library to run")
       ->check(CLI::ExistingFile)->excludes(replay_backend_opt);
   replay->add_option("--candidate", replay_candidate, "Judge stored outputs (.safetensors) instead of running a backend")
@@ -148,6 +151,9 @@ int main(int argc, char** argv) {
       add(indices_3d, Convention::IdsSq1K);
       return run_compare(golden, candidate, conv, compare_judge);
     }
+    if (*replay && replay_backend_opt->count() == 0 && replay_plugin.empty() && replay_candidate.empty())
+      std::printf("note: replay: no --backend, --plugin or --candidate given: judging the built-in "
+                  "'reference' backend, which reproduces no kernel's failure\n");
     if (*replay)
       return run_replay(replay_fixture, replay_backend, replay_plugin, replay_candidate, replay_judge,
                         dsa::fixtures::parse_conventions(replay_conventions, "--convention"));

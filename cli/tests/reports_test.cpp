@@ -316,6 +316,16 @@ TEST(CompareNotes, JudgedNothingExitsTwo) {
                                 " --outputs out,lse,max_logits", &out), 0) << out;
 }
 
+// `replay FILE` alone judges the built-in reference: it says so, since such a pass reproduces
+// no kernel's failure (fresh-user report); with a backend named there is no such note.
+TEST(ReplayNotes, DefaultReferenceBackendIsSaid) {
+  std::string out;
+  EXPECT_EQ(run_cli_capture("replay " + golden("smla_basic"), &out), 0) << out;
+  EXPECT_FALSE(lines_with(out, {"note: replay: no --backend", "reproduces no kernel's failure"}).empty()) << out;
+  EXPECT_EQ(run_cli_capture("replay " + golden("smla_basic") + " --backend reference", &out), 0) << out;
+  EXPECT_TRUE(lines_with(out, {"note: replay: no --backend"}).empty()) << out;
+}
+
 // q and kv disagreeing on d_qk: the error names both and their shapes, not kv alone.
 TEST(InputErrors, DqkMismatchNamesQAndKv) {
   SparseMlaInputs in;
