@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 
 #include "dsa/oracle/op_check.h"
@@ -724,6 +725,41 @@ RC_GTEST_PROP(Detection, GeneratedIndexerCasesHaveNoWeakRows, ()) {
     for (const auto& t : r.tensors)
       if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated indexer case: " + ic.desc + "\n" + format_op_report(r));
   }
+}
+
+// Indexer KL loss (SPEC §7): generated level 0-1 cases (draw_kl_case, the cases the KL
+// properties judge), the float64 reference rounded to fp32 (loss and d_scores are fp32),
+// half of them with -inf scores as kl.neg_inf_scores draws them; judged with WEAK allowed;
+// no row of loss or d_scores may be WEAK.
+RC_GTEST_PROP(Detection, GeneratedKlCasesHaveNoWeakRows, ()) {
+  const int level = *rc::gen::element(0, 1);
+  props::set_generation_level(level);
+  props::KlCase kc = props::draw_kl_case();
+  props::set_generation_level(0);
+  if (*rc::gen::arbitrary<bool>()) {  // as kl.neg_inf_scores: one row all -inf, a share elsewhere
+    const int64_t s_q = kc.in.scores.size(0), s_kv = kc.in.scores.size(1);
+    const int64_t dead_row = *rc::gen::inRange<int64_t>(0, s_q);
+    const int share = *rc::gen::inRange(1, 4);
+    std::mt19937_64 r(*rc::gen::arbitrary<uint64_t>());
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t s = 0; s < s_kv; ++s)
+        if ((t == dead_row || static_cast<int>(r() % 4) < share) && kc.in.windows.contains(t, s))
+          kc.in.scores.set(t * s_kv + s, -INFINITY);
+    kc.desc += " -inf: row " + std::to_string(dead_row) + " all, share " + std::to_string(share) + "/4";
+  }
+  OpCase c;
+  c.kl = kc.in;
+  CheckOptions allow;
+  allow.allow_weak = true;  // to count the WEAK rows, then assert there are none
+  const IndexerKlResult ref = reference::indexer_kl_loss(c.kl);
+  const std::string key = "generated-kl";
+  const OpReport r = judge_outputs(Op::IndexerKlLoss, c,
+                                   named_kl(IndexerKlResult{ref.loss.to(DType::F32), ref.d_scores.to(DType::F32)}),
+                                   allow, key);
+  record(key, r);
+  if (r.verdict != Verdict::Pass && r.verdict != Verdict::Weak) RC_FAIL(kc.desc + "\n" + format_op_report(r));
+  for (const auto& t : r.tensors)
+    if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated KL case: " + kc.desc + "\n" + format_op_report(r));
 }
 
 class PrintStats : public ::testing::Environment {

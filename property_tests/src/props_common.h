@@ -70,8 +70,8 @@ inline bool weak_only_in_16bit(const ::dsa::oracle::OpReport& r) {
 /// their per-row conditioning, Detection.GeneratedCasesHaveNoWeakRowsBf16Out; a backend's own
 /// bf16 out and the unconditioned production/FP8 shapes are not measured so). The indexer
 /// properties use it too: draw_indexer_case keeps random-tier logits q·k off 0
-/// (Detection.GeneratedIndexerCasesHaveNoWeakRows). The KL generator is not conditioned so:
-/// its properties use the macro above.
+/// (Detection.GeneratedIndexerCasesHaveNoWeakRows). So do the KL properties: draw_kl_case
+/// draws have no WEAK row unconditioned (Detection.GeneratedKlCasesHaveNoWeakRows).
 #define DSA_PROP_ASSERT_DETECTABLE(report)                               \
   do {                                                                   \
     const auto& dsa_r_ = (report);                                       \
