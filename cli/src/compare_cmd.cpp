@@ -66,17 +66,9 @@ int run_compare(const std::string& golden, const std::string& candidate,
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
   if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");
   std::printf("compare: %s\n", oracle::verdict_line(reports).c_str());
-  // Every op skipped (e.g. --outputs names none of the golden op's outputs): nothing was
-  // judged, a usage error as in `audit` and `fixtures check` (exit 2), never a plain failure.
-  const bool judged_nothing =
-      !reports.empty() && std::all_of(reports.begin(), reports.end(), [](const oracle::OpReport& r) {
-        return r.verdict == oracle::Verdict::Skip;
-      });
-  if (judged_nothing) {
+  if (judged_nothing(reports))
     std::printf("compare: judged nothing: every op of golden '%s' was skipped (see the reasons above)\n",
                 f.op.c_str());
-    return kExitUsage;
-  }
   return exit_code(reports);
 }
 

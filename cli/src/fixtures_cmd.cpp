@@ -264,6 +264,9 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
   if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");
   std::printf("replay: %s\n", oracle::verdict_line(reports).c_str());
+  if (judged_nothing(reports))
+    std::printf("replay: judged nothing: every op of '%s' was skipped (see the reasons above)\n",
+                f.op.c_str());
   return exit_code(reports);
 }
 

@@ -78,7 +78,14 @@ void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::
   }
 }
 
+bool judged_nothing(const std::vector<oracle::OpReport>& reports) {
+  return !reports.empty() &&
+         std::all_of(reports.begin(), reports.end(),
+                     [](const oracle::OpReport& r) { return r.verdict == oracle::Verdict::Skip; });
+}
+
 int exit_code(const std::vector<oracle::OpReport>& reports) {
+  if (judged_nothing(reports)) return kExitUsage;
   return oracle::overall_verdict(reports) == oracle::Verdict::Pass ? kExitOk : kExitDisagree;
 }
 

@@ -32,8 +32,14 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route, const
 /// int64 ids, pass --convention int64_ids"), never changing a verdict.
 void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::CandidateBackend& candidate);
 
-/// Exit code of one candidate's op reports: kExitOk when overall_verdict is Pass,
-/// kExitDisagree otherwise (a failure, INCOMPLETE, WEAK without --allow-weak, or nothing judged).
+/// True when `reports` is non-empty and every op was skipped (e.g. --outputs naming none of
+/// the op's outputs, a backend that runs none of the file's ops): nothing was judged.
+bool judged_nothing(const std::vector<oracle::OpReport>& reports);
+
+/// Exit code of one candidate's op reports (compare, replay, their JSON): kExitOk when
+/// overall_verdict is Pass; kExitUsage when judged_nothing (as `audit` and `fixtures check`
+/// treat a run that judged nothing); kExitDisagree otherwise (a failure, INCOMPLETE, WEAK
+/// without --allow-weak).
 int exit_code(const std::vector<oracle::OpReport>& reports);
 
 /// {"verdict": line, "ops": [{"op", "backend", "verdict", "reason", "notes", "outputs":

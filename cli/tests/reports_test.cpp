@@ -312,6 +312,10 @@ TEST(CompareNotes, JudgedNothingExitsTwo) {
   EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
                                 " --outputs indices", &out), 2) << out;
   EXPECT_FALSE(lines_with(out, {"compare: judged nothing"}).empty()) << out;
+  // replay --candidate is the same judgement: the same exit code.
+  EXPECT_EQ(run_cli_capture("replay " + s + " --candidate " + dir.file("m.safetensors") +
+                                " --outputs indices", &out), 2) << out;
+  EXPECT_FALSE(lines_with(out, {"replay: judged nothing"}).empty()) << out;
   EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
                                 " --outputs out,lse,max_logits", &out), 0) << out;
 }
