@@ -21,22 +21,14 @@ mkdir -p "$out"
 bd=${BUILD_DIR:-/tmp/dsa-gpu-build}/main
 seed=${SEED:-7}
 only=${ONLY_TORCH_OPS:-0}
-# PyTorch may live in a venv (it does on the H200 machine): configure the module for the
-# interpreter that imports torch, not /usr/bin/python3 (python/CMakeLists.txt's default).
+# The interpreter that imports torch (a venv on the H200 machine; ci/gpu/configure.sh says why).
 py=$(python3 -c 'import sys; print(sys.executable)')
 SECONDS=0
 if [ ! -f "$bd/CMakeCache.txt" ]; then
-  deps=${GPU_DEPS:-$PWD/.gpu-deps}
-  [ -d "$deps/googletest" ] || deps=$(cd .. && pwd)  # run from .gpu-deps/wt
-  gt=${BUILD_DIR:-/tmp/dsa-gpu-build}
-  torch_dir=$($py -c "import torch;print(torch.utils.cmake_prefix_path)")/Torch
-  { cmake -S "$deps/googletest" -B "$gt/gtest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_INSTALL_PREFIX="$gt/gtest-prefix" -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
-    && cmake --build "$gt/gtest" -j 16 --target install \
-    && cmake -S . -B "$bd" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSA_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90 -DDSA_BUILD_BENCH=OFF -DTorch_DIR="$torch_dir" \
-      -DCMAKE_PREFIX_PATH="$deps/prefix;$gt/gtest-prefix" -DDSA_GTEST_SOURCE_DIR= \
-      -DPython3_EXECUTABLE="$py"; } >"$out/py_configure.txt" 2>&1 || { tail -30 "$out/py_configure.txt"; exit 1; }
+  . ci/gpu/configure.sh
+  : >"$out/py_configure.txt"
+  gpu_configure "${BUILD_DIR:-/tmp/dsa-gpu-build}" "$out/py_configure.txt" -DDSA_BUILD_BENCH=OFF \
+    || { tail -30 "$out/py_configure.txt"; exit 1; }
 else
   cmake -S . -B "$bd" -DPython3_EXECUTABLE="$py" >"$out/py_configure.txt" 2>&1 || exit 1
 fi

@@ -21,22 +21,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-out}
 mkdir -p "$out"
-deps=${GPU_DEPS:-$PWD/.gpu-deps}
-[ -d "$deps/googletest" ] || deps=$(cd .. && pwd)  # run from .gpu-deps/wt
-torch_dir=$(python3 -c "import torch;print(torch.utils.cmake_prefix_path)")/Torch
 { date -u; cat COMMIT 2>/dev/null || git log -1 --format='commit %H' 2>/dev/null;
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv; } | tee "$out/gpu.txt"
 SECONDS=0
 bd=${BUILD_DIR:-/tmp/dsa-gpu-build}
-# GoogleTest built and installed from the staged sources, then found by find_package (the
-# add_subdirectory route of the top-level CMakeLists clashes with googletest's own aliases).
-cmake -S "$deps/googletest" -B "$bd/gtest" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_INSTALL_PREFIX="$bd/gtest-prefix" -DCMAKE_POSITION_INDEPENDENT_CODE=ON >"$out/build.txt" 2>&1 \
-  && cmake --build "$bd/gtest" -j 16 --target install >>"$out/build.txt" 2>&1 \
-  && cmake -S . -B "$bd/main" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DDSA_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DDSA_BUILD_BENCH=$([ "${REF_BENCH:-0}" = 1 ] && echo ON || echo OFF) \
-    -DTorch_DIR="$torch_dir" -DCMAKE_PREFIX_PATH="$deps/prefix;$bd/gtest-prefix" \
-    -DDSA_GTEST_SOURCE_DIR= >>"$out/build.txt" 2>&1 \
+. ci/gpu/configure.sh
+: >"$out/build.txt"
+gpu_configure "$bd" "$out/build.txt" -DDSA_BUILD_BENCH=$([ "${REF_BENCH:-0}" = 1 ] && echo ON || echo OFF) \
   && cmake --build "$bd/main" -j 16 --target dsa_cuda_tests dsa_gpu_bench dsa_torch_ops dsa_torch_ops_tests \
     $([ "${SKIP_PROPS:-0}" = 1 ] || echo dsa_prop_tests) $([ "${REF_BENCH:-0}" = 1 ] && echo dsa_reference_bench) \
     $([ -n "${AUDIT_OPS:-}" ] && echo dsa-verify) \
