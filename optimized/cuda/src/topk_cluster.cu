@@ -297,6 +297,110 @@ __device__ __forceinline__ int phys_chunk(int q) {
   return (t << 3) | ((q & 7) ^ (t & 7));
 }
 
+/// Where a row's top-k boundary lies, from this thread's view (find_boundary).
+struct Boundary {
+  int64_t keff;                // keys taken: min(k, #selectable keys of the row's window)
+  int need_eq;                 // keys taken inside the boundary range [blo, bhi]
+  int n_gt;                    // keys taken above it (keff - need_eq)
+  int first;                   // tie ranks taken inside it: [first, first + need_eq)
+  unsigned long long gt_m;     // this thread's keys above the range (bit 4j+e = chunk j, key e)
+  unsigned long long eq_m;     // this thread's keys inside it
+};
+
+/// Radix passes 1-3 of a row over the cluster, after this CTA's pass-1 histogram (bits 31..21)
+/// of its keys is in h1: sums the histograms over the cluster, narrows the boundary bin with
+/// passes 2 (bits 20..10, h2) and 3 (bits 9..0, h3) while the bin holds more keys than are
+/// still needed, and returns which of this thread's keys lie above and inside the boundary.
+/// `chunk(j)` (j < CH) returns this thread's chunk j of 4 keys (select_key values; 0 = not
+/// selectable or outside the window). large != 0 takes ties from the highest ids. Every thread of
+/// every CTA of the cluster must call it (it holds cluster barriers). Shared by the cluster
+/// and persistent kernels, which keep the keys in shared memory and in registers.
+template <int CH, class Chunk>
+__device__ __forceinline__ Boundary find_boundary(Chunk chunk, cg::cluster_group& cluster,
+                                                  uint32_t* h1, uint32_t* h2, uint32_t* h3,
+                                                  int64_t k, int csize, int large, int* sel,
+                                                  int (*warp_sums)[kWarps], int tid) {
+  const int lane = tid & 31;
+  cluster.sync();
+  uint32_t hb[4];
+  cluster_bins(cluster, h1, kBins1, csize, tid, hb);
+  find_bin(hb, kBins1, k, sel, warp_sums, tid);  // k > total: sel[0] = -1, handled below
+  const int64_t total = sel[3];
+  const int64_t keff = min(k, total);
+  int rem = 0, cnt = 0;
+  uint32_t prefix = 0;
+  int shift = 21;
+  if (keff > 0) {
+    // keff == total: every selectable key is taken, the boundary bin is the lowest non-empty.
+    if (keff == total) find_bin(hb, kBins1, keff, sel, warp_sums, tid);
+    prefix = (uint32_t)sel[0];
+    rem = (int)keff - sel[1];
+    cnt = sel[2];
+    if (rem != cnt) {
+      // Pass 2: bits 20..10 of the keys in bin `prefix` (>= 4, so key 0 never matches).
+#pragma unroll
+      for (int j = 0; j < CH; ++j) {
+        const uint4 v = chunk(j);
+        const bool p[4] = {(v.x >> 21) == prefix, (v.y >> 21) == prefix, (v.z >> 21) == prefix,
+                           (v.w >> 21) == prefix};
+        if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
+        const uint32_t b[4] = {(v.x >> 10) & 2047u, (v.y >> 10) & 2047u, (v.z >> 10) & 2047u,
+                               (v.w >> 10) & 2047u};
+        hist_add4(h2, b, p, lane);
+      }
+      cluster.sync();
+      cluster_bins(cluster, h2, kBins2, csize, tid, hb);
+      find_bin(hb, kBins2, rem, sel, warp_sums, tid);
+      prefix = (prefix << 11) | (uint32_t)sel[0];
+      shift = 10;
+      rem -= sel[1];
+      cnt = sel[2];
+      if (rem != cnt) {
+        // Pass 3: bits 9..0 of the keys with bits 31..10 equal to `prefix`.
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+          const uint4 v = chunk(j);
+          const bool p[4] = {(v.x >> 10) == prefix, (v.y >> 10) == prefix,
+                             (v.z >> 10) == prefix, (v.w >> 10) == prefix};
+          if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
+          const uint32_t b[4] = {v.x & 1023u, v.y & 1023u, v.z & 1023u, v.w & 1023u};
+          hist_add4(h3, b, p, lane);
+        }
+        cluster.sync();
+        cluster_bins(cluster, h3, kBins3, csize, tid, hb);
+        find_bin(hb, kBins3, rem, sel, warp_sums, tid);
+        prefix = (prefix << 10) | (uint32_t)sel[0];
+        shift = 0;
+        rem -= sel[1];
+        cnt = sel[2];
+      }
+    }
+  }
+  // Boundary range [blo, bhi] of keys: everything above is taken, `rem` of the `cnt` keys
+  // inside are taken (all of them unless shift == 0, i.e. ties at the exact key v*).
+  const uint32_t blo = keff > 0 ? prefix << shift : 0xffffffffu;
+  const uint32_t bhi = keff > 0 ? blo + ((1u << shift) - 1u) : 0xffffffffu;
+  const int need_eq = keff > 0 ? rem : 0;
+  const int n_gt = (int)keff - need_eq;
+  const int first = large ? cnt - need_eq : 0;  // tie ranks taken: [first, first + need_eq)
+
+  // This thread's keys above / inside the boundary range as bit masks (bit = local offset).
+  unsigned long long gt_m = 0ull, eq_m = 0ull;
+  if (keff > 0) {
+#pragma unroll
+    for (int j = 0; j < CH; ++j) {
+      const uint4 v = chunk(j);
+      const uint32_t r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (r[e] > bhi) gt_m |= 1ull << (4 * j + e);
+        if (r[e] >= blo && r[e] <= bhi) eq_m |= 1ull << (4 * j + e);
+      }
+    }
+  }
+  return Boundary{keff, need_eq, n_gt, first, gt_m, eq_m};
+}
+
 template <int CH>
 __global__ void __launch_bounds__(kThreads, 2)
     topk_cluster_kernel(const float* __restrict__ scores, int64_t s_kv, int64_t k,
@@ -382,83 +486,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool p[4] = {o[0] != 0u, o[1] != 0u, o[2] != 0u, o[3] != 0u};
     hist_add4(h1, b, p, lane);
   }
-  cluster.sync();
-  uint32_t hb[4];
-  cluster_bins(cluster, h1, kBins1, csize, tid, hb);
-  find_bin(hb, kBins1, k, sel, warp_sums, tid);  // k > total: sel[0] = -1, handled below
-  const int64_t total = sel[3];
-  const int64_t keff = min(k, total);
-  int rem = 0, cnt = 0;
-  uint32_t prefix = 0;
-  int shift = 21;
-  if (keff > 0) {
-    // keff == total: every selectable key is taken, the boundary bin is the lowest non-empty.
-    if (keff == total) find_bin(hb, kBins1, keff, sel, warp_sums, tid);
-    prefix = (uint32_t)sel[0];
-    rem = (int)keff - sel[1];
-    cnt = sel[2];
-    if (rem != cnt) {
-      // Pass 2: bits 20..10 of the keys in bin `prefix` (>= 4, so key 0 never matches).
-#pragma unroll
-      for (int j = 0; j < CH; ++j) {
-        const uint4 v = mine[j ^ swz];
-        const bool p[4] = {(v.x >> 21) == prefix, (v.y >> 21) == prefix, (v.z >> 21) == prefix,
-                           (v.w >> 21) == prefix};
-        if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
-        const uint32_t b[4] = {(v.x >> 10) & 2047u, (v.y >> 10) & 2047u, (v.z >> 10) & 2047u,
-                               (v.w >> 10) & 2047u};
-        hist_add4(h2, b, p, lane);
-      }
-      cluster.sync();
-      cluster_bins(cluster, h2, kBins2, csize, tid, hb);
-      find_bin(hb, kBins2, rem, sel, warp_sums, tid);
-      prefix = (prefix << 11) | (uint32_t)sel[0];
-      shift = 10;
-      rem -= sel[1];
-      cnt = sel[2];
-      if (rem != cnt) {
-        // Pass 3: bits 9..0 of the keys with bits 31..10 equal to `prefix`.
-#pragma unroll
-        for (int j = 0; j < CH; ++j) {
-          const uint4 v = mine[j ^ swz];
-          const bool p[4] = {(v.x >> 10) == prefix, (v.y >> 10) == prefix,
-                             (v.z >> 10) == prefix, (v.w >> 10) == prefix};
-          if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
-          const uint32_t b[4] = {v.x & 1023u, v.y & 1023u, v.z & 1023u, v.w & 1023u};
-          hist_add4(h3, b, p, lane);
-        }
-        cluster.sync();
-        cluster_bins(cluster, h3, kBins3, csize, tid, hb);
-        find_bin(hb, kBins3, rem, sel, warp_sums, tid);
-        prefix = (prefix << 10) | (uint32_t)sel[0];
-        shift = 0;
-        rem -= sel[1];
-        cnt = sel[2];
-      }
-    }
-  }
-  // Boundary range [blo, bhi] of keys: everything above is taken, `rem` of the `cnt` keys
-  // inside are taken (all of them unless shift == 0, i.e. ties at the exact key v*).
-  const uint32_t blo = keff > 0 ? prefix << shift : 0xffffffffu;
-  const uint32_t bhi = keff > 0 ? blo + ((1u << shift) - 1u) : 0xffffffffu;
-  const int need_eq = keff > 0 ? rem : 0;
-  const int n_gt = (int)keff - need_eq;
-  const int first = large ? cnt - need_eq : 0;  // tie ranks taken: [first, first + need_eq)
-
-  // This thread's keys above / inside the boundary range as bit masks (bit = local offset).
-  unsigned long long gt_m = 0ull, eq_m = 0ull;
-  if (keff > 0) {
-#pragma unroll
-    for (int j = 0; j < CH; ++j) {
-      const uint4 v = mine[j ^ swz];
-      const uint32_t r[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (r[e] > bhi) gt_m |= 1ull << (4 * j + e);
-        if (r[e] >= blo && r[e] <= bhi) eq_m |= 1ull << (4 * j + e);
-      }
-    }
-  }
+  const Boundary bd = find_boundary<CH>([&](int j) { return mine[j ^ swz]; }, cluster, h1, h2, h3,
+                                         k, csize, large, sel, warp_sums, tid);
+  const int64_t keff = bd.keff;
+  const int need_eq = bd.need_eq, n_gt = bd.n_gt, first = bd.first;
+  const unsigned long long gt_m = bd.gt_m, eq_m = bd.eq_m;
   const int my_gt = __popcll(gt_m), my_eq = __popcll(eq_m);
   int off_gt, off_eq, cta_gt, cta_eq;
   block_scan2(my_gt, my_eq, off_gt, off_eq, cta_gt, cta_eq, warp_sums, tid);
@@ -632,79 +664,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const bool p[4] = {key[j][0] != 0u, key[j][1] != 0u, key[j][2] != 0u, key[j][3] != 0u};
       hist_add4(h1, b, p, lane);
     }
-    cluster.sync();
-    uint32_t hb[4];
-    cluster_bins(cluster, h1, kBins1, csize, tid, hb);
-    find_bin(hb, kBins1, k, sel, warp_sums, tid);  // k > total: sel[0] = -1, handled below
-    const int64_t total = sel[3];
-    const int64_t keff = min(k, total);
-    int rem = 0, cnt = 0;
-    uint32_t prefix = 0;
-    int shift = 21;
-    if (keff > 0) {
-      if (keff == total) find_bin(hb, kBins1, keff, sel, warp_sums, tid);
-      prefix = (uint32_t)sel[0];
-      rem = (int)keff - sel[1];
-      cnt = sel[2];
-      if (rem != cnt) {
-        // Pass 2: bits 20..10 of the keys in bin `prefix` (>= 4, so key 0 never matches).
-#pragma unroll
-        for (int j = 0; j < CH; ++j) {
-          const bool p[4] = {(key[j][0] >> 21) == prefix, (key[j][1] >> 21) == prefix,
-                             (key[j][2] >> 21) == prefix, (key[j][3] >> 21) == prefix};
-          if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
-          const uint32_t b[4] = {(key[j][0] >> 10) & 2047u, (key[j][1] >> 10) & 2047u,
-                                 (key[j][2] >> 10) & 2047u, (key[j][3] >> 10) & 2047u};
-          hist_add4(h2, b, p, lane);
-        }
-        cluster.sync();
-        cluster_bins(cluster, h2, kBins2, csize, tid, hb);
-        find_bin(hb, kBins2, rem, sel, warp_sums, tid);
-        prefix = (prefix << 11) | (uint32_t)sel[0];
-        shift = 10;
-        rem -= sel[1];
-        cnt = sel[2];
-        if (rem != cnt) {
-          // Pass 3: bits 9..0 of the keys with bits 31..10 equal to `prefix`.
-#pragma unroll
-          for (int j = 0; j < CH; ++j) {
-            const bool p[4] = {(key[j][0] >> 10) == prefix, (key[j][1] >> 10) == prefix,
-                               (key[j][2] >> 10) == prefix, (key[j][3] >> 10) == prefix};
-            if (!__any_sync(0xffffffffu, p[0] || p[1] || p[2] || p[3])) continue;
-            const uint32_t b[4] = {key[j][0] & 1023u, key[j][1] & 1023u, key[j][2] & 1023u,
-                                   key[j][3] & 1023u};
-            hist_add4(h3, b, p, lane);
-          }
-          cluster.sync();
-          cluster_bins(cluster, h3, kBins3, csize, tid, hb);
-          find_bin(hb, kBins3, rem, sel, warp_sums, tid);
-          prefix = (prefix << 10) | (uint32_t)sel[0];
-          shift = 0;
-          rem -= sel[1];
-          cnt = sel[2];
-        }
-      }
-    }
-    // Boundary range [blo, bhi]: every key above is taken, `rem` of the `cnt` keys inside are
-    // taken (all of them unless shift == 0, i.e. ties at the exact key v*).
-    const uint32_t blo = keff > 0 ? prefix << shift : 0xffffffffu;
-    const uint32_t bhi = keff > 0 ? blo + ((1u << shift) - 1u) : 0xffffffffu;
-    const int need_eq = keff > 0 ? rem : 0;
-    const int n_gt = (int)keff - need_eq;
-    const int first = large ? cnt - need_eq : 0;  // tie ranks taken: [first, first + need_eq)
-
-    unsigned long long gt_m = 0ull, eq_m = 0ull;
-    if (keff > 0) {
-#pragma unroll
-      for (int j = 0; j < CH; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const uint32_t r = key[j][e];
-          if (r > bhi) gt_m |= 1ull << (4 * j + e);
-          if (r >= blo && r <= bhi) eq_m |= 1ull << (4 * j + e);
-        }
-      }
-    }
+    const Boundary bd = find_boundary<CH>(
+        [&](int j) { return make_uint4(key[j][0], key[j][1], key[j][2], key[j][3]); }, cluster,
+        h1, h2, h3, k, csize, large, sel, warp_sums, tid);
+    const int64_t keff = bd.keff;
+    const int need_eq = bd.need_eq, n_gt = bd.n_gt, first = bd.first;
+    const unsigned long long gt_m = bd.gt_m, eq_m = bd.eq_m;
     const int my_gt = __popcll(gt_m), my_eq = __popcll(eq_m);
     int off_gt, off_eq, cta_gt, cta_eq;
     block_scan2(my_gt, my_eq, off_gt, off_eq, cta_gt, cta_eq, warp_sums, tid);
