@@ -69,7 +69,7 @@ void empty_rows(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_case("empty");
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
-  const bool with_bwd = b.supports(Op::SparseMlaBwd);
+  const bool with_bwd = judges(b, Op::SparseMlaBwd);
   const SparseMlaForward f = b.sparse_mla_forward(c.in);
   const SparseMlaGrads g = with_bwd ? b.sparse_mla_backward(c.in, c.dout) : SparseMlaGrads{};
   const int64_t s_q = c.in.q.size(0), h = c.in.q.size(1), k = c.in.indices.size(-1);
@@ -112,7 +112,7 @@ void topk_length_respected(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
   DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
-  if (b.supports(Op::SparseMlaBwd))
+  if (judges(b, Op::SparseMlaBwd))
     DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
@@ -137,10 +137,10 @@ void duplicates_accumulate_in_dkv(Backend& b, const BlockFactory&) {
 // key, large RoPE columns, sinks +-80/+-inf): forward and (when present) backward.
 void extreme_rows_in_batch(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_extreme_case();
-  DumpOnFailure dump([&] { return to_fixture(c, b.supports(Op::SparseMlaBwd)); });
+  DumpOnFailure dump([&] { return to_fixture(c, judges(b, Op::SparseMlaBwd)); });
   check_inputs(c);
   DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
-  if (b.supports(Op::SparseMlaBwd))
+  if (judges(b, Op::SparseMlaBwd))
     DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
@@ -150,11 +150,11 @@ void extreme_rows_in_batch(Backend& b, const BlockFactory&) {
 void fp32_inputs(Backend& b, const BlockFactory&) {
   const SmlaCase c = *rc::gen::inRange(0, 8) == 0 ? draw_smla_extreme_case(DType::F32)
                                                    : draw_smla_case("", DType::F32);
-  DumpOnFailure dump([&] { return to_fixture(c, b.supports(Op::SparseMlaBwd)); });
+  DumpOnFailure dump([&] { return to_fixture(c, judges(b, Op::SparseMlaBwd)); });
   check_inputs(c);
   RC_ASSERT(c.in.q.dtype() == DType::F32 && c.in.kv.dtype() == DType::F32);
   DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
-  if (b.supports(Op::SparseMlaBwd))
+  if (judges(b, Op::SparseMlaBwd))
     DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
@@ -162,10 +162,10 @@ void fp32_inputs(Backend& b, const BlockFactory&) {
 // a skip at level 0, where the regular draws reach h_q 16, s_q 65 and k 2049.
 void production_shapes(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_production_case();
-  DumpOnFailure dump([&] { return to_fixture(c, b.supports(Op::SparseMlaBwd)); });
+  DumpOnFailure dump([&] { return to_fixture(c, judges(b, Op::SparseMlaBwd)); });
   check_inputs(c);
   DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
-  if (b.supports(Op::SparseMlaBwd))
+  if (judges(b, Op::SparseMlaBwd))
     DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 

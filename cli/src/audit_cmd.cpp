@@ -196,8 +196,12 @@ int run_audit(const AuditOptions& opts) {
         r.seconds = o.secs / std::max<size_t>(o.results.size(), 1);
         if (names.size() > 1) r.op = name + "/" + r.op;
         judged += r.status == "pass" || r.status == "fail";
-        if (r.status == "fail") shown.status = "fail";
-        else if (r.status == "pass" && shown.status == "skip") shown.status = "pass";
+        if (r.status == "fail") {
+          shown.status = "fail";
+          // a property's failure shows the op whose check failed (sparse_mla_bwd inside a
+          // forward property), as the table does; a fixture line stays "fixture"
+          if (task.op != "fixture") shown.op = r.op;
+        } else if (r.status == "pass" && shown.status == "skip") shown.status = "pass";
         // a partial pass shows what was not judged (the first result's list, e.g. one op)
         if (r.status == "pass" && shown.not_judged.empty()) shown.not_judged = r.not_judged;
         all.push_back(r);

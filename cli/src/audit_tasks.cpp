@@ -92,7 +92,7 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       // The producer's expected.* are judged by the same check_op: a shipped fixture that
       // deviates from the contract is a failed case of its own.
       for (const auto& p : r.producer_vs_reference) {
-        if (p.passed()) continue;
+        if (p.passed() || !op_selected(opts, p.op)) continue;
         CaseResult c = make_case("fixture", kind + ":" + stem + " (producer " + p.op + ")", "fail");
         c.message = p.reason + "\n" + oracle::format_op_report(p);
         c.repro = "dsa-verify fixtures check " + file;
@@ -106,10 +106,18 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
 
 bool property_selected(const AuditOptions& o, const props::Property& p) {
   if (!o.only.empty() && std::find(o.only.begin(), o.only.end(), p.name) == o.only.end()) return false;
-  if (o.ops.empty()) return true;
+  // Every op the property needs must be selected: --ops sparse_mla_fwd runs no block property
+  // (it judges the backward too); optional parts follow SuiteOptions::ops (props::judges).
   for (oracle::Op op : p.ops)
-    if (op_selected(o, oracle::to_string(op))) return true;
-  return false;
+    if (!op_selected(o, oracle::to_string(op))) return false;
+  return true;
+}
+
+std::vector<oracle::Op> selected_ops(const AuditOptions& o) {
+  std::vector<oracle::Op> ops;
+  for (oracle::Op op : oracle::all_ops())
+    if (!o.ops.empty() && op_selected(o, oracle::to_string(op))) ops.push_back(op);
+  return ops;
 }
 
 // Property tasks: one per property of the suite (dsa/property_tests/suite.h).
@@ -135,6 +143,7 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       so.seed = opts.seed;
       so.dump_dir = opts.dump_dir;
       so.check = check_options(opts.judge, false);  // --outputs, --allow-weak: as the fixtures
+      so.ops = selected_ops(opts);  // a forward property judges its backward part only if selected
       if (declared) {
         std::set<std::string> both;
         for (const auto& n : *declared)
@@ -153,7 +162,12 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       std::unique_lock<std::mutex> one_property(rapidcheck_mu);
       props::PropertyResult r = props::run_property(subject, p, so);
       one_property.unlock();
-      CaseResult c = make_case(op, "property:" + p.name, status_of(r.verdict));
+      // A failure is filed under the op whose check failed (a forward property's backward part
+      // fails under sparse_mla_bwd), else under the property's op.
+      const bool known_op = std::any_of(oracle::all_ops().begin(), oracle::all_ops().end(),
+                                        [&](oracle::Op x) { return r.failed_op == oracle::to_string(x); });
+      CaseResult c = make_case(known_op && op != "dsa_block" ? r.failed_op : op, "property:" + p.name,
+                               status_of(r.verdict));
       if (r.verdict == oracle::Verdict::Pass) c.not_judged = not_judged_outputs(p, so.check.provided_outputs);
       c.cases = r.cases;
       c.message = r.message;

@@ -47,7 +47,9 @@ std::vector<std::string> not_judged_outputs(const props::Property& p,
 std::vector<std::string> list_fixtures(const std::string& dir);
 /// True when `op` is selected by --ops (every op when empty).
 bool op_selected(const AuditOptions& o, const std::string& op);
-/// True when property `p` is selected by --only and --ops.
+/// The ops --ops selects (empty when --ops is not given: every op), for SuiteOptions::ops.
+std::vector<oracle::Op> selected_ops(const AuditOptions& o);
+/// True when property `p` is selected by --only and --ops (every op it needs is selected).
 bool property_selected(const AuditOptions& o, const props::Property& p);
 
 /// Fixture tasks: one per file of `dir`; each yields one case per selected op the fixture

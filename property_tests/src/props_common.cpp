@@ -1,10 +1,13 @@
 #include "props_common.h"
 
+#include <algorithm>
 #include <filesystem>
 
 namespace dsa::props {
 namespace {
 thread_local std::string g_dump_target;
+thread_local std::vector<oracle::Op> g_selected_ops;  // empty: every op
+thread_local std::string g_failing_op;
 
 Tensor windows_tensor(const KeyWindows& w, bool start) {
   std::vector<int32_t> v;
@@ -25,6 +28,15 @@ fixtures::Fixture base(const std::string& op, const std::string& desc) {
 }  // namespace
 
 void set_dump_target(const std::string& path) { g_dump_target = path; }
+void set_selected_ops(const std::vector<oracle::Op>& ops) { g_selected_ops = ops; }
+bool judges(const oracle::Backend& b, oracle::Op op) {
+  if (!b.supports(op)) return false;
+  return g_selected_ops.empty() ||
+         std::find(g_selected_ops.begin(), g_selected_ops.end(), op) != g_selected_ops.end();
+}
+void note_failing_op(const std::string& op) { g_failing_op = op; }
+void reset_failing_op() { g_failing_op.clear(); }
+const std::string& failing_op() { return g_failing_op; }
 const std::string& dump_target() { return g_dump_target; }
 
 DumpOnFailure::~DumpOnFailure() {

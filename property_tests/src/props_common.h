@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <functional>
+#include <vector>
 #include <string>
 
 #include "dsa/fixtures/fixture.h"
@@ -13,6 +14,17 @@
 #include "dsa/property_tests/suite.h"
 
 namespace dsa::props {
+
+/// Ops the running property may judge (SuiteOptions::ops; empty: every op). Set by run_property.
+void set_selected_ops(const std::vector<oracle::Op>& ops);
+/// True when the property should judge `op`: the backend supports it and the run selected it
+/// (--ops). A forward property's optional backward part asks this, not Backend::supports.
+bool judges(const oracle::Backend& b, oracle::Op op);
+/// The op of the report assertion that failed last in this thread (reset by run_property per
+/// execution of a property body; read after a failing run). Set by DSA_PROP_ASSERT_*.
+void note_failing_op(const std::string& op);
+void reset_failing_op();
+const std::string& failing_op();
 
 /// Where a failing case of the running property is dumped ("" = off). Set by run_property.
 void set_dump_target(const std::string& path);
@@ -61,7 +73,10 @@ inline bool weak_only_in_16bit(const ::dsa::oracle::OpReport& r) {
     if (dsa_r_.verdict == ::dsa::oracle::Verdict::Skip)                  \
       throw ::dsa::oracle::NotSupported(dsa_r_.reason);                  \
     if (dsa_r_.verdict != ::dsa::oracle::Verdict::Weak && !dsa_r_.passed()) \
+    {                                                                    \
+      ::dsa::props::note_failing_op(dsa_r_.op);                       \
       RC_FAIL(::dsa::oracle::format_op_report(dsa_r_));                  \
+    }                                                                    \
   } while (0)
 
 /// As DSA_PROP_ASSERT_PASSED, but a draw WEAK in an fp32-class output fails: the sparse MLA
@@ -79,8 +94,10 @@ inline bool weak_only_in_16bit(const ::dsa::oracle::OpReport& r) {
       throw ::dsa::oracle::NotSupported(dsa_r_.reason);                  \
     const bool dsa_weak16_ = dsa_r_.verdict == ::dsa::oracle::Verdict::Weak && \
                              ::dsa::props::weak_only_in_16bit(dsa_r_);   \
-    if (!dsa_weak16_ && !dsa_r_.passed())                                \
+    if (!dsa_weak16_ && !dsa_r_.passed()) {                              \
+      ::dsa::props::note_failing_op(dsa_r_.op);                       \
       RC_FAIL(::dsa::oracle::format_op_report(dsa_r_));                  \
+    }                                                                    \
   } while (0)
 
 void add_topk_properties(std::vector<Property>& out);

@@ -54,6 +54,40 @@ std::string first_line(const std::string& s) {
   const auto n = s.find('\n');
   return n == std::string::npos ? s : s.substr(0, n);
 }
+// RapidCheck's failure description begins with the assertion's source location and macro
+// ("../../property_tests/x.cpp:97:\nRC_FAIL(::dsa::oracle::format_op_report(dsa_r_))\n\n<text>").
+// A report must begin with what failed for the user: the text of an RC_FAIL (the oracle's
+// "[FAIL] backend op: output: ... > bound ..."), or "property assertion failed: EXPR" for an
+// RC_ASSERT; the source location moves to the end, without the build tree's "../" prefix.
+std::string user_message(const std::string& d) {
+  size_t start = d.find_first_not_of(" \n");
+  if (start == std::string::npos) return d;
+  const size_t l1 = d.find('\n', start);
+  if (l1 == std::string::npos || l1 == start || d[l1 - 1] != ':') return d;
+  std::string where = d.substr(start, l1 - 1 - start);  // path:line
+  const size_t colon = where.rfind(':');
+  if (colon == std::string::npos || colon + 1 == where.size() ||
+      where.find_first_not_of("0123456789", colon + 1) != std::string::npos)
+    return d;
+  const size_t l2 = d.find('\n', l1 + 1);
+  const std::string macro = d.substr(l1 + 1, l2 == std::string::npos ? std::string::npos : l2 - l1 - 1);
+  const size_t paren = macro.find('(');
+  if (macro.rfind("RC_", 0) != 0 || paren == std::string::npos || macro.back() != ')') return d;
+  std::string rest = l2 == std::string::npos ? "" : d.substr(l2 + 1);
+  const size_t text = rest.find_first_not_of('\n');
+  rest = text == std::string::npos ? "" : rest.substr(text);
+  while (where.rfind("../", 0) == 0) where.erase(0, 3);
+  std::string out;
+  if (macro.rfind("RC_FAIL(", 0) == 0 && !rest.empty()) {
+    out = rest;
+  } else {
+    out = "property assertion failed: " + macro.substr(paren + 1, macro.size() - paren - 2);
+    if (!rest.empty()) out += "\n" + rest;
+  }
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out + "\n(assertion at " + where + ")";
+}
+
 std::string sanitize(std::string s) {
   for (char& ch : s)
     if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-' && ch != '_' && ch != '.') ch = '_';
@@ -116,17 +150,28 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     dump_path = (std::filesystem::path(dir) / (sanitize(s.name) + "__" + sanitize(p.name) + ".safetensors")).string();
   }
   set_dump_target(dump_path);
+  set_selected_ops(o.ops);
   set_generation_level(o.level);
   oracle::Backend& b = *backend;
   // A backend that declares an op but answers "not supported" at run time (a plugin's
   // DSA_STATUS_UNSUPPORTED) makes the property a skip, never a pass or a failure.
   std::string unsupported;
+  // The op of the report assertion that failed in the last failing execution (the reported,
+  // shrunk case): a forward property's backward part fails under sparse_mla_bwd.
+  std::string failed_op;
   const auto property = rc::detail::toProperty([&] {
     if (!unsupported.empty()) return;
+    reset_failing_op();
     try {
       p.body(b, s.block);
     } catch (const oracle::NotSupported& e) {
       unsupported = e.what();
+    } catch (const rc::detail::CaseResult& res) {
+      if (res.type == rc::detail::CaseResult::Type::Failure) failed_op = failing_op();
+      throw;  // a discard (RC_PRE) leaves the last failure's op
+    } catch (...) {
+      failed_op = failing_op();  // an exception fails the case too
+      throw;
     }
   });
   NullListener quiet;
@@ -134,6 +179,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   const auto result = o.quiet ? rc::detail::checkProperty(property, md, params, quiet)
                               : rc::detail::checkProperty(property, md, params);
   set_dump_target("");
+  set_selected_ops({});
   set_generation_level(0);
 
   if (!unsupported.empty()) {
@@ -150,7 +196,8 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   if (result.template is<rc::detail::FailureResult>()) {
     const auto& f = result.template get<rc::detail::FailureResult>();
     r.cases = f.numSuccess;
-    msg << f.description;
+    msg << user_message(f.description);
+    r.failed_op = failed_op;
     for (const auto& kv : f.counterExample) msg << "\n  " << kv.first << " = " << kv.second;
     rc::detail::Configuration cfg;
     cfg.testParams = params;

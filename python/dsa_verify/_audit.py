@@ -312,7 +312,10 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
                 status = "fail" if failed else ("skip" if skipped else "pass")
                 partial = next((r.not_judged for r in results if r.status == "pass" and r.not_judged), [])
                 skipped = ", ".join(r.op for r in results if r.status == "skip")
-                bar.update({"op": task["op"], "property": task["property"], "status": status,
+                # a property's failure shows the op whose check failed, as the table does
+                shown_op = next((r.op for r in results if r.status == "fail"), task["op"]) \
+                    if failed and not task["fixture"] else task["op"]
+                bar.update({"op": shown_op, "property": task["property"], "status": status,
                             "not_judged": partial,
                             "message": f"skip: {skipped}" if status == "pass" and skipped else ""})
             if fail_fast and failed:

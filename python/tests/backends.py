@@ -211,3 +211,13 @@ class RecordsPagedCalls(Fp8Only):
         self.calls.append((block_table.clone(), context_lens.clone(), k_cache.shape[0],
                            bool(torch.isnan(k_scale_cache).any())))
         return super().paged_indexer_scores(q_idx, k_cache, k_scale_cache, w, block_table, context_lens, *a, **kw)
+
+
+class HalvedDkv(TorchBackend):
+    """A right forward with a backward whose dkv is halved: --ops sparse_mla_fwd must not judge
+    (nor report) its backward; --ops sparse_mla_bwd fails it under sparse_mla_bwd."""
+    name = "halved-dkv"
+
+    def sparse_mla_bwd(self, *a, **kw):
+        dq, dkv, *rest = super().sparse_mla_bwd(*a, **kw)
+        return (dq, (dkv * 0.5).contiguous(), *rest)

@@ -58,6 +58,26 @@ def test_planted_fault_fails_with_a_readable_message(tmp_path):
     assert "FAIL sparse_mla_fwd" in summary and "reproduce:" in summary
 
 
+def test_ops_selects_what_is_judged_and_a_failure_names_its_op(tmp_path):
+    # --ops sparse_mla_fwd: the forward properties' backward parts, the block properties and the
+    # fixtures' backward are not judged, so a right forward passes; --ops sparse_mla_bwd fails
+    # under sparse_mla_bwd; with no --ops a forward property's backward failure is filed there too.
+    only = ["smla.empty_rows", "smla.extreme_rows_in_batch", "smla.topk_length_respected"]
+    fwd = dsa_verify.audit(backends.HalvedDkv(), ops=["sparse_mla_fwd"], only=only, seed=5,
+                           dump_dir=str(tmp_path), progress=False)
+    assert fwd.passed, fwd.summary()
+    assert {c.op for c in fwd.cases} == {"sparse_mla_fwd"}, fwd.summary()
+    bwd = dsa_verify.audit(backends.HalvedDkv(), ops=["sparse_mla_bwd"], only=["smla.backward_parity"], seed=5,
+                           dump_dir=str(tmp_path), progress=False)
+    assert [(c.op, c.status) for c in bwd.cases] == [("sparse_mla_bwd", "fail")], bwd.summary()
+    both = dsa_verify.audit(backends.HalvedDkv(), only=["smla.empty_rows"], seed=5, dump_dir=str(tmp_path),
+                            progress=False)
+    assert [(c.op, c.status) for c in both.cases] == [("sparse_mla_bwd", "fail")], both.summary()
+    msg = both.cases[0].message
+    assert msg.startswith("[FAIL] halved-dkv sparse_mla_bwd: dkv: "), msg
+    assert "dsa::" not in msg.split("\n")[0] and "RC_FAIL" not in msg, msg
+
+
 def only_topk(backend, **kw):
     return dsa_verify.audit(backend, ops=["topk"], fixtures=kw.pop("fixtures", False), progress=False,
                             dump_dir=kw.pop("dump_dir", "dsa-verify-failures"), **kw)

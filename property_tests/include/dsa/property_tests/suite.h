@@ -57,6 +57,9 @@ struct SuiteOptions {
   /// Options of every check a property makes (oracle::ScopedCheckDefaults): the audit's
   /// --outputs and --allow-weak.
   oracle::CheckOptions check;
+  /// Ops the run may judge (the audit's --ops; empty: every op). A property judges an
+  /// optional op (a forward property's backward part) only when it is listed here.
+  std::vector<oracle::Op> ops;
 };
 
 struct PropertyResult {
@@ -66,6 +69,9 @@ struct PropertyResult {
   std::string message;  ///< RapidCheck's failure description (shrunk case, assertion)
   std::string repro;    ///< one-line reproduction (RC_PARAMS + DSA_TEST_LEVEL + command)
   std::string dumped;   ///< path of the dumped fixture, if any
+  /// The op whose check failed in the reported (last failing) case when a report assertion
+  /// failed (e.g. sparse_mla_bwd inside a forward property); unset for other failures.
+  std::string failed_op;
 };
 
 /// Runs one property against a subject (skip when unavailable / op not supported).
