@@ -9,13 +9,29 @@
 
 namespace dsa {
 
-Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
-  numel_ = 1;
-  for (int64_t s : shape_) {
-    check_arg(s >= 0, "Tensor", "shape", shape_str(shape_), "non-negative sizes");
-    numel_ *= s;
+namespace {
+int64_t checked_numel(const char* where, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    check_arg(s >= 0, where, "shape", shape_str(shape), "non-negative sizes");
+    n *= s;
   }
+  return n;
+}
+}  // namespace
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+  numel_ = checked_numel("Tensor", shape_);
   bytes_.assign(static_cast<size_t>(numel_) * dtype_size(dtype_), std::byte{0});
+}
+
+Tensor Tensor::for_overwrite(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.numel_ = checked_numel("Tensor::for_overwrite", t.shape_);
+  t.bytes_.resize(static_cast<size_t>(t.numel_) * dtype_size(dtype));  // default-init: no fill
+  return t;
 }
 
 Tensor Tensor::from_f64(std::vector<int64_t> shape, const std::vector<double>& values) {
@@ -106,7 +122,7 @@ void Tensor::set(int64_t i, double v) {
 }
 
 Tensor Tensor::to(DType dtype) const {
-  Tensor out(dtype, shape_);
+  Tensor out = for_overwrite(dtype, shape_);  // every element is stored below
   if (dtype == dtype_) { out.bytes_ = bytes_; return out; }
   for (int64_t i = 0; i < numel_; ++i) out.set(i, get(i));
   return out;
@@ -119,7 +135,7 @@ std::vector<double> Tensor::to_f64() const {
 }
 
 Tensor Tensor::reshaped(std::vector<int64_t> shape) const {
-  Tensor out(dtype_, shape);
+  Tensor out = for_overwrite(dtype_, shape);  // its bytes are replaced below
   check_arg(out.numel() == numel_, "Tensor::reshaped", "shape", shape_str(shape),
             "a shape with " + std::to_string(numel_) + " elements");
   out.bytes_ = bytes_;

@@ -230,10 +230,12 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   const detail::RowReader<A> kv(in.kv, d.d_qk);
   Vec<A> sink;
   if (in.attn_sink) sink = detail::to_mat<A>(*in.attn_sink, d.h_q, 1);
-  // Results are written in place into the output tensors (zero-initialised).
-  SparseMlaForward f{Tensor(detail::out_dtype<A>(), {d.s_q, d.h_q, d.d_v}),
-                     Tensor(detail::out_dtype<A>(), {d.s_q, d.h_q}),
-                     Tensor(detail::out_dtype<A>(), {d.s_q, d.h_q})};
+  // Results are written in place into the output tensors, allocated without a fill: every
+  // element is written below (out by the thread computing its row, so its pages are first
+  // touched in parallel; issue 13).
+  SparseMlaForward f{Tensor::for_overwrite(detail::out_dtype<A>(), {d.s_q, d.h_q, d.d_v}),
+                     Tensor::for_overwrite(detail::out_dtype<A>(), {d.s_q, d.h_q}),
+                     Tensor::for_overwrite(detail::out_dtype<A>(), {d.s_q, d.h_q})};
   auto out = detail::mat_view<A>(f.out, d.s_q * d.h_q, d.d_v);
   auto lse = detail::mat_view<A>(f.lse, d.s_q, d.h_q);
   auto mx = detail::mat_view<A>(f.max_logits, d.s_q, d.h_q);
@@ -242,14 +244,17 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   // Query rows are independent: each writes only its own rows of out, lse and mx.
   for_each_row<ForwardScratch<A>>(d.s_q, row_flops(d), [&](ForwardScratch<A>& s, int64_t t) {
     valid_ids(in, d, t, s.ids);
-    if (s.ids.empty()) return;  // SPEC §6: out 0, lse +inf, max_logits -inf
+    auto out_t = out.middleRows(t * d.h_q, d.h_q);
+    if (s.ids.empty()) {  // SPEC §6: out 0, lse +inf, max_logits -inf (set above)
+      out_t.setZero();
+      return;
+    }
     const int64_t n = static_cast<int64_t>(s.ids.size());
     s.Qt.resize(d.h_q, d.d_qk);
     detail::convert_range<A>(in.q, s.Qt.data(), t * d.h_q * d.d_qk, (t + 1) * d.h_q * d.d_qk);
     RowSoftmax<A>& rs = s.rs;
     const A sm = static_cast<A>(in.sm_scale);
     const Vec<A>* sk = in.attn_sink ? &sink : nullptr;
-    auto out_t = out.middleRows(t * d.h_q, d.h_q);
     if (!SlotBlocks<A>::logits_blocked(d.h_q, n) || d.d_v <= 1) {
       // Small rows (and GEMV-shaped products): the keys gathered whole, as always.
       rs.compute(kv, d.d_qk, s.Qt, s.ids, sm, sk);
@@ -310,12 +315,15 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
   Vec<A> sink;
   if (in.attn_sink) sink = detail::to_mat<A>(*in.attn_sink, d.h_q, 1);
   const A sm = static_cast<A>(in.sm_scale);
-  // dq and dkv are written in place into the output tensors (zero-initialised).
-  SparseMlaGrads grads{Tensor(detail::out_dtype<A>(), {d.s_q, d.h_q, d.d_qk}),
-                       Tensor(detail::out_dtype<A>(), {d.s_kv, d.d_qk}), std::nullopt};
+  // dq and dkv are written in place into the output tensors, allocated without a fill
+  // (issue 13): each dq row is written by the thread computing its query row, each key chunk
+  // of dkv zeroed by the first reduction of its stream (in the pipeline, so in parallel).
+  SparseMlaGrads grads{Tensor::for_overwrite(detail::out_dtype<A>(), {d.s_q, d.h_q, d.d_qk}),
+                       Tensor::for_overwrite(detail::out_dtype<A>(), {d.s_kv, d.d_qk}), std::nullopt};
   auto dQ = detail::mat_view<A>(grads.dq, d.s_q * d.h_q, d.d_qk);
   auto dKV = detail::mat_view<A>(grads.dkv, d.s_kv, d.d_qk);
   Vec<A> dsink = Vec<A>::Zero(d.h_q);
+  if (d.s_q == 0) dKV.setZero();  // no rows, no reductions: dkv is 0
   if (d.s_q > 0) {
     // One pipeline, no barrier between rows: workers compute query rows in any order (each
     // writes its own dq rows and leaves dKg in a ring slot), and reduce finished rows into dkv
@@ -338,7 +346,10 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
     auto compute_row = [&](BackwardScratch<A>& s, int64_t t) {
       RowGrads<A>& g = slot(t);
       valid_ids(in, d, t, g.ids);
-      if (g.ids.empty()) return;  // SPEC §6: dq = 0, no dkv / dsink contribution
+      if (g.ids.empty()) {  // SPEC §6: dq = 0, no dkv / dsink contribution
+        dQ.middleRows(t * d.h_q, d.h_q).setZero();
+        return;
+      }
       // Slot indices by key chunk (a stable counting sort), for the per-chunk reductions.
       const int64_t n = static_cast<int64_t>(g.ids.size());
       g.start.assign(static_cast<size_t>(key_chunks + 1), 0);
@@ -371,6 +382,10 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
 
     // Adds rows [r0, r1) of stream c, in row order.
     auto reduce = [&](int64_t c, int64_t r0, int64_t r1) {
+      if (r0 == 0 && c < key_chunks) {  // the chunk's first rows: zero its keys first
+        const int64_t k0 = std::min(d.s_kv, c * key_chunk);
+        dKV.middleRows(k0, std::min(d.s_kv, k0 + key_chunk) - k0).setZero();
+      }
       for (int64_t t = r0; t < r1; ++t) {
         const RowGrads<A>& g = slot(t);
         if (g.ids.empty()) continue;

@@ -4,6 +4,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 
 #include "dsa/contract/dtype.h"
 #include "dsa/contract/key_windows.h"
@@ -105,6 +106,37 @@ TEST(TensorTest, BadUseThrows) {
   EXPECT_TRUE(throws_naming([] { Tensor(DType::F32, {2}).reshaped({3}); }, "shape"));
   EXPECT_THROW(Tensor(DType::F32, {2}).data<double>(), std::invalid_argument);
   EXPECT_THROW(Tensor(DType::F32, {2}).size(2), std::out_of_range);
+}
+
+// Tensor::for_overwrite (issue 13): the shape and size of the constructor's, storage that
+// copies, moves and converts like any tensor's; the constructor still zero-fills, even on
+// memory that a written for_overwrite tensor just gave back.
+TEST(TensorTest, ForOverwriteSizesCopiesAndMoves) {
+  Tensor t = Tensor::for_overwrite(DType::F64, {2, 3});
+  EXPECT_EQ(t.numel(), 6);
+  EXPECT_EQ(t.nbytes(), 48u);
+  EXPECT_EQ(t.shape(), (std::vector<int64_t>{2, 3}));
+  for (int64_t i = 0; i < 6; ++i) t.set(i, 0.5 * static_cast<double>(i) - 1);
+  const Tensor copy = t;
+  Tensor assigned;
+  assigned = t;
+  const Tensor moved = std::move(t);
+  for (const Tensor* u : std::vector<const Tensor*>{&copy, &assigned, &moved})
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(u->get(i), 0.5 * static_cast<double>(i) - 1);
+  EXPECT_EQ(copy.to(DType::F32).get(5), 1.5);
+  EXPECT_EQ(copy.reshaped({3, 2}).get(4), 1.0);
+  EXPECT_EQ(Tensor::for_overwrite(DType::I32, {0, 4}).nbytes(), 0u);
+  EXPECT_TRUE(throws_naming([] { Tensor::for_overwrite(DType::F32, {-1}); }, "shape"));
+  for (int64_t n : {int64_t{100}, int64_t{1} << 21}) {  // a small chunk and an mmap-sized one
+    {
+      Tensor dirty = Tensor::for_overwrite(DType::U8, {n});
+      std::memset(dirty.raw(), 0xA5, dirty.nbytes());
+    }
+    const Tensor z(DType::U8, {n});
+    int64_t nonzero = 0;
+    for (int64_t i = 0; i < n; ++i) nonzero += z.raw()[i] != std::byte{0};
+    EXPECT_EQ(nonzero, 0) << n << " bytes";
+  }
 }
 
 void expect_windows(const KeyWindows& w, std::vector<int64_t> ks, std::vector<int64_t> ke,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cstring>
 
 #include "test_support.h"
 
@@ -128,6 +129,38 @@ TEST(SparseMlaTest, EmptyRowBackwardIsZeroAndContributesNothing) {
   const SparseMlaGrads g0 = sparse_mla_backward(in, Tensor::from_f64({2, 1, 2}, {0, 0, 1, -1}));
   EXPECT_TRUE(test::identical(g.dkv, g0.dkv));
   EXPECT_TRUE(test::identical(*g.dsink, *g0.dsink));
+}
+
+// Fills and frees tensors of each size in `nbytes`, so that the allocations that follow
+// (of the same sizes) likely reuse memory holding 0xFF bytes (NaN as float64).
+void dirty_heap(std::initializer_list<size_t> nbytes) {
+  for (size_t n : nbytes) {
+    Tensor t = Tensor::for_overwrite(DType::U8, {static_cast<int64_t>(n)});
+    std::memset(t.raw(), 0xFF, n);
+  }
+}
+
+// The outputs are allocated without a zero fill (Tensor::for_overwrite, issue 13): an empty
+// row's out and dq, and the dkv rows of keys no row selects, must still be written as 0, even
+// when the memory they get held other bytes (here NaN patterns) before.
+TEST(SparseMlaTest, EmptyRowsAndUnselectedKeysAreZeroOnReusedMemory) {
+  for (Precision p : {Precision::Reference, Precision::Baseline}) {
+    SparseMlaInputs in = hand_inputs({-1, -1, 0, 0, -1, -1}, 2);  // rows 0 and 2 empty
+    in.kv = Tensor::from_f64({4, 3}, {0, 1, 7, kLn3, 5, -2, 1, 1, 1, 2, 2, 2});  // keys 1-3 unused
+    const Tensor dout = Tensor::from_f64({3, 1, 2}, {5, 6, 1, -1, 2, 2});
+    const size_t w = p == Precision::Reference ? 8 : 4;
+    for (int rep = 0; rep < 3; ++rep) {
+      dirty_heap({3 * 2 * w, 3 * w});
+      const SparseMlaForward f = sparse_mla_forward(in, p);
+      for (int64_t i : {0, 1, 4, 5}) EXPECT_EQ(f.out.get(i), 0.0) << "out entry " << i;
+      EXPECT_EQ(f.lse.get(0), kInf);
+      EXPECT_EQ(f.max_logits.get(2), -kInf);
+      dirty_heap({3 * 3 * w, 4 * 3 * w});
+      const SparseMlaGrads g = sparse_mla_backward(in, dout, p);
+      for (int64_t i : {0, 1, 2, 6, 7, 8}) EXPECT_EQ(g.dq.get(i), 0.0) << "dq entry " << i;
+      for (int64_t i = 3; i < 12; ++i) EXPECT_EQ(g.dkv.get(i), 0.0) << "dkv entry " << i;
+    }
+  }
 }
 
 // Random case: s_q 4, h_q 3, d_qk 8, d_v 6, s_kv 10, k 6 (all slots valid, distinct).

@@ -4,17 +4,52 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dsa/contract/dtype.h"
 
 namespace dsa {
 
+namespace detail {
+/// std::allocator whose value-less construct() default-initialises (no zeroing for
+/// std::byte), so that Tensor::for_overwrite can size its storage without a fill. Copies,
+/// moves and every other construct() behave as std::allocator's.
+template <class T>
+struct DefaultInitAllocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  DefaultInitAllocator() noexcept = default;
+  template <class U>
+  DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+}  // namespace detail
+
 class Tensor {
  public:
   Tensor() = default;
   /// Zero-filled tensor. Throws std::invalid_argument on a negative dimension.
   Tensor(DType dtype, std::vector<int64_t> shape);
+  /// Tensor of `dtype` and `shape` whose bytes are left unspecified (no zero fill), for a
+  /// writer that stores every element before anything reads one: the reference's outputs,
+  /// whose rows are written by the threads that compute them, so that their pages are first
+  /// touched there in parallel instead of by a serial fill (issue 13). Reading an element
+  /// before it is written reads indeterminate bytes. Throws std::invalid_argument on a
+  /// negative dimension, like the constructor.
+  static Tensor for_overwrite(DType dtype, std::vector<int64_t> shape);
   /// F64 tensor holding `values` (size must equal the product of `shape`).
   static Tensor from_f64(std::vector<int64_t> shape, const std::vector<double>& values);
   /// I32 tensor holding `values` (size must equal the product of `shape`).
@@ -53,7 +88,8 @@ class Tensor {
   DType dtype_ = DType::F32;
   std::vector<int64_t> shape_;
   int64_t numel_ = 0;
-  std::vector<std::byte> bytes_;
+  // Zeroed by the constructor; left as allocated only by for_overwrite.
+  std::vector<std::byte, detail::DefaultInitAllocator<std::byte>> bytes_;
 };
 
 }  // namespace dsa
