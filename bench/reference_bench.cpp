@@ -9,6 +9,10 @@
 // 1 = linear), cpu_s = CPU seconds of all threads (user + sys), util = cpu_s / (wall ·
 // threads) (below 1: threads idle in serial parts, imbalance or waits, or preempted by other
 // processes), faults = minor page faults, preempt = involuntary context switches.
+// Peers: Eigen's same-shape GEMMs split over the threads like the reference's rows, and the
+// host's throughput ceilings (BM_Ceiling*: N independent 1-thread jobs at once, each of the
+// same work as the 1-thread run; x_linear = 1-thread wall / N-thread wall), for the GEMMs
+// alone and for the reference's own forward and backward.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Dense>
@@ -16,8 +20,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include <sys/resource.h>
 
@@ -76,14 +82,17 @@ Usage usage_now() {
 // Sets the per-iteration counters of a thread-count benchmark (see the file comment);
 // `one_thread_wall` keeps the first 1-thread run's wall seconds per iteration (it runs first;
 // the 1-thread run repeated last shows whether the machine's speed drifted meanwhile).
+// `weak`: the work grows with the threads (a ceiling: each thread does the 1-thread run's
+// work), so x_linear = 1-thread wall / this wall.
 void set_thread_counters(benchmark::State& state, const Usage& a, const Usage& b,
-                         double& one_thread_wall) {
+                         double& one_thread_wall, bool weak = false) {
   const double iters = static_cast<double>(state.iterations());
   const double threads = static_cast<double>(state.range(0));
   const double wall = (b.wall - a.wall) / iters, cpu = (b.cpu - a.cpu) / iters;
   if (state.range(0) == 1 && one_thread_wall == 0) one_thread_wall = wall;
   state.counters["threads"] = threads;
-  if (one_thread_wall > 0) state.counters["x_linear"] = one_thread_wall / wall / threads;
+  if (one_thread_wall > 0)
+    state.counters["x_linear"] = one_thread_wall / wall / (weak ? 1.0 : threads);
   state.counters["cpu_s"] = cpu;
   state.counters["util"] = cpu / (wall * threads);
   state.counters["faults"] = static_cast<double>(b.faults - a.faults) / iters;
@@ -137,7 +146,7 @@ void BM_ReferenceSparseMlaBackwardThreads(benchmark::State& state) {
 }
 
 // The part of a call that does not scale with its rows (validation, input conversion, the
-// output tensors' allocation and zero fill, thread starts): the glm5 inputs with every row
+// output tensors' allocation, dkv's zeroing, thread starts): the glm5 inputs with every row
 // empty (topk_length 0), so each row returns at once; one iteration = one forward and one
 // backward. Its wall time against the full calls' at the same thread count is the share the
 // row work cannot hide.
@@ -210,6 +219,95 @@ void BM_EigenGemmF64SameShapesThreads(benchmark::State& state) {
   set_gflops(state, 2.0 * kSqGlm5 * kHq * kTopk * (kDqk + kDv));
 }
 
+// The host's throughput ceiling (issue 13): `threads` independent 1-thread jobs at once, one
+// per thread, each the same work as the 1-thread run (no shared work, no partition, no serial
+// part), started together. Their wall time against the 1-thread run's is what the cores give
+// at full load (all-core clock, shared caches and memory, the hypervisor), the most any
+// partition of the same work can reach: x_linear = 1-thread wall / this wall.
+void run_concurrently(int threads, const std::function<void(int)>& job) {
+  std::atomic<int> arrived{0};
+  dsa::parallel_for(threads, 1e18, [&](int64_t w, int64_t) {
+    // Start together: every thread holds one job before any starts (1 s at most, in case the
+    // budget gave fewer threads than jobs).
+    ++arrived;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (arrived.load() < threads && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::yield();
+    job(static_cast<int>(w));
+  });
+}
+
+constexpr int64_t kRowsPerThread = kSqGlm5 / 16;  // a glm5 case's rows per thread at 16 threads
+
+// Ceiling of the same-shape GEMMs: each thread computes the two products of kRowsPerThread
+// query rows on its own operands (like BM_EigenGemmF64SameShapesThreads, whose x_linear is
+// strong scaling over the case's 64 rows).
+void BM_CeilingGemmF64Threads(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  dsa::set_max_threads(threads);
+  struct Operands {
+    MatD Q = MatD::Random(kHq, kDqk), K = MatD::Random(kTopk, kDqk), P, O;
+  };
+  std::vector<Operands> ops(static_cast<size_t>(threads));
+  auto jobs = [&] {
+    run_concurrently(threads, [&](int w) {
+      Operands& o = ops[static_cast<size_t>(w)];
+      for (int64_t t = 0; t < kRowsPerThread; ++t) {
+        o.P.noalias() = o.Q * o.K.transpose();
+        o.O.noalias() = o.P * o.K.leftCols(kDv);
+        benchmark::DoNotOptimize(o.O.data());
+      }
+    });
+  };
+  jobs();  // warm-up
+  static double one_thread_wall = 0;
+  const Usage a = usage_now();
+  for (auto _ : state) jobs();
+  set_thread_counters(state, a, usage_now(), one_thread_wall, /*weak=*/true);
+  set_gflops(state, threads * 2.0 * kRowsPerThread * kHq * kTopk * (kDqk + kDv));
+}
+
+// Ceiling of the reference itself: each thread runs a 1-thread forward (or backward) of
+// kRowsPerThread glm5 rows (a loop inside a busy parallel_for runs serially). The reference's
+// x_linear divided by this one is the share of the host's ceiling that its partition reaches.
+void BM_CeilingForwardThreads(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  dsa::set_max_threads(threads);
+  const dsa::SparseMlaInputs in = make_inputs(kRowsPerThread);
+  auto jobs = [&] {
+    run_concurrently(threads, [&](int) {
+      benchmark::DoNotOptimize(dsa::reference::sparse_mla_forward(in).out.raw());
+    });
+  };
+  jobs();  // warm-up
+  static double one_thread_wall = 0;
+  const Usage a = usage_now();
+  for (auto _ : state) jobs();
+  set_thread_counters(state, a, usage_now(), one_thread_wall, /*weak=*/true);
+  set_gflops(state, threads * 2.0 * kRowsPerThread * kHq * kTopk * (kDqk + kDv));
+}
+
+void BM_CeilingBackwardThreads(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  dsa::set_max_threads(threads);
+  const dsa::SparseMlaInputs in = make_inputs(kRowsPerThread);
+  dsa::Tensor dout(dsa::DType::BF16, {kRowsPerThread, kHq, kDv});
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (int64_t i = 0; i < dout.numel(); ++i) dout.set(i, normal(rng));
+  auto jobs = [&] {
+    run_concurrently(threads, [&](int) {
+      benchmark::DoNotOptimize(dsa::reference::sparse_mla_backward(in, dout).dkv.raw());
+    });
+  };
+  jobs();  // warm-up
+  static double one_thread_wall = 0;
+  const Usage a = usage_now();
+  for (auto _ : state) jobs();
+  set_thread_counters(state, a, usage_now(), one_thread_wall, /*weak=*/true);
+  set_gflops(state, threads * 3 * 2.0 * kRowsPerThread * kHq * kTopk * (kDqk + kDv));
+}
+
 // A large square float64 GEMM, Eigen's best case on this machine.
 void BM_EigenGemmF64Square(benchmark::State& state) {
   const int64_t n = state.range(0);
@@ -234,6 +332,12 @@ BENCHMARK(BM_ReferenceSparseMlaForwardThreads)->Apply(thread_counts)->UseRealTim
     ->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_ReferenceSparseMlaBackwardThreads)->Apply(thread_counts)->UseRealTime()
     ->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_CeilingGemmF64Threads)->Apply(thread_counts)->UseRealTime()
+    ->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK(BM_CeilingForwardThreads)->Apply(thread_counts)->UseRealTime()
+    ->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK(BM_CeilingBackwardThreads)->Apply(thread_counts)->UseRealTime()
+    ->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_ReferenceSparseMlaFixedPartThreads)->Apply(thread_counts)->UseRealTime()
     ->Unit(benchmark::kMillisecond)->Iterations(5);
 

@@ -3,9 +3,11 @@
 # the project's CMake (issue 13): compiles dsa_reference_bench from the contract sources, the
 # reference's sparse MLA and bench/reference_bench.cpp with the flags of the Release build
 # (-O3 -DNDEBUG, no -march), then runs the forward first (with the same-shape GEMM peer and
-# the fixed part of a call), the backward last, each under its own timeout so that a run cut
-# short still returns the forward. Run from a tree staged by ci/gpu/stage-deps.sh; output in
-# $OUT (ref_bench.txt).
+# the fixed part of a call and the host's throughput ceilings), the backward last, each under
+# its own timeout so that a run cut short still returns the forward, then prints a table of
+# x_linear per thread count (also in $OUT/ref_bench_table.txt; python3, skipped without it).
+# Run from a tree staged by ci/gpu/stage-deps.sh; output in $OUT (ref_bench.txt).
+# ~100 s on 16 cores (build 20 s, forward 55 s, backward 45 s).
 # Env: GPU_DEPS (default ../ : .gpu-deps when run from .gpu-deps/wt), FWD_TIMEOUT, BWD_TIMEOUT.
 set -uo pipefail
 out=${OUT:-out}
@@ -38,6 +40,8 @@ run() {  # run TIMEOUT FILTER
     >>"$out/ref_bench.txt" 2>&1
   echo "filter '$2' rc=$? (${SECONDS}s)" | tee -a "$out/ref_bench.txt"
 }
-run "${FWD_TIMEOUT:-90}" 'EigenGemmF64SameShapes|ForwardThreads|FixedPartThreads'
-run "${BWD_TIMEOUT:-70}" 'BackwardThreads'
+run "${FWD_TIMEOUT:-120}" 'EigenGemmF64SameShapes|CeilingGemm|ForwardThreads|FixedPartThreads'
+run "${BWD_TIMEOUT:-100}" 'BackwardThreads'
 grep -E "^BM_|Model name|^CPU|rc=" "$out/ref_bench.txt"
+command -v python3 >/dev/null && python3 ci/gpu/ref_bench_table.py "$out/ref_bench.txt" |
+  tee "$out/ref_bench_table.txt"
