@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "dsa/contract/errors.h"
+#include "dsa/fixtures/fixture.h"
 #include "dsa/property_tests/suite.h"
 #include "route_test_util.h"
 
@@ -16,6 +18,10 @@ namespace {
 using test::Scratch;
 using test::lines_with;
 using test::run_cli_capture;
+
+std::string golden(const std::string& name) {
+  return std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors";
+}
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
@@ -80,6 +86,50 @@ TEST(OpsSelection, ABackwardFailureInAForwardPropertyIsNamedByItsOp) {
   EXPECT_NE(message.find("&gt; bound"), std::string::npos) << message;
   for (const char* internal : {"dsa::", "RC_FAIL", ".cpp:", "../"})
     EXPECT_EQ(message.find(internal), std::string::npos) << internal << " in " << message;
+}
+
+// A fixture whose size params contradict its tensors (params.s_q = 4 with a q of 8 rows) is
+// the file's error on load, on every route (exit 2), naming the file, the param, its value and
+// the tensor's shape; params that agree load as before.
+TEST(InputErrors, SizeParamsContradictingTheShapesAreNamed) {
+  Scratch dir("size_params");
+  struct Case {
+    const char* fixture;
+    const char* key;
+    const char* tensor;
+    int64_t dim;
+  };
+  for (const Case& c : {Case{"smla_basic", "s_q", "q", 0}, Case{"smla_basic", "h_q", "q", 1},
+                        Case{"smla_basic", "d_qk", "q", 2}, Case{"smla_basic", "s_kv", "kv", 0},
+                        Case{"smla_basic", "topk", "indices", -1},
+                        Case{"topk_distinct_causal", "s_kv", "scores", 1},
+                        Case{"idx_causal", "H_I", "q_idx", 1}}) {
+    fixtures::Fixture f = fixtures::load_fixture(golden(c.fixture));
+    const Tensor& t = f.inputs.at(c.tensor);
+    const int64_t size = t.size(c.dim < 0 ? t.dim() + c.dim : c.dim);
+    const std::string path = dir.file(std::string(c.key) + ".safetensors");
+    f.params[c.key] = size;  // agreeing: loads
+    fixtures::save_fixture(path, f);
+    EXPECT_NO_THROW(fixtures::load_fixture(path)) << c.key;
+    f.params[c.key] = size + 3;
+    fixtures::save_fixture(path, f);
+    std::string what;
+    try {
+      fixtures::load_fixture(path);
+    } catch (const fixtures::FileError& e) {
+      what = e.what();
+    }
+    const std::string want = path + ": params." + c.key + " = " + std::to_string(size + 3) +
+                             " contradicts tensor '" + c.tensor + "' of shape " + shape_str(t.shape());
+    EXPECT_EQ(what.rfind(want, 0), 0u) << what;
+    EXPECT_NE(what.find("is " + std::to_string(size) + ")"), std::string::npos) << what;
+    EXPECT_THROW(fixtures::validate_fixture(f, "in memory"), fixtures::FileError) << c.key;
+    std::string out;
+    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << c.key;
+    EXPECT_FALSE(lines_with(out, {want}).empty()) << c.key;
+    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden(c.fixture), &out), 2) << c.key;
+    EXPECT_FALSE(lines_with(out, {"params." + std::string(c.key) + " = ", "contradicts tensor"}).empty()) << c.key;
+  }
 }
 
 }  // namespace
