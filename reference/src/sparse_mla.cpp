@@ -190,37 +190,28 @@ double row_flops(const MlaDims& d) {
          static_cast<double>(d.d_qk + d.d_v);
 }
 
-/// Calls body(scratch, t) for every query row t in [0, n): up to max_threads() workers claim
-/// rows one at a time in order, each with one Scratch reused for all its rows (no allocation
-/// per row, and no chunk boundaries: a slow row never holds up a chunk of others). body must
-/// write only state owned by row t, so results do not depend on the thread count. The first
-/// exception of body stops the workers and is rethrown.
-template <class Scratch, class Body>
-void for_each_row(int64_t n, double work_per_row, const Body& body) {
-  if (n <= 0) return;
-  const int64_t workers = std::min<int64_t>(n, max_threads());
-  std::atomic<int64_t> next{0};
-  std::atomic<bool> failed{false};
-  parallel_for(workers, work_per_row * static_cast<double>(n) / static_cast<double>(workers),
-               [&](int64_t, int64_t) {
-                 Scratch scratch;
-                 for (int64_t t = next++; t < n && !failed.load(); t = next++) {
-                   try {
-                     body(scratch, t);
-                   } catch (...) {
-                     failed.store(true);  // the other workers stop; parallel_for rethrows
-                     throw;
-                   }
-                 }
-               });
-}
+/// One query row of the forward in flight (a slot of the forward's ring): its ids, q rows at
+/// A and logits / probabilities, shared by the workers that compute its units.
+template <class A>
+struct ForwardRow {
+  std::vector<int32_t> ids;
+  Mat<A> Qt;  // [h_q, d_qk] q rows of this query row at A
+  RowSoftmax<A> rs;
+  int64_t kc = 0, bv = 0;  // P·V depth panel and column-block width (SlotBlocks)
+};
 
+/// A worker's own buffers, reused across units (no allocation per unit).
 template <class A>
 struct ForwardScratch {
-  std::vector<int32_t> ids;
-  Mat<A> Qt;          // [h_q, d_qk] q rows of this query row at A
-  std::vector<A> buf;  // one slot block of gathered keys (SlotBlocks)
-  RowSoftmax<A> rs;
+  std::vector<A> buf;  // gathered keys of one slot block, or one V panel of a column block
+  RowSoftmax<A> rs;    // rows computed whole (short rows)
+};
+
+/// Where a ring slot's row stands (guarded by the forward's schedule mutex).
+struct RowProgress {
+  int phase = 0;  // 0 starting, 1 logits, 2 normalising, 3 P·V, 4 done
+  int64_t logit_units = 0, next_logit = 0, logits_done = 0;
+  int64_t v_units = 0, next_v = 0, v_done = 0;
 };
 
 template <class A>
@@ -231,7 +222,7 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   Vec<A> sink;
   if (in.attn_sink) sink = detail::to_mat<A>(*in.attn_sink, d.h_q, 1);
   // Results are written in place into the output tensors, allocated without a fill: every
-  // element is written below (out by the thread computing its row, so its pages are first
+  // element is written below (out by the threads computing its row, so its pages are first
   // touched in parallel; issue 13).
   SparseMlaForward f{Tensor::for_overwrite(detail::out_dtype<A>(), {d.s_q, d.h_q, d.d_v}),
                      Tensor::for_overwrite(detail::out_dtype<A>(), {d.s_q, d.h_q}),
@@ -241,47 +232,154 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   auto mx = detail::mat_view<A>(f.max_logits, d.s_q, d.h_q);
   lse.setConstant(detail::inf<A>());
   mx.setConstant(-detail::inf<A>());
-  // Query rows are independent: each writes only its own rows of out, lse and mx.
-  for_each_row<ForwardScratch<A>>(d.s_q, row_flops(d), [&](ForwardScratch<A>& s, int64_t t) {
-    valid_ids(in, d, t, s.ids);
+  if (d.s_q == 0) return f;
+  const A sm = static_cast<A>(in.sm_scale);
+  const Vec<A>* sk = in.attn_sink ? &sink : nullptr;
+  using Blocks = SlotBlocks<A>;
+  // Units of work (issue 13: rows split so that at the end no thread waits for another's
+  // whole row): a long row (Blocks::logits_blocked) is started (ids, q rows), then its logits
+  // computed by units of kLogitUnit slot blocks, normalised (one unit), and P·V computed by
+  // column blocks of out (each adding Eigen's depth panels in order). Every element of P and
+  // out is the same sum as when one thread computes the row (the same products, in the same
+  // order), so the bytes do not depend on which thread runs a unit. A short row is one unit.
+  constexpr int64_t kLogitUnit = 4;
+  const int64_t threads = std::min<int64_t>(d.s_q, max_threads());
+  const int64_t slots = std::min<int64_t>(d.s_q, 2 * threads);  // rows in flight at most
+  std::vector<ForwardRow<A>> rows(static_cast<size_t>(slots));
+  std::vector<RowProgress> progress(static_cast<size_t>(slots));
+  auto row_of = [&](int64_t t) -> ForwardRow<A>& { return rows[static_cast<size_t>(t % slots)]; };
+  auto prog_of = [&](int64_t t) -> RowProgress& { return progress[static_cast<size_t>(t % slots)]; };
+
+  // Starts row t: ids and q rows, and the unit counts in p; computes the whole row when it
+  // is empty or short. Returns true when the row is done.
+  auto start_row = [&](ForwardScratch<A>& s, int64_t t, RowProgress& p) {
+    ForwardRow<A>& r = row_of(t);
+    valid_ids(in, d, t, r.ids);
     auto out_t = out.middleRows(t * d.h_q, d.h_q);
-    if (s.ids.empty()) {  // SPEC §6: out 0, lse +inf, max_logits -inf (set above)
+    if (r.ids.empty()) {  // SPEC §6: out 0, lse +inf, max_logits -inf (set above)
       out_t.setZero();
-      return;
+      return true;
     }
-    const int64_t n = static_cast<int64_t>(s.ids.size());
-    s.Qt.resize(d.h_q, d.d_qk);
-    detail::convert_range<A>(in.q, s.Qt.data(), t * d.h_q * d.d_qk, (t + 1) * d.h_q * d.d_qk);
-    RowSoftmax<A>& rs = s.rs;
-    const A sm = static_cast<A>(in.sm_scale);
-    const Vec<A>* sk = in.attn_sink ? &sink : nullptr;
-    if (!SlotBlocks<A>::logits_blocked(d.h_q, n) || d.d_v <= 1) {
-      // Small rows (and GEMV-shaped products): the keys gathered whole, as always.
-      rs.compute(kv, d.d_qk, s.Qt, s.ids, sm, sk);
-      out_t.noalias() = rs.P * rs.Kg.leftCols(d.d_v);
-    } else {
-      rs.compute_blocked(kv, d.d_qk, s.Qt, s.ids, sm, sk, s.buf);
-      // out = P V by Eigen's own depth panels (SlotBlocks), each panel of V gathered into buf
-      // by column blocks (out's columns: the micro-kernel's rows) of about 1 MiB.
-      const int64_t kc = SlotBlocks<A>::pv_panel(d.h_q, n, d.d_v);
-      const int64_t bv = SlotBlocks<A>::pv_columns(kc, d.d_v);
-      const int64_t col_blocks = SlotBlocks<A>::pv_column_blocks(bv, d.d_v);  // the last takes the rest
-      for (int64_t j0 = 0; j0 < n; j0 += kc) {
-        const int64_t nb = std::min(kc, n - j0);
-        for (int64_t cb = 0; cb < col_blocks; ++cb) {
-          const int64_t c0 = cb * bv, c1 = cb + 1 == col_blocks ? d.d_v : c0 + bv;
-          if (s.buf.size() < static_cast<size_t>(nb * (c1 - c0))) s.buf.resize(static_cast<size_t>(nb * (c1 - c0)));
-          kv.gather(s.ids, j0, j0 + nb, c0, c1, s.buf.data());
-          const Eigen::Map<const Mat<A>> Vb(s.buf.data(), nb, c1 - c0);
-          auto out_b = out_t.middleCols(c0, c1 - c0);
-          if (j0 == 0) out_b.noalias() = rs.P.middleCols(0, nb) * Vb;
-          else out_b.noalias() += rs.P.middleCols(j0, nb) * Vb;
+    const int64_t n = static_cast<int64_t>(r.ids.size());
+    r.Qt.resize(d.h_q, d.d_qk);
+    detail::convert_range<A>(in.q, r.Qt.data(), t * d.h_q * d.d_qk, (t + 1) * d.h_q * d.d_qk);
+    if (!Blocks::logits_blocked(d.h_q, n) || d.d_v <= 1) {
+      // Short rows (and GEMV-shaped products): the keys gathered whole, as always.
+      s.rs.compute(kv, d.d_qk, r.Qt, r.ids, sm, sk);
+      out_t.noalias() = s.rs.P * s.rs.Kg.leftCols(d.d_v);
+      lse.row(t) = s.rs.lse.transpose();
+      mx.row(t) = s.rs.m.transpose();
+      return true;
+    }
+    r.rs.P.resize(d.h_q, n);
+    r.kc = Blocks::pv_panel(d.h_q, n, d.d_v);
+    r.bv = Blocks::pv_columns(r.kc, d.d_v);
+    p.logit_units = (n / Blocks::kLogits + kLogitUnit - 1) / kLogitUnit;
+    p.v_units = Blocks::pv_column_blocks(r.bv, d.d_v);
+    return false;
+  };
+  // Logits of slot blocks [u·kLogitUnit, (u+1)·kLogitUnit) of row t (the row's last block
+  // takes the rest of its slots, as in RowSoftmax::compute_blocked).
+  auto logits_unit = [&](ForwardScratch<A>& s, int64_t t, int64_t u) {
+    ForwardRow<A>& r = row_of(t);
+    const int64_t n = static_cast<int64_t>(r.ids.size());
+    const int64_t B = Blocks::kLogits, blocks = n / B;
+    for (int64_t b = u * kLogitUnit; b < std::min(blocks, (u + 1) * kLogitUnit); ++b) {
+      const int64_t j0 = b * B, j1 = b + 1 == blocks ? n : j0 + B;
+      if (s.buf.size() < static_cast<size_t>((j1 - j0) * d.d_qk)) s.buf.resize(static_cast<size_t>((j1 - j0) * d.d_qk));
+      kv.gather(r.ids, j0, j1, 0, d.d_qk, s.buf.data());
+      const Eigen::Map<const Mat<A>> Kb(s.buf.data(), j1 - j0, d.d_qk);
+      r.rs.P.middleCols(j0, j1 - j0).noalias() = r.Qt * Kb.transpose();
+    }
+  };
+  auto normalize_unit = [&](int64_t t) {
+    ForwardRow<A>& r = row_of(t);
+    r.rs.normalize(sm, sk);
+    lse.row(t) = r.rs.lse.transpose();
+    mx.row(t) = r.rs.m.transpose();
+  };
+  // Column block cb of out = P V, by Eigen's own depth panels in order (SlotBlocks), each
+  // panel of V gathered into buf.
+  auto pv_unit = [&](ForwardScratch<A>& s, int64_t t, int64_t cb, int64_t col_blocks) {
+    ForwardRow<A>& r = row_of(t);
+    const int64_t n = static_cast<int64_t>(r.ids.size());
+    const int64_t c0 = cb * r.bv, c1 = cb + 1 == col_blocks ? d.d_v : c0 + r.bv;  // the last takes the rest
+    auto out_b = out.middleRows(t * d.h_q, d.h_q).middleCols(c0, c1 - c0);
+    for (int64_t j0 = 0; j0 < n; j0 += r.kc) {
+      const int64_t nb = std::min(r.kc, n - j0);
+      if (s.buf.size() < static_cast<size_t>(nb * (c1 - c0))) s.buf.resize(static_cast<size_t>(nb * (c1 - c0)));
+      kv.gather(r.ids, j0, j0 + nb, c0, c1, s.buf.data());
+      const Eigen::Map<const Mat<A>> Vb(s.buf.data(), nb, c1 - c0);
+      if (j0 == 0) out_b.noalias() = r.rs.P.middleCols(0, nb) * Vb;
+      else out_b.noalias() += r.rs.P.middleCols(j0, nb) * Vb;
+    }
+  };
+
+  // Schedule state, guarded by mu. A worker takes the first unit it can in row order
+  // (finishing rows first frees their slots), else starts the next row if its slot is free,
+  // else waits for a unit running elsewhere; one worker alone runs every row in order.
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t next_row = 0;    // rows below are started
+  int64_t first_open = 0;  // rows below are done
+  bool failed = false;
+  enum Kind { kStart, kLogits, kNormalize, kPv };
+  auto worker = [&](int64_t, int64_t) {
+    ForwardScratch<A> s;
+    std::unique_lock<std::mutex> lock(mu);
+    try {
+      for (;;) {
+        if (failed) return;
+        Kind kind = kStart;
+        int64_t t = -1, u = 0;
+        for (int64_t r = first_open; r < next_row && t < 0; ++r) {
+          RowProgress& p = prog_of(r);
+          if (p.phase == 1 && p.next_logit < p.logit_units) {
+            kind = kLogits, t = r, u = p.next_logit++;
+          } else if (p.phase == 1 && p.logits_done == p.logit_units) {
+            kind = kNormalize, t = r, p.phase = 2;
+          } else if (p.phase == 3 && p.next_v < p.v_units) {
+            kind = kPv, t = r, u = p.next_v++;
+          }
         }
+        if (t < 0 && next_row < d.s_q && next_row < first_open + slots) {
+          kind = kStart, t = next_row++;
+          prog_of(t) = RowProgress{};
+        }
+        if (t < 0) {
+          if (first_open == d.s_q) return;  // every row done
+          cv.wait(lock);
+          continue;
+        }
+        RowProgress& p = prog_of(t);
+        const int64_t v_units = p.v_units;
+        lock.unlock();
+        bool done = false;
+        switch (kind) {
+          case kStart: done = start_row(s, t, p); break;  // p is this worker's while phase 0
+          case kLogits: logits_unit(s, t, u); break;
+          case kNormalize: normalize_unit(t); break;
+          case kPv: pv_unit(s, t, u, v_units); break;
+        }
+        lock.lock();
+        switch (kind) {
+          case kStart: p.phase = done ? 4 : 1; break;
+          case kLogits: ++p.logits_done; break;
+          case kNormalize: p.phase = 3; break;
+          case kPv: if (++p.v_done == p.v_units) p.phase = 4; break;
+        }
+        while (first_open < next_row && prog_of(first_open).phase == 4) ++first_open;
+        cv.notify_all();
       }
+    } catch (...) {
+      if (!lock.owns_lock()) lock.lock();
+      failed = true;  // the others stop; parallel_for rethrows this error
+      cv.notify_all();
+      throw;
     }
-    lse.row(t) = rs.lse.transpose();
-    mx.row(t) = rs.m.transpose();
-  });
+  };
+  parallel_for(threads, row_flops(d) * static_cast<double>(d.s_q) / static_cast<double>(threads),
+               worker);
   return f;
 }
 

@@ -116,7 +116,7 @@ SparseMlaInputs inputs(int64_t h_q, int64_t d_qk, int64_t d_v, int64_t k, int64_
 }
 
 void expect_unblocked_bytes(const SparseMlaInputs& in) {
-  for (int threads : {1, 3}) {
+  for (int threads : {1, 3, 7}) {  // 3 and 7: units of one row on several threads
     const int saved = max_threads();
     set_max_threads(threads);
     const SparseMlaForward f = reference::sparse_mla_forward(in, Precision::Reference);
