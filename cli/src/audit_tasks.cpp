@@ -194,6 +194,32 @@ void validate_selection(const AuditOptions& o) {
       throw std::invalid_argument("audit: argument '--only' got \"" + name +
                                   "\", expected a property name (see the audit table, e.g. topk.contract_exact)");
   }
+  // A property --only names whose ops --ops does not all select would silently not run: a
+  // usage error naming both, the ops it needs and the properties --ops leaves to choose from.
+  if (o.only.empty() || o.ops.empty()) return;
+  std::string ops_list;
+  for (const auto& n : o.ops) ops_list += (ops_list.empty() ? "" : ",") + n;
+  for (const auto& name : o.only) {
+    for (const auto& p : props::all_properties()) {
+      if (p.name != name) continue;
+      AuditOptions ops_only = o;
+      ops_only.only.clear();
+      if (property_selected(ops_only, p)) break;
+      std::string needs, missing, choices;
+      for (oracle::Op op : p.ops) {
+        needs += (needs.empty() ? "" : ", ") + std::string(oracle::to_string(op));
+        if (!op_selected(o, oracle::to_string(op)))
+          missing += (missing.empty() ? "" : ",") + std::string(oracle::to_string(op));
+      }
+      for (const auto& q : props::all_properties())
+        if (property_selected(ops_only, q)) choices += (choices.empty() ? "" : ", ") + q.name;
+      throw std::invalid_argument(
+          "audit: arguments '--only' and '--ops' clash: --only names \"" + name + "\", a property of " +
+          needs + ", but --ops " + ops_list + " does not select " + missing + ". With --ops " + ops_list +
+          ", --only takes one of: " + (choices.empty() ? std::string("(no property)") : choices) +
+          "; or add " + missing + " to --ops");
+    }
+  }
 }
 
 }  // namespace dsa::cli

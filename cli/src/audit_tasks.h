@@ -63,7 +63,9 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
                         const AuditOptions& opts, const ReproCommands& repro);
 
 /// Unknown op or property names are usage errors (std::invalid_argument naming the argument
-/// '--ops' / '--only' and the expected values), not an empty (and green) audit.
+/// '--ops' / '--only' and the expected values), not an empty (and green) audit; so is an
+/// --only property whose ops --ops does not all select (naming both, the ops missing and the
+/// properties --ops leaves to choose from).
 void validate_selection(const AuditOptions& o);
 
 }  // namespace dsa::cli

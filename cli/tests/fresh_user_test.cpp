@@ -88,6 +88,22 @@ TEST(OpsSelection, ABackwardFailureInAForwardPropertyIsNamedByItsOp) {
     EXPECT_EQ(message.find(internal), std::string::npos) << internal << " in " << message;
 }
 
+// --only naming a property of an op --ops does not select: a usage error (exit 2) naming both
+// names, the op missing and the properties --ops leaves, not "ran no case".
+TEST(AuditRanNothing, OnlyAndOpsClashIsNamed) {
+  std::string out;
+  EXPECT_EQ(run_cli_capture("audit --backend reference --ops topk --only topk.contract_exact,smla.forward_ratio", &out), 2);
+  EXPECT_EQ(lines_with(out, {"arguments '--only' and '--ops' clash", "\"smla.forward_ratio\", a property of sparse_mla_fwd",
+                             "--ops topk does not select sparse_mla_fwd", "--only takes one of: topk.contract_exact",
+                             "or add sparse_mla_fwd to --ops"})
+                .size(),
+            1u);
+  EXPECT_TRUE(lines_with(out, {"ran no case"}).empty());
+  // A block property needs all four ops of the block.
+  EXPECT_EQ(run_cli_capture("audit --backend reference --ops topk --only block.gradients_equal_across_policies", &out), 2);
+  EXPECT_EQ(lines_with(out, {"clash", "does not select indexer_scores,sparse_mla_fwd,sparse_mla_bwd"}).size(), 1u);
+}
+
 // A fixture whose size params contradict its tensors (params.s_q = 4 with a q of 8 rows) is
 // the file's error on load, on every route (exit 2), naming the file, the param, its value and
 // the tensor's shape; params that agree load as before.

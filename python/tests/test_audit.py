@@ -159,6 +159,9 @@ def test_seed_out_of_range_is_a_usage_error(seed):
 def test_unknown_op_is_a_usage_error():
     with pytest.raises(ValueError, match="--ops"):
         dsa_verify.audit(TorchBackend(), ops=["topkk"], progress=False)
+    # an --only property of an op --ops does not select: both named, not an empty audit
+    with pytest.raises(ValueError, match="'--only' and '--ops' clash.*smla.forward_ratio.*does not select sparse_mla_fwd"):
+        dsa_verify.audit(TorchBackend(), ops=["topk"], only=["smla.forward_ratio"], progress=False)
 
 
 def test_isolated_crash_and_hang_become_failed_cases():
