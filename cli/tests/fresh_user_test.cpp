@@ -88,6 +88,27 @@ TEST(OpsSelection, ABackwardFailureInAForwardPropertyIsNamedByItsOp) {
     EXPECT_EQ(message.find(internal), std::string::npos) << internal << " in " << message;
 }
 
+// A backend that throws inside a property (a plugin returning an error status): the message
+// begins with the exception's text, not RapidCheck's "Exception thrown with message:".
+TEST(OpsSelection, AnExceptionInAPropertyBeginsWithItsText) {
+  const std::string plugin = mutant_plugin_named("smla_sink_dropped");
+  ASSERT_FALSE(plugin.empty());
+  Scratch dir("ops_exception");
+  std::string out;
+  EXPECT_EQ(run_cli_capture("audit --plugin " + plugin + " --only smla.empty_rows --seed 3 "
+                            "--junit " + dir.file("r.xml") + " --dump-dir " + dir.file("d"),
+                            &out),
+            1);
+  const std::string xml = read_text(dir.file("r.xml"));
+  const std::string attr = "<failure message=\"";
+  const size_t at = xml.find(attr);
+  ASSERT_NE(at, std::string::npos) << xml;
+  const std::string message = xml.substr(at + attr.size(), 200);
+  EXPECT_EQ(message.find("Exception thrown"), std::string::npos) << message;
+  EXPECT_EQ(message.rfind("exception: plugin ", 0), 0u) << message;  // its dsink is missing
+  EXPECT_NE(message.find("sparse_mla_bwd"), std::string::npos) << message;
+}
+
 // --only naming a property of an op --ops does not select: a usage error (exit 2) naming both
 // names, the op missing and the properties --ops leaves, not "ran no case".
 TEST(AuditRanNothing, OnlyAndOpsClashIsNamed) {

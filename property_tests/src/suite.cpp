@@ -58,10 +58,15 @@ std::string first_line(const std::string& s) {
 // ("../../property_tests/x.cpp:97:\nRC_FAIL(::dsa::oracle::format_op_report(dsa_r_))\n\n<text>").
 // A report must begin with what failed for the user: the text of an RC_FAIL (the oracle's
 // "[FAIL] backend op: output: ... > bound ..."), or "property assertion failed: EXPR" for an
-// RC_ASSERT; the source location moves to the end, without the build tree's "../" prefix.
+// RC_ASSERT, or "exception: WHAT" for an exception out of the body; the source location
+// moves to the end, without the build tree's "../" prefix.
 std::string user_message(const std::string& d) {
   size_t start = d.find_first_not_of(" \n");
   if (start == std::string::npos) return d;
+  // An exception out of the body (a plugin's error status, a backend's throw): its message
+  // first, not RapidCheck's preamble.
+  const std::string thrown = "Exception thrown with message:\n";
+  if (d.compare(start, thrown.size(), thrown) == 0) return "exception: " + d.substr(start + thrown.size());
   const size_t l1 = d.find('\n', start);
   if (l1 == std::string::npos || l1 == start || d[l1 - 1] != ':') return d;
   std::string where = d.substr(start, l1 - 1 - start);  // path:line
