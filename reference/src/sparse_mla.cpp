@@ -383,23 +383,39 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   return f;
 }
 
-/// What one query row of the backward hands to the ordered reductions (one slot of the
-/// backward's ring: row t uses slot t % slots once rows before t - slots are reduced).
+/// One query row of the backward in flight (a slot of the backward's ring): what its units
+/// share, and what it hands to the ordered reductions (row t uses slot t % slots once rows
+/// before t - slots are reduced).
 template <class A>
 struct RowGrads {
   std::vector<int32_t> ids;    // valid ids in slot order
   std::vector<int32_t> order;  // slot indices j grouped by key chunk, in slot order within each
   std::vector<int64_t> start;  // [key chunks + 1]: where each key chunk's run starts in order
+  std::vector<int64_t> fill;   // counting-sort cursors, one per key chunk
+  RowSoftmax<A> rs;            // gathered keys Kg, probabilities P and their statistics
+  Mat<A> O, dS;                // [h_q, d_v] out, [h_q, n] dS
+  Vec<A> delta;                // [h_q] Δ = out · dout
   Mat<A> dKg;                  // [n, d_qk] gradient of the gathered kv rows
   Vec<A> dsink;                // [h_q] exp(sink - L) Δ (with attn_sink)
+  int64_t bq = 0, bo = 0;      // column-block widths of dq and out (split rows)
 };
 
-template <class A>
-struct BackwardScratch {
-  RowSoftmax<A> rs;
-  Mat<A> O, dS;
-  Vec<A> delta;
-  std::vector<int64_t> fill;  // counting-sort cursors, one per key chunk
+/// Where a ring slot's row stands in the backward (guarded by the schedule's mutex).
+struct RowPhase {
+  int phase = 0;  // kBwdStart .. kBwdDone
+  int64_t units = 0, next = 0, done = 0;  // of the current phase
+};
+
+// The phases of a split row of the backward, in order; each phase's units run in parallel.
+enum BwdPhase : int {
+  kBwdStart,      // ids, key-chunk order, gathered keys (1 unit; a short row: all of it)
+  kBwdLogits,     // logits by units of slot blocks
+  kBwdNormalize,  // softmax statistics and P (1 unit)
+  kBwdOut,        // out = P V by column blocks (none when out is given)
+  kBwdDelta,      // Δ and the sink term (1 unit)
+  kBwdDs,         // dS by slot blocks
+  kBwdGrads,      // dq by column blocks, then dKg by slot blocks
+  kBwdDone
 };
 
 template <class A>
@@ -412,10 +428,11 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
   const Mat<A> dO = detail::to_mat<A>(dout, d.s_q * d.h_q, d.d_v);
   Vec<A> sink;
   if (in.attn_sink) sink = detail::to_mat<A>(*in.attn_sink, d.h_q, 1);
+  const Vec<A>* sk = in.attn_sink ? &sink : nullptr;
   const A sm = static_cast<A>(in.sm_scale);
   // dq and dkv are written in place into the output tensors, allocated without a fill
-  // (issue 13): each dq row is written by the thread computing its query row, each key chunk
-  // of dkv zeroed by the first reduction of its stream (in the pipeline, so in parallel).
+  // (issue 13): each dq row is written by the threads computing its query row, each key
+  // chunk of dkv zeroed by the first reduction of its stream (in the pipeline, in parallel).
   SparseMlaGrads grads{Tensor::for_overwrite(detail::out_dtype<A>(), {d.s_q, d.h_q, d.d_qk}),
                        Tensor::for_overwrite(detail::out_dtype<A>(), {d.s_kv, d.d_qk}), std::nullopt};
   auto dQ = detail::mat_view<A>(grads.dq, d.s_q * d.h_q, d.d_qk);
@@ -423,30 +440,88 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
   Vec<A> dsink = Vec<A>::Zero(d.h_q);
   if (d.s_q == 0) dKV.setZero();  // no rows, no reductions: dkv is 0
   if (d.s_q > 0) {
-    // One pipeline, no barrier between rows: workers compute query rows in any order (each
-    // writes its own dq rows and leaves dKg in a ring slot), and reduce finished rows into dkv
-    // per key chunk ("stream"), each stream adding rows in query-row, then slot order: every
-    // dkv element is the same sum as the serial loop's, whatever the thread count. dsink is
-    // one more stream, in row order. The ring (~256 MiB of dKg at most) bounds memory; its
-    // size and the key chunks change only the schedule, never a result.
+    // One pipeline, no barrier between rows: workers compute query rows (a long row split in
+    // units that several workers share; each writes its own dq rows and leaves dKg in a ring
+    // slot), and reduce finished rows into dkv per key chunk ("stream"), each stream adding
+    // rows in query-row, then slot order: every dkv element is the same sum as the serial
+    // loop's, whatever the thread count. dsink is one more stream, in row order. The ring
+    // (~384 MiB of gathered keys and dKg at most) bounds memory; its size, the key chunks and
+    // the units change only the schedule, never a result.
+    using Blocks = SlotBlocks<A>;
+    constexpr int64_t kSlotUnit = 4 * Blocks::kLogits;  // slots per unit (4 slot blocks)
     const int64_t threads = max_threads();
-    const int64_t row_bytes = std::max<int64_t>(1, d.k * d.d_qk * static_cast<int64_t>(sizeof(A)));
+    const int64_t row_bytes = std::max<int64_t>(1, 2 * d.k * d.d_qk * static_cast<int64_t>(sizeof(A)));
     const int64_t slots = std::min<int64_t>(
         d.s_q, std::clamp<int64_t>(2 * threads, 1,
-                                   std::max<int64_t>(1, (int64_t{256} << 20) / row_bytes)));
+                                   std::max<int64_t>(1, (int64_t{384} << 20) / row_bytes)));
     const int64_t key_chunks_wanted = std::clamp<int64_t>(4 * threads, 1, std::max<int64_t>(1, d.s_kv));
     const int64_t key_chunk = std::max<int64_t>(1, (d.s_kv + key_chunks_wanted - 1) / key_chunks_wanted);
     const int64_t key_chunks = std::max<int64_t>(1, (d.s_kv + key_chunk - 1) / key_chunk);
     const int64_t streams = key_chunks + (in.attn_sink ? 1 : 0);
     std::vector<RowGrads<A>> rows(static_cast<size_t>(slots));
+    std::vector<RowPhase> phases(static_cast<size_t>(slots));
     auto slot = [&](int64_t t) -> RowGrads<A>& { return rows[static_cast<size_t>(t % slots)]; };
+    auto phase_of = [&](int64_t t) -> RowPhase& { return phases[static_cast<size_t>(t % slots)]; };
+    // Column blocks of a [h_q, cols] product (dq, out): about 4 of them, a multiple of mr wide,
+    // the last one taking the rest; like SlotBlocks' P·V column blocks, each element keeps
+    // its sum.
+    auto col_width = [](int64_t cols) {
+      return std::max<int64_t>(Blocks::kMr, ((cols + 3) / 4 + Blocks::kMr - 1) / Blocks::kMr * Blocks::kMr);
+    };
+    auto col_range = [&](int64_t width, int64_t cols, int64_t b, int64_t count) {
+      const int64_t c0 = b * width;
+      return std::make_pair(c0, b + 1 == count ? cols : c0 + width);
+    };
+    // Units of kSlotUnit slots (a multiple of mr and nr: each slot keeps its micro-kernel),
+    // the last one taking the rest.
+    auto slot_units = [](int64_t n) { return std::max<int64_t>(1, n / kSlotUnit); };
+    auto slot_range = [&](int64_t n, int64_t u) {
+      const int64_t j0 = u * kSlotUnit;
+      return std::make_pair(j0, u + 1 == slot_units(n) ? n : j0 + kSlotUnit);
+    };
+    // Units of each phase of a split row.
+    auto units_of = [&](const RowGrads<A>& g, int phase) -> int64_t {
+      const int64_t n = static_cast<int64_t>(g.ids.size());
+      switch (phase) {
+        case kBwdLogits: return (n / Blocks::kLogits + 3) / 4;
+        case kBwdOut: return given_out ? 0 : Blocks::pv_column_blocks(g.bo, d.d_v);
+        case kBwdDs: return slot_units(n);
+        case kBwdGrads: return Blocks::pv_column_blocks(g.bq, d.d_qk) + slot_units(n);
+        default: return 1;
+      }
+    };
 
-    auto compute_row = [&](BackwardScratch<A>& s, int64_t t) {
+    // A long row is split (SlotBlocks' logits blocks; products of at least mr columns).
+    auto split_row = [&](int64_t n) {
+      return Blocks::logits_blocked(d.h_q, n) && d.d_v >= 2 * Blocks::kMr && d.d_qk >= 2 * Blocks::kMr;
+    };
+
+    // The whole row t, on one thread (short rows).
+    auto compute_whole = [&](RowGrads<A>& g, int64_t t) {
+      RowSoftmax<A>& rs = g.rs;
+      const auto Qt = Q.middleRows(t * d.h_q, d.h_q);
+      const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
+      rs.compute(kv, d.d_qk, Qt, g.ids, sm, sk);
+      const auto Vg = rs.Kg.leftCols(d.d_v);
+      if (given_out) g.O = Ogiven.middleRows(t * d.h_q, d.h_q);  // out as the kernel got it
+      else g.O.noalias() = rs.P * Vg;                            // sink-scaled out [h_q, d_v]
+      g.delta = g.O.cwiseProduct(dOt).rowwise().sum();           // Δ = out · dout
+      g.dS.noalias() = dOt * Vg.transpose();                     // dout · v_j
+      g.dS = rs.P.cwiseProduct(g.dS - g.delta.replicate(1, g.dS.cols()));  // p_j (dout·v_j - Δ)
+      dQ.middleRows(t * d.h_q, d.h_q).noalias() = sm * (g.dS * rs.Kg);
+      g.dKg.noalias() = sm * (g.dS.transpose() * Qt);
+      g.dKg.leftCols(d.d_v).noalias() += rs.P.transpose() * dOt;
+      if (in.attn_sink) g.dsink = rs.psink.cwiseProduct(g.delta);  // exp(sink - L) Δ
+    };
+
+    // Starts row t: ids, key-chunk order; a short row computed whole. Returns true when the
+    // row is computed.
+    auto start_row = [&](int64_t t) {
       RowGrads<A>& g = slot(t);
       valid_ids(in, d, t, g.ids);
       if (g.ids.empty()) {  // SPEC §6: dq = 0, no dkv / dsink contribution
         dQ.middleRows(t * d.h_q, d.h_q).setZero();
-        return;
+        return true;
       }
       // Slot indices by key chunk (a stable counting sort), for the per-chunk reductions.
       const int64_t n = static_cast<int64_t>(g.ids.size());
@@ -454,28 +529,80 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
       for (int32_t id : g.ids) ++g.start[static_cast<size_t>(id / key_chunk + 1)];
       for (int64_t c = 0; c < key_chunks; ++c)
         g.start[static_cast<size_t>(c + 1)] += g.start[static_cast<size_t>(c)];
-      s.fill.assign(g.start.begin(), g.start.end() - 1);
+      g.fill.assign(g.start.begin(), g.start.end() - 1);
       g.order.resize(static_cast<size_t>(n));
       for (int64_t j = 0; j < n; ++j)
-        g.order[static_cast<size_t>(s.fill[static_cast<size_t>(g.ids[static_cast<size_t>(j)] / key_chunk)]++)] =
+        g.order[static_cast<size_t>(g.fill[static_cast<size_t>(g.ids[static_cast<size_t>(j)] / key_chunk)]++)] =
             static_cast<int32_t>(j);
-      RowSoftmax<A>& rs = s.rs;
-      Mat<A>& O = s.O;
-      Mat<A>& dS = s.dS;
-      Vec<A>& delta = s.delta;
+      if (!split_row(n)) {
+        compute_whole(g, t);
+        return true;
+      }
+      g.rs.Kg.resize(n, d.d_qk);
+      kv.gather(g.ids, 0, n, 0, d.d_qk, g.rs.Kg.data());
+      g.rs.P.resize(d.h_q, n);
+      g.dS.resize(d.h_q, n);
+      g.O.resize(d.h_q, d.d_v);
+      g.dKg.resize(n, d.d_qk);
+      g.bq = col_width(d.d_qk);
+      g.bo = col_width(d.d_v);
+      return false;
+    };
+
+    // Unit u of phase `phase` of split row t: the products of compute_whole by blocks, each
+    // element the same sum (SlotBlocks: slot blocks of multiples of mr, the last taking the
+    // rest; column blocks of a multiple of mr; depth panels that do not depend on a block).
+    auto run_unit = [&](int64_t t, int phase, int64_t u) {
+      RowGrads<A>& g = slot(t);
+      RowSoftmax<A>& rs = g.rs;
+      const int64_t n = static_cast<int64_t>(g.ids.size());
       const auto Qt = Q.middleRows(t * d.h_q, d.h_q);
       const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
-      rs.compute(kv, d.d_qk, Qt, g.ids, sm, in.attn_sink ? &sink : nullptr);
-      const auto Vg = rs.Kg.leftCols(d.d_v);
-      if (given_out) O = Ogiven.middleRows(t * d.h_q, d.h_q);    // out as the kernel got it
-      else O.noalias() = rs.P * Vg;                              // sink-scaled out [h_q, d_v]
-      delta = O.cwiseProduct(dOt).rowwise().sum();               // Δ = out · dout
-      dS.noalias() = dOt * Vg.transpose();                       // dout · v_j
-      dS = rs.P.cwiseProduct(dS - delta.replicate(1, dS.cols()));  // p_j (dout·v_j - Δ)
-      dQ.middleRows(t * d.h_q, d.h_q).noalias() = sm * (dS * rs.Kg);
-      g.dKg.noalias() = sm * (dS.transpose() * Qt);
-      g.dKg.leftCols(d.d_v).noalias() += rs.P.transpose() * dOt;
-      if (in.attn_sink) g.dsink = rs.psink.cwiseProduct(delta);  // exp(sink - L) Δ
+      switch (phase) {
+        case kBwdLogits: {
+          const int64_t B = Blocks::kLogits, blocks = n / B;
+          for (int64_t b = 4 * u; b < std::min(blocks, 4 * u + 4); ++b) {
+            const int64_t j0 = b * B, j1 = b + 1 == blocks ? n : j0 + B;
+            rs.P.middleCols(j0, j1 - j0).noalias() = Qt * rs.Kg.middleRows(j0, j1 - j0).transpose();
+          }
+          return;
+        }
+        case kBwdNormalize:
+          rs.normalize(sm, sk);
+          if (given_out) g.O = Ogiven.middleRows(t * d.h_q, d.h_q);  // out as the kernel got it
+          return;
+        case kBwdOut: {
+          const auto [c0, c1] = col_range(g.bo, d.d_v, u, Blocks::pv_column_blocks(g.bo, d.d_v));
+          g.O.middleCols(c0, c1 - c0).noalias() = rs.P * rs.Kg.middleCols(c0, c1 - c0);
+          return;
+        }
+        case kBwdDelta:
+          g.delta = g.O.cwiseProduct(dOt).rowwise().sum();
+          if (in.attn_sink) g.dsink = rs.psink.cwiseProduct(g.delta);
+          return;
+        case kBwdDs: {
+          const auto [j0, j1] = slot_range(n, u);
+          auto dSb = g.dS.middleCols(j0, j1 - j0);
+          dSb.noalias() = dOt * rs.Kg.middleRows(j0, j1 - j0).leftCols(d.d_v).transpose();
+          dSb = rs.P.middleCols(j0, j1 - j0).cwiseProduct(dSb - g.delta.replicate(1, j1 - j0));
+          return;
+        }
+        case kBwdGrads: {
+          const int64_t qb = Blocks::pv_column_blocks(g.bq, d.d_qk);
+          if (u < qb) {
+            const auto [c0, c1] = col_range(g.bq, d.d_qk, u, qb);
+            dQ.middleRows(t * d.h_q, d.h_q).middleCols(c0, c1 - c0).noalias() =
+                sm * (g.dS * rs.Kg.middleCols(c0, c1 - c0));
+          } else {
+            const auto [j0, j1] = slot_range(n, u - qb);
+            auto dKb = g.dKg.middleRows(j0, j1 - j0);
+            dKb.noalias() = sm * (g.dS.middleCols(j0, j1 - j0).transpose() * Qt);
+            dKb.leftCols(d.d_v).noalias() += rs.P.middleCols(j0, j1 - j0).transpose() * dOt;
+          }
+          return;
+        }
+        default: return;
+      }
     };
 
     // Adds rows [r0, r1) of stream c, in row order.
@@ -501,16 +628,27 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
     // Schedule state, guarded by mu.
     std::mutex mu;
     std::condition_variable cv;
-    int64_t next_row = 0;                                        // rows below are claimed
+    int64_t next_row = 0;                                        // rows below are started
+    int64_t first_open = 0;                                      // rows below are computed
     std::vector<char> computed(static_cast<size_t>(d.s_q), 0);   // row t's slot is filled
     std::vector<int64_t> reduced(static_cast<size_t>(streams), 0);  // rows each stream added
     std::vector<char> busy(static_cast<size_t>(streams), 0);     // a worker is adding for it
     bool failed = false;
-    // A worker waits only while every task it could take depends on one running elsewhere
-    // (a row being computed or a stream being added), so the pipeline cannot deadlock, and a
-    // single worker runs it all in serial order.
+    // Moves row t past its finished phase to the next one with units (kBwdDone: computed).
+    auto advance = [&](int64_t t, RowPhase& p) {
+      for (++p.phase; p.phase < kBwdDone; ++p.phase) {
+        p.units = units_of(slot(t), p.phase);
+        p.next = p.done = 0;
+        if (p.units > 0) return;
+      }
+      computed[static_cast<size_t>(t)] = 1;
+      while (first_open < next_row && computed[static_cast<size_t>(first_open)]) ++first_open;
+    };
+    // A worker prefers reductions (they free ring slots), then the first unit it can take in
+    // row order, then starting the next row; it waits only while every task it could take
+    // depends on one running elsewhere, so the pipeline cannot deadlock, and a single worker
+    // runs it all in serial order.
     auto worker = [&](int64_t, int64_t) {
-      BackwardScratch<A> s;
       std::unique_lock<std::mutex> lock(mu);
       try {
         for (;;) {
@@ -521,7 +659,7 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
             min_reduced = std::min(min_reduced, r);
             if (c < 0 && !busy[static_cast<size_t>(i)] && r < d.s_q && computed[static_cast<size_t>(r)]) c = i;
           }
-          if (c >= 0) {  // reductions first: they free ring slots
+          if (c >= 0) {
             const int64_t r0 = reduced[static_cast<size_t>(c)];
             int64_t r1 = r0;
             while (r1 < d.s_q && computed[static_cast<size_t>(r1)]) ++r1;
@@ -532,18 +670,40 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
             reduced[static_cast<size_t>(c)] = r1;
             busy[static_cast<size_t>(c)] = 0;
             cv.notify_all();
-          } else if (next_row < d.s_q && next_row < min_reduced + slots) {
-            const int64_t t = next_row++;
-            lock.unlock();
-            compute_row(s, t);
-            lock.lock();
-            computed[static_cast<size_t>(t)] = 1;
-            cv.notify_all();
-          } else if (min_reduced == d.s_q) {
-            return;  // every row added by every stream
-          } else {
-            cv.wait(lock);
+            continue;
           }
+          int64_t t = -1, u = 0;
+          int phase = kBwdStart;
+          for (int64_t r = first_open; r < next_row && t < 0; ++r) {
+            RowPhase& p = phase_of(r);
+            if (p.phase > kBwdStart && p.phase < kBwdDone && p.next < p.units)
+              t = r, phase = p.phase, u = p.next++;
+          }
+          if (t < 0 && next_row < d.s_q && next_row < min_reduced + slots) {
+            t = next_row++;
+            phase_of(t) = RowPhase{};
+          }
+          if (t < 0) {
+            if (min_reduced == d.s_q) return;  // every row added by every stream
+            cv.wait(lock);
+            continue;
+          }
+          lock.unlock();
+          const bool whole = phase == kBwdStart ? start_row(t) : (run_unit(t, phase, u), false);
+          lock.lock();
+          RowPhase& p = phase_of(t);
+          if (phase == kBwdStart) {
+            if (whole) {
+              p.phase = kBwdDone;
+              computed[static_cast<size_t>(t)] = 1;
+              while (first_open < next_row && computed[static_cast<size_t>(first_open)]) ++first_open;
+            } else {
+              advance(t, p);
+            }
+          } else if (++p.done == p.units) {
+            advance(t, p);
+          }
+          cv.notify_all();
         }
       } catch (...) {
         if (!lock.owns_lock()) lock.lock();

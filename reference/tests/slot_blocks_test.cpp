@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -80,6 +81,77 @@ SparseMlaForward unblocked_forward(const SparseMlaInputs& in) {
   return f;
 }
 
+// The backward before its rows were split in units (issue 13), one query row at a time on
+// the whole gathered keys, dkv and dsink summed in (row, slot) order: the same expressions
+// as the reference's short rows.
+template <class A>
+SparseMlaGrads unsplit_backward(const SparseMlaInputs& in, const Tensor& dout, const Tensor* given_out) {
+  const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d_qk = in.q.size(2), d_v = in.d_v;
+  const int64_t s_kv = in.kv.size(0), k = in.indices.size(-1);
+  auto mat = [](const Tensor& t, int64_t rows, int64_t cols) {
+    Mat<A> m(rows, cols);
+    for (int64_t i = 0; i < rows * cols; ++i) m.data()[i] = static_cast<A>(t.get(i));
+    return m;
+  };
+  const Mat<A> Q = mat(in.q, s_q * h_q, d_qk), KV = mat(in.kv, s_kv, d_qk);
+  const Mat<A> dO = mat(dout, s_q * h_q, d_v);
+  Mat<A> Og;
+  if (given_out) Og = mat(*given_out, s_q * h_q, d_v);
+  Vec<A> sink;
+  if (in.attn_sink) sink = mat(*in.attn_sink, h_q, 1);
+  const A sm = static_cast<A>(in.sm_scale);
+  const DType dt = sizeof(A) == 8 ? DType::F64 : DType::F32;
+  SparseMlaGrads g{Tensor(dt, {s_q, h_q, d_qk}), Tensor(dt, {s_kv, d_qk}), std::nullopt};
+  Eigen::Map<Mat<A>> dQ(g.dq.data<A>(), s_q * h_q, d_qk), dKV(g.dkv.data<A>(), s_kv, d_qk);
+  Vec<A> dsink = Vec<A>::Zero(h_q);
+  for (int64_t t = 0; t < s_q; ++t) {
+    std::vector<int32_t> ids;
+    int64_t limit = k;
+    if (in.topk_length) limit = std::min<int64_t>(limit, in.topk_length->data<int32_t>()[t]);
+    for (int64_t j = 0; j < limit; ++j) {
+      const int32_t id = in.indices.data<int32_t>()[t * k + j];
+      if (id >= 0 && id < s_kv) ids.push_back(id);
+    }
+    if (ids.empty()) continue;
+    const int64_t n = static_cast<int64_t>(ids.size());
+    const auto Qt = Q.middleRows(t * h_q, h_q);
+    const auto dOt = dO.middleRows(t * h_q, h_q);
+    Mat<A> Kg(n, d_qk);
+    for (int64_t j = 0; j < n; ++j) Kg.row(j) = KV.row(ids[static_cast<size_t>(j)]);
+    Mat<A> P;
+    P.noalias() = Qt * Kg.transpose();
+    P *= sm;
+    const Vec<A> m = P.rowwise().maxCoeff();
+    P.colwise() -= m;
+    P = P.array().exp().matrix();
+    const Vec<A> l = m.array() + P.rowwise().sum().array().log();
+    Vec<A> r = Vec<A>::Ones(h_q), psink = Vec<A>::Zero(h_q);
+    if (in.attn_sink) {
+      r = (A(1) + (sink.array() - l.array()).exp()).inverse();
+      psink = (A(1) + (l.array() - sink.array()).exp()).inverse();
+    }
+    const Vec<A> scale = r.array() * (m.array() - l.array()).exp();
+    P = scale.asDiagonal() * P;
+    const auto Vg = Kg.leftCols(d_v);
+    Mat<A> O, dS, dKg;
+    if (given_out) O = Og.middleRows(t * h_q, h_q);
+    else O.noalias() = P * Vg;
+    const Vec<A> delta = O.cwiseProduct(dOt).rowwise().sum();
+    dS.noalias() = dOt * Vg.transpose();
+    dS = P.cwiseProduct(dS - delta.replicate(1, dS.cols()));
+    dQ.middleRows(t * h_q, h_q).noalias() = sm * (dS * Kg);
+    dKg.noalias() = sm * (dS.transpose() * Qt);
+    dKg.leftCols(d_v).noalias() += P.transpose() * dOt;
+    for (int64_t j = 0; j < n; ++j) dKV.row(ids[static_cast<size_t>(j)]) += dKg.row(j);
+    if (in.attn_sink) dsink -= psink.cwiseProduct(delta);
+  }
+  if (in.attn_sink) {
+    g.dsink = Tensor(dt, {h_q});
+    std::memcpy(g.dsink->raw(), dsink.data(), g.dsink->nbytes());
+  }
+  return g;
+}
+
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && a.nbytes() == b.nbytes() &&
          (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
@@ -130,6 +202,44 @@ void expect_unblocked_bytes(const SparseMlaInputs& in) {
     EXPECT_TRUE(same_bytes(g.lse, g0.lse)) << "fp32 lse, " << threads << " threads";
     EXPECT_TRUE(same_bytes(g.max_logits, g0.max_logits)) << "fp32 max_logits";
   }
+}
+
+// The backward's long rows are split in units shared by the threads (logits and dS by
+// slot blocks, out and dq by column blocks, dKg by slot blocks): the same bytes as the
+// unsplit rows, with and without the kernel's out, 1, 3 and 7 threads.
+void expect_unsplit_backward_bytes(const SparseMlaInputs& in) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  Tensor dout(in.q.dtype(), {in.q.size(0), in.q.size(1), in.d_v});
+  for (int64_t i = 0; i < dout.numel(); ++i) dout.set(i, normal(rng));
+  const Tensor given = reference::sparse_mla_forward(in, Precision::Baseline).out;  // an fp32 out
+  for (const Tensor* out : {static_cast<const Tensor*>(nullptr), &given}) {
+    const std::optional<Tensor> out_arg = out ? std::optional<Tensor>(*out) : std::nullopt;
+    const SparseMlaGrads f0 = unsplit_backward<double>(in, dout, out);
+    const SparseMlaGrads g0 = unsplit_backward<float>(in, dout, out);
+    for (int threads : {1, 3, 7}) {
+      const int saved = max_threads();
+      set_max_threads(threads);
+      const SparseMlaGrads f = reference::sparse_mla_backward(in, dout, Precision::Reference, out_arg);
+      const SparseMlaGrads g = reference::sparse_mla_backward(in, dout, Precision::Baseline, out_arg);
+      set_max_threads(saved);
+      const char* with = out ? "with out" : "without out";
+      EXPECT_TRUE(same_bytes(f.dq, f0.dq)) << "float64 dq, " << with << ", " << threads << " threads";
+      EXPECT_TRUE(same_bytes(f.dkv, f0.dkv)) << "float64 dkv, " << with << ", " << threads << " threads";
+      EXPECT_TRUE(same_bytes(g.dq, g0.dq)) << "fp32 dq, " << with << ", " << threads << " threads";
+      EXPECT_TRUE(same_bytes(g.dkv, g0.dkv)) << "fp32 dkv, " << with << ", " << threads << " threads";
+      EXPECT_EQ(f.dsink.has_value(), in.attn_sink.has_value());
+      if (f.dsink && f0.dsink) EXPECT_TRUE(same_bytes(*f.dsink, *f0.dsink)) << "float64 dsink";
+      if (g.dsink && g0.dsink) EXPECT_TRUE(same_bytes(*g.dsink, *g0.dsink)) << "fp32 dsink";
+    }
+  }
+}
+
+TEST(SlotBlocks, BackwardBytesEqualTheUnsplitRows) {
+  // The glm5 widths with 8 heads, and odd sizes everywhere (~1 s in all).
+  expect_unsplit_backward_bytes(inputs(8, 576, 512, 2048, 2500, true, DType::BF16));
+  expect_unsplit_backward_bytes(inputs(7, 72, 41, 1100, 1300, true, DType::F32));
+  expect_unsplit_backward_bytes(inputs(13, 37, 37, 1500, 1600, false, DType::F64));
 }
 
 TEST(SlotBlocks, ForwardBytesEqualTheUnblockedProducts) {
