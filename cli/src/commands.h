@@ -52,7 +52,10 @@ std::vector<std::string> parse_output_names(const std::vector<std::string>& name
 /// (default: every available one) are judged by the same check_op; one line per file, op and
 /// candidate: agree; partial (a pass with outputs not judged, named: "partial: lse not
 /// stored, not judged"); skip (a backend that cannot run the op, or a producer storing none of
-/// its outputs), never agree; or DISAGREE / INCOMPLETE / WEAK (exit 1).
+/// its outputs), never agree; or DISAGREE / INCOMPLETE / WEAK (exit 1). A file that cannot be
+/// read or judged (corrupt, truncated, contradicting params) is an "ERROR: unreadable input" row
+/// named by its path, counted as unreadable in the summary and listed in the JSON with its
+/// error; exit 2 (input error) whatever the other rows say.
 int run_fixtures_check(const std::string& path, const std::vector<std::string>& backends,
                        bool verbose, const JudgeOptions& judge = {});
 

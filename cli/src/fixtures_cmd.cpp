@@ -131,7 +131,7 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     backends.push_back(std::move(b));
   }
 
-  size_t pass = 0, partial = 0, fail = 0, skip = 0;
+  size_t pass = 0, partial = 0, fail = 0, skip = 0, errors = 0;
   std::vector<std::string> summary;
   const oracle::CheckOptions opt = check_options(judge, /*file_route=*/false);
   nlohmann::json json_files = nlohmann::json::array();
@@ -149,6 +149,13 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     FileResult& out = results[static_cast<size_t>(i)];
     // One row per op of the fixture and candidate: a fwd+bwd file whose producer stores only
     // the forward shows the backward as skip, never as part of an agree.
+    // A file that cannot be read or judged: ERROR (unreadable input, exit 2), named by its path.
+    auto error_row = [&](const std::string& name, const std::string& op, const std::string& who) {
+      char line[1024];
+      std::snprintf(line, sizeof line, "%-28s %-24s %-16s %s", name.c_str(), op.c_str(), who.c_str(),
+                    "ERROR: unreadable input (the error above)");
+      out.rows.emplace_back(line, "ERROR");
+    };
     auto rows = [&](const fixtures::Fixture& f, const std::string& who,
                     const std::vector<oracle::OpReport>& reports, bool producer) {
       for (const auto& r : reports) {
@@ -167,10 +174,14 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
       c = oracle::op_case_from_fixture(f);
       r = oracle::check_fixture(f, c, nullptr, opt);
     } catch (const std::exception& e) {
-      // FileError already names the file; anything else gets its path here.
+      // FileError already names the file; anything else gets its path here. The file is a
+      // row of its own (named by its path) and counted as unreadable: input error, exit 2.
       const std::string msg = e.what();
-      out.text += "error: " + (msg.rfind(file, 0) == 0 ? msg : file + ": " + msg) + "\n";
+      const std::string line = msg.rfind(file, 0) == 0 ? msg : file + ": " + msg;
+      out.text += "error: " + line + "\n";
       out.usage_error = true;
+      error_row(file, "-", "-");
+      out.json = nlohmann::json{{"path", file}, {"error", line}};
       return;
     }
     const bool producer_ok = r.passed();
@@ -183,8 +194,11 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
       try {
         reports = oracle::judge_fixture_ops(f, c, *b, opt);
       } catch (const std::exception& e) {
-        out.text += "error: " + file + ": " + e.what() + "\n";
+        const std::string msg = e.what();
+        out.text += "error: " + (msg.rfind(file, 0) == 0 ? msg : file + ": " + msg) + "\n";
         out.usage_error = true;
+        error_row(file, "-", b->name());
+        jf["backends"][b->name()] = nlohmann::json{{"error", msg}};
         continue;
       }
       const oracle::Verdict v = oracle::overall_verdict(reports);
@@ -202,7 +216,7 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     if (out.usage_error) code = kExitUsage;
     for (const auto& [line, w] : out.rows) {
       summary.push_back(line);
-      (w == "agree" ? pass : w == "partial" ? partial : w == "skip" ? skip : fail)++;
+      (w == "agree" ? pass : w == "partial" ? partial : w == "skip" ? skip : w == "ERROR" ? errors : fail)++;
       if (w != "agree" && w != "partial" && w != "skip" && code == kExitOk) code = kExitDisagree;
     }
     if (out.json) json_files.push_back(std::move(*out.json));
@@ -213,10 +227,10 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     write_text_file(judge.json_path, nlohmann::json{{"files", json_files}}.dump(2) + "\n");
   std::printf("\nfixtures check %s\n%-28s %-24s %-16s %s\n", path.c_str(), "case", "op", "judged", "result");
   for (const auto& s : summary) std::printf("%s\n", s.c_str());
-  std::printf("\nfixtures: %zu agree, %zu partial, %zu disagree, %zu skipped (rows: one per op and "
-              "candidate)\n", pass, partial, fail, skip);
+  std::printf("\nfixtures: %zu agree, %zu partial, %zu disagree, %zu skipped, %zu unreadable (rows: one "
+              "per op and candidate; an unreadable file is one row, exit 2)\n", pass, partial, fail, skip, errors);
   // Nothing judged (every row a skip) is not a pass, as in the audit.
-  if (code == kExitOk && pass + partial + fail == 0) {
+  if (code == kExitOk && pass + partial + fail + errors == 0) {
     std::fprintf(stderr, "dsa-verify: error: fixtures check %s judged nothing: every row was skipped "
                  "(no stored outputs and no backend that runs the op)\n", path.c_str());
     return kExitUsage;

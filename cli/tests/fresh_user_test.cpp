@@ -4,6 +4,7 @@
 // the user, never an internal path. Label golden.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -123,6 +124,32 @@ TEST(AuditRanNothing, OnlyAndOpsClashIsNamed) {
   // A block property needs all four ops of the block.
   EXPECT_EQ(run_cli_capture("audit --backend reference --ops topk --only block.gradients_equal_across_policies", &out), 2);
   EXPECT_EQ(lines_with(out, {"clash", "does not select indexer_scores,sparse_mla_fwd,sparse_mla_bwd"}).size(), 1u);
+}
+
+// `fixtures check DIR` with a corrupt file beside good ones: the corrupt file is a row of the
+// table named by its path and counted as unreadable in the summary; exit 2 (input error) even
+// though every other row agrees; the JSON lists it with its error.
+TEST(FixturesCheckErrors, ACorruptFileIsCountedAndNamed) {
+  Scratch dir("corrupt");
+  std::filesystem::copy_file(golden("topk_mtp"), dir.file("topk_mtp.safetensors"));
+  const std::string corrupt = dir.file("corrupt.safetensors");
+  {
+    const std::string bytes = read_text(golden("idx_causal"));
+    std::ofstream(corrupt, std::ios::binary) << bytes.substr(0, 300);  // truncated
+  }
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + dir.file("") + " --backend reference --json " + dir.file("r.json"), &out), 2);
+  EXPECT_FALSE(lines_with(out, {"error: " + corrupt + ": "}).empty()) << out;
+  EXPECT_EQ(lines_with(out, {corrupt, "ERROR: unreadable input"}).size(), 1u) << out;
+  EXPECT_EQ(lines_with(out, {"fixtures: 2 agree, 0 partial, 0 disagree, 0 skipped, 1 unreadable"}).size(), 1u) << out;
+  const auto j = test::read_json(dir.file("r.json"));
+  bool listed = false;
+  for (const auto& f : j.at("files")) listed |= f.value("path", "") == corrupt && f.contains("error");
+  EXPECT_TRUE(listed) << j.dump();
+  // The corrupt file alone: still a row and exit 2, never "judged nothing" or a pass.
+  EXPECT_EQ(run_cli_capture("fixtures check " + corrupt + " --backend reference", &out), 2);
+  EXPECT_EQ(lines_with(out, {"fixtures: 0 agree", "1 unreadable"}).size(), 1u) << out;
+  EXPECT_TRUE(lines_with(out, {"judged nothing"}).empty()) << out;
 }
 
 // A fixture whose size params contradict its tensors (params.s_q = 4 with a q of 8 rows) is
