@@ -70,16 +70,30 @@ inline int precision_rank(DType d) {
   return d == DType::F64 ? 3 : d == DType::F32 ? 2 : (d == DType::F16 || d == DType::BF16) ? 1 : 0;
 }
 
-/// Fails `r` when the candidate's output `name` is narrower than the dtype the SPEC fixes for
-/// it: `scores` fp32 (§2, §10), `lse` and `max_logits` fp32 (§4), and `out` not narrower than
-/// q's dtype (`at_least`, §4). A narrower output would otherwise be judged at its own, looser
-/// precision class (θ 1e-2 for bf16 instead of 1e-4): a false AGREES. Wider (e.g. a float64
-/// reference run) is judged by its own class. Returns true when it failed.
+/// True when a candidate output of dtype `d` may stand for the dtype `fixed` the SPEC fixes for
+/// it: `fixed` itself or a wider float (F32/F64 for a 16-bit `fixed`, F64 for F32). Another
+/// format of the same width is not: an F16 out for a bf16 q is neither q's dtype (SPEC §4:
+/// "out [s_q, h_q, d_v] (q's dtype)") nor wider (F16's range ends at 65504, bf16's at 3.4e38).
+inline bool dtype_meets_contract(DType d, DType fixed) {
+  return d == fixed || precision_rank(d) > precision_rank(fixed);
+}
+
+/// Fails `r` when the candidate's output `name` does not have the dtype the SPEC fixes for it
+/// (or a wider one): `scores` fp32 (§2, §10), `lse` and `max_logits` fp32 (§4), and `out` in
+/// q's dtype (`fixed`, §4). A narrower output would otherwise be judged at its own, looser
+/// precision class (θ 1e-2 for bf16 instead of 1e-4), another 16-bit format (F16 out for a
+/// bf16 q) at another format's class: a false AGREES. Wider (e.g. a float64 reference run) is
+/// judged by its own, stricter class. The message names the output, the dtype given and the
+/// dtypes expected. Returns true when it failed.
 inline bool narrower_than_contract(OpReport& r, const std::string& name, const std::string& label,
-                                   const Tensor& cand, DType at_least) {
-  if (!cand.defined() || precision_rank(cand.dtype()) >= precision_rank(at_least)) return false;
-  r.fail(name + label + ": dtype " + dtype_name(cand.dtype()) + ", expected " + dtype_name(at_least) +
-         " or wider (contract: the SPEC fixes this output's dtype; §2/§10 scores fp32, §4 lse and "
+                                   const Tensor& cand, DType fixed) {
+  if (!cand.defined() || dtype_meets_contract(cand.dtype(), fixed)) return false;
+  std::string wider;
+  for (DType w : {DType::F32, DType::F64})
+    if (precision_rank(w) > precision_rank(fixed)) wider += std::string(wider.empty() ? "" : ", ") + dtype_name(w);
+  r.fail(name + label + ": dtype " + dtype_name(cand.dtype()) + ", expected " + dtype_name(fixed) +
+         (wider.empty() ? "" : " or wider (" + wider + ")") +
+         " (contract: the SPEC fixes this output's dtype; §2/§10 scores fp32, §4 lse and "
          "max_logits fp32, out in q's dtype)");
   return true;
 }

@@ -261,7 +261,8 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
   if (!run_candidate(r, b, opt, [&] { return shared_mla_forward(c, Precision::Reference); },
                      [&] { return b.sparse_mla_forward(c.mla); }, eq, cand))
     return r;
-  // SPEC §4: out in q's dtype; a narrower out would pick a looser baseline below.
+  // SPEC §4: out in q's dtype (or wider); a narrower out or another 16-bit format would pick
+  // another baseline below.
   if ((!opt.provided_outputs || opt.provided_outputs->count("out")) &&
       detail::narrower_than_contract(r, "out", "", cand.out, c.mla.q.dtype()))
     return r;
@@ -331,10 +332,11 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
       // no forward to learn from: q's dtype (SPEC §4)
     }
   }
-  if (detail::precision_rank(out_dtype) < detail::precision_rank(c.mla.q.dtype())) {
-    // SPEC §4: out is in q's dtype; an out narrower than q must not loosen the baseline.
+  if (!detail::dtype_meets_contract(out_dtype, c.mla.q.dtype())) {
+    // SPEC §4: out is in q's dtype; an out narrower than q, or another 16-bit format (F16 for
+    // a bf16 q), must not move the baseline (the forward check fails it).
     r.notes.push_back(std::string("the candidate's out (") + dtype_name(out_dtype) +
-                      ") is narrower than q: baseline Δ at q's dtype (SPEC §4)");
+                      ") is not q's dtype nor wider: baseline Δ at q's dtype (SPEC §4)");
     out_dtype = c.mla.q.dtype();
     delta_out.reset();
     delta_from_candidate = false;

@@ -58,6 +58,31 @@ TEST(OutputDtype, OutNarrowerThanQFails) {
   EXPECT_NE(r.reason.find("out: dtype BF16, expected F32"), std::string::npos) << r.reason;
 }
 
+// SPEC §4: out is in q's dtype. For a bf16 q an F16 out is neither q's dtype nor wider (a
+// fresh-user run: it AGREED, judged at F16's class); it fails naming out, F16 and the dtypes
+// expected, while bf16 and the wider F32/F64 outs of the same values pass. The backward's
+// baseline does not take Δ at F16 either.
+TEST(OutputDtype, OutInAnother16BitFormatThanQFails) {
+  const OpCase c = op_case_from_fixture(golden("smla_basic"));
+  ASSERT_EQ(c.mla.q.dtype(), DType::BF16);
+  const SparseMlaForward f = make_reference_backend()->sparse_mla_forward(c.mla);
+  CheckOptions only_out;
+  only_out.provided_outputs = std::set<std::string>{"out"};
+  for (DType ok : {DType::BF16, DType::F32, DType::F64})
+    EXPECT_TRUE(judge_outputs(Op::SparseMlaFwd, c, {{"out", f.out.to(ok)}}, only_out, "ok").passed())
+        << dtype_name(ok);
+  const OpReport r = judge_outputs(Op::SparseMlaFwd, c, {{"out", f.out.to(DType::F16)}}, only_out, "f16");
+  EXPECT_EQ(r.verdict, Verdict::Fail);
+  EXPECT_NE(r.reason.find("out: dtype F16, expected BF16 or wider (F32, F64)"), std::string::npos) << r.reason;
+  // The backward handed an F16 out: its baseline stays at q's dtype, and says so.
+  const SparseMlaGrads g = make_reference_backend()->sparse_mla_backward(c.mla, c.dout);
+  NamedOutputs grads = {{"dq", g.dq}, {"dkv", g.dkv}, {"out", f.out.to(DType::F16)}};
+  const OpReport b = judge_outputs(Op::SparseMlaBwd, c, grads, {}, "f16 out");
+  bool noted = false;
+  for (const auto& n : b.notes) noted |= n.find("(F16) is not q's dtype nor wider") != std::string::npos;
+  EXPECT_TRUE(noted);
+}
+
 TEST(ProvidedOutputs, NoneOfTheOpsOutputsSkipsInsteadOfPassing) {
   const OpCase c = op_case_from_fixture(golden("smla_basic"));
   const SparseMlaForward f = make_reference_backend()->sparse_mla_forward(c.mla);
