@@ -333,9 +333,9 @@ BENCHMARK(BM_ReferenceSparseMlaForwardThreads)->Apply(thread_counts)->UseRealTim
 BENCHMARK(BM_ReferenceSparseMlaBackwardThreads)->Apply(thread_counts)->UseRealTime()
     ->Unit(benchmark::kMillisecond)->Iterations(1);
 BENCHMARK(BM_CeilingGemmF64Threads)->Apply(thread_counts)->UseRealTime()
-    ->Unit(benchmark::kMillisecond)->Iterations(2);
+    ->Unit(benchmark::kMillisecond)->Iterations(4);
 BENCHMARK(BM_CeilingForwardThreads)->Apply(thread_counts)->UseRealTime()
-    ->Unit(benchmark::kMillisecond)->Iterations(2);
+    ->Unit(benchmark::kMillisecond)->Iterations(4);
 BENCHMARK(BM_CeilingBackwardThreads)->Apply(thread_counts)->UseRealTime()
     ->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_ReferenceSparseMlaFixedPartThreads)->Apply(thread_counts)->UseRealTime()

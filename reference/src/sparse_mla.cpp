@@ -392,6 +392,7 @@ struct RowGrads {
   std::vector<int32_t> order;  // slot indices j grouped by key chunk, in slot order within each
   std::vector<int64_t> start;  // [key chunks + 1]: where each key chunk's run starts in order
   std::vector<int64_t> fill;   // counting-sort cursors, one per key chunk
+  Mat<A> Qt, dOt;              // [h_q, d_qk] q rows, [h_q, d_v] dout rows at A
   RowSoftmax<A> rs;            // gathered keys Kg, probabilities P and their statistics
   Mat<A> O, dS;                // [h_q, d_v] out, [h_q, n] dS
   Vec<A> delta;                // [h_q] Δ = out · dout
@@ -421,11 +422,9 @@ enum BwdPhase : int {
 template <class A>
 SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const MlaDims& d,
                         const std::optional<Tensor>& given_out) {
-  const Mat<A> Q = detail::to_mat<A>(in.q, d.s_q * d.h_q, d.d_qk);
-  Mat<A> Ogiven;
-  if (given_out) Ogiven = detail::to_mat<A>(*given_out, d.s_q * d.h_q, d.d_v);
-  const detail::RowReader<A> kv(in.kv, d.d_qk);  // kv rows converted as they are gathered
-  const Mat<A> dO = detail::to_mat<A>(dout, d.s_q * d.h_q, d.d_v);
+  // q, dout and the given out are converted per query row and kv rows as they are
+  // gathered, inside the parallel pipeline: no whole-tensor copies.
+  const detail::RowReader<A> kv(in.kv, d.d_qk);
   Vec<A> sink;
   if (in.attn_sink) sink = detail::to_mat<A>(*in.attn_sink, d.h_q, 1);
   const Vec<A>* sk = in.attn_sink ? &sink : nullptr;
@@ -496,14 +495,20 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
       return Blocks::logits_blocked(d.h_q, n) && d.d_v >= 2 * Blocks::kMr && d.d_qk >= 2 * Blocks::kMr;
     };
 
+    // Rows [t·h_q, (t+1)·h_q) of a [s_q·h_q, cols] tensor, converted to A into m.
+    auto convert_rows = [&](const Tensor& x, int64_t t, int64_t cols, Mat<A>& m) {
+      m.resize(d.h_q, cols);
+      detail::convert_range<A>(x, m.data(), t * d.h_q * cols, (t + 1) * d.h_q * cols);
+    };
+
     // The whole row t, on one thread (short rows).
     auto compute_whole = [&](RowGrads<A>& g, int64_t t) {
       RowSoftmax<A>& rs = g.rs;
-      const auto Qt = Q.middleRows(t * d.h_q, d.h_q);
-      const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
+      const Mat<A>& Qt = g.Qt;
+      const Mat<A>& dOt = g.dOt;
       rs.compute(kv, d.d_qk, Qt, g.ids, sm, sk);
       const auto Vg = rs.Kg.leftCols(d.d_v);
-      if (given_out) g.O = Ogiven.middleRows(t * d.h_q, d.h_q);  // out as the kernel got it
+      if (given_out) convert_rows(*given_out, t, d.d_v, g.O);   // out as the kernel got it
       else g.O.noalias() = rs.P * Vg;                            // sink-scaled out [h_q, d_v]
       g.delta = g.O.cwiseProduct(dOt).rowwise().sum();           // Δ = out · dout
       g.dS.noalias() = dOt * Vg.transpose();                     // dout · v_j
@@ -534,6 +539,8 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
       for (int64_t j = 0; j < n; ++j)
         g.order[static_cast<size_t>(g.fill[static_cast<size_t>(g.ids[static_cast<size_t>(j)] / key_chunk)]++)] =
             static_cast<int32_t>(j);
+      convert_rows(in.q, t, d.d_qk, g.Qt);
+      convert_rows(dout, t, d.d_v, g.dOt);
       if (!split_row(n)) {
         compute_whole(g, t);
         return true;
@@ -556,8 +563,8 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
       RowGrads<A>& g = slot(t);
       RowSoftmax<A>& rs = g.rs;
       const int64_t n = static_cast<int64_t>(g.ids.size());
-      const auto Qt = Q.middleRows(t * d.h_q, d.h_q);
-      const auto dOt = dO.middleRows(t * d.h_q, d.h_q);
+      const Mat<A>& Qt = g.Qt;
+      const Mat<A>& dOt = g.dOt;
       switch (phase) {
         case kBwdLogits: {
           const int64_t B = Blocks::kLogits, blocks = n / B;
@@ -569,7 +576,7 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
         }
         case kBwdNormalize:
           rs.normalize(sm, sk);
-          if (given_out) g.O = Ogiven.middleRows(t * d.h_q, d.h_q);  // out as the kernel got it
+          if (given_out) convert_rows(*given_out, t, d.d_v, g.O);  // out as the kernel got it
           return;
         case kBwdOut: {
           const auto [c0, c1] = col_range(g.bo, d.d_v, u, Blocks::pv_column_blocks(g.bo, d.d_v));

@@ -229,8 +229,12 @@ void expect_unsplit_backward_bytes(const SparseMlaInputs& in) {
       EXPECT_TRUE(same_bytes(g.dq, g0.dq)) << "fp32 dq, " << with << ", " << threads << " threads";
       EXPECT_TRUE(same_bytes(g.dkv, g0.dkv)) << "fp32 dkv, " << with << ", " << threads << " threads";
       EXPECT_EQ(f.dsink.has_value(), in.attn_sink.has_value());
-      if (f.dsink && f0.dsink) EXPECT_TRUE(same_bytes(*f.dsink, *f0.dsink)) << "float64 dsink";
-      if (g.dsink && g0.dsink) EXPECT_TRUE(same_bytes(*g.dsink, *g0.dsink)) << "fp32 dsink";
+      if (f.dsink && f0.dsink) {
+        EXPECT_TRUE(same_bytes(*f.dsink, *f0.dsink)) << "float64 dsink";
+      }
+      if (g.dsink && g0.dsink) {
+        EXPECT_TRUE(same_bytes(*g.dsink, *g0.dsink)) << "fp32 dsink";
+      }
     }
   }
 }
