@@ -243,7 +243,10 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   // out is the same sum as when one thread computes the row (the same products, in the same
   // order), so the bytes do not depend on which thread runs a unit. A short row is one unit.
   constexpr int64_t kLogitUnit = 4;
-  const int64_t threads = std::min<int64_t>(d.s_q, max_threads());
+  // Long rows have several units each: more workers than rows can share them (few rows,
+  // e.g. decoding); short rows are one unit each.
+  const int64_t threads =
+      Blocks::logits_blocked(d.h_q, d.k) ? max_threads() : std::min<int64_t>(d.s_q, max_threads());
   const int64_t slots = std::min<int64_t>(d.s_q, 2 * threads);  // rows in flight at most
   std::vector<ForwardRow<A>> rows(static_cast<size_t>(slots));
   std::vector<RowProgress> progress(static_cast<size_t>(slots));
@@ -719,7 +722,8 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
         throw;
       }
     };
-    const int64_t workers = std::min<int64_t>(d.s_q, threads);
+    // Long rows have several units each: more workers than rows can share them.
+    const int64_t workers = Blocks::logits_blocked(d.h_q, d.k) ? threads : std::min<int64_t>(d.s_q, threads);
     parallel_for(workers, 3 * row_flops(d) * static_cast<double>(d.s_q) / static_cast<double>(workers),
                  worker);
   }

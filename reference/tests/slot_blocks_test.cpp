@@ -188,7 +188,7 @@ SparseMlaInputs inputs(int64_t h_q, int64_t d_qk, int64_t d_v, int64_t k, int64_
 }
 
 void expect_unblocked_bytes(const SparseMlaInputs& in) {
-  for (int threads : {1, 3, 7}) {  // 3 and 7: units of one row on several threads
+  for (int threads : {1, 3, 16}) {  // units of one row on several threads; more threads than rows
     const int saved = max_threads();
     set_max_threads(threads);
     const SparseMlaForward f = reference::sparse_mla_forward(in, Precision::Reference);
@@ -217,7 +217,7 @@ void expect_unsplit_backward_bytes(const SparseMlaInputs& in) {
     const std::optional<Tensor> out_arg = out ? std::optional<Tensor>(*out) : std::nullopt;
     const SparseMlaGrads f0 = unsplit_backward<double>(in, dout, out);
     const SparseMlaGrads g0 = unsplit_backward<float>(in, dout, out);
-    for (int threads : {1, 3, 7}) {
+    for (int threads : {1, 3, 16}) {  // 16: more threads than rows (9)
       const int saved = max_threads();
       set_max_threads(threads);
       const SparseMlaGrads f = reference::sparse_mla_backward(in, dout, Precision::Reference, out_arg);
