@@ -119,21 +119,36 @@ TEST(FalseAlarms, CorrectBackendsPassLevel1OverSeeds) {
 // A failing property prints a one-line repro and dumps the (shrunk) case as a fixture that
 // `dsa-verify fixtures check` (oracle::check_fixture) replays: the mutant fails it again and
 // the reference passes it.
-// The sparse MLA properties' WEAK rule (DSA_PROP_ASSERT_DETECTABLE): a draw WEAK only in
-// 16-bit-class outputs counts as judged, one WEAK fp32-class output fails it.
-TEST(WeakRule, OnlySixteenBitClassWeakRowsAreJudgedDraws) {
+// The properties' WEAK rule (DSA_PROP_ASSERT_DETECTABLE, issue 12 "a pass must be able to
+// fail"): a WEAK draw fails the property whatever the class of its WEAK output (bf16, fp16 or
+// fp32); a passed report passes; a skipped one is a skip (NotSupported).
+TEST(WeakRule, AWeakDrawOfAnyClassFailsTheProperty) {
+  using dsa::oracle::Verdict;
+  auto fails = [](const dsa::oracle::OpReport& r) {
+    try {
+      DSA_PROP_ASSERT_DETECTABLE(r);
+    } catch (const rc::detail::CaseResult& res) {
+      return res.type == rc::detail::CaseResult::Type::Failure;
+    }
+    return false;
+  };
   dsa::oracle::OpReport r;
-  r.verdict = dsa::oracle::Verdict::Weak;
+  r.verdict = Verdict::Weak;
   r.tensors.resize(2);
   r.tensors[0].precision = dsa::DType::BF16;
   r.tensors[0].weak_rows = 3;
   r.tensors[1].precision = dsa::DType::F32;
-  r.tensors[1].weak_rows = 0;
-  EXPECT_TRUE(dsa::props::weak_only_in_16bit(r));
+  EXPECT_TRUE(fails(r));  // WEAK only at the bf16 class (accepted before issue 12)
+  r.tensors[0].precision = dsa::DType::F16;
+  EXPECT_TRUE(fails(r));
+  r.tensors[0].weak_rows = 0;
   r.tensors[1].weak_rows = 1;
-  EXPECT_FALSE(dsa::props::weak_only_in_16bit(r));
-  r.tensors[1].precision = dsa::DType::F16;
-  EXPECT_TRUE(dsa::props::weak_only_in_16bit(r));
+  EXPECT_TRUE(fails(r));  // WEAK at the fp32 class
+  r.verdict = Verdict::Pass;
+  r.tensors[1].weak_rows = 0;
+  EXPECT_FALSE(fails(r));
+  r.verdict = Verdict::Skip;
+  EXPECT_THROW(DSA_PROP_ASSERT_DETECTABLE(r), dsa::oracle::NotSupported);
 }
 
 TEST(Repro, FailingCaseIsDumpedAsAReplayableFixture) {

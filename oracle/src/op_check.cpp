@@ -145,6 +145,11 @@ class OutputsBackend : public Backend {
   SparseMlaForward sparse_mla_forward(const SparseMlaInputs&) override {
     return SparseMlaForward{get("out"), get("lse"), get("max_logits")};
   }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs&) override { return get("scores"); }
+  Tensor paged_indexer_scores(const PagedIndexerInputs&) override { return get("scores"); }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs&) override {
+    return SparseMlaForward{get("out"), get("lse"), get("max_logits")};
+  }
   SparseMlaGrads sparse_mla_backward(const SparseMlaInputs&, const Tensor&) override {
     SparseMlaGrads g{get("dq"), get("dkv"), std::nullopt};
     if (o_.count("dsink")) g.dsink = get("dsink");

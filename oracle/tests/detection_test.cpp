@@ -23,12 +23,17 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/oracle/tolerances.h"
 #include "dsa/oracle/topk_check.h"
+#include "dsa/property_tests/fp8_generators.h"
 #include "dsa/property_tests/generators.h"
+#include "dsa/reference/fp8_indexer.h"
+#include "dsa/reference/paged_indexer.h"
+#include "dsa/reference/sparse_mla_fp8.h"
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
@@ -760,6 +765,84 @@ RC_GTEST_PROP(Detection, GeneratedKlCasesHaveNoWeakRows, ()) {
   if (r.verdict != Verdict::Pass && r.verdict != Verdict::Weak) RC_FAIL(kc.desc + "\n" + format_op_report(r));
   for (const auto& t : r.tensors)
     if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated KL case: " + kc.desc + "\n" + format_op_report(r));
+}
+
+// Sparse MLA over the FP8 cache (SPEC §10): draw_smla_fp8_case draws (the cases
+// smla_fp8.forward_ratio judges), the float64 reference with out rounded to bf16 (the bf16
+// class: a FlashMLA-style kernel, libtorch-cpu) and to fp32 (the fp32 class: the reference
+// backend), lse and max_logits in fp32; no row may be WEAK.
+RC_GTEST_PROP(Detection, GeneratedFp8SmlaCasesHaveNoWeakRows, ()) {
+  const int level = *rc::gen::element(0, 1);
+  props::set_generation_level(level);
+  const props::SmlaFp8Case fc = props::draw_smla_fp8_case();
+  props::set_generation_level(0);
+  OpCase c;
+  c.mla_fp8 = fc.in;
+  CheckOptions allow;
+  allow.allow_weak = true;  // to count the WEAK rows, then assert there are none
+  const SparseMlaForward ref = reference::sparse_mla_fp8_forward(fc.in);
+  for (DType od : {DType::BF16, DType::F32}) {
+    const std::string key = od == DType::F32 ? "generated-fp8" : "generated-fp8-bf16out";
+    const OpReport r = judge_outputs(Op::SparseMlaFp8Fwd, c,
+                                     {{"out", ref.out.to(od)}, {"lse", ref.lse.to(DType::F32)},
+                                      {"max_logits", ref.max_logits.to(DType::F32)}},
+                                     allow, key);
+    record(key, r);
+    if (r.verdict != Verdict::Pass && r.verdict != Verdict::Weak) RC_FAIL(fc.desc + "\n" + format_op_report(r));
+    for (const auto& t : r.tensors)
+      if (t.weak_rows > 0)
+        RC_FAIL("WEAK rows in a generated FP8 sparse MLA case (" + std::string(dtype_name(od)) +
+                " out): " + fc.desc + "\n" + format_op_report(r));
+  }
+}
+
+// Production shapes (draw_smla_production_case, smla.production_shapes: s_q 1, h_q 16 at
+// level 0 and 64/128 at level 1, d_qk 576/512, k 2048), judged at the fp32 and the bf16
+// class as judge_generated does; no row may be WEAK. A level-1 draw costs seconds, so this
+// runs max_success / 30 cases (at least 1: CI's 30 gives 1, 0.3-4 s).
+void production_case_has_no_weak_rows() {
+  const int level = *rc::gen::element(0, 1);
+  props::set_generation_level(level);
+  const props::SmlaCase s = props::draw_smla_production_case();
+  props::set_generation_level(0);
+  judge_generated(s, DType::F32);
+  judge_generated(s, DType::BF16);
+}
+TEST(Detection, GeneratedProductionCasesHaveNoWeakRows) {
+  rc::detail::TestParams params = rc::detail::configuration().testParams;
+  params.maxSuccess = std::max(1, params.maxSuccess / 30);
+  rc::detail::TestMetadata md;
+  md.id = "Detection/GeneratedProductionCasesHaveNoWeakRows";
+  md.description = md.id;
+  const auto result = rc::detail::checkTestable(&production_case_has_no_weak_rows, md, params);
+  std::ostringstream msg;
+  rc::detail::printResultMessage(result, msg);
+  EXPECT_TRUE(result.is<rc::detail::SuccessResult>()) << msg.str();
+}
+
+// The FP8 indexer and the paged FP8 indexer (SPEC §10): generated cases, the float64
+// reference rounded to fp32; no row may be WEAK.
+RC_GTEST_PROP(Detection, GeneratedFp8IndexerCasesHaveNoWeakRows, ()) {
+  CheckOptions allow;
+  allow.allow_weak = true;  // to count the WEAK rows, then assert there are none
+  OpCase c;
+  std::string desc;
+  OpReport r;
+  if (*rc::gen::arbitrary<bool>()) {
+    const props::Fp8IndexerCase ic = props::draw_fp8_indexer_case();
+    c.fp8_indexer = ic.in;
+    desc = ic.desc;
+    r = judge_outputs(Op::Fp8IndexerScores, c, {{"scores", reference::fp8_indexer_scores(ic.in).to(DType::F32)}}, allow, "generated-fp8-indexer");
+  } else {
+    const props::PagedIndexerCase pc = props::draw_paged_indexer_case();
+    c.paged_indexer = pc.in;
+    desc = pc.desc;
+    r = judge_outputs(Op::PagedIndexerScores, c, {{"scores", reference::paged_indexer_scores(pc.in).to(DType::F32)}}, allow, "generated-paged-indexer");
+  }
+  record(r.op + " generated", r);
+  if (r.verdict != Verdict::Pass && r.verdict != Verdict::Weak) RC_FAIL(desc + "\n" + format_op_report(r));
+  for (const auto& t : r.tensors)
+    if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated FP8 indexer case: " + desc + "\n" + format_op_report(r));
 }
 
 class PrintStats : public ::testing::Environment {

@@ -9,7 +9,11 @@
 #include <numeric>
 #include <random>
 
+#include "dsa/oracle/fp8_check.h"
+#include "dsa/oracle/op_check.h"
 #include "dsa/property_tests/generators.h"
+#include "dsa/reference/sparse_mla_fp8.h"
+#include "src/conditioning.h"
 
 namespace dsa::props {
 namespace {
@@ -300,6 +304,25 @@ SmlaFp8Case draw_smla_fp8_case() {
       ++unread;
       std::memset(in.kv_cache.data<uint8_t>() + s * kMlaFp8TokenBytes, 0xFF, static_cast<size_t>(kMlaFp8TokenBytes));
     }
+  // The bf16 class (a FlashMLA-style kernel's bf16 out, SPEC §9 WEAK): rows whose out bound
+  // exceeds 0.8 θ of their row scale get q[t, h, :] redrawn, judged as the detection test
+  // judges them (judge_outputs on the float64 reference with out rounded to bf16; the
+  // generators' shared conditioning, src/conditioning.h). A redrawn row is uniform(-1, 1) like
+  // the first draw, so sm·|q ∘ kv|_2 stays near `spread` (its norm may exceed the first draw's
+  // largest by a few percent). Measured (Detection.GeneratedFp8SmlaCasesHaveNoWeakRows, level
+  // 0-1): draws with a WEAK bf16 out row 6, 2, 5 of 100 at seeds 1-3 before, 0 of 2000 after
+  // (seeds 1-10 x 200); about one draw in four redraws a row (docs/what-a-pass-means.md).
+  detail::condition_bf16_out_rows(in.q, std::vector<uint8_t>(static_cast<size_t>(s_q * h), 1), {}, r, [&] {
+    oracle::OpCase oc;
+    oc.mla_fp8 = in;
+    const SparseMlaForward f = reference::sparse_mla_fp8_forward(in);
+    oracle::CheckOptions opt;
+    opt.allow_weak = true;  // the rows are read from the report, not the verdict
+    return oracle::judge_outputs(oracle::Op::SparseMlaFp8Fwd, oc,
+                                 {{"out", f.out.to(DType::BF16)}, {"lse", f.lse.to(DType::F32)},
+                                  {"max_logits", f.max_logits.to(DType::F32)}},
+                                 opt, "generator");
+  });
   c.desc = "sparse mla fp8 s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
            " block_size=" + std::to_string(bs) + " tokens=" + std::to_string(tokens) + " k=" +
            std::to_string(k) + (pow2 ? " pow2" : " amax") + " scales topk_length=" +

@@ -2,6 +2,7 @@
 
 #include "dsa/oracle/op_check.h"
 #include "dsa/reference/sparse_mla.h"
+#include "src/conditioning.h"
 
 #include <rapidcheck.h>
 
@@ -123,22 +124,15 @@ void align_dout_signs(SmlaCase& c) {
 // against value columns that cancel, 0.6-0.9 θ of the row scale on an ordinary row and
 // 1.00-1.2 θ on about one row of hundreds (1 draw in ~130 WEAK, docs/what-a-pass-means.md).
 // The case's forward is judged here as the detection test judges it (judge_outputs on the
-// float64 reference rounded to bf16: the same bound and row scale code), and every row of
-// `redraw_rows` whose largest bound exceeds kOutRowMargin · θ · its row scale gets q[t, h, :]
-// redrawn uniform(-1, 1) (columns in `keep_cols` kept: the extreme rows' large RoPE
-// columns) until none does, at most kOutRowAttempts judgements; a row still above it keeps
-// its best draw (measured: 45 WEAK out rows in 6000 draws before, 0 in 8000 since, seeds
-// 1-8, Detection.GeneratedCasesHaveNoWeakRowsBf16Out). Deterministic in `r`. The bound, θ and the rule are untouched: this only keeps
-// the generated q away from the rows no bf16 kernel can be pinned down on.
+// float64 reference rounded to bf16: the same bound and row scale code), and rows above
+// 0.8 θ get q[t, h, :] redrawn (detail::condition_bf16_out_rows; columns in `keep_cols` kept:
+// the extreme rows' large RoPE columns). Measured: 45 WEAK out rows in 6000 draws before, 0
+// in 8000 since, seeds 1-8, Detection.GeneratedCasesHaveNoWeakRowsBf16Out. The bound, θ and
+// the rule are untouched: this only keeps the generated q away from the rows no bf16 kernel
+// can be pinned down on.
 void condition_bf16_out_rows(SparseMlaInputs& in, const std::vector<uint8_t>& redraw_rows,
                              const std::vector<int64_t>& keep_cols, Rng& r) {
-  constexpr int kOutRowAttempts = 12;
-  constexpr double kOutRowMargin = 0.8;
-  const int64_t d_qk = in.q.size(-1);
-  const size_t rows = redraw_rows.size();
-  std::vector<double> best(rows, std::numeric_limits<double>::infinity());  // bound / (θ·scale)
-  std::vector<std::vector<double>> best_q(rows);
-  for (int attempt = 0; attempt < kOutRowAttempts; ++attempt) {
+  detail::condition_bf16_out_rows(in.q, redraw_rows, keep_cols, r, [&] {
     oracle::OpCase oc;
     oc.mla = in;
     const SparseMlaForward f = reference::sparse_mla_forward(in);
@@ -146,34 +140,8 @@ void condition_bf16_out_rows(SparseMlaInputs& in, const std::vector<uint8_t>& re
                                   {"max_logits", f.max_logits.to(DType::F32)}};
     oracle::CheckOptions opt;
     opt.allow_weak = true;  // the rows are read from the report, not the verdict
-    const oracle::OpReport rep = oracle::judge_outputs(oracle::Op::SparseMlaFwd, oc, nf, opt, "generator");
-    const auto out = std::find_if(rep.tensors.begin(), rep.tensors.end(),
-                                  [](const oracle::TensorCheck& tc) { return tc.name == "out"; });
-    if (out == rep.tensors.end() || out->row_max_bound.size() != rows) return;
-    bool redrew = false;
-    for (size_t row = 0; row < rows; ++row) {
-      if (!redraw_rows[row]) continue;
-      const double ratio = out->row_max_bound[row] / (out->theta * out->row_scale[row]);
-      if (ratio < best[row]) {  // keep this row's best q so far (NaN ratios never replace it)
-        best[row] = ratio;
-        best_q[row].resize(static_cast<size_t>(d_qk));
-        for (int64_t col = 0; col < d_qk; ++col)
-          best_q[row][static_cast<size_t>(col)] = in.q.get(static_cast<int64_t>(row) * d_qk + col);
-      }
-      if (!(ratio > kOutRowMargin) || attempt + 1 == kOutRowAttempts) continue;
-      for (int64_t col = 0; col < d_qk; ++col)
-        if (std::find(keep_cols.begin(), keep_cols.end(), col) == keep_cols.end())
-          in.q.set(static_cast<int64_t>(row) * d_qk + col, uni(r, -1, 1));
-      redrew = true;
-    }
-    if (!redrew) break;
-  }
-  // A row whose attempts all stayed above the margin keeps its best draw (rows are
-  // independent: row (t, h)'s bound depends on q[t, h, :] alone).
-  for (size_t row = 0; row < rows; ++row)
-    if (!best_q[row].empty())
-      for (int64_t col = 0; col < d_qk; ++col)
-        in.q.set(static_cast<int64_t>(row) * d_qk + col, best_q[row][static_cast<size_t>(col)]);
+    return oracle::judge_outputs(oracle::Op::SparseMlaFwd, oc, nf, opt, "generator");
+  });
 }
 
 // The backward's rows at the bf16 class, judged as the detection test judges them (dq in
@@ -218,6 +186,50 @@ void condition_bf16_backward_rows(SmlaCase& c, Rng& r) {
 }
 
 }  // namespace
+
+namespace detail {
+
+void condition_bf16_out_rows(Tensor& q, const std::vector<uint8_t>& redraw_rows,
+                             const std::vector<int64_t>& keep_cols, std::mt19937_64& r,
+                             const JudgeForward& judge) {
+  constexpr int kOutRowAttempts = 12;
+  constexpr double kOutRowMargin = 0.8;
+  const int64_t d_qk = q.size(-1);
+  const size_t rows = redraw_rows.size();
+  std::vector<double> best(rows, std::numeric_limits<double>::infinity());  // bound / (θ·scale)
+  std::vector<std::vector<double>> best_q(rows);
+  for (int attempt = 0; attempt < kOutRowAttempts; ++attempt) {
+    const oracle::OpReport rep = judge();
+    const auto out = std::find_if(rep.tensors.begin(), rep.tensors.end(),
+                                  [](const oracle::TensorCheck& tc) { return tc.name == "out"; });
+    if (out == rep.tensors.end() || out->row_max_bound.size() != rows) return;
+    bool redrew = false;
+    for (size_t row = 0; row < rows; ++row) {
+      if (!redraw_rows[row]) continue;
+      const double ratio = out->row_max_bound[row] / (out->theta * out->row_scale[row]);
+      if (ratio < best[row]) {  // keep this row's best q so far (NaN ratios never replace it)
+        best[row] = ratio;
+        best_q[row].resize(static_cast<size_t>(d_qk));
+        for (int64_t col = 0; col < d_qk; ++col)
+          best_q[row][static_cast<size_t>(col)] = q.get(static_cast<int64_t>(row) * d_qk + col);
+      }
+      if (!(ratio > kOutRowMargin) || attempt + 1 == kOutRowAttempts) continue;
+      for (int64_t col = 0; col < d_qk; ++col)
+        if (std::find(keep_cols.begin(), keep_cols.end(), col) == keep_cols.end())
+          q.set(static_cast<int64_t>(row) * d_qk + col, uni(r, -1, 1));
+      redrew = true;
+    }
+    if (!redrew) break;
+  }
+  // A row whose attempts all stayed above the margin keeps its best draw (rows are
+  // independent: row (t, h)'s bound depends on q[t, h, :] alone).
+  for (size_t row = 0; row < rows; ++row)
+    if (!best_q[row].empty())
+      for (int64_t col = 0; col < d_qk; ++col)
+        q.set(static_cast<int64_t>(row) * d_qk + col, best_q[row][static_cast<size_t>(col)]);
+}
+
+}  // namespace detail
 
 int generation_level() { return g_level; }
 void set_generation_level(int level) { g_level = level; }
@@ -577,6 +589,20 @@ void keep_logits_off_zero(IndexerCase& c, Rng& r) {
       for (int64_t x = 0; x < d; ++x) c.k_idx.set(s * d + x, uni(r, -1, 1));
 }
 
+void keep_indexer_logits_off_zero(const Tensor& q_idx, Tensor& k_idx, const KeyWindows& windows,
+                                  uint64_t seed) {
+  if (q_idx.dim() != 3 || k_idx.dim() != 2 || k_idx.size(1) != q_idx.size(2) ||
+      windows.s_q() != q_idx.size(0))
+    throw std::invalid_argument("keep_indexer_logits_off_zero: k_idx must be [s_kv, d_I] with q_idx [s_q, H_I, d_I] and windows over s_q rows");
+  IndexerCase c;
+  c.q_idx = q_idx;
+  c.k_idx = k_idx;
+  c.windows = windows;
+  Rng r(seed);
+  keep_logits_off_zero(c, r);
+  k_idx = c.k_idx;
+}
+
 IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind) {
   IndexerCase c;
   c.tier = tier ? *tier : (draw_bool() ? Tier::Exact : Tier::Random);
@@ -888,12 +914,33 @@ SmlaCase draw_smla_production_case() {
     for (int64_t i = 0; i < h; ++i) sink.set(i, uni(r, -2, 2));
     c.in.attn_sink = sink;
   }
+  // bf16 q/kv give a bf16 out (SPEC §4): out rows conditioned as draw_smla_case's draws (a
+  // forward judgement, ~0 s added a draw). Not the backward: measured before (150 draws, seeds
+  // 1-3 x 50, level 0-1) no WEAK row at either class and at most 0.66 θ (bf16 out), 0.41 θ
+  // (bf16 dsink), 0.17 θ (dq), 0.09 θ (dkv), 0.56 θ (fp32 dsink); a backward judgement costs
+  // ~1 s a level-1 draw (Detection.GeneratedProductionCasesHaveNoWeakRows keeps it measured).
+  condition_bf16_out_rows(c.in, std::vector<uint8_t>(static_cast<size_t>(s_q * h), 1), {}, r);
   c.dout = fill(DType::F32, {s_q, h, d_v}, Tier::Random, 1, r);
   c.desc = "smla production s_q=1 h_q=" + std::to_string(h) + " d_qk=" + std::to_string(d_qk) +
            " d_v=512 s_kv=" + std::to_string(s_kv) + " k=2048 ids=" + pattern +
            (c.in.attn_sink ? " sink" : "");
   log_case(c.desc);
   return c;
+}
+
+void condition_bf16_case(SparseMlaInputs& in, Tensor* dout, uint64_t seed) {
+  if (in.q.dtype() != DType::BF16)
+    throw std::invalid_argument(std::string("condition_bf16_case: q must be BF16, got ") + dtype_name(in.q.dtype()));
+  Rng r(seed);
+  const int64_t rows = in.q.size(0) * in.q.size(1);
+  condition_bf16_out_rows(in, std::vector<uint8_t>(static_cast<size_t>(rows), 1), {}, r);
+  if (!dout || !dout->defined()) return;
+  SmlaCase c;
+  c.in = in;
+  c.dout = *dout;
+  if (c.in.attn_sink) align_dout_signs(c);
+  condition_bf16_backward_rows(c, r);
+  *dout = c.dout;
 }
 
 KlCase draw_kl_case() {

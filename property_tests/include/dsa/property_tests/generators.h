@@ -75,6 +75,16 @@ struct IndexerCase {
 IndexerCase draw_indexer_case(std::optional<Tier> tier = std::nullopt,
                               const char* window_kind = nullptr);
 
+/// Keeps every logit q_idx[t, j]·k_idx[s] that `windows` shows away from 0 as draw_indexer_case
+/// does for its random tier, for cases built outside RapidCheck (the CUDA tests' own cases):
+/// each key row s with a visible dot |q·k| < 2^-12 · Σ_i |q_i k_i| (where ReLU' may flip within
+/// a correct kernel's rounding, SPEC §9 WEAK) gets k_idx[s, :] redrawn uniform(-1, 1), at most 32
+/// times. Deterministic in `seed`. Shapes: q_idx [s_q, H_I, d_I], k_idx [s_kv, d_I] (any float
+/// dtype; the redrawn values are stored in k_idx's dtype). Not for exact-tier integer grids (a
+/// 0 there is exact). Throws std::invalid_argument naming 'k_idx' on a shape mismatch.
+void keep_indexer_logits_off_zero(const Tensor& q_idx, Tensor& k_idx, const KeyWindows& windows,
+                                  uint64_t seed);
+
 /// Sparse MLA case (SPEC §4-§6): q [s_q,h_q,d_qk], kv [s_kv,d_qk] BF16 (or F32), dout F32; indices
 /// [s_q,k] I32 with invalid ids (-1, -2^31, s_kv, 2^31-1, ...) in front, behind and in holes,
 /// all-invalid rows, duplicates; optional topk_length with valid-looking garbage past it;
@@ -121,8 +131,21 @@ SmlaCase draw_smla_extreme_case(DType in_dtype = DType::BF16);
 
 /// Production shapes: s_q 1, h_q 64 or 128, d_qk 576/d_v 512 or 512/512, k 2048 over
 /// 2048-4097 keys, ids distinct with tail padding or holes (h_q 16 if drawn at level 0; the
-/// property smla.production_shapes runs from level 1).
+/// property smla.production_shapes runs from level 1). Out rows conditioned for the bf16 class
+/// as draw_smla_case's (q rows above 0.8 θ redrawn); the backward is not (measured at most 0.56 θ).
 SmlaCase draw_smla_production_case();
+
+/// Conditions a sparse MLA case with bf16 q for a bf16 kernel (SPEC §9 WEAK at the bf16 class,
+/// θ = 1e-2) as draw_smla_case conditions its bf16 draws, for cases built outside RapidCheck
+/// (the CUDA tests' own cases): each (t, h) row whose out bound (the float64 reference rounded
+/// to bf16, judged by judge_outputs) exceeds 0.8 θ of its row scale gets q[t, h, :] redrawn
+/// uniform(-1, 1), up to 12 judgements, the row's best draw kept. When `dout` is given: with a
+/// sink, dout's signs keep Δ = out·dout large (as draw_smla_case); then each dq row above 0.9 θ
+/// (bf16 dq, Δ from the bf16 out) gets dout[t, h, :] new magnitudes uniform(0, 1), signs kept
+/// (every row for a dkv or dsink row above it), up to 6 judgements. Deterministic in `seed`.
+/// Shapes/dtypes: SparseMlaInputs (SPEC §4), dout [s_q, h_q, d_v] any float dtype. Throws
+/// std::invalid_argument naming 'q' when q is not BF16, and what the reference throws.
+void condition_bf16_case(SparseMlaInputs& in, Tensor* dout, uint64_t seed);
 
 /// KL loss case (SPEC §7): scores F32 (-inf outside windows), q [s_q,h_q>=2,d], kv, dense or
 /// sparse (with indices) mode, coeff > 0. One case in four is long (issue 9): causal rows over
