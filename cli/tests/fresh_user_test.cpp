@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
 #include "dsa/contract/errors.h"
 #include "dsa/fixtures/fixture.h"
+#include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/suite.h"
 #include "route_test_util.h"
 
@@ -124,6 +128,47 @@ TEST(AuditRanNothing, OnlyAndOpsClashIsNamed) {
   // A block property needs all four ops of the block.
   EXPECT_EQ(run_cli_capture("audit --backend reference --ops topk --only block.gradients_equal_across_policies", &out), 2);
   EXPECT_EQ(lines_with(out, {"clash", "does not select indexer_scores,sparse_mla_fwd,sparse_mla_bwd"}).size(), 1u);
+}
+
+// A top-k kernel that claims determinism and swaps two ids of row 1 on every other call.
+class AlternatingTopk : public oracle::Backend {
+ public:
+  std::string name() const override { return "alternating-topk"; }
+  bool supports(oracle::Op op) const override { return op == oracle::Op::Topk; }
+  Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,
+                     const std::optional<KeyWindows>& windows) override {
+    Tensor ids = reference_->select_topk(scores, k, policy, windows);
+    if (++calls_ % 2 == 0) {
+      const double first = ids.get(k), second = ids.get(k + 1);
+      ids.set(k, second);
+      ids.set(k + 1, first);
+    }
+    return ids;
+  }
+
+ private:
+  std::unique_ptr<oracle::Backend> reference_ = oracle::make_reference_backend();
+  int calls_ = 0;
+};
+
+// The determinism check says which rows and ids differed between the two runs (the one
+// judgement every route calls; the Python route printed no reason).
+TEST(DeterminismReport, NamesTheRowsAndIdsThatDiffered) {
+  const fixtures::Fixture f = fixtures::load_fixture(golden("topk_plateau_small_sorted"));
+  const oracle::OpCase c = oracle::op_case_from_fixture(f);
+  ASSERT_GE(c.k, 2);
+  AlternatingTopk b;
+  const oracle::OpReport r = oracle::check_op(b, oracle::Op::Topk, c);
+  EXPECT_EQ(r.verdict, oracle::Verdict::Fail);
+  EXPECT_FALSE(r.determinism_ok);
+  const Tensor ids = oracle::make_reference_backend()->select_topk(c.scores, c.k, c.policy, c.topk_windows);
+  const std::string want = "deterministic backend returned different bytes on a second run: indices: row 1 of " +
+                           std::to_string(c.scores.size(0)) + " differs; row 1 slot 0: id " +
+                           std::to_string(static_cast<int64_t>(ids.get(c.k))) + " then " +
+                           std::to_string(static_cast<int64_t>(ids.get(c.k + 1))) + ", slot 1: id " +
+                           std::to_string(static_cast<int64_t>(ids.get(c.k + 1))) + " then " +
+                           std::to_string(static_cast<int64_t>(ids.get(c.k)));
+  EXPECT_EQ(r.reason, want);
 }
 
 // `fixtures check DIR` with a corrupt file beside good ones: the corrupt file is a row of the

@@ -45,7 +45,12 @@ bool run_backend(OpReport& r, Backend& b, bool twice, const std::string& what, C
       R again = call();
       r.determinism_checked = true;
       r.determinism_ok = eq(out, again);
-      if (!r.determinism_ok) r.fail("deterministic backend returned different bytes on a second run");
+      if (!r.determinism_ok) {
+        // Which rows / ids differed between the two runs (every route: one judgement).
+        const std::string where = run_difference(out, again);
+        r.fail("deterministic backend returned different bytes on a second run" +
+               (where.empty() ? std::string() : ": " + where));
+      }
     }
   } catch (const NotSupported& e) {
     r.verdict = Verdict::Skip;

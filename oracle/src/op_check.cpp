@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "dsa/contract/errors.h"
 #include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/local_bounds.h"
 #include "dsa/oracle/tolerances.h"
@@ -23,6 +25,84 @@ using reference::Precision;
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && a.nbytes() == b.nbytes() &&
          (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
+}
+
+std::string run_difference(const std::string& name, const Tensor& a, const Tensor& b) {
+  if (!a.defined() && !b.defined()) return "";
+  if (a.defined() != b.defined())
+    return name + ": returned on " + (a.defined() ? "the first" : "the second") + " run only";
+  if (a.dtype() != b.dtype() || a.shape() != b.shape())
+    return name + ": " + dtype_name(a.dtype()) + " " + shape_str(a.shape()) + " then " + dtype_name(b.dtype()) +
+           " " + shape_str(b.shape());
+  if (bitwise_equal(a, b)) return "";
+  const int64_t rows = a.dim() >= 2 ? a.size(0) : 1;
+  const int64_t per_row = rows > 0 ? a.numel() / rows : 0;
+  const bool ids = !is_floating(a.dtype());
+  auto value = [&](const Tensor& t, int64_t i) {
+    char buf[64];
+    if (ids) std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(t.get(i)));
+    else std::snprintf(buf, sizeof buf, "%.9g", t.get(i));
+    return std::string(buf);
+  };
+  // Bytes, not values: -0.0 vs +0.0 and NaN payloads differ too.
+  const size_t es = per_row > 0 ? a.nbytes() / static_cast<size_t>(a.numel()) : 0;
+  auto differs = [&](int64_t i) {
+    return std::memcmp(a.raw() + i * static_cast<int64_t>(es), b.raw() + i * static_cast<int64_t>(es), es) != 0;
+  };
+  std::vector<int64_t> bad_rows;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < per_row; ++j)
+      if (differs(r * per_row + j)) {
+        bad_rows.push_back(r);
+        break;
+      }
+  std::string s = name + ": ";
+  if (a.dim() >= 2) {
+    s += bad_rows.size() == 1 ? "row " : "rows ";
+    for (size_t i = 0; i < bad_rows.size() && i < 8; ++i) s += (i ? ", " : "") + std::to_string(bad_rows[i]);
+    if (bad_rows.size() > 8) s += ", ...";
+    s += " of " + std::to_string(rows) + (bad_rows.size() == 1 ? " differs" : " differ") + "; row " +
+         std::to_string(bad_rows.front());
+  } else {
+    s += "differs;";
+  }
+  int shown = 0;
+  for (int64_t j = 0; j < per_row && shown < 4; ++j) {
+    const int64_t i = bad_rows.front() * per_row + j;
+    if (!differs(i)) continue;
+    s += std::string(shown ? "," : "") + (a.dim() >= 2 ? " slot " : " element ") + std::to_string(j) + ": " +
+         (ids ? "id " : "") + value(a, i) + " then " + value(b, i);
+    ++shown;
+  }
+  return s;
+}
+
+namespace {
+std::string join_differences(std::initializer_list<std::string> parts) {
+  std::string s;
+  for (const auto& p : parts)
+    if (!p.empty()) s += (s.empty() ? "" : "; ") + p;
+  return s;
+}
+}  // namespace
+
+std::string run_difference(const Tensor& a, const Tensor& b) {
+  return run_difference(a.defined() && !is_floating(a.dtype()) ? "indices" : "output", a, b);
+}
+std::string run_difference(const SparseMlaForward& a, const SparseMlaForward& b) {
+  return join_differences({run_difference("out", a.out, b.out), run_difference("lse", a.lse, b.lse),
+                           run_difference("max_logits", a.max_logits, b.max_logits)});
+}
+std::string run_difference(const SparseMlaGrads& a, const SparseMlaGrads& b) {
+  return join_differences({run_difference("dq", a.dq, b.dq), run_difference("dkv", a.dkv, b.dkv),
+                           run_difference("dsink", a.dsink.value_or(Tensor()), b.dsink.value_or(Tensor()))});
+}
+std::string run_difference(const IndexerGrads& a, const IndexerGrads& b) {
+  return join_differences({run_difference("dq_idx", a.dq_idx, b.dq_idx), run_difference("dk_idx", a.dk_idx, b.dk_idx),
+                           run_difference("dw", a.dw, b.dw)});
+}
+std::string run_difference(const IndexerKlResult& a, const IndexerKlResult& b) {
+  return join_differences({run_difference("loss", a.loss, b.loss), run_difference("d_scores", a.d_scores, b.d_scores)});
 }
 
 namespace {

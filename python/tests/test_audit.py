@@ -148,6 +148,10 @@ def test_false_determinism_claim_fails():
     rep = only_topk(backends.Nondeterministic(), only=["topk.int32_contiguous_deterministic", "topk.tie_overflow"])
     assert not rep.passed
     assert "different bytes" in rep.failures[0].message or "bitwise" in rep.failures[0].message
+    # ... and says which rows and ids differed between the runs, first, on every failing property
+    for c in rep.failures:
+        assert re.match(r"\[FAIL\] .* topk: deterministic backend returned different bytes on (a second run|run \d): "
+                        r"indices: rows? [0-9, .]+ of \d+ differs?; row \d+ slot \d+: id -?\d+ then -?\d+", c.message), c.message
 
 
 @pytest.mark.parametrize("seed", [-1, 2**64, 1.5])

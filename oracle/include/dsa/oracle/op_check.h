@@ -121,4 +121,17 @@ OpReport judge_outputs(Op op, const OpCase& c, const NamedOutputs& outputs,
 /// True when two tensors have equal dtype, shape and bytes.
 bool bitwise_equal(const Tensor& a, const Tensor& b);
 
+/// Where two runs' tensors `first` and `second` of output `name` differ (SPEC §3.5 determinism),
+/// for a report: "" when bitwise equal; else the dtype or shape change, or the rows that differ
+/// (first 8, "rows 0, 3 of 6"; row = first index, the query row of [s_q, ...] outputs) and,
+/// in the first such row, the first differing slots with both values (ids for integer
+/// outputs, e.g. "row 0 slot 3: id 17 then 12"; 9 significant digits for floats).
+std::string run_difference(const std::string& name, const Tensor& first, const Tensor& second);
+/// The same over every output of an op's result (the outputs that differ, "; "-separated).
+std::string run_difference(const Tensor& first, const Tensor& second);
+std::string run_difference(const SparseMlaForward& first, const SparseMlaForward& second);
+std::string run_difference(const SparseMlaGrads& first, const SparseMlaGrads& second);
+std::string run_difference(const IndexerGrads& first, const IndexerGrads& second);
+std::string run_difference(const IndexerKlResult& first, const IndexerKlResult& second);
+
 }  // namespace dsa::oracle
