@@ -60,8 +60,9 @@ int run_compare(const std::string& golden, const std::string& candidate,
   if (!any) throw fixtures::FileError(candidate, "holds no outputs for the golden's op " + f.op);
   const oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
   print_unjudged_stored_outputs(f, *backend, opt, candidate);
-  std::vector<oracle::OpReport> reports = oracle::judge_fixture_ops(f, *backend, opt);
-  add_convention_hints(reports, *backend);
+  const oracle::OpCase c = oracle::op_case_from_fixture(f);
+  std::vector<oracle::OpReport> reports = oracle::judge_fixture_ops(f, c, *backend, opt);
+  add_convention_hints(reports, *backend, &c, HintRoute::CompareFlags);
   for (const auto& n : backend->adapter_notes()) std::printf("convention applied: %s\n", n.c_str());
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
   if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");

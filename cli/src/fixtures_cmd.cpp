@@ -184,6 +184,10 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
       out.json = nlohmann::json{{"path", file}, {"error", line}};
       return;
     }
+    {  // the producer's stored ids may be a representation its file does not declare
+      const oracle::CandidateBackend producer = oracle::expected_candidate(f);
+      add_convention_hints(r.producer_vs_reference, producer, &c, HintRoute::FixtureField);
+    }
     const bool producer_ok = r.passed();
     if (verbose || !producer_ok) out.text += oracle::format_fixture_report(r) + "\n";
     rows(f, "producer", r.producer_vs_reference, true);
@@ -272,9 +276,10 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
     std::fprintf(stderr, "dsa-verify: backend %s unavailable: %s\n", b->name().c_str(), why.c_str());
     return kExitUsage;
   }
+  const oracle::OpCase c = oracle::op_case_from_fixture(f);
   std::vector<oracle::OpReport> reports =
-      oracle::judge_fixture_ops(f, *b, check_options(judge, file_route));
-  if (stored) add_convention_hints(reports, *stored);
+      oracle::judge_fixture_ops(f, c, *b, check_options(judge, file_route));
+  if (stored) add_convention_hints(reports, *stored, &c, HintRoute::ConventionOption);
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
   if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");
   std::printf("replay: %s\n", oracle::verdict_line(reports).c_str());

@@ -49,7 +49,8 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route, const
   return o;
 }
 
-void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::CandidateBackend& candidate) {
+void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::CandidateBackend& candidate,
+                          const oracle::OpCase* c, HintRoute route) {
   const Tensor* ids = candidate.stored("indices");
   if (!ids) return;
   auto uses = [&](fixtures::Convention c) {
@@ -64,6 +65,24 @@ void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::
   if (ids->dim() == 3 && ids->size(1) == 1 && !uses(fixtures::Convention::IdsSq1K))
     hints.emplace_back("shape", "the file stores [s_q, 1, k] ids: if that is the kernel's layout, pass "
                                 "--convention ids_s_q_1_k");
+  // SPEC §3.6: some selectors narrow the output to min(k, s_kv) columns. A candidate of that
+  // width still fails without the declaration (a convention is a representation, declared,
+  // never inferred); the hint says how to declare it on this route.
+  if (c && ids->dim() == 2 && c->scores.dim() == 2 && !uses(fixtures::Convention::TopkWidthMinKSkv)) {
+    const int64_t s_kv = c->scores.size(1), k = c->k;
+    if (s_kv < k && ids->size(1) == s_kv) {
+      const std::string how =
+          route == HintRoute::FixtureField
+              ? "add \"topk_width_min_k_s_kv\" to the fixture's conventions metadata (a JSON array)"
+              : route == HintRoute::CompareFlags
+                    ? "pass --narrowed-topk-width (= --convention topk_width_min_k_s_kv)"
+                    : "pass --convention topk_width_min_k_s_kv";
+      hints.emplace_back("shape", "the candidate's ids are [s_q, " + std::to_string(s_kv) + "] = [s_q, min(k, s_kv)] with k = " +
+                                      std::to_string(k) + " > s_kv = " + std::to_string(s_kv) +
+                                      ": if the kernel narrows the width so, declare it: " + how +
+                                      " (undeclared it fails; declared, every contract rule is still checked)");
+    }
+  }
   for (auto& r : reports) {
     if (r.op != oracle::to_string(oracle::Op::Topk) || r.passed()) continue;
     for (const auto& [rule, hint] : hints) {

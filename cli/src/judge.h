@@ -26,11 +26,17 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route);
 /// plugin's provided_outputs) intersected into provided_outputs: the others are not judged.
 oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route, const oracle::Backend& backend);
 
+/// How a route declares a convention, for hints: compare's flags (--narrowed-topk-width),
+/// replay's --convention, or a fixture's `conventions` metadata (fixtures check).
+enum class HintRoute { CompareFlags, ConventionOption, FixtureField };
+
 /// Hints for a stored candidate whose ids look like a representation a convention converts:
-/// I64 indices without int64_ids, [s_q, 1, k] indices without ids_s_q_1_k. Appended to the
-/// failing top-k report's reason and its dtype / shape violation ("...; if the kernel returns
-/// int64 ids, pass --convention int64_ids"), never changing a verdict.
-void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::CandidateBackend& candidate);
+/// I64 indices without int64_ids, [s_q, 1, k] indices without ids_s_q_1_k, and (with the case
+/// `c`) [s_q, min(k, s_kv)] ids with s_kv < k without topk_width_min_k_s_kv (SPEC §3.6).
+/// Appended to the failing top-k report's reason and its dtype / shape violation ("...; hint:
+/// ... declare it: pass --narrowed-topk-width"), never changing a verdict.
+void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::CandidateBackend& candidate,
+                          const oracle::OpCase* c = nullptr, HintRoute route = HintRoute::CompareFlags);
 
 /// True when `reports` is non-empty and every op was skipped (e.g. --outputs naming none of
 /// the op's outputs, a backend that runs none of the file's ops): nothing was judged.

@@ -171,6 +171,31 @@ TEST(DeterminismReport, NamesTheRowsAndIdsThatDiffered) {
   EXPECT_EQ(r.reason, want);
 }
 
+// A top-k file of [s_q, min(k, s_kv)] ids (s_kv < k) that does not declare the narrowed-width
+// convention still fails on every route, and the failure says how to declare it there:
+// fixtures check names the conventions metadata, compare --narrowed-topk-width, replay
+// --convention topk_width_min_k_s_kv. Declared, it agrees.
+TEST(CompareHints, NarrowedTopkWidthSuggestsItsDeclaration) {
+  Scratch dir("narrowed");
+  fixtures::Fixture f = fixtures::load_fixture(std::string(DSA_PEER_FIXTURE_DIR) + "/topk_short_rows.safetensors");
+  ASSERT_LT(f.inputs.at("scores").size(1), f.params.at("k").get<int64_t>());
+  ASSERT_EQ(f.expected.at("indices").size(1), f.inputs.at("scores").size(1));
+  f.conventions.clear();  // undeclared
+  const std::string path = dir.file("short_rows_undeclared.safetensors");
+  fixtures::save_fixture(path, f);
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 1);
+  EXPECT_FALSE(lines_with(out, {"[FAIL] producer topk:", "hint: the candidate's ids are [s_q, 24] = [s_q, min(k, s_kv)]",
+                                "add \"topk_width_min_k_s_kv\" to the fixture's conventions metadata"})
+                   .empty());
+  EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + path, &out), 1);
+  EXPECT_FALSE(lines_with(out, {"[FAIL] candidate-file topk:", "hint:", "pass --narrowed-topk-width"}).empty());
+  EXPECT_EQ(run_cli_capture("replay " + path + " --candidate " + path, &out), 1);
+  EXPECT_FALSE(lines_with(out, {"hint:", "pass --convention topk_width_min_k_s_kv"}).empty());
+  EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + path + " --narrowed-topk-width", &out), 0);
+  EXPECT_TRUE(lines_with(out, {"hint:"}).empty());
+}
+
 // `fixtures check DIR` with a corrupt file beside good ones: the corrupt file is a row of the
 // table named by its path and counted as unreadable in the summary; exit 2 (input error) even
 // though every other row agrees; the JSON lists it with its error.
