@@ -112,6 +112,8 @@ TEST(OpsSelection, AnExceptionInAPropertyBeginsWithItsText) {
   EXPECT_EQ(message.find("Exception thrown"), std::string::npos) << message;
   EXPECT_EQ(message.rfind("exception: plugin ", 0), 0u) << message;  // its dsink is missing
   EXPECT_NE(message.find("sparse_mla_bwd"), std::string::npos) << message;
+  // ... filed under the op that threw (the forward property's backward call)
+  EXPECT_EQ(lines_with(out, {"sparse_mla_bwd ", "property:smla.empty_rows", " fail "}).size(), 1u);
 }
 
 // --only naming a property of an op --ops does not select: a usage error (exit 2) naming both
