@@ -331,7 +331,7 @@ BENCHMARK(BM_EigenGemmF64SameShapes)->Unit(benchmark::kMillisecond)->Name("BM_Ei
 BENCHMARK(BM_ReferenceSparseMlaForwardThreads)->Apply(thread_counts)->UseRealTime()
     ->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_ReferenceSparseMlaBackwardThreads)->Apply(thread_counts)->UseRealTime()
-    ->Unit(benchmark::kMillisecond)->Iterations(1);
+    ->Unit(benchmark::kMillisecond)->Iterations(2);
 BENCHMARK(BM_CeilingGemmF64Threads)->Apply(thread_counts)->UseRealTime()
     ->Unit(benchmark::kMillisecond)->Iterations(4);
 BENCHMARK(BM_CeilingForwardThreads)->Apply(thread_counts)->UseRealTime()

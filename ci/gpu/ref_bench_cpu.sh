@@ -7,7 +7,7 @@
 # its own timeout so that a run cut short still returns the forward, then prints a table of
 # x_linear per thread count (also in $OUT/ref_bench_table.txt; python3, skipped without it).
 # Run from a tree staged by ci/gpu/stage-deps.sh; output in $OUT (ref_bench.txt).
-# ~100 s on 16 cores (build 20 s, forward 55 s, backward 45 s).
+# ~140 s on 16 cores (build 20 s, forward ~55 s, backward ~65 s).
 # Env: GPU_DEPS (default ../ : .gpu-deps when run from .gpu-deps/wt), FWD_TIMEOUT, BWD_TIMEOUT.
 set -uo pipefail
 out=${OUT:-out}
