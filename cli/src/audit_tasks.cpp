@@ -57,6 +57,72 @@ std::vector<std::string> list_fixtures(const std::string& dir) {
   return files;
 }
 
+namespace {
+// The audited backend as a fixture task sees it under --ops: an op outside the selection is
+// not supported (check_fixture skips it; the backend is never called for it), except the
+// forward when the backward is selected: the backward's baseline takes Δ at the dtype of the
+// candidate's own out (SPEC §9), as without --ops; its forward report is dropped by the task.
+class SelectedOpsBackend final : public oracle::Backend {
+ public:
+  SelectedOpsBackend(oracle::Backend& inner, const AuditOptions& o) : inner_(inner), o_(o) {}
+  std::string name() const override { return inner_.name(); }
+  std::string unavailable_reason() const override { return inner_.unavailable_reason(); }
+  bool deterministic() const override { return inner_.deterministic(); }
+  bool computes_reference() const override { return inner_.computes_reference(); }
+  bool supports(oracle::Op op) const override { return inner_.supports(op) && runs(op); }
+  std::optional<std::set<std::string>> provided_outputs() const override { return inner_.provided_outputs(); }
+  bool fp8_reduced_accumulation() const override { return inner_.fp8_reduced_accumulation(); }
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    need(oracle::Op::IndexerScores);
+    return inner_.indexer_scores(q, k, w, win);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win,
+                                       const Tensor& d) override {
+    need(oracle::Op::IndexerScoresBackward);
+    return inner_.indexer_scores_backward(q, k, w, win, d);
+  }
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    need(oracle::Op::Topk);
+    return inner_.select_topk(s, k, p, w);
+  }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    need(oracle::Op::SparseMlaFwd);
+    return inner_.sparse_mla_forward(in);
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    need(oracle::Op::SparseMlaBwd);
+    return inner_.sparse_mla_backward(in, dout);
+  }
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    need(oracle::Op::IndexerKlLoss);
+    return inner_.indexer_kl_loss(in);
+  }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    need(oracle::Op::Fp8IndexerScores);
+    return inner_.fp8_indexer_scores(in);
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    need(oracle::Op::PagedIndexerScores);
+    return inner_.paged_indexer_scores(in);
+  }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    need(oracle::Op::SparseMlaFp8Fwd);
+    return inner_.sparse_mla_fp8_forward(in);
+  }
+
+ private:
+  bool runs(oracle::Op op) const {
+    if (op_selected(o_, oracle::to_string(op))) return true;
+    return op == oracle::Op::SparseMlaFwd && op_selected(o_, oracle::to_string(oracle::Op::SparseMlaBwd));
+  }
+  void need(oracle::Op op) const {
+    if (!runs(op)) throw oracle::NotSupported(std::string("op ") + oracle::to_string(op) + " not selected (--ops)");
+  }
+  oracle::Backend& inner_;
+  const AuditOptions& o_;
+};
+}  // namespace
+
 // Fixture tasks: one per file; each yields one case per op the fixture covers.
 void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, const std::string& kind,
                        oracle::Backend& backend, const AuditOptions& opts, const ReproCommands& repro_cmds) {
@@ -70,8 +136,11 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       const std::vector<oracle::Op> ops = oracle::fixture_ops(f);
       if (std::none_of(ops.begin(), ops.end(), [&](oracle::Op op) { return op_selected(opts, oracle::to_string(op)); }))
         return out;
-      // The same judging code and options as compare, replay and fixtures check.
-      oracle::FixtureReport r = oracle::check_fixture(f, &backend, check_options(opts.judge, false, backend));
+      // The same judging code and options as compare, replay and fixtures check; under --ops the
+      // backend is not called for an op outside the selection.
+      SelectedOpsBackend selected(backend, opts);
+      oracle::Backend& judged = opts.ops.empty() ? backend : static_cast<oracle::Backend&>(selected);
+      oracle::FixtureReport r = oracle::check_fixture(f, &judged, check_options(opts.judge, false, backend));
       std::string repro = replay(file);
       for (const auto& op : r.backend_vs_reference) {
         if (!op_selected(opts, op.op)) continue;

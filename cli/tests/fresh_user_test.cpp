@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "audit_tasks.h"
 #include "dsa/contract/errors.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
@@ -63,6 +64,47 @@ TEST(OpsSelection, ForwardOnlyJudgesTheForwardAndBackwardOnlyTheBackward) {
                             &out),
             1);
   EXPECT_EQ(lines_with(out, {"sparse_mla_bwd ", "property:smla.duplicates_accumulate_in_dkv", " fail "}).size(), 1u);
+}
+
+// A fixture task under --ops never calls the backend for an op outside the selection (the
+// backward of a fwd+bwd fixture under --ops sparse_mla_fwd), and reports only selected ops.
+class CountingBackend : public oracle::Backend {
+ public:
+  std::string name() const override { return "counting"; }
+  bool supports(oracle::Op op) const override { return op == oracle::Op::SparseMlaFwd || op == oracle::Op::SparseMlaBwd; }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    ++forward_calls;
+    return reference_->sparse_mla_forward(in);
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    ++backward_calls;
+    return reference_->sparse_mla_backward(in, dout);
+  }
+  int forward_calls = 0, backward_calls = 0;
+
+ private:
+  std::unique_ptr<oracle::Backend> reference_ = oracle::make_reference_backend();
+};
+
+TEST(OpsSelection, FixtureTasksCallOnlyTheSelectedOps) {
+  Scratch dir("ops_fixture_calls");
+  std::filesystem::copy_file(golden("smla_sink"), dir.file("smla_sink.safetensors"));
+  const ReproCommands repro{"dsa-verify audit", [](const std::string& f) { return "dsa-verify replay " + f; }};
+  for (const char* selected : {"sparse_mla_fwd", "sparse_mla_bwd"}) {
+    AuditOptions o;
+    o.ops = {selected};
+    CountingBackend b;
+    std::vector<AuditTask> tasks;
+    add_fixture_tasks(tasks, dir.file(""), "golden", b, o, repro);
+    ASSERT_EQ(tasks.size(), 1u);
+    const std::vector<CaseResult> cases = tasks[0].run();
+    ASSERT_EQ(cases.size(), 1u) << selected;
+    EXPECT_EQ(cases[0].op, selected);
+    EXPECT_EQ(cases[0].status, "pass") << cases[0].message;
+    const bool fwd = std::string(selected) == "sparse_mla_fwd";
+    EXPECT_GT(b.forward_calls, 0) << selected;  // the backward's baseline learns its out dtype
+    EXPECT_EQ(b.backward_calls > 0, !fwd) << selected;
+  }
 }
 
 // Without --ops a forward property also judges the backward (when the kernel has one); a
