@@ -302,6 +302,8 @@ TEST(InputErrors, SizeParamsContradictingTheShapesAreNamed) {
     EXPECT_EQ(what.rfind(want, 0), 0u) << what;
     EXPECT_NE(what.find("is " + std::to_string(size) + ")"), std::string::npos) << what;
     EXPECT_THROW(fixtures::validate_fixture(f, "in memory"), fixtures::FileError) << c.key;
+    // Every route loads through load_fixture: two of the params through the program (CI time).
+    if (std::string(c.key) != "s_q" && std::string(c.fixture) != "topk_distinct_causal") continue;
     std::string out;
     EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << c.key;
     EXPECT_FALSE(lines_with(out, {want}).empty()) << c.key;
