@@ -7,7 +7,7 @@
 # its own timeout so that a run cut short still returns the forward, then prints a table of
 # x_linear per thread count (also in $OUT/ref_bench_table.txt; python3, skipped without it).
 # Run from a tree staged by ci/gpu/stage-deps.sh; output in $OUT (ref_bench.txt).
-# ~140 s on 16 cores (build 20 s, forward ~55 s, backward ~65 s).
+# ~90 s on 16 cores (build 20 s, forward part ~30 s, backward part ~40 s).
 # Env: GPU_DEPS (default ../ : .gpu-deps when run from .gpu-deps/wt), FWD_TIMEOUT, BWD_TIMEOUT.
 set -uo pipefail
 out=${OUT:-out}
@@ -40,8 +40,10 @@ run() {  # run TIMEOUT FILTER
     >>"$out/ref_bench.txt" 2>&1
   echo "filter '$2' rc=$? (${SECONDS}s)" | tee -a "$out/ref_bench.txt"
 }
-run "${FWD_TIMEOUT:-120}" 'EigenGemmF64SameShapes|CeilingGemm|ForwardThreads|FixedPartThreads'
-run "${BWD_TIMEOUT:-100}" 'BackwardThreads'
+# Scaling: each work's thread counts in interleaved rounds, best of 3 (BM_Scaling*); the
+# same-shape GEMM alone for the single-thread rate; the fixed part of a call.
+run "${FWD_TIMEOUT:-120}" '^BM_EigenGemmF64SameShapes(/after)?$|^BM_Scaling(GemmRowsSplit|CeilingGemm|Forward|CeilingForward)/|FixedPartThreads'
+run "${BWD_TIMEOUT:-100}" '^BM_Scaling(Backward|CeilingBackward)/'
 grep -E "^BM_|Model name|^CPU|rc=" "$out/ref_bench.txt"
 command -v python3 >/dev/null && python3 ci/gpu/ref_bench_table.py "$out/ref_bench.txt" |
   tee "$out/ref_bench_table.txt"
