@@ -387,8 +387,8 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
 }
 
 /// One query row of the backward in flight (a slot of the backward's ring): what its units
-/// share, and what it hands to the ordered reductions (row t uses slot t % slots once rows
-/// before t - slots are reduced).
+/// share, and what it hands to the ordered reductions (a row takes a free slot when it starts
+/// and frees it once every stream has added it).
 template <class A>
 struct RowGrads {
   std::vector<int32_t> ids;    // valid ids in slot order
@@ -447,8 +447,10 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
     // slot), and reduce finished rows into dkv per key chunk ("stream"), each stream adding
     // rows in query-row, then slot order: every dkv element is the same sum as the serial
     // loop's, whatever the thread count. dsink is one more stream, in row order. The ring
-    // (~384 MiB of gathered keys and dKg at most) bounds memory; its size, the key chunks and
-    // the units change only the schedule, never a result.
+    // (~384 MiB of gathered keys and dKg at most) bounds memory; a starting row takes the slot
+    // freed last (its buffers the most likely still in cache: only as many slots are touched
+    // as rows are in flight). Its size, the slot order, the key chunks and the units change
+    // only the schedule, never a result.
     using Blocks = SlotBlocks<A>;
     constexpr int64_t kSlotUnit = 4 * Blocks::kLogits;  // slots per unit (4 slot blocks)
     const int64_t threads = max_threads();
@@ -462,8 +464,16 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
     const int64_t streams = key_chunks + (in.attn_sink ? 1 : 0);
     std::vector<RowGrads<A>> rows(static_cast<size_t>(slots));
     std::vector<RowPhase> phases(static_cast<size_t>(slots));
-    auto slot = [&](int64_t t) -> RowGrads<A>& { return rows[static_cast<size_t>(t % slots)]; };
-    auto phase_of = [&](int64_t t) -> RowPhase& { return phases[static_cast<size_t>(t % slots)]; };
+    std::vector<int64_t> slot_index(static_cast<size_t>(d.s_q), 0);  // row -> its slot (set at start)
+    std::vector<int64_t> free_slots;  // a stack: the slot freed last on top
+    for (int64_t i = slots - 1; i >= 0; --i) free_slots.push_back(i);
+    int64_t freed = 0;  // rows below have given their slots back
+    auto slot = [&](int64_t t) -> RowGrads<A>& {
+      return rows[static_cast<size_t>(slot_index[static_cast<size_t>(t)])];
+    };
+    auto phase_of = [&](int64_t t) -> RowPhase& {
+      return phases[static_cast<size_t>(slot_index[static_cast<size_t>(t)])];
+    };
     // Column blocks of a [h_q, cols] product (dq, out): about 4 of them, a multiple of mr wide,
     // the last one taking the rest; like SlotBlocks' P·V column blocks, each element keeps
     // its sum.
@@ -689,8 +699,12 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
             if (p.phase > kBwdStart && p.phase < kBwdDone && p.next < p.units)
               t = r, phase = p.phase, u = p.next++;
           }
-          if (t < 0 && next_row < d.s_q && next_row < min_reduced + slots) {
+          for (; freed < min_reduced; ++freed)  // rows every stream has added
+            free_slots.push_back(slot_index[static_cast<size_t>(freed)]);
+          if (t < 0 && next_row < d.s_q && !free_slots.empty()) {
             t = next_row++;
+            slot_index[static_cast<size_t>(t)] = free_slots.back();
+            free_slots.pop_back();
             phase_of(t) = RowPhase{};
           }
           if (t < 0) {
