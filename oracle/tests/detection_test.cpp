@@ -770,7 +770,10 @@ RC_GTEST_PROP(Detection, GeneratedKlCasesHaveNoWeakRows, ()) {
 // Sparse MLA over the FP8 cache (SPEC §10): draw_smla_fp8_case draws (the cases
 // smla_fp8.forward_ratio judges), the float64 reference with out rounded to bf16 (the bf16
 // class: a FlashMLA-style kernel, libtorch-cpu) and to fp32 (the fp32 class: the reference
-// backend), lse and max_logits in fp32; no row may be WEAK.
+// backend), lse and max_logits in fp32; no row may be WEAK. Measured (level 0-1,
+// RC_PARAMS="max_success=N seed=S"): before the generator's row conditioning 6, 2, 5 of 100
+// draws had a WEAK bf16 out row (seeds 1-3), none at the fp32 class; after, 0 of 2000 (seeds
+// 1-10 x 200).
 RC_GTEST_PROP(Detection, GeneratedFp8SmlaCasesHaveNoWeakRows, ()) {
   const int level = *rc::gen::element(0, 1);
   props::set_generation_level(level);
@@ -799,7 +802,9 @@ RC_GTEST_PROP(Detection, GeneratedFp8SmlaCasesHaveNoWeakRows, ()) {
 // Production shapes (draw_smla_production_case, smla.production_shapes: s_q 1, h_q 16 at
 // level 0 and 64/128 at level 1, d_qk 576/512, k 2048), judged at the fp32 and the bf16
 // class as judge_generated does; no row may be WEAK. A level-1 draw costs seconds, so this
-// runs max_success / 30 cases (at least 1: CI's 30 gives 1, 0.3-4 s).
+// runs max_success / 30 cases (at least 1: CI's 30 gives 1, 1.4-8 s). Measured: no WEAK row in
+// 150 draws before the out-row conditioning (seeds 1-3 x 50; bf16 out at most 0.66 θ, fp32
+// dsink 0.56 θ) nor in 90 after (seeds 1-3 x 30).
 void production_case_has_no_weak_rows() {
   const int level = *rc::gen::element(0, 1);
   props::set_generation_level(level);
@@ -821,7 +826,8 @@ TEST(Detection, GeneratedProductionCasesHaveNoWeakRows) {
 }
 
 // The FP8 indexer and the paged FP8 indexer (SPEC §10): generated cases, the float64
-// reference rounded to fp32; no row may be WEAK.
+// reference rounded to fp32; no row may be WEAK. Measured: 0 of 2000 draws (seeds 1-10 x 200;
+// largest bound / row scale 2.7e-06), generators unchanged.
 RC_GTEST_PROP(Detection, GeneratedFp8IndexerCasesHaveNoWeakRows, ()) {
   CheckOptions allow;
   allow.allow_weak = true;  // to count the WEAK rows, then assert there are none
