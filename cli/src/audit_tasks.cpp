@@ -140,7 +140,12 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       // backend is not called for an op outside the selection.
       SelectedOpsBackend selected(backend, opts);
       oracle::Backend& judged = opts.ops.empty() ? backend : static_cast<oracle::Backend&>(selected);
-      oracle::FixtureReport r = oracle::check_fixture(f, &judged, check_options(opts.judge, false, backend));
+      const oracle::OpCase fc = oracle::op_case_from_fixture(f);
+      oracle::FixtureReport r = oracle::check_fixture(f, fc, &judged, check_options(opts.judge, false, backend));
+      {  // as fixtures check: a producer's undeclared representation gets its hint
+        const oracle::CandidateBackend producer = oracle::expected_candidate(f);
+        add_convention_hints(r.producer_vs_reference, producer, &fc, HintRoute::FixtureField);
+      }
       std::string repro = replay(file);
       for (const auto& op : r.backend_vs_reference) {
         if (!op_selected(opts, op.op)) continue;

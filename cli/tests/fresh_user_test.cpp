@@ -240,6 +240,27 @@ TEST(CompareHints, NarrowedTopkWidthSuggestsItsDeclaration) {
   EXPECT_TRUE(lines_with(out, {"hint:"}).empty());
 }
 
+// The audit's fixture task (CLI and Python route) gives the same hint for such a producer.
+TEST(CompareHints, AuditFixtureTaskSuggestsTheNarrowedWidthDeclaration) {
+  Scratch dir("narrowed_audit");
+  fixtures::Fixture f = fixtures::load_fixture(std::string(DSA_PEER_FIXTURE_DIR) + "/topk_short_rows.safetensors");
+  f.conventions.clear();
+  fixtures::save_fixture(dir.file("short_rows_undeclared.safetensors"), f);
+  AuditOptions o;
+  o.ops = {"topk"};
+  const ReproCommands repro{"dsa-verify audit", [](const std::string& x) { return "dsa-verify replay " + x; }};
+  std::unique_ptr<oracle::Backend> reference = oracle::make_reference_backend();
+  std::vector<AuditTask> tasks;
+  add_fixture_tasks(tasks, dir.file(""), "peer", *reference, o, repro);
+  ASSERT_EQ(tasks.size(), 1u);
+  bool hinted = false;
+  for (const CaseResult& c : tasks[0].run())
+    if (c.property.find("(producer topk)") != std::string::npos)
+      hinted = c.status == "fail" && c.message.find("hint: the candidate's ids are [s_q, 24]") != std::string::npos &&
+               c.message.find("topk_width_min_k_s_kv") != std::string::npos;
+  EXPECT_TRUE(hinted);
+}
+
 // `fixtures check DIR` with a corrupt file beside good ones: the corrupt file is a row of the
 // table named by its path and counted as unreadable in the summary; exit 2 (input error) even
 // though every other row agrees; the JSON lists it with its error.
