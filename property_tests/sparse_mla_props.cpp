@@ -165,8 +165,8 @@ void fp32_inputs(Backend& b, const BlockFactory&) {
     DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
-// Production shapes at levels >= 1 (h_q 64/128, d_qk 576/512, k 2048; 3 cases at level 1):
-// a skip at level 0, where the regular draws reach h_q 16, s_q 65 and k 2049.
+// Production head counts at every level (h_q 64/128, d_qk 576/512; at level 0 small s_q and k,
+// at levels >= 1 k 2048; 3 cases at levels 0 and 1): forward and (when present) backward.
 void production_shapes(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_production_case();
   DumpOnFailure dump([&] { return to_fixture(c, judges(b, Op::SparseMlaBwd)); });
@@ -188,7 +188,7 @@ void add_sparse_mla_properties(std::vector<Property>& out) {
   out.push_back({"smla.duplicates_accumulate_in_dkv", {Op::SparseMlaBwd}, 1, duplicates_accumulate_in_dkv});
   out.push_back({"smla.extreme_rows_in_batch", {Op::SparseMlaFwd}, 1, extreme_rows_in_batch});
   out.push_back({"smla.fp32_inputs", {Op::SparseMlaFwd}, 1, fp32_inputs});
-  out.push_back({"smla.production_shapes", {Op::SparseMlaFwd}, 34, production_shapes, /*min_level=*/1});
+  out.push_back({"smla.production_shapes", {Op::SparseMlaFwd}, 34, production_shapes});
 }
 
 }  // namespace dsa::props

@@ -94,6 +94,14 @@ void long_rows(Backend& b, const BlockFactory&) {
   DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
 }
 
+// Ids past 16 bits (rows of 65537-131072 keys whose maximum sits on a key >= 65536): every
+// level draws them (finding F2: level 0's long rows stopped at 32769 keys). Exact §3 check.
+void wide_ids(Backend& b, const BlockFactory&) {
+  const TopkCase c = draw_topk_wide_ids_case();
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
+}
+
 // Per-row windows (packed, MTP with start > 0, raw negative/inverted/past-end ends clamped,
 // causal offsets) with garbage outside: nothing outside [ks, ke) is selected (§1, §3).
 void row_windows(Backend& b, const BlockFactory&) {
@@ -134,6 +142,7 @@ void add_topk_properties(std::vector<Property>& out) {
   out.push_back({"topk.nan_never_selected", {Op::Topk}, 1, nan_never_selected});
   out.push_back({"topk.int32_contiguous_deterministic", {Op::Topk}, 1, int32_contiguous_deterministic});
   out.push_back({"topk.long_rows", {Op::Topk}, 4, long_rows});
+  out.push_back({"topk.ids_past_16_bits", {Op::Topk}, 8, wide_ids});
   out.push_back({"topk.row_windows", {Op::Topk}, 1, row_windows});
   out.push_back({"topk.tie_overflow", {Op::Topk}, 2, tie_overflow});
   out.push_back({"topk.fused_indexer_topk", {Op::IndexerScores, Op::Topk}, 2, fused_indexer_topk});

@@ -462,6 +462,39 @@ TopkCase draw_topk_long_case() {
   return c;
 }
 
+TopkCase draw_topk_wide_ids_case() {
+  TopkCase c;
+  const int level = generation_level();
+  const int64_t s_q = draw_in(1, level == 0 ? 2 : 3);
+  const int64_t s_kv = draw_of<int64_t>({65537, 131072});
+  c.k = level == 0 ? 2048 : *rc::gen::weightedElement<int64_t>({{3, 2048}, {1, 512}});
+  c.policy.tie_break = *rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large);
+  c.policy.sorted = draw_bool();
+  std::vector<std::string> dists;
+  for (int64_t t = 0; t < s_q; ++t)
+    dists.push_back(*rc::gen::element<std::string>("band8", "band11", "band16", "ties_at_kth", "relu", "mixed"));
+  Rng r = draw_rng();
+  c.scores = Tensor(DType::F32, {s_q, s_kv});
+  float* sc = c.scores.data<float>();
+  std::string planted;
+  for (int64_t t = 0; t < s_q; ++t) {
+    float* row = sc + t * s_kv;
+    fill_topk_row(row, s_kv, c.k, dists[static_cast<size_t>(t)], r);
+    // The row's largest value sits on a key >= 65536, so every correct selection holds an id
+    // that does not fit 16 bits (3e38 is above every finite value fill_topk_row writes).
+    const int64_t at = irand(r, 65536, s_kv - 1);
+    row[at] = 3.0e38f;
+    planted += (planted.empty() ? "" : ",") + std::to_string(at);
+  }
+  std::string dd;
+  for (const auto& d : dists) dd += (dd.empty() ? "" : ",") + d;
+  c.desc = "topk wide ids s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
+           std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) + " sorted=" +
+           (c.policy.sorted ? "1" : "0") + " rows=" + dd + " row max at key " + planted;
+  log_case(c.desc);
+  return c;
+}
+
 TopkCase draw_topk_windows_case() {
   TopkCase c;
   const std::string kind = *rc::gen::element<std::string>("packed", "mtp", "raw", "causal");
@@ -887,22 +920,28 @@ SmlaCase draw_smla_extreme_case(DType in_dtype) {
 SmlaCase draw_smla_production_case() {
   SmlaCase c;
   const int level = generation_level();
-  const int64_t h = level == 0 ? 16 : draw_of<int64_t>({64, 128});  // level 0: audit --only
+  // Every level draws the production head counts (DeepSeek-V3.2 / GLM-5: h_q 64 or 128). Level
+  // 0 keeps the case small (s_q 1-2, k 32 or 64 over 65 or 129 keys): a head-tiling fault that
+  // shows only for h_q > 16 is caught in CI, not only by --level 1 (fresh-user finding F2).
+  const int64_t h = draw_of<int64_t>({64, 128});
   const bool v32 = draw_bool();  // DeepSeek-V3.2 / GLM-5: d_qk 576 = 512 + 64 RoPE
-  const int64_t d_qk = v32 ? 576 : 512, d_v = 512, k = 2048;
-  const int64_t s_kv = draw_of<int64_t>({2048, 2049, 4097});
-  const int64_t s_q = 1;
+  const int64_t d_qk = v32 ? 576 : 512, d_v = 512;
+  const int64_t k = level == 0 ? draw_of<int64_t>({32, 64}) : 2048;
+  const int64_t s_kv = level == 0 ? draw_of<int64_t>({k + 1, 2 * k + 1}) : draw_of<int64_t>({2048, 2049, 4097});
+  const int64_t s_q = level == 0 ? draw_in(1, 2) : 1;
   Rng r = draw_rng();
   std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
   const auto pattern = *rc::gen::element<std::string>("distinct", "tail_padding", "holes");
   std::vector<int32_t> perm(static_cast<size_t>(s_kv));
-  for (int64_t i = 0; i < s_kv; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
-  std::shuffle(perm.begin(), perm.end(), r);
-  const int64_t tail = pattern == "tail_padding" ? irand(r, 1, k - 1) : k;
-  for (int64_t j = 0; j < k; ++j) {
-    int32_t id = perm[static_cast<size_t>(j)];
-    if (j >= tail || (pattern == "holes" && irand(r, 0, 7) == 0)) id = -1;
-    ids[static_cast<size_t>(j)] = id;
+  for (int64_t t = 0; t < s_q; ++t) {  // each row its own distinct ids
+    for (int64_t i = 0; i < s_kv; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    std::shuffle(perm.begin(), perm.end(), r);
+    const int64_t tail = pattern == "tail_padding" ? irand(r, 1, k - 1) : k;
+    for (int64_t j = 0; j < k; ++j) {
+      int32_t id = perm[static_cast<size_t>(j)];
+      if (j >= tail || (pattern == "holes" && irand(r, 0, 7) == 0)) id = -1;
+      ids[static_cast<size_t>(t * k + j)] = id;
+    }
   }
   c.in.indices = Tensor::from_i32({s_q, k}, ids);
   c.in.q = fill(DType::BF16, {s_q, h, d_qk}, Tier::Random, 1, r);
@@ -915,14 +954,19 @@ SmlaCase draw_smla_production_case() {
     c.in.attn_sink = sink;
   }
   // bf16 q/kv give a bf16 out (SPEC §4): out rows conditioned as draw_smla_case's draws (a
-  // forward judgement, ~0 s added a draw). Not the backward: measured before (150 draws, seeds
+  // forward judgement, ~0 s added a draw). The backward too at level 0, where a backward
+  // judgement is cheap (k <= 64). Not at levels >= 1: measured before (150 draws, seeds
   // 1-3 x 50, level 0-1) no WEAK row at either class and at most 0.66 θ (bf16 out), 0.41 θ
   // (bf16 dsink), 0.17 θ (dq), 0.09 θ (dkv), 0.56 θ (fp32 dsink); a backward judgement costs
   // ~1 s a level-1 draw (Detection.GeneratedProductionCasesHaveNoWeakRows keeps it measured).
   condition_bf16_out_rows(c.in, std::vector<uint8_t>(static_cast<size_t>(s_q * h), 1), {}, r);
   c.dout = fill(DType::F32, {s_q, h, d_v}, Tier::Random, 1, r);
-  c.desc = "smla production s_q=1 h_q=" + std::to_string(h) + " d_qk=" + std::to_string(d_qk) +
-           " d_v=512 s_kv=" + std::to_string(s_kv) + " k=2048 ids=" + pattern +
+  if (level == 0) {
+    if (c.in.attn_sink) align_dout_signs(c);
+    condition_bf16_backward_rows(c, r);
+  }
+  c.desc = "smla production s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) + " d_qk=" + std::to_string(d_qk) +
+           " d_v=512 s_kv=" + std::to_string(s_kv) + " k=" + std::to_string(k) + " ids=" + pattern +
            (c.in.attn_sink ? " sink" : "");
   log_case(c.desc);
   return c;

@@ -52,6 +52,11 @@ TopkCase draw_topk_case(const std::string& flavor = "");
 /// length and k are shrinkable integers (toward 1): a failure shrinks to a short row when the
 /// fault allows it.
 TopkCase draw_topk_long_case();
+/// Rows whose selected ids need more than 16 bits: s_q 1-2 (1-3 at levels >= 1) rows of 65537
+/// or 131072 keys, k 2048 (at levels >= 1 also 512), each row a band, tie, ReLU-plateau or
+/// mixed-magnitude distribution with its largest value (3e38) on a key in [65536, s_kv); full
+/// windows. A top-k that keeps ids in 16 bits (mod 65536) fails every draw (finding F2).
+TopkCase draw_topk_wide_ids_case();
 
 /// Per-row windows (SPEC §1) on rows of 1..300 keys (or tile edges up to 2049): packed varlen
 /// with 2-4 segments, MTP next_n 1..4 with start positions > 0, causal with offsets, raw
@@ -129,10 +134,11 @@ SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::
 /// `in_dtype`: q and kv dtype, BF16 (default) or F32, as for draw_smla_case.
 SmlaCase draw_smla_extreme_case(DType in_dtype = DType::BF16);
 
-/// Production shapes: s_q 1, h_q 64 or 128, d_qk 576/d_v 512 or 512/512, k 2048 over
-/// 2048-4097 keys, ids distinct with tail padding or holes (h_q 16 if drawn at level 0; the
-/// property smla.production_shapes runs from level 1). Out rows conditioned for the bf16 class
-/// as draw_smla_case's (q rows above 0.8 θ redrawn); the backward is not (measured at most 0.56 θ).
+/// Production shapes: h_q 64 or 128, d_qk 576/d_v 512 or 512/512 at every level; at level 0
+/// s_q 1-2 and k 32 or 64 over k+1 or 2k+1 keys (CI), at levels >= 1 s_q 1 and k 2048 over
+/// 2048-4097 keys; ids distinct per row with tail padding or holes. Out rows conditioned for
+/// the bf16 class as draw_smla_case's (q rows above 0.8 θ redrawn); the backward rows too at
+/// level 0 (at levels >= 1 not: measured at most 0.56 θ).
 SmlaCase draw_smla_production_case();
 
 /// Conditions a sparse MLA case with bf16 q for a bf16 kernel (SPEC §9 WEAK at the bf16 class,
