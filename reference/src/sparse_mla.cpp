@@ -207,7 +207,8 @@ struct ForwardScratch {
   RowSoftmax<A> rs;    // rows computed whole (short rows)
 };
 
-/// Where a ring slot's row stands (guarded by the forward's schedule mutex).
+/// Where a query row of the forward stands (guarded by the forward's schedule mutex; one per
+/// row, so that a done row's slot can be reused before the rows below it are done).
 struct RowProgress {
   int phase = 0;  // 0 starting, 1 logits, 2 normalising, 3 P·V, 4 done
   int64_t logit_units = 0, next_logit = 0, logits_done = 0;
@@ -247,11 +248,19 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   // e.g. decoding); short rows are one unit each.
   const int64_t threads =
       Blocks::logits_blocked(d.h_q, d.k) ? max_threads() : std::min<int64_t>(d.s_q, max_threads());
+  // Rows in flight take ring slots from a stack, the slot freed last on top (as the
+  // backward's): a starting row reuses the buffers the most likely still in cache, and only
+  // as many slots are touched (allocated, first-touched) as rows are in flight at once.
   const int64_t slots = std::min<int64_t>(d.s_q, 2 * threads);  // rows in flight at most
   std::vector<ForwardRow<A>> rows(static_cast<size_t>(slots));
-  std::vector<RowProgress> progress(static_cast<size_t>(slots));
-  auto row_of = [&](int64_t t) -> ForwardRow<A>& { return rows[static_cast<size_t>(t % slots)]; };
-  auto prog_of = [&](int64_t t) -> RowProgress& { return progress[static_cast<size_t>(t % slots)]; };
+  std::vector<RowProgress> progress(static_cast<size_t>(d.s_q));
+  std::vector<int64_t> slot_index(static_cast<size_t>(d.s_q), 0);  // row -> its slot (set at start)
+  std::vector<int64_t> free_slots;  // a stack: the slot freed last on top
+  for (int64_t i = slots - 1; i >= 0; --i) free_slots.push_back(i);
+  auto row_of = [&](int64_t t) -> ForwardRow<A>& {
+    return rows[static_cast<size_t>(slot_index[static_cast<size_t>(t)])];
+  };
+  auto prog_of = [&](int64_t t) -> RowProgress& { return progress[static_cast<size_t>(t)]; };
 
   // Starts row t: ids and q rows, and the unit counts in p; computes the whole row when it
   // is empty or short. Returns true when the row is done.
@@ -319,7 +328,7 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
   };
 
   // Schedule state, guarded by mu. A worker takes the first unit it can in row order
-  // (finishing rows first frees their slots), else starts the next row if its slot is free,
+  // (finishing rows first frees their slots), else starts the next row if a slot is free,
   // else waits for a unit running elsewhere; one worker alone runs every row in order.
   std::mutex mu;
   std::condition_variable cv;
@@ -345,9 +354,10 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
             kind = kPv, t = r, u = p.next_v++;
           }
         }
-        if (t < 0 && next_row < d.s_q && next_row < first_open + slots) {
+        if (t < 0 && next_row < d.s_q && !free_slots.empty()) {
           kind = kStart, t = next_row++;
-          prog_of(t) = RowProgress{};
+          slot_index[static_cast<size_t>(t)] = free_slots.back();
+          free_slots.pop_back();
         }
         if (t < 0) {
           if (first_open == d.s_q) return;  // every row done
@@ -371,6 +381,7 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
           case kNormalize: p.phase = 3; break;
           case kPv: if (++p.v_done == p.v_units) p.phase = 4; break;
         }
+        if (p.phase == 4) free_slots.push_back(slot_index[static_cast<size_t>(t)]);
         while (first_open < next_row && prog_of(first_open).phase == 4) ++first_open;
         cv.notify_all();
       }
