@@ -198,6 +198,7 @@ struct ForwardRow {
   Mat<A> Qt;  // [h_q, d_qk] q rows of this query row at A
   RowSoftmax<A> rs;
   int64_t kc = 0, bv = 0;  // P·V depth panel and column-block width (SlotBlocks)
+  size_t buf_size = 0;     // a worker's buf for this row's largest unit (one allocation)
 };
 
 /// A worker's own buffers, reused across units (no allocation per unit).
@@ -288,6 +289,12 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
     r.bv = Blocks::pv_columns(r.kc, d.d_v);
     p.logit_units = (n / Blocks::kLogits + kLogitUnit - 1) / kLogitUnit;
     p.v_units = Blocks::pv_column_blocks(r.bv, d.d_v);
+    // The largest logits block (the last, taking the rest) and the largest V panel (the last
+    // column block may be wider): a worker's buf grows once to it, not block by block.
+    const int64_t last_logits = n - (n / Blocks::kLogits - 1) * Blocks::kLogits;
+    const int64_t widest = std::max(r.bv, d.d_v - (p.v_units - 1) * r.bv);
+    r.buf_size = static_cast<size_t>(
+        std::max(last_logits * d.d_qk, std::min(r.kc, n) * widest));
     return false;
   };
   // Logits of slot blocks [u·kLogitUnit, (u+1)·kLogitUnit) of row t (the row's last block
@@ -298,7 +305,7 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
     const int64_t B = Blocks::kLogits, blocks = n / B;
     for (int64_t b = u * kLogitUnit; b < std::min(blocks, (u + 1) * kLogitUnit); ++b) {
       const int64_t j0 = b * B, j1 = b + 1 == blocks ? n : j0 + B;
-      if (s.buf.size() < static_cast<size_t>((j1 - j0) * d.d_qk)) s.buf.resize(static_cast<size_t>((j1 - j0) * d.d_qk));
+      if (s.buf.size() < r.buf_size) s.buf.resize(r.buf_size);
       kv.gather(r.ids, j0, j1, 0, d.d_qk, s.buf.data());
       const Eigen::Map<const Mat<A>> Kb(s.buf.data(), j1 - j0, d.d_qk);
       r.rs.P.middleCols(j0, j1 - j0).noalias() = r.Qt * Kb.transpose();
@@ -319,7 +326,7 @@ SparseMlaForward forward(const SparseMlaInputs& in, const MlaDims& d) {
     auto out_b = out.middleRows(t * d.h_q, d.h_q).middleCols(c0, c1 - c0);
     for (int64_t j0 = 0; j0 < n; j0 += r.kc) {
       const int64_t nb = std::min(r.kc, n - j0);
-      if (s.buf.size() < static_cast<size_t>(nb * (c1 - c0))) s.buf.resize(static_cast<size_t>(nb * (c1 - c0)));
+      if (s.buf.size() < r.buf_size) s.buf.resize(r.buf_size);
       kv.gather(r.ids, j0, j0 + nb, c0, c1, s.buf.data());
       const Eigen::Map<const Mat<A>> Vb(s.buf.data(), nb, c1 - c0);
       if (j0 == 0) out_b.noalias() = r.rs.P.middleCols(0, nb) * Vb;
