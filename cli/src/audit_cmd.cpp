@@ -79,7 +79,7 @@ int run_audit(const AuditOptions& opts) {
   // and registered as "plugin:<name>"; every call then runs in an isolated child process.
   if (!opts.plugin.empty()) {
     plugin::PluginOptions po;
-    po.timeout = std::chrono::milliseconds(static_cast<int64_t>(opts.timeout_s * 1000));
+    po.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(opts.timeout_s * 1000)));  // >= 1 (numeric_options.h)
     try {
       names = {plugin::register_plugin(opts.plugin, po)};
     } catch (const std::exception&) {
@@ -92,6 +92,13 @@ int run_audit(const AuditOptions& opts) {
     }
   }
   validate_selection(opts);
+  if (opts.judge.outputs) {  // every --outputs name is an output of a selected op
+    std::vector<oracle::Op> selected;
+    for (oracle::Op op : oracle::all_ops())
+      if (opts.ops.empty() || std::find(opts.ops.begin(), opts.ops.end(), oracle::to_string(op)) != opts.ops.end())
+        selected.push_back(op);
+    oracle::check_provided_outputs(*opts.judge.outputs, selected, "--outputs");
+  }
   // Report paths are checked before the run, so a typo does not cost the audit's results.
   for (const std::string* path : {&opts.json_path, &opts.junit_path})
     if (!path->empty()) write_text_file(*path, "");

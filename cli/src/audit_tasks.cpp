@@ -42,9 +42,9 @@ std::vector<std::string> not_judged_outputs(const props::Property& p,
                                             const std::optional<std::set<std::string>>& provided) {
   std::vector<std::string> out;
   if (!provided) return out;
-  for (oracle::Op op : p.ops)
-    for (const auto& n : oracle::op_output_names(op))
-      if (!provided->count(n) && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  for (oracle::Op op : p.ops)  // an op none of whose outputs is named is judged in full
+    for (const auto& n : oracle::not_judged_outputs(op, provided))
+      if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
   return out;
 }
 

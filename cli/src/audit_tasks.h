@@ -40,7 +40,8 @@ double worst_ratio(const oracle::OpReport& r);
 /// Largest err / bound over the judged tensors' elements (TensorCheck::worst; 0 when none).
 double worst_err_over_bound(const oracle::OpReport& r);
 /// Outputs of `p`'s ops that `provided` (--outputs, a plugin's declaration) leaves out, in
-/// op_output_names order: what a passing property did not judge. Empty when `provided` is unset.
+/// op_output_names order: what a passing property did not judge. Empty when `provided` is unset;
+/// an op none of whose outputs it names adds nothing (judged in full: oracle::provided_outputs_for).
 std::vector<std::string> not_judged_outputs(const props::Property& p,
                                             const std::optional<std::set<std::string>>& provided);
 /// The .safetensors files of `dir`, sorted (empty when `dir` is not a directory).

@@ -36,16 +36,19 @@ static void print_unjudged_stored_outputs(const fixtures::Fixture& f,
                     "define; not judged\n", candidate.c_str(), n.c_str(), oracle::to_string(op),
                     f.op.c_str());
   }
-  if (!opt.provided_outputs) return;
-  for (const auto& n : judged_names)
-    if (!opt.provided_outputs->count(n))
-      std::printf("note: %s: tensor '%s' is in the file but not named by --outputs; not judged\n",
-                  candidate.c_str(), n.c_str());
+  // Per op, as check_op applies --outputs (oracle::provided_outputs_for): an op none of whose
+  // outputs is named is judged in full, so none of its tensors is "not judged".
+  for (oracle::Op op : judged)
+    for (const auto& n : oracle::not_judged_outputs(op, opt.provided_outputs))
+      if (backend.stored(n) && said.insert(n).second)
+        std::printf("note: %s: tensor '%s' is in the file but not named by --outputs; not judged\n",
+                    candidate.c_str(), n.c_str());
 }
 
 int run_compare(const std::string& golden, const std::string& candidate,
                 const std::vector<fixtures::Convention>& conventions, const JudgeOptions& judge) {
   const fixtures::Fixture f = fixtures::load_fixture(golden);
+  if (judge.outputs) oracle::check_provided_outputs(*judge.outputs, oracle::fixture_ops(f), "--outputs");
   std::vector<std::string> ignored;
   auto backend = oracle::load_candidate_file(candidate, conventions, &ignored);
   for (const auto& n : ignored)

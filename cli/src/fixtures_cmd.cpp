@@ -259,6 +259,7 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
   if (!conventions.empty() && candidate.empty())
     throw std::invalid_argument("replay: argument '--convention' converts a candidate file; it needs --candidate");
   fixtures::Fixture f = fixtures::load_fixture(file);
+  if (judge.outputs) oracle::check_provided_outputs(*judge.outputs, oracle::fixture_ops(f), "--outputs");
   std::unique_ptr<oracle::Backend> b;
   const oracle::CandidateBackend* stored = nullptr;  // --candidate: for convention hints
   bool file_route = false;

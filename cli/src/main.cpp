@@ -7,7 +7,13 @@
 
 #include "commands.h"
 #include "dsa/contract/parallel.h"
+#include "numeric_options.h"
 #include "dsa/backends/builtin.h"
+
+// The rule of --outputs on every route (oracle::provided_outputs_for, check_provided_outputs).
+static const char* const kOutputsRule =
+    "each name must be an output of a selected op (else a usage error); an op's outputs not named are "
+    "not judged (partial); an op none of whose outputs is named is judged in full";
 
 int main(int argc, char** argv) {
   using namespace dsa::cli;
@@ -19,7 +25,8 @@ int main(int argc, char** argv) {
   // --jobs N (audit, fixtures check): threads for concurrent cases and the reference's rows,
   // all together (dsa::set_max_threads); default all cores of this process.
   int jobs = 0;
-  const char* jobs_help = "Threads in all (concurrent cases and reference rows; default: all cores)";
+  const std::string jobs_help = "Threads in all (concurrent cases and reference rows), an integer from 1 to " +
+                                std::to_string(kMaxJobs) + " (default: all cores)";
   AuditOptions audit;
   auto* audit_cmd = app.add_subcommand("audit", "Audit a backend: properties, golden and peer fixtures");
   auto* backend_opt = audit_cmd->add_option("--backend", audit.backends,
@@ -28,7 +35,8 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile)->excludes(backend_opt);
   audit_cmd->add_option("--ops", audit.ops, "Ops to audit (comma-separated)")->delimiter(',');
   audit_cmd->add_option("--only", audit.only, "Run only these properties (comma-separated names)")->delimiter(',');
-  audit_cmd->add_option("--level", audit.level, "Test level 0 (CI), 1, 2 (soak)")->check(CLI::Range(0, 2));
+  audit_cmd->add_option("--level", audit.level, "Test level 0 (CI), 1, 2 (soak)")
+      ->check(integer_in("--level", 0, 2, "a test level"));
   // Read as text and checked here: a negative or too large number would otherwise wrap
   // silently into another seed (uint64).
   std::string seed_text;
@@ -46,16 +54,16 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--json", audit.json_path, "Write the full report as JSON");
   audit_cmd->add_option("--junit", audit.junit_path, "Write JUnit XML");
   audit_cmd->add_flag("--fail-fast", audit.fail_fast, "Stop at the first failure");
-  audit_cmd->add_option("--timeout", audit.timeout_s, "Seconds per plugin call before it counts as hung")
-      ->check(CLI::PositiveNumber);
+  audit_cmd->add_option("--timeout", audit.timeout_s,
+      "Seconds per plugin call before it counts as hung: " + timeout_range() + " (default 30)")
+      ->check(timeout_seconds("--timeout"));
   audit_cmd->add_option("--dump-dir", audit.dump_dir, "Where failing cases are dumped as fixtures");
   std::vector<std::string> audit_outputs;
-  audit_cmd->add_option("--outputs", audit_outputs,
-      "Outputs the kernel provides (comma-separated, e.g. out,lse); the others are not judged")
+  audit_cmd->add_option("--outputs", audit_outputs, std::string("Outputs the kernel provides (comma-separated, e.g. out,lse); ") + kOutputsRule)
       ->delimiter(',');
   audit_cmd->add_flag("--allow-weak", audit.judge.allow_weak,
       "Accept WEAK outputs (whose bound exceeds their detection threshold) instead of failing");
-  audit_cmd->add_option("--jobs,-j", jobs, jobs_help)->check(CLI::PositiveNumber);
+  audit_cmd->add_option("--jobs,-j", jobs, jobs_help)->check(integer_in("--jobs", 1, kMaxJobs, "a number of threads"));
 
   auto* fixtures_cmd = app.add_subcommand("fixtures", "Generate or check golden fixtures");
   fixtures_cmd->require_subcommand(1);
@@ -73,7 +81,7 @@ int main(int argc, char** argv) {
   check->add_flag("-v,--verbose", verbose, "Print every tensor table, not only failures");
   check->add_flag("--allow-weak", check_judge.allow_weak, "Accept WEAK outputs instead of failing");
   check->add_option("--json", check_judge.json_path, "Write per-file, per-output verdicts and bounds as JSON");
-  check->add_option("--jobs,-j", jobs, jobs_help)->check(CLI::PositiveNumber);
+  check->add_option("--jobs,-j", jobs, jobs_help)->check(integer_in("--jobs", 1, kMaxJobs, "a number of threads"));
 
   std::string golden, candidate;
   std::vector<std::string> convention_names, compare_outputs;
@@ -90,8 +98,8 @@ int main(int argc, char** argv) {
   compare->add_flag("--int64-ids", int64_ids, "Same as --convention int64_ids");
   compare->add_flag("--indices-3d", indices_3d, "Same as --convention ids_s_q_1_k");
   compare->add_option("--outputs", compare_outputs,
-      "Outputs the kernel provides (comma-separated, e.g. out,lse); the others are not judged "
-      "(default: every output of the op is judged, a missing one is INCOMPLETE)")->delimiter(',');
+      std::string("Outputs the kernel provides (comma-separated, e.g. out,lse); ") + kOutputsRule +
+      " (default: every output of the op is judged, a missing one is INCOMPLETE)")->delimiter(',');
   compare->add_flag("--allow-weak", compare_judge.allow_weak, "Accept WEAK outputs instead of failing");
   compare->add_option("--json", compare_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
@@ -108,7 +116,8 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile)->excludes(replay_backend_opt);
   replay->add_option("--candidate", replay_candidate, "Judge stored outputs (.safetensors) instead of running a backend")
       ->check(CLI::ExistingFile)->excludes(replay_backend_opt)->excludes(replay_plugin_opt);
-  replay->add_option("--outputs", replay_outputs, "Outputs the kernel provides (comma-separated)")->delimiter(',');
+  replay->add_option("--outputs", replay_outputs,
+      std::string("Outputs the kernel provides (comma-separated); ") + kOutputsRule)->delimiter(',');
   std::vector<std::string> replay_conventions;
   replay->add_option("--convention", replay_conventions,
       "With --candidate: how the file represents its outputs (" + dsa::fixtures::convention_names() + ")")

@@ -293,14 +293,15 @@ TEST(CompareNotes, UnjudgedStoredOutputsAreNamed) {
   for (const char* n : {"out", "lse", "max_logits", "dq", "dkv"}) outs.emplace(n, m.expected.at(n));
   test::write_outputs(dir.file("m.safetensors"), outs);
   EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
-                                " --outputs out,lse,max_logits", &out), 0);
+                                " --outputs out,lse,dq", &out), 0);
   EXPECT_FALSE(lines_with(out, {"note:", "'dkv' is in the file but not named by --outputs"}).empty()) << out;
-  EXPECT_FALSE(lines_with(out, {"note:", "'dq' is in the file but not named by --outputs"}).empty()) << out;
+  EXPECT_FALSE(lines_with(out, {"note:", "'max_logits' is in the file but not named by --outputs"}).empty()) << out;
   EXPECT_TRUE(lines_with(out, {"note:", "'out'"}).empty()) << out;
+  EXPECT_TRUE(lines_with(out, {"note:", "'dq'"}).empty()) << out;
 }
 
-// A comparison that judged nothing (--outputs names none of the golden op's outputs) is a
-// usage error (exit 2), as an audit or fixtures check that ran no case; not exit 1 or 0.
+// --outputs naming no output of the golden's ops is a usage error (exit 2) naming it and each
+// op's outputs (oracle::check_provided_outputs), on compare and replay alike; not exit 1 or 0.
 TEST(CompareNotes, JudgedNothingExitsTwo) {
   Scratch dir("judged_nothing");
   const std::string s = golden("smla_basic");
@@ -311,11 +312,12 @@ TEST(CompareNotes, JudgedNothingExitsTwo) {
   std::string out;
   EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
                                 " --outputs indices", &out), 2) << out;
-  EXPECT_FALSE(lines_with(out, {"compare: judged nothing"}).empty()) << out;
+  EXPECT_FALSE(lines_with(out, {"'--outputs' names indices, which is not an output of the selected ops: "
+                                "sparse_mla_fwd (out, lse, max_logits); sparse_mla_bwd (dq, dkv, dsink)"}).empty()) << out;
   // replay --candidate is the same judgement: the same exit code.
   EXPECT_EQ(run_cli_capture("replay " + s + " --candidate " + dir.file("m.safetensors") +
                                 " --outputs indices", &out), 2) << out;
-  EXPECT_FALSE(lines_with(out, {"replay: judged nothing"}).empty()) << out;
+  EXPECT_FALSE(lines_with(out, {"'--outputs' names indices, which is not an output"}).empty()) << out;
   EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
                                 " --outputs out,lse,max_logits", &out), 0) << out;
 }

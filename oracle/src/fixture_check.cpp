@@ -224,6 +224,11 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, const OpCase& c, Backe
       bool named = false;
       for (const auto& n : names) named |= eff.provided_outputs && eff.provided_outputs->count(n);
       if (eff.provided_outputs && !named) {
+        // The file holds none of the op's outputs and the provided outputs name none: the
+        // kernel does not compute this op (e.g. a backward-only kernel beside a fwd+bwd
+        // golden), so it is not judged, not "judged in full" (provided_outputs_for).
+        const std::string full = judged_in_full_note(op, eff.provided_outputs);
+        r.notes.erase(std::remove(r.notes.begin(), r.notes.end(), full), r.notes.end());
         r.not_judged = names;
         r.reason = list + ": not provided; not judged";
       } else {

@@ -557,7 +557,69 @@ OpReport judge_outputs(Op op, const OpCase& c, const NamedOutputs& outputs,
   return check_op(b, op, c, o);
 }
 
-OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& opt) {
+std::optional<std::set<std::string>> provided_outputs_for(Op op,
+                                                          const std::optional<std::set<std::string>>& provided) {
+  if (!provided) return std::nullopt;
+  for (const auto& n : op_output_names(op))
+    if (provided->count(n)) return provided;
+  return std::nullopt;
+}
+
+namespace {
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+}  // namespace
+
+std::string judged_in_full_note(Op op, const std::optional<std::set<std::string>>& provided) {
+  if (!provided || provided_outputs_for(op, provided)) return "";
+  return std::string("judged in full: the provided outputs (") +
+         joined(std::vector<std::string>(provided->begin(), provided->end())) + ") name none of " +
+         to_string(op) + "'s outputs (" + joined(op_output_names(op)) + ")";
+}
+
+std::vector<std::string> not_judged_outputs(Op op, const std::optional<std::set<std::string>>& provided) {
+  std::vector<std::string> out;
+  const auto applied = provided_outputs_for(op, provided);
+  if (!applied) return out;
+  for (const auto& n : op_output_names(op))
+    if (!applied->count(n)) out.push_back(n);
+  return out;
+}
+
+void check_provided_outputs(const std::vector<std::string>& names, const std::vector<Op>& ops,
+                            const std::string& flag) {
+  std::vector<std::string> bad;
+  for (const auto& n : names) {
+    bool ours = false;
+    for (Op op : ops)
+      for (const auto& o : op_output_names(op)) ours |= o == n;
+    if (!ours && std::find(bad.begin(), bad.end(), n) == bad.end()) bad.push_back(n);
+  }
+  if (bad.empty()) return;
+  std::string per_op;
+  for (Op op : ops)
+    per_op += std::string(per_op.empty() ? "" : "; ") + to_string(op) + " (" + joined(op_output_names(op)) + ")";
+  throw std::invalid_argument("argument '" + flag + "' names " + joined(bad) +
+                              (bad.size() == 1 ? ", which is not an output" : ", which are not outputs") +
+                              " of the selected op" + (ops.size() == 1 ? "" : "s") + ": " + per_op +
+                              "; name only outputs of these ops (an op none of whose outputs is named "
+                              "is judged in full)");
+}
+
+OpReport check_op(Backend& backend, Op op, const OpCase& c, const CheckOptions& opt_in) {
+  // --outputs naming none of this op's outputs: the op is judged in full (provided_outputs_for).
+  const std::string full = judged_in_full_note(op, opt_in.provided_outputs);
+  if (!full.empty()) {
+    CheckOptions all = opt_in;
+    all.provided_outputs.reset();
+    OpReport r = check_op(backend, op, c, all);
+    r.notes.push_back(full);
+    return r;
+  }
+  const CheckOptions& opt = opt_in;
   switch (op) {
     case Op::IndexerScores: return check_indexer_scores(backend, c, opt);
     case Op::IndexerScoresBackward: return check_indexer_backward(backend, c, opt);

@@ -83,7 +83,9 @@ TEST(OutputDtype, OutInAnother16BitFormatThanQFails) {
   EXPECT_TRUE(noted);
 }
 
-TEST(ProvidedOutputs, NoneOfTheOpsOutputsSkipsInsteadOfPassing) {
+// An op none of whose outputs the provided outputs name is judged in full (provided_outputs_for),
+// with a note, never a pass with every output "not judged" nor a skip: a wrong out fails.
+TEST(ProvidedOutputs, NoneOfTheOpsOutputsJudgesInFull) {
   const OpCase c = op_case_from_fixture(golden("smla_basic"));
   const SparseMlaForward f = make_reference_backend()->sparse_mla_forward(c.mla);
   Tensor out = f.out.to(c.mla.q.dtype());
@@ -93,10 +95,26 @@ TEST(ProvidedOutputs, NoneOfTheOpsOutputsSkipsInsteadOfPassing) {
   none.provided_outputs = std::set<std::string>{"indices"};
   only_out.provided_outputs = std::set<std::string>{"out"};
   const OpReport r = judge_outputs(Op::SparseMlaFwd, c, wrong, none, "indices");
-  EXPECT_EQ(r.verdict, Verdict::Skip) << r.reason;
-  EXPECT_NE(r.reason.find("none of its outputs (out, lse, max_logits)"), std::string::npos) << r.reason;
-  EXPECT_EQ(overall_verdict({r}), Verdict::Skip);  // the CLI exits 1: not Pass
+  EXPECT_EQ(r.verdict, Verdict::Fail) << r.reason;
+  EXPECT_TRUE(r.not_judged.empty());
+  bool noted = false;
+  for (const auto& n : r.notes)
+    noted |= n == "judged in full: the provided outputs (indices) name none of sparse_mla_fwd's outputs "
+                  "(out, lse, max_logits)";
+  EXPECT_TRUE(noted);
   EXPECT_EQ(judge_outputs(Op::SparseMlaFwd, c, wrong, only_out, "out").verdict, Verdict::Fail);
+  // the right outputs pass in full under the same options: the note is no partial label
+  const NamedOutputs right = {{"out", f.out.to(c.mla.q.dtype())}, {"lse", f.lse.to(DType::F32)},
+                              {"max_logits", f.max_logits.to(DType::F32)}};
+  const OpReport ok = judge_outputs(Op::SparseMlaFwd, c, right, none, "indices");
+  EXPECT_EQ(ok.verdict, Verdict::Pass) << ok.reason;
+  EXPECT_EQ(verdict_line({ok}), "AGREES");
+  EXPECT_TRUE(not_judged_outputs(Op::SparseMlaFwd, none.provided_outputs).empty());
+  EXPECT_EQ(not_judged_outputs(Op::SparseMlaFwd, only_out.provided_outputs),
+            (std::vector<std::string>{"lse", "max_logits"}));
+  // a name that is no output of the selected ops is a usage error naming each op's outputs
+  EXPECT_THROW(check_provided_outputs({"out"}, {Op::Topk}, "--outputs"), std::invalid_argument);
+  EXPECT_NO_THROW(check_provided_outputs({"out", "indices"}, {Op::Topk, Op::SparseMlaFwd}, "--outputs"));
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ def main(argv=None):
     a.add_argument("--json", default="", help="Write the full report as JSON")
     a.add_argument("--junit", default="", help="Write JUnit XML")
     a.add_argument("--isolate", action="store_true", help="Run each task in a fresh worker process")
-    a.add_argument("--timeout", type=float, default=300.0, help="Seconds per isolated task")
+    a.add_argument("--timeout", type=float, default=300.0,
+                   help="Seconds per isolated task: a finite number from 0.001 to 86400 (default 300)")
     a.add_argument("--dump-dir", default="dsa-verify-failures", help="Where failing cases are dumped")
     a.add_argument("--fail-fast", action="store_true", help="Stop at the first failure")
     a.add_argument("--no-fixtures", action="store_true", help="Properties only")

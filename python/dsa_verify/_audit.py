@@ -20,6 +20,23 @@ from . import _core
 from ._bridge import Bridge
 
 DEFAULT_TIMEOUT_S = 300.0
+# The accepted timeout, as `dsa-verify audit --timeout` (cli/src/numeric_options.h): at least one
+# millisecond, at most one day, finite.
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.001, 86400.0
+TIMEOUT_RANGE = "a finite number of seconds from 0.001 to 86400"
+
+
+def check_timeout(timeout):
+    """Returns `timeout` (seconds, int or float) as a float; raises ValueError naming the argument,
+    the value and the range (TIMEOUT_RANGE) for NaN, inf, <= 0 or too large (fresh-user F7/F8:
+    a NaN or negative timeout made every isolated case fail as "timed out", blaming the kernel)."""
+    bad = isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+    if not bad:
+        t = float(timeout)
+        bad = not (MIN_TIMEOUT_S <= t <= MAX_TIMEOUT_S)  # also NaN and inf
+    if bad:
+        raise ValueError(f"argument 'timeout' (--timeout) got {timeout!r}, expected {TIMEOUT_RANGE}")
+    return t
 
 
 @dataclass
@@ -271,9 +288,11 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
       The backend's `outputs` attribute is the CLI's --outputs: outputs it does not return
       are "not judged" instead of INCOMPLETE.
     Returns a Report (same verdicts, ratios, repro lines and dumps as the CLI). Raises
-    ValueError for unknown ops/properties or a bad backend attribute, OSError for an
+    ValueError for unknown ops/properties, a timeout outside TIMEOUT_RANGE or a bad backend
+    attribute, OSError for an
     unwritable report path.
     """
+    timeout = check_timeout(timeout)  # a usage error before anything runs or is written
     spec = spec_of(backend)
     obj = load_backend(backend) if isinstance(backend, str) else backend
     bridge = Bridge(obj, device)

@@ -298,7 +298,9 @@ py::dict compare_outputs(const std::string& golden, const py::dict& outputs,
   oracle::CandidateBackend backend(std::move(tensors), "compare(outputs)",
                                    fixtures::parse_conventions(conventions, "conventions"),
                                    "candidate-outputs");
-  const oracle::CheckOptions opt = cli::check_options(judge_options(provided, allow_weak), true);
+  const cli::JudgeOptions judge = judge_options(provided, allow_weak);
+  if (judge.outputs) oracle::check_provided_outputs(*judge.outputs, oracle::fixture_ops(f), "provided_outputs");
+  const oracle::CheckOptions opt = cli::check_options(judge, true);
   std::vector<oracle::OpReport> reports;
   {
     py::gil_scoped_release nogil;

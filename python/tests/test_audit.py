@@ -324,3 +324,22 @@ def test_fp8_reduced_accumulation_attribute_selects_the_tensor_core_row():
     assert plain["exit"] == 0 and reduced["exit"] == 0, plain["report"] + reduced["report"]
     assert "fp8_tensor_core" not in plain["report"]
     assert "judged by table row fp8_indexer_scores:fp8_tensor_core" in reduced["report"], reduced["report"]
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -5, 0, 0.0001, 1e16, "10", True])
+def test_timeout_out_of_range_is_a_usage_error(timeout):
+    # fresh-user F7/F8: these made every isolated case "timed out" (blaming the kernel) or raised
+    # OverflowError / "cannot convert float NaN to integer"
+    with pytest.raises(ValueError, match=r"'timeout' \(--timeout\) got .*, expected a finite number of "
+                                         r"seconds from 0\.001 to 86400"):
+        dsa_verify.audit(backends.Raises(), only=["topk.contract_exact"], isolate=True, timeout=timeout,
+                         progress=False)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0"])
+def test_timeout_option_out_of_range_exits_2_naming_it(value):
+    r = subprocess.run([sys.executable, "-m", "dsa_verify", "audit", "backends:Raises", "--only",
+                        "topk.contract_exact", "--isolate", "--timeout", value], capture_output=True, text=True)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"--timeout) got {float(value)!r}, expected a finite number of seconds from 0.001 to 86400" in r.stderr, r.stderr
+    assert "timed out" not in r.stdout + r.stderr

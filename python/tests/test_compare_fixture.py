@@ -63,6 +63,21 @@ def test_compare_missing_output_is_incomplete_unless_named():
     assert r.passed and "max_logits" in r.verdict_line, r.verdict_line + r.report
 
 
+def test_compare_provided_outputs_follow_the_one_rule():
+    # F6: a name that is no output of the golden's ops is a usage error naming each op's outputs;
+    # an op none of whose outputs is named is judged in full (a wrong out fails), never partial
+    outputs = sparse_mla_outputs("smla_basic")
+    with pytest.raises(ValueError, match=r"'provided_outputs' names indices, which is not an output of the "
+                                         r"selected ops: sparse_mla_fwd \(out, lse, max_logits\)"):
+        dsa_verify.compare(golden("smla_basic"), outputs, provided_outputs=["indices"])
+    r = dsa_verify.compare(golden("smla_basic"), outputs, provided_outputs=["dq", "dkv"])
+    assert r.passed and r.verdict_line == "AGREES", r.verdict_line + r.report
+    assert "judged in full" in r.report, r.report
+    outputs["out"] = outputs["out"].clone()
+    outputs["out"].view(-1)[0] += 0.25 + 0.25 * outputs["out"].view(-1)[0]
+    assert not dsa_verify.compare(golden("smla_basic"), outputs, provided_outputs=["dq", "dkv"]).passed
+
+
 def test_compare_conventions_convert_representations():
     outputs = sparse_mla_outputs("smla_basic")
     outputs["lse"] = outputs["lse"] / math.log(2.0)

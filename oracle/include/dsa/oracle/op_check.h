@@ -31,11 +31,15 @@ struct OpCase {
   // Sparse MLA (§4-§5): inputs and dout [s_q,h_q,d_v].
   SparseMlaInputs mla;
   Tensor dout;
-  /// The forward `out` [s_q,h_q,d_v] the candidate's backward took Δ from, as the route hands
-  /// it over (e.g. a candidate file's own bf16 `out`). The backward baseline takes Δ from it
-  /// when it passes the forward's local rule, else from its own out rounded to its dtype.
-  /// Absent: the candidate's out dtype is learnt by running its forward (q's dtype when it
-  /// has none, SPEC §4) and the baseline's own out is rounded to it (SPEC §9).
+  /// The forward `out` [s_q,h_q,d_v] the candidate's backward took Δ from, when a caller
+  /// hands it over. Only judge_outputs sets it (from its outputs' "out" entry); no CLI or
+  /// Python route does: compare, replay, fixtures check and audit leave it absent, even when
+  /// the candidate file or backend has its own `out` (their reports say "baseline takes Δ
+  /// from its out rounded to BF16"). When set, the backward baseline takes Δ from it if it
+  /// passes the forward's local rule, else from its own out rounded to its dtype. Absent:
+  /// the candidate's out dtype is learnt by running its forward (a candidate file: its stored
+  /// `out`; q's dtype when it has none, SPEC §4) and the baseline's own out is rounded to
+  /// that dtype (SPEC §9).
   std::optional<Tensor> fwd_out;
   // KL loss (§7).
   IndexerKlInputs kl;
@@ -61,9 +65,34 @@ struct CheckOptions {
   /// missing one (an undefined Tensor, or no dsink although attn_sink was given) makes the
   /// verdict Incomplete. Present = the outputs the kernel provides (e.g. {"out", "lse"}):
   /// the op's other outputs are listed in OpReport::not_judged, and a named output that is
-  /// missing is still Incomplete.
+  /// missing is still Incomplete. An op none of whose outputs it names is judged in full,
+  /// with a note (provided_outputs_for).
   std::optional<std::set<std::string>> provided_outputs;
 };
+
+/// The one rule of --outputs (every route: compare, replay, audit, fixtures check, Python):
+/// the provided outputs that apply to `op`: `provided` when it names at least one of op's
+/// outputs (op_output_names), else nullopt: an op none of whose outputs is named is judged
+/// in full (e.g. --outputs dq,dkv beside a fwd+bwd golden judges the forward in full), never
+/// reported as partial nor skipped. Throws nothing.
+std::optional<std::set<std::string>> provided_outputs_for(Op op, const std::optional<std::set<std::string>>& provided);
+
+/// The note of an op judged in full under provided_outputs_for ("judged in full: the provided
+/// outputs (dq, dkv) name none of sparse_mla_fwd's outputs (out, lse, max_logits)"), or ""
+/// when `provided` is unset or names one of op's outputs. Throws nothing.
+std::string judged_in_full_note(Op op, const std::optional<std::set<std::string>>& provided);
+
+/// Outputs of `op` not judged under `provided` (provided_outputs_for): those it leaves out,
+/// in op_output_names order; empty when unset or when it names none of op's outputs. A label
+/// "partial: X not judged" is built from this and nothing else. Throws nothing.
+std::vector<std::string> not_judged_outputs(Op op, const std::optional<std::set<std::string>>& provided);
+
+/// Checks a user's output list (`flag`, e.g. "--outputs") against the ops a route judges
+/// (`ops`: the golden's ops, the audit's --ops): throws std::invalid_argument naming `flag`,
+/// each name that is not an output of any of `ops`, and the outputs of each op ("argument
+/// '--outputs' names out, which is not an output of the selected op: topk (indices)").
+void check_provided_outputs(const std::vector<std::string>& names, const std::vector<Op>& ops,
+                            const std::string& flag);
 
 /// The options of a check called without options: CheckOptions{} unless a
 /// ScopedCheckDefaults is alive on this thread. The property runner sets the audit's

@@ -1,0 +1,65 @@
+// Validators of the CLI's numeric options: every number is checked as text before CLI11
+// converts it, so nan, inf, a negative, a fraction or an out-of-range value is a usage error
+// (exit 2) naming the option, the value and the accepted range in plain terms, e.g.
+// "--timeout: got nan, expected a finite number of seconds from 0.001 to 86400". Without this a
+// NaN or huge --timeout reached the plugin runner as a negative millisecond count and every
+// case failed, blaming the kernel (fresh-user report F7/F8).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace dsa::cli {
+
+/// --timeout range, seconds: at least one millisecond (the plugin runner counts whole
+/// milliseconds), at most one day (a per-call limit beyond it is no limit).
+constexpr double kMinTimeoutS = 0.001;
+constexpr double kMaxTimeoutS = 86400.0;
+/// The accepted --timeout range in words (help text and errors).
+inline std::string timeout_range() { return "a finite number of seconds from 0.001 to 86400"; }
+/// Largest --jobs: threads in all (dsa::set_max_threads).
+constexpr int64_t kMaxJobs = 4096;
+
+/// `option` takes an integer from lo to hi (`what`: e.g. "a number of threads"). Checks the
+/// text: digits with an optional sign, nothing else.
+inline CLI::Validator integer_in(const std::string& option, int64_t lo, int64_t hi, const std::string& what) {
+  (void)option;  // CLI11 prefixes the option's name ("--jobs: got 0, ...")
+  return CLI::Validator(
+      [lo, hi, what](std::string& v) -> std::string {
+        const std::string range = "expected " + what + ", an integer from " + std::to_string(lo) + " to " +
+                                  std::to_string(hi);
+        const char* s = v.c_str();
+        char* end = nullptr;
+        errno = 0;
+        const long long x = std::strtoll(s, &end, 10);
+        if (v.empty() || end != s + v.size() || std::isspace(static_cast<unsigned char>(v[0])))
+          return "got \"" + v + "\", " + range;
+        if (errno == ERANGE || x < lo || x > hi) return "got " + v + ", " + range;
+        return "";
+      },
+      "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+/// `option` takes a finite number of seconds in [kMinTimeoutS, kMaxTimeoutS].
+inline CLI::Validator timeout_seconds(const std::string& option) {
+  (void)option;
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        const std::string range = "expected " + timeout_range();
+        const char* s = v.c_str();
+        char* end = nullptr;
+        const double x = std::strtod(s, &end);
+        if (v.empty() || end != s + v.size() || std::isspace(static_cast<unsigned char>(v[0])))
+          return "got \"" + v + "\", " + range;
+        if (!std::isfinite(x) || !(x >= kMinTimeoutS) || x > kMaxTimeoutS) return "got " + v + ", " + range;
+        return "";
+      },
+      "SECONDS in [0.001, 86400]");
+}
+
+}  // namespace dsa::cli

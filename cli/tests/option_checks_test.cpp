@@ -1,0 +1,145 @@
+// Numeric options are checked up front on every command (fresh-user findings F7/F8): a NaN,
+// infinite, zero, negative, fractional or too large value is a usage error (exit 2) naming the
+// option, the value and the accepted range, never a run whose every case fails (blaming the
+// kernel) nor a self-contradictory range. Label golden.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dsa/fixtures/fixture.h"
+#include "dsa/property_tests/suite.h"
+#include "route_test_util.h"
+
+namespace dsa::cli {
+namespace {
+
+using test::Scratch;
+using test::lines_with;
+using test::run_cli_capture;
+
+std::string golden(const std::string& name) {
+  return std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors";
+}
+
+// Runs `args`, expects exit 2 and an error line naming `option` and `value`, with `range`.
+void expect_usage_error(const std::string& args, const std::string& option, const std::string& value,
+                        const std::string& range) {
+  std::string out;
+  EXPECT_EQ(run_cli_capture(args, &out), 2) << args << "\n" << out;
+  EXPECT_NE(out.find(option + ": got " + value), std::string::npos) << args << "\n" << out;
+  EXPECT_NE(out.find(range), std::string::npos) << args << "\n" << out;
+  EXPECT_EQ(out.find("run_isolated"), std::string::npos) << "the value reached the runner: " << out;
+  EXPECT_EQ(out.find("not in range 0.000000"), std::string::npos) << out;
+}
+
+TEST(NumericOptions, TimeoutOutsideItsRangeIsAUsageError) {
+  const std::string audit = std::string("audit --plugin ") + DSA_EXAMPLE_PLUGIN + " --ops topk --timeout ";
+  const std::string range = "expected a finite number of seconds from 0.001 to 86400";
+  for (const std::string v : {"nan", "inf", "-inf", "1e16", "0.0001", "0", "-5", "abc", "86401"})
+    expect_usage_error(audit + v, "--timeout", v == "abc" ? "\"abc\"" : v, range);
+}
+
+TEST(NumericOptions, JobsOutsideItsRangeIsAUsageError) {
+  const std::string range = "expected a number of threads, an integer from 1 to 4096";
+  for (const std::string v : {"0", "-3", "100000", "99999999999999999999"})
+    expect_usage_error("audit --ops topk --jobs " + v, "--jobs", v, range);
+  for (const std::string v : {"1.5", "nan", "2x"})
+    expect_usage_error("fixtures check " + golden("topk_mtp") + " -j " + v, "--jobs", "\"" + v + "\"", range);
+}
+
+TEST(NumericOptions, LevelOutsideItsRangeIsAUsageError) {
+  for (const std::string v : {"3", "-1"})
+    expect_usage_error("audit --ops topk --level " + v, "--level", v,
+                       "expected a test level, an integer from 0 to 2");
+}
+
+// The accepted ranges are in the help text a user reads first.
+TEST(NumericOptions, HelpStatesTheRanges) {
+  std::string out;
+  ASSERT_EQ(run_cli_capture("audit --help", &out), 0);
+  EXPECT_NE(out.find("a finite number of seconds from 0.001 to 86400"), std::string::npos) << out;
+  EXPECT_NE(out.find("an integer from 1 to 4096"), std::string::npos) << out;
+}
+
+// A valid value still runs (the checks reject only what is out of range).
+TEST(NumericOptions, ValidValuesRun) {
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + golden("topk_mtp") + " --backend reference -j 1", &out), 0) << out;
+}
+
+// --outputs (F6): a name that is no output of a selected op is a usage error naming it and each
+// op's outputs, on compare, replay and audit; before, compare said "'indices' not judged" and
+// judged it, and audit labelled top-k "partial: indices not judged" while judging it.
+TEST(OutputsOption, ANameOfNoSelectedOpIsAUsageError) {
+  const std::string g = golden("topk_short_rows");
+  const fixtures::Fixture f = fixtures::load_fixture(g);
+  Scratch dir("outputs_rule");
+  test::write_outputs(dir.file("c.safetensors"), {{"indices", f.expected.at("indices")}});
+  const std::string expected = "argument '--outputs' names out, which is not an output of the selected op: topk (indices)";
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("c.safetensors") + " --outputs out", &out), 2)
+      << out;
+  EXPECT_FALSE(lines_with(out, {expected}).empty()) << out;
+  EXPECT_TRUE(lines_with(out, {"not judged"}).empty()) << out;
+  EXPECT_EQ(run_cli_capture("replay " + g + " --candidate " + dir.file("c.safetensors") + " --outputs out", &out), 2) << out;
+  EXPECT_FALSE(lines_with(out, {expected}).empty()) << out;
+  EXPECT_EQ(run_cli_capture("audit --ops topk --outputs out --dump-dir " + dir.file("d"), &out), 2) << out;
+  EXPECT_FALSE(lines_with(out, {expected}).empty()) << out;
+}
+
+std::string mutant_plugin_named(const std::string& name) {
+  const std::vector<props::Subject> all = props::mutant_subjects();
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i].name == name) return test::mutant_plugin(i);
+  return "";
+}
+
+// An op none of whose outputs --outputs names is judged in full, and its label is not partial:
+// audit --ops topk,sparse_mla_fwd --outputs out,lse judges top-k in full (a top-k mutant fails,
+// a correct plugin passes without "partial"), as the label says.
+TEST(OutputsOption, AnOpWithNoNamedOutputIsJudgedInFullAndNotLabelledPartial) {
+  Scratch dir("outputs_full");
+  const std::string only = " --ops topk,sparse_mla_fwd --outputs out,lse --only topk.contract_exact --seed 5 --dump-dir ";
+  std::string out;
+  EXPECT_EQ(run_cli_capture(std::string("audit --plugin ") + DSA_EXAMPLE_PLUGIN + only + dir.file("a"), &out), 0) << out;
+  EXPECT_TRUE(lines_with(out, {"indices not judged"}).empty()) << out;
+  const std::string mutant = mutant_plugin_named("topk_zero_padding");
+  ASSERT_FALSE(mutant.empty());
+  EXPECT_EQ(run_cli_capture("audit --plugin " + mutant + only + dir.file("b"), &out), 1) << out;
+  EXPECT_TRUE(lines_with(out, {"indices not judged"}).empty()) << out;
+}
+
+// On a fwd+bwd golden, --outputs dq,dkv judges the forward in full when the file holds it (a
+// wrong out fails; the note says so) and lists it as not judged when the file holds none of it
+// (a backward-only kernel).
+TEST(OutputsOption, ForwardBesideNamedBackwardOutputs) {
+  const std::string g = golden("smla_basic");
+  const fixtures::Fixture f = fixtures::load_fixture(g);
+  Scratch dir("outputs_fwd_bwd");
+  std::map<std::string, Tensor> all, bwd;
+  for (const char* n : {"out", "lse", "max_logits", "dq", "dkv"}) all.emplace(n, f.expected.at(n));
+  for (const char* n : {"dq", "dkv"}) bwd.emplace(n, f.expected.at(n));
+  test::write_outputs(dir.file("all.safetensors"), all);
+  test::write_outputs(dir.file("bwd.safetensors"), bwd);
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("all.safetensors") + " --outputs dq,dkv", &out), 0)
+      << out;
+  EXPECT_FALSE(lines_with(out, {"judged in full: the provided outputs (dkv, dq) name none of sparse_mla_fwd's outputs"}).empty())
+      << out;
+  EXPECT_TRUE(lines_with(out, {"not judged"}).empty()) << out;
+  EXPECT_FALSE(lines_with(out, {"compare: AGREES"}).empty()) << out;
+  Tensor wrong = all.at("out");
+  wrong.set(0, wrong.get(0) * 1.25 + 0.25);
+  all["out"] = wrong;
+  test::write_outputs(dir.file("wrong.safetensors"), all);
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("wrong.safetensors") + " --outputs dq,dkv", &out), 1)
+      << out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("bwd.safetensors") + " --outputs dq,dkv", &out), 0)
+      << out;
+  EXPECT_FALSE(lines_with(out, {"compare: AGREES (partial: out, lse, max_logits not judged)"}).empty()) << out;
+  EXPECT_TRUE(lines_with(out, {"judged in full"}).empty()) << out;
+}
+
+}  // namespace
+}  // namespace dsa::cli
