@@ -1,9 +1,15 @@
 // Coverage of the level-0 suite (the default `dsa-verify audit`): faults that show only at
 // production head counts or on rows with more than 2^16 keys must fail at level 0 (fresh-user
-// finding F2). Small in-process faulty backends, written like the mutants in mutants/.
+// finding F2); a backend's declined draws are discarded and redrawn, and a declined
+// SPEC-mandatory behaviour makes the property INCOMPLETE (finding F3). Small in-process faulty
+// backends, written like the mutants in mutants/.
 #include <gtest/gtest.h>
 
+#include <iostream>
+
+#include <algorithm>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "dsa/oracle/reference_backend.h"
@@ -143,6 +149,154 @@ TEST(Level0Coverage, SixteenBitTopkIdsFail) {
     EXPECT_GE(failures_at_level0(subject_of<TopkIds16Bit>(), {"topk"}, seed, &first), 1)
         << "seed " << seed << ": top-k ids mod 65536 passed the level-0 topk properties";
     std::cout << "  seed " << seed << ": " << first.substr(0, 160) << "\n";
+  }
+}
+
+// ---- declined draws (finding F3) ----------------------------------------------------------
+
+bool any_invalid_slot(const SparseMlaInputs& in) {
+  const int64_t s_q = in.q.size(0), k = in.indices.size(-1), s_kv = in.kv.size(0);
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
+      if (id < 0 || id >= s_kv || (in.topk_length && j >= static_cast<int64_t>(in.topk_length->get(t)))) return true;
+    }
+  return false;
+}
+
+// Declines h_q == 1 and halves out when k > 64 (the tester's modified example plugin): the
+// declined draws must not hide the fault of the others.
+class DeclinesH1HalvesLongK final : public RefWrap {
+ public:
+  DeclinesH1HalvesLongK() : RefWrap("declines_h1_halves_long_k") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    if (in.q.size(1) == 1) throw oracle::NotSupported("h_q 1 not supported");
+    SparseMlaForward f = ref_->sparse_mla_forward(in);
+    if (in.indices.size(-1) > 64)
+      for (int64_t i = 0; i < f.out.numel(); ++i) f.out.set(i, f.out.get(i) * 0.5);
+    return f;
+  }
+};
+
+// Correct, but declines h_q == 1 (a shape it does not implement).
+class DeclinesH1 final : public RefWrap {
+ public:
+  DeclinesH1() : RefWrap("declines_h1") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    if (in.q.size(1) == 1) throw oracle::NotSupported("h_q 1 not supported");
+    return ref_->sparse_mla_forward(in);
+  }
+};
+
+// Declines every case with an invalid id, a sink or topk_length (tester's "Picky").
+class Picky final : public RefWrap {
+ public:
+  Picky() : RefWrap("picky") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    if (any_invalid_slot(in) || in.attn_sink || in.topk_length)
+      throw oracle::NotSupported("picky: invalid ids, sinks and topk_length not supported");
+    return ref_->sparse_mla_forward(in);
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    if (any_invalid_slot(in) || in.attn_sink || in.topk_length)
+      throw oracle::NotSupported("picky: invalid ids, sinks and topk_length not supported");
+    return ref_->sparse_mla_backward(in, dout);
+  }
+};
+
+// Declines every sparse MLA forward draw at run time (declares the op, runs none of it).
+class DeclinesEveryForward final : public RefWrap {
+ public:
+  DeclinesEveryForward() : RefWrap("declines_every_forward") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs&) override {
+    throw oracle::NotSupported("no case supported");
+  }
+};
+
+// Declares up front the one tie policy it implements (a plugin's caps.tie_policies): the
+// adapter's "not declared" declines are capabilities, not hidden cases.
+class DeclaresSmallOnly final : public RefWrap {
+ public:
+  DeclaresSmallOnly() : RefWrap("declares_small_only") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p,
+                     const std::optional<KeyWindows>& win) override {
+    if (p.tie_break != TieBreak::Small)
+      throw oracle::NotSupported(std::string("plugin:x topk: tie_break ") + to_string(p.tie_break) + " not declared");
+    return ref_->select_topk(s, k, p, win);
+  }
+};
+
+const Property& property_named(const std::string& name) {
+  for (const auto& p : all_properties())
+    if (p.name == name) return p;
+  throw std::invalid_argument("no property " + name);
+}
+
+TEST(DeclinedDraws, AreRedrawnSoTheFaultOfTheOthersFails) {
+  for (uint64_t seed : kSeeds) {
+    std::string first;
+    EXPECT_GE(failures_at_level0(subject_of<DeclinesH1HalvesLongK>(), {"smla.forward_ratio"}, seed, &first), 1)
+        << "seed " << seed << ": declining h_q 1 hid the k > 64 fault";
+    EXPECT_EQ(first.find("INCOMPLETE"), std::string::npos) << first;  // a real failure
+  }
+}
+
+TEST(DeclinedDraws, FullCountJudgedAndDeclinesReported) {
+  const PropertyResult r = run_property(subject_of<DeclinesH1>(), property_named("smla.forward_ratio"), level0(7));
+  ASSERT_EQ(r.verdict, Verdict::Pass) << r.message;
+  std::cout << "  " << r.message << "\n";
+  EXPECT_EQ(r.cases, cases_for_level(0, 1));  // the full count, on the draws it supports
+  EXPECT_GT(r.declined, 0);
+  EXPECT_EQ(r.drawn, r.cases + r.declined);
+  EXPECT_NE(r.message.find("declined " + std::to_string(r.declined) + " of " + std::to_string(r.drawn) + " draws"),
+            std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("h_q 1 not supported"), std::string::npos) << r.message;
+  EXPECT_TRUE(r.mandatory_declined.empty());
+}
+
+TEST(DeclinedDraws, DecliningMandatoryBehaviourIsIncomplete) {
+  for (const char* prop : {"smla.forward_ratio", "smla.empty_rows"}) {
+    const PropertyResult r = run_property(subject_of<Picky>(), property_named(prop), level0(11));
+    EXPECT_EQ(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+    std::cout << "  " << prop << ": " << r.message.substr(0, 400) << "\n";
+    EXPECT_EQ(r.message.rfind("INCOMPLETE: backend declined mandatory cases: ", 0), 0u) << r.message;
+    EXPECT_NE(std::find(r.mandatory_declined.begin(), r.mandatory_declined.end(), "invalid_ids"),
+              r.mandatory_declined.end()) << prop << ": " << r.message;
+  }
+}
+
+TEST(DeclinedDraws, NamedUnsupportedBehaviourIsReportedNotIncomplete) {
+  SuiteOptions o = level0(11);
+  o.unsupported = {"invalid_ids", "empty_rows", "duplicate_ids", "smla.invalid_slots_never_read", "smla.empty_rows"};
+  for (const char* prop : {"smla.forward_ratio", "smla.invalid_slots_never_read"}) {
+    const PropertyResult r = run_property(subject_of<Picky>(), property_named(prop), o);
+    EXPECT_NE(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+    std::cout << "  " << prop << ": " << oracle::to_string(r.verdict) << " " << r.message.substr(0, 300) << "\n";
+    EXPECT_TRUE(r.mandatory_declined.empty()) << r.message;
+    EXPECT_FALSE(r.waived.empty()) << r.message;
+    EXPECT_NE(r.message.find("named unsupported"), std::string::npos) << r.message;
+  }
+  EXPECT_THROW(validate_unsupported({"invalid_idz"}), std::invalid_argument);
+  EXPECT_NO_THROW(validate_unsupported({"invalid_ids", "smla", "topk.long_rows"}));
+}
+
+TEST(DeclinedDraws, EveryDrawDeclinedIsIncompleteUnlessTheFeatureIsOptional) {
+  const PropertyResult fwd = run_property(subject_of<DeclinesEveryForward>(), property_named("smla.forward_ratio"), level0(22));
+  EXPECT_EQ(fwd.verdict, Verdict::Fail) << fwd.message;
+  EXPECT_NE(std::find(fwd.mandatory_declined.begin(), fwd.mandatory_declined.end(), "property:smla.forward_ratio"),
+            fwd.mandatory_declined.end()) << fwd.message;
+  EXPECT_EQ(fwd.cases, 0);
+  // fp32 inputs are optional (SPEC §4): a backend without them skips the property.
+  const PropertyResult f32 = run_property(subject_of<DeclinesEveryForward>(), property_named("smla.fp32_inputs"), level0(22));
+  EXPECT_EQ(f32.verdict, Verdict::Skip) << f32.message;
+  EXPECT_NE(f32.message.find("declined every one of"), std::string::npos) << f32.message;
+}
+
+TEST(DeclinedDraws, DeclaredCapabilitiesAreNotIncomplete) {
+  for (const char* prop : {"topk.contract_exact", "topk.ties_resolved_bitwise", "topk.long_rows"}) {
+    const PropertyResult r = run_property(subject_of<DeclaresSmallOnly>(), property_named(prop), level0(33));
+    EXPECT_NE(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+    EXPECT_TRUE(r.mandatory_declined.empty()) << r.message;
   }
 }
 

@@ -218,6 +218,7 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       so.dump_dir = opts.dump_dir;
       so.check = check_options(opts.judge, false);  // --outputs, --allow-weak: as the fixtures
       so.ops = selected_ops(opts);  // a forward property judges its backward part only if selected
+      so.unsupported = opts.unsupported;  // declined mandatory cases the user accepts
       if (declared) {
         std::set<std::string> both;
         for (const auto& n : *declared)
@@ -254,6 +255,7 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
 
 // Unknown op or property names are usage errors, not an empty (and green) audit.
 void validate_selection(const AuditOptions& o) {
+  props::validate_unsupported(o.unsupported);  // --unsupported: feature keys or properties
   std::string known_ops;
   for (oracle::Op op : oracle::all_ops()) known_ops += std::string(known_ops.empty() ? "" : ", ") + oracle::to_string(op);
   for (const auto& name : o.ops) {

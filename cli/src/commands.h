@@ -82,6 +82,9 @@ struct AuditOptions {
   std::string dump_dir = "dsa-verify-failures";
   double timeout_s = 30.0;            ///< per plugin call (isolated child), seconds
   JudgeOptions judge;                 ///< --outputs, --allow-weak for every judged case
+  /// --unsupported: SPEC behaviour or properties the kernel leaves out (props::SuiteOptions::
+  /// unsupported); a declined mandatory case so named is reported, not INCOMPLETE.
+  std::vector<std::string> unsupported;
 };
 /// Exit 0 all passed, 1 a failure, 2 usage or input errors (an unreadable fixture: reported as
 /// a failed case, the rest of the audit still runs and its reports are written) or a backend

@@ -61,6 +61,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> audit_outputs;
   audit_cmd->add_option("--outputs", audit_outputs, std::string("Outputs the kernel provides (comma-separated, e.g. out,lse); ") + kOutputsRule)
       ->delimiter(',');
+  audit_cmd->add_option("--unsupported", audit.unsupported,
+      "What the kernel leaves out (comma-separated feature keys: invalid_ids, empty_rows, "
+      "duplicate_ids, neg_inf_scores, nan_scores, ...; or property names): a backend that declines "
+      "these SPEC-mandatory cases is then not INCOMPLETE, and the report says they were not judged")
+      ->delimiter(',');
   audit_cmd->add_flag("--allow-weak", audit.judge.allow_weak,
       "Accept WEAK outputs (whose bound exceeds their detection threshold) instead of failing");
   audit_cmd->add_option("--jobs,-j", jobs, jobs_help)->check(integer_in("--jobs", 1, kMaxJobs, "a number of threads"));

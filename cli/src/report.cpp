@@ -78,6 +78,10 @@ void print_summary(std::FILE* out, const std::string& backend, const std::vector
     if (c.status == "skip" && !c.message.empty())
       std::fprintf(out, "skipped %s %s: %s\n", c.op.c_str(), c.property.c_str(), c.message.c_str());
   }
+  // A pass on the draws the backend supports: how many it declined (redrawn) and why.
+  for (const auto& c : cases)
+    if (c.status == "pass" && c.message.rfind("declined ", 0) == 0)
+      std::fprintf(out, "pass %s %s (%s)\n", c.op.c_str(), c.property.c_str(), c.message.c_str());
   for (const auto& c : cases) {
     const std::string note = partial_note(c);
     if (!note.empty())  // "partial OP PROPERTY: max_logits not judged"
@@ -94,7 +98,13 @@ void print_summary(std::FILE* out, const std::string& backend, const std::vector
     std::fprintf(out, "\nerror: no case ran (every op was skipped: see the reasons above)\n");
   std::fprintf(out, "\naudit: %zu passed", pass);
   if (partial) std::fprintf(out, " (%zu partial: some outputs not judged)", partial);
-  std::fprintf(out, ", %zu failed, %zu skipped", fail, skip);
+  std::fprintf(out, ", %zu failed", fail);
+  // Failures that are declined SPEC-mandatory cases, not wrong values (props::run_property).
+  const size_t incomplete = static_cast<size_t>(std::count_if(cases.begin(), cases.end(), [](const CaseResult& c) {
+    return c.status == "fail" && c.message.rfind("INCOMPLETE: backend declined", 0) == 0;
+  }));
+  if (incomplete) std::fprintf(out, " (%zu INCOMPLETE: backend declined mandatory cases)", incomplete);
+  std::fprintf(out, ", %zu skipped", skip);
   std::fprintf(out, interrupted ? ", %zu interrupted\n" : "\n", interrupted);
 }
 

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <stdexcept>
 #include <sstream>
 
 #include "fp8_props_common.h"
@@ -100,6 +102,83 @@ std::string sanitize(std::string s) {
 }
 }  // namespace
 
+namespace {
+struct FeatureInfo {
+  const char* key;
+  bool mandatory;
+  const char* description;
+};
+// SPEC §3, §4 and §6: what every kernel must handle, then the optional inputs.
+const FeatureInfo kFeatures[] = {
+    {"invalid_ids", true, "invalid ids (-1, negative, >= s_kv or past topk_length: contribute nothing; SPEC §4)"},
+    {"empty_rows", true, "empty rows (no valid slot: out 0, lse +inf; SPEC §6)"},
+    {"duplicate_ids", true, "duplicate ids (separate terms; SPEC §4)"},
+    {"neg_inf_scores", true, "-inf scores (never selected, -1 slots; SPEC §3.1-§3.2)"},
+    {"nan_scores", true, "NaN scores (never selected; SPEC §3.1)"},
+    {"attn_sink", false, "attention sinks (optional input; SPEC §4)"},
+    {"topk_length", false, "topk_length (optional input; SPEC §4)"},
+    {"indices_view", false, "[s_q, 1, k] ids view (SPEC §4)"},
+    {"fp32_inputs", false, "fp32 q/kv (reference runs; SPEC §4)"},
+};
+const FeatureInfo* find_feature(const std::string& key) {
+  for (const auto& f : kFeatures)
+    if (key == f.key) return &f;
+  return nullptr;
+}
+// True when `names` (--unsupported) covers `what`: a feature key, or "property:<name>"
+// covered by the property's name or family.
+bool waived_by(const std::vector<std::string>& names, const std::string& what) {
+  for (const auto& n : names) {
+    if (n == what) return true;
+    const std::string prop = what.rfind("property:", 0) == 0 ? what.substr(9) : "";
+    if (!prop.empty() && (n == prop || prop.rfind(n + ".", 0) == 0)) return true;
+  }
+  return false;
+}
+// A limit the backend declared up front (its capabilities), not a run-time decline: the
+// plugin adapter's "...: tie_break small not declared" / "FP8 format e4m3fn not declared in
+// fp8_caps" / "op not declared in caps.ops" (plugin_backend.cpp) and the Python bridge's
+// "backend 'x' declares tie_breaks [...]" / dtypes / fp8_formats (_bridge.py). Such draws are
+// discarded and counted, never taken as a declined mandatory behaviour.
+bool declared_limitation(const std::string& why) {
+  return why.find(" not declared") != std::string::npos || why.find("' declares ") != std::string::npos;
+}
+}  // namespace
+
+const std::vector<std::string>& draw_feature_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& f : kFeatures) k.push_back(f.key);
+    return k;
+  }();
+  return keys;
+}
+
+bool mandatory_feature(const std::string& key) {
+  const FeatureInfo* f = find_feature(key);
+  return f && f->mandatory;
+}
+
+std::string feature_description(const std::string& key) {
+  const FeatureInfo* f = find_feature(key);
+  if (!f) throw std::invalid_argument("feature_description: unknown feature key \"" + key + "\"");
+  return f->description;
+}
+
+void validate_unsupported(const std::vector<std::string>& names) {
+  for (const auto& n : names) {
+    if (find_feature(n)) continue;
+    const bool prop = std::any_of(all_properties().begin(), all_properties().end(), [&](const Property& p) {
+      return p.name == n || p.name.rfind(n + ".", 0) == 0;
+    });
+    if (prop) continue;
+    std::string keys;
+    for (const auto& k : draw_feature_keys()) keys += (keys.empty() ? "" : ", ") + k;
+    throw std::invalid_argument("--unsupported: unknown entry \"" + n + "\"; expected a feature (" + keys +
+                                ") or a property name or family (see --list)");
+  }
+}
+
 Subject backend_subject(const std::string& name) {
   Subject s;
   s.name = name;
@@ -158,26 +237,71 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   set_selected_ops(o.ops);
   set_generation_level(o.level);
   oracle::Backend& b = *backend;
-  // A backend that declares an op but answers "not supported" at run time (a plugin's
-  // DSA_STATUS_UNSUPPORTED) makes the property a skip, never a pass or a failure.
-  std::string unsupported;
+  // A draw the backend declines (NotSupported: a plugin's DSA_STATUS_UNSUPPORTED, a Python
+  // backend's NotImplementedError) is discarded and another drawn, so the property still
+  // judges its full count of draws on what the backend supports (fresh-user finding F3). Per
+  // draw feature (note_draw_feature): draws judged, declined, and declined without any
+  // optional input (the decline can only be about the shape or a mandatory behaviour).
+  struct Tally {
+    int judged = 0, declined = 0, declined_plain = 0;
+  };
+  std::map<std::string, Tally> features;
+  std::map<std::string, int> reasons;
+  int judged = 0, declined = 0, declined_undeclared = 0;
+  bool counting = true;  // false from the first failure on (shrinking re-runs the body)
+  // With none judged after this many declines the backend declines the property: nothing more
+  // is drawn. Not fewer: RapidCheck's size starts at 0 and grows by one per 10 discards in a
+  // row, and size-scaled draws (gen::inRange: h_q, s_q) reach past their minimum only from
+  // size ~5-25 on, so a backend that declines h_q 1 declines the first tens of draws.
+  constexpr int kStopAfterDeclines = 100;
+  auto tally = [&](bool was_declined, bool declared = false) {
+    if (!counting) return;
+    (was_declined ? declined : judged) += 1;
+    if (declared) return;
+    declined_undeclared += was_declined;
+    bool optional = false;
+    for (const auto& f : draw_features()) optional = optional || !mandatory_feature(f);
+    for (const auto& f : draw_features()) {
+      Tally& t = features[f];
+      if (!was_declined) ++t.judged;
+      else {
+        ++t.declined;
+        if (!optional) ++t.declined_plain;
+      }
+    }
+  };
   // The op of the report assertion that failed in the last failing execution (the reported,
   // shrunk case): a forward property's backward part fails under sparse_mla_bwd.
   std::string failed_op;
   const auto property = rc::detail::toProperty([&] {
-    if (!unsupported.empty()) return;
+    if (declined >= kStopAfterDeclines && judged == 0) return;  // nothing more drawn
     reset_failing_op();
+    clear_draw_features();
+    std::string why;
     try {
       p.body(b, s.block);
     } catch (const oracle::NotSupported& e) {
-      unsupported = e.what();
+      why = e.what();
+      if (why.empty()) why = "not supported";
     } catch (const rc::detail::CaseResult& res) {
-      if (res.type == rc::detail::CaseResult::Type::Failure) failed_op = failing_op();
+      if (res.type == rc::detail::CaseResult::Type::Failure) {
+        failed_op = failing_op();
+        tally(false);
+        counting = false;
+      }
       throw;  // a discard (RC_PRE) leaves the last failure's op
     } catch (...) {
       failed_op = failing_op();  // an exception fails the case too
+      tally(false);
+      counting = false;
       throw;
     }
+    if (!why.empty()) {
+      if (counting) ++reasons[why.substr(0, 160)];
+      tally(true, declared_limitation(why));
+      RC_DISCARD("declined by the backend: " + why);
+    }
+    tally(false);
   });
   NullListener quiet;
   const oracle::ScopedCheckDefaults check_defaults(o.check);
@@ -187,13 +311,66 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   set_selected_ops({});
   set_generation_level(0);
 
-  if (!unsupported.empty()) {
+  r.drawn = judged + declined;
+  r.declined = declined;
+  if (declined > 0) {
+    std::vector<std::pair<int, std::string>> by;
+    for (const auto& [why, n] : reasons) by.push_back({n, why});
+    std::sort(by.begin(), by.end(), [](const auto& a, const auto& x) { return a.first > x.first; });
+    for (size_t i = 0; i < by.size() && i < 3; ++i)
+      r.declined_why += (i ? "; " : "") + by[i].second + (by.size() > 1 ? " (" + std::to_string(by[i].first) + ")" : "");
+    if (by.size() > 3) r.declined_why += "; ...";
+  }
+  const std::string declined_note = "declined " + std::to_string(declined) + " of " + std::to_string(r.drawn) +
+                                    " draws: " + r.declined_why;
+  // SPEC-mandatory behaviour never judged: a feature whose plain draws (no optional input)
+  // were declined and none of whose draws was judged; a non-optional property of which no
+  // draw was judged.
+  std::vector<std::string> missing_lines;
+  auto missing = [&](const std::string& what, const std::string& line) {
+    (waived_by(o.unsupported, what) ? r.waived : r.mandatory_declined).push_back(what);
+    if (!waived_by(o.unsupported, what)) missing_lines.push_back(line);
+  };
+  for (const auto& [key, t] : features)
+    if (mandatory_feature(key) && t.declined_plain > 0 && t.judged == 0)
+      missing(key, feature_description(key) + ": every one of the " + std::to_string(t.declined) +
+                       " draws that had it declined, none judged");
+  if (judged == 0 && declined_undeclared > 0 && p.optional_feature.empty())
+    missing("property:" + p.name, "every draw of " + p.name + " (" + std::to_string(declined) + ")");
+  const bool failed = result.template is<rc::detail::FailureResult>();
+  if (!failed && !missing_lines.empty()) {
+    r.verdict = Verdict::Fail;
+    r.cases = judged;
+    std::string keys;
+    for (const auto& m : r.mandatory_declined) keys += (keys.empty() ? "" : ",") + (m.rfind("property:", 0) == 0 ? m.substr(9) : m);
+    r.message = "INCOMPLETE: backend declined mandatory cases: ";
+    for (size_t i = 0; i < missing_lines.size(); ++i) r.message += (i ? "; " : "") + missing_lines[i];
+    r.message += " (" + declined_note + "). A kernel that leaves them out is audited with --unsupported " + keys +
+                 " (Python: unsupported=[...]); the verdict then names what was not judged.";
+    if (o.log) *o.log << "[INCOMPLETE] " << s.name << " " << p.name << ": " << r.message << "\n";
+    return r;
+  }
+  const std::string waived_note = r.waived.empty() ? "" : " (not judged, named unsupported: " + [&] {
+    std::string w;
+    for (const auto& x : r.waived) w += (w.empty() ? "" : ", ") + x;
+    return w;
+  }() + ")";
+  if (!failed && judged == 0 && declined > 0) {
     r.verdict = Verdict::Skip;
-    r.message = "not supported by the backend: " + unsupported;
+    r.message = "not supported by the backend: declined every one of " + std::to_string(declined) +
+                " draws: " + r.declined_why + waived_note;
+    return r;
+  }
+  if (result.template is<rc::detail::GaveUpResult>()) {
+    r.verdict = Verdict::Skip;
+    r.cases = judged;
+    r.message = "not supported by the backend (nearly every draw): " + declined_note + "; " +
+                std::to_string(judged) + " judged draw(s) passed" + waived_note;
     return r;
   }
   if (result.template is<rc::detail::SuccessResult>()) {
-    r.cases = result.template get<rc::detail::SuccessResult>().numSuccess;
+    r.cases = judged;
+    if (declined > 0) r.message = declined_note + waived_note;
     return r;
   }
   r.verdict = Verdict::Fail;

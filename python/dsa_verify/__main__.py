@@ -35,6 +35,9 @@ def main(argv=None):
     a.add_argument("--fail-fast", action="store_true", help="Stop at the first failure")
     a.add_argument("--no-fixtures", action="store_true", help="Properties only")
     a.add_argument("--allow-weak", action="store_true", help="A WEAK output does not fail (SPEC §9)")
+    a.add_argument("--unsupported", default="",
+                   help="What the kernel leaves out (comma-separated feature keys such as invalid_ids, "
+                        "empty_rows, duplicate_ids, or property names): declining them is not INCOMPLETE")
     r = sub.add_parser("replay", help="Re-run one fixture (e.g. a dumped failing case)")
     r.add_argument("fixture")
     r.add_argument("backend")
@@ -56,7 +59,8 @@ def main(argv=None):
                                   seed=args.seed, device=args.device, json=args.json or None,
                                   junit=args.junit or None, isolate=args.isolate, timeout=args.timeout,
                                   dump_dir=args.dump_dir, fail_fast=args.fail_fast,
-                                  fixtures=not args.no_fixtures, allow_weak=args.allow_weak)
+                                  fixtures=not args.no_fixtures, allow_weak=args.allow_weak,
+                                  unsupported=_list(args.unsupported))
     except (ValueError, OSError, RuntimeError) as e:
         print(f"dsa_verify: error: {e}", file=sys.stderr)
         return 2

@@ -267,7 +267,7 @@ def _payload(backend):
 
 def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=None, only=None,
           fixtures=True, isolate=False, timeout=DEFAULT_TIMEOUT_S, dump_dir="dsa-verify-failures",
-          fail_fast=False, progress=True, allow_weak=False):
+          fail_fast=False, progress=True, allow_weak=False, unsupported=None):
     """Audits a Python backend with the full suite of `dsa-verify audit`.
 
     backend: an object with methods named after the ops (indexer_scores,
@@ -286,7 +286,10 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
       dump_dir: where failing property cases are dumped as fixtures; allow_weak: a WEAK
       output (a bound too wide to detect a fault, SPEC §9) does not fail (--allow-weak).
       The backend's `outputs` attribute is the CLI's --outputs: outputs it does not return
-      are "not judged" instead of INCOMPLETE.
+      are "not judged" instead of INCOMPLETE. unsupported: what the kernel leaves out
+      (--unsupported: feature keys such as invalid_ids, empty_rows, duplicate_ids, or property
+      names); a backend that declines SPEC-mandatory cases not named here makes the property
+      fail "INCOMPLETE: backend declined mandatory cases: ..." (props::run_property).
     Returns a Report (same verdicts, ratios, repro lines and dumps as the CLI). Raises
     ValueError for unknown ops/properties, a timeout outside TIMEOUT_RANGE or a bad backend
     attribute, OSError for an
@@ -303,6 +306,7 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
     options = _options(spec, ops, only, level, seed, dump_dir, fixtures, device)
     options["provided_outputs"] = provided_outputs(bridge)
     options["allow_weak"] = bool(allow_weak)
+    options["unsupported"] = list(unsupported or [])
     report = Report(backend=bridge.name, level=int(level), seed=int(seed or 0), device=device, spec=spec)
     why = bridge.unavailable_reason()
     if why:

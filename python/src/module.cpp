@@ -98,6 +98,8 @@ std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o
     ts->opts.judge.outputs = cli::parse_output_names(o["provided_outputs"].cast<std::vector<std::string>>(),
                                                      "outputs");
   if (o.contains("allow_weak")) ts->opts.judge.allow_weak = o["allow_weak"].cast<bool>();
+  if (o.contains("unsupported") && !o["unsupported"].is_none())
+    ts->opts.unsupported = o["unsupported"].cast<std::vector<std::string>>();
   cli::validate_selection(ts->opts);
   const PyBackend::BridgeHandle shared = PyBackend::share(bridge);
   ts->backend = std::make_unique<PyBackend>(shared);

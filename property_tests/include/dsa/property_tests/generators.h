@@ -18,6 +18,17 @@ namespace dsa::props {
 int generation_level();
 void set_generation_level(int level);
 
+/// Records that the draw being generated exercises `feature` (a key of draw_feature_keys():
+/// "invalid_ids", "empty_rows", "duplicate_ids", "neg_inf_scores", "nan_scores" are SPEC
+/// behaviour every kernel must handle; "attn_sink", "topk_length", "indices_view",
+/// "fp32_inputs" are optional inputs). run_property tallies, per feature, the draws the backend
+/// judged and declined (NotSupported), to tell a declined mandatory behaviour from a declined
+/// shape. Thread-local; cleared by run_property before each draw.
+void note_draw_feature(const std::string& feature);
+/// The features noted since the last clear_draw_features() (sorted keys).
+const std::vector<std::string>& draw_features();
+void clear_draw_features();
+
 /// Value tier (STYLE "Exact where possible").
 enum class Tier { Exact, Random };
 
@@ -135,7 +146,7 @@ SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::
 SmlaCase draw_smla_extreme_case(DType in_dtype = DType::BF16);
 
 /// Production shapes: h_q 64 or 128, d_qk 576/d_v 512 or 512/512 at every level; at level 0
-/// s_q 1-2 and k 32 or 64 over k+1 or 2k+1 keys (CI), at levels >= 1 s_q 1 and k 2048 over
+/// s_q 1 and k 16 or 32 over k+1 or 2k+1 keys (CI), at levels >= 1 k 2048 over
 /// 2048-4097 keys; ids distinct per row with tail padding or holes. Out rows conditioned for
 /// the bf16 class as draw_smla_case's (q rows above 0.8 θ redrawn); the backward rows too at
 /// level 0 (at levels >= 1 not: measured at most 0.56 θ).

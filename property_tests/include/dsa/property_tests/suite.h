@@ -33,7 +33,25 @@ struct Property {
   int cost = 1;                  ///< divides the case count (expensive properties run fewer)
   std::function<void(oracle::Backend&, const oracle::BlockFactory&)> body;
   int min_level = 0;             ///< below this DSA_TEST_LEVEL the property is a skip (cost)
+  /// Non-empty: the optional input the property is about (SPEC §4: "fp32_inputs",
+  /// "topk_length"); a backend that declines every draw makes it a plain skip. Empty: the
+  /// property judges SPEC behaviour every kernel must handle, and a backend that declines
+  /// every draw leaves the audit INCOMPLETE (run_property).
+  std::string optional_feature = {};
 };
+
+/// The draw feature keys (note_draw_feature) in a fixed order, mandatory ones first.
+const std::vector<std::string>& draw_feature_keys();
+/// True for SPEC behaviour every kernel must handle (invalid_ids, empty_rows, duplicate_ids:
+/// SPEC §4/§6; neg_inf_scores, nan_scores: SPEC §3.1); false for optional inputs.
+bool mandatory_feature(const std::string& key);
+/// One line naming the feature and its SPEC rule, e.g. "invalid ids (-1, negative, >= s_kv;
+/// SPEC §4)". Throws std::invalid_argument naming an unknown key.
+std::string feature_description(const std::string& key);
+/// Checks a list of what a kernel leaves out (--unsupported): each entry a feature key, a
+/// property name or a family ("smla"). Throws std::invalid_argument naming the first unknown
+/// entry and the accepted keys.
+void validate_unsupported(const std::vector<std::string>& names);
 
 /// Every property, in file order (topk, indexer, sparse MLA, KL loss, block).
 const std::vector<Property>& all_properties();
@@ -60,6 +78,10 @@ struct SuiteOptions {
   /// Ops the run may judge (the audit's --ops; empty: every op). A property judges an
   /// optional op (a forward property's backward part) only when it is listed here.
   std::vector<oracle::Op> ops;
+  /// What the user says the kernel leaves out (the audit's --unsupported): feature keys
+  /// (draw_feature_keys) or property names / families. A declined mandatory behaviour so named
+  /// does not make the property INCOMPLETE; the message still says it was not judged.
+  std::vector<std::string> unsupported;
 };
 
 struct PropertyResult {
@@ -72,6 +94,18 @@ struct PropertyResult {
   /// The op whose check failed in the reported (last failing) case when a report assertion
   /// failed (e.g. sparse_mla_bwd inside a forward property); unset for other failures.
   std::string failed_op;
+  /// Draws made before any failure (judged + declined; shrinking not counted) and the draws
+  /// the backend declined (NotSupported: discarded, another drawn; RapidCheck gives up after
+  /// 10 declines per required draw, and stops drawing after 100 declines with none judged).
+  int drawn = 0, declined = 0;
+  /// Why draws were declined: the most frequent reasons with their counts.
+  std::string declined_why;
+  /// SPEC-mandatory behaviour the backend declined and the user did not name as unsupported:
+  /// feature keys, or "property:<name>" when every draw of a non-optional property was
+  /// declined. Non-empty makes the verdict Fail with a message beginning "INCOMPLETE:".
+  std::vector<std::string> mandatory_declined;
+  /// Declined mandatory behaviour the user named (--unsupported): not judged, not a failure.
+  std::vector<std::string> waived;
 };
 
 /// Runs one property against a subject (skip when unavailable / op not supported).
