@@ -183,11 +183,11 @@ void add_sparse_mla_properties(std::vector<Property>& out) {
   out.push_back({"smla.invalid_slots_never_read", {Op::SparseMlaFwd}, 1, invalid_slots_never_read});
   out.push_back({"smla.empty_rows", {Op::SparseMlaFwd}, 1, empty_rows});
   out.push_back({"smla.leading_masked_block", {Op::SparseMlaFwd}, 1, leading_masked_block});
-  out.push_back({"smla.topk_length_respected", {Op::SparseMlaFwd}, 1, topk_length_respected, 0, "topk_length"});
+  out.push_back({"smla.topk_length_respected", {Op::SparseMlaFwd}, 1, topk_length_respected});
   out.push_back({"smla.backward_parity", {Op::SparseMlaBwd}, 1, backward_parity});
   out.push_back({"smla.duplicates_accumulate_in_dkv", {Op::SparseMlaBwd}, 1, duplicates_accumulate_in_dkv});
   out.push_back({"smla.extreme_rows_in_batch", {Op::SparseMlaFwd}, 1, extreme_rows_in_batch});
-  out.push_back({"smla.fp32_inputs", {Op::SparseMlaFwd}, 1, fp32_inputs, 0, "fp32_inputs"});
+  out.push_back({"smla.fp32_inputs", {Op::SparseMlaFwd}, 1, fp32_inputs});
   out.push_back({"smla.production_shapes", {Op::SparseMlaFwd}, 34, production_shapes});
 }
 

@@ -125,14 +125,11 @@ const FeatureInfo* find_feature(const std::string& key) {
     if (key == f.key) return &f;
   return nullptr;
 }
-// True when `names` (--unsupported) covers `what`: a feature key, or "property:<name>"
-// covered by the property's name or family.
-bool waived_by(const std::vector<std::string>& names, const std::string& what) {
-  for (const auto& n : names) {
-    if (n == what) return true;
-    const std::string prop = what.rfind("property:", 0) == 0 ? what.substr(9) : "";
-    if (!prop.empty() && (n == prop || prop.rfind(n + ".", 0) == 0)) return true;
-  }
+// True when `names` (--unsupported) covers the feature `what` of property `prop`: the feature
+// key, or the property's name or family (the user leaves the whole property out).
+bool waived_by(const std::vector<std::string>& names, const std::string& what, const std::string& prop) {
+  for (const auto& n : names)
+    if (n == what || n == prop || prop.rfind(n + ".", 0) == 0) return true;
   return false;
 }
 // A limit the backend declared up front (its capabilities), not a run-time decline: the
@@ -247,7 +244,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   };
   std::map<std::string, Tally> features;
   std::map<std::string, int> reasons;
-  int judged = 0, declined = 0, declined_undeclared = 0;
+  int judged = 0, declined = 0;
   bool counting = true;  // false from the first failure on (shrinking re-runs the body)
   // With none judged after this many declines the backend declines the property: nothing more
   // is drawn. Not fewer: RapidCheck's size starts at 0 and grows by one per 10 discards in a
@@ -258,7 +255,6 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     if (!counting) return;
     (was_declined ? declined : judged) += 1;
     if (declared) return;
-    declined_undeclared += was_declined;
     bool optional = false;
     for (const auto& f : draw_features()) optional = optional || !mandatory_feature(f);
     for (const auto& f : draw_features()) {
@@ -323,26 +319,26 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   }
   const std::string declined_note = "declined " + std::to_string(declined) + " of " + std::to_string(r.drawn) +
                                     " draws: " + r.declined_why;
-  // SPEC-mandatory behaviour never judged: a feature whose plain draws (no optional input)
-  // were declined and none of whose draws was judged; a non-optional property of which no
-  // draw was judged.
+  // SPEC-mandatory behaviour never judged: the backend ran the property (judged draws) but
+  // declined a mandatory feature's plain draws (no optional input) and judged none with it. A
+  // property of which no draw was judged is a skip naming the reasons (the backend runs none
+  // of it, as a NotImplementedError op), never INCOMPLETE.
   std::vector<std::string> missing_lines;
   auto missing = [&](const std::string& what, const std::string& line) {
-    (waived_by(o.unsupported, what) ? r.waived : r.mandatory_declined).push_back(what);
-    if (!waived_by(o.unsupported, what)) missing_lines.push_back(line);
+    const bool waived = waived_by(o.unsupported, what, p.name);
+    (waived ? r.waived : r.mandatory_declined).push_back(what);
+    if (!waived) missing_lines.push_back(line);
   };
   for (const auto& [key, t] : features)
-    if (mandatory_feature(key) && t.declined_plain > 0 && t.judged == 0)
+    if (judged > 0 && mandatory_feature(key) && t.declined_plain > 0 && t.judged == 0)
       missing(key, feature_description(key) + ": every one of the " + std::to_string(t.declined) +
                        " draws that had it declined, none judged");
-  if (judged == 0 && declined_undeclared > 0 && p.optional_feature.empty())
-    missing("property:" + p.name, "every draw of " + p.name + " (" + std::to_string(declined) + ")");
   const bool failed = result.template is<rc::detail::FailureResult>();
   if (!failed && !missing_lines.empty()) {
     r.verdict = Verdict::Fail;
     r.cases = judged;
     std::string keys;
-    for (const auto& m : r.mandatory_declined) keys += (keys.empty() ? "" : ",") + (m.rfind("property:", 0) == 0 ? m.substr(9) : m);
+    for (const auto& m : r.mandatory_declined) keys += (keys.empty() ? "" : ",") + m;
     r.message = "INCOMPLETE: backend declined mandatory cases: ";
     for (size_t i = 0; i < missing_lines.size(); ++i) r.message += (i ? "; " : "") + missing_lines[i];
     r.message += " (" + declined_note + "). A kernel that leaves them out is audited with --unsupported " + keys +

@@ -33,11 +33,6 @@ struct Property {
   int cost = 1;                  ///< divides the case count (expensive properties run fewer)
   std::function<void(oracle::Backend&, const oracle::BlockFactory&)> body;
   int min_level = 0;             ///< below this DSA_TEST_LEVEL the property is a skip (cost)
-  /// Non-empty: the optional input the property is about (SPEC §4: "fp32_inputs",
-  /// "topk_length"); a backend that declines every draw makes it a plain skip. Empty: the
-  /// property judges SPEC behaviour every kernel must handle, and a backend that declines
-  /// every draw leaves the audit INCOMPLETE (run_property).
-  std::string optional_feature = {};
 };
 
 /// The draw feature keys (note_draw_feature) in a fixed order, mandatory ones first.
@@ -100,9 +95,11 @@ struct PropertyResult {
   int drawn = 0, declined = 0;
   /// Why draws were declined: the most frequent reasons with their counts.
   std::string declined_why;
-  /// SPEC-mandatory behaviour the backend declined and the user did not name as unsupported:
-  /// feature keys, or "property:<name>" when every draw of a non-optional property was
-  /// declined. Non-empty makes the verdict Fail with a message beginning "INCOMPLETE:".
+  /// SPEC-mandatory behaviour the backend declined and the user did not name as unsupported
+  /// (feature keys): the property judged some draws, but every draw with the feature that the
+  /// backend declined without an optional input in it, and none with it was judged. Non-empty
+  /// makes the verdict Fail with a message beginning "INCOMPLETE:". A property of which no draw
+  /// was judged is a Skip (reasons in the message), never INCOMPLETE.
   std::vector<std::string> mandatory_declined;
   /// Declined mandatory behaviour the user named (--unsupported): not judged, not a failure.
   std::vector<std::string> waived;
