@@ -11,6 +11,7 @@
 
 #include "dsa/contract/errors.h"
 #include "dsa/contract/parallel.h"
+#include "dsa/oracle/tolerances.h"
 
 namespace dsa::oracle {
 namespace {
@@ -75,13 +76,24 @@ double flip_ulp(double x, double r, double un) {
   return std::floor((x - r) / ulp + 0.5) != std::floor((x + r) / ulp + 0.5) ? ulp : 0.0;
 }
 
+// A 16-bit rounding of x errs by at most half an ulp, u16·2^floor(log2|x|) (<= u16|x|): this
+// returns 2^floor(log2|x|) (the binade of |x| grown by 2^-6, for a candidate value a little
+// above the reference's), at least 2^-14 for fp16 (its subnormal spacing); 0 for x = 0.
+double binade16(double x, bool f16) {
+  if (x == 0) return 0.0;
+  int e = 0;
+  std::frexp(std::abs(x) * (1 + 0x1p-6), &e);
+  const double b = std::ldexp(1.0, e - 1);
+  return f16 ? std::max(b, 0x1p-14) : b;
+}
+
 // The column loops of sparse_mla_floors, as functions of their own so that the compiler
 // vectorizes them (each column is its own sum; the terms are those of the loop per column).
 // dq: one slot's terms added to the seven per-column sums of a row.
 void dq_slot_terms(size_t w, const double* __restrict kvr, double a1, double dSj, double pj,
                    double a2, double a3, double* __restrict x2c, double* __restrict val,
                    double* __restrict ab, double* __restrict pk, double* __restrict nsq,
-                   double* __restrict tt) {
+                   double* __restrict tt, double* __restrict nab) {
   for (size_t c = 0; c < w; ++c) {
     const double kv = kvr[c];
     x2c[c] += (a1 * kv) * (a1 * kv);
@@ -90,6 +102,7 @@ void dq_slot_terms(size_t w, const double* __restrict kvr, double a1, double dSj
     pk[c] += pj * kv;
     nsq[c] += (a2 * kv) * (a2 * kv);
     tt[c] += a3 * std::abs(kv);
+    nab[c] += std::abs(a2 * kv);
   }
 }
 
@@ -142,30 +155,33 @@ struct DqSlot {
 };
 void dq_two_slot_terms(size_t w, const DqSlot& s0, const DqSlot& s1, double* __restrict x2c,
                        double* __restrict val, double* __restrict ab, double* __restrict pk,
-                       double* __restrict nsq, double* __restrict tt) {
+                       double* __restrict nsq, double* __restrict tt, double* __restrict nab) {
   const double* __restrict k0 = s0.kvr;
   const double* __restrict k1 = s1.kvr;
   for (size_t c = 0; c < w; ++c) {
     const double u0 = k0[c], u1 = k1[c];
-    double x = x2c[c], v = val[c], a = ab[c], p = pk[c], n = nsq[c], t = tt[c];
+    double x = x2c[c], v = val[c], a = ab[c], p = pk[c], n = nsq[c], t = tt[c], na = nab[c];
     x += (s0.a1 * u0) * (s0.a1 * u0);
     v += s0.dSj * u0;
     a += std::abs(s0.dSj * u0);
     p += s0.pj * u0;
     n += (s0.a2 * u0) * (s0.a2 * u0);
     t += s0.a3 * std::abs(u0);
+    na += std::abs(s0.a2 * u0);
     x += (s1.a1 * u1) * (s1.a1 * u1);
     v += s1.dSj * u1;
     a += std::abs(s1.dSj * u1);
     p += s1.pj * u1;
     n += (s1.a2 * u1) * (s1.a2 * u1);
     t += s1.a3 * std::abs(u1);
+    na += std::abs(s1.a2 * u1);
     x2c[c] = x;
     val[c] = v;
     ab[c] = a;
     pk[c] = p;
     nsq[c] = n;
     tt[c] = t;
+    nab[c] = na;
   }
 }
 
@@ -610,6 +626,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   const std::vector<double> dO = dout ? dout->to_f64() : std::vector<double>{};
   const std::vector<double> sink = in.attn_sink ? in.attn_sink->to_f64() : std::vector<double>{};
   const double u = kU32, un = is_narrow(work_dtype) ? unit_roundoff(work_dtype) : 0.0;
+  const double hq = quadrature16();  // λ of the 16-bit rounding sums (tolerances.cpp)
   const bool fb = also_f32 && un > 0;  // also the fp32-work variant
   const double sm = in.sm_scale, asm_ = std::abs(in.sm_scale);
   const double sdqk = std::sqrt(static_cast<double>(dqk)), sdv = std::sqrt(static_cast<double>(dv));
@@ -756,12 +773,12 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     std::vector<double> Cm(H * n), pm(H * n), ptm(H * n), dpjm, indm, dSm;
     std::vector<double> o(H * DV), x2v(H * DV), zv(H * DV), zsv(H * DV), wv(H * DV), wabsv(H * DV),
         outc(H * DV), accout(H * DV), narout(H * DV);
-    std::vector<double> x2c, val, ab, pk, nsq, tt, eta;
+    std::vector<double> x2c, val, ab, pk, nsq, tt, eta, nab;
     if (dout) {
       dpjm.resize(H * n);
       indm.resize(H * n);
       dSm.resize(H * n);
-      for (auto* a : {&x2c, &val, &ab, &pk, &nsq, &tt, &eta}) a->assign(H * DQK, 0.0);
+      for (auto* a : {&x2c, &val, &ab, &pk, &nsq, &tt, &eta, &nab}) a->assign(H * DQK, 0.0);
     }
     constexpr size_t HB = 8;
     for (size_t h = 0; h < H; ++h) {
@@ -987,21 +1004,21 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         const size_t x = h * n + j;
         const double a4 = GH[x] + hs[h].D;
         return DqSlot{&KV[static_cast<size_t>(ids[j]) * DQK], wq[j] * indm[x], dSm[x], pm[x],
-                      wq[j] * dSm[x], pm[x] * a4};
+                      wq[j] * binade16(dSm[x], work_dtype == DType::F16), pm[x] * a4};
       };
       size_t j = 0;
       for (; j + 2 <= n; j += 2)
         for (size_t h = h0; h < h1; ++h) {
           const size_t hc = h * DQK;
           dq_two_slot_terms(DQK, dq_slot(h, j), dq_slot(h, j + 1), &x2c[hc], &val[hc], &ab[hc],
-                            &pk[hc], &nsq[hc], &tt[hc]);
+                            &pk[hc], &nsq[hc], &tt[hc], &nab[hc]);
         }
       for (; j < n; ++j)
         for (size_t h = h0; h < h1; ++h) {
           const size_t hc = h * DQK;
           const DqSlot d = dq_slot(h, j);
           dq_slot_terms(DQK, d.kvr, d.a1, d.dSj, d.pj, d.a2, d.a3, &x2c[hc], &val[hc], &ab[hc],
-                        &pk[hc], &nsq[hc], &tt[hc]);
+                        &pk[hc], &nsq[hc], &tt[hc], &nab[hc]);
         }
       for (size_t jj = 0; jj < n; ++jj)
         for (size_t h = h0; h < h1; ++h) {
@@ -1022,7 +1039,12 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           const size_t e = static_cast<size_t>(row) * DQK + c, hc = h * DQK + c;
           fdq.acc[e] = asm_ * (std::sqrt(x2c[hc]) + u * abar * std::abs(val[hc]) + dDelta * std::abs(pk[hc]) +
                                u * (sn * std::abs(val[hc]) + (1 + dupf) * ab[hc]) + kEta32 * eta[hc]);
-          fdq.narrow[e] = asm_ * (nDelta * std::abs(pk[hc]) + un * std::sqrt(nsq[hc]));
+          // dS_j rounded to the 16-bit dtype before dq = sm·dS·K (FlashAttention/FlashMLA/
+          // TileLang backward): first order Σ_j δdS_j kv_jc with |δdS_j| <= u16 b_j <= u16|dS_j|
+          // (b_j = binade16(dS_j): half an ulp), independent per key: at most u16 Σ_j|b_j kv_jc|
+          // and, with probability >= 1 - 2.1e-8, within quadrature16() · u16 sqrt(Σ_j (b_j kv_jc)^2)
+          // (tolerances.cpp: the derivation)
+          fdq.narrow[e] = asm_ * (nDelta * std::abs(pk[hc]) + un * std::min(nab[hc], hq * std::sqrt(nsq[hc])));
           if (fb) fdq_nb[e] = asm_ * (kNoNarrow * std::abs(pk[hc]) + 0.0 * std::sqrt(nsq[hc]));
           fdq.terms[e] = asm_ * tt[hc];
         }

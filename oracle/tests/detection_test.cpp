@@ -8,7 +8,8 @@
 // WEAK; a fused top-k set that swaps its k-th entry for a key beyond the row's band FAILS.
 // (b) Correct outputs computed another way PASS: reversed and blocked fp32 sums, a
 // FlashMLA-style bf16 kernel (P rounded to bf16 before P·V, fp32 accumulation, bf16 out) and
-// a bf16-output control whose backward takes Δ from its bf16 out. (c) The suite's generated
+// a bf16-output control whose backward takes Δ from its bf16 out, and that kernel with dS
+// rounded to bf16 before dq = sm·dS·K (FlashDq, F4). (c) The suite's generated
 // sparse MLA cases (levels 0 and 1) pass with no WEAK row. Case counts scale with
 // DSA_TEST_LEVEL (main below). Measured figures print as "detection:" lines.
 #include <gtest/gtest.h>
@@ -140,7 +141,10 @@ MixedCase draw_mixed_case() {
 
 // ---------------------------------------------------------------- kernels computed another way
 enum class Order { Reversed, Blocked };
-enum class Style { Fp32, FlashMla };  // FlashMla: P rounded to bf16 before P·V, bf16 out
+// FlashMla: P rounded to bf16 before P·V, bf16 out. FlashDq: FlashMla, and the backward rounds
+// dS = P∘(dP - Δ) to bf16 before dq = sm·dS·K (FlashAttention/FlashMLA/TileLang backward), dq in
+// fp32 (F4: the dq bound with constant 1 on that rounding failed it; tolerances.cpp quadrature16).
+enum class Style { Fp32, FlashMla, FlashDq };
 
 float sum_ordered(const std::vector<float>& t, Order o) {
   float s = 0;
@@ -213,7 +217,7 @@ KernelOut other_kernel(const OpCase& c, Order order, Style style, DType out_dtyp
       for (int64_t cc = 0; cc < dv; ++cc) {
         terms.assign(n, 0.0f);
         for (size_t j = 0; j < n; ++j) {
-          const float pj = style == Style::FlashMla ? static_cast<float>(round_to(e[j], DType::BF16)) : e[j];
+          const float pj = style != Style::Fp32 ? static_cast<float>(round_to(e[j], DType::BF16)) : e[j];
           terms[j] = pj * static_cast<float>(KV[static_cast<size_t>(ids[j] * d + cc)]);
         }
         o[static_cast<size_t>(cc)] = sum_ordered(terms, order) / S * r;
@@ -236,7 +240,9 @@ KernelOut other_kernel(const OpCase& c, Order order, Style style, DType out_dtyp
       }
       for (int64_t x = 0; x < d; ++x) {
         terms.assign(n, 0.0f);
-        for (size_t j = 0; j < n; ++j) terms[j] = dS[j] * static_cast<float>(KV[static_cast<size_t>(ids[j] * d + x)]);
+        for (size_t j = 0; j < n; ++j)
+          terms[j] = (style == Style::FlashDq ? static_cast<float>(round_to(dS[j], DType::BF16)) : dS[j]) *
+                     static_cast<float>(KV[static_cast<size_t>(ids[j] * d + x)]);
         dq[static_cast<size_t>(row * d + x)] = sm * sum_ordered(terms, order);
       }
       for (size_t jj = n; jj-- > 0;) {  // scatter in reverse slot order
@@ -253,7 +259,7 @@ KernelOut other_kernel(const OpCase& c, Order order, Style style, DType out_dtyp
   ko.fwd.out = Tensor::from_f64({s_q, h_q, dv}, out).to(out_dtype);
   ko.fwd.lse = Tensor::from_f64({s_q, h_q}, lse).to(DType::F32);
   ko.fwd.max_logits = Tensor::from_f64({s_q, h_q}, mx).to(DType::F32);
-  ko.grads.dq = Tensor::from_f64({s_q, h_q, d}, dq).to(out_dtype);
+  ko.grads.dq = Tensor::from_f64({s_q, h_q, d}, dq).to(style == Style::FlashDq ? DType::F32 : out_dtype);
   ko.grads.dkv = Tensor::from_f64({s_kv, d}, std::vector<double>(dkv.begin(), dkv.end())).to(DType::F32);
   if (in.attn_sink)
     ko.grads.dsink = Tensor::from_f64({h_q}, std::vector<double>(dsink.begin(), dsink.end())).to(DType::F32);
@@ -335,10 +341,12 @@ RC_GTEST_PROP(Detection, SparseMlaPerturbationsFailOtherOrdersPass, ()) {
   allow.allow_weak = true;
   // (b) correct outputs computed another way pass
   for (Order order : {Order::Reversed, Order::Blocked}) {
-    for (Style style : {Style::Fp32, Style::FlashMla}) {
-      if (style == Style::FlashMla && od != DType::BF16) continue;
+    for (Style style : {Style::Fp32, Style::FlashMla, Style::FlashDq}) {
+      if (style != Style::Fp32 && od != DType::BF16) continue;
       const KernelOut k = other_kernel(c, order, style, od);
-      const std::string key = std::string(style == Style::FlashMla ? "flashmla-bf16" : "fp32-") +
+      const std::string key = std::string(style == Style::FlashMla ? "flashmla-bf16"
+                                          : style == Style::FlashDq ? "flash-dq-bf16"
+                                                                    : "fp32-") +
                               (order == Order::Reversed ? "reversed" : "blocked");
       const OpReport f = judge_outputs(Op::SparseMlaFwd, c, named_fwd(k.fwd), allow, key);
       record("false-alarm " + key, f);

@@ -152,7 +152,7 @@ void condition_bf16_out_rows(SparseMlaInputs& in, const std::vector<uint8_t>& re
 // wide regime's one sign per value column) and align_dout_signs runs again with a sink. At
 // most kBwdAttempts judgements, the last one only judges. Deterministic in `r`.
 void condition_bf16_backward_rows(SmlaCase& c, Rng& r) {
-  constexpr int kBwdAttempts = 6;
+  constexpr int kBwdAttempts = 12;
   constexpr double kBwdRowMargin = 0.9;
   const int64_t d_v = c.in.d_v, n = c.dout.numel();
   auto redraw = [&](int64_t lo, int64_t hi) {

@@ -34,6 +34,12 @@ struct Tolerance {
   std::string reason;
 };
 
+/// λ of the 16-bit rounding sum of the sparse MLA dq floor (dS rounded to the 16-bit dtype
+/// before dS·K): a sum Σ_j δ_j a_j of independent uniform roundings |δ_j| <= u16|x_j| is
+/// bounded by min(u16 Σ|x_j a_j|, λ u16 sqrt(Σ(x_j a_j)^2)) (sub-Gaussian tail, Higham & Mary
+/// 2019 model). Unitless; defined with its derivation in oracle/src/tolerances.cpp.
+double quadrature16();
+
 /// The entry for (op, output, dtype). Throws std::out_of_range naming the key when absent
 /// (a missing entry is a bug in the table, never silently a default).
 const Tolerance& tolerance(const std::string& op, const std::string& output, DType dtype);
