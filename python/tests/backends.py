@@ -221,3 +221,25 @@ class HalvedDkv(TorchBackend):
     def sparse_mla_bwd(self, *a, **kw):
         dq, dkv, *rest = super().sparse_mla_bwd(*a, **kw)
         return (dq, (dkv * 0.5).contiguous(), *rest)
+
+
+class DeclinesInvalidIds(TorchBackend):
+    """Declines (NotImplementedError) every sparse MLA forward with an invalid id or
+    topk_length: SPEC §4 behaviour every kernel must handle (finding F3)."""
+    name = "declines-invalid-ids"
+
+    def sparse_mla_fwd(self, q, kv, indices, sm_scale, d_v, topk_length=None, attn_sink=None):
+        ids = indices.reshape(indices.shape[0], -1)
+        if topk_length is not None or bool(((ids < 0) | (ids >= kv.shape[0])).any()):
+            raise NotImplementedError("only valid ids")
+        return super().sparse_mla_fwd(q, kv, indices, sm_scale, d_v, topk_length=topk_length, attn_sink=attn_sink)
+
+
+class DeclinesH1(TorchBackend):
+    """Declines h_q == 1 (a shape it does not implement); correct otherwise."""
+    name = "declines-h1"
+
+    def sparse_mla_fwd(self, q, kv, indices, sm_scale, d_v, topk_length=None, attn_sink=None):
+        if q.shape[1] == 1:
+            raise NotImplementedError("h_q 1 not supported")
+        return super().sparse_mla_fwd(q, kv, indices, sm_scale, d_v, topk_length=topk_length, attn_sink=attn_sink)

@@ -99,6 +99,31 @@ def test_not_implemented_is_a_skip():
     assert "no case ran" in rep.summary()
 
 
+def test_declined_draws_are_redrawn_and_counted():
+    # A declined draw is discarded and another drawn: the full count is judged (finding F3).
+    rep = dsa_verify.audit(backends.DeclinesH1(), only=["smla.forward_ratio"], seed=7, progress=False)
+    assert rep.passed and rep.exit_code() == 0, rep.summary()
+    c = rep.cases[0]
+    assert c.status == "pass" and c.cases == 25, rep.summary()
+    assert re.match(r"declined \d+ of \d+ draws: .*h_q 1 not supported", c.message), c.message
+    assert "(declined " in rep.summary()
+
+
+def test_declined_mandatory_cases_are_incomplete_unless_named():
+    rep = dsa_verify.audit(backends.DeclinesInvalidIds(), only=["smla.forward_ratio"], seed=7, progress=False)
+    assert rep.exit_code() == 1, rep.summary()
+    msg = rep.failures[0].message
+    assert msg.startswith("INCOMPLETE: backend declined mandatory cases: ") and "invalid ids" in msg, msg
+    assert "INCOMPLETE: backend declined mandatory cases" in rep.summary()
+    named = dsa_verify.audit(backends.DeclinesInvalidIds(), only=["smla.forward_ratio"], seed=7, progress=False,
+                             unsupported=["invalid_ids", "empty_rows"])
+    # Named: not a failure; nearly every draw declined, so the property is a skip that says so.
+    assert not named.failures and named.exit_code() != 1, named.summary()
+    assert "named unsupported: " in named.cases[0].message, named.cases[0].message
+    with pytest.raises(ValueError, match="--unsupported: unknown entry"):
+        dsa_verify.audit(backends.DeclinesH1(), only=["smla.forward_ratio"], progress=False, unsupported=["invalid"])
+
+
 @pytest.mark.parametrize("backend, words", [
     (backends.NonContiguous(), ["output 'indices'", "not contiguous"]),
     (backends.Int64Ids(), ["output 'indices'", "I64", "expected I32"]),
