@@ -24,25 +24,10 @@ namespace {
 using test::Scratch;
 using test::lines_with;
 using test::run_cli_capture;
+using test::golden;
+using test::read_text;
+using test::mutant_plugin_named;
 
-std::string golden(const std::string& name) {
-  return std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors";
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The plugin library of the mutant named `name` (props::mutant_subjects order), or "".
-std::string mutant_plugin_named(const std::string& name) {
-  const std::vector<props::Subject> all = props::mutant_subjects();
-  for (size_t i = 0; i < all.size(); ++i)
-    if (all[i].name == name) return test::mutant_plugin(i);
-  return "";
-}
 
 // A kernel whose forward is right and whose backward overwrites dkv: --ops sparse_mla_fwd
 // judges the forward only (the forward properties' backward parts and the block properties

@@ -17,10 +17,8 @@ namespace {
 using test::Scratch;
 using test::lines_with;
 using test::run_cli_capture;
-
-std::string golden(const std::string& name) {
-  return std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors";
-}
+using test::golden;
+using test::mutant_plugin_named;
 
 // Runs `args`, expects exit 2 and an error line naming `option` and `value`, with `range`.
 void expect_usage_error(const std::string& args, const std::string& option, const std::string& value,
@@ -86,13 +84,6 @@ TEST(OutputsOption, ANameOfNoSelectedOpIsAUsageError) {
   EXPECT_FALSE(lines_with(out, {expected}).empty()) << out;
   EXPECT_EQ(run_cli_capture("audit --ops topk --outputs out --dump-dir " + dir.file("d"), &out), 2) << out;
   EXPECT_FALSE(lines_with(out, {expected}).empty()) << out;
-}
-
-std::string mutant_plugin_named(const std::string& name) {
-  const std::vector<props::Subject> all = props::mutant_subjects();
-  for (size_t i = 0; i < all.size(); ++i)
-    if (all[i].name == name) return test::mutant_plugin(i);
-  return "";
 }
 
 // An op none of whose outputs --outputs names is judged in full, and its label is not partial:

@@ -21,17 +21,8 @@ namespace {
 using test::Scratch;
 using test::lines_with;
 using test::run_cli_capture;
-
-std::string golden(const std::string& name) {
-  return std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors";
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test::golden;
+using test::read_text;
 
 // --only naming a property of an op the kernel cannot run: every case skipped, exit 2 (not 0).
 TEST(AuditRanNothing, OnlyAPropertyTheKernelCannotRunExitsTwo) {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dsa/fixtures/safetensors.h"
+#include "dsa/property_tests/suite.h"
 
 namespace dsa::cli::test {
 
@@ -103,6 +104,27 @@ inline std::string mutant_plugin(size_t i) {
   std::string p;
   for (size_t k = 0; std::getline(all, p, '|'); ++k)
     if (k == i) return p;
+  return "";
+}
+
+/// Path of the golden fixture `name` shipped in fixtures/golden (DSA_GOLDEN_FIXTURE_DIR).
+inline std::string golden(const std::string& name) {
+  return std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors";
+}
+
+/// The whole text of the file at `path` ("" when it cannot be read).
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// The plugin library of the mutant named `name` (props::mutant_subjects order), or "".
+inline std::string mutant_plugin_named(const std::string& name) {
+  const std::vector<props::Subject> all = props::mutant_subjects();
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i].name == name) return mutant_plugin(i);
   return "";
 }
 

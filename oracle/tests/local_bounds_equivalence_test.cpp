@@ -17,6 +17,7 @@
 #include "dsa/contract/parallel.h"
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/local_bounds.h"
+#include "dsa/oracle/tolerances.h"
 
 namespace dsa::oracle {
 namespace {
@@ -55,6 +56,15 @@ double flip_ulp(double x, double r, double un) {
 void require(bool ok, const char* where, const char* arg, const std::string& got,
              const std::string& expected) {
   check_arg(ok, where, arg, got, expected);
+}
+
+// The binade 2^floor(log2|x|) of a 16-bit rounding's half ulp (u16 times it), taken at |x|
+// grown by 2^-6 and at least fp16's subnormal spacing 2^-14; 0 for x = 0. Written from its
+// definition (ilogb), not from local_bounds.cpp's frexp form.
+double half_ulp_binade(double x, bool f16) {
+  if (x == 0) return 0.0;
+  const double b = std::ldexp(1.0, std::ilogb(std::abs(x) * (1 + 0x1p-6)));
+  return f16 ? std::max(b, 0x1p-14) : b;
 }
 
 CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype) {
@@ -292,21 +302,24 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       // only the candidate's P rounding moves its out, and Δ, further.
       const double nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
       for (int64_t c = 0; c < dqk; ++c) {
-        double x2c = 0, val = 0, ab = 0, pk = 0, nsq = 0, tt = 0, eta = 0;
+        double x2c = 0, val = 0, ab = 0, pk = 0, nsq = 0, nab = 0, tt = 0, eta = 0;
         for (size_t j = 0; j < n; ++j) {
           const double kv = KV[static_cast<size_t>(ids[j] * dqk + c)];
           x2c += (wq[j] * ind[j] * kv) * (wq[j] * ind[j] * kv);
           val += dS[j] * kv;
           ab += std::abs(dS[j] * kv);
           pk += p[j] * kv;
-          nsq += (wq[j] * dS[j] * kv) * (wq[j] * dS[j] * kv);
+          // dS_j rounded to the 16-bit dtype: half an ulp is u16 times its binade.
+          const double b = half_ulp_binade(dS[j], work_dtype == DType::F16);
+          nsq += (wq[j] * b * kv) * (wq[j] * b * kv);
+          nab += std::abs(wq[j] * b * kv);
           tt += p[j] * (Gv[j] + D) * std::abs(kv);
           if (p[j] > 0 && p[j] < kTiny32) eta += (Gv[j] + D) * std::abs(kv);
         }
         const size_t e = static_cast<size_t>(row * dqk + c);
         fdq.acc[e] = asm_ * (std::sqrt(x2c) + u * abar * std::abs(val) + dDelta * std::abs(pk) +
                              u * (sn * std::abs(val) + (1 + dupf) * ab) + kEta32 * eta);
-        fdq.narrow[e] = asm_ * (nDelta * std::abs(pk) + un * std::sqrt(nsq));
+        fdq.narrow[e] = asm_ * (nDelta * std::abs(pk) + un * std::min(nab, quadrature16() * std::sqrt(nsq)));
         fdq.terms[e] = asm_ * tt;
       }
       // dkv: this row's slots grouped by key. Within the row, the parts that come from
