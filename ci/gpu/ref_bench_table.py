@@ -8,8 +8,10 @@ wall time at 1 thread and at the most threads, and util there; first the BM_Scal
 (best of 3 interleaved runs per count), then the single-series BM_*Threads rows if present.
 Strong-scaling rows (the
 reference, the split GEMM peer): x_linear = 1-thread wall / wall / threads. Ceiling rows
-(BM_Ceiling*: each thread does the 1-thread work): x_linear = 1-thread wall / wall. Then the
-reference's x_linear over its ceiling's at the most threads.
+(BM_Ceiling*: each thread does the 1-thread work, N jobs at once): x_linear = 1-thread wall / wall;
+they read below the reference itself on the H200 host (bench/results/2026-11-30-gpu-run-session5.md,
+call 2), so they are shown, not used as a ceiling. Then the reference's x_linear at the most threads
+against the target and the same-shape GEMM peer of the same run.
 Usage: ref_bench_table.py ref_bench.txt
 """
 import re
@@ -17,19 +19,19 @@ import sys
 
 SCALING = [  # interleaved best-of-3 runs (bench/reference_bench.cpp measure_scaling)
     ("BM_ScalingGemmRowsSplit", "Eigen GEMM same shapes, 64 rows split (peer)"),
-    ("BM_ScalingCeilingGemm", "ceiling: N x 1-thread GEMM rows"),
-    ("BM_ScalingCeilingForward", "ceiling: N x 1-thread reference forward"),
+    ("BM_ScalingCeilingGemm", "N concurrent 1-thread GEMM jobs"),
+    ("BM_ScalingCeilingForward", "N concurrent 1-thread forwards"),
     ("BM_ScalingForward", "reference sparse MLA forward"),
-    ("BM_ScalingCeilingBackward", "ceiling: N x 1-thread reference backward"),
+    ("BM_ScalingCeilingBackward", "N concurrent 1-thread backwards"),
     ("BM_ScalingBackward", "reference sparse MLA backward"),
 ]
 
 ROWS = [  # (family, label)
     ("BM_EigenGemmF64SameShapesThreads", "Eigen GEMM same shapes, 64 rows split (peer)"),
-    ("BM_CeilingGemmF64Threads", "ceiling: N x 1-thread GEMM rows"),
-    ("BM_CeilingForwardThreads", "ceiling: N x 1-thread reference forward"),
+    ("BM_CeilingGemmF64Threads", "N concurrent 1-thread GEMM jobs"),
+    ("BM_CeilingForwardThreads", "N concurrent 1-thread forwards"),
     ("BM_ReferenceSparseMlaForwardThreads", "reference sparse MLA forward"),
-    ("BM_CeilingBackwardThreads", "ceiling: N x 1-thread reference backward"),
+    ("BM_CeilingBackwardThreads", "N concurrent 1-thread backwards"),
     ("BM_ReferenceSparseMlaBackwardThreads", "reference sparse MLA backward"),
     ("BM_ReferenceSparseMlaFixedPartThreads", "fixed part of a call (fwd + bwd, empty rows)"),
 ]
@@ -93,75 +95,57 @@ def parse_scaling(path):
     return out
 
 
-def print_scaling(path):
-    runs = parse_scaling(path)
-    if not runs:
-        return False
+def print_rows(title, rows, runs, xkey, mskey):
+    """One table: per family of `rows` present in `runs`, x_linear per thread count (counter
+    `xkey`), the wall time (counter `mskey`, ms) at 1 thread and at the most threads, util there."""
     counts = sorted({t for fam in runs.values() for t in fam})
-    top = counts[-1]
-    print(f"Best of 3 interleaved runs per thread count. x_linear (1 = linear; ceilings: same work "
-          f"per thread, x = 1-thread wall / N-thread wall); best wall at 1 and {top} threads; util at {top}")
+    top = counts[-1] if counts else 1
+    fmt = lambda v, f: (f % v) if v is not None else "-"
+    print(title.format(top=top))
     print(f"{'work':46s} " + " ".join(f"{'x@' + str(t):>6s}" for t in counts) +
           f" {'1 thr ms':>9s} {str(top) + ' thr ms':>9s} {'util':>5s}")
-    for family, label in SCALING:
+    for family, label in rows:
         r = runs.get(family)
         if not r:
-            print(f"{label:46s} (not run)")
             continue
-        cells = [f"{r[t]['x']:6.2f}" if t in r and "x" in r[t] else f"{'-':>6s}" for t in counts]
-        ms1 = r.get(1, {}).get("ms")
-        mst = r.get(top, {}).get("ms")
-        u = r.get(top, {}).get("util")
-        fmt = lambda v, f: (f % v) if v is not None else "-"
+        cells = [fmt(r.get(t, {}).get(xkey), "%6.2f").rjust(6) for t in counts]
         print(f"{label:46s} " + " ".join(cells) +
-              f" {fmt(ms1, '%9.1f'):>9s} {fmt(mst, '%9.1f'):>9s} {fmt(u, '%5.2f'):>5s}")
-    for ref, ceil, what in [("BM_ScalingForward", "BM_ScalingCeilingForward", "forward"),
-                            ("BM_ScalingBackward", "BM_ScalingCeilingBackward", "backward")]:
-        try:
-            x = runs[ref][top]["x"]
-            c = runs[ceil][top]["x"]
-            print(f"reference {what} at {top} threads: x_linear {x:.2f} ({x / c:.2f} of its ceiling "
-                  f"{c:.2f}); target 0.70 {'met' if x >= 0.7 else 'missed'}")
-        except (KeyError, TypeError, ZeroDivisionError):
-            print(f"reference {what}: incomplete run, no figure")
-    print()
-    return True
+              f" {fmt(r.get(1, {}).get(mskey), '%9.1f'):>9s} {fmt(r.get(top, {}).get(mskey), '%9.1f'):>9s}"
+              f" {fmt(r.get(top, {}).get('util'), '%5.2f'):>5s}")
+    return top
+
+
+def print_verdicts(runs, top, xkey, peer, pairs):
+    """The target line per (family, what) of `pairs`: x_linear at `top` threads against 0.70
+    (issue 13) and the `peer` family's x_linear in the same run."""
+    p = runs.get(peer, {}).get(top, {}).get(xkey)
+    for family, what in pairs:
+        x = runs.get(family, {}).get(top, {}).get(xkey)
+        if x is None:
+            if family in runs:
+                print(f"reference {what}: incomplete run, no figure")
+            continue
+        print(f"reference {what} at {top} threads: x_linear {x:.2f}"
+              + (f" (same-shape GEMM peer {p:.2f})" if p is not None else "")
+              + f"; target 0.70 {'met' if x >= 0.7 else 'missed'}")
 
 
 def main():
-    print_scaling(sys.argv[1])
+    runs = parse_scaling(sys.argv[1])
+    if runs:
+        top = print_rows("Best of 3 interleaved runs per thread count. x_linear (1 = linear; concurrent "
+                         "jobs: same work per thread, x = 1-thread wall / N-thread wall); best wall at 1 "
+                         "and {top} threads; util at {top}", SCALING, runs, "x", "ms")
+        print_verdicts(runs, top, "x", "BM_ScalingGemmRowsSplit",
+                       [("BM_ScalingForward", "forward"), ("BM_ScalingBackward", "backward")])
+        print()
     runs = parse(sys.argv[1])
-    if not runs:
-        return
-    counts = sorted({t for fam in runs.values() for t in fam})
-    top = counts[-1] if counts else 1
-    head = f"{'work':46s} " + " ".join(f"{'x@' + str(t):>6s}" for t in counts)
-    print(f"x_linear per thread count (1 = linear); wall at 1 and {top} threads; util at {top}")
-    print(head + f" {'1 thr ms':>9s} {str(top) + ' thr ms':>9s} {'util':>5s}")
-    for family, label in ROWS:
-        if family not in runs:
-            continue
-        r = runs[family]
-        cells = []
-        for t in counts:
-            x = r.get(t, {}).get("x_linear")
-            cells.append(f"{x:6.2f}" if x is not None else f"{'-':>6s}")
-        w1 = r.get(1, {}).get("wall")
-        wt = r.get(top, {}).get("wall")
-        u = r.get(top, {}).get("util")
-        fmt = lambda v, f: (f % v) if v is not None else "-"
-        print(f"{label:46s} " + " ".join(cells) +
-              f" {fmt(w1, '%9.1f'):>9s} {fmt(wt, '%9.1f'):>9s} {fmt(u, '%5.2f'):>5s}")
-    for ref, ceil, what in [("BM_ReferenceSparseMlaForwardThreads", "BM_CeilingForwardThreads", "forward"),
-                            ("BM_ReferenceSparseMlaBackwardThreads", "BM_CeilingBackwardThreads", "backward")]:
-        try:
-            x = runs[ref][top]["x_linear"]
-            c = runs[ceil][top]["x_linear"]
-            print(f"reference {what} at {top} threads: x_linear {x:.2f} = {x / c:.2f} of the host's "
-                  f"ceiling ({c:.2f}); target 0.70 {'met' if x >= 0.7 else 'missed'}")
-        except (KeyError, TypeError, ZeroDivisionError):
-            if ref in runs:
-                print(f"reference {what}: incomplete run, no ratio")
+    if runs:
+        top = print_rows("x_linear per thread count (1 = linear); wall at 1 and {top} threads; util at {top}",
+                         ROWS, runs, "x_linear", "wall")
+        print_verdicts(runs, top, "x_linear", "BM_EigenGemmF64SameShapesThreads",
+                       [("BM_ReferenceSparseMlaForwardThreads", "forward"),
+                        ("BM_ReferenceSparseMlaBackwardThreads", "backward")])
 
 
 if __name__ == "__main__":
