@@ -14,6 +14,7 @@
 
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/suite.h"
+#include "src/reference_wrap.h"
 
 namespace dsa::props {
 namespace {
@@ -23,32 +24,7 @@ using oracle::Op;
 using oracle::Verdict;
 
 // Forwards every op to the reference; a faulty backend overrides the one it breaks.
-class RefWrap : public Backend {
- public:
-  explicit RefWrap(std::string name) : name_(std::move(name)), ref_(oracle::make_reference_backend()) {}
-  std::string name() const override { return name_; }
-  bool supports(Op op) const override { return ref_->supports(op); }
-  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
-    return ref_->indexer_scores(q, k, w, win);
-  }
-  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
-                                       const KeyWindows& win, const Tensor& d) override {
-    return ref_->indexer_scores_backward(q, k, w, win, d);
-  }
-  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p,
-                     const std::optional<KeyWindows>& win) override {
-    return ref_->select_topk(s, k, p, win);
-  }
-  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override { return ref_->sparse_mla_forward(in); }
-  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
-    return ref_->sparse_mla_backward(in, dout);
-  }
-  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override { return ref_->indexer_kl_loss(in); }
-
- protected:
-  std::string name_;
-  std::unique_ptr<Backend> ref_;
-};
+using RefWrap = ReferenceWrap;
 
 // Multiplies x[t, h, :] (x [s_q, h_q, d]) by `f` for every head h >= 16.
 void scale_heads_from_16(Tensor& x, double f) {

@@ -16,6 +16,7 @@
 #include "dsa/reference/sparse_mla.h"
 #include "src/fp8_props_common.h"
 #include "src/props_common.h"
+#include "src/reference_wrap.h"
 
 namespace dsa::props {
 namespace {
@@ -23,34 +24,11 @@ namespace {
 using oracle::Backend;
 using oracle::Op;
 
-// Forwards every op to the reference; a mutant overrides the one it breaks.
-class Wrap : public Backend {
+// Forwards every op to the reference and claims every op; a mutant overrides the one it breaks.
+class Wrap : public ReferenceWrap {
  public:
-  explicit Wrap(std::string name) : name_(std::move(name)), ref_(oracle::make_reference_backend()) {}
-  std::string name() const override { return name_; }
+  using ReferenceWrap::ReferenceWrap;
   bool supports(Op) const override { return true; }
-  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
-    return ref_->indexer_scores(q, k, w, win);
-  }
-  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
-                                       const KeyWindows& win, const Tensor& d) override {
-    return ref_->indexer_scores_backward(q, k, w, win, d);
-  }
-  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p,
-                     const std::optional<KeyWindows>& win) override {
-    return ref_->select_topk(s, k, p, win);
-  }
-  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
-    return ref_->sparse_mla_forward(in);
-  }
-  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
-    return ref_->sparse_mla_backward(in, dout);
-  }
-  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override { return ref_->indexer_kl_loss(in); }
-
- protected:
-  std::string name_;
-  std::unique_ptr<Backend> ref_;
 };
 
 // ---- index helpers -------------------------------------------------------------------------
