@@ -134,3 +134,53 @@ TEST(OutputsOption, ForwardBesideNamedBackwardOutputs) {
 
 }  // namespace
 }  // namespace dsa::cli
+
+namespace dsa::cli {
+namespace {
+
+// `audit --unsupported` (props::SuiteOptions::unsupported): a kernel that declines
+// SPEC-mandatory cases (here every draw with an invalid id, SPEC §4, hence every empty row,
+// §6) is INCOMPLETE, exit 1, unless the user names what it leaves out; then the same audit is
+// not a failure and the report says which behaviour was not judged. Same seed both times.
+TEST(UnsupportedOption, NamedMandatoryCasesAreReportedNotIncomplete) {
+  Scratch dir("unsupported_option");
+  const std::string audit = std::string("audit --plugin ") + DSA_DECLINES_INVALID_IDS_PLUGIN +
+                            " --only smla.forward_ratio --seed 7 --json ";
+  std::string plain, named;
+  const int plain_rc = run_cli_capture(audit + dir.file("plain.json"), &plain);
+  const int named_rc = run_cli_capture(audit + dir.file("named.json") + " --unsupported invalid_ids,empty_rows", &named);
+
+  // Without it: INCOMPLETE, naming the declined behaviour and the flag that names it.
+  EXPECT_EQ(plain_rc, 1) << plain;
+  const nlohmann::json p = test::read_json(dir.file("plain.json"));
+  ASSERT_EQ(p.at("cases").size(), 1u) << p.dump(1);
+  const nlohmann::json& pc = p.at("cases").at(0);
+  EXPECT_EQ(pc.value("status", ""), "fail");
+  EXPECT_EQ(pc.value("message", "").rfind("INCOMPLETE: backend declined mandatory cases: ", 0), 0u) << pc.dump(1);
+  EXPECT_NE(pc.value("message", "").find("invalid ids"), std::string::npos) << pc.dump(1);
+  EXPECT_NE(pc.value("message", "").find("--unsupported empty_rows,invalid_ids"), std::string::npos) << pc.dump(1);
+  EXPECT_EQ(p.at("summary").value("failed", -1), 1);
+
+  // Named: no failure, nothing INCOMPLETE, and the report says what was not judged. Nearly
+  // every draw holds an invalid id, so the property is a skip and the audit ran no case
+  // (exit 2, as for any audit that judged nothing), never a pass.
+  EXPECT_EQ(named_rc, 2) << named;
+  EXPECT_EQ(named.find("INCOMPLETE"), std::string::npos) << named;
+  const nlohmann::json n = test::read_json(dir.file("named.json"));
+  ASSERT_EQ(n.at("cases").size(), 1u) << n.dump(1);
+  const nlohmann::json& nc = n.at("cases").at(0);
+  EXPECT_NE(nc.value("status", ""), "fail") << nc.dump(1);
+  EXPECT_NE(nc.value("status", ""), "pass") << nc.dump(1);
+  EXPECT_NE(nc.value("message", "").find("(not judged, named unsupported: empty_rows, invalid_ids)"), std::string::npos)
+      << nc.dump(1);
+  EXPECT_EQ(n.at("summary").value("failed", -1), 0);
+  EXPECT_NE(named.find("named unsupported: empty_rows, invalid_ids"), std::string::npos) << named;
+
+  // An unknown name is a usage error naming the flag.
+  std::string bad;
+  EXPECT_EQ(run_cli_capture(audit + dir.file("bad.json") + " --unsupported invalid_idz", &bad), 2) << bad;
+  EXPECT_NE(bad.find("--unsupported: unknown entry \"invalid_idz\""), std::string::npos) << bad;
+}
+
+}  // namespace
+}  // namespace dsa::cli

@@ -14,6 +14,8 @@
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/plugin/plugin_backend.h"
+#include "dsa/reference/sparse_mla.h"
+#include "bf16_out_kernel.h"
 #include "dsa/property_tests/suite.h"
 #include "judge.h"
 #include "route_test_util.h"
@@ -102,37 +104,25 @@ struct RouteCase {
   std::string golden, mutant;
 };
 
-class RouteIdentity : public ::testing::TestWithParam<RouteCase> {};
-
-TEST_P(RouteIdentity, EveryRouteGivesTheSameVerdictsAndBounds) {
-  const bool faulty = !GetParam().mutant.empty();
-  Scratch dir("route_identity_" + GetParam().golden + "_" + (faulty ? GetParam().mutant : "correct"));
-  const std::string golden = std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + GetParam().golden + ".safetensors";
+// Feeds the outputs of `in_process` on `golden_name` through every route: check_op in
+// process, the plugin at `plugin_path` (the same kernel through the ABI), `compare` and
+// `replay --candidate` (a candidate file), `fixtures check` (the outputs stored as expected.*).
+// Expects identical verdicts and bounds per output, verdict AGREES (or DISAGREES when
+// `faulty`) and exit codes to match. Returns the in-process reports' JSON.
+nlohmann::json expect_same_on_every_route(const std::string& scratch, const std::string& golden_name,
+                                          oracle::Backend& in_process, const std::string& plugin_path,
+                                          bool faulty) {
+  Scratch dir(scratch);
+  const std::string golden = std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + golden_name + ".safetensors";
   const fixtures::Fixture f = fixtures::load_fixture(golden);
-
-  // (a) in process and (b) through the plugin ABI: the same kernel, two ways.
-  std::unique_ptr<oracle::Backend> in_process;
-  std::string plugin_path;
-  if (faulty) {
-    for (size_t i = 0; i < props::mutant_subjects().size(); ++i)
-      if (props::mutant_subjects()[i].name == GetParam().mutant) {
-        in_process = props::mutant_subjects()[i].make();
-        plugin_path = test::mutant_plugin(i);
-      }
-    ASSERT_TRUE(in_process) << "mutant " << GetParam().mutant << " not found";
-    ASSERT_FALSE(plugin_path.empty()) << "no plugin build of " << GetParam().mutant;
-  } else {
-    in_process = oracle::make_reference_backend();
-    plugin_path = DSA_REFERENCE_PLUGIN;
-  }
   auto plugin = plugin::load_plugin(plugin_path);
   JudgeOptions judge;
   oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
-  const nlohmann::json a = reports_json(oracle::judge_fixture_ops(f, *in_process, opt));
+  const nlohmann::json a = reports_json(oracle::judge_fixture_ops(f, in_process, opt));
   const nlohmann::json b = reports_json(oracle::judge_fixture_ops(f, *plugin, opt));
 
   // The same outputs stored: a candidate file (compare, replay) and expected.* (fixtures check).
-  const auto outputs = outputs_of(*in_process, f);
+  const auto outputs = outputs_of(in_process, f);
   const std::string cand = dir.file("candidate.safetensors");
   test::write_outputs(cand, outputs);
   fixtures::Fixture as_expected = f;
@@ -149,7 +139,7 @@ TEST_P(RouteIdentity, EveryRouteGivesTheSameVerdictsAndBounds) {
   const nlohmann::json d = test::read_json(dir.file("check.json")).at("files").at(0).at("producer");
 
   const nlohmann::json want = judged_part(a);
-  ASSERT_EQ(want.size(), oracle::fixture_ops(f).size());
+  EXPECT_EQ(want.size(), oracle::fixture_ops(f).size());
   EXPECT_EQ(judged_part(b), want) << "plugin path";
   EXPECT_EQ(judged_part(c), want) << "compare";
   EXPECT_EQ(judged_part(d), want) << "fixtures check";
@@ -160,6 +150,39 @@ TEST_P(RouteIdentity, EveryRouteGivesTheSameVerdictsAndBounds) {
   EXPECT_EQ(compare_rc, want_rc);
   EXPECT_EQ(replay_rc, want_rc);
   EXPECT_EQ(check_rc, want_rc);
+  // Every route says where the backward baseline took Δ from, in the same words.
+  auto delta_notes = [](const nlohmann::json& j) {
+    std::vector<std::string> n;
+    for (const auto& op : j.at("ops"))
+      for (const auto& line : op.at("notes"))
+        if (line.get<std::string>().find("Δ") != std::string::npos) n.push_back(line.get<std::string>());
+    return n;
+  };
+  for (const auto* j : {&b, &c, &d, &e}) EXPECT_EQ(delta_notes(*j), delta_notes(a)) << j->dump(1);
+  return a;
+}
+
+class RouteIdentity : public ::testing::TestWithParam<RouteCase> {};
+
+TEST_P(RouteIdentity, EveryRouteGivesTheSameVerdictsAndBounds) {
+  const bool faulty = !GetParam().mutant.empty();
+  // The same kernel in process and through the plugin ABI.
+  std::unique_ptr<oracle::Backend> in_process;
+  std::string plugin_path;
+  if (faulty) {
+    for (size_t i = 0; i < props::mutant_subjects().size(); ++i)
+      if (props::mutant_subjects()[i].name == GetParam().mutant) {
+        in_process = props::mutant_subjects()[i].make();
+        plugin_path = test::mutant_plugin(i);
+      }
+    ASSERT_TRUE(in_process) << "mutant " << GetParam().mutant << " not found";
+    ASSERT_FALSE(plugin_path.empty()) << "no plugin build of " << GetParam().mutant;
+  } else {
+    in_process = oracle::make_reference_backend();
+    plugin_path = DSA_REFERENCE_PLUGIN;
+  }
+  expect_same_on_every_route("route_identity_" + GetParam().golden + "_" + (faulty ? GetParam().mutant : "correct"),
+                             GetParam().golden, *in_process, plugin_path, faulty);
 }
 
 // A correct and a faulty kernel on a sparse MLA (fwd+bwd, sink), an indexer (fwd+bwd) and a
@@ -173,6 +196,37 @@ INSTANTIATE_TEST_SUITE_P(Outputs, RouteIdentity,
                          [](const ::testing::TestParamInfo<RouteCase>& i) {
                            return i.param.golden + "_" + (i.param.mutant.empty() ? "correct" : i.param.mutant);
                          });
+
+// Issue 12 item 7 (F5): a correct kernel whose bf16 out is rounded its own way (one ulp off
+// round-to-nearest on every third inexact element) and whose backward takes Δ from that out
+// (SPEC §5) gets the same verdict, AGREES, and the same bounds on every route: each hands the
+// backward check the candidate's own out (its forward in process and through the plugin, the
+// stored out of the candidate file and of the fixture), judged by the forward's rule first.
+TEST(RouteIdentity, Bf16OutTakingDeltaFromItsOwnOutIsJudgedAlikeOnEveryRoute) {
+  dsa::test::Bf16OwnRoundingKernel k;
+  const fixtures::Fixture f = fixtures::load_fixture(test::golden("smla_sink"));
+  const oracle::OpCase c = oracle::op_case_from_fixture(f);
+  const Tensor own = k.sparse_mla_forward(c.mla).out;
+  ASSERT_EQ(own.dtype(), DType::BF16);
+  ASSERT_FALSE(oracle::bitwise_equal(own, reference::sparse_mla_forward(c.mla).out.to(DType::BF16)))
+      << "the kernel's out must differ from round-to-nearest, or the case shows nothing";
+  const nlohmann::json a =
+      expect_same_on_every_route("route_identity_bf16_own_rounding", "smla_sink", k, DSA_BF16_OUT_PLUGIN, false);
+  nlohmann::json bwd;
+  for (const auto& op : a.at("ops"))
+    if (op.at("op") == "sparse_mla_bwd") bwd = op;
+  ASSERT_FALSE(bwd.is_null()) << a.dump(1);
+  bool own_delta = false;
+  for (const auto& n : bwd.at("notes"))
+    own_delta |= n.get<std::string>().find("baseline takes Δ from the candidate's own BF16 out") != std::string::npos;
+  EXPECT_TRUE(own_delta) << bwd.dump(1);
+  // The out moved the baseline: without it (Δ from the baseline's own out rounded to bf16) the
+  // same gradients are judged against other baseline errors.
+  const SparseMlaGrads g = k.sparse_mla_backward(c.mla, c.dout);
+  const oracle::NamedOutputs grads = {{"dq", g.dq}, {"dkv", g.dkv}, {"dsink", *g.dsink}};
+  const nlohmann::json without = reports_json({oracle::judge_outputs(oracle::Op::SparseMlaBwd, c, grads)});
+  EXPECT_NE(judged_part(without).at(0).at("outputs"), judged_part(nlohmann::json{{"ops", {bwd}}}).at(0).at("outputs"));
+}
 
 }  // namespace
 }  // namespace dsa::cli

@@ -382,51 +382,66 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   if (!run_candidate(r, b, opt, shared_ref, [&] { return b.sparse_mla_backward(c.mla, c.dout); },
                      eq, cand))
     return r;
-  // SPEC §9: the baseline takes Δ from `out` at the candidate's precision (§5). The dtype
-  // comes from the out the route handed over, else from the candidate's own forward, else
-  // from q (§4).
+  // SPEC §9: the baseline takes Δ from `out` at the candidate's precision (§5). The candidate's
+  // own out is the one the route handed over (c.fwd_out), else the one its forward returns on
+  // this case (a candidate file's stored out, a plugin's or a built-in backend's forward run
+  // here, a Python backend's); without one, q's dtype (§4).
   const auto base_fwd_p = shared_mla_forward(c, Precision::Baseline);
   const SparseMlaForward& base_fwd = *base_fwd_p;
   DType out_dtype = c.mla.q.dtype();
-  std::optional<Tensor> delta_out;
-  bool delta_from_candidate = false;  // the candidate's own out: not shared with other backends
+  std::optional<Tensor> own_out;  // the candidate's own out, when one is known
+  std::string own_source;
   if (c.fwd_out && c.fwd_out->defined()) {
-    out_dtype = c.fwd_out->dtype();
-    // The handed-over out is used only when it is right (forward local rule); a wrong out
-    // must not move the baseline.
-    const auto ref_fwd = shared_mla_forward(c, Precision::Reference);
-    const auto ff = shared_mla_floors(c, out_dtype, /*backward=*/false);
-    const TensorCheck oc =
-        judge_tensor(to_string(Op::SparseMlaFwd), "out", *c.fwd_out, ref_fwd->out, base_fwd.out,
-                     ff->at("out"));
-    if (oc.passed) {
-      delta_out = *c.fwd_out;
-      delta_from_candidate = true;
-      r.notes.push_back(std::string("baseline takes Δ from the candidate's own ") +
-                        dtype_name(out_dtype) + " out (as handed to its backward)");
-    } else {
-      r.notes.push_back("the handed-over out fails the forward rule; baseline Δ from its own out");
-    }
+    own_out = *c.fwd_out;
+    own_source = "as handed to its backward";
   } else if (b.computes_reference()) {
     out_dtype = shared_mla_forward(c, Precision::Reference)->out.dtype();  // F64, computed once
   } else if (b.supports(Op::SparseMlaFwd)) {
     try {
       const SparseMlaForward f = b.sparse_mla_forward(c.mla);
-      if (f.out.defined() && is_floating(f.out.dtype())) out_dtype = f.out.dtype();
+      if (f.out.defined() && is_floating(f.out.dtype())) {
+        own_out = f.out;
+        own_source = "as its forward returns it on this case";
+      }
     } catch (const std::exception&) {
       // no forward to learn from: q's dtype (SPEC §4)
     }
   }
+  if (own_out) out_dtype = own_out->dtype();
+  std::optional<Tensor> delta_out;
+  bool delta_from_candidate = false;  // the candidate's own out: not shared with other backends
   if (!detail::dtype_meets_contract(out_dtype, c.mla.q.dtype())) {
     // SPEC §4: out is in q's dtype; an out narrower than q, or another 16-bit format (F16 for
     // a bf16 q), must not move the baseline (the forward check fails it).
     r.notes.push_back(std::string("the candidate's out (") + dtype_name(out_dtype) +
                       ") is not q's dtype nor wider: baseline Δ at q's dtype (SPEC §4)");
     out_dtype = c.mla.q.dtype();
-    delta_out.reset();
-    delta_from_candidate = false;
+    own_out.reset();
   }
-  if (!delta_out && out_dtype != DType::F32 && out_dtype != DType::F64) {
+  const bool out16 = out_dtype != DType::F32 && out_dtype != DType::F64;
+  if (own_out && out16) {
+    // A 16-bit out: whose rounding it is matters (one bf16 ulp of out moves Δ by about
+    // u16·|out·dout|, above the fp32 floors), so Δ comes from the candidate's own out, as its
+    // backward took it (SPEC §5). It is used only when it is right (the forward's local rule):
+    // a wrong out must not move the baseline. An fp32 or wider out differs from the baseline's
+    // own by fp32 roundings, which the baseline's error already has: Δ from the baseline's out.
+    const auto ref_fwd = shared_mla_forward(c, Precision::Reference);
+    const auto ff = shared_mla_floors(c, out_dtype, /*backward=*/false);
+    const TensorCheck oc =
+        judge_tensor(to_string(Op::SparseMlaFwd), "out", *own_out, ref_fwd->out, base_fwd.out,
+                     ff->at("out"));
+    if (oc.passed) {
+      delta_out = *own_out;
+      // The baseline's own out rounded to that dtype, bit for bit: the shared computation.
+      delta_from_candidate = !bitwise_equal(*own_out, base_fwd.out.to(out_dtype));
+      r.notes.push_back(std::string("baseline takes Δ from the candidate's own ") +
+                        dtype_name(out_dtype) + " out (" + own_source + ")");
+    } else {
+      r.notes.push_back(std::string("the candidate's own ") + dtype_name(out_dtype) + " out (" +
+                        own_source + ") fails the forward rule; baseline Δ from its own out");
+    }
+  }
+  if (!delta_out && out16) {
     delta_out = base_fwd.out.to(out_dtype);
     r.notes.push_back(std::string("baseline takes Δ from its out rounded to ") +
                       dtype_name(out_dtype) + " (the candidate's out dtype, SPEC §9)");
@@ -540,13 +555,9 @@ OpReport judge_outputs(Op op, const OpCase& c, const NamedOutputs& outputs,
   OutputsBackend b(outputs, label);
   CheckOptions o = opt;
   o.check_determinism = false;
-  if (op == Op::SparseMlaBwd && !c.fwd_out) {
-    auto it = outputs.find("out");
-    if (it != outputs.end()) {
-      OpCase with_out = c;
-      with_out.fwd_out = it->second;
-      return check_op(b, op, with_out, o);
-    }
+  // An "out" entry is served as the candidate's forward (OutputsBackend): the backward check
+  // takes it as the candidate's own out, as it takes a candidate file's.
+  if (op == Op::SparseMlaBwd && !c.fwd_out && !outputs.count("out")) {
     // The outputs hold no forward: the baseline's Δ follows q's dtype (SPEC §4).
     struct NoForward : OutputsBackend {
       using OutputsBackend::OutputsBackend;

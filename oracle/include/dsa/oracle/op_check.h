@@ -32,14 +32,16 @@ struct OpCase {
   SparseMlaInputs mla;
   Tensor dout;
   /// The forward `out` [s_q,h_q,d_v] the candidate's backward took Δ from, when a caller
-  /// hands it over. Only judge_outputs sets it (from its outputs' "out" entry); no CLI or
-  /// Python route does: compare, replay, fixtures check and audit leave it absent, even when
-  /// the candidate file or backend has its own `out` (their reports say "baseline takes Δ
-  /// from its out rounded to BF16"). When set, the backward baseline takes Δ from it if it
-  /// passes the forward's local rule, else from its own out rounded to its dtype. Absent:
-  /// the candidate's out dtype is learnt by running its forward (a candidate file: its stored
-  /// `out`; q's dtype when it has none, SPEC §4) and the baseline's own out is rounded to
-  /// that dtype (SPEC §9).
+  /// hands it over explicitly (e.g. an out kept from another call). Absent, the backward
+  /// check takes the candidate's own out from the candidate itself: its forward run on this
+  /// case (a candidate file's or fixture's stored `out` on compare, replay, fixtures check and
+  /// the Python compare; a built-in, plugin or Python backend's forward on audit and replay;
+  /// judge_outputs' "out" entry); none when it has no forward (then q's dtype, SPEC §4).
+  /// A 16-bit own out that passes the forward's local rule is the out the backward baseline
+  /// takes Δ from (SPEC §5/§9: a kernel may take Δ from its own bf16 out); one that fails it,
+  /// or is narrower than q's dtype, does not move the baseline (its own out rounded to the
+  /// candidate's out dtype). An fp32 or wider out: Δ from the baseline's own out (at that
+  /// precision already).
   std::optional<Tensor> fwd_out;
   // KL loss (§7).
   IndexerKlInputs kl;
@@ -140,9 +142,10 @@ OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOption
 using NamedOutputs = std::map<std::string, Tensor>;
 
 /// Judges given outputs of `op` on `c` exactly as check_op judges a backend's (same rule,
-/// same report; no determinism run). For SparseMlaBwd an "out" entry is the forward out the
-/// backward took Δ from (OpCase::fwd_out) unless c.fwd_out is set. `label` names the source
-/// in the report's backend field. Same errors as check_op.
+/// same report; no determinism run). For SparseMlaBwd an "out" entry is the candidate's own
+/// forward out, which the backward baseline takes Δ from as OpCase::fwd_out describes (unless
+/// c.fwd_out is set). `label` names the source in the report's backend field. Same errors as
+/// check_op.
 OpReport judge_outputs(Op op, const OpCase& c, const NamedOutputs& outputs,
                        const CheckOptions& opt = default_check_options(),
                        const std::string& label = "outputs");
