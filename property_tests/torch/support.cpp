@@ -23,6 +23,12 @@ int scaled_cases(int base_cases) {
 
 void report_property_failure(const std::string& message) { ADD_FAILURE() << message; }
 
+void require_pass(const oracle::OpReport& r) {
+  if (r.verdict == oracle::Verdict::Weak)
+    RC_DISCARD("WEAK draw redrawn (not judged, SPEC §9): " + r.op + ": " + r.reason);
+  if (r.verdict != oracle::Verdict::Pass) RC_FAIL(oracle::format_op_report(r));
+}
+
 Tensor random_normal(std::mt19937_64& rng, DType dtype, std::vector<int64_t> shape,
                      double scale) {
   Tensor t(dtype, std::move(shape));
