@@ -5,7 +5,7 @@ import time
 
 import torch
 
-from torch_backend import TorchBackend
+from torch_backend import NEG_INF, TorchBackend, _sparse_mla, valid_slots
 
 
 class TopkOnly(TorchBackend):
@@ -243,3 +243,56 @@ class DeclinesH1(TorchBackend):
         if q.shape[1] == 1:
             raise NotImplementedError("h_q 1 not supported")
         return super().sparse_mla_fwd(q, kv, indices, sm_scale, d_v, topk_length=topk_length, attn_sink=attn_sink)
+
+
+def own_rounding_bf16(x):
+    """x (float64) in bf16, rounded to the other bf16 neighbour wherever x lies within 1/16 of the
+    neighbours' gap from their midpoint: one ulp off round-to-nearest, as a kernel's own fp32
+    errors move such values across the midpoint."""
+    near = x.to(torch.bfloat16)
+    bits = near.view(torch.int16)  # sign-magnitude: bits +- 1 moves |x| by one ulp
+    other = torch.where(near.double().abs() < x.abs(), bits + 1, bits - 1).to(torch.int16).view(torch.bfloat16)
+    half_gap = (other.double() - near.double()).abs() / 2
+    flip = (x != near.double()) & torch.isfinite(other.double()) & ((x - near.double()).abs() >= half_gap * (1 - 1 / 16))
+    return torch.where(flip, other, near).contiguous()
+
+
+class Bf16OwnRounding(TorchBackend):
+    """A correct sparse MLA kernel (SPEC §4/§5) whose bf16 out is rounded its own way
+    (own_rounding_bf16) and whose backward takes Delta = out.dout from the out it is handed: its
+    own forward's (dsa_verify.Bridge runs it first, as the plugin loader does). Float64
+    otherwise; dq, dkv, dsink in fp32. The Python twin of plugin/tests/bf16_out_kernel.h."""
+    name = "bf16-own-rounding"
+
+    def sparse_mla_fwd(self, q, kv, indices, sm_scale, d_v, topk_length=None, attn_sink=None):
+        out, lse, max_logits = _sparse_mla(q.double(), kv.double(), indices, sm_scale, d_v, topk_length,
+                                           None if attn_sink is None else attn_sink.double())
+        return own_rounding_bf16(out), lse.float(), max_logits.float()
+
+    def sparse_mla_bwd(self, q, kv, indices, sm_scale, d_v, dout, out=None, lse=None, topk_length=None,
+                       attn_sink=None):
+        if out is None:
+            out = self.sparse_mla_fwd(q, kv, indices, sm_scale, d_v, topk_length, attn_sink)[0]
+        qd, kvd, gd = q.double(), kv.double(), dout.double()
+        idx, valid = valid_slots(indices, kv.shape[0], topk_length)
+        keys = kvd[torch.where(valid, idx, torch.zeros_like(idx))]
+        keys = torch.where(valid[..., None], keys, torch.zeros_like(keys))
+        logits = torch.einsum("thd,tjd->thj", qd, keys) * sm_scale
+        _, lse_v, _ = _sparse_mla(qd, kvd, indices, sm_scale, d_v, topk_length, None)
+        lse_v = torch.where(valid.any(dim=1)[:, None].expand_as(lse_v), lse_v, torch.full_like(lse_v, NEG_INF))
+        sink = None if attn_sink is None else attn_sink.double()[None, :].expand_as(lse_v)
+        L = lse_v if sink is None else torch.logaddexp(lse_v, sink)  # SPEC §5: the sink is one more logit
+        p = torch.where(valid[:, None, :].expand_as(logits), torch.exp(logits - L[..., None]), torch.zeros_like(logits))
+        g = torch.einsum("thv,tjv->thj", gd, keys[..., :d_v])
+        delta = (out.double() * gd).sum(dim=-1)  # from the out as the forward returned it
+        ds = p * (g - delta[..., None])
+        dq = sm_scale * torch.einsum("thj,tjd->thd", ds, keys)
+        dkeys = sm_scale * torch.einsum("thj,thd->tjd", ds, qd)
+        dkeys[..., :d_v] += torch.einsum("thj,thv->tjv", p, gd)
+        dkv = torch.zeros_like(kvd).index_add_(0, idx[valid], dkeys[valid])
+        grads = (dq.float().contiguous(), dkv.float().contiguous())
+        if sink is None:
+            return grads
+        p_sink = torch.where(sink == float("inf"), torch.ones_like(sink),
+                             torch.where(sink == NEG_INF, torch.zeros_like(sink), torch.exp(sink - L)))
+        return grads + ((-(p_sink * delta).sum(dim=0)).float().contiguous(),)

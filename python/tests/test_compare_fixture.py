@@ -128,3 +128,35 @@ def test_section10_fixture_kwargs_and_compare(name, op, outputs):
     bad[outputs[0]] = bad[outputs[0]] * 1.05
     r = dsa_verify.compare(fx, bad)
     assert not r.passed and outputs[0] in r.report, r.report
+
+
+def test_bf16_own_out_judged_alike_by_compare_and_replay():
+    """Issue 12 item 7 (F5) on the Python routes: a kernel whose bf16 out is rounded its own way
+    and whose backward takes Delta from that out agrees, and compare (its outputs, out next to
+    dq/dkv) and replay (the backend, its forward's out handed to its backward) judge it alike:
+    the baseline takes Delta from the candidate's own out on both, same verdicts and bounds."""
+    import backends
+    path = golden("smla_sink")
+    fx = dsa_verify.load_fixture(path)
+    b = backends.Bf16OwnRounding()
+    out, lse, max_logits = b.sparse_mla_fwd(**fx.kwargs("sparse_mla_fwd"))
+    nearest = fx.expected["out"].double().to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and not torch.equal(out, nearest), "the case must round some out the other way"
+    dq, dkv, dsink = b.sparse_mla_bwd(**fx.kwargs("sparse_mla_bwd"), out=out, lse=lse)
+    compared = dsa_verify.compare(path, {"out": out, "lse": lse, "max_logits": max_logits,
+                                         "dq": dq, "dkv": dkv, "dsink": dsink})
+    replayed = dsa_verify._core.replay_fixture(dsa_verify.Bridge(b), path)
+    assert compared.passed, compared.report
+    assert replayed["exit"] == 0, replayed["report"]
+    own = "baseline takes Δ from the candidate's own BF16 out"
+    for ops in (compared.ops, replayed["ops"]):
+        bwd = next(o for o in ops if o["op"] == "sparse_mla_bwd")
+        assert any(own in n for n in bwd["notes"]), bwd["notes"]
+    # Same judgement: per op the verdict, worst ratio and every output's line with its bound
+    # (the first line names the source, "candidate-outputs" or the backend; replay also runs a
+    # backend twice for determinism, a file is one set of bytes).
+    def judged(details):
+        return [ln for ln in details.splitlines()[1:] if not ln.startswith("  determinism")]
+    for c, r in zip(compared.ops, replayed["ops"]):
+        assert (c["op"], c["verdict"], c["worst_ratio"]) == (r["op"], r["verdict"], r["worst_ratio"])
+        assert judged(c["details"]) == judged(r["details"])
