@@ -177,6 +177,39 @@ TEST(LocalRule, Bf16OutBackwardFollowsTheCandidatesPrecision) {
   EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, o).verdict, Verdict::Fail);
 }
 
+// F5: the candidate's own out moves the backward baseline only when it passes the forward's
+// local rule: an out 50% off is ignored (a note says so) and the gradients are judged exactly
+// as with no out at all (the baseline's own out rounded to the candidate's bf16).
+TEST(LocalRule, AWrongOwnOutDoesNotMoveTheBackwardBaseline) {
+  OpCase c;
+  c.mla.q = Tensor::from_f64({1, 1, 4}, {0.8125, -1.25, 0.5, 2.0}).to(DType::BF16);
+  c.mla.kv = Tensor::from_f64({1, 4}, {1.3671875, 0.71875, -0.4453125, 0.9140625}).to(DType::BF16);
+  c.mla.indices = Tensor::from_i32({1, 1}, {0});
+  c.mla.attn_sink = Tensor::from_f64({1}, {0.3}).to(DType::F32);
+  c.mla.sm_scale = 0.5;
+  c.mla.d_v = 3;
+  c.dout = Tensor::from_f64({1, 1, 3}, {0.7, 1.1, -0.45}).to(DType::F32);
+  Bf16OutBackend b;
+  const SparseMlaGrads g = b.sparse_mla_backward(c.mla, c.dout);
+  NamedOutputs grads{{"dq", g.dq}, {"dkv", g.dkv}, {"dsink", *g.dsink}};
+  const OpReport without = judge_outputs(Op::SparseMlaBwd, c, grads);
+  NamedOutputs wrong = grads;
+  wrong["out"] = scaled(b.sparse_mla_forward(c.mla).out, 1.5);
+  CheckOptions only_out;
+  only_out.provided_outputs = std::set<std::string>{"out"};
+  ASSERT_EQ(judge_outputs(Op::SparseMlaFwd, c, wrong, only_out).verdict, Verdict::Fail);
+  const OpReport r = judge_outputs(Op::SparseMlaBwd, c, wrong);
+  EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
+  bool noted = false;
+  for (const auto& n : r.notes) noted |= n.find("fails the forward rule; baseline Δ from its own out") != std::string::npos;
+  EXPECT_TRUE(noted) << format_op_report(r);
+  ASSERT_EQ(r.tensors.size(), without.tensors.size());
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    EXPECT_EQ(r.tensors[i].baseline_err, without.tensors[i].baseline_err) << r.tensors[i].name;
+    EXPECT_EQ(r.tensors[i].bound, without.tensors[i].bound) << r.tensors[i].name;
+  }
+}
+
 // F4: a FlashAttention/FlashMLA/TileLang-style backward rounds dS = P∘(dP - Δ) to bf16 before
 // dq = sm·dS·K (fp32 accumulation, dq returned in fp32). Its dq must pass: the bound's 16-bit
 // term for that rounding is min(u16 Σ_j b_j|kv_jc|, 3.5 u16 sqrt(Σ_j (b_j kv_jc)^2))
