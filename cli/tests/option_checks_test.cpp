@@ -159,6 +159,9 @@ TEST(UnsupportedOption, NamedMandatoryCasesAreReportedNotIncomplete) {
   EXPECT_EQ(pc.value("message", "").rfind("INCOMPLETE: backend declined mandatory cases: ", 0), 0u) << pc.dump(1);
   EXPECT_NE(pc.value("message", "").find("invalid ids"), std::string::npos) << pc.dump(1);
   EXPECT_NE(pc.value("message", "").find("--unsupported empty_rows,invalid_ids"), std::string::npos) << pc.dump(1);
+  // The plugin's own reason reaches the report (after its name, path and op).
+  EXPECT_NE(pc.value("message", "").find("DSA_STATUS_UNSUPPORTED: invalid ids not supported"), std::string::npos)
+      << pc.dump(1);
   EXPECT_EQ(p.at("summary").value("failed", -1), 1);
 
   // Named: no failure, nothing INCOMPLETE, and the report says what was not judged. Nearly

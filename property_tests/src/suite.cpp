@@ -293,7 +293,10 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
       throw;
     }
     if (!why.empty()) {
-      if (counting) ++reasons[why.substr(0, 160)];
+      // Up to 400 characters: a plugin's reason follows its name, path and op ("plugin 'x'
+      // (/path/libx.so): sparse_mla_fwd: plugin returned DSA_STATUS_UNSUPPORTED: <its message>"),
+      // which 160 characters cut off under a long build path.
+      if (counting) ++reasons[why.substr(0, 400)];
       tally(true, declared_limitation(why));
       RC_DISCARD("declined by the backend: " + why);
     }
