@@ -89,10 +89,18 @@ std::vector<Tolerance> build_table() {
          "FP8 tensor-core accumulation (~14 bits, DeepSeek-V3 report §3.3.2): lambda x 2^10 "
          "(2^-14 instead of 2^-24 per addition)",
          kLambda16Grad, 1024.0);
-  rows("sparse_mla_fp8_fwd", "out", "kv dequantized to q's dtype (FlashMLA), then as sparse_mla_fwd out",
-       kLambda16);
-  rows("sparse_mla_fp8_fwd", "lse", "as sparse_mla_fwd lse on the dequantized kv");
-  rows("sparse_mla_fp8_fwd", "max_logits", "as sparse_mla_fwd max_logits on the dequantized kv");
+  // FP8 sparse MLA baseline (fp8_check.cpp): kv dequantized to the working dtype, and with a
+  // 16-bit one also with each tile scale rounded to it first (FlashMLA: fp8 -> bf16 times
+  // the scale in bf16 arithmetic, kv = fl16(fp8·fl16(s))): one relative error ε_T common to
+  // the tile's 128 values (coherent, exactly given by the bytes; 0 for UE8M0 scales) plus one
+  // more rounding per element. E_row per (t, h) is the larger of the two baselines' errors.
+  const std::string fp8_kv =
+      "kv dequantized to the working dtype, with the tile scales exact and rounded to it "
+      "(FlashMLA: fl16(fp8·fl16(scale)), a coherent ε per 128-value tile and one rounding per "
+      "element), E_row the larger of the two baselines' per row; ";
+  rows("sparse_mla_fp8_fwd", "out", fp8_kv + "then as sparse_mla_fwd out", kLambda16);
+  rows("sparse_mla_fp8_fwd", "lse", fp8_kv + "then as sparse_mla_fwd lse");
+  rows("sparse_mla_fp8_fwd", "max_logits", fp8_kv + "then as sparse_mla_fwd max_logits");
   return t;
 }
 

@@ -26,6 +26,8 @@
 #include <set>
 #include <sstream>
 
+#include "dsa/fixtures/fixture.h"
+#include "dsa/fixtures/fp8_fixture.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/oracle/tolerances.h"
@@ -288,6 +290,7 @@ void require_perturbations_fail(Op op, const OpCase& c, const NamedOutputs& cand
   CheckOptions allow;
   allow.allow_weak = true;
   for (const auto& t : r.tensors) {
+    if (!cand.count(t.name)) continue;  // a poisoned re-run's copy ("out[NaN unread tokens]")
     const Tensor& base = cand.at(t.name);
     std::vector<int64_t> rows;
     for (size_t i = 0; i < t.row_weak.size(); ++i)
@@ -806,6 +809,64 @@ RC_GTEST_PROP(Detection, GeneratedFp8SmlaCasesHaveNoWeakRows, ()) {
       if (t.weak_rows > 0)
         RC_FAIL("WEAK rows in a generated FP8 sparse MLA case (" + std::string(dtype_name(od)) +
                 " out): " + fc.desc + "\n" + format_op_report(r));
+  }
+}
+
+// Sparse MLA over the FP8 cache (SPEC §10), detection and false alarms: draw_smla_fp8_case
+// draws (amax or power-of-two tile scales, half each). (b) A correct FlashMLA-style FP8 decode
+// kernel passes (props::flashmla_fp8_forward: e4m3 → bf16, times the tile scale rounded to
+// bf16 in bf16 arithmetic, P rounded to bf16 before P·V, fp32 accumulation, bf16 out), and so
+// does the same kernel with the fp32 scale. (a) The float64 reference rounded to bf16 (out)
+// and fp32 (lse, max_logits), and to fp32 everywhere, perturbed by δ = θ(1 + 2^-6) of the row
+// scale in one element or one whole non-WEAK row, FAILS (require_perturbations_fail).
+RC_GTEST_PROP(Detection, Fp8SmlaPerturbationsFailFlashMlaControlsPass, ()) {
+  const int level = *rc::gen::element(0, 1);
+  props::set_generation_level(level);
+  const props::SmlaFp8Case fc = props::draw_smla_fp8_case();
+  props::set_generation_level(0);
+  OpCase c;
+  c.mla_fp8 = fc.in;
+  CheckOptions allow;
+  allow.allow_weak = true;  // WEAK rows are counted (GeneratedFp8SmlaCasesHaveNoWeakRows fails them)
+  const bool amax = fc.desc.find(" amax ") != std::string::npos;
+  for (bool bf16_scale : {true, false}) {
+    const std::string key = std::string(bf16_scale ? "flashmla-fp8-bf16scale" : "flashmla-fp8-fp32scale") +
+                            (amax ? " amax" : " pow2");
+    const OpReport r = judge_outputs(Op::SparseMlaFp8Fwd, c, named_fwd(props::flashmla_fp8_forward(fc.in, bf16_scale)),
+                                     allow, key);
+    record("false-alarm " + key, r);
+    if (r.verdict != Verdict::Pass) RC_FAIL(fc.desc + "\n" + format_op_report(r));
+  }
+  const SparseMlaForward rf = reference::sparse_mla_fp8_forward(fc.in);
+  for (DType od : {DType::BF16, DType::F32}) {
+    const SparseMlaForward cf{rf.out.to(od), rf.lse.to(DType::F32), rf.max_logits.to(DType::F32)};
+    const NamedOutputs nf = named_fwd(cf);
+    const OpReport r = judge_outputs(Op::SparseMlaFp8Fwd, c, nf, allow, "rounded-reference");
+    record("detection-fp8", r);
+    if (r.verdict != Verdict::Pass) RC_FAIL(fc.desc + "\n" + format_op_report(r));
+    require_perturbations_fail(Op::SparseMlaFp8Fwd, c, nf, named_fwd(rf), r, "detection-fp8");
+  }
+}
+
+// The smla_fp8_decode golden (amax tile scales): both FlashMLA-style controls AGREE without
+// --allow-weak (no WEAK row, every element within its bound). Before the second baseline
+// (fp8_check.cpp, fp8_scale_rounded_problem) the bf16-scale kernel failed lse (7.4x) and
+// max_logits (14.5x its bound).
+TEST(Detection, Fp8GoldenFlashMlaControlsAgree) {
+  const fixtures::Fixture f =
+      fixtures::load_fixture(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/smla_fp8_decode.safetensors");
+  OpCase c;
+  c.mla_fp8 = fixtures::sparse_mla_fp8_inputs(f, "smla_fp8_decode");
+  for (bool bf16_scale : {true, false}) {
+    const OpReport r = judge_outputs(Op::SparseMlaFp8Fwd, c,
+                                     named_fwd(props::flashmla_fp8_forward(c.mla_fp8, bf16_scale)), {},
+                                     bf16_scale ? "flashmla-fp8-bf16scale" : "flashmla-fp8-fp32scale");
+    EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
+    for (const auto& t : r.tensors)
+      std::printf("detection: golden smla_fp8_decode %s %s: worst err/bound %.3g, largest bound/rowscale %.3g "
+                  "(%s: rho x E_row %.3g + floor %.3g + rounding %.3g, row scale %.3g)\n",
+                  r.backend.c_str(), t.name.c_str(), t.worst, t.weakest, t.at_weakest.where.c_str(),
+                  t.at_weakest.rho_e_row, t.at_weakest.floor_acc, t.at_weakest.floor_round, t.weakest_scale);
   }
 }
 

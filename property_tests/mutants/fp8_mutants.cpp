@@ -1,5 +1,6 @@
 // Mutants of the SPEC §10 inference ops, each imitating one fault (named in the comment
 // above it). They wrap the reference backend and implement only the §10 ops.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/paged_indexer.h"
 #include "dsa/reference/sparse_mla.h"
+#include "dsa/property_tests/fp8_generators.h"
 #include "dsa/reference/sparse_mla_fp8.h"
 #include "src/fp8_props_common.h"
 
@@ -148,6 +150,99 @@ class ScaleAfterRelu : public Fp8Wrap {
   }
 };
 
+// ---- control: a correct FlashMLA-style FP8 decode kernel (false-alarm check) -------------
+
+// FlashMLA's FP8 sparse decode (SPEC §10): e4m3 → bf16 (exact), times the tile scale in bf16
+// arithmetic (the scale rounded to bf16, the product rounded to bf16) when `scale_in_bf16`,
+// else times the fp32 scale rounded once to bf16; bf16 q·kv products summed in fp32 (blocks
+// of 64, as MMA k-slices), P = exp(logit - max) rounded to bf16 before P·V, fp32
+// accumulation, out / Σ exp in bf16, lse and max_logits in fp32.
+SparseMlaForward flashmla_fp8_forward_impl(const SparseMlaFp8Inputs& in, bool scale_in_bf16) {
+  const int64_t s_q = in.q.size(0), h_q = in.q.size(1), k = in.indices.size(-1);
+  const int64_t tokens = cache_tokens(in.kv_cache);
+  constexpr int64_t D = kMlaFp8Dqk, DV = kMlaFp8NopeDim;
+  auto bf = [](double x) { return static_cast<double>(bf16_to_float(double_to_bf16(x))); };
+  std::vector<double> out(static_cast<size_t>(s_q * h_q * DV), 0.0);
+  std::vector<double> lse(static_cast<size_t>(s_q * h_q), INFINITY), mx(lse.size(), -INFINITY);
+  std::vector<float> kv;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = in.topk_length ? std::min<int64_t>(k, in.topk_length->get(t)) : k;
+    std::vector<int64_t> ids;
+    for (int64_t j = 0; j < len; ++j) {
+      const double id = in.indices.get(t * k + j);
+      if (id >= 0 && id < static_cast<double>(tokens)) ids.push_back(static_cast<int64_t>(id));
+    }
+    const size_t n = ids.size();
+    if (n == 0) continue;  // SPEC §6: out 0, lse +inf, max_logits -inf
+    kv.assign(n * static_cast<size_t>(D), 0.0f);
+    for (size_t j = 0; j < n; ++j) {
+      const MlaFp8TokenView tok(in.kv_cache.data<uint8_t>() + ids[j] * kMlaFp8TokenBytes);
+      for (int64_t c = 0; c < D; ++c) {
+        double v;
+        if (c < DV) {
+          const double s = tok.tile_scale(c / kMlaFp8TileSize);
+          v = bf(fp8_to_double(tok.nope_byte(c), Fp8Format::E4M3FN) * (scale_in_bf16 ? bf(s) : s));
+        } else {
+          v = tok.value(c);  // bf16 RoPE
+        }
+        kv[j * D + static_cast<size_t>(c)] = static_cast<float>(v);
+      }
+    }
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t row = t * h_q + h;
+      std::vector<float> P(n), e(n);
+      for (size_t j = 0; j < n; ++j) {
+        float acc = 0;
+        for (int64_t b = 0; b < D; b += 64) {
+          float part = 0;
+          for (int64_t c = b; c < std::min<int64_t>(D, b + 64); ++c)
+            part += static_cast<float>(in.q.get(row * D + c)) * kv[j * D + static_cast<size_t>(c)];
+          acc += part;
+        }
+        P[j] = static_cast<float>(in.sm_scale) * acc;
+      }
+      const float m = *std::max_element(P.begin(), P.end());
+      float S = 0;
+      for (size_t j = 0; j < n; ++j) S += (e[j] = std::exp(P[j] - m));
+      const float L0 = m + std::log(S);
+      float r = 1.0f;
+      if (in.attn_sink) {
+        const float sk = static_cast<float>(in.attn_sink->get(h));
+        if (sk == INFINITY) r = 0.0f;
+        else if (sk != -INFINITY) r = 1.0f / (1.0f + std::exp(sk - L0));
+      }
+      lse[static_cast<size_t>(row)] = L0;
+      mx[static_cast<size_t>(row)] = m;
+      for (int64_t c = 0; c < DV; ++c) {
+        float acc = 0;
+        for (size_t j = 0; j < n; ++j)
+          acc += static_cast<float>(bf(e[j])) * kv[j * D + static_cast<size_t>(c)];
+        out[static_cast<size_t>(row * DV + c)] = acc / S * r;
+      }
+    }
+  }
+  SparseMlaForward f;
+  f.out = Tensor::from_f64({s_q, h_q, DV}, out).to(DType::BF16);
+  f.lse = Tensor::from_f64({s_q, h_q}, lse).to(DType::F32);
+  f.max_logits = Tensor::from_f64({s_q, h_q}, mx).to(DType::F32);
+  return f;
+}
+
+class FlashMlaFp8Control final : public Fp8Wrap {
+ public:
+  explicit FlashMlaFp8Control(bool scale_in_bf16)
+      : Fp8Wrap(scale_in_bf16 ? "control_flashmla_fp8_bf16_scale" : "control_flashmla_fp8_fp32_scale"),
+        scale_in_bf16_(scale_in_bf16) {}
+  bool supports(Op op) const override { return op == Op::SparseMlaFp8Fwd; }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    reference::gather_sparse_mla_fp8(in);  // the reference's argument checks (bad scales, ids)
+    return flashmla_fp8_forward_impl(in, scale_in_bf16_);
+  }
+
+ private:
+  bool scale_in_bf16_;
+};
+
 template <class M>
 Subject fp8_mutant(const std::string& fault, const std::string& focus) {
   Subject s;
@@ -159,6 +254,21 @@ Subject fp8_mutant(const std::string& fault, const std::string& focus) {
 }
 
 }  // namespace
+
+SparseMlaForward flashmla_fp8_forward(const SparseMlaFp8Inputs& in, bool scale_in_bf16) {
+  return flashmla_fp8_forward_impl(in, scale_in_bf16);
+}
+
+std::vector<Subject> fp8_control_subjects() {
+  std::vector<Subject> out;
+  for (bool bf16_scale : {true, false}) {
+    Subject s;
+    s.make = [bf16_scale] { return std::unique_ptr<Backend>(new FlashMlaFp8Control(bf16_scale)); };
+    s.name = s.make()->name();
+    out.push_back(s);
+  }
+  return out;
+}
 
 std::vector<Subject> fp8_mutant_subjects() {
   return {

@@ -983,6 +983,7 @@ std::vector<Subject> control_subjects() {
   ftz.make = [] { return std::unique_ptr<Backend>(new FlushToZeroControl()); };
   ftz.name = ftz.make()->name();
   out.push_back(ftz);
+  for (auto& c : fp8_control_subjects()) out.push_back(std::move(c));  // FlashMLA-style FP8
   return out;
 }
 

@@ -14,5 +14,9 @@ void add_fp8_properties(std::vector<Property>& out);
 /// Mutants of the §10 ops (tile scales swapped, a block read past the context, next_n rows
 /// sharing one window, k scale after ReLU with negative scales accepted, RoPE read as FP8).
 std::vector<Subject> fp8_mutant_subjects();
+/// Correct FP8 kernels for the false-alarm run (control_subjects()): the FlashMLA-style FP8
+/// decode kernel with the tile scale rounded to bf16 and with the fp32 scale
+/// (flashmla_fp8_forward, fp8_generators.h).
+std::vector<Subject> fp8_control_subjects();
 
 }  // namespace dsa::props

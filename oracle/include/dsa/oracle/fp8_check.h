@@ -22,7 +22,9 @@ OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOpti
 /// slot reads overwritten by 0xFF bytes (NaN values, NaN scales, NaN RoPE) and slots past
 /// topk_length pointed at such tokens; out, lse, max_logits judged for both. The baseline
 /// dequantizes kv (fp8 · scale) to the candidate's working dtype (its out dtype: bf16 for a
-/// FlashMLA-style kernel, else fp32), SPEC §9; E_row per (t, h). §10, §4-§6.
+/// FlashMLA-style kernel, else fp32), SPEC §9; with a 16-bit working dtype and tile scales
+/// not exact in it, also with the scales rounded to it (fp8_scale_rounded_problem), and E_row
+/// per (t, h) is the larger of the two baselines' errors. §10, §4-§6.
 OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOptions& opt = {});
 
 /// The poisoned variants used above (exposed for tests and mutants).
@@ -33,6 +35,16 @@ PagedIndexerInputs poison_paged_table_ids(const PagedIndexerInputs& in);
 PagedIndexerInputs poison_paged_nan_blocks(const PagedIndexerInputs& in);
 /// Every token no valid slot reads → 0xFF bytes; slots past topk_length → such a token.
 SparseMlaFp8Inputs poison_unread_tokens(const SparseMlaFp8Inputs& in);
+
+/// The §4 problem a FlashMLA-style kernel solves on the FP8 cache: the tokens valid slots
+/// read (as reference::gather_sparse_mla_fp8), kv = fl16(fp8 · fl16(scale)) in `work` (tile
+/// scale rounded to `work`, then the exact product rounded once; RoPE as given), ids
+/// remapped. `changed` (optional) is set false when every read scale is exact in `work`
+/// (powers of two), in which case kv equals the baseline's fl16(fp8 · scale). `work`: BF16 or
+/// F16 (std::invalid_argument naming 'work' otherwise); other errors as
+/// reference::gather_sparse_mla_fp8. Used as the second baseline of
+/// check_sparse_mla_fp8_forward (SPEC §9: the baseline at the candidate's precision, §10).
+SparseMlaInputs fp8_scale_rounded_problem(const SparseMlaFp8Inputs& in, DType work, bool* changed = nullptr);
 
 /// Term magnitude of the FP8 indexer scores: H_I·d_I·max|w|·max|q|·max over read keys of
 /// |k|·k_scale (decoded values). SPEC §10.

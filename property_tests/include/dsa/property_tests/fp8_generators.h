@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dsa/contract/fp8_op_types.h"
+#include "dsa/contract/op_types.h"
 
 namespace dsa::props {
 
@@ -38,5 +39,13 @@ struct SmlaFp8Case {
   std::string desc;
 };
 SmlaFp8Case draw_smla_fp8_case();
+
+/// A correct FlashMLA-style FP8 sparse decode kernel (a control, mutants/fp8_mutants.cpp):
+/// e4m3 → bf16, times the tile scale rounded to bf16 in bf16 arithmetic when `scale_in_bf16`
+/// (else the fp32 scale, product rounded once to bf16), bf16 products summed in fp32, P
+/// rounded to bf16 before P·V, fp32 accumulation. Returns out BF16 [s_q,h_q,512], lse and
+/// max_logits F32 [s_q,h_q] (natural log; SPEC §6 values on empty rows). Reads only tokens
+/// valid slots address; inputs as SparseMlaFp8Inputs (SPEC §10), q BF16; no argument checks.
+SparseMlaForward flashmla_fp8_forward(const SparseMlaFp8Inputs& in, bool scale_in_bf16);
 
 }  // namespace dsa::props
