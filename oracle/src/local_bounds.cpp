@@ -187,8 +187,10 @@ void dq_two_slot_terms(size_t w, const DqSlot& s0, const DqSlot& s1, double* __r
 
 // dkv: one slot's terms for the columns of its key row (q, |q|, |sm||q|, dout (0 past d_v),
 // |dout| of the slot's query row and head).
+// bdS = |sm|·b(dS_j), bp = b(p_j): the half-ulp binades (binade16) of dS_j and p_j rounded to
+// the 16-bit dtype before dkv.
 struct DkvSlot {
-  double pj, own, indj, k1, k2, k3, k4, smdS, omp, dupf1, nDelta;
+  double pj, own, indj, k1, k2, k3, k4, smdS, omp, dupf1, nDelta, bdS, bp;
   bool tiny;
 };
 // nDelta of the fp32-work variant (sparse_mla_floors_and_f32): no 16-bit out, δΔ16 = 0.
@@ -197,8 +199,8 @@ void dkv_slot_terms(size_t w, const DkvSlot& x, const double* __restrict q,
                     const double* __restrict qc, const double* __restrict aqc,
                     const double* __restrict dc, const double* __restrict adc,
                     double* __restrict indep, double* __restrict comm, double* __restrict nsum,
-                    double* __restrict nsum_b, double* __restrict val, double* __restrict abs_,
-                    double* __restrict nsq, double* __restrict terms) {
+                    double* __restrict nsum_b, double* __restrict nr1, double* __restrict nr2,
+                    double* __restrict val, double* __restrict abs_, double* __restrict terms) {
   constexpr double u = kU32;
   const double pj = x.pj, own = x.own, indj = x.indj, k1 = x.k1, k2 = x.k2, k3 = x.k3,
                k4 = x.k4, smdS = x.smdS, omp = x.omp, dupf1 = x.dupf1, nDelta = x.nDelta;
@@ -215,7 +217,8 @@ void dkv_slot_terms(size_t w, const DkvSlot& x, const double* __restrict q,
     const double term1 = smdS * q[i], term2 = pj * dc[i];
     val[i] += term1 + term2;
     abs_[i] += dupf1 * (std::abs(term1) + std::abs(term2));
-    nsq[i] += term1 * term1 + term2 * term2;
+    nr1[i] += x.bdS * qc[i];
+    nr2[i] += x.bp * adc[i];
     terms[i] += k3 * qc[i] + std::abs(term2);
   }
 }
@@ -291,11 +294,11 @@ template <int NH, unsigned kTiny, bool kB>
 void dkv_single_slot(size_t w, const DkvSlot* xs, const double* const* qs, const double* const* dcs,
                      double asm_, double* __restrict val, double* __restrict abs_,
                      double* __restrict nsq, double* __restrict terms, double* __restrict q2,
-                     double* __restrict n2, double* __restrict n2b) {
+                     double* __restrict n2, double* __restrict n2b, double* __restrict nab) {
   constexpr double u = kU32;
   for (size_t i = 0; i < w; ++i) {
     double v1 = val[i], v2 = abs_[i], v3 = nsq[i], v4 = terms[i], v5 = q2[i], v6 = n2[i];
-    double v7 = kB ? n2b[i] : 0.0;
+    double v7 = kB ? n2b[i] : 0.0, v8 = nab[i];
     for (int a = 0; a < NH; ++a) {
       const DkvSlot& x = xs[a];
       const double q = qs[a][i], qc = std::abs(q), aqc = asm_ * qc, dc = dcs[a][i],
@@ -305,9 +308,11 @@ void dkv_single_slot(size_t w, const DkvSlot* xs, const double* const* qs, const
       const double cm = 0.0 + (aqc * x.pj * x.k1 + adc * x.k2);
       const double ns = 0.0 + aqc * x.pj * x.nDelta;
       const double term1 = x.smdS * q, term2 = x.pj * dc;
+      const double r1 = 0.0 + x.bdS * qc, r2 = 0.0 + x.bp * adc;
       v1 += term1 + term2;
       v2 += x.dupf1 * (std::abs(term1) + std::abs(term2));
-      v3 += term1 * term1 + term2 * term2;
+      v3 += r1 * r1 + r2 * r2;
+      v8 += r1 + r2;
       v4 += x.k3 * qc + std::abs(term2);
       v5 += (in_ + cm) * (in_ + cm);
       v6 += ns * ns;
@@ -317,6 +322,7 @@ void dkv_single_slot(size_t w, const DkvSlot* xs, const double* const* qs, const
       }
     }
     if (kB) n2b[i] = v7;
+    nab[i] = v8;
     val[i] = v1;
     abs_[i] = v2;
     nsq[i] = v3;
@@ -329,23 +335,25 @@ void dkv_single_slot(size_t w, const DkvSlot* xs, const double* const* qs, const
 template <int NH, bool kB>
 void dkv_single_slot_tiny(unsigned mask, size_t w, const DkvSlot* xs, const double* const* qs,
                           const double* const* dcs, double asm_, double* val, double* abs_,
-                          double* nsq, double* terms, double* q2, double* n2, double* n2b) {
+                          double* nsq, double* terms, double* q2, double* n2, double* n2b,
+                          double* nab) {
   switch (mask) {
-    case 0: return dkv_single_slot<NH, 0, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
-    case 1: return dkv_single_slot<NH, 1, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
-    case 2: return dkv_single_slot<NH, 2, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
-    default: return dkv_single_slot<NH, 3, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
+    case 0: return dkv_single_slot<NH, 0, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b, nab);
+    case 1: return dkv_single_slot<NH, 1, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b, nab);
+    case 2: return dkv_single_slot<NH, 2, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b, nab);
+    default: return dkv_single_slot<NH, 3, kB>(w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b, nab);
   }
 }
 // n2b: the fp32-work variant's Σ nsum² (null when not computed).
 template <int NH>
 void dkv_single_slot_any(size_t w, const DkvSlot* xs, const double* const* qs,
                          const double* const* dcs, double asm_, double* val, double* abs_,
-                         double* nsq, double* terms, double* q2, double* n2, double* n2b) {
+                         double* nsq, double* terms, double* q2, double* n2, double* n2b,
+                          double* nab) {
   unsigned mask = 0;
   for (int a = 0; a < NH; ++a) mask |= xs[a].tiny ? 1u << a : 0u;
-  if (n2b) return dkv_single_slot_tiny<NH, true>(mask, w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
-  dkv_single_slot_tiny<NH, false>(mask, w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b);
+  if (n2b) return dkv_single_slot_tiny<NH, true>(mask, w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b, nab);
+  dkv_single_slot_tiny<NH, false>(mask, w, xs, qs, dcs, asm_, val, abs_, nsq, terms, q2, n2, n2b, nab);
 }
 
 void require(bool ok, const char* where, const char* arg, const std::string& got,
@@ -627,6 +635,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   const std::vector<double> sink = in.attn_sink ? in.attn_sink->to_f64() : std::vector<double>{};
   const double u = kU32, un = is_narrow(work_dtype) ? unit_roundoff(work_dtype) : 0.0;
   const double hq = quadrature16();  // λ of the 16-bit rounding sums (tolerances.cpp)
+  const bool work_f16 = work_dtype == DType::F16;
   const bool fb = also_f32 && un > 0;  // also the fp32-work variant
   const double sm = in.sm_scale, asm_ = std::abs(in.sm_scale);
   const double sdqk = std::sqrt(static_cast<double>(dqk)), sdv = std::sqrt(static_cast<double>(dv));
@@ -653,7 +662,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   fl.underflow_source = "tiny logit dots (2d_qk + 1) max(1,|sm|), exps below 2^-120, n + 1 adds";
   fm.underflow_source = "tiny logit dots (2d_qk + 1) max(1,|sm|)";
   OutputFloor fdq, fdkv, fds;
-  std::vector<double> kv_q2, kv_val, kv_abs, kv_n2, kv_nsq;
+  std::vector<double> kv_q2, kv_val, kv_abs, kv_n2, kv_nsq, kv_nab;
   std::vector<int64_t> kv_n;
   std::vector<double> sk_q2, sk_val, sk_abs, sk_n2, sk_uf2;
   std::vector<int64_t> sk_n;
@@ -680,9 +689,13 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     if (un > 0) {
       for (OutputFloor* f : {&fdq, &fdkv, &fds})
         f->source += " + u16 terms (Δ from the 16-bit out, dS in the working dtype)";
+      fdkv.source += "; dS_j, p_j rounded before dkv: u16 min(Σ b(dS_j)|sm q_c| + b(p_j)|dout_c|, "
+                     "3.5 sqrt(Σ (b(dS_j) sm q_c)^2 + (b(p_j) dout_c)^2)) over (t,h,j→s), b(x) = "
+                     "2^floor(log2|x|) (half an ulp = u16 b), a key's slots in a row coherent "
+                     "(Higham & Mary 2019; 3.5: sub-Gaussian tail 2.1e-8)";
     }
     kv_q2.assign(static_cast<size_t>(s_kv * dqk), 0.0);
-    kv_val = kv_abs = kv_n2 = kv_nsq = kv_q2;
+    kv_val = kv_abs = kv_n2 = kv_nsq = kv_nab = kv_q2;
     kv_n.assign(static_cast<size_t>(s_kv), 0);
     sk_q2.assign(static_cast<size_t>(h_q), 0.0);
     sk_val = sk_abs = sk_n2 = sk_uf2 = sk_q2;
@@ -1203,7 +1216,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   auto dkv_pass = [&](const std::vector<MlaRowData>& rows, int64_t t0, size_t nrows, size_t c0,
                       size_t c1) {
     const size_t w = c1 - c0;
-    std::vector<double> indep(w), comm(w), nsum(w), nsum_b(fb ? w : 0);
+    std::vector<double> indep(w), comm(w), nsum(w), nsum_b(fb ? w : 0), nr1(w), nr2(w);
     // per head of row t, columns [c0, c1): |q_c|, |sm||q_c|, dout_c (0 past d_v), |dout_c|
     std::vector<double> qv(H * w), qa(H * w), aq(H * w), dcv(H * w), adc(H * w);
     for (size_t b = 0; b < nrows; ++b) {
@@ -1235,6 +1248,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         double* __restrict v_q2 = &kv_q2[s * DQK + c0];
         double* __restrict v_n2 = &kv_n2[s * DQK + c0];
         double* __restrict v_n2b = fb ? &kv_n2b[s * DQK + c0] : nullptr;
+        double* __restrict v_nab = &kv_nab[s * DQK + c0];
         double* __restrict in_ = indep.data();
         double* __restrict cm = comm.data();
         double* __restrict ns = nsum.data();
@@ -1253,6 +1267,8 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           sl.omp = 1 - sl.pj;
           sl.dupf1 = 1 + R.dupf;
           sl.nDelta = R.nDelta[h];
+          sl.bdS = un > 0 ? asm_ * binade16(R.dS[x], work_f16) : 0.0;
+          sl.bp = un > 0 ? binade16(sl.pj, work_f16) : 0.0;
           sl.tiny = sl.pj > 0 && sl.pj < kTiny32;
           return sl;
         };
@@ -1267,24 +1283,24 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
                                     &dcv[(h + 3) * w]};
             if (v_n2b)
               dkv_single_slot<4, 0, true>(w, xs, qs, dcs, asm_, v_val, v_abs, v_nsq, v_terms, v_q2,
-                                          v_n2, v_n2b);
+                                          v_n2, v_n2b, v_nab);
             else
               dkv_single_slot<4, 0, false>(w, xs, qs, dcs, asm_, v_val, v_abs, v_nsq, v_terms, v_q2,
-                                           v_n2, v_n2b);
+                                           v_n2, v_n2b, v_nab);
           }
           for (; h + 2 <= H; h += 2) {
             const DkvSlot xs[2] = {slot_of(h, g0), slot_of(h + 1, g0)};
             const double* qs[2] = {&qv[h * w], &qv[(h + 1) * w]};
             const double* dcs[2] = {&dcv[h * w], &dcv[(h + 1) * w]};
             dkv_single_slot_any<2>(w, xs, qs, dcs, asm_, v_val, v_abs, v_nsq, v_terms, v_q2, v_n2,
-                                   v_n2b);
+                                   v_n2b, v_nab);
           }
           for (; h < H; ++h) {
             const DkvSlot xs[1] = {slot_of(h, g0)};
             const double* qs[1] = {&qv[h * w]};
             const double* dcs[1] = {&dcv[h * w]};
             dkv_single_slot_any<1>(w, xs, qs, dcs, asm_, v_val, v_abs, v_nsq, v_terms, v_q2, v_n2,
-                                   v_n2b);
+                                   v_n2b, v_nab);
           }
           g0 = g1;
           continue;
@@ -1299,14 +1315,19 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           std::fill(cm, cm + w, 0.0);
           std::fill(ns, ns + w, 0.0);
           std::fill(nsum_b.begin(), nsum_b.end(), 0.0);
+          std::fill(nr1.begin(), nr1.end(), 0.0);
+          std::fill(nr2.begin(), nr2.end(), 0.0);
           for (size_t gi = g0; gi < g1; ++gi) {
             const DkvSlot sl = slot_of(h, gi);
             dkv_slot_terms(w, sl, q, qc, aqc, dc, adcc, in_, cm, ns, fb ? nsum_b.data() : nullptr,
-                           v_val, v_abs, v_nsq, v_terms);
+                           nr1.data(), nr2.data(), v_val, v_abs, v_terms);
           }
           for (size_t i = 0; i < w; ++i) {
             v_q2[i] += (in_[i] + cm[i]) * (in_[i] + cm[i]);
             v_n2[i] += ns[i] * ns[i];
+            // the slots of one key in this row carry the same dS_j and p_j: coherent
+            v_nsq[i] += nr1[i] * nr1[i] + nr2[i] * nr2[i];
+            v_nab[i] += nr1[i] + nr2[i];
             if (fb) v_n2b[i] += nsum_b[i] * nsum_b[i];
           }
         }
@@ -1389,7 +1410,12 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       for (int64_t c = 0; c < dqk; ++c) {
         const size_t e = static_cast<size_t>(s * dqk + c);
         fdkv.acc[e] = std::sqrt(kv_q2[e]) + u * (sm_n * std::abs(kv_val[e]) + kv_abs[e]);
-        fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::sqrt(kv_nsq[e]);
+        // dS_j and p_j rounded to the 16-bit dtype before dkv += sm·dS_j q + p_j dout
+        // (FlashAttention/FlashMLA/TileLang backward): |δ| <= u16 b (b the half-ulp binade),
+        // independent over (row, key), the slots of one key in a row coherent:
+        // u16 min(Σ b|term|, quadrature16() sqrt(Σ (b term)^2)) as dq's dS term (Higham &
+        // Mary 2019's model; tolerances.cpp quadrature16: 2.1e-8 tail)
+        fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::min(kv_nab[e], hq * std::sqrt(kv_nsq[e]));
         if (kv_tiny[e]) fdkv.underflow[e] += adds(2 * static_cast<double>(kv_n[static_cast<size_t>(s)]));
         if (fb) fdkv_nb[e] = std::sqrt(kv_n2b[e]) + 0.0 * std::sqrt(kv_nsq[e]);
       }

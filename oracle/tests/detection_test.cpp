@@ -148,7 +148,10 @@ enum class Order { Reversed, Blocked };
 // backward; F4, tolerances.cpp quadrature16), dq in the out dtype. Returned in fp32 instead, dq
 // failed by 1.0009x at RC seed 12002, level 2: the candidate's Δ differs from the baseline's by
 // one-ulp flips of the bf16 out, a term still in quadrature with constant 1 (docs, Limits).
-enum class Style { Fp32, FlashMla, FlashDq };
+// FlashBwd: the whole FlashAttention-style kernel (F4): P rounded before P·V, bf16 out, Δ from
+// it, dS rounded before dq and dkv, P (exp(P - L), fp32) rounded before dkv += Pᵀ·dout; dq in
+// the out dtype (as FlashDq), dkv and dsink fp32.
+enum class Style { Fp32, FlashMla, FlashDq, FlashBwd };
 
 float sum_ordered(const std::vector<float>& t, Order o) {
   float s = 0;
@@ -221,7 +224,9 @@ KernelOut other_kernel(const OpCase& c, Order order, Style style, DType out_dtyp
       for (int64_t cc = 0; cc < dv; ++cc) {
         terms.assign(n, 0.0f);
         for (size_t j = 0; j < n; ++j) {
-          const float pj = style == Style::FlashMla ? static_cast<float>(round_to(e[j], DType::BF16)) : e[j];
+          const float pj = style == Style::FlashMla || style == Style::FlashBwd
+                               ? static_cast<float>(round_to(e[j], DType::BF16))
+                               : e[j];
           terms[j] = pj * static_cast<float>(KV[static_cast<size_t>(ids[j] * d + cc)]);
         }
         o[static_cast<size_t>(cc)] = sum_ordered(terms, order) / S * r;
@@ -245,14 +250,19 @@ KernelOut other_kernel(const OpCase& c, Order order, Style style, DType out_dtyp
       for (int64_t x = 0; x < d; ++x) {
         terms.assign(n, 0.0f);
         for (size_t j = 0; j < n; ++j)
-          terms[j] = (style == Style::FlashDq ? static_cast<float>(round_to(dS[j], DType::BF16)) : dS[j]) *
+          terms[j] = (style == Style::FlashDq || style == Style::FlashBwd
+                          ? static_cast<float>(round_to(dS[j], DType::BF16))
+                          : dS[j]) *
                      static_cast<float>(KV[static_cast<size_t>(ids[j] * d + x)]);
         dq[static_cast<size_t>(row * d + x)] = sm * sum_ordered(terms, order);
       }
       for (size_t jj = n; jj-- > 0;) {  // scatter in reverse slot order
+        const bool r16 = style == Style::FlashBwd;  // P and dS rounded before dkv
+        const float dSk = r16 ? static_cast<float>(round_to(dS[jj], DType::BF16)) : dS[jj];
+        const float pk = r16 ? static_cast<float>(round_to(p[jj], DType::BF16)) : p[jj];
         for (int64_t x = 0; x < d; ++x) {
-          float g = sm * dS[jj] * static_cast<float>(Q[static_cast<size_t>(row * d + x)]);
-          if (x < dv) g += p[jj] * static_cast<float>(dO[static_cast<size_t>(row * dv + x)]);
+          float g = sm * dSk * static_cast<float>(Q[static_cast<size_t>(row * d + x)]);
+          if (x < dv) g += pk * static_cast<float>(dO[static_cast<size_t>(row * dv + x)]);
           dkv[static_cast<size_t>(ids[jj] * d + x)] += g;
         }
       }
@@ -346,12 +356,13 @@ RC_GTEST_PROP(Detection, SparseMlaPerturbationsFailOtherOrdersPass, ()) {
   allow.allow_weak = true;
   // (b) correct outputs computed another way pass
   for (Order order : {Order::Reversed, Order::Blocked}) {
-    for (Style style : {Style::Fp32, Style::FlashMla, Style::FlashDq}) {
+    for (Style style : {Style::Fp32, Style::FlashMla, Style::FlashDq, Style::FlashBwd}) {
       if (style != Style::Fp32 && od != DType::BF16) continue;
       const KernelOut k = other_kernel(c, order, style, od);
       const std::string key = std::string(style == Style::FlashMla ? "flashmla-bf16"
                                           : style == Style::FlashDq ? "flash-dq-bf16"
-                                                                    : "fp32-") +
+                                          : style == Style::FlashBwd ? "flash-bwd-bf16"
+                                                                     : "fp32-") +
                               (order == Order::Reversed ? "reversed" : "blocked");
       const OpReport f = judge_outputs(Op::SparseMlaFwd, c, named_fwd(k.fwd), allow, key);
       record("false-alarm " + key, f);

@@ -100,7 +100,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
   OutputFloor fm = make(s_q * h_q, 1, "u·e_j of the keys within their error of the max");
   CaseFloors outf;
   OutputFloor fdq, fdkv, fds;
-  std::vector<double> kv_q2, kv_val, kv_abs, kv_n2, kv_nsq;
+  std::vector<double> kv_q2, kv_val, kv_abs, kv_n2, kv_nsq, kv_nab;
   std::vector<int64_t> kv_n;
   std::vector<double> sk_q2, sk_val, sk_abs, sk_n2;
   std::vector<int64_t> sk_n;
@@ -118,9 +118,13 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
     if (un > 0) {
       for (OutputFloor* f : {&fdq, &fdkv, &fds})
         f->source += " + u16 terms (Δ from the 16-bit out, dS in the working dtype)";
+      fdkv.source += "; dS_j, p_j rounded before dkv: u16 min(Σ b(dS_j)|sm q_c| + b(p_j)|dout_c|, "
+                     "3.5 sqrt(Σ (b(dS_j) sm q_c)^2 + (b(p_j) dout_c)^2)) over (t,h,j→s), b(x) = "
+                     "2^floor(log2|x|) (half an ulp = u16 b), a key's slots in a row coherent "
+                     "(Higham & Mary 2019; 3.5: sub-Gaussian tail 2.1e-8)";
     }
     kv_q2.assign(static_cast<size_t>(s_kv * dqk), 0.0);
-    kv_val = kv_abs = kv_n2 = kv_nsq = kv_q2;
+    kv_val = kv_abs = kv_n2 = kv_nsq = kv_nab = kv_q2;
     kv_n.assign(static_cast<size_t>(s_kv), 0);
     sk_q2.assign(static_cast<size_t>(h_q), 0.0);
     sk_val = sk_abs = sk_n2 = sk_q2;
@@ -334,7 +338,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
           const size_t e = static_cast<size_t>(s * dqk + c);
           const double qc = std::abs(q[c]);
           const double dc = c < dv ? dorow[c] : 0.0;
-          double indep = 0, comm = 0, nsum = 0;  // all linear within one key's slots
+          double indep = 0, comm = 0, nsum = 0, r1 = 0, r2 = 0;  // linear within one key's slots
           for (size_t gi = g0; gi < g1; ++gi) {
             const size_t j = order[gi];
             const double own = E[j] + C[j];
@@ -348,11 +352,19 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
             const double term1 = sm * dS[j] * q[c], term2 = p[j] * dc;
             kv_val[e] += term1 + term2;
             kv_abs[e] += (1 + dupf) * (std::abs(term1) + std::abs(term2));
-            kv_nsq[e] += term1 * term1 + term2 * term2;
+            // dS_j, p_j rounded to 16 bits before dkv: half an ulp is u16 times the binade
+            if (un > 0) {
+              const bool f16 = work_dtype == DType::F16;
+              r1 += asm_ * half_ulp_binade(dS[j], f16) * qc;
+              r2 += half_ulp_binade(p[j], f16) * std::abs(dc);
+            }
             fdkv.terms[e] += asm_ * p[j] * (Gv[j] + D) * qc + std::abs(term2);
           }
           kv_q2[e] += (indep + comm) * (indep + comm);
           kv_n2[e] += nsum * nsum;
+          // one key's slots in the row are coherent
+          kv_nsq[e] += r1 * r1 + r2 * r2;
+          kv_nab[e] += r1 + r2;
         }
         g0 = g1;
       }
@@ -386,7 +398,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       for (int64_t c = 0; c < dqk; ++c) {
         const size_t e = static_cast<size_t>(s * dqk + c);
         fdkv.acc[e] = std::sqrt(kv_q2[e]) + u * (sm_n * std::abs(kv_val[e]) + kv_abs[e]);
-        fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::sqrt(kv_nsq[e]);
+        fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::min(kv_nab[e], quadrature16() * std::sqrt(kv_nsq[e]));
       }
     }
     for (int64_t h = 0; h < h_q; ++h) {

@@ -3,6 +3,7 @@
 // missing outputs, and the bf16-out backward that must pass.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -268,6 +269,82 @@ TEST(LocalRule, FlashStyleDqWithBf16DsPasses) {
       o["dq"] = scaled(o["dq"], 1.02);
       EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, o, allow).verdict, Verdict::Fail);
     }
+  }
+}
+
+// F4: the whole FlashAttention/FlashMLA/TileLang-style backward: P = exp(S - L) and dS =
+// P∘(dP - Δ) rounded to bf16 before dkv += sm·dSᵀ·Q + Pᵀ·dout and dS before dq = sm·dS·K (Δ from
+// the bf16 out; dq, dkv in fp32). Keys selected by one row, by several rows and twice in a row
+// (coherent duplicates). Its outputs must AGREE: the dkv bound's 16-bit term is
+// u16 min(Σ b|term|, 3.5 sqrt(Σ (b term)^2)) over the key's (row, head, slot) terms (with
+// constant 1 on sqrt(Σ term^2), before, the tester's FlashMLA-style kernel failed dkv at 1.12x
+// and 1.56x). The same dkv with one key row moved by θ(1 + 2^-6) of its row scale must FAIL.
+TEST(LocalRule, FlashStyleDkvWithBf16PAndDsPasses) {
+  const int64_t s_q = 6, h_q = 3, d = 24, dv = 16, s_kv = 40, k = 12;
+  const double sm = 0.3;
+  for (uint32_t seed = 1; seed <= 8; ++seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> uni(-1.0, 1.0);
+    std::vector<double> q(static_cast<size_t>(s_q * h_q * d)), kv(static_cast<size_t>(s_kv * d)),
+        dout(static_cast<size_t>(s_q * h_q * dv));
+    for (auto& x : q) x = uni(rng);
+    for (auto& x : kv) x = uni(rng);
+    for (auto& x : dout) x = uni(rng);
+    // row t selects keys 5t..5t+10 (neighbours share keys), slot k-1 repeats slot 0
+    std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t j = 0; j < k; ++j)
+        ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(j == k - 1 ? 5 * t : (5 * t + j) % s_kv);
+    OpCase c;
+    c.mla.q = Tensor::from_f64({s_q, h_q, d}, q).to(DType::BF16);
+    c.mla.kv = Tensor::from_f64({s_kv, d}, kv).to(DType::BF16);
+    c.mla.indices = Tensor::from_i32({s_q, k}, ids);
+    c.mla.sm_scale = sm;
+    c.mla.d_v = dv;
+    c.dout = Tensor::from_f64({s_q, h_q, dv}, dout).to(DType::F32);
+    const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
+    const Tensor out16 = f.out.to(DType::BF16);
+    const std::vector<double> Q = c.mla.q.to_f64(), KV = c.mla.kv.to_f64(), O = out16.to_f64(),
+                              L = f.lse.to_f64(), G = c.dout.to_f64();
+    auto bf16 = [](double x) { return Tensor::from_f64({1}, {x}).to(DType::BF16).get(0); };
+    // the products and sums in double: only the 16-bit roundings differ from the reference
+    std::vector<double> dq(static_cast<size_t>(s_q * h_q * d), 0.0), dkv(static_cast<size_t>(s_kv * d), 0.0);
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t h = 0; h < h_q; ++h) {
+        const int64_t row = t * h_q + h;
+        double delta = 0;
+        for (int64_t cc = 0; cc < dv; ++cc) delta += O[static_cast<size_t>(row * dv + cc)] * G[static_cast<size_t>(row * dv + cc)];
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t key = ids[static_cast<size_t>(t * k + j)];
+          double logit = 0, gj = 0;
+          for (int64_t x = 0; x < d; ++x) logit += Q[static_cast<size_t>(row * d + x)] * KV[static_cast<size_t>(key * d + x)];
+          for (int64_t cc = 0; cc < dv; ++cc) gj += G[static_cast<size_t>(row * dv + cc)] * KV[static_cast<size_t>(key * d + cc)];
+          const double p = std::exp(sm * logit - L[static_cast<size_t>(row)]);
+          const double dS16 = bf16(p * (gj - delta)), p16 = bf16(p);
+          for (int64_t x = 0; x < d; ++x) {
+            dq[static_cast<size_t>(row * d + x)] += sm * dS16 * KV[static_cast<size_t>(key * d + x)];
+            dkv[static_cast<size_t>(key * d + x)] += sm * dS16 * Q[static_cast<size_t>(row * d + x)] +
+                                                    (x < dv ? p16 * G[static_cast<size_t>(row * dv + x)] : 0.0);
+          }
+        }
+      }
+    NamedOutputs o{{"out", out16}, {"dq", Tensor::from_f64({s_q, h_q, d}, dq).to(DType::F32)},
+                   {"dkv", Tensor::from_f64({s_kv, d}, dkv).to(DType::F32)}};
+    const OpReport r = judge_outputs(Op::SparseMlaBwd, c, o, CheckOptions{}, "flash-style backward");
+    EXPECT_EQ(r.verdict, Verdict::Pass) << "seed " << seed << "\n" << format_op_report(r);
+    // key row 5 (selected by rows 0 and 1, twice by row 1) moved by θ(1 + 2^-6) of its scale
+    const auto dkv_check = std::find_if(r.tensors.begin(), r.tensors.end(),
+                                        [](const TensorCheck& tc) { return tc.name == "dkv"; });
+    ASSERT_NE(dkv_check, r.tensors.end());
+    const int64_t key = 5;
+    const double amount = dkv_check->theta * (1 + 0x1p-6) * dkv_check->row_scale[static_cast<size_t>(key)];
+    ASSERT_GT(amount, 0.0);
+    // moved from the float64 truth (Δ from the exact out), which the judge measures
+    std::vector<double> bad = dkv;
+    const std::vector<double> exact = reference::sparse_mla_backward(c.mla, c.dout).dkv.to_f64();
+    for (int64_t x = 0; x < d; ++x) bad[static_cast<size_t>(key * d + x)] = exact[static_cast<size_t>(key * d + x)] + amount;
+    o["dkv"] = Tensor::from_f64({s_kv, d}, bad).to(DType::F32);
+    EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, o, CheckOptions{}).verdict, Verdict::Fail) << "seed " << seed;
   }
 }
 
