@@ -96,7 +96,10 @@ static std::string op_result(const oracle::OpReport& r, bool producer) {
       if (list.empty()) return "agree";
       return "partial: " + list + (producer ? " not stored, not judged" : " not judged");
     case oracle::Verdict::Skip:
-      if (producer) return "skip: " + (list.empty() ? std::string("no output") : list) + " not stored";
+      // A producer that stores none of the op's outputs; a check that judged nothing (an
+      // empty case) says so in its reason.
+      if (producer && r.reason.rfind("judged nothing", 0) != 0)
+        return "skip: " + (list.empty() ? std::string("no output") : list) + " not stored";
       return "skip: " + r.reason;
     case oracle::Verdict::Weak: return "WEAK";
     case oracle::Verdict::Incomplete: return "INCOMPLETE";
@@ -109,7 +112,8 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
                        bool verbose, const JudgeOptions& judge) {
   int code = kExitOk;
   std::vector<std::string> files;
-  if (fs::is_directory(path)) {
+  const bool dir = fs::is_directory(path);
+  if (dir) {
     std::vector<std::string> problems = verify_checksums(path);
     for (const auto& p : problems) std::printf("checksum: %s\n", p.c_str());
     if (!problems.empty() && problems[0].find("not verified") == std::string::npos) code = kExitUsage;
@@ -131,6 +135,14 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     backends.push_back(std::move(b));
   }
 
+  // Each row and JSON entry names its file (relative to the checked directory; the file name
+  // for a single file): two files may hold the same case name.
+  auto shown_name = [&](const std::string& file) {
+    return dir ? fs::path(file).lexically_relative(path).string() : fs::path(file).filename().string();
+  };
+  int width = 28;
+  for (const auto& file : files) width = std::max<int>(width, static_cast<int>(shown_name(file).size()));
+
   size_t pass = 0, partial = 0, fail = 0, skip = 0, errors = 0;
   std::vector<std::string> summary;
   const oracle::CheckOptions opt = check_options(judge, /*file_route=*/false);
@@ -146,22 +158,22 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
   std::vector<FileResult> results(files.size());
   auto judge_file = [&](int64_t i) {
     const std::string& file = files[static_cast<size_t>(i)];
+    const std::string shown = shown_name(file);
     FileResult& out = results[static_cast<size_t>(i)];
     // One row per op of the fixture and candidate: a fwd+bwd file whose producer stores only
     // the forward shows the backward as skip, never as part of an agree.
     // A file that cannot be read or judged: ERROR (unreadable input, exit 2), named by its path.
-    auto error_row = [&](const std::string& name, const std::string& op, const std::string& who) {
+    auto error_row = [&](const std::string& op, const std::string& who) {
       char line[1024];
-      std::snprintf(line, sizeof line, "%-28s %-24s %-16s %s", name.c_str(), op.c_str(), who.c_str(),
+      std::snprintf(line, sizeof line, "%-*s %-24s %-16s %s", width, shown.c_str(), op.c_str(), who.c_str(),
                     "ERROR: unreadable input (the error above)");
       out.rows.emplace_back(line, "ERROR");
     };
-    auto rows = [&](const fixtures::Fixture& f, const std::string& who,
-                    const std::vector<oracle::OpReport>& reports, bool producer) {
+    auto rows = [&](const std::string& who, const std::vector<oracle::OpReport>& reports, bool producer) {
       for (const auto& r : reports) {
         const std::string word = op_result(r, producer);
-        char line[768];
-        std::snprintf(line, sizeof line, "%-28s %-24s %-16s %s", f.case_name.c_str(), r.op.c_str(),
+        char line[1024];
+        std::snprintf(line, sizeof line, "%-*s %-24s %-16s %s", width, shown.c_str(), r.op.c_str(),
                       who.c_str(), word.c_str());
         out.rows.emplace_back(line, word.substr(0, word.find(':')));
       }
@@ -180,8 +192,8 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
       const std::string line = msg.rfind(file, 0) == 0 ? msg : file + ": " + msg;
       out.text += "error: " + line + "\n";
       out.usage_error = true;
-      error_row(file, "-", "-");
-      out.json = nlohmann::json{{"path", file}, {"error", line}};
+      error_row("-", "-");
+      out.json = nlohmann::json{{"path", file}, {"file", shown}, {"error", line}};
       return;
     }
     {  // the producer's stored ids may be a representation its file does not declare
@@ -190,8 +202,9 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     }
     const bool producer_ok = r.passed();
     if (verbose || !producer_ok) out.text += oracle::format_fixture_report(r) + "\n";
-    rows(f, "producer", r.producer_vs_reference, true);
-    nlohmann::json jf = {{"path", file}, {"case", f.case_name}, {"producer", reports_json(r.producer_vs_reference)},
+    rows("producer", r.producer_vs_reference, true);
+    nlohmann::json jf = {{"path", file}, {"file", shown}, {"case", f.case_name},
+                         {"producer", reports_json(r.producer_vs_reference)},
                          {"backends", nlohmann::json::object()}};
     for (auto& b : backends) {
       std::vector<oracle::OpReport> reports;
@@ -201,14 +214,14 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
         const std::string msg = e.what();
         out.text += "error: " + (msg.rfind(file, 0) == 0 ? msg : file + ": " + msg) + "\n";
         out.usage_error = true;
-        error_row(file, "-", b->name());
+        error_row("-", b->name());
         jf["backends"][b->name()] = nlohmann::json{{"error", msg}};
         continue;
       }
       const oracle::Verdict v = oracle::overall_verdict(reports);
       if (verbose || (v != oracle::Verdict::Pass && v != oracle::Verdict::Skip))
         for (const auto& rep : reports) out.text += oracle::format_op_report(rep);
-      rows(f, b->name(), reports, false);
+      rows(b->name(), reports, false);
       jf["backends"][b->name()] = reports_json(reports);
     }
     out.json = std::move(jf);
@@ -229,14 +242,15 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
   parallel_ordered(static_cast<int64_t>(files.size()), judge_file, print_file);
   if (!judge.json_path.empty())
     write_text_file(judge.json_path, nlohmann::json{{"files", json_files}}.dump(2) + "\n");
-  std::printf("\nfixtures check %s\n%-28s %-24s %-16s %s\n", path.c_str(), "case", "op", "judged", "result");
+  std::printf("\nfixtures check %s\n%-*s %-24s %-16s %s\n", path.c_str(), width, "file", "op", "judged", "result");
   for (const auto& s : summary) std::printf("%s\n", s.c_str());
   std::printf("\nfixtures: %zu agree, %zu partial, %zu disagree, %zu skipped, %zu unreadable (rows: one "
               "per op and candidate; an unreadable file is one row, exit 2)\n", pass, partial, fail, skip, errors);
   // Nothing judged (every row a skip) is not a pass, as in the audit.
   if (code == kExitOk && pass + partial + fail + errors == 0) {
     std::fprintf(stderr, "dsa-verify: error: fixtures check %s judged nothing: every row was skipped "
-                 "(no stored outputs and no backend that runs the op)\n", path.c_str());
+                 "(no stored outputs, no backend that runs the op, or nothing to judge: the reasons are in the rows)\n",
+                 path.c_str());
     return kExitUsage;
   }
   return code;

@@ -9,11 +9,13 @@
 #include <fstream>
 #include <sstream>
 
+#include "dsa/contract/errors.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/candidate_backend.h"
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/plugin/plugin_backend.h"
+#include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
 #include "bf16_out_kernel.h"
 #include "dsa/property_tests/suite.h"
@@ -105,7 +107,8 @@ struct RouteCase {
 };
 
 // Feeds the outputs of `in_process` on `golden_name` through every route: check_op in
-// process, the plugin at `plugin_path` (the same kernel through the ABI), `compare` and
+// process, the plugin at `plugin_path` (the same kernel through the ABI; "": a kernel with no
+// plugin build, that route is left out), `compare` and
 // `replay --candidate` (a candidate file), `fixtures check` (the outputs stored as expected.*).
 // Expects identical verdicts and bounds per output, verdict AGREES (or DISAGREES when
 // `faulty`) and exit codes to match. Returns the in-process reports' JSON.
@@ -115,11 +118,11 @@ nlohmann::json expect_same_on_every_route(const std::string& scratch, const std:
   Scratch dir(scratch);
   const std::string golden = std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + golden_name + ".safetensors";
   const fixtures::Fixture f = fixtures::load_fixture(golden);
-  auto plugin = plugin::load_plugin(plugin_path);
   JudgeOptions judge;
   oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
   const nlohmann::json a = reports_json(oracle::judge_fixture_ops(f, in_process, opt));
-  const nlohmann::json b = reports_json(oracle::judge_fixture_ops(f, *plugin, opt));
+  const nlohmann::json b =
+      plugin_path.empty() ? a : reports_json(oracle::judge_fixture_ops(f, *plugin::load_plugin(plugin_path), opt));
 
   // The same outputs stored: a candidate file (compare, replay) and expected.* (fixtures check).
   const auto outputs = outputs_of(in_process, f);
@@ -159,6 +162,13 @@ nlohmann::json expect_same_on_every_route(const std::string& scratch, const std:
     return n;
   };
   for (const auto* j : {&b, &c, &d, &e}) EXPECT_EQ(delta_notes(*j), delta_notes(a)) << j->dump(1);
+  // and gives the same reasons (a failure's first words, a skip's why)
+  auto reasons = [](const nlohmann::json& j) {
+    std::vector<std::string> r;
+    for (const auto& op : j.at("ops")) r.push_back(op.at("reason").get<std::string>());
+    return r;
+  };
+  for (const auto* j : {&b, &c, &d, &e}) EXPECT_EQ(reasons(*j), reasons(a)) << j->dump(1);
   return a;
 }
 
@@ -226,6 +236,48 @@ TEST(RouteIdentity, Bf16OutTakingDeltaFromItsOwnOutIsJudgedAlikeOnEveryRoute) {
   const oracle::NamedOutputs grads = {{"dq", g.dq}, {"dkv", g.dkv}, {"dsink", *g.dsink}};
   const nlohmann::json without = reports_json({oracle::judge_outputs(oracle::Op::SparseMlaBwd, c, grads)});
   EXPECT_NE(judged_part(without).at(0).at("outputs"), judged_part(nlohmann::json{{"ops", {bwd}}}).at(0).at("outputs"));
+}
+
+// A KL kernel whose loss has the shape `shape` (the float64 reference's values otherwise).
+class LossShapeKernel : public oracle::Backend {
+ public:
+  explicit LossShapeKernel(std::vector<int64_t> shape) : shape_(std::move(shape)) {}
+  std::string name() const override { return "loss-shape"; }
+  bool supports(oracle::Op op) const override { return op == oracle::Op::IndexerKlLoss; }
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlResult r = reference::indexer_kl_loss(in);
+    r.loss = r.loss.reshaped(shape_);
+    return r;
+  }
+
+ private:
+  std::vector<int64_t> shape_;
+};
+
+// SPEC §7 (issue 12, one rule): the loss is one number, and [] (a 0-dim tensor, torch's usual
+// loss) and [1] are one representation. A correct kernel returning a 0-dim loss AGREES with the
+// same bounds on every route (in process, compare and replay of a candidate file, fixtures check
+// of the outputs stored as expected.*; the plugin ABI hands the loss over as [1]), as the Python
+// audit and compare do (python/tests/test_compare_fixture.py).
+TEST(RouteIdentity, ZeroDimLossAgreesAlikeOnEveryRoute) {
+  LossShapeKernel k(std::vector<int64_t>{});
+  const nlohmann::json a =
+      expect_same_on_every_route("route_identity_loss_0dim", "kl_dense_causal", k, DSA_REFERENCE_PLUGIN, false);
+  EXPECT_EQ(a.at("verdict"), "AGREES") << a.dump(1);
+}
+
+// Any other shape of the loss ([1, 1], [1, 1, 1]) is a shape error on every route, with the
+// same message naming the shapes accepted; never reshaped into a pass on one route only.
+TEST(RouteIdentity, OtherLossShapesFailAlikeOnEveryRoute) {
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{1, 1}, std::vector<int64_t>{1, 1, 1}}) {
+    LossShapeKernel k(shape);
+    const nlohmann::json a = expect_same_on_every_route("route_identity_loss_" + std::to_string(shape.size()) + "d",
+                                                        "kl_dense_causal", k, "", true);
+    EXPECT_NE(a.at("ops").at(0).at("reason").get<std::string>().find(
+                  "loss: shape " + shape_str(shape) + ", expected [1] or []"),
+              std::string::npos)
+        << a.dump(1);
+  }
 }
 
 }  // namespace

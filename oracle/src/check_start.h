@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "dsa/contract/dtype.h"
+#include "dsa/contract/errors.h"
 #include "dsa/oracle/backend.h"
 #include "dsa/oracle/local_bounds.h"
 #include "dsa/oracle/op_check.h"
@@ -145,14 +146,31 @@ inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string
     return;
   }
   if (!cand.defined()) {
-    r.mark(Verdict::Incomplete, name + label + ": not returned by the candidate (SPEC §9: every "
-                                               "output is judged unless the provided outputs are named)");
+    // Every missing output is named, not only the first (the reason lists them all).
+    r.missing.push_back(name + label);
+    std::string list;
+    for (const auto& n : r.missing) list += (list.empty() ? "" : ", ") + n;
+    const std::string why = list + ": not returned by the candidate (SPEC §9: every output is "
+                                   "judged unless the provided outputs are named)";
+    if (r.verdict == Verdict::Incomplete && r.missing.size() > 1) r.reason = why;
+    else r.mark(Verdict::Incomplete, why);
     return;
   }
   if ((name == "scores" || name == "lse" || name == "max_logits") &&
       narrower_than_contract(r, name, label, cand, DType::F32))
     return;
-  TensorCheck c = judge_tensor(row, name, cand, ref, base, floor);
+  // The loss is one number: [1] and [] are one representation on every route (SPEC §7,
+  // scalar_loss_shape); another shape fails here, naming both.
+  Tensor judged = cand;
+  std::string shape_error;
+  if (name == "loss") {
+    if (scalar_loss_shape(cand.shape())) judged = cand.reshaped({1});
+    else
+      shape_error = "shape " + shape_str(cand.shape()) +
+                    ", expected [1] or [] (SPEC §7: the loss is one number, a 0-dim tensor or one element)";
+  }
+  TensorCheck c = judge_tensor(row, name, judged, ref, base, floor);
+  if (!shape_error.empty() && !c.metrics.shape_ok) c.message = shape_error;
   c.name = name + label;
   if (!c.passed) r.fail(c.name + ": " + c.message);
   if (c.passed && c.weak_rows > 0) {
@@ -165,6 +183,32 @@ inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string
     else r.mark(Verdict::Weak, why);
   }
   r.tensors.push_back(std::move(c));
+}
+
+/// SPEC §9 "a pass must be able to fail": a check of op `op` that passed without judging one
+/// element judged nothing, and is a Skip naming why, never a Pass: the provided outputs name
+/// none that this case defines (e.g. --outputs dsink on a case without attn_sink), or every
+/// output judged has 0 elements (an empty case, s_q = 0 or k = 0: no evidence). `elements`:
+/// elements judged outside r.tensors (top-k's ids); -1 counts r.tensors only. Every check
+/// returns through this (op_check.cpp, fp8_check.cpp). Throws nothing.
+inline OpReport settle_judged_nothing(OpReport r, const CheckOptions& opt, Op op, int64_t elements = -1) {
+  if (r.verdict != Verdict::Pass) return r;
+  int64_t judged = elements < 0 ? 0 : elements;
+  for (const auto& t : r.tensors) judged += t.metrics.numel;
+  if (judged > 0) return r;
+  std::string provided, defined;
+  if (opt.provided_outputs)
+    for (const auto& n : *opt.provided_outputs) provided += (provided.empty() ? "" : ", ") + n;
+  r.verdict = Verdict::Skip;
+  if (!r.not_judged.empty() && r.tensors.empty()) {
+    for (const auto& n : r.not_judged) defined += (defined.empty() ? "" : ", ") + n;
+    r.reason = std::string("judged nothing: ") + to_string(op) + ": the provided outputs (" + provided +
+               ") are not defined for this case (not provided: " + defined + ")";
+  } else {
+    r.reason = std::string("judged nothing: ") + to_string(op) +
+               ": every output judged has 0 elements (an empty case, s_q = 0 or k = 0, holds no evidence)";
+  }
+  return r;
 }
 
 }  // namespace dsa::oracle::detail

@@ -34,9 +34,15 @@ T param(const Fixture& f, const char* key) {
                                      f.params[key].dump());
   }
 }
+// A param that changes the judgement (top-k's tie_break and sorted, the KL loss's mode and
+// coeff) has no default: a missing one is an input error naming it and its allowed values,
+// never a guess (a missing tie_break read as `any` accepted ids a `small` golden forbids).
 template <class T>
-T param_or(const Fixture& f, const char* key, T fallback) {
-  return f.params.contains(key) ? param<T>(f, key) : fallback;
+T judged_param(const Fixture& f, const char* key, const std::string& allowed, const std::string& spec) {
+  if (!f.params.contains(key))
+    throw FileError(label_of(f), std::string("missing param '") + key + "' of op " + f.op + ", expected " +
+                                     allowed + " (" + spec + "; it changes the judgement, so it has no default)");
+  return param<T>(f, key);
 }
 
 // An integer parameter in [lo, hi]: a non-integral number (16.5, 1e12 beyond hi) is an error
@@ -131,8 +137,9 @@ OpCase op_case_unchecked(const Fixture& f) {
                       k_max == 2147483647 ? " (SPEC §3: int32 ids)"
                                           : " (SPEC §3 allows up to 2^31 - 1; the output [s_q = " +
                                                 std::to_string(s_q) + ", k] is held to 2^30 ids)");
-      c.policy.tie_break = parse_tie_break(param_or<std::string>(f, "tie_break", "any"));
-      c.policy.sorted = param_or<bool>(f, "sorted", true);
+      c.policy.tie_break =
+          parse_tie_break(judged_param<std::string>(f, "tie_break", "\"any\", \"small\" or \"large\"", "SPEC §3"));
+      c.policy.sorted = judged_param<bool>(f, "sorted", "true or false", "SPEC §3");
       if (find(f.inputs, "ks") && find(f.inputs, "ke"))
         c.topk_windows = windows_of(f, c.scores.size(0), c.scores.size(1));
     } else if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd) {
@@ -151,8 +158,8 @@ OpCase op_case_unchecked(const Fixture& f) {
       c.kl.q = require_input(f, "q", label);
       c.kl.kv = require_input(f, "kv", label);
       c.kl.sm_scale = param<double>(f, "sm_scale");
-      c.kl.coeff = param_or<double>(f, "coeff", 1.0);
-      c.kl.mode = parse_kl_mode(param_or<std::string>(f, "mode", "dense"));
+      c.kl.coeff = judged_param<double>(f, "coeff", "a finite number", "SPEC §7: loss = coeff · mean");
+      c.kl.mode = parse_kl_mode(judged_param<std::string>(f, "mode", "\"dense\" or \"sparse\"", "SPEC §7"));
       c.kl.windows = windows_of(f, c.kl.scores.size(0), c.kl.scores.size(1));
       if (const Tensor* t = find(f.inputs, "indices")) c.kl.indices = *t;
     } else if (op == Op::Fp8IndexerScores) {  // §10: U8 bytes + fp8_dtypes tags

@@ -218,7 +218,7 @@ OpReport check_fp8_indexer_scores(Backend& b, const OpCase& c, const CheckOption
   if (row != std::string(to_string(op)))
     r.notes.push_back(std::string("backend declares FP8 tensor-core accumulation: judged by table row ") + row);
   judge(r, opt, row, "scores", "", cand, *ref, *base, *floor);
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
 PagedIndexerInputs poison_paged_table_ids(const PagedIndexerInputs& in) {
@@ -336,7 +336,7 @@ OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOpti
   }
   r.notes.push_back("entries past each context poisoned with out-of-range block ids and with NaN "
                     "blocks; outputs judged on every run (SPEC §10)");
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
 SparseMlaFp8Inputs poison_unread_tokens(const SparseMlaFp8Inputs& in) {
@@ -433,7 +433,7 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
     first = false;
   }
   r.notes.push_back("tokens no valid slot reads poisoned with NaN bytes and scales (SPEC §10)");
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
 }  // namespace dsa::oracle

@@ -22,6 +22,10 @@ namespace dsa::oracle {
 
 using reference::Precision;
 
+bool scalar_loss_shape(const std::vector<int64_t>& shape) {
+  return shape.empty() || shape == std::vector<int64_t>{1};
+}
+
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && a.nbytes() == b.nbytes() &&
          (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
@@ -277,7 +281,7 @@ OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& o
   const auto base = shared_indexer_scores(c, Precision::Baseline);
   const auto floors = shared_indexer_scores_floors(c);
   judge(r, opt, to_string(op), "scores", cand, *ref, *base, *floors);
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
 OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions& opt) {
@@ -315,7 +319,7 @@ OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions&
   judge(r, opt, to_string(op), "dq_idx", cand.dq_idx, ref.dq_idx, base.dq_idx, floors);
   judge(r, opt, to_string(op), "dk_idx", cand.dk_idx, ref.dk_idx, base.dk_idx, floors);
   judge(r, opt, to_string(op), "dw", cand.dw, ref.dw, base.dw, floors);
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
 OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt) {
@@ -332,7 +336,7 @@ OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt) {
     r.notes.push_back(std::to_string(nan_rows.size()) + " row(s) contained NaN scores (first row " +
                       std::to_string(nan_rows.front()) + ")");
   if (!r.topk_violations.empty()) r.fail(summarize_topk_violations(r.topk_violations));
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, op, cand.numel());
 }
 
 OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOptions& opt) {
@@ -362,7 +366,7 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
   judge(r, opt, to_string(op), "lse", cand.lse, ref.lse, base.lse, floors);
   judge(r, opt, to_string(op), "max_logits", cand.max_logits, ref.max_logits, base.max_logits,
         floors);
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
 OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptions& opt) {
@@ -467,7 +471,7 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     judge(r, opt, to_string(op), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink,
           *base.dsink, floors);
   }
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
 OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& opt) {
@@ -495,7 +499,7 @@ OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& 
   const CaseFloors& floors = *floors_p;
   judge(r, opt, to_string(op), "loss", cand.loss, ref.loss, base.loss, floors);
   judge(r, opt, to_string(op), "d_scores", cand.d_scores, ref.d_scores, base.d_scores, floors);
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
 OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOptions& opt) {
@@ -532,7 +536,7 @@ OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOption
   if (!r.topk_violations.empty())
     r.fail(r.topk_violations.front().rule + " row=" + std::to_string(r.topk_violations.front().row) +
            ": " + r.topk_violations.front().detail);
-  return r;
+  return detail::settle_judged_nothing(std::move(r), opt, Op::Topk, ids.numel());
 }
 
 namespace {

@@ -107,8 +107,9 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     provided_outputs: the output names the kernel provides (--outputs): the others are "not
     judged"; without it a missing output is INCOMPLETE (SPEC §9). allow_weak: --allow-weak.
     The judgement is the candidate-file route's (oracle::CandidateBackend, check_op).
-    Raises ValueError for an unknown output or convention name, or when no output of the
-    fixture's op is given.
+    Raises ValueError for an unknown output or convention name, when no output of the
+    fixture's op is given, or when nothing was judged ("compare: judged nothing: ...": an
+    empty case, or provided outputs the case does not define).
     """
     path = golden.path if isinstance(golden, Fixture) else str(golden)
     known = set(_core.output_name_list())
@@ -122,6 +123,11 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     except RuntimeError as e:
         raise ValueError(str(e)) from e
     if r["verdict"] == "skip":
+        # Nothing judged is never a pass (the CLI exits 2): an empty case, or provided outputs
+        # this case does not define (dsink without attn_sink), says so; else no output fits.
+        nothing = [o["reason"] for o in r["ops"] if o["reason"].startswith("judged nothing")]
+        if nothing:
+            raise ValueError("compare: " + "; ".join(nothing))
         raise ValueError(f"compare: none of the given outputs {sorted(outputs)} belongs to the op of {path}")
     return CompareResult(passed=r["exit"] == 0, verdict_line=r["verdict_line"], report=r["report"], ops=r["ops"],
                          conventions_applied=list(r["conventions_applied"]))

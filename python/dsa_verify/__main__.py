@@ -54,6 +54,8 @@ def main(argv=None):
             res = _core.replay_fixture(bridge, args.fixture, provided_outputs(bridge), args.allow_weak)
             sys.stdout.write(res["report"])
             print(f"replay: {res['verdict_line']}")
+            if res["verdict"] == "skip":
+                print(f"replay: judged nothing: every op of '{args.fixture}' was skipped (see the reasons above)")
             return res["exit"]
         report = dsa_verify.audit(args.backend, ops=_list(args.ops), only=_list(args.only), level=args.level,
                                   seed=args.seed, device=args.device, json=args.json or None,

@@ -160,3 +160,41 @@ def test_bf16_own_out_judged_alike_by_compare_and_replay():
     for c, r in zip(compared.ops, replayed["ops"]):
         assert (c["op"], c["verdict"], c["worst_ratio"]) == (r["op"], r["verdict"], r["worst_ratio"])
         assert judged(c["details"]) == judged(r["details"])
+
+
+class KlLossShape:
+    """The float64 reference's KL loss with the loss returned as `shape`: () is the 0-dim
+    tensor torch returns for a loss."""
+
+    def __init__(self, shape):
+        from dsa_verify.builtin import BuiltinBackend
+        self.shape, self.name = shape, f"kl_loss_{len(shape)}d"
+        self._ref = BuiltinBackend("reference")
+
+    def indexer_kl_loss(self, **kw):
+        r = self._ref.indexer_kl_loss(**kw)
+        return r["loss"].reshape(self.shape), r["d_scores"]
+
+
+@pytest.mark.parametrize("shape, agrees", [((), True), ((1,), True), ((1, 1), False)])
+def test_loss_shape_follows_one_rule_in_the_audit_and_compare(tmp_path, shape, agrees):
+    # SPEC §7: [] and [1] are one loss on every route (the judge's rule, as `dsa-verify compare`
+    # and replay apply it: cli/tests/routes_test.cpp); [1, 1] fails everywhere, naming the shapes.
+    b = KlLossShape(shape)
+    rep = dsa_verify.audit(b, ops=["indexer_kl_loss"], progress=False, dump_dir=str(tmp_path))
+    assert rep.passed == agrees, rep.summary()
+    fx = dsa_verify.load_fixture(golden("kl_dense_causal"))
+    r = dsa_verify.compare(fx, dict(zip(("loss", "d_scores"), b.indexer_kl_loss(**fx.kwargs("indexer_kl_loss")))))
+    assert r.passed == agrees, r.report
+    if not agrees:
+        words = "loss: shape [1, 1], expected [1] or []"
+        assert words in r.report
+        assert rep.failures and all(words in c.message for c in rep.failures), rep.summary()
+
+
+def test_compare_that_judged_nothing_is_an_error_not_a_pass():
+    # dsink is not defined without attn_sink: nothing is judged (the CLI exits 2), never "AGREES".
+    fx = dsa_verify.load_fixture(golden("smla_basic"))
+    h_q = fx.inputs["q"].shape[1]
+    with pytest.raises(ValueError, match="judged nothing: sparse_mla_bwd: the provided outputs \\(dsink\\)"):
+        dsa_verify.compare(fx, {"dsink": torch.zeros(h_q)}, provided_outputs=["dsink"])

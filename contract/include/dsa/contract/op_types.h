@@ -61,7 +61,9 @@ struct IndexerKlInputs {
   double coeff = 1.0;
 };
 
-/// loss [1] and d_scores [s_q,s_kv] (zero outside S_t). SPEC §7.
+/// loss [1] and d_scores [s_q,s_kv] (zero outside S_t). SPEC §7. A backend may return the loss
+/// as [] (a 0-dim tensor, torch's usual loss): the same value on every route; any other shape
+/// fails (oracle::scalar_loss_shape, the one rule).
 struct IndexerKlResult {
   Tensor loss;
   Tensor d_scores;

@@ -30,7 +30,8 @@ struct FixtureReport {
 };
 
 /// Builds the OpCase of a fixture (windows from ks/ke when present, else full; params
-/// sm_scale, d_v, k, tie_break, sorted, mode, coeff) with its own memo (OpCase::memo: every
+/// sm_scale, d_v, k, tie_break, sorted, mode, coeff, each required by its op: none has a
+/// default, since each changes the judgement) with its own memo (OpCase::memo: every
 /// candidate judged on it shares the reference results, baselines and floors). Throws fixtures::FileError naming the
 /// fixture's path (its case name when built in memory) and a missing tensor or parameter.
 OpCase op_case_from_fixture(const fixtures::Fixture& f);

@@ -150,6 +150,12 @@ OpReport judge_outputs(Op op, const OpCase& c, const NamedOutputs& outputs,
                        const CheckOptions& opt = default_check_options(),
                        const std::string& label = "outputs");
 
+/// SPEC §7: the loss is one number, and a candidate may return it as [1] (the reference's
+/// shape) or [] (a 0-dim tensor, torch's usual loss): the same representation. True for those
+/// two shapes only; every route judges `loss` by this rule (a [1, 1] loss fails, naming both
+/// shapes). Source: docs/fixtures.md (tensor names per op). Throws nothing.
+bool scalar_loss_shape(const std::vector<int64_t>& shape);
+
 /// True when two tensors have equal dtype, shape and bytes.
 bool bitwise_equal(const Tensor& a, const Tensor& b);
 

@@ -111,6 +111,9 @@ struct OpReport {
   /// Outputs of the op that were not judged because the user named the outputs the kernel
   /// provides (CheckOptions::provided_outputs) and these are not among them.
   std::vector<std::string> not_judged;
+  /// Outputs the op defines that the candidate did not return (Incomplete; every one is named
+  /// in `reason`, not only the first).
+  std::vector<std::string> missing;
 
   /// True for Pass and Skip; Fail, Weak and Incomplete fail (exit 1 in the CLI).
   bool passed() const { return verdict == Verdict::Pass || verdict == Verdict::Skip; }
