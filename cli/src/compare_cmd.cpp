@@ -36,6 +36,10 @@ static void print_unjudged_stored_outputs(const fixtures::Fixture& f,
                     "define; not judged\n", candidate.c_str(), n.c_str(), oracle::to_string(op),
                     f.op.c_str());
   }
+  // dsink is an output of the backward only for a case with attn_sink (SPEC §5).
+  if (backend.stored("dsink") && !f.inputs.count("attn_sink") && said.insert("dsink").second)
+    std::printf("note: %s: tensor 'dsink' is in the file but golden '%s' has no attn_sink, so the case "
+                "defines no dsink; not judged\n", candidate.c_str(), f.case_name.c_str());
   // Per op, as check_op applies --outputs (oracle::provided_outputs_for): an op none of whose
   // outputs is named is judged in full, so none of its tensors is "not judged".
   for (oracle::Op op : judged)

@@ -145,6 +145,8 @@ TEST(JudgedNothing, ProvidedOutputsTheCaseDoesNotDefineAreASkipOnEveryRoute) {
       EXPECT_EQ(v.rc, 2) << out;
       EXPECT_FALSE(lines_with(out, {route + ": judged nothing"}).empty()) << out;
       EXPECT_TRUE(lines_with(out, {"AGREES"}).empty()) << out;
+      if (route == "compare")  // the stored dsink is named as not judged
+        EXPECT_EQ(lines_with(out, {"note:", "tensor 'dsink'", "has no attn_sink", "not judged"}).size(), 1u) << out;
       EXPECT_EQ(v.json.value("verdict", ""), "SKIPPED") << v.json.dump(1);
       ASSERT_EQ(v.json.at("ops").size(), 2u);
       EXPECT_EQ(v.json.at("ops").at(1).at("verdict"), "skip");

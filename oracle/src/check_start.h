@@ -197,8 +197,9 @@ inline OpReport settle_judged_nothing(OpReport r, const CheckOptions& opt, Op op
   for (const auto& t : r.tensors) judged += t.metrics.numel;
   if (judged > 0) return r;
   std::string provided, defined;
-  if (opt.provided_outputs)
-    for (const auto& n : *opt.provided_outputs) provided += (provided.empty() ? "" : ", ") + n;
+  if (opt.provided_outputs)  // those of this op (a backend's declaration names every op's)
+    for (const auto& n : op_output_names(op))
+      if (opt.provided_outputs->count(n)) provided += (provided.empty() ? "" : ", ") + n;
   r.verdict = Verdict::Skip;
   if (!r.not_judged.empty() && r.tensors.empty()) {
     for (const auto& n : r.not_judged) defined += (defined.empty() ? "" : ", ") + n;

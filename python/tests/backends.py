@@ -296,3 +296,17 @@ class Bf16OwnRounding(TorchBackend):
         p_sink = torch.where(sink == float("inf"), torch.ones_like(sink),
                              torch.where(sink == NEG_INF, torch.zeros_like(sink), torch.exp(sink - L)))
         return grads + ((-(p_sink * delta).sum(dim=0)).float().contiguous(),)
+
+
+class DsinkOnly(TorchBackend):
+    """Declares only dsink of the backward and returns zeros as dq and dkv (never judged): on a
+    case without attn_sink it provides nothing the case defines."""
+    name = "dsink-only"
+    outputs = {"sparse_mla_bwd": ("dsink",)}
+
+    def sparse_mla_bwd(self, *a, **kw):
+        g = super().sparse_mla_bwd(*a, **kw)
+        res = {"dq": torch.zeros_like(g[0]), "dkv": torch.zeros_like(g[1])}
+        if len(g) == 3:
+            res["dsink"] = g[2]
+        return res

@@ -166,6 +166,18 @@ def test_declared_partial_outputs_are_not_judged_instead_of_incomplete():
     assert not rep.passed
 
 
+def test_declared_outputs_the_case_does_not_define_judge_nothing(tmp_path):
+    # dsink alone on a case without attn_sink: the backward judged nothing, a skip saying so,
+    # never "pass (partial)" (the zero dq and dkv are never judged); with a sink, dsink is judged.
+    rep = dsa_verify.audit(backends.DsinkOnly(), ops=["sparse_mla_bwd"], progress=False, dump_dir=str(tmp_path))
+    by = {c.property: c for c in rep.cases}
+    assert by["golden:smla_basic"].status == "skip", rep.summary()
+    assert by["golden:smla_basic"].message.startswith(
+        "judged nothing: sparse_mla_bwd: the provided outputs (dsink) are not defined for this case")
+    assert by["golden:smla_sink"].status == "pass" and by["golden:smla_sink"].not_judged == ["dq", "dkv"]
+    assert all(c.status != "pass" or c.cases > 0 for c in rep.cases), rep.summary()
+
+
 def test_false_determinism_claim_fails():
     # topk.contract_exact alone drew no tie across the k-th value in about 1 of 6 random runs
     # (the alternating tie fill then looked deterministic); the two properties that build ties
