@@ -598,7 +598,8 @@ struct MlaRowData {
   // [h * n + j]: per head and slot
   std::vector<double> ind, p, own, Gv, g, dpj, dS;
   // [h]: per head
-  std::vector<double> D, delta, dDelta, nDelta, abar;
+  // dshift: how far a 16-bit Δ may lie from the exact Δ (the out's rounding and nDelta)
+  std::vector<double> D, delta, dDelta, nDelta, dshift, abar;
   // [h]: the row's sink terms (dsink), when sink_on
   std::vector<char> sink_on;
   std::vector<double> sk_err2, sk_pd, sk_pad, sk_pn2, sk_pD, sk_pn2b;
@@ -692,7 +693,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       fdkv.source += "; dS_j, p_j rounded before dkv: u16 min(Σ b(dS_j)|sm q_c| + b(p_j)|dout_c|, "
                      "3.5 sqrt(Σ (b(dS_j) sm q_c)^2 + (b(p_j) dout_c)^2)) over (t,h,j→s), b(x) = "
                      "2^floor(log2|x|) (half an ulp = u16 b), a key's slots in a row coherent "
-                     "(Higham & Mary 2019; 3.5: sub-Gaussian tail 2.1e-8)";
+                     "(Higham & Mary 2019; 3.5: sub-Gaussian tail 2.1e-8); b(dS_j) in dq's "
+                     "and dkv's terms at |dS_j| + p_j dshift, dshift = Σ_c |dout_c| u16 b(out_c) "
+                     "+ δΔ16 (a 16-bit Δ's distance from the exact one)";
     }
     kv_q2.assign(static_cast<size_t>(s_kv * dqk), 0.0);
     kv_val = kv_abs = kv_n2 = kv_nsq = kv_nab = kv_q2;
@@ -769,7 +772,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     }
     if (dout) {
       for (auto* v : {&R.ind, &R.p, &R.own, &R.Gv, &R.g, &R.dpj, &R.dS}) v->resize(H * n);
-      for (auto* v : {&R.D, &R.delta, &R.dDelta, &R.nDelta, &R.abar, &R.sk_err2, &R.sk_pd,
+      for (auto* v : {&R.D, &R.delta, &R.dDelta, &R.nDelta, &R.dshift, &R.abar, &R.sk_err2, &R.sk_pd,
                       &R.sk_pad, &R.sk_pn2, &R.sk_pD, &R.sk_pn2b})
         v->assign(H, 0.0);
       R.sink_on.assign(H, 0);
@@ -780,7 +783,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     struct HeadState {
       double m, S, lse, L, psink, sinkv, sink_c, abar2, abar;
       bool sink_finite;
-      double delta, D, dDelta, nDelta;
+      double delta, D, dDelta, nDelta, dshift = 0;
     };
     std::vector<HeadState> hs(H);
     std::vector<double> Cm(H * n), pm(H * n), ptm(H * n), dpjm, indm, dSm;
@@ -965,7 +968,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         if (!dout) continue;
         // backward
         const double* dorow = &dO[static_cast<size_t>(row) * DV];
-        double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0;
+        double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0, nshift = 0;
         for (size_t c = 0; c < DV; ++c) {
           delta += outh[c] * dorow[c];
           D += std::abs(outh[c] * dorow[c]);
@@ -979,6 +982,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           const double fl_ = std::abs(dorow[c]) *
                              flip_ulp(outh[c], 2 * kFlipLambda * acch[c] + 2 * narh[c], un);
           nflip2 += fl_ * fl_;  // flips of different columns are independent
+          // Δ from the 16-bit out: the out's own rounding (half an ulp a column) moves Δ, and
+          // with it dS_j = p_j(g_j - Δ), away from the exact values the floors hold
+          if (un > 0) nshift += std::abs(dorow[c]) * un * binade16(outh[c], work_f16);
         }
         const double dD = u * std::sqrt(dD2);
         double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
@@ -1007,6 +1013,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
         // only the candidate's P rounding moves its out, and Δ, further.
         st.nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
+        // how far a 16-bit Δ (the baseline's, the candidate's) may lie from the exact Δ: dS_j's
+        // binade is taken at |dS_j| + p_j·dshift, the largest |dS_j| such a kernel rounds
+        st.dshift = nshift + st.nDelta;
         st.delta = delta;
         st.D = D;
       }
@@ -1017,7 +1026,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         const size_t x = h * n + j;
         const double a4 = GH[x] + hs[h].D;
         return DqSlot{&KV[static_cast<size_t>(ids[j]) * DQK], wq[j] * indm[x], dSm[x], pm[x],
-                      wq[j] * binade16(dSm[x], work_dtype == DType::F16), pm[x] * a4};
+                      wq[j] * binade16(std::abs(dSm[x]) + pm[x] * hs[h].dshift, work_f16), pm[x] * a4};
       };
       size_t j = 0;
       for (; j + 2 <= n; j += 2)
@@ -1076,6 +1085,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         R.delta[h] = delta;
         R.dDelta[h] = dDelta;
         R.nDelta[h] = nDelta;
+        R.dshift[h] = st.dshift;
         R.abar[h] = abar;
         if (in.attn_sink && psink > 0) {
           R.sink_on[h] = 1;
@@ -1267,7 +1277,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           sl.omp = 1 - sl.pj;
           sl.dupf1 = 1 + R.dupf;
           sl.nDelta = R.nDelta[h];
-          sl.bdS = un > 0 ? asm_ * binade16(R.dS[x], work_f16) : 0.0;
+          sl.bdS = un > 0 ? asm_ * binade16(std::abs(R.dS[x]) + sl.pj * R.dshift[h], work_f16) : 0.0;
           sl.bp = un > 0 ? binade16(sl.pj, work_f16) : 0.0;
           sl.tiny = sl.pj > 0 && sl.pj < kTiny32;
           return sl;

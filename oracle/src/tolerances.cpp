@@ -30,7 +30,9 @@ constexpr double kLambda16Grad = 1.0;  // gradients: dS in the working dtype, th
 // dkv (F4): the same kernels round P and dS before dkv += sm·dSᵀ·Q + Pᵀ·dout, one rounding per
 // (row, head, key) term, a key's duplicate slots in one row coherent: the same min(Σ, 3.5 sqrt)
 // over the key row's terms b(dS_j)|sm q_c| and b(p_j)|dout_c|. Measured: the FlashMLA-style
-// repros of dkv (1.12 and 1.56 with λ 1 on sqrt(Σ term^2)) 0.57 and 0.65.
+// repros of dkv (1.12 and 1.56 with λ 1 on sqrt(Σ term^2)) 0.49 and 0.65. b(dS_j) is taken at
+// |dS_j| + p_j·dshift: the kernel rounds p_j(g_j - Δ16), Δ16 from its 16-bit out, up to dshift
+// from the exact Δ (local_bounds.cpp).
 constexpr double kQuadrature16 = 3.5;
 constexpr double kThetaWide = 1e-4;    // issue 12: a relative error of 1e-4 in fp32 must fail
 constexpr double kThetaNarrow = 1e-2;  // and of 1e-2 in bf16/fp16

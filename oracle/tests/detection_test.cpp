@@ -150,7 +150,9 @@ enum class Order { Reversed, Blocked };
 // one-ulp flips of the bf16 out, a term still in quadrature with constant 1 (docs, Limits).
 // FlashBwd: the whole FlashAttention-style kernel (F4): P rounded before P·V, bf16 out, Δ from
 // it, dS rounded before dq and dkv, P (exp(P - L), fp32) rounded before dkv += Pᵀ·dout; dq in
-// the out dtype (as FlashDq), dkv and dsink fp32.
+// the out dtype (as FlashDq), dkv and dsink fp32. Its dkv failed by 1.001x at RC seed 12002,
+// level 2, while dS's binade was taken at the exact |dS_j|: the kernel rounds p_j(g_j - Δ16),
+// Δ16 from the 16-bit out, which is larger where g_j - Δ cancels (local_bounds.cpp dshift).
 enum class Style { Fp32, FlashMla, FlashDq, FlashBwd };
 
 float sum_ordered(const std::vector<float>& t, Order o) {

@@ -121,7 +121,9 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       fdkv.source += "; dS_j, p_j rounded before dkv: u16 min(Σ b(dS_j)|sm q_c| + b(p_j)|dout_c|, "
                      "3.5 sqrt(Σ (b(dS_j) sm q_c)^2 + (b(p_j) dout_c)^2)) over (t,h,j→s), b(x) = "
                      "2^floor(log2|x|) (half an ulp = u16 b), a key's slots in a row coherent "
-                     "(Higham & Mary 2019; 3.5: sub-Gaussian tail 2.1e-8)";
+                     "(Higham & Mary 2019; 3.5: sub-Gaussian tail 2.1e-8); b(dS_j) in dq's "
+                     "and dkv's terms at |dS_j| + p_j dshift, dshift = Σ_c |dout_c| u16 b(out_c) "
+                     "+ δΔ16 (a 16-bit Δ's distance from the exact one)";
     }
     kv_q2.assign(static_cast<size_t>(s_kv * dqk), 0.0);
     kv_val = kv_abs = kv_n2 = kv_nsq = kv_nab = kv_q2;
@@ -259,7 +261,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       if (!dout) continue;
       // backward
       const double* dorow = &dO[static_cast<size_t>(row * dv)];
-      double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0;
+      double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0, nshift = 0;
       for (int64_t c = 0; c < dv; ++c) {
         const size_t c_ = static_cast<size_t>(c);
         delta += outc[c_] * dorow[c];
@@ -274,6 +276,8 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         const double fl = std::abs(dorow[c]) *
                           flip_ulp(outc[c_], 2 * kFlipLambda * accout[c_] + 2 * narout[c_], un);
         nflip2 += fl * fl;  // flips of different columns are independent
+        // rounding out_c to 16 bits moves Δ by up to |dout_c| half an ulp of out_c
+        if (un > 0) nshift += std::abs(dorow[c]) * un * half_ulp_binade(outc[c_], work_dtype == DType::F16);
       }
       const double dD = u * std::sqrt(dD2);
       double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
@@ -305,6 +309,8 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
       // only the candidate's P rounding moves its out, and Δ, further.
       const double nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
+      // a 16-bit Δ lies within dshift of the exact one: dS_j's binade at |dS_j| + p_j dshift
+      const double dshift = nshift + nDelta;
       for (int64_t c = 0; c < dqk; ++c) {
         double x2c = 0, val = 0, ab = 0, pk = 0, nsq = 0, nab = 0, tt = 0, eta = 0;
         for (size_t j = 0; j < n; ++j) {
@@ -314,7 +320,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
           ab += std::abs(dS[j] * kv);
           pk += p[j] * kv;
           // dS_j rounded to the 16-bit dtype: half an ulp is u16 times its binade.
-          const double b = half_ulp_binade(dS[j], work_dtype == DType::F16);
+          const double b = half_ulp_binade(std::abs(dS[j]) + p[j] * dshift, work_dtype == DType::F16);
           nsq += (wq[j] * b * kv) * (wq[j] * b * kv);
           nab += std::abs(wq[j] * b * kv);
           tt += p[j] * (Gv[j] + D) * std::abs(kv);
@@ -355,7 +361,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
             // dS_j, p_j rounded to 16 bits before dkv: half an ulp is u16 times the binade
             if (un > 0) {
               const bool f16 = work_dtype == DType::F16;
-              r1 += asm_ * half_ulp_binade(dS[j], f16) * qc;
+              r1 += asm_ * half_ulp_binade(std::abs(dS[j]) + p[j] * dshift, f16) * qc;
               r2 += half_ulp_binade(p[j], f16) * std::abs(dc);
             }
             fdkv.terms[e] += asm_ * p[j] * (Gv[j] + D) * qc + std::abs(term2);
