@@ -98,7 +98,7 @@ static std::string op_result(const oracle::OpReport& r, bool producer) {
     case oracle::Verdict::Skip:
       // A producer that stores none of the op's outputs; a check that judged nothing (an
       // empty case) says so in its reason.
-      if (producer && r.reason.rfind("judged nothing", 0) != 0)
+      if (producer && !r.nothing_judged)
         return "skip: " + (list.empty() ? std::string("no output") : list) + " not stored";
       return "skip: " + r.reason;
     case oracle::Verdict::Weak: return "WEAK";

@@ -201,6 +201,7 @@ inline OpReport settle_judged_nothing(OpReport r, const CheckOptions& opt, Op op
     for (const auto& n : op_output_names(op))
       if (opt.provided_outputs->count(n)) provided += (provided.empty() ? "" : ", ") + n;
   r.verdict = Verdict::Skip;
+  r.nothing_judged = true;
   if (!r.not_judged.empty() && r.tensors.empty()) {
     for (const auto& n : r.not_judged) defined += (defined.empty() ? "" : ", ") + n;
     r.reason = std::string("judged nothing: ") + to_string(op) + ": the provided outputs (" + provided +

@@ -51,13 +51,17 @@ fixtures::Fixture to_fixture(const SmlaCase& c, bool backward);
 fixtures::Fixture to_fixture(const KlCase& c);
 fixtures::Fixture to_fixture(const BlockCase& c);
 
-/// Fails the property with the whole formatted report unless it passed. A WEAK report judged
+/// Fails the property with the whole formatted report unless it passed. A draw that judged
+/// nothing (OpReport::nothing_judged: an empty case such as k = 0, or provided outputs the draw
+/// does not define) holds no evidence: it is discarded and redrawn, not counted as the
+/// backend's decline; a backend's skip (NotSupported) is a decline. A WEAK report judged
 /// every element (WEAK is only set when every element is within its bound), so the draw
 /// counts as judged, never discarded; a property that needs every row detectable asserts it
 /// itself (DSA_PROP_ASSERT_DETECTABLE).
 #define DSA_PROP_ASSERT_PASSED(report)                                   \
   do {                                                                   \
     const auto& dsa_r_ = (report);                                       \
+    if (dsa_r_.nothing_judged) RC_DISCARD(dsa_r_.reason);                \
     if (dsa_r_.verdict == ::dsa::oracle::Verdict::Skip)                  \
       throw ::dsa::oracle::NotSupported(dsa_r_.reason);                  \
     if (dsa_r_.verdict != ::dsa::oracle::Verdict::Weak && !dsa_r_.passed()) \
@@ -78,6 +82,7 @@ fixtures::Fixture to_fixture(const BlockCase& c);
 #define DSA_PROP_ASSERT_DETECTABLE(report)                               \
   do {                                                                   \
     const auto& dsa_r_ = (report);                                       \
+    if (dsa_r_.nothing_judged) RC_DISCARD(dsa_r_.reason);                \
     if (dsa_r_.verdict == ::dsa::oracle::Verdict::Skip)                  \
       throw ::dsa::oracle::NotSupported(dsa_r_.reason);                  \
     if (!dsa_r_.passed()) {                                              \

@@ -114,6 +114,9 @@ struct OpReport {
   /// Outputs the op defines that the candidate did not return (Incomplete; every one is named
   /// in `reason`, not only the first).
   std::vector<std::string> missing;
+  /// True for a Skip because the check judged no element (reason "judged nothing: ..."): an
+  /// empty case, or provided outputs this case does not define. Not a backend's decline.
+  bool nothing_judged = false;
 
   /// True for Pass and Skip; Fail, Weak and Incomplete fail (exit 1 in the CLI).
   bool passed() const { return verdict == Verdict::Pass || verdict == Verdict::Skip; }
