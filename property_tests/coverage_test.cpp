@@ -14,6 +14,7 @@
 
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/suite.h"
+#include "src/props_common.h"
 #include "src/reference_wrap.h"
 
 namespace dsa::props {
@@ -264,6 +265,35 @@ TEST(DeclinedDraws, EveryDrawDeclinedIsASkipNamingTheReason) {
     EXPECT_NE(r.message.find("declined every one of"), std::string::npos) << r.message;
     EXPECT_NE(r.message.find("no case supported"), std::string::npos) << r.message;
   }
+}
+
+// A draw that judged nothing (OpReport::nothing_judged: top-k with k = 0, an empty case) holds
+// no evidence: it is redrawn, never counted as the backend's decline, so a correct backend's
+// top-k property reports no declines; a property none of whose draws judged anything is a skip
+// naming why, never a pass (SPEC §9, a pass must be able to fail).
+struct PlainReference : RefWrap {
+  PlainReference() : RefWrap("plain-reference") {}
+};
+
+TEST(DeclinedDraws, DrawsThatJudgedNothingAreRedrawnNotDeclined) {
+  const PropertyResult r = run_property(subject_of<PlainReference>(), property_named("topk.contract_exact"), level0(7));
+  EXPECT_EQ(r.verdict, Verdict::Pass) << r.message;
+  EXPECT_GT(r.judged_nothing, 0) << "seed 7 drew no k = 0 case: the test shows nothing";
+  EXPECT_EQ(r.declined, 0) << r.message;
+  EXPECT_EQ(r.drawn, r.cases);
+  EXPECT_EQ(r.message.find("judged nothing"), std::string::npos) << r.message;
+  const Property empty{"test.empty_case", {Op::Topk}, 1, [](Backend& b, const oracle::BlockFactory&) {
+                         oracle::OpCase c;
+                         c.scores = Tensor(DType::F32, {0, 4});
+                         c.k = 2;
+                         DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, c));
+                       }};
+  const PropertyResult s = run_property(subject_of<PlainReference>(), empty, level0(7));
+  EXPECT_EQ(s.verdict, Verdict::Skip) << s.message;
+  EXPECT_EQ(s.cases, 0);
+  EXPECT_GT(s.judged_nothing, 0);
+  EXPECT_EQ(s.message.rfind("judged nothing in any of", 0), 0u) << s.message;
+  EXPECT_NE(s.message.find("judged nothing: topk: every output judged has 0 elements"), std::string::npos) << s.message;
 }
 
 TEST(DeclinedDraws, DeclaredCapabilitiesAreNotIncomplete) {

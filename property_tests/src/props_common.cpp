@@ -37,6 +37,15 @@ bool judges(const oracle::Backend& b, oracle::Op op) {
 void note_failing_op(const std::string& op) { g_failing_op = op; }
 void reset_failing_op() { g_failing_op.clear(); }
 const std::string& failing_op() { return g_failing_op; }
+namespace {
+thread_local std::string g_judged_nothing;
+}  // namespace
+void note_judged_nothing(const std::string& why) { g_judged_nothing = why; }
+std::string take_judged_nothing() {
+  std::string why;
+  why.swap(g_judged_nothing);
+  return why;
+}
 const std::string& dump_target() { return g_dump_target; }
 
 DumpOnFailure::~DumpOnFailure() {

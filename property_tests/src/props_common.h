@@ -25,6 +25,11 @@ bool judges(const oracle::Backend& b, oracle::Op op);
 void note_failing_op(const std::string& op);
 void reset_failing_op();
 const std::string& failing_op();
+/// The reason of the last draw in this thread that judged nothing (OpReport::nothing_judged),
+/// noted by DSA_PROP_ASSERT_* before it discards the draw; take_judged_nothing returns it and
+/// clears it ("" when none). run_property counts such draws apart from the backend's declines.
+void note_judged_nothing(const std::string& why);
+std::string take_judged_nothing();
 
 /// Where a failing case of the running property is dumped ("" = off). Set by run_property.
 void set_dump_target(const std::string& path);
@@ -61,7 +66,10 @@ fixtures::Fixture to_fixture(const BlockCase& c);
 #define DSA_PROP_ASSERT_PASSED(report)                                   \
   do {                                                                   \
     const auto& dsa_r_ = (report);                                       \
-    if (dsa_r_.nothing_judged) RC_DISCARD(dsa_r_.reason);                \
+    if (dsa_r_.nothing_judged) {                                         \
+      ::dsa::props::note_judged_nothing(dsa_r_.reason);                  \
+      RC_DISCARD(dsa_r_.reason);                                         \
+    }                                                                    \
     if (dsa_r_.verdict == ::dsa::oracle::Verdict::Skip)                  \
       throw ::dsa::oracle::NotSupported(dsa_r_.reason);                  \
     if (dsa_r_.verdict != ::dsa::oracle::Verdict::Weak && !dsa_r_.passed()) \
@@ -82,7 +90,10 @@ fixtures::Fixture to_fixture(const BlockCase& c);
 #define DSA_PROP_ASSERT_DETECTABLE(report)                               \
   do {                                                                   \
     const auto& dsa_r_ = (report);                                       \
-    if (dsa_r_.nothing_judged) RC_DISCARD(dsa_r_.reason);                \
+    if (dsa_r_.nothing_judged) {                                         \
+      ::dsa::props::note_judged_nothing(dsa_r_.reason);                  \
+      RC_DISCARD(dsa_r_.reason);                                         \
+    }                                                                    \
     if (dsa_r_.verdict == ::dsa::oracle::Verdict::Skip)                  \
       throw ::dsa::oracle::NotSupported(dsa_r_.reason);                  \
     if (!dsa_r_.passed()) {                                              \

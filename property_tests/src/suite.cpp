@@ -245,6 +245,8 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   std::map<std::string, Tally> features;
   std::map<std::string, int> reasons;
   int judged = 0, declined = 0;
+  int nothing = 0;          // draws that judged nothing (discarded and redrawn, not declines)
+  std::string nothing_why;  // the last one's reason
   bool counting = true;  // false from the first failure on (shrinking re-runs the body)
   // With none judged after this many declines the backend declines the property: nothing more
   // is drawn. Not fewer: RapidCheck's size starts at 0 and grows by one per 10 discards in a
@@ -270,8 +272,9 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   // shrunk case): a forward property's backward part fails under sparse_mla_bwd.
   std::string failed_op;
   const auto property = rc::detail::toProperty([&] {
-    if (declined >= kStopAfterDeclines && judged == 0) return;  // nothing more drawn
+    if (declined + nothing >= kStopAfterDeclines && judged == 0) return;  // nothing more drawn
     reset_failing_op();
+    take_judged_nothing();
     clear_draw_features();
     std::string why;
     try {
@@ -280,6 +283,11 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
       why = e.what();
       if (why.empty()) why = "not supported";
     } catch (const rc::detail::CaseResult& res) {
+      const std::string why_nothing = take_judged_nothing();
+      if (res.type == rc::detail::CaseResult::Type::Discard && counting && !why_nothing.empty()) {
+        ++nothing;
+        nothing_why = why_nothing;
+      }
       if (res.type == rc::detail::CaseResult::Type::Failure) {
         failed_op = failing_op();
         tally(false);
@@ -312,6 +320,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
 
   r.drawn = judged + declined;
   r.declined = declined;
+  r.judged_nothing = nothing;
   if (declined > 0) {
     std::vector<std::pair<int, std::string>> by;
     for (const auto& [why, n] : reasons) by.push_back({n, why});
@@ -354,6 +363,12 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     for (const auto& x : r.waived) w += (w.empty() ? "" : ", ") + x;
     return w;
   }() + ")";
+  if (!failed && judged == 0 && declined == 0 && nothing > 0) {
+    // Every draw judged nothing (e.g. only outputs no draw defines): a skip, never a pass.
+    r.verdict = Verdict::Skip;
+    r.message = "judged nothing in any of " + std::to_string(nothing) + " draws: " + nothing_why;
+    return r;
+  }
   if (!failed && judged == 0 && declined > 0) {
     r.verdict = Verdict::Skip;
     r.message = "not supported by the backend: declined every one of " + std::to_string(declined) +

@@ -93,6 +93,9 @@ struct PropertyResult {
   /// the backend declined (NotSupported: discarded, another drawn; RapidCheck gives up after
   /// 10 declines per required draw, and stops drawing after 100 declines with none judged).
   int drawn = 0, declined = 0;
+  /// Draws that judged nothing (an empty case such as top-k k = 0, or only outputs the draw
+  /// does not define): discarded and redrawn, not counted in `drawn` nor as declines.
+  int judged_nothing = 0;
   /// Why draws were declined: the most frequent reasons with their counts.
   std::string declined_why;
   /// SPEC-mandatory behaviour the backend declined and the user did not name as unsupported
