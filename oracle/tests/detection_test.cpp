@@ -76,7 +76,10 @@ struct MixedCase {
 };
 
 // Row kinds: 0 ordinary, 1 one key at logit ±2^18, 2 all-equal logits (q = 0), 3 large
-// RoPE columns, 4 one key selected by most slots, 5 empty.
+// RoPE columns, 4 one key selected by most slots, 5 empty. Then (drawn last, so the draws
+// above are those of the generator before it) one row in s_q + 1 gets one huge column (F1:
+// its slot 0 reads its own key, whose kv column 0 is ±2^16, and its q column 0 is 0, so its
+// logits are unchanged while out and dq column 0 are huge).
 MixedCase draw_mixed_case() {
   MixedCase m;
   m.dtype = *rc::gen::element(DType::F32, DType::BF16);
@@ -138,6 +141,15 @@ MixedCase draw_mixed_case() {
   std::vector<double> dout(static_cast<size_t>(s_q * h_q * d_v));
   for (auto& x : dout) x = normal();
   c.dout = Tensor::from_f64({s_q, h_q, d_v}, dout).to(DType::F32);
+  // one huge column (F1), in row big (none when big == s_q)
+  const int64_t big = *rc::gen::inRange<int64_t>(0, s_q + 1);
+  if (big < s_q) {
+    std::vector<int32_t> with_big(c.mla.indices.data<int32_t>(), c.mla.indices.data<int32_t>() + s_q * k);
+    with_big[static_cast<size_t>(big * k)] = static_cast<int32_t>(n_ord + big);
+    c.mla.indices = Tensor::from_i32({s_q, k}, with_big);
+    c.mla.kv.set((n_ord + big) * d_qk, *rc::gen::element(1.0, -1.0) * 65536.0);
+    for (int64_t h = 0; h < h_q; ++h) c.mla.q.set((big * h_q + h) * d_qk, 0.0);
+  }
   return m;
 }
 
@@ -397,12 +409,14 @@ RC_GTEST_PROP(Detection, SparseMlaPerturbationsFailOtherOrdersPass, ()) {
 // ---------------------------------------------------------------- indexer (SPEC §2)
 // Mixed rows: the generator's case (exact and random tiers, causal/MTP/varlen/empty windows,
 // long rows) with some query rows scaled by 2^8 (scores ~2^8 larger) and some zeroed (every
-// score of the row 0: a ReLU plateau).
+// score of the row 0: a ReLU plateau). One draw in four also has one huge key (a key row
+// ×2^12: its scores dwarf the rest of each row), one in four one huge column (k column c
+// ×2^12 with q column c zeroed: scores unchanged, dq_idx column c huge), as F1 describes.
 OpCase draw_mixed_indexer_case() {
   const props::IndexerCase ic = props::draw_indexer_case();
   OpCase c;
   c.q_idx = ic.q_idx.to(ic.q_idx.dtype());
-  c.k_idx = ic.k_idx;
+  c.k_idx = ic.k_idx.to(ic.k_idx.dtype());  // a copy: the huge key or column below
   c.w = ic.w;
   c.windows = ic.windows;
   c.d_scores = ic.d_scores;
@@ -412,6 +426,16 @@ OpCase draw_mixed_indexer_case() {
     if (kind > 1) continue;
     for (int64_t i = t * per_row; i < (t + 1) * per_row; ++i)
       c.q_idx.set(i, kind == 0 ? c.q_idx.get(i) * 256.0 : 0.0);
+  }
+  const int64_t s_kv = c.k_idx.size(0), d = c.k_idx.size(1);
+  const int huge = *rc::gen::inRange(0, 4);  // 0 one huge key, 1 one huge column
+  if (huge == 0 && s_kv > 0) {
+    const int64_t s = *rc::gen::inRange<int64_t>(0, s_kv);
+    for (int64_t x = 0; x < d; ++x) c.k_idx.set(s * d + x, c.k_idx.get(s * d + x) * 4096.0);
+  } else if (huge == 1 && d > 0) {
+    const int64_t col = *rc::gen::inRange<int64_t>(0, d);
+    for (int64_t s = 0; s < s_kv; ++s) c.k_idx.set(s * d + col, c.k_idx.get(s * d + col) * 4096.0);
+    for (int64_t r = 0; r < c.q_idx.numel() / d; ++r) c.q_idx.set(r * d + col, 0.0);
   }
   return c;
 }

@@ -5,12 +5,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/contract/fp8.h"
 #include "dsa/oracle/op_check.h"
+#include "dsa/reference/indexer.h"
 #include "dsa/reference/sparse_mla.h"
+#include "dsa/reference/sparse_mla_fp8.h"
 
 namespace dsa::oracle {
 namespace {
@@ -381,6 +385,224 @@ TEST(LocalRule, ReportsPrintEachBoundWithItsParts) {
   const std::string s = format_op_report(judge_outputs(Op::SparseMlaFwd, c, o));
   for (const char* part : {"FAILED [0, 0, 1]", "rho", "E_row", "floor", "floor source:", "rounding"})
     EXPECT_NE(s.find(part), std::string::npos) << part << "\n" << s;
+}
+
+// ---------------------------------------------------------------- one huge column (F1)
+// SPEC §9's term ρ·E_row takes the baseline's largest error over the whole row: one column
+// of huge magnitude (a kv column of ±2^24 that q's zero column leaves out of the logits)
+// makes it large for every column of the row, and an output with every ordinary column of a
+// row 5 % off passed. The judge applies min(E_row, κ_row·s_e) (report.h): each element is
+// judged at its own first-order scale. Each case below: the float64 reference rounded to
+// fp32 and an fp32 computation in another order (the baseline algorithm over reversed slots
+// or heads) AGREE; the ordinary columns of one row times 1.05 DISAGREE, and ρ·E_row alone
+// would have passed every failing element (so the case is one F1 describes).
+
+constexpr double kHuge = 0x1p24;  // ~1.7e7: ρ·E_row of its row then exceeds 5 % of the others
+constexpr double kFivePercent = 1.05;
+
+const TensorCheck* output_named(const OpReport& r, const std::string& name) {
+  for (const auto& t : r.tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+// `good` with the elements of row `row` (row_len consecutive elements) whose offset in the
+// row satisfies `ordinary` multiplied by 1.05.
+Tensor ordinary_columns_off(const Tensor& good, int64_t row, int64_t row_len,
+                            const std::function<bool(int64_t)>& ordinary) {
+  Tensor t = good.to(good.dtype());
+  for (int64_t j = 0; j < row_len; ++j)
+    if (ordinary(j)) t.set(row * row_len + j, t.get(row * row_len + j) * kFivePercent);
+  return t;
+}
+
+// Judges the correct candidates (each must AGREE), then `name` of the first one with the
+// ordinary columns of `row` 5 % off (must DISAGREE, with ρ·E_row above every failing error).
+void expect_huge_column_caught(Op op, const OpCase& c, const std::vector<NamedOutputs>& correct,
+                               const std::string& name, int64_t row,
+                               const std::function<bool(int64_t)>& ordinary) {
+  for (const auto& good : correct) {
+    const OpReport ok = judge_outputs(op, c, good);
+    EXPECT_EQ(ok.verdict, Verdict::Pass) << format_op_report(ok);
+  }
+  const OpReport ok = judge_outputs(op, c, correct.front());
+  const TensorCheck* t0 = output_named(ok, name);
+  ASSERT_NE(t0, nullptr) << name;
+  NamedOutputs bad = correct.front();
+  bad[name] = ordinary_columns_off(bad.at(name), row, t0->row_len, ordinary);
+  const OpReport r = judge_outputs(op, c, bad);
+  EXPECT_EQ(r.verdict, Verdict::Fail) << name << "\n" << format_op_report(r);
+  const TensorCheck* t = output_named(r, name);
+  ASSERT_NE(t, nullptr);
+  ASSERT_FALSE(t->failures.empty()) << format_op_report(r);
+  // the report names the baseline term it used
+  const std::string text = format_op_report(r);
+  EXPECT_NE(text.find("kappa_row"), std::string::npos) << text;
+  EXPECT_NE(text.find("(per-element; E_row"), std::string::npos) << text;
+  for (const auto& f : t->failures) {
+    EXPECT_EQ(f.row, row) << f.where;
+    EXPECT_TRUE(f.own_term) << f.where << " used E_row";
+    EXPECT_LT(f.err, t->rho * f.e_row) << f.where << ": ρ·E_row alone catches it, not an F1 case";
+  }
+}
+
+// Sparse MLA: 4 query rows, 2 heads, d_qk 8, d_v 4, 24 keys, 12 distinct slots a row.
+// kv_column: kv column 0 = ±2^24·cos(.) and q column 0 = 0 (logits unchanged; out and dq column 0
+// huge; dout column 0 = 0 keeps dS ordinary). Otherwise q column 0 = ±2^24·cos(.) and kv column
+// 0 = 0 (dkv column 0 of every selected key huge).
+OpCase huge_column_mla_case(bool kv_column) {
+  const int64_t s_q = 4, h = 2, d = 8, dv = 4, s_kv = 24, k = 12;
+  std::vector<double> q(static_cast<size_t>(s_q * h * d)), kv(static_cast<size_t>(s_kv * d)),
+      dout(static_cast<size_t>(s_q * h * dv));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.3 + 1.7 * static_cast<double>(i));
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = std::cos(0.1 + 0.9 * static_cast<double>(i));
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(2.0 + 0.6 * static_cast<double>(i));
+  for (int64_t s = 0; s < s_kv; ++s)
+    kv[static_cast<size_t>(s * d)] = kv_column ? kHuge * std::cos(0.5 + 1.3 * static_cast<double>(s)) : 0.0;
+  for (int64_t r = 0; r < s_q * h; ++r) {
+    q[static_cast<size_t>(r * d)] = kv_column ? 0.0 : kHuge * std::cos(0.5 + 1.3 * static_cast<double>(r));
+    if (kv_column) dout[static_cast<size_t>(r * dv)] = 0.0;
+  }
+  std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t j = 0; j < k; ++j) ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>((5 * t + 2 * j) % s_kv);
+  OpCase c;
+  c.mla.q = Tensor::from_f64({s_q, h, d}, q).to(DType::F32);
+  c.mla.kv = Tensor::from_f64({s_kv, d}, kv).to(DType::F32);
+  c.mla.indices = Tensor::from_i32({s_q, k}, ids);
+  c.mla.sm_scale = 0.35;
+  c.mla.d_v = dv;
+  c.dout = Tensor::from_f64({s_q, h, dv}, dout).to(DType::F32);
+  return c;
+}
+
+// The same problem with every row's slots in reverse order (the sums run the other way).
+SparseMlaInputs reversed_slots(const SparseMlaInputs& in) {
+  SparseMlaInputs r = in;
+  const int64_t rows = in.indices.size(0), k = in.indices.size(1);
+  std::vector<int32_t> ids(static_cast<size_t>(rows * k));
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      ids[static_cast<size_t>(t * k + j)] = in.indices.data<int32_t>()[t * k + (k - 1 - j)];
+  r.indices = Tensor::from_i32({rows, k}, ids);
+  return r;
+}
+
+NamedOutputs fwd_outputs(const SparseMlaForward& f) {
+  return {{"out", f.out.to(DType::F32)}, {"lse", f.lse.to(DType::F32)},
+          {"max_logits", f.max_logits.to(DType::F32)}};
+}
+
+TEST(LocalRuleHugeColumn, SparseMlaOutAndDq) {
+  const OpCase c = huge_column_mla_case(/*kv_column=*/true);
+  const SparseMlaInputs rev = reversed_slots(c.mla);
+  const SparseMlaForward ref = reference::sparse_mla_forward(c.mla);
+  const SparseMlaForward other = reference::sparse_mla_forward(rev, Precision::Baseline);
+  const auto not_col0 = [](int64_t j) { return j != 0; };
+  expect_huge_column_caught(Op::SparseMlaFwd, c, {fwd_outputs(ref), fwd_outputs(other)}, "out",
+                            /*row (t 1, h 1)=*/3, not_col0);
+  const Tensor out = ref.out.to(DType::F32);
+  const SparseMlaGrads g = reference::sparse_mla_backward(c.mla, c.dout);
+  const SparseMlaGrads go = reference::sparse_mla_backward(rev, c.dout, Precision::Baseline, out);
+  expect_huge_column_caught(Op::SparseMlaBwd, c,
+                            {{{"dq", g.dq.to(DType::F32)}, {"dkv", g.dkv.to(DType::F32)}, {"out", out}},
+                             {{"dq", go.dq}, {"dkv", go.dkv}, {"out", out}}},
+                            "dq", /*row (t 2, h 0)=*/4, not_col0);
+}
+
+TEST(LocalRuleHugeColumn, SparseMlaDkv) {
+  const OpCase c = huge_column_mla_case(/*kv_column=*/false);
+  const SparseMlaInputs rev = reversed_slots(c.mla);
+  const Tensor out = reference::sparse_mla_forward(c.mla).out.to(DType::F32);
+  const SparseMlaGrads g = reference::sparse_mla_backward(c.mla, c.dout);
+  const SparseMlaGrads go = reference::sparse_mla_backward(rev, c.dout, Precision::Baseline, out);
+  // key row 10 is selected by query rows 0 and 2
+  expect_huge_column_caught(Op::SparseMlaBwd, c,
+                            {{{"dq", g.dq.to(DType::F32)}, {"dkv", g.dkv.to(DType::F32)}, {"out", out}},
+                             {{"dq", go.dq}, {"dkv", go.dkv}, {"out", out}}},
+                            "dkv", /*key row=*/10, [](int64_t j) { return j != 0; });
+}
+
+// Indexer: 6 query rows, 4 heads, d_I 8, 20 keys, full windows. huge_key: key 7 times 2^24
+// (its score is huge in every row); otherwise k column 0 = ±2^24·cos(.) and q column 0 = 0
+// (scores unchanged, dq_idx column 0 of every head huge).
+OpCase huge_indexer_case(bool huge_key) {
+  const int64_t s_q = 6, H = 4, d = 8, s_kv = 20;
+  std::vector<double> q(static_cast<size_t>(s_q * H * d)), k(static_cast<size_t>(s_kv * d)),
+      w(static_cast<size_t>(s_q * H)), g(static_cast<size_t>(s_q * s_kv));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.7 + 1.3 * static_cast<double>(i));
+  for (size_t i = 0; i < k.size(); ++i) k[i] = std::cos(0.2 + 0.8 * static_cast<double>(i));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + 0.25 * std::sin(static_cast<double>(i));
+  for (size_t i = 0; i < g.size(); ++i) g[i] = std::cos(1.1 * static_cast<double>(i));
+  if (huge_key) {
+    for (int64_t c = 0; c < d; ++c) k[static_cast<size_t>(7 * d + c)] *= kHuge;
+  } else {
+    for (int64_t s = 0; s < s_kv; ++s) k[static_cast<size_t>(s * d)] = kHuge * std::cos(0.5 + 1.3 * static_cast<double>(s));
+    for (int64_t r = 0; r < s_q * H; ++r) q[static_cast<size_t>(r * d)] = 0.0;
+  }
+  OpCase c;
+  c.q_idx = Tensor::from_f64({s_q, H, d}, q).to(DType::F32);
+  c.k_idx = Tensor::from_f64({s_kv, d}, k).to(DType::F32);
+  c.w = Tensor::from_f64({s_q, H}, w).to(DType::F32);
+  c.windows = KeyWindows::full(s_q, s_kv);
+  c.d_scores = Tensor::from_f64({s_q, s_kv}, g).to(DType::F32);
+  return c;
+}
+
+// Heads in reverse order along dimension 1 of a [s_q, H, ...] tensor.
+Tensor reversed_heads(const Tensor& t) {
+  const int64_t s_q = t.size(0), H = t.size(1), inner = t.numel() / std::max<int64_t>(1, s_q * H);
+  Tensor r = t.to(t.dtype());
+  for (int64_t a = 0; a < s_q; ++a)
+    for (int64_t j = 0; j < H; ++j)
+      for (int64_t x = 0; x < inner; ++x)
+        r.set((a * H + j) * inner + x, t.get((a * H + (H - 1 - j)) * inner + x));
+  return r;
+}
+
+TEST(LocalRuleHugeColumn, IndexerScores) {
+  const OpCase c = huge_indexer_case(/*huge_key=*/true);
+  const Tensor ref = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
+  // the head sum in the other order: heads of q and w reversed together
+  const Tensor other = reference::indexer_scores(reversed_heads(c.q_idx), c.k_idx, reversed_heads(c.w),
+                                                 c.windows, Precision::Baseline);
+  expect_huge_column_caught(Op::IndexerScores, c, {{{"scores", ref.to(DType::F32)}}, {{"scores", other}}},
+                            "scores", /*query row=*/2, [](int64_t s) { return s != 7; });
+}
+
+TEST(LocalRuleHugeColumn, IndexerDqIdx) {
+  const OpCase c = huge_indexer_case(/*huge_key=*/false);
+  const IndexerGrads g = reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+  const IndexerGrads o = reference::indexer_scores_backward(reversed_heads(c.q_idx), c.k_idx, reversed_heads(c.w),
+                                                            c.windows, c.d_scores, Precision::Baseline);
+  const NamedOutputs ref{{"dq_idx", g.dq_idx.to(DType::F32)}, {"dk_idx", g.dk_idx.to(DType::F32)},
+                         {"dw", g.dw.to(DType::F32)}};
+  const NamedOutputs other{{"dq_idx", reversed_heads(o.dq_idx)}, {"dk_idx", o.dk_idx}, {"dw", reversed_heads(o.dw)}};
+  const int64_t d = c.q_idx.size(2);
+  expect_huge_column_caught(Op::IndexerScoresBackward, c, {ref, other}, "dq_idx", /*query row=*/3,
+                            [d](int64_t j) { return j % d != 0; });
+}
+
+// FP8 sparse MLA (SPEC §10): NoPE tile 0 (columns 0-127) of every token scaled by 2^24 and q
+// columns 0-127 zero (logits unchanged, out columns 0-127 huge); columns 128+ ordinary.
+TEST(LocalRuleHugeColumn, Fp8SparseMlaOut) {
+  const int64_t s_q = 2, h = 2, n = 8, d = kMlaFp8Dqk;
+  std::vector<double> kv(static_cast<size_t>(n * d)), q(static_cast<size_t>(s_q * h * d));
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = std::sin(0.4 + 0.77 * static_cast<double>(i));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = 0.25 * std::cos(0.9 + 1.31 * static_cast<double>(i));
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t x = 0; x < kMlaFp8TileSize; ++x) kv[static_cast<size_t>(s * d + x)] *= kHuge;
+  for (int64_t r = 0; r < s_q * h; ++r)
+    for (int64_t x = 0; x < kMlaFp8TileSize; ++x) q[static_cast<size_t>(r * d + x)] = 0.0;
+  OpCase c;
+  c.mla_fp8.q = Tensor::from_f64({s_q, h, d}, q).to(DType::BF16);
+  c.mla_fp8.kv_cache = encode_mla_fp8_cache(Tensor::from_f64({n, d}, kv), Fp8ScaleRule::Amax);
+  c.mla_fp8.indices = Tensor::from_i32({s_q, 6}, {0, 1, 2, 3, 4, 5, 7, 6, 5, 4, 3, 2});
+  c.mla_fp8.sm_scale = 0.1;
+  // (the FP8 baseline dequantizes kv to bf16: not an fp32 candidate, so only the reference)
+  const SparseMlaForward ref = reference::sparse_mla_fp8_forward(c.mla_fp8);
+  expect_huge_column_caught(Op::SparseMlaFp8Fwd, c, {fwd_outputs(ref)}, "out",
+                            /*row (t 1, h 0)=*/2, [](int64_t x) { return x >= kMlaFp8TileSize; });
 }
 
 }  // namespace

@@ -14,14 +14,25 @@
 
 namespace dsa::oracle {
 
-/// The bound of one element and its parts (SPEC §9):
-/// bound = rho_e_row + floor_acc + floor_underflow + floor_round.
+/// The bound of one element and its parts (SPEC §9, with the per-element baseline term):
+/// bound = rho_e_row + floor_acc + floor_underflow + floor_round,
+/// rho_e_row = ρ · min(E_row, kappa_row · own_scale) (judge_tensor).
 struct ElementBound {
   int64_t flat = -1;
   std::string where;        ///< multi-index, e.g. "[3, 0, 17]"
   int64_t row = -1;         ///< SPEC §9 row (flat / row_len)
   double candidate = 0.0, reference = 0.0, err = 0.0;
-  double rho_e_row = 0.0;   ///< ρ · E_row (baseline's largest error over the row)
+  double rho_e_row = 0.0;   ///< ρ · the baseline term used: min(E_row, kappa_row · own_scale)
+  double e_row = 0.0;       ///< E_row: the baseline's largest error over the row (SPEC §9)
+  /// kappa_row: the baseline's largest error over the row in units of each element's own
+  /// scale, max_i |base_i - ref_i| / own_scale_i (inf when some own_scale_i is 0 and the
+  /// baseline errs there: the row then uses E_row)
+  double kappa_row = 0.0;
+  /// own_scale (s_e): the element's own first-order error scale at fp32 accumulation, the
+  /// floor parts λ·acc + λ16·narrow + η·underflow + half an fp32 ulp at |ref| (unitless
+  /// ratio above: any common factor cancels)
+  double own_scale = 0.0;
+  bool own_term = false;    ///< true: kappa_row · own_scale < E_row was used (stricter)
   double floor_acc = 0.0;   ///< λ·acc + λ16·narrow (local_bounds.h; source in TensorCheck)
   double floor_underflow = 0.0;  ///< eta · underflow count (Higham eq. 2.8, flush-to-zero)
   double floor_round = 0.0; ///< half an ulp of the output dtype at |ref| + the other parts
@@ -35,6 +46,10 @@ struct TensorCheck {
   DType precision = DType::F32;  ///< table row used: dtype, or the 16-bit working dtype
   TensorMetrics metrics;      ///< candidate vs float64 reference
   double baseline_err = 0.0;  ///< largest E_row (fp32 baseline vs reference)
+  /// elements whose baseline term is kappa_row · own_scale (< E_row): the per-element term
+  int64_t own_term_elements = 0;
+  /// false in the 16-bit classes (precision BF16/F16): E_row everywhere (judge_tensor)
+  bool own_term_applies = true;
   double rho = 0.0, lambda = 0.0, theta = 0.0;  ///< tolerance(op, name, dtype)
   double ratio = 0.0;         ///< max abs error / baseline_err (inf if the baseline is exact)
   double worst = 0.0;         ///< max over elements of err / bound (> 1 fails; inf if bound 0)
@@ -62,10 +77,18 @@ struct TensorCheck {
 };
 
 /// Judges `candidate` (any floating dtype) against `reference` (float64 truth) element by
-/// element (SPEC §9): |c - r| <= ρ·E_row + λ·acc_e + λ16·narrow_e + η·underflow_e + h_e
-/// (η = the table's eta, underflow_e = OutputFloor::underflow), where E_row is
+/// element (SPEC §9): |c - r| <= ρ·B_e + λ·acc_e + λ16·narrow_e + η·underflow_e + h_e
+/// (η = the table's eta, underflow_e = OutputFloor::underflow), where
+/// B_e = min(E_row, κ_row·s_e) <= SPEC §9's E_row (never looser than SPEC's rule), E_row is
 /// the largest error over e's row (row = flat / floor.row_len) of `baseline` (F32, before
-/// rounding to the candidate's dtype: that one rounding is h_e) and (ρ, λ, θ) =
+/// rounding to the candidate's dtype: that one rounding is h_e), s_e = λ·acc_e +
+/// λ16·narrow_e + η·underflow_e + half an fp32 ulp at |r_e| (e's own first-order error scale),
+/// κ_row = max over the row of |baseline_i - r_i| / s_i (inf, hence B_e = E_row, when some
+/// s_i = 0 with a nonzero baseline error): the baseline's worst error in units of each
+/// element's own scale, applied at e's own scale (Higham ch. 3: each element's
+/// componentwise error is governed by its own Σ|terms|; one huge column no longer loosens
+/// the others, issue 12 F1); in the 16-bit classes (precision BF16/F16) B_e = E_row (the
+/// row error the candidate inherits from its 16-bit rounding), and (ρ, λ, θ) =
 /// tolerance(op, name, precision), precision = the candidate's dtype, or the floor's 16-bit
 /// working dtype when the candidate is wider, and h_e is half an ulp of the candidate's dtype at |r| plus the
 /// other parts (its one output rounding). A row is weak when some element's bound exceeds θ·rowscale,

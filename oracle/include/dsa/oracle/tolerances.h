@@ -11,10 +11,11 @@
 namespace dsa::oracle {
 
 /// One row of the table. The local rule (SPEC §9) accepts a finite element e when
-///   |cand_e - ref_e| <= rho · E_row + floor_e,
+///   |cand_e - ref_e| <= rho · min(E_row, kappa_row · s_e) + floor_e,
 ///   floor_e = lambda · acc_e + lambda16 · narrow_e + eta · underflow_e
 ///             + half_ulp(dtype, |ref_e| + the other parts),
-/// with E_row the baseline's largest error over e's row (report.h), acc_e/narrow_e the
+/// with E_row the baseline's largest error over e's row and kappa_row · s_e the stricter
+/// per-element term (judge_tensor, report.h), acc_e/narrow_e the
 /// element's first-order error scales (local_bounds.h), underflow_e the element's count of
 /// operations that may underflow weighted by what multiplies them afterwards (local_bounds.h)
 /// and the half ulp one rounding of the output. A row whose bound exceeds theta · rowscale for some element is WEAK (report.h).
