@@ -130,12 +130,9 @@ inline std::string nothing_provided(const CheckOptions& opt, const std::string& 
 /// Incomplete when the candidate did not return it; not judged (listed once, for an empty
 /// `label`) when opt.provided_outputs omits it. `row` is the tolerance table's op key,
 /// `label` suffixes the name in the report (e.g. "[NaN blocks]" for a poisoned re-run).
-/// `weak_note_only`: WEAK rows are only noted (the FP8 tensor-core indexer row, which has no
-/// detection threshold of its own yet; fp8_check.cpp).
 inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string& row,
                          const std::string& name, const std::string& label, const Tensor& cand,
-                         const Tensor& ref, const Tensor& base, const OutputFloor& floor,
-                         bool weak_note_only = false) {
+                         const Tensor& ref, const Tensor& base, const OutputFloor& floor) {
   if (opt.provided_outputs && !opt.provided_outputs->count(name)) {
     if (label.empty()) r.not_judged.push_back(name);
     const std::string none = nothing_provided(opt, row);
@@ -178,8 +175,7 @@ inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string
                             std::to_string(c.rows) +
                             " rows WEAK (bound above theta x row scale: a wrong value there "
                             "could pass; SPEC §9)";
-    if (weak_note_only) r.notes.push_back(why + "; noted only (FP8 tensor-core row: no threshold of its own yet)");
-    else if (opt.allow_weak) r.notes.push_back(why + "; allowed (--allow-weak)");
+    if (opt.allow_weak) r.notes.push_back(why + "; allowed (--allow-weak)");
     else r.mark(Verdict::Weak, why);
   }
   r.tensors.push_back(std::move(c));

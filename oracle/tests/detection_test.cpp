@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <random>
@@ -28,7 +29,9 @@
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/fixtures/fp8_fixture.h"
+#include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/op_check.h"
+#include "dsa/oracle/report.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/oracle/tolerances.h"
 #include "dsa/oracle/topk_check.h"
@@ -959,6 +962,208 @@ RC_GTEST_PROP(Detection, GeneratedFp8IndexerCasesHaveNoWeakRows, ()) {
   if (r.verdict != Verdict::Pass && r.verdict != Verdict::Weak) RC_FAIL(desc + "\n" + format_op_report(r));
   for (const auto& t : r.tensors)
     if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated FP8 indexer case: " + desc + "\n" + format_op_report(r));
+}
+
+// ---------------------------------------------------------------- declared FP8 tensor cores
+// A backend that declares fp8_reduced_accumulation() (FP8 tensor cores keeping ~14 bits of the
+// accumulator, DeepSeek-V3 report §3.3.2) is judged by the ":fp8_tensor_core" rows (λ × 2^10).
+// Their θ is this looser bound's own detection δ, measured here: on generated FP8 and paged
+// indexer cases (level 0-1) no row of the declared judgement may be WEAK (bound above θ ×
+// row scale), a perturbation of θ(1 + 2^-6) × the row scale in one element or one whole row
+// fails, and a correct kernel whose q·k dots accumulate in 14 significant bits (round to
+// nearest, then fp32 after the dot: DeepGEMM promotes per 128-long K block, d_I <= 128) passes.
+class DeclaredTensorCore final : public Backend {
+ public:
+  explicit DeclaredTensorCore(Tensor scores) : scores_(std::move(scores)) {}
+  std::string name() const override { return "declared-fp8-tensor-core"; }
+  bool supports(Op op) const override { return op == Op::Fp8IndexerScores || op == Op::PagedIndexerScores; }
+  bool fp8_reduced_accumulation() const override { return true; }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs&) override { return scores_; }
+  Tensor paged_indexer_scores(const PagedIndexerInputs&) override { return scores_; }  // poisoned runs too
+
+ private:
+  Tensor scores_;
+};
+
+// The FP8 indexer with each q·k dot accumulated at `bits` significant bits (every partial sum
+// rounded to nearest), then × k_scale, ReLU, × w and the heads' fp32 sum.
+Tensor fp8_scores_narrow_accumulator(const Fp8IndexerInputs& in, int bits) {
+  const int64_t s_q = in.q_idx.size(0), H = in.q_idx.size(1), d = in.q_idx.size(2), s_kv = in.k_idx.size(0);
+  const Tensor q = fp8_decode(in.q_idx, in.format), k = fp8_decode(in.k_idx, in.format);
+  auto rnd = [bits](double x) {
+    if (x == 0 || !std::isfinite(x)) return x;
+    int e = 0;
+    std::frexp(x, &e);
+    const double ulp = std::ldexp(1.0, e - bits);
+    return std::nearbyint(x / ulp) * ulp;
+  };
+  std::vector<double> out(static_cast<size_t>(s_q * s_kv), -INFINITY);
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < s_kv; ++s) {
+      if (!in.windows.contains(t, s)) continue;
+      float acc = 0;
+      for (int64_t j = 0; j < H; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot = rnd(dot + q.get((t * H + j) * d + c) * k.get(s * d + c));
+        const float r = std::max(0.0f, static_cast<float>(in.k_scale.get(s)) * static_cast<float>(dot));
+        acc += static_cast<float>(in.w.get(t * H + j)) * r;
+      }
+      out[static_cast<size_t>(t * s_kv + s)] = acc;
+    }
+  return Tensor::from_f64({s_q, s_kv}, out).to(DType::F32);
+}
+
+RC_GTEST_PROP(Detection, Fp8IndexerDeclaredTensorCoreRow, ()) {
+  const int level = *rc::gen::element(0, 1);
+  props::set_generation_level(level);
+  const bool paged = *rc::gen::arbitrary<bool>();
+  OpCase c;
+  std::string desc;
+  Tensor ref;
+  if (paged) {
+    const props::PagedIndexerCase pc = props::draw_paged_indexer_case();
+    c.paged_indexer = pc.in;
+    desc = pc.desc;
+    ref = reference::paged_indexer_scores(pc.in);
+  } else {
+    const props::Fp8IndexerCase ic = props::draw_fp8_indexer_case();
+    c.fp8_indexer = ic.in;
+    desc = ic.desc;
+    ref = reference::fp8_indexer_scores(ic.in);
+  }
+  props::set_generation_level(0);
+  auto judge = [&](const Tensor& scores, bool allow_weak) {
+    DeclaredTensorCore b(scores);
+    CheckOptions opt;
+    opt.allow_weak = allow_weak;
+    return paged ? check_paged_indexer_scores(b, c, opt) : check_fp8_indexer_scores(b, c, opt);
+  };
+  const std::string key = "declared fp8_reduced_accumulation";
+  // the rounded reference: no WEAK row (judged without --allow-weak)
+  const OpReport r = judge(ref.to(DType::F32), false);
+  record(key, r);
+  if (r.verdict != Verdict::Pass) RC_FAIL(desc + "\n" + format_op_report(r));
+  // a 14-bit accumulator passes (not for the paged op: same dots, gathered)
+  if (!paged) {
+    const Tensor k14 = fp8_scores_narrow_accumulator(c.fp8_indexer, 14);
+    const OpReport k = judge(k14, false);
+    record("false-alarm fp8-14bit-accumulator", k);
+    Stat& s14 = stats()["fp8-14bit-accumulator max |err| / row scale"];
+    const TensorCheck& t0 = k.tensors.front();
+    for (int64_t i = 0; i < ref.numel(); ++i)
+      if (std::isfinite(ref.get(i)) && t0.row_scale[static_cast<size_t>(i / t0.row_len)] > 0)
+        s14.max_rel_bound = std::max(s14.max_rel_bound, std::abs(k14.get(i) - ref.get(i)) /
+                                                            t0.row_scale[static_cast<size_t>(i / t0.row_len)]);
+    if (k.verdict != Verdict::Pass) RC_FAIL("14-bit accumulator: " + desc + "\n" + format_op_report(k));
+  }
+  // perturbations of θ(1 + 2^-6) × the row scale fail
+  const TensorCheck& t = r.tensors.front();
+  std::vector<int64_t> rows;
+  for (size_t i = 0; i < t.row_weak.size(); ++i)
+    if (!t.row_weak[i]) rows.push_back(static_cast<int64_t>(i));
+  RC_PRE(!rows.empty());
+  const int64_t row = rows[static_cast<size_t>(*rc::gen::inRange<size_t>(0, rows.size()))];
+  std::vector<int64_t> elems;
+  for (int64_t i = row * t.row_len; i < (row + 1) * t.row_len; ++i)
+    if (std::isfinite(ref.get(i))) elems.push_back(i);
+  RC_PRE(!elems.empty());
+  const double scale = t.row_scale[static_cast<size_t>(row)];
+  const double amount = (scale > 0 ? t.theta * (1 + 0x1p-6) * scale : 1.0) * (*rc::gen::element(1.0, -1.0));
+  for (int whole = 0; whole < 2; ++whole) {
+    Tensor p = ref.to(DType::F32);
+    if (whole) {
+      for (int64_t i : elems) push(p, i, ref.get(i), amount);
+    } else {
+      const int64_t i = elems[static_cast<size_t>(*rc::gen::inRange<size_t>(0, elems.size()))];
+      push(p, i, ref.get(i), amount);
+    }
+    const OpReport rb = judge(p, true);
+    Stat& s = stats()[key + " scores F32"];
+    ++s.perturbations;
+    s.caught += rb.verdict == Verdict::Fail;
+    if (rb.verdict != Verdict::Fail)
+      RC_FAIL("declared tensor-core row: perturbed scores (theta " + std::to_string(t.theta) + ") not caught: " +
+              desc + "\n" + format_op_report(rb));
+  }
+}
+
+// The declaration on the FP8 indexer goldens (the tester's cases): the report says what it
+// loosens and what δ it detects; a 14-bit accumulator passes (its error printed, the figure
+// behind "×1.0005 is within what a 14-bit accumulator produces" in the docs); every score
+// ×(1 + 4θ) of that row, several times its bound on rows at θ, fails.
+TEST(Detection, Fp8GoldenDeclaredTensorCore) {
+  const double theta = tolerance("fp8_indexer_scores:fp8_tensor_core", "scores", DType::F32).theta;
+  for (const char* name : {"fp8_idx_prefix_amax", "fp8_idx_prefix_pow2"}) {
+    const fixtures::Fixture f =
+        fixtures::load_fixture(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + name + ".safetensors");
+    OpCase c;
+    c.fp8_indexer = fixtures::fp8_indexer_inputs(f, name);
+    const Tensor ref = reference::fp8_indexer_scores(c.fp8_indexer);
+    DeclaredTensorCore k14(fp8_scores_narrow_accumulator(c.fp8_indexer, 14));
+    const OpReport r = check_fp8_indexer_scores(k14, c);
+    EXPECT_EQ(r.verdict, Verdict::Pass) << name << "\n" << format_op_report(r);
+    ASSERT_FALSE(r.notes.empty());
+    EXPECT_NE(r.notes.front().find("loose"), std::string::npos) << r.notes.front();
+    char th[32];
+    std::snprintf(th, sizeof th, "%g", theta);
+    EXPECT_NE(r.notes.front().find(std::string("relative error of ") + th), std::string::npos) << r.notes.front();
+    const TensorCheck& t = r.tensors.front();
+    double rel = 0, rel_rs = 0;
+    const Tensor got = k14.fp8_indexer_scores(c.fp8_indexer);
+    for (int64_t i = 0; i < ref.numel(); ++i)
+      if (std::isfinite(ref.get(i)) && ref.get(i) != 0) {
+        rel = std::max(rel, std::abs(got.get(i) / ref.get(i) - 1));
+        rel_rs = std::max(rel_rs, std::abs(got.get(i) - ref.get(i)) / t.row_scale[static_cast<size_t>(i / t.row_len)]);
+      }
+    for (double factor : {1.0005, 1 + 4 * theta}) {
+      Tensor scaled = ref.to(DType::F64);
+      for (int64_t i = 0; i < scaled.numel(); ++i)
+        if (std::isfinite(scaled.get(i))) scaled.set(i, scaled.get(i) * factor);
+      DeclaredTensorCore wrong(scaled.to(DType::F32));
+      const OpReport w = check_fp8_indexer_scores(wrong, c);
+      std::printf("detection: golden %s declared fp8_reduced_accumulation: 14-bit accumulator max |err/ref| %.3g, "
+                  "max |err| / row scale %.3g, worst err/bound %.3g, largest bound / row scale %.3g; scores x%.6g: %s "
+                  "(worst err/bound %.3g)\n",
+                  name, rel, rel_rs, t.worst, t.weakest, factor, to_string(w.verdict),
+                  w.tensors.empty() ? 0.0 : w.tensors.front().worst);
+      if (factor > 1.001) EXPECT_EQ(w.verdict, Verdict::Fail) << name << "\n" << format_op_report(w);
+    }
+  }
+}
+
+// WEAK fails under the declaration too (no "noted only" route): one query row whose dots do
+// not cancel (q = k = 1, w = 1, H_I 1024, d_I 512) has a tensor-core bound above θ × its scale;
+// the exact scores are WEAK without allow_weak and pass with it.
+TEST(Detection, Fp8DeclaredTensorCoreWeakRowFailsUnlessAllowed) {
+  const int64_t H = 1024, d = 512, s_kv = 2;
+  Fp8IndexerInputs in;
+  in.q_idx = Tensor(DType::U8, {1, H, d});
+  in.k_idx = Tensor(DType::U8, {s_kv, d});
+  const uint8_t one = double_to_fp8(1.0, Fp8Format::E4M3FN);
+  std::memset(in.q_idx.raw(), one, static_cast<size_t>(in.q_idx.nbytes()));
+  std::memset(in.k_idx.raw(), one, static_cast<size_t>(in.k_idx.nbytes()));
+  in.k_scale = Tensor::from_f64({s_kv}, {1.0, 1.0}).to(DType::F32);
+  in.w = Tensor::from_f64({1, H}, std::vector<double>(static_cast<size_t>(H), 1.0)).to(DType::F32);
+  in.windows = KeyWindows::full(1, s_kv);
+  OpCase c;
+  c.fp8_indexer = in;
+  DeclaredTensorCore exact(reference::fp8_indexer_scores(in).to(DType::F32));
+  const OpReport weak = check_fp8_indexer_scores(exact, c);
+  EXPECT_EQ(weak.verdict, Verdict::Weak) << (weak.tensors.empty() ? 0.0 : weak.tensors.front().weakest) << "\n" << format_op_report(weak);
+  EXPECT_FALSE(weak.passed());
+  CheckOptions allow;
+  allow.allow_weak = true;
+  EXPECT_EQ(check_fp8_indexer_scores(exact, c, allow).verdict, Verdict::Pass);
+  // without the declaration the same row is detectable (fp32 row, θ 1e-4)
+  class Plain final : public Backend {
+   public:
+    explicit Plain(Tensor s) : s_(std::move(s)) {}
+    std::string name() const override { return "fp32-accumulation"; }
+    bool supports(Op op) const override { return op == Op::Fp8IndexerScores; }
+    Tensor fp8_indexer_scores(const Fp8IndexerInputs&) override { return s_; }
+    Tensor s_;
+  } plain(reference::fp8_indexer_scores(in).to(DType::F32));
+  EXPECT_EQ(check_fp8_indexer_scores(plain, c).verdict, Verdict::Pass);
 }
 
 class PrintStats : public ::testing::Environment {

@@ -9,8 +9,9 @@
 namespace dsa::oracle {
 
 /// FP8 indexer (c.fp8_indexer). Judged by the table row "fp8_indexer_scores", or
-/// "fp8_indexer_scores:fp8_tensor_core" when b.fp8_reduced_accumulation() (noted; WEAK rows
-/// of that row are only noted). §10.
+/// "fp8_indexer_scores:fp8_tensor_core" when b.fp8_reduced_accumulation(): a looser bound
+/// with its own measured θ; a note says so and names the δ it detects; WEAK rows fail unless
+/// opt.allow_weak, as for every row. §10, §9.
 OpReport check_fp8_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& opt = {});
 /// Paged FP8 indexer (c.paged_indexer), run three times: as given, with every table entry
 /// past a context replaced by an out-of-range block id, and with those entries pointing at
