@@ -183,7 +183,12 @@ TEST(Underflow, Fp16KernelWithSubnormalProbabilitiesPasses) {
                    {"dq", Tensor::from_f64({1, 1, d}, dq).to(DType::F32)},
                    {"dkv", Tensor::from_f64({n, d}, dkv).to(DType::F32)}};
   const OpReport rf = judge_outputs(Op::SparseMlaFwd, c, fwd, {}, "fp16");
-  const OpReport rb = judge_outputs(Op::SparseMlaBwd, c, bwd, {}, "fp16");
+  // Its keys each have one (query, head), so the FlashAttention-style 16-bit P/dS term of dkv
+  // (bcd9042) puts their dkv bound near 1.1 % of the row scale: WEAK at θ 1e-2, honestly. This
+  // test is about underflow: every element must be within its bound, WEAK rows allowed.
+  CheckOptions weak_ok;
+  weak_ok.allow_weak = true;
+  const OpReport rb = judge_outputs(Op::SparseMlaBwd, c, bwd, weak_ok, "fp16");
   std::cout << format_op_report(rf) << format_op_report(rb);
   EXPECT_EQ(rf.verdict, Verdict::Pass) << format_op_report(rf);
   EXPECT_EQ(rb.verdict, Verdict::Pass) << format_op_report(rb);

@@ -26,6 +26,9 @@ void report_property_failure(const std::string& message) { ADD_FAILURE() << mess
 void require_pass(const oracle::OpReport& r) {
   if (r.verdict == oracle::Verdict::Weak)
     RC_DISCARD("WEAK draw redrawn (not judged, SPEC §9): " + r.op + ": " + r.reason);
+  // An empty draw (s_q = 0, k = 0) judges nothing: a skip, never a pass (OpReport::nothing_judged);
+  // it is redrawn as the main properties do, not counted.
+  if (r.nothing_judged) RC_DISCARD("judged nothing, redrawn: " + r.op + ": " + r.reason);
   if (r.verdict != oracle::Verdict::Pass) RC_FAIL(oracle::format_op_report(r));
 }
 
