@@ -820,6 +820,15 @@ RC_GTEST_PROP(Detection, GeneratedKlCasesHaveNoWeakRows, ()) {
     if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated KL case: " + kc.desc + "\n" + format_op_report(r));
 }
 
+// A draw_smla_fp8_case draw at generation level 0 or 1 (chosen by RapidCheck), the level
+// reset to 0 afterwards.
+props::SmlaFp8Case draw_smla_fp8_case_at_level_0_or_1() {
+  props::set_generation_level(*rc::gen::element(0, 1));
+  props::SmlaFp8Case fc = props::draw_smla_fp8_case();
+  props::set_generation_level(0);
+  return fc;
+}
+
 // Sparse MLA over the FP8 cache (SPEC §10): draw_smla_fp8_case draws (the cases
 // smla_fp8.forward_ratio judges), the float64 reference with out rounded to bf16 (the bf16
 // class: a FlashMLA-style kernel, libtorch-cpu) and to fp32 (the fp32 class: the reference
@@ -828,10 +837,7 @@ RC_GTEST_PROP(Detection, GeneratedKlCasesHaveNoWeakRows, ()) {
 // draws had a WEAK bf16 out row (seeds 1-3), none at the fp32 class; after, 0 of 2000 (seeds
 // 1-10 x 200).
 RC_GTEST_PROP(Detection, GeneratedFp8SmlaCasesHaveNoWeakRows, ()) {
-  const int level = *rc::gen::element(0, 1);
-  props::set_generation_level(level);
-  const props::SmlaFp8Case fc = props::draw_smla_fp8_case();
-  props::set_generation_level(0);
+  const props::SmlaFp8Case fc = draw_smla_fp8_case_at_level_0_or_1();
   OpCase c;
   c.mla_fp8 = fc.in;
   CheckOptions allow;
@@ -860,10 +866,7 @@ RC_GTEST_PROP(Detection, GeneratedFp8SmlaCasesHaveNoWeakRows, ()) {
 // and fp32 (lse, max_logits), and to fp32 everywhere, perturbed by δ = θ(1 + 2^-6) of the row
 // scale in one element or one whole non-WEAK row, FAILS (require_perturbations_fail).
 RC_GTEST_PROP(Detection, Fp8SmlaPerturbationsFailFlashMlaControlsPass, ()) {
-  const int level = *rc::gen::element(0, 1);
-  props::set_generation_level(level);
-  const props::SmlaFp8Case fc = props::draw_smla_fp8_case();
-  props::set_generation_level(0);
+  const props::SmlaFp8Case fc = draw_smla_fp8_case_at_level_0_or_1();
   OpCase c;
   c.mla_fp8 = fc.in;
   CheckOptions allow;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -68,6 +69,68 @@ TEST(LocalRule, PeerGoldensPassAndScaledGradientsFail) {
 }
 
 // Four rows, one head: rows 0-2 ordinary, row 3 holds one valid key at logit 2^18.
+// A bf16 sparse MLA backward case for the FlashAttention-style tests: q [s_q,h_q,d] and kv
+// [s_kv,d] in bf16, dout [s_q,h_q,dv] in fp32, entries uniform in [-1, 1) from `seed`, `ids`
+// [s_q,k] int32 (k = ids.size() / s_q), sm_scale `sm`.
+OpCase flash_case(uint32_t seed, std::array<int64_t, 3> q_shape, int64_t s_kv, int64_t dv, double sm,
+                  const std::vector<int32_t>& ids) {
+  const auto [s_q, h_q, d] = q_shape;
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  std::vector<double> q(static_cast<size_t>(s_q * h_q * d)), kv(static_cast<size_t>(s_kv * d)),
+      dout(static_cast<size_t>(s_q * h_q * dv));
+  for (auto& x : q) x = uni(rng);
+  for (auto& x : kv) x = uni(rng);
+  for (auto& x : dout) x = uni(rng);
+  OpCase c;
+  c.mla.q = Tensor::from_f64({s_q, h_q, d}, q).to(DType::BF16);
+  c.mla.kv = Tensor::from_f64({s_kv, d}, kv).to(DType::BF16);
+  c.mla.indices = Tensor::from_i32({s_q, static_cast<int64_t>(ids.size()) / s_q}, ids);
+  c.mla.sm_scale = sm;
+  c.mla.d_v = dv;
+  c.dout = Tensor::from_f64({s_q, h_q, dv}, dout).to(DType::F32);
+  return c;
+}
+
+// dq [s_q,h_q,d] and dkv [s_kv,d] of a FlashAttention/FlashMLA/TileLang-style backward on a
+// flash_case (every slot valid, no sink): Δ from `out16`, p_j = exp(sm·q·kv_j - lse), dS_j =
+// p_j(g_j - Δ) rounded to bf16 before dq = sm·dS·K and dkv += sm·dSᵀ·Q, and with `round_p`
+// p_j rounded to bf16 before dkv += Pᵀ·dout. Products and sums in double: only those
+// roundings differ from the float64 reference (SPEC §5).
+struct FlashStyleGrads {
+  std::vector<double> dq, dkv;
+};
+FlashStyleGrads flash_style_backward(const OpCase& c, const Tensor& out16, const Tensor& lse, bool round_p) {
+  const int64_t s_q = c.mla.q.size(0), h_q = c.mla.q.size(1), d = c.mla.q.size(2),
+                s_kv = c.mla.kv.size(0), dv = c.mla.d_v, k = c.mla.indices.numel() / s_q;
+  const double sm = c.mla.sm_scale;
+  const std::vector<double> Q = c.mla.q.to_f64(), KV = c.mla.kv.to_f64(), O = out16.to_f64(),
+                            L = lse.to_f64(), G = c.dout.to_f64();
+  auto bf16 = [](double x) { return Tensor::from_f64({1}, {x}).to(DType::BF16).get(0); };
+  FlashStyleGrads r{std::vector<double>(static_cast<size_t>(s_q * h_q * d), 0.0),
+                    std::vector<double>(static_cast<size_t>(s_kv * d), 0.0)};
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t row = t * h_q + h;
+      double delta = 0;
+      for (int64_t cc = 0; cc < dv; ++cc) delta += O[static_cast<size_t>(row * dv + cc)] * G[static_cast<size_t>(row * dv + cc)];
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t key = static_cast<int64_t>(c.mla.indices.get(t * k + j));
+        double logit = 0, gj = 0;
+        for (int64_t x = 0; x < d; ++x) logit += Q[static_cast<size_t>(row * d + x)] * KV[static_cast<size_t>(key * d + x)];
+        for (int64_t cc = 0; cc < dv; ++cc) gj += G[static_cast<size_t>(row * dv + cc)] * KV[static_cast<size_t>(key * d + cc)];
+        const double p = std::exp(sm * logit - L[static_cast<size_t>(row)]);
+        const double dS16 = bf16(p * (gj - delta)), pv = round_p ? bf16(p) : p;
+        for (int64_t x = 0; x < d; ++x) {
+          r.dq[static_cast<size_t>(row * d + x)] += sm * dS16 * KV[static_cast<size_t>(key * d + x)];
+          r.dkv[static_cast<size_t>(key * d + x)] += sm * dS16 * Q[static_cast<size_t>(row * d + x)] +
+                                                    (x < dv ? pv * G[static_cast<size_t>(row * dv + x)] : 0.0);
+        }
+      }
+    }
+  return r;
+}
+
 OpCase large_logit_case() {
   const int64_t s_q = 4, d = 4, s_kv = 6;
   OpCase c;
@@ -222,47 +285,16 @@ TEST(LocalRule, AWrongOwnOutDoesNotMoveTheBackwardBaseline) {
 // 12 draws failed (seeds 2, 3, 8, 9; up to 1.12x, measured); dq off by 2 % must still fail.
 TEST(LocalRule, FlashStyleDqWithBf16DsPasses) {
   const int64_t s_q = 4, h_q = 2, d = 32, dv = 16, s_kv = 96, k = 64;
-  const double sm = 0.25;
   for (uint32_t seed = 1; seed <= 12; ++seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<double> uni(-1.0, 1.0);
-    std::vector<double> q(static_cast<size_t>(s_q * h_q * d)), kv(static_cast<size_t>(s_kv * d)),
-        dout(static_cast<size_t>(s_q * h_q * dv));
-    for (auto& x : q) x = uni(rng);
-    for (auto& x : kv) x = uni(rng);
-    for (auto& x : dout) x = uni(rng);
     std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
     for (int64_t t = 0; t < s_q; ++t)
       for (int64_t j = 0; j < k; ++j) ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>((t * 7 + j) % s_kv);
-    OpCase c;
-    c.mla.q = Tensor::from_f64({s_q, h_q, d}, q).to(DType::BF16);
-    c.mla.kv = Tensor::from_f64({s_kv, d}, kv).to(DType::BF16);
-    c.mla.indices = Tensor::from_i32({s_q, k}, ids);
-    c.mla.sm_scale = sm;
-    c.mla.d_v = dv;
-    c.dout = Tensor::from_f64({s_q, h_q, dv}, dout).to(DType::F32);
+    const OpCase c = flash_case(seed, {s_q, h_q, d}, s_kv, dv, 0.25, ids);
     const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
     const Tensor out16 = f.out.to(DType::BF16);
     const SparseMlaGrads g = reference::sparse_mla_backward(c.mla, c.dout, Precision::Reference, out16);
-    const std::vector<double> Q = c.mla.q.to_f64(), KV = c.mla.kv.to_f64(), O = out16.to_f64(),
-                              L = f.lse.to_f64(), G = c.dout.to_f64();
     // dq with dS rounded to bf16 (the products and sums in double: only that rounding differs)
-    std::vector<double> dq(static_cast<size_t>(s_q * h_q * d), 0.0);
-    for (int64_t t = 0; t < s_q; ++t)
-      for (int64_t h = 0; h < h_q; ++h) {
-        const int64_t row = t * h_q + h;
-        double delta = 0;
-        for (int64_t cc = 0; cc < dv; ++cc) delta += O[static_cast<size_t>(row * dv + cc)] * G[static_cast<size_t>(row * dv + cc)];
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t key = ids[static_cast<size_t>(t * k + j)];
-          double logit = 0, gj = 0;
-          for (int64_t x = 0; x < d; ++x) logit += Q[static_cast<size_t>(row * d + x)] * KV[static_cast<size_t>(key * d + x)];
-          for (int64_t cc = 0; cc < dv; ++cc) gj += G[static_cast<size_t>(row * dv + cc)] * KV[static_cast<size_t>(key * d + cc)];
-          const double p = std::exp(sm * logit - L[static_cast<size_t>(row)]);
-          const double dS = Tensor::from_f64({1}, {p * (gj - delta)}).to(DType::BF16).get(0);
-          for (int64_t x = 0; x < d; ++x) dq[static_cast<size_t>(row * d + x)] += sm * dS * KV[static_cast<size_t>(key * d + x)];
-        }
-      }
+    const std::vector<double> dq = flash_style_backward(c, out16, f.lse, /*round_p=*/false).dq;
     NamedOutputs o{{"out", out16}, {"dq", Tensor::from_f64({s_q, h_q, d}, dq).to(DType::F32)},
                    {"dkv", g.dkv.to(DType::F32)}};
     CheckOptions allow;
@@ -285,53 +317,18 @@ TEST(LocalRule, FlashStyleDqWithBf16DsPasses) {
 // and 1.56x). The same dkv with one key row moved by θ(1 + 2^-6) of its row scale must FAIL.
 TEST(LocalRule, FlashStyleDkvWithBf16PAndDsPasses) {
   const int64_t s_q = 6, h_q = 3, d = 24, dv = 16, s_kv = 40, k = 12;
-  const double sm = 0.3;
   for (uint32_t seed = 1; seed <= 8; ++seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<double> uni(-1.0, 1.0);
-    std::vector<double> q(static_cast<size_t>(s_q * h_q * d)), kv(static_cast<size_t>(s_kv * d)),
-        dout(static_cast<size_t>(s_q * h_q * dv));
-    for (auto& x : q) x = uni(rng);
-    for (auto& x : kv) x = uni(rng);
-    for (auto& x : dout) x = uni(rng);
     // row t selects keys 5t..5t+10 (neighbours share keys), slot k-1 repeats slot 0
     std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
     for (int64_t t = 0; t < s_q; ++t)
       for (int64_t j = 0; j < k; ++j)
         ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(j == k - 1 ? 5 * t : (5 * t + j) % s_kv);
-    OpCase c;
-    c.mla.q = Tensor::from_f64({s_q, h_q, d}, q).to(DType::BF16);
-    c.mla.kv = Tensor::from_f64({s_kv, d}, kv).to(DType::BF16);
-    c.mla.indices = Tensor::from_i32({s_q, k}, ids);
-    c.mla.sm_scale = sm;
-    c.mla.d_v = dv;
-    c.dout = Tensor::from_f64({s_q, h_q, dv}, dout).to(DType::F32);
+    const OpCase c = flash_case(seed, {s_q, h_q, d}, s_kv, dv, 0.3, ids);
     const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
     const Tensor out16 = f.out.to(DType::BF16);
-    const std::vector<double> Q = c.mla.q.to_f64(), KV = c.mla.kv.to_f64(), O = out16.to_f64(),
-                              L = f.lse.to_f64(), G = c.dout.to_f64();
-    auto bf16 = [](double x) { return Tensor::from_f64({1}, {x}).to(DType::BF16).get(0); };
-    // the products and sums in double: only the 16-bit roundings differ from the reference
-    std::vector<double> dq(static_cast<size_t>(s_q * h_q * d), 0.0), dkv(static_cast<size_t>(s_kv * d), 0.0);
-    for (int64_t t = 0; t < s_q; ++t)
-      for (int64_t h = 0; h < h_q; ++h) {
-        const int64_t row = t * h_q + h;
-        double delta = 0;
-        for (int64_t cc = 0; cc < dv; ++cc) delta += O[static_cast<size_t>(row * dv + cc)] * G[static_cast<size_t>(row * dv + cc)];
-        for (int64_t j = 0; j < k; ++j) {
-          const int64_t key = ids[static_cast<size_t>(t * k + j)];
-          double logit = 0, gj = 0;
-          for (int64_t x = 0; x < d; ++x) logit += Q[static_cast<size_t>(row * d + x)] * KV[static_cast<size_t>(key * d + x)];
-          for (int64_t cc = 0; cc < dv; ++cc) gj += G[static_cast<size_t>(row * dv + cc)] * KV[static_cast<size_t>(key * d + cc)];
-          const double p = std::exp(sm * logit - L[static_cast<size_t>(row)]);
-          const double dS16 = bf16(p * (gj - delta)), p16 = bf16(p);
-          for (int64_t x = 0; x < d; ++x) {
-            dq[static_cast<size_t>(row * d + x)] += sm * dS16 * KV[static_cast<size_t>(key * d + x)];
-            dkv[static_cast<size_t>(key * d + x)] += sm * dS16 * Q[static_cast<size_t>(row * d + x)] +
-                                                    (x < dv ? p16 * G[static_cast<size_t>(row * dv + x)] : 0.0);
-          }
-        }
-      }
+    const FlashStyleGrads fg = flash_style_backward(c, out16, f.lse, /*round_p=*/true);
+    const std::vector<double>& dq = fg.dq;
+    const std::vector<double>& dkv = fg.dkv;
     NamedOutputs o{{"out", out16}, {"dq", Tensor::from_f64({s_q, h_q, d}, dq).to(DType::F32)},
                    {"dkv", Tensor::from_f64({s_kv, d}, dkv).to(DType::F32)}};
     const OpReport r = judge_outputs(Op::SparseMlaBwd, c, o, CheckOptions{}, "flash-style backward");
