@@ -12,6 +12,7 @@
 #include <set>
 
 #include "commands.h"
+#include "dsa/oracle/fixture_check.h"
 #include "dsa/contract/parallel.h"
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
@@ -164,6 +165,13 @@ int run_audit(const AuditOptions& opts) {
         o.input_error = true;
         CaseResult c = make_case(task.op, task.property, "fail");
         c.message = std::string("input error: ") + e.what();
+        o.results.push_back(c);
+      } catch (const oracle::ResourceError& e) {
+        // Out of memory judging a fixture: no verdict on the kernel, an error (exit 2) naming
+        // the op and the shapes, as for an unreadable fixture.
+        o.input_error = true;
+        CaseResult c = make_case(task.op, task.property, "fail");
+        c.message = std::string("resource error: ") + e.what();
         o.results.push_back(c);
       } catch (const std::exception& e) {
         CaseResult c = make_case(task.op, task.property, "fail");

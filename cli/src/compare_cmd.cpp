@@ -53,6 +53,7 @@ int run_compare(const std::string& golden, const std::string& candidate,
                 const std::vector<fixtures::Convention>& conventions, const JudgeOptions& judge) {
   const fixtures::Fixture f = fixtures::load_fixture(golden);
   if (judge.outputs) oracle::check_provided_outputs(*judge.outputs, oracle::fixture_ops(f), "--outputs");
+  check_conventions_apply(conventions, oracle::fixture_ops(f), "--convention");
   std::vector<std::string> ignored;
   auto backend = oracle::load_candidate_file(candidate, conventions, &ignored);
   for (const auto& n : ignored)
@@ -68,7 +69,12 @@ int run_compare(const std::string& golden, const std::string& candidate,
   const oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
   print_unjudged_stored_outputs(f, *backend, opt, candidate);
   const oracle::OpCase c = oracle::op_case_from_fixture(f);
-  std::vector<oracle::OpReport> reports = oracle::judge_fixture_ops(f, c, *backend, opt);
+  std::vector<oracle::OpReport> reports;
+  try {
+    reports = oracle::judge_fixture_ops(f, c, *backend, opt);
+  } catch (const oracle::ResourceError& e) {
+    return report_resource_error(e, judge.json_path);  // no verdict; what was judged is kept
+  }
   add_convention_hints(reports, *backend, &c, HintRoute::CompareFlags);
   for (const auto& n : backend->adapter_notes()) std::printf("convention applied: %s\n", n.c_str());
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());

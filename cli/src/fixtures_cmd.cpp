@@ -1,5 +1,6 @@
 // `dsa-verify fixtures check`, `fixtures generate`, `replay` and `backends`.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -76,11 +77,27 @@ static std::vector<std::string> verify_checksums(const std::string& dir) {
   return problems;
 }
 
-static std::vector<std::string> fixture_files(const std::string& dir) {
+// The `*.safetensors` files directly in `dir` (sorted; no recursion: a directory's MANIFEST
+// or SHA256SUMS lists its own files only). Every other entry but the checksum list goes to
+// `skipped` as "name (why)": a subdirectory, another extension (`.SAFETENSORS` included: names
+// are case-sensitive, as in MANIFEST), so a run never silently judges less than the directory.
+static std::vector<std::string> fixture_files(const std::string& dir, std::vector<std::string>* skipped) {
   std::vector<std::string> files;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    std::string ext = e.path().extension().string();
+    if (!e.is_directory() && ext == ".safetensors") {
+      files.push_back(e.path().string());
+      continue;
+    }
+    if (name == fixtures::kManifestName || name == "SHA256SUMS") continue;
+    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    skipped->push_back(e.is_directory() ? name + "/ (a subdirectory: not searched; check it on its own)"
+                       : ext == ".safetensors" ? name + " (the extension is not lower-case .safetensors)"
+                                               : name + " (not a .safetensors file)");
+  }
   std::sort(files.begin(), files.end());
+  std::sort(skipped->begin(), skipped->end());
   return files;
 }
 
@@ -111,13 +128,14 @@ static std::string op_result(const oracle::OpReport& r, bool producer) {
 int run_fixtures_check(const std::string& path, const std::vector<std::string>& backend_names,
                        bool verbose, const JudgeOptions& judge) {
   int code = kExitOk;
-  std::vector<std::string> files;
+  std::vector<std::string> files, skipped;
   const bool dir = fs::is_directory(path);
   if (dir) {
     std::vector<std::string> problems = verify_checksums(path);
     for (const auto& p : problems) std::printf("checksum: %s\n", p.c_str());
     if (!problems.empty() && problems[0].find("not verified") == std::string::npos) code = kExitUsage;
-    files = fixture_files(path);
+    files = fixture_files(path, &skipped);
+    for (const auto& n : skipped) std::printf("note: fixtures check: not judged: %s\n", n.c_str());
     if (files.empty())
       throw std::invalid_argument("fixtures check: " + path + " holds no .safetensors fixtures");
   } else if (fs::is_regular_file(path)) {
@@ -188,6 +206,8 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     } catch (const std::exception& e) {
       // FileError already names the file; anything else gets its path here. The file is a
       // row of its own (named by its path) and counted as unreadable: input error, exit 2.
+      // Out of memory (ResourceError) keeps the rows of the ops judged before it.
+      if (const auto* re = dynamic_cast<const oracle::ResourceError*>(&e)) rows("producer", re->partial, true);
       const std::string msg = e.what();
       const std::string line = msg.rfind(file, 0) == 0 ? msg : file + ": " + msg;
       out.text += "error: " + line + "\n";
@@ -211,6 +231,7 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
       try {
         reports = oracle::judge_fixture_ops(f, c, *b, opt);
       } catch (const std::exception& e) {
+        if (const auto* re = dynamic_cast<const oracle::ResourceError*>(&e)) rows(b->name(), re->partial, false);
         const std::string msg = e.what();
         out.text += "error: " + (msg.rfind(file, 0) == 0 ? msg : file + ": " + msg) + "\n";
         out.usage_error = true;
@@ -241,11 +262,14 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
   };
   parallel_ordered(static_cast<int64_t>(files.size()), judge_file, print_file);
   if (!judge.json_path.empty())
-    write_text_file(judge.json_path, nlohmann::json{{"files", json_files}}.dump(2) + "\n");
+    write_text_file(judge.json_path, nlohmann::json{{"files", json_files}, {"not_judged", skipped}}.dump(2) + "\n");
   std::printf("\nfixtures check %s\n%-*s %-24s %-16s %s\n", path.c_str(), width, "file", "op", "judged", "result");
   for (const auto& s : summary) std::printf("%s\n", s.c_str());
   std::printf("\nfixtures: %zu agree, %zu partial, %zu disagree, %zu skipped, %zu unreadable (rows: one "
               "per op and candidate; an unreadable file is one row, exit 2)\n", pass, partial, fail, skip, errors);
+  if (!skipped.empty())
+    std::printf("fixtures: %zu entr%s of %s not judged (no recursion, lower-case .safetensors only): see the notes above\n",
+                skipped.size(), skipped.size() == 1 ? "y" : "ies", path.c_str());
   // Nothing judged (every row a skip) is not a pass, as in the audit.
   if (code == kExitOk && pass + partial + fail + errors == 0) {
     std::fprintf(stderr, "dsa-verify: error: fixtures check %s judged nothing: every row was skipped "
@@ -274,6 +298,7 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
     throw std::invalid_argument("replay: argument '--convention' converts a candidate file; it needs --candidate");
   fixtures::Fixture f = fixtures::load_fixture(file);
   if (judge.outputs) oracle::check_provided_outputs(*judge.outputs, oracle::fixture_ops(f), "--outputs");
+  check_conventions_apply(conventions, oracle::fixture_ops(f), "--convention");
   std::unique_ptr<oracle::Backend> b;
   const oracle::CandidateBackend* stored = nullptr;  // --candidate: for convention hints
   bool file_route = false;
@@ -292,8 +317,12 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
     return kExitUsage;
   }
   const oracle::OpCase c = oracle::op_case_from_fixture(f);
-  std::vector<oracle::OpReport> reports =
-      oracle::judge_fixture_ops(f, c, *b, check_options(judge, file_route));
+  std::vector<oracle::OpReport> reports;
+  try {
+    reports = oracle::judge_fixture_ops(f, c, *b, check_options(judge, file_route));
+  } catch (const oracle::ResourceError& e) {
+    return report_resource_error(e, judge.json_path);  // no verdict; what was judged is kept
+  }
   if (stored) add_convention_hints(reports, *stored, &c, HintRoute::ConventionOption);
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
   if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");

@@ -2,12 +2,52 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 #include "dsa/oracle/candidate_backend.h"
 #include "dsa/oracle/fixture_check.h"
+#include "report.h"
 
 namespace dsa::cli {
+
+std::vector<std::string> split_list_option(const std::vector<std::string>& values, const std::string& flag) {
+  std::vector<std::string> out;
+  for (const auto& v : values) {
+    size_t begin = 0;
+    while (true) {
+      const size_t end = v.find(',', begin);
+      const std::string item = v.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+      if (item.empty())
+        throw std::invalid_argument("argument '" + flag + "' got \"" + v +
+                                    "\": an empty item, expected comma-separated names (e.g. a,b), none empty");
+      out.push_back(item);
+      if (end == std::string::npos) break;
+      begin = end + 1;
+    }
+  }
+  return out;
+}
+
+void check_conventions_apply(const std::vector<fixtures::Convention>& conventions,
+                             const std::vector<oracle::Op>& ops, const std::string& flag) {
+  using fixtures::Convention;
+  for (Convention c : conventions) {
+    const std::vector<oracle::Op> converts =
+        c == Convention::LseBase2 ? std::vector<oracle::Op>{oracle::Op::SparseMlaFwd, oracle::Op::SparseMlaFp8Fwd}
+                                  : std::vector<oracle::Op>{oracle::Op::Topk};
+    bool applies = false;
+    for (oracle::Op op : ops) applies |= std::find(converts.begin(), converts.end(), op) != converts.end();
+    if (applies) continue;
+    std::string theirs, ours;
+    for (oracle::Op op : converts) theirs += (theirs.empty() ? "" : " or ") + std::string(oracle::to_string(op));
+    for (oracle::Op op : ops) ours += (ours.empty() ? "" : ", ") + std::string(oracle::to_string(op));
+    throw std::invalid_argument("argument '" + flag + "' names " + fixtures::to_string(c) +
+                                ", which converts outputs of " + theirs + " only, not of the selected op" +
+                                (ops.size() == 1 ? " " : "s ") + ours +
+                                "; name only conventions of these ops (docs/fixtures.md conventions)");
+  }
+}
 
 std::vector<std::string> parse_output_names(const std::vector<std::string>& names,
                                             const std::string& flag) {
@@ -24,6 +64,19 @@ std::vector<std::string> parse_output_names(const std::vector<std::string>& name
   }
   if (out.empty()) throw std::invalid_argument("argument '" + flag + "' names no output");
   return out;
+}
+
+int report_resource_error(const oracle::ResourceError& e, const std::string& json_path) {
+  for (const auto& r : e.partial) std::printf("%s", oracle::format_op_report(r).c_str());
+  std::fflush(stdout);
+  std::fprintf(stderr, "dsa-verify: error: %s\n", e.what());
+  if (!json_path.empty()) {
+    nlohmann::json j = reports_json(e.partial);
+    j["error"] = e.what();
+    j["exit_code"] = kExitUsage;
+    write_text_file(json_path, j.dump(2) + "\n");
+  }
+  return kExitUsage;
 }
 
 oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route) {

@@ -13,10 +13,31 @@
 #include "commands.h"
 #include "dsa/oracle/backend.h"
 #include "dsa/oracle/candidate_backend.h"
+#include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
 
 namespace dsa::cli {
+
+/// The items of a comma-separated list option given once or repeated (`--outputs out,lse`,
+/// `--outputs out --outputs lse`), split on ','. An empty item (`out,,lse`, `lse_base2,`, an
+/// empty value) is a usage error naming `flag` and the value (std::invalid_argument), never
+/// silently dropped. Source: project rule "bad input gets a clear error naming the argument".
+std::vector<std::string> split_list_option(const std::vector<std::string>& values, const std::string& flag);
+
+/// A convention named by an option (`--convention`, or compare's flag aliases such as
+/// --int64-ids) must convert an output of one of `ops` (the golden's ops): lse_base2 the
+/// sparse MLA forward's lse/max_logits, int64_ids, ids_s_q_1_k and topk_width_min_k_s_kv the
+/// top-k ids (docs/fixtures.md conventions). One that applies to none is a usage error naming
+/// `flag`, the convention and the op it applies to (std::invalid_argument), as --outputs treats
+/// a name of no selected op.
+void check_conventions_apply(const std::vector<fixtures::Convention>& conventions,
+                             const std::vector<oracle::Op>& ops, const std::string& flag);
+
+/// A route's answer to judging that ran out of memory (oracle::ResourceError): prints the
+/// reports of the ops judged before it, then "dsa-verify: error: <what>" on stderr, writes
+/// {"ops": partial, "error": what} to `json_path` when given; returns kExitUsage (no verdict).
+int report_resource_error(const oracle::ResourceError& e, const std::string& json_path);
 
 /// CheckOptions of a route: --outputs and --allow-weak; `file_route` turns the determinism
 /// run off (a stored file returns the same bytes twice by construction).

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "commands.h"
+#include "judge.h"
 #include "dsa/contract/parallel.h"
 #include "numeric_options.h"
 #include "dsa/backends/builtin.h"
@@ -33,8 +35,8 @@ int main(int argc, char** argv) {
       "Backend name (repeatable; default: libtorch-cpu, plus libtorch-cuda and cuda with a GPU)");
   audit_cmd->add_option("--plugin", audit.plugin, "Plugin shared library implementing dsa/backend_abi.h")
       ->check(CLI::ExistingFile)->excludes(backend_opt);
-  audit_cmd->add_option("--ops", audit.ops, "Ops to audit (comma-separated)")->delimiter(',');
-  audit_cmd->add_option("--only", audit.only, "Run only these properties (comma-separated names)")->delimiter(',');
+  audit_cmd->add_option("--ops", audit.ops, "Ops to audit (comma-separated)");
+  audit_cmd->add_option("--only", audit.only, "Run only these properties (comma-separated names)");
   audit_cmd->add_option("--level", audit.level, "Test level 0 (CI), 1, 2 (soak)")
       ->check(integer_in("--level", 0, 2, "a test level"));
   // Read as text and checked here: a negative or too large number would otherwise wrap
@@ -60,12 +62,12 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--dump-dir", audit.dump_dir, "Where failing cases are dumped as fixtures");
   std::vector<std::string> audit_outputs;
   audit_cmd->add_option("--outputs", audit_outputs, std::string("Outputs the kernel provides (comma-separated, e.g. out,lse); ") + kOutputsRule)
-      ->delimiter(',');
+      ;
   audit_cmd->add_option("--unsupported", audit.unsupported,
       "What the kernel leaves out (comma-separated feature keys: invalid_ids, empty_rows, "
       "duplicate_ids, neg_inf_scores, nan_scores, ...; or property names): a backend that declines "
       "these SPEC-mandatory cases is then not INCOMPLETE, and the report says they were not judged")
-      ->delimiter(',');
+      ;
   audit_cmd->add_flag("--allow-weak", audit.judge.allow_weak,
       "Accept WEAK outputs (whose bound exceeds their detection threshold) instead of failing");
   audit_cmd->add_option("--jobs,-j", jobs, jobs_help)->check(integer_in("--jobs", 1, kMaxJobs, "a number of threads"));
@@ -97,14 +99,14 @@ int main(int argc, char** argv) {
   compare->add_option("--candidate", candidate, "Candidate outputs (.safetensors)")->required()->check(CLI::ExistingFile);
   compare->add_option("--convention", convention_names,
       "How the candidate represents its outputs (repeatable or comma-separated): " +
-      dsa::fixtures::convention_names())->delimiter(',');
+      dsa::fixtures::convention_names());
   compare->add_flag("--lse-base2", lse_base2, "Same as --convention lse_base2");
   compare->add_flag("--narrowed-topk-width", narrowed, "Same as --convention topk_width_min_k_s_kv");
   compare->add_flag("--int64-ids", int64_ids, "Same as --convention int64_ids");
   compare->add_flag("--indices-3d", indices_3d, "Same as --convention ids_s_q_1_k");
   compare->add_option("--outputs", compare_outputs,
       std::string("Outputs the kernel provides (comma-separated, e.g. out,lse); ") + kOutputsRule +
-      " (default: every output of the op is judged, a missing one is INCOMPLETE)")->delimiter(',');
+      " (default: every output of the op is judged, a missing one is INCOMPLETE)");
   compare->add_flag("--allow-weak", compare_judge.allow_weak, "Accept WEAK outputs instead of failing");
   compare->add_option("--json", compare_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
@@ -122,11 +124,11 @@ int main(int argc, char** argv) {
   replay->add_option("--candidate", replay_candidate, "Judge stored outputs (.safetensors) instead of running a backend")
       ->check(CLI::ExistingFile)->excludes(replay_backend_opt)->excludes(replay_plugin_opt);
   replay->add_option("--outputs", replay_outputs,
-      std::string("Outputs the kernel provides (comma-separated); ") + kOutputsRule)->delimiter(',');
+      std::string("Outputs the kernel provides (comma-separated); ") + kOutputsRule);
   std::vector<std::string> replay_conventions;
   replay->add_option("--convention", replay_conventions,
       "With --candidate: how the file represents its outputs (" + dsa::fixtures::convention_names() + ")")
-      ->delimiter(',');
+      ;
   replay->add_flag("--allow-weak", replay_judge.allow_weak, "Accept WEAK outputs instead of failing");
   replay->add_option("--json", replay_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
@@ -147,6 +149,15 @@ int main(int argc, char** argv) {
     if (jobs > 0) dsa::set_max_threads(jobs);
     dsa::backends::register_builtin_backends();
     if (!seed_text.empty()) audit.seed = std::stoull(seed_text);  // checked above
+    // Comma lists are split here, not by CLI11, which drops empty items ("out,,lse").
+    audit.ops = split_list_option(audit.ops, "--ops");
+    audit.only = split_list_option(audit.only, "--only");
+    audit.unsupported = split_list_option(audit.unsupported, "--unsupported");
+    audit_outputs = split_list_option(audit_outputs, "--outputs");
+    compare_outputs = split_list_option(compare_outputs, "--outputs");
+    replay_outputs = split_list_option(replay_outputs, "--outputs");
+    convention_names = split_list_option(convention_names, "--convention");
+    replay_conventions = split_list_option(replay_conventions, "--convention");
     if (!audit_outputs.empty()) audit.judge.outputs = parse_output_names(audit_outputs, "--outputs");
     if (!compare_outputs.empty()) compare_judge.outputs = parse_output_names(compare_outputs, "--outputs");
     if (!replay_outputs.empty()) replay_judge.outputs = parse_output_names(replay_outputs, "--outputs");
@@ -173,6 +184,11 @@ int main(int argc, char** argv) {
                         dsa::fixtures::parse_conventions(replay_conventions, "--convention"));
     if (*list) return run_list_backends();
     if (*mutants) return run_list_mutants();
+  } catch (const std::bad_alloc&) {
+    // Out of memory outside a judged op (judge_fixture_ops names those): no verdict.
+    std::fprintf(stderr, "dsa-verify: error: out of memory (std::bad_alloc) while reading or preparing the "
+                         "inputs: no verdict; free memory or give a smaller case\n");
+    return kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dsa-verify: error: %s\n", e.what());
     return kExitUsage;

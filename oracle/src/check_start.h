@@ -4,6 +4,7 @@
 #pragma once
 
 #include <exception>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -35,7 +36,8 @@ inline OpReport start_report(Backend& b, const std::string& op_name, Op op) {
 
 /// Runs `call` (twice when `twice` and the backend is deterministic; `eq` compares the two
 /// results bitwise, SPEC §3.5). False when the report is final: Skip (NotSupported) or Fail
-/// (any other exception; the reason is "backend threw<what>: <message>").
+/// (any other exception; the reason is "backend threw<what>: <message>"). std::bad_alloc
+/// propagates (out of memory is not a verdict; judge_fixture_ops names it, ResourceError).
 template <class R, class Call, class Eq>
 bool run_backend(OpReport& r, Backend& b, bool twice, const std::string& what, Call call, Eq eq,
                  R& out) {
@@ -57,6 +59,10 @@ bool run_backend(OpReport& r, Backend& b, bool twice, const std::string& what, C
     r.verdict = Verdict::Skip;
     r.reason = e.what();
     return false;
+  } catch (const std::bad_alloc&) {
+    // Out of memory is no verdict on the candidate: judge_fixture_ops reports it as a
+    // ResourceError naming the op and the shapes (fixture_check.h), never a DISAGREE.
+    throw;
   } catch (const std::exception& e) {
     r.fail("backend threw" + what + ": " + e.what());
     return false;

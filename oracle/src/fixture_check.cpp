@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <set>
 #include <sstream>
 
@@ -82,13 +83,50 @@ const Tensor& with_rank(const Fixture& f, const Tensor& t, const char* name, int
   return t;
 }
 
+// ks and ke come together (SPEC §1): one alone is an input error naming which was found, never
+// a silent full window (a kernel ignoring windows then agreed with a windowed golden).
 KeyWindows windows_of(const Fixture& f, int64_t s_q, int64_t s_kv) {
   const Tensor* ks = find(f.inputs, "ks");
   const Tensor* ke = find(f.inputs, "ke");
+  if (static_cast<bool>(ks) != static_cast<bool>(ke))
+    throw FileError(label_of(f), std::string("ks and ke must both be given (found ") + (ks ? "ks" : "ke") +
+                                     " only; SPEC §1: key window [ks[t], ke[t]) per query row; give both, "
+                                     "or neither for full windows)");
   if (ks) with_rank(f, *ks, "ks", 1, "[s_q]");
   if (ke) with_rank(f, *ke, "ke", 1, "[s_q]");
   if (ks && ke) return KeyWindows::explicit_windows(to_i64(*ks), to_i64(*ke), s_kv);
   return KeyWindows::full(s_q, s_kv);
+}
+
+// Size limits (fixture.h, docs/fixtures.md "Size limits"), checked before anything is
+// allocated: a file error naming the tensor or param, never a std::bad_alloc verdict.
+void check_input_dims(const Fixture& f) {
+  for (const auto& [name, t] : f.inputs)
+    for (int64_t d = 0; d < t.dim(); ++d)
+      if (t.size(d) > fixtures::kMaxDimension)
+        throw FileError(label_of(f), "tensor '" + name + "' has shape " + shape_str(t.shape()) + ": dimension " +
+                                         std::to_string(d) + " is " + std::to_string(t.size(d)) +
+                                         ", expected at most 2147483647 (ids, windows and lengths are int32)" +
+                                         (t.numel() == 0 ? "; the tensor holds no data (a dimension is 0)" : ""));
+}
+
+// An output of `rows` × `cols` elements (`what` names it and where its sizes come from).
+void check_output_size(const Fixture& f, int64_t rows, int64_t cols, const std::string& what) {
+  if (static_cast<double>(rows) * static_cast<double>(cols) <= static_cast<double>(fixtures::kMaxOutputElements))
+    return;
+  throw FileError(label_of(f), what + " has " + std::to_string(rows) + " x " + std::to_string(cols) +
+                                   " elements, more than the limit of 2^30 = " +
+                                   std::to_string(fixtures::kMaxOutputElements) +
+                                   " (docs/fixtures.md size limits: 4 GiB as fp32, the float64 reference twice that)");
+}
+
+// The indexer's scores [s_q, s_kv] (q_idx dimension 0, k_idx dimension 0).
+void check_indexer_output(const Fixture& f, const Tensor& q_idx, const Tensor& k_idx) {
+  std::string what = "the scores output [s_q, s_kv] (q_idx " + shape_str(q_idx.shape()) + ", k_idx " +
+                     shape_str(k_idx.shape()) + ")";
+  if (k_idx.numel() == 0 && k_idx.dim() == 2 && k_idx.size(0) > 0 && k_idx.size(1) == 0)
+    what += " (k_idx holds no data: d_I = 0)";
+  check_output_size(f, q_idx.size(0), k_idx.size(0), what);
 }
 
 }  // namespace
@@ -125,6 +163,7 @@ OpCase op_case_unchecked(const Fixture& f) {
     if (op == Op::IndexerScores || op == Op::IndexerScoresBackward) {
       c.q_idx = with_rank(f, require_input(f, "q_idx", label), "q_idx", 3, "[s_q, H_I, d_I]");
       c.k_idx = with_rank(f, require_input(f, "k_idx", label), "k_idx", 2, "[s_kv, d_I]");
+      check_indexer_output(f, c.q_idx, c.k_idx);
       c.w = require_input(f, "w", label);
       c.windows = windows_of(f, c.q_idx.size(0), c.k_idx.size(0));
       if (op == Op::IndexerScoresBackward) c.d_scores = require_input(f, "d_scores", label);
@@ -137,14 +176,35 @@ OpCase op_case_unchecked(const Fixture& f) {
                       k_max == 2147483647 ? " (SPEC §3: int32 ids)"
                                           : " (SPEC §3 allows up to 2^31 - 1; the output [s_q = " +
                                                 std::to_string(s_q) + ", k] is held to 2^30 ids)");
+      // k > s_kv: columns s_kv..k-1 of every row are -1 padding, which every route allocates
+      // (the reference, a narrowed candidate padded to k): held to 2^26 ids beyond what the
+      // scores can fill, so a legal but absurd k (2^30 for 8 keys) is an error naming it,
+      // never gigabytes of -1 or a std::bad_alloc verdict.
+      const int64_t s_kv = c.scores.size(1);
+      if (c.k > s_kv) {
+        const double fill = std::max(static_cast<double>(fixtures::kMaxPaddedElements),
+                                     static_cast<double>(c.scores.size(0)) * static_cast<double>(s_kv));
+        const int64_t k_pad = std::max<int64_t>(s_kv, static_cast<int64_t>(fill / static_cast<double>(s_q)));
+        if (c.k > k_pad)
+          throw FileError(label, "params.k got " + std::to_string(c.k) + ", expected at most " + std::to_string(k_pad) +
+                                     " for s_q = " + std::to_string(c.scores.size(0)) + ", s_kv = " + std::to_string(s_kv) +
+                                     " (k > s_kv: columns s_kv..k-1 of the [s_q, k] output are -1 padding, held to "
+                                     "2^26 ids beyond the s_q x s_kv the scores can fill; docs/fixtures.md size limits)");
+      }
       c.policy.tie_break =
           parse_tie_break(judged_param<std::string>(f, "tie_break", "\"any\", \"small\" or \"large\"", "SPEC §3"));
       c.policy.sorted = judged_param<bool>(f, "sorted", "true or false", "SPEC §3");
-      if (find(f.inputs, "ks") && find(f.inputs, "ke"))
+      if (find(f.inputs, "ks") || find(f.inputs, "ke"))  // one alone: windows_of's error
         c.topk_windows = windows_of(f, c.scores.size(0), c.scores.size(1));
     } else if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd) {
       c.mla.q = require_input(f, "q", label);
       c.mla.kv = require_input(f, "kv", label);
+      // One activation dtype for q and kv (the plugin ABI: kv "same dtype as q"; SPEC §4: bf16,
+      // or fp32 for reference runs); a mixed pair is no kernel's input.
+      if (c.mla.q.defined() && c.mla.kv.defined() && c.mla.q.dtype() != c.mla.kv.dtype())
+        throw FileError(label, std::string("tensor 'kv' has dtype ") + dtype_name(c.mla.kv.dtype()) + ", expected " +
+                                   dtype_name(c.mla.q.dtype()) + ", q's dtype (SPEC §4: q and kv share one "
+                                   "dtype, bf16 or fp32 for reference runs)");
       c.mla.indices = require_input(f, "indices", label);
       if (const Tensor* t = find(f.inputs, "topk_length")) c.mla.topk_length = *t;
       if (const Tensor* t = find(f.inputs, "attn_sink")) c.mla.attn_sink = *t;
@@ -164,6 +224,8 @@ OpCase op_case_unchecked(const Fixture& f) {
       if (const Tensor* t = find(f.inputs, "indices")) c.kl.indices = *t;
     } else if (op == Op::Fp8IndexerScores) {  // §10: U8 bytes + fp8_dtypes tags
       c.fp8_indexer = fixtures::fp8_indexer_inputs(f, label);
+      if (c.fp8_indexer.q_idx.dim() >= 1 && c.fp8_indexer.k_idx.dim() >= 1)  // a rank error is the reference's
+        check_indexer_output(f, c.fp8_indexer.q_idx, c.fp8_indexer.k_idx);
     } else if (op == Op::PagedIndexerScores) {
       c.paged_indexer = fixtures::paged_indexer_inputs(f, label);
     } else if (op == Op::SparseMlaFp8Fwd) {
@@ -176,6 +238,7 @@ OpCase op_case_unchecked(const Fixture& f) {
 }  // namespace
 
 OpCase op_case_from_fixture(const Fixture& f) {
+  check_input_dims(f);
   try {
     return op_case_unchecked(f);
   } catch (const std::invalid_argument& e) {
@@ -216,6 +279,15 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, const OpCase& c, Backe
     OpReport r;
     try {
       r = check_op(candidate, op, c, eff);
+    } catch (const std::bad_alloc&) {
+      std::string inputs;
+      for (const auto& [name, t] : f.inputs)
+        inputs += (inputs.empty() ? "" : ", ") + name + " " + dtype_name(t.dtype()) + " " + shape_str(t.shape());
+      throw ResourceError(label_of(f) + ": out of memory (std::bad_alloc) judging op " + to_string(op) + " of " +
+                              candidate.name() + " on " + f.op + " inputs " + inputs +
+                              (op == Op::Topk ? ", k = " + std::to_string(c.k) : std::string()) +
+                              ": no verdict (not a disagreement); free memory or judge a smaller case",
+                          std::move(out));
     } catch (const std::invalid_argument& e) {
       // Usually the reference rejecting the fixture's inputs: the error names the file.
       throw FileError(label_of(f), std::string(to_string(op)) + " inputs: " + without_function(e.what()));

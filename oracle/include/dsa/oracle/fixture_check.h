@@ -5,7 +5,9 @@
 // `audit`. Format: docs/fixtures.md.
 #pragma once
 
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsa/fixtures/fixture.h"
@@ -15,6 +17,18 @@
 #include "dsa/oracle/report.h"
 
 namespace dsa::oracle {
+
+/// Judging a fixture ran out of memory (std::bad_alloc in the reference, the baseline, the
+/// floors or the candidate's run): not a verdict on the candidate, so never a Fail. what():
+/// "<file>: out of memory (std::bad_alloc) judging op <op> of <backend> on <inputs and shapes>
+/// ...". `partial`: the reports of the fixture's ops judged before it (a failure never loses
+/// results already computed); the CLI prints them and exits 2.
+class ResourceError : public std::runtime_error {
+ public:
+  ResourceError(const std::string& what, std::vector<OpReport> partial_reports)
+      : std::runtime_error(what), partial(std::move(partial_reports)) {}
+  std::vector<OpReport> partial;
+};
 
 /// Result of one fixture.
 struct FixtureReport {
@@ -48,7 +62,8 @@ CandidateBackend expected_candidate(const fixtures::Fixture& f);
 /// one judging function behind every route. Backend::provided_outputs (a plugin's
 /// declaration) narrows opt.provided_outputs (intersection). For a CandidateBackend (stored outputs), an op
 /// of which it stores no output is Incomplete, or not judged (Skip, names in not_judged)
-/// when opt.provided_outputs names none of that op's outputs.
+/// when opt.provided_outputs names none of that op's outputs. Throws ResourceError (with the
+/// reports of the ops judged before) when judging an op runs out of memory.
 std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& candidate,
                                         const CheckOptions& opt = {});
 /// Same on a case already built by op_case_from_fixture(f): a caller judging several

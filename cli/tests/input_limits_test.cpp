@@ -1,0 +1,222 @@
+// Input validation a fresh user found missing (session 7): windows given half, sizes that only
+// an allocation would reject, params the FP8 sparse MLA tensors contradict, mixed q/kv dtypes,
+// empty list items, conventions of no selected op, entries `fixtures check DIR` skipped, and out
+// of memory reported as a DISAGREE. Bad input is exit 2 naming the argument and the expected
+// value on every route; out of memory is no verdict. Files are written here (fixtures writer)
+// from the shipped golden fixtures. Label golden; about 3 s in all.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <new>
+#include <string>
+
+#include "dsa/contract/errors.h"
+#include "dsa/fixtures/fixture.h"
+#include "dsa/oracle/candidate_backend.h"
+#include "dsa/oracle/fixture_check.h"
+#include "route_test_util.h"
+
+namespace dsa::cli {
+namespace {
+
+using test::Scratch;
+using test::golden;
+using test::lines_with;
+using test::run_cli_capture;
+
+// `golden` with input `drop` removed, saved to `path`.
+void save_without(const std::string& name, const std::string& drop, const std::string& path) {
+  fixtures::Fixture f = fixtures::load_fixture(golden(name));
+  ASSERT_EQ(f.inputs.erase(drop), 1u) << name << " has no " << drop;
+  fixtures::save_fixture(path, f);
+}
+
+// One of ks/ke alone used to drop both windows silently: a kernel ignoring the windows agreed.
+// Now every route that loads a fixture stops with exit 2 naming the one found.
+TEST(InputLimits, KsOrKeAloneIsAnErrorOnEveryRoute) {
+  Scratch dir("ks_ke");
+  struct Case {
+    const char* golden;
+    const char* drop;
+    const char* found;
+  };
+  for (const Case& c : {Case{"idx_varlen", "ks", "ke"}, Case{"topk_window_garbage", "ke", "ks"}}) {
+    const std::string path = dir.file(std::string(c.golden) + "_no_" + c.drop + ".safetensors");
+    save_without(c.golden, c.drop, path);
+    const std::string want = std::string("ks and ke must both be given (found ") + c.found + " only";
+    std::string out;
+    // the golden's own expected outputs as the candidate: agreed before (full windows twice)
+    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden(c.golden), &out), 2) << c.golden;
+    EXPECT_FALSE(lines_with(out, {want}).empty()) << out;
+    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << c.golden;
+    EXPECT_FALSE(lines_with(out, {want}).empty()) << out;
+    EXPECT_EQ(run_cli_capture("replay " + path + " --candidate " + golden(c.golden), &out), 2) << c.golden;
+    EXPECT_FALSE(lines_with(out, {want}).empty()) << out;
+  }
+}
+
+// A legal but absurd top-k k (2^30 for 8 keys) made every route allocate [s_q, k] of -1
+// padding (8.5 GB, then std::bad_alloc as a DISAGREE): now exit 2 naming k, s_q and s_kv
+// before anything is allocated. A k above s_kv within the limit is still judged.
+TEST(InputLimits, TopkPaddingPastTheKeysIsLimited) {
+  Scratch dir("bigk");
+  fixtures::Fixture f;
+  f.case_name = "bigk";
+  f.op = "topk";
+  Tensor sc(DType::F32, {1, 8});
+  for (int s = 0; s < 8; ++s) sc.set(s, s);  // distinct: the top 8 are 7, 6, ..., 0
+  f.inputs["scores"] = sc;
+  f.params = {{"k", int64_t{1} << 30}, {"tie_break", "small"}, {"sorted", true}};
+  const std::string gold = dir.file("bigk.safetensors"), cand = dir.file("cand.safetensors");
+  fixtures::save_fixture(gold, f);
+  test::write_outputs(cand, {{"indices", Tensor::from_i32({1, 8}, {7, 6, 5, 4, 3, 2, 1, 0})}});
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + gold + " --candidate " + cand + " --narrowed-topk-width", &out), 2);
+  EXPECT_FALSE(lines_with(out, {"params.k got 1073741824, expected at most", "s_q = 1, s_kv = 8"}).empty()) << out;
+  EXPECT_TRUE(lines_with(out, {"bad_alloc"}).empty()) << out;
+  f.params["k"] = 12;  // k > s_kv, small: judged (the narrowed ids padded with -1)
+  fixtures::save_fixture(gold, f);
+  EXPECT_EQ(run_cli_capture("compare --golden " + gold + " --candidate " + cand + " --narrowed-topk-width", &out), 0);
+}
+
+// A tensor of 0 elements may still claim 2^40 rows (k_idx [2^40, 0], d_I = 0): the scores
+// output [s_q, s_kv] was allocated from it (std::bad_alloc as "reference DISAGREE"). Now exit 2
+// naming k_idx; below 2^31 rows the output limit names it.
+TEST(InputLimits, ZeroSizedTensorWithHugeDimensionIsNamed) {
+  Scratch dir("hugeidx");
+  for (int64_t rows : {int64_t{1} << 40, int64_t{2147483647}}) {
+    fixtures::Fixture f;
+    f.case_name = "hugeidx";
+    f.op = "indexer_scores";
+    f.inputs["q_idx"] = Tensor(DType::BF16, {1, 1, 0});
+    f.inputs["k_idx"] = Tensor(DType::BF16, {rows, 0});
+    f.inputs["w"] = Tensor(DType::F32, {1, 1});
+    const std::string path = dir.file("hugeidx.safetensors");
+    fixtures::save_fixture(path, f);
+    std::string out;
+    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << rows;
+    EXPECT_FALSE(lines_with(out, {"k_idx", std::to_string(rows), "holds no data"}).empty()) << out;
+    EXPECT_TRUE(lines_with(out, {"bad_alloc"}).empty()) << out;
+    EXPECT_TRUE(lines_with(out, {"DISAGREE"}).empty()) << out;
+  }
+}
+
+// max_context is -1 (derived: the largest context) or a width >= 0 within the size limit;
+// -2 was read as -1, 2^31 - 1 ended in an unnamed std::bad_alloc.
+TEST(InputLimits, PagedMaxContextIsChecked) {
+  Scratch dir("maxctx");
+  fixtures::Fixture f = fixtures::load_fixture(golden("paged_idx_mtp2"));
+  const std::string path = dir.file("paged.safetensors");
+  for (int64_t bad : {int64_t{-2}, int64_t{2147483647}}) {
+    f.params["max_context"] = bad;
+    fixtures::save_fixture(path, f);
+    std::string out;
+    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << bad;
+    EXPECT_FALSE(lines_with(out, {"params.max_context got " + std::to_string(bad), "expected -1"}).empty()) << out;
+    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden("paged_idx_mtp2"), &out), 2);
+    EXPECT_FALSE(lines_with(out, {"params.max_context got " + std::to_string(bad)}).empty()) << out;
+  }
+}
+
+// FP8 sparse MLA params that contradict the tensors (block_size 8 beside a kv_cache of
+// blocks of 16; d_v 256 for the 512 NoPE values) agreed before; the paged indexer already
+// rejected the same block_size. Now exit 2 naming the param and the value the tensors imply.
+TEST(InputLimits, Fp8SparseMlaParamsMustMatchTheTensors) {
+  Scratch dir("f8params");
+  const fixtures::Fixture base = fixtures::load_fixture(golden("smla_fp8_decode"));
+  const int64_t block_size = base.inputs.at("kv_cache").size(1);
+  struct Case {
+    const char* key;
+    int64_t bad, good;
+  };
+  for (const Case& c : {Case{"block_size", block_size / 2, block_size}, Case{"d_v", 256, 512}, Case{"d_qk", 512, 576}}) {
+    fixtures::Fixture f = base;
+    const std::string path = dir.file(std::string(c.key) + ".safetensors");
+    f.params[c.key] = c.good;  // agreeing: loads and builds its case
+    fixtures::save_fixture(path, f);
+    EXPECT_NO_THROW(oracle::op_case_from_fixture(fixtures::load_fixture(path))) << c.key;
+    std::string out;
+    f.params[c.key] = c.bad;
+    fixtures::save_fixture(path, f);
+    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden("smla_fp8_decode"), &out), 2) << c.key;
+    EXPECT_FALSE(lines_with(out, {"params." + std::string(c.key) + " = " + std::to_string(c.bad), std::to_string(c.good)})
+                     .empty())
+        << out;
+  }
+}
+
+// q F16 beside kv BF16: the plugin ABI says kv has q's dtype (SPEC §4: one activation dtype).
+TEST(InputLimits, SparseMlaQAndKvShareOneDtype) {
+  Scratch dir("qkv");
+  fixtures::Fixture f = fixtures::load_fixture(golden("smla_basic"));
+  const Tensor& q = f.inputs.at("q");
+  Tensor q16(DType::F16, q.shape());
+  for (int64_t i = 0; i < q.numel(); ++i) q16.set(i, q.get(i));  // grid values: exact in F16
+  f.inputs["q"] = q16;
+  const std::string path = dir.file("q_f16.safetensors");
+  fixtures::save_fixture(path, f);
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden("smla_basic"), &out), 2);
+  EXPECT_FALSE(lines_with(out, {"tensor 'kv' has dtype BF16, expected F16"}).empty()) << out;
+}
+
+// Empty list items were dropped by the option parser; a convention of no selected op was
+// accepted without a word. Both are usage errors naming the option, as --outputs already was
+// for an output of no selected op.
+TEST(InputLimits, ListOptionsAndConventionsAreChecked) {
+  const std::string g = golden("smla_basic");
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + g + " --outputs out,,lse", &out), 2);
+  EXPECT_FALSE(lines_with(out, {"argument '--outputs' got \"out,,lse\": an empty item"}).empty()) << out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + g + " --convention lse_base2,", &out), 2);
+  EXPECT_FALSE(lines_with(out, {"argument '--convention' got \"lse_base2,\": an empty item"}).empty()) << out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + g + " --convention int64_ids", &out), 2);
+  EXPECT_FALSE(lines_with(out, {"argument '--convention' names int64_ids", "topk only"}).empty()) << out;
+  EXPECT_EQ(run_cli_capture("replay " + g + " --candidate " + g + " --convention int64_ids", &out), 2);
+  EXPECT_FALSE(lines_with(out, {"argument '--convention' names int64_ids"}).empty()) << out;
+}
+
+// `fixtures check DIR` judges the *.safetensors directly in DIR and now names what it did not
+// judge (a subdirectory, an upper-case extension) instead of a silent "n agree".
+TEST(InputLimits, FixturesCheckNamesWhatItSkips) {
+  Scratch dir("fxdir");
+  std::filesystem::copy_file(golden("topk_mtp"), dir.file("a.safetensors"));
+  std::filesystem::create_directories(dir.file("sub"));
+  std::filesystem::copy_file(golden("topk_mtp"), dir.file("sub/b.safetensors"));
+  std::filesystem::copy_file(golden("topk_mtp"), dir.file("UPPER.SAFETENSORS"));
+  Scratch json("fxdir_json");
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + dir.file("") + " --backend reference --json " + json.file("r.json"), &out), 0);
+  EXPECT_EQ(lines_with(out, {"not judged: sub/ (a subdirectory"}).size(), 1u) << out;
+  EXPECT_EQ(lines_with(out, {"not judged: UPPER.SAFETENSORS (the extension is not lower-case"}).size(), 1u) << out;
+  EXPECT_EQ(lines_with(out, {"2 entries of", "not judged"}).size(), 1u) << out;
+  EXPECT_EQ(test::read_json(json.file("r.json")).at("not_judged").size(), 2u);
+}
+
+// A backend run that runs out of memory is no verdict: judge_fixture_ops throws ResourceError
+// naming the op and the input shapes, keeping the reports of the ops judged before it (here the
+// forward of a fwd+bwd case). Before, it was a Fail ("backend threw: std::bad_alloc").
+class OutOfMemoryBackward : public oracle::CandidateBackend {
+ public:
+  using oracle::CandidateBackend::CandidateBackend;
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs&, const Tensor&) override { throw std::bad_alloc(); }
+};
+
+TEST(InputLimits, OutOfMemoryIsAnErrorThatKeepsEarlierResults) {
+  const fixtures::Fixture f = fixtures::load_fixture(golden("smla_basic"));
+  OutOfMemoryBackward b(f.expected, "oom", {}, "oom");
+  try {
+    oracle::judge_fixture_ops(f, b, oracle::CheckOptions{});
+    ADD_FAILURE() << "no ResourceError";
+  } catch (const oracle::ResourceError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("out of memory (std::bad_alloc) judging op sparse_mla_bwd of oom"), std::string::npos) << what;
+    EXPECT_NE(what.find("q BF16 " + dsa::shape_str(f.inputs.at("q").shape())), std::string::npos) << what;
+    ASSERT_EQ(e.partial.size(), 1u);
+    EXPECT_EQ(e.partial[0].op, "sparse_mla_fwd");
+    EXPECT_TRUE(e.partial[0].passed()) << e.partial[0].reason;
+  }
+}
+
+}  // namespace
+}  // namespace dsa::cli
