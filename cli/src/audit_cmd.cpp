@@ -166,9 +166,15 @@ int run_audit(const AuditOptions& opts) {
         CaseResult c = make_case(task.op, task.property, "fail");
         c.message = std::string("input error: ") + e.what();
         o.results.push_back(c);
-      } catch (const oracle::ResourceError& e) {
+      } catch (const TaskResourceError& e) {
         // Out of memory judging a fixture: no verdict on the kernel, an error (exit 2) naming
-        // the op and the shapes, as for an unreadable fixture.
+        // the op and the shapes, as for an unreadable fixture; the cases judged before it stay.
+        o.input_error = true;
+        o.results = e.results;
+        CaseResult c = make_case(task.op, task.property, "fail");
+        c.message = std::string("resource error: ") + e.what();
+        o.results.push_back(c);
+      } catch (const oracle::ResourceError& e) {
         o.input_error = true;
         CaseResult c = make_case(task.op, task.property, "fail");
         c.message = std::string("resource error: ") + e.what();

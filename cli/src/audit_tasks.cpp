@@ -141,7 +141,20 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       SelectedOpsBackend selected(backend, opts);
       oracle::Backend& judged = opts.ops.empty() ? backend : static_cast<oracle::Backend&>(selected);
       const oracle::OpCase fc = oracle::op_case_from_fixture(f);
-      oracle::FixtureReport r = oracle::check_fixture(f, fc, &judged, check_options(opts.judge, false, backend));
+      // check_fixture in two steps (producer, then the backend), so that running out of memory
+      // in either keeps the reports judged before it (TaskResourceError below).
+      const oracle::CheckOptions opt = check_options(opts.judge, false, backend);
+      oracle::FixtureReport r;
+      std::string out_of_memory;
+      bool producer_done = false;
+      try {
+        r = oracle::check_fixture(f, fc, nullptr, opt);
+        producer_done = true;
+        r.backend_vs_reference = oracle::judge_fixture_ops(f, fc, judged, opt);
+      } catch (const oracle::ResourceError& e) {
+        out_of_memory = e.what();
+        (producer_done ? r.backend_vs_reference : r.producer_vs_reference) = e.partial;
+      }
       {  // as fixtures check: a producer's undeclared representation gets its hint
         const oracle::CandidateBackend producer = oracle::expected_candidate(f);
         add_convention_hints(r.producer_vs_reference, producer, &fc, HintRoute::FixtureField);
@@ -173,6 +186,7 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
         c.fixture = file;
         out.push_back(c);
       }
+      if (!out_of_memory.empty()) throw TaskResourceError(out_of_memory, std::move(out));
       return out;
     }});
   }

@@ -6,7 +6,9 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "commands.h"
@@ -16,6 +18,15 @@
 #include "report.h"
 
 namespace dsa::cli {
+
+/// A fixture task that ran out of memory (oracle::ResourceError): no verdict on the kernel.
+/// `results`: the cases of the ops judged before it (kept, never lost); what(): the
+/// ResourceError's message (file, op, backend, input shapes). The audit reports both, exit 2.
+struct TaskResourceError : std::runtime_error {
+  TaskResourceError(const std::string& what, std::vector<CaseResult> done)
+      : std::runtime_error(what), results(std::move(done)) {}
+  std::vector<CaseResult> results;
+};
 
 /// One unit of audit work: produces one or more case results when run.
 struct AuditTask {
@@ -55,7 +66,8 @@ bool property_selected(const AuditOptions& o, const props::Property& p);
 
 /// Fixture tasks: one per file of `dir`; each yields one case per selected op the fixture
 /// covers (check_fixture on `backend`), plus a failed case when the reference disagrees with
-/// the producer. `backend` and `opts` must outlive the tasks.
+/// the producer. A task that runs out of memory throws TaskResourceError with the cases judged
+/// before it. `backend` and `opts` must outlive the tasks.
 void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, const std::string& kind,
                        oracle::Backend& backend, const AuditOptions& opts, const ReproCommands& repro);
 /// Property tasks: one per selected property of the suite (run_property on `subject`).

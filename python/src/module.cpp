@@ -172,6 +172,12 @@ py::list run_task(const py::object& bridge, const py::dict& o, const std::string
       cli::CaseResult c = cli::make_case(task.op, task.property, "fail");
       c.message = std::string("input error: ") + e.what();
       results.push_back(c);
+    } catch (const cli::TaskResourceError& e) {
+      input_error = true;  // out of memory: no verdict; the cases judged before it stay
+      results = e.results;
+      cli::CaseResult c = cli::make_case(task.op, task.property, "fail");
+      c.message = std::string("resource error: ") + e.what();
+      results.push_back(c);
     } catch (const std::exception& e) {
       cli::CaseResult c = cli::make_case(task.op, task.property, "fail");
       c.message = std::string("error: ") + e.what();
