@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <sstream>
 
@@ -208,7 +209,9 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
       // row of its own (named by its path) and counted as unreadable: input error, exit 2.
       // Out of memory (ResourceError) keeps the rows of the ops judged before it.
       if (const auto* re = dynamic_cast<const oracle::ResourceError*>(&e)) rows("producer", re->partial, true);
-      const std::string msg = e.what();
+      const std::string msg = dynamic_cast<const std::bad_alloc*>(&e)
+                                  ? "out of memory (std::bad_alloc) reading the file or preparing its case: no verdict"
+                                  : e.what();
       const std::string line = msg.rfind(file, 0) == 0 ? msg : file + ": " + msg;
       out.text += "error: " + line + "\n";
       out.usage_error = true;
