@@ -888,6 +888,71 @@ class FlushToZeroControl final : public RoundedControl {
   }
 };
 
+// ---- row and width limits (fresh-user finding 7) -----------------------------------------
+
+// The first query row a launch grid sized for one 128-row tile leaves out.
+constexpr int64_t kRowTile = 128;
+
+// Windows of `w` (or full windows over s_kv) with every row t >= kRowTile empty (ks = ke = 0).
+KeyWindows rows_cut(const std::optional<KeyWindows>& w, int64_t s_q, int64_t s_kv) {
+  std::vector<int64_t> ks(static_cast<size_t>(s_q), 0), ke(static_cast<size_t>(s_q), s_kv);
+  for (int64_t t = 0; t < s_q; ++t) {
+    if (w) {
+      ks[static_cast<size_t>(t)] = w->ks[static_cast<size_t>(t)];
+      ke[static_cast<size_t>(t)] = w->ke[static_cast<size_t>(t)];
+    }
+    if (t >= kRowTile) ks[static_cast<size_t>(t)] = ke[static_cast<size_t>(t)] = 0;
+  }
+  return KeyWindows::explicit_windows(ks, ke, s_kv);
+}
+
+// Field fault: the top-k grid covers the first 128 query rows only (one 128-row tile); rows
+// t >= 128 come back empty (all -1).
+class TopkRowsFrom128Empty final : public Wrap {
+ public:
+  TopkRowsFrom128Empty() : Wrap("topk_rows_from_128_empty") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    return ref_->select_topk(s, k, p, rows_cut(w, s.size(0), s.size(1)));
+  }
+};
+
+// Field fault: a top-k written for k <= 2048 (DeepSeek-V3.2's k) writes -1 past the first
+// 2048 slots when called with a wider k.
+class TopkKCappedAt2048 final : public Wrap {
+ public:
+  TopkKCappedAt2048() : Wrap("topk_k_capped_at_2048") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    Tensor ids = ref_->select_topk(s, k, p, w);
+    for (int64_t t = 0; t < s.size(0); ++t)
+      for (int64_t j = 2048; j < k; ++j) ids.set(t * k + j, -1);
+    return ids;
+  }
+};
+
+// Field fault: the indexer grid covers the first 128 query rows only; rows t >= 128 score
+// -inf everywhere (and get no gradient).
+class IndexerRowsFrom128Masked final : public Wrap {
+ public:
+  IndexerRowsFrom128Masked() : Wrap("indexer_rows_from_128_masked") {}
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return ref_->indexer_scores(q, k, w, rows_cut(win, q.size(0), k.size(0)));
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    return ref_->indexer_scores_backward(q, k, w, rows_cut(win, q.size(0), k.size(0)), d);
+  }
+};
+
+// Field fault: the sparse MLA grid covers the first 128 query rows only; rows t >= 128 come
+// back as empty rows (out 0, lse +inf; no dq, no dkv contribution).
+class SmlaRowsFrom128Empty final : public IndexRewrite {
+ public:
+  SmlaRowsFrom128Empty() : IndexRewrite("smla_rows_from_128_empty") {}
+  SparseMlaInputs rewrite(const SparseMlaInputs& in) const override {
+    return remap(in, [&](int64_t t, int64_t, int64_t id) { return t >= kRowTile ? -1 : id; });
+  }
+};
+
 template <class M>
 Subject backend_mutant(const std::string& fault, const std::string& focus) {
   Subject s;
@@ -958,6 +1023,11 @@ std::vector<Subject> mutant_subjects() {
       backend_mutant<SmlaDkvDropsRowsFrom8>("dkv missing the contributions of query rows t >= 8", "smla."),
       backend_mutant<KlMeanOverAllRows>("KL mean over all rows, empty ones included", "kl."),
       backend_mutant<KlNegInfRowNaN>("NaN for a KL row whose scores are all -inf", "kl."),
+      // Row and width limits (fresh-user finding 7).
+      backend_mutant<TopkRowsFrom128Empty>("top-k grid covering the first 128 query rows only (rows >= 128 all -1)", "topk."),
+      backend_mutant<TopkKCappedAt2048>("top-k writing -1 past the first 2048 ids (k > 2048 not handled)", "topk."),
+      backend_mutant<IndexerRowsFrom128Masked>("indexer grid covering the first 128 query rows only (rows >= 128 -inf)", "indexer."),
+      backend_mutant<SmlaRowsFrom128Empty>("sparse MLA grid covering the first 128 query rows only (rows >= 128 empty)", "smla."),
       block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),

@@ -235,6 +235,27 @@ int generation_level() { return g_level; }
 void set_generation_level(int level) { g_level = level; }
 
 namespace {
+thread_local int g_judged_draws = 0;
+}  // namespace
+int judged_draws() { return g_judged_draws; }
+void set_judged_draws(int n) { g_judged_draws = n; }
+
+namespace {
+// s_q of the many-row generators (fresh-user finding 7: no draw had more than 128 query rows,
+// so a kernel returning empty rows from row 128 on passed every audit). Every draw crosses
+// rows 128 and 256 (s_q >= 257); the run's first judged draw crosses 1024, whatever the seed;
+// the others are a tile edge (1 in 2) or uniform in [257, 1100]. Shrinkable toward 1, so a row
+// cutoff c shrinks to s_q = c + 1.
+int64_t draw_many_rows() {
+  int64_t s_q;
+  if (judged_draws() == 0) s_q = draw_of<int64_t>({1025, 1057, 1100});
+  else if (draw_bool()) s_q = draw_of<int64_t>({257, 383, 384, 511, 512, 513, 640, 767, 768, 1023, 1024, 1025});
+  else s_q = *rc::gen::inRange<int64_t>(257, 1101);
+  return draw_shrinking_to(s_q, 1);
+}
+}  // namespace
+
+namespace {
 thread_local std::vector<std::string> g_features;
 
 // Notes the SPEC features of a top-k draw: NaN and -inf scores (SPEC §3.1).
@@ -646,6 +667,98 @@ TopkCase draw_topk_ties_case() {
   return c;
 }
 
+TopkCase draw_topk_many_rows_case() {
+  TopkCase c;
+  const int64_t s_q = draw_many_rows();
+  const std::string wkind =
+      *rc::gen::weightedElement<std::string>({{2, "full"}, {1, "rows"}, {1, "causal"}, {1, "packed"}});
+  int64_t s_kv = draw_of<int64_t>({1, 2, 5, 8, 16, 17, 32, 63, 64, 65});
+  Rng r = draw_rng();
+  if (wkind == "causal") {  // prefill: row t sees keys [0, t + 1)
+    s_kv = s_q;
+    c.windows = KeyWindows::causal(s_q, s_kv, 0);
+  } else if (wkind == "packed") {  // 2-8 packed sequences, each causal with a context
+    const int64_t b = std::min<int64_t>(draw_in(2, 8), s_q);  // s_q < 2 only while shrinking
+    s_kv = s_q + draw_in(0, 64);
+    std::vector<int64_t> lq = split(s_q - b, b, r), extra = split(s_kv - s_q, b, r);
+    std::vector<int64_t> cq{0}, ck{0};
+    for (int64_t i = 0; i < b; ++i) {
+      cq.push_back(cq.back() + lq[static_cast<size_t>(i)] + 1);
+      ck.push_back(ck.back() + lq[static_cast<size_t>(i)] + 1 + extra[static_cast<size_t>(i)]);
+    }
+    c.windows = KeyWindows::varlen(cq, ck);
+  } else if (wkind == "rows") {  // per-row windows of >= 1 key
+    std::vector<int64_t> ks, ke;
+    for (int64_t t = 0; t < s_q; ++t) {
+      ks.push_back(irand(r, 0, s_kv - 1));
+      ke.push_back(irand(r, ks.back() + 1, s_kv));
+    }
+    c.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
+  }
+  c.k = wkind == "causal" || wkind == "packed" ? draw_of<int64_t>({1, 8, 64, 65, 256})
+                                               : *rc::gen::inRange<int64_t>(1, s_kv + 3);
+  c.policy.tie_break = *rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large);
+  c.policy.sorted = draw_bool();
+  const std::string values = *rc::gen::element<std::string>("uniform", "int", "relu");
+  c.scores = Tensor(DType::F32, {s_q, s_kv});
+  float* sc = c.scores.data<float>();
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < s_kv; ++s) {
+      double v = values == "int"    ? static_cast<double>(irand(r, -2, 2))
+                 : values == "relu" ? std::max(0.0, static_cast<double>(irand(r, -3, 3)) * 0.5)
+                                    : uni(r, -4, 4);
+      if (s_kv >= 8) {
+        const int64_t x = irand(r, 0, 63);
+        if (x == 0) v = NAN;
+        else if (x == 1) v = -INFINITY;
+      }
+      sc[t * s_kv + s] = static_cast<float>(v);
+    }
+  c.desc = "topk many rows s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
+           std::to_string(c.k) + " windows=" + wkind + " values=" + values + " tie_break=" +
+           to_string(c.policy.tie_break) + " sorted=" + (c.policy.sorted ? "1" : "0");
+  note_topk_features(c.scores);
+  log_case(c.desc);
+  return c;
+}
+
+TopkCase draw_topk_wide_k_case() {
+  TopkCase c;
+  c.k = draw_shrinking_to(judged_draws() == 0 ? 4096 : *rc::gen::inRange<int64_t>(2049, 4097), 1);
+  const int64_t s_kv = c.k + draw_of<int64_t>({1, 2, 7, 64, c.k});
+  const int64_t s_q = draw_in(2, 3);
+  c.policy.tie_break = *rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large);
+  c.policy.sorted = draw_bool();
+  std::vector<std::string> dists;
+  for (int64_t t = 0; t < s_q; ++t)
+    dists.push_back(*rc::gen::element<std::string>("band8", "band11", "band16", "ties_at_kth", "relu", "mixed",
+                                                   "all_tie", "uniform"));
+  Rng r = draw_rng();
+  // Row 0 sees every key, row 1 exactly k + 1 keys, row 2 k - 8..k keys (-1 padding past them).
+  std::vector<int64_t> ks{0}, ke{s_kv};
+  const int64_t a1 = irand(r, 0, s_kv - (c.k + 1));
+  ks.push_back(a1);
+  ke.push_back(a1 + c.k + 1);
+  if (s_q == 3) {
+    const int64_t len = irand(r, std::max<int64_t>(1, c.k - 8), c.k);
+    const int64_t a2 = irand(r, 0, s_kv - len);
+    ks.push_back(a2);
+    ke.push_back(a2 + len);
+  }
+  c.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
+  c.scores = Tensor(DType::F32, {s_q, s_kv});
+  float* sc = c.scores.data<float>();
+  for (int64_t t = 0; t < s_q; ++t) fill_topk_row(sc + t * s_kv, s_kv, c.k, dists[static_cast<size_t>(t)], r);
+  std::string dd;
+  for (const auto& d : dists) dd += (dd.empty() ? "" : ",") + d;
+  c.desc = "topk wide k s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
+           std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) + " sorted=" +
+           (c.policy.sorted ? "1" : "0") + " rows=" + dd + " windows=" + row_ends_desc(c.windows);
+  note_topk_features(c.scores);
+  log_case(c.desc);
+  return c;
+}
+
 // Random-tier indexer draws with every visible logit q_idx[t, j]·k_idx[s] away from 0 (SPEC
 // §9 WEAK): a dot within its own fp32 rounding (γ_d · Σ_i |q_i k_i|, d·2^-24 up to 3.8e-6 of
 // it at d_I = 64) of 0 may flip ReLU' in a correct kernel, and a flipped key carries its whole
@@ -729,7 +842,38 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind)
   return c;
 }
 
-SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype) {
+IndexerCase draw_indexer_many_rows_case(std::optional<Tier> tier) {
+  IndexerCase c;
+  c.tier = tier ? *tier : (draw_bool() ? Tier::Exact : Tier::Random);
+  const int64_t s_q = draw_many_rows();
+  const int64_t s_kv = draw_of<int64_t>({1, 2, 5, 8, 13, 64, 65});
+  const int64_t h = draw_in(1, 2), d = draw_of<int64_t>({4, 8, 16});
+  const bool per_row = draw_bool();
+  Rng r = draw_rng();
+  if (per_row) {  // per-row windows of >= 1 key
+    std::vector<int64_t> ks, ke;
+    for (int64_t t = 0; t < s_q; ++t) {
+      ks.push_back(irand(r, 0, s_kv - 1));
+      ke.push_back(irand(r, ks.back() + 1, s_kv));
+    }
+    c.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
+  } else {
+    c.windows = KeyWindows::full(s_q, s_kv);
+  }
+  const bool exact = c.tier == Tier::Exact;
+  c.q_idx = fill(DType::BF16, {s_q, h, d}, c.tier, exact ? 3 : 1, r);
+  c.k_idx = fill(DType::BF16, {s_kv, d}, c.tier, exact ? 3 : 1, r);
+  c.w = fill(DType::F32, {s_q, h}, c.tier, exact ? 2 : 1, r);
+  c.d_scores = fill(DType::F32, {s_q, s_kv}, c.tier, exact ? 2 : 1, r);
+  if (!exact) keep_logits_off_zero(c, r);
+  c.desc = std::string("indexer many rows ") + (exact ? "exact" : "random") + " s_q=" + std::to_string(s_q) +
+           " s_kv=" + std::to_string(s_kv) + " H_I=" + std::to_string(h) + " d_I=" + std::to_string(d) +
+           " windows=" + (per_row ? "per_row" : "full");
+  log_case(c.desc);
+  return c;
+}
+
+SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std::string& regime_in) {
   if (in_dtype != DType::BF16 && in_dtype != DType::F32)
     throw std::invalid_argument(std::string("draw_smla_case: in_dtype must be BF16 or F32, got ") + dtype_name(in_dtype));
   SmlaCase c;
@@ -739,8 +883,11 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype) {
                         : layout_in;
   // Shape regime (documented in generators.h); the regime keeps a case's multiply-adds small.
   const int level = generation_level();
-  const std::string regime = *rc::gen::weightedElement<std::string>(
-      {{3, "small"}, {2, "heads"}, {2, "rows"}, {2, "wide"}});
+  if (!regime_in.empty() && regime_in != "many_rows")
+    throw std::invalid_argument("draw_smla_case: regime must be \"\" or \"many_rows\", got \"" + regime_in + "\"");
+  const std::string regime = !regime_in.empty() ? regime_in
+                                                : *rc::gen::weightedElement<std::string>(
+                                                      {{3, "small"}, {2, "heads"}, {2, "rows"}, {2, "wide"}});
   int64_t s_q = draw_in(1, 6), h = draw_in(1, 4);
   if (regime == "heads") {
     s_q = draw_in(1, 4);
@@ -753,6 +900,9 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype) {
   } else if (regime == "wide") {
     s_q = draw_in(1, 3);
     h = draw_in(1, level == 0 ? 2 : 16);
+  } else if (regime == "many_rows") {  // prefill rows past 128, 256, 512, 1024 (finding 7)
+    s_q = draw_many_rows();
+    h = draw_in(1, 2);
   }
   const bool big = regime == "small" && *rc::gen::inRange(0, 10) == 0;
   // Head dims 24 or 32 and d_v = d_qk or d_qk - 8 (>= 16 value columns): a bf16-output
@@ -769,6 +919,7 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype) {
   if (layout == "poison") s_kv = std::max<int64_t>(s_kv, 3);
   int64_t k = regime == "wide" ? draw_of<int64_t>({1025, 2048, 2049})
               : layout == "leading_block" ? draw_in(65, 80)
+              : regime == "many_rows" ? draw_of<int64_t>({1, 2, 3, 5, 8, 16, 17})
                                           : draw_of<int64_t>({1, 2, 3, 5, 8, 16, 63, 64, 65});
   // Detectable draws (SPEC §9 WEAK): m slots of one key in one row are m identical terms,
   // which fp32 sums round coherently (up to u·m/2 of their sum, Higham ch. 4), and a row

@@ -276,6 +276,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     reset_failing_op();
     take_judged_nothing();
     clear_draw_features();
+    set_judged_draws(judged);  // the many-row generators' first judged draw is their largest
     std::string why;
     try {
       p.body(b, s.block);
@@ -317,6 +318,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   set_dump_target("");
   set_selected_ops({});
   set_generation_level(0);
+  set_judged_draws(0);
 
   r.drawn = judged + declined;
   r.declined = declined;

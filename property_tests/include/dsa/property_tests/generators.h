@@ -18,6 +18,12 @@ namespace dsa::props {
 int generation_level();
 void set_generation_level(int level);
 
+/// The number of draws the running property has judged so far (set by run_property before
+/// each execution of its body; 0 outside a property). The many-row and wide-k generators make
+/// the first judged draw of every run their largest shape, so it is reached on every seed.
+int judged_draws();
+void set_judged_draws(int n);
+
 /// Records that the draw being generated exercises `feature` (a key of draw_feature_keys():
 /// "invalid_ids", "empty_rows", "duplicate_ids", "neg_inf_scores", "nan_scores" are SPEC
 /// behaviour every kernel must handle; "attn_sink", "topk_length", "indices_view",
@@ -79,6 +85,25 @@ TopkCase draw_topk_windows_case();
 /// ties, or thousands tie at the k-th value, or ReLU plateaus; k up to 2048.
 TopkCase draw_topk_ties_case();
 
+/// Many query rows (prefill; fresh-user finding 7: a kernel that returns empty rows from row
+/// 128 on passed every audit): s_q in [257, 1100] on every draw (shrinkable toward 1, so a
+/// row cutoff shrinks to cutoff + 1), the run's first judged draw in [1025, 1100]; 1 draw in
+/// 2 at a tile edge (257, 383, 384, 511, 512, 513, 640, 767, 768, 1023, 1024, 1025). Few keys
+/// (s_kv 1-65) with full windows or per-row windows of >= 1 key, or causal prefill (s_kv =
+/// s_q, row t sees t + 1 keys; 1 in 4), or packed varlen sequences; k 1..s_kv+2; uniform,
+/// integer-tie or ReLU values with NaN/-inf sprinkled (1/32) in rows of >= 8 keys, so every
+/// row has a selectable key but for a rare all-NaN/-inf short window.
+TopkCase draw_topk_many_rows_case();
+
+/// Wide k (k > 2048; DeepSeek-V3.2 uses 2048, GLM-5 and others more, and kernels special-case
+/// k <= 2048): k in [2049, 4096] on every draw (the run's first judged draw 4096; shrinkable
+/// toward 1), s_kv = k + 1, k + 2, k + 7, k + 64 or 2k; 2-3 rows: row 0 sees every key, row
+/// 1 a window of exactly k + 1 keys, row 2 (when drawn) a window of k - 8..k keys (fewer
+/// selectable than k: -1 padding). Band, tie, ReLU, mixed-magnitude, all-tie or uniform
+/// rows, no NaN/-inf: every row holds min(k, window) selectable keys. A top-k that drops the
+/// ids past the first 2048 fails every draw.
+TopkCase draw_topk_wide_k_case();
+
 /// Indexer case (SPEC §2): q_idx [s_q,H_I,d_I], k_idx [s_kv,d_I] BF16, w [s_q,H_I] F32 (may be
 /// negative), d_scores [s_q,s_kv] F32. Exact tier: integers in [-3,3], w and d_scores in
 /// [-2,2]. `window_kind` forwards to draw_windows.
@@ -90,6 +115,13 @@ struct IndexerCase {
 };
 IndexerCase draw_indexer_case(std::optional<Tier> tier = std::nullopt,
                               const char* window_kind = nullptr);
+
+/// Many query rows (prefill, as draw_topk_many_rows_case): s_q in [257, 1100] on every draw,
+/// the run's first judged draw in [1025, 1100] (shrinkable toward 1); s_kv 1-65, H_I 1-2,
+/// d_I 4, 8 or 16; full windows or per-row windows of >= 1 key; exact or random tier (random
+/// logits kept off 0 as draw_indexer_case's). `tier` forces the tier (the backward part of the
+/// property draws the exact tier: integer products, no ReLU' flip near 0).
+IndexerCase draw_indexer_many_rows_case(std::optional<Tier> tier = std::nullopt);
 
 /// Keeps every logit q_idx[t, j]·k_idx[s] that `windows` shows away from 0 as draw_indexer_case
 /// does for its random tier, for cases built outside RapidCheck (the CUDA tests' own cases):
@@ -133,7 +165,12 @@ struct SmlaCase {
 /// dkv row add up). Big shapes (d_v 512) draw no +80 sink (dsink at fp32's underflow edge).
 /// `in_dtype`: the dtype of q and kv, BF16 (the default) or F32 (a kernel's fp32 path,
 /// judged at the fp32 class); anything else throws std::invalid_argument.
-SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::BF16);
+/// `regime`: "" draws one of the regimes above; "many_rows" (prefill, not drawn by "") forces
+/// s_q in [257, 1100] (the run's first judged draw in [1025, 1100]; shrinkable toward 1), h_q
+/// 1-2, d_qk 24 or 32, s_kv 2-65, k 1-17, so rows past 128, 256, 512 and 1024 are reached on
+/// every seed (fresh-user finding 7).
+SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::BF16,
+                        const std::string& regime = "");
 
 /// Extreme rows inside an ordinary batch (issue 9): some rows have one valid slot whose logit
 /// is +-2^18 (a dedicated key row that no ordinary row selects: well conditioned for fp32,
