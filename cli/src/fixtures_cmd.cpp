@@ -217,6 +217,8 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
       out.usage_error = true;
       error_row("-", "-");
       out.json = nlohmann::json{{"path", file}, {"file", shown}, {"error", line}};
+      if (const auto* re = dynamic_cast<const oracle::ResourceError*>(&e))
+        (*out.json)["producer"] = reports_json(re->partial);  // the ops judged before it
       return;
     }
     {  // the producer's stored ids may be a representation its file does not declare
@@ -240,6 +242,8 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
         out.usage_error = true;
         error_row("-", b->name());
         jf["backends"][b->name()] = nlohmann::json{{"error", msg}};
+        if (const auto* re = dynamic_cast<const oracle::ResourceError*>(&e))
+          jf["backends"][b->name()]["ops"] = reports_json(re->partial)["ops"];  // judged before it
         continue;
       }
       const oracle::Verdict v = oracle::overall_verdict(reports);
