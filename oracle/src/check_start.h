@@ -136,9 +136,11 @@ inline std::string nothing_provided(const CheckOptions& opt, const std::string& 
 /// Incomplete when the candidate did not return it; not judged (listed once, for an empty
 /// `label`) when opt.provided_outputs omits it. `row` is the tolerance table's op key,
 /// `label` suffixes the name in the report (e.g. "[NaN blocks]" for a poisoned re-run).
+/// `delta_shared`: judge_tensor's (the baseline took Δ from the candidate's own 16-bit out).
 inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string& row,
                          const std::string& name, const std::string& label, const Tensor& cand,
-                         const Tensor& ref, const Tensor& base, const OutputFloor& floor) {
+                         const Tensor& ref, const Tensor& base, const OutputFloor& floor,
+                         bool delta_shared = false) {
   if (opt.provided_outputs && !opt.provided_outputs->count(name)) {
     if (label.empty()) r.not_judged.push_back(name);
     const std::string none = nothing_provided(opt, row);
@@ -172,7 +174,7 @@ inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string
       shape_error = "shape " + shape_str(cand.shape()) +
                     ", expected [1] or [] (SPEC §7: the loss is one number, a 0-dim tensor or one element)";
   }
-  TensorCheck c = judge_tensor(row, name, judged, ref, base, floor);
+  TensorCheck c = judge_tensor(row, name, judged, ref, base, floor, delta_shared);
   if (!shape_error.empty() && !c.metrics.shape_ok) c.message = shape_error;
   c.name = name + label;
   if (!c.passed) r.fail(c.name + ": " + c.message);

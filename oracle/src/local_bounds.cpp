@@ -22,7 +22,15 @@ constexpr double kEta32 = 0x1p-150;  // half the fp32 subnormal spacing: the abs
 constexpr double kEtaFtz = 0x1p-126;  // p_sink·Δ below fp32's normal range: flush-to-zero
                                       // kernels lose it whole
 constexpr double kTiny32 = 0x1p-120;
-constexpr double kFlipLambda = 3.0;  // the table's largest λ: how far a correct fp32 out may lie  // probabilities below this may be fp32 subnormals
+constexpr double kFlipLambda = 3.0;  // the table's largest λ: how far a correct fp32 out may lie
+// One-ulp flips of a 16-bit out (flip_ulp): column c of the candidate's out rounds to the
+// other neighbour than the baseline's with probability |d_c|/ulp (d_c the two unrounded outs'
+// distance, the rounding midpoint's position uniform: Higham & Mary 2019's model). Their mean,
+// Σ_c dout_c d_c, is Δ's own distance (the P-rounding term and the fp32 terms); around it each
+// column's flip takes values in a range of one ulp, independent across columns, so by
+// Hoeffding P(|Σ_c dout_c (flip_c - mean_c)| > t) <= 2 exp(-2t² / Σ_c (dout_c ulp_c)²):
+// t = 3.1 sqrt(Σ_c (dout_c ulp_c)²) gives <= 2.1e-8, quadrature16()'s tail.
+constexpr double kFlipTail = 3.1;
 
 // Underflow counts (OutputFloor::underflow; the judge multiplies them by the table's eta,
 // 2^-126: Higham eq. (2.8) with flush-to-zero). A value below kTiny32 (a 2^6 margin over
@@ -682,6 +690,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
                 "sqrt(Σ over (t,h,j→s) of (|sm q_c|δdS_j + |dout_c|δp_j)^2) + u(√m|dkv| + "
                 "Σ|terms|); " + dsrc);
     fds = make(h_q, 1, "sqrt(Σ_t (p_sink(u ā|Δ| + δΔ))^2) + u(√s_q|dsink| + Σ_t p_sink|Δ|); " + dsrc);
+    for (OutputFloor* f : {&fdq, &fdkv, &fds}) f->narrow_delta.assign(f->narrow.size(), 0.0);
     for (OutputFloor* f : {&fdq, &fdkv, &fds})
       f->underflow_source = "p_j, dS_j, sm·dS_j and each term below 2^-120 × the factors "
                    "after them, tiny g_j/Δ dots and out's underflow × p_j (Δ's in quadrature over "
@@ -968,7 +977,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         if (!dout) continue;
         // backward
         const double* dorow = &dO[static_cast<size_t>(row) * DV];
-        double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0, nshift = 0;
+        double delta = 0, D = 0, dD2 = 0, nflip2 = 0, nshift = 0;
         for (size_t c = 0; c < DV; ++c) {
           delta += outh[c] * dorow[c];
           D += std::abs(outh[c] * dorow[c]);
@@ -976,7 +985,6 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row) * DV + c];
           const double se = dorow[c] * sn * outh[c];
           dD2 += sv * sv + se * se;
-          nD2 += (dorow[c] * narh[c]) * (dorow[c] * narh[c]);
           // the candidate's 16-bit out may round this column the other way than the
           // baseline's (both are within their errors of out): one ulp of Δ's term
           const double fl_ = std::abs(dorow[c]) *
@@ -988,6 +996,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         }
         const double dD = u * std::sqrt(dD2);
         double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
+        double pa = 0, pq2 = 0;  // Σ and quadrature of p_j|g_j| over keys below the max (P16)
         const double* g = &gH[h * n];
         const double* Gv = &GH[h * n];
         double* dS = &dSm[h * n];
@@ -1007,12 +1016,22 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           dpj[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) + others);
           const double le = p[j] * (E[j] + C[j]) * std::abs(gj - delta);
           dl2 += (wq[j] * le) * (wq[j] * le);
+          if (P[j] < m) {
+            pa += p[j] * std::abs(gj);
+            pq2 += (wq[j] * p[j] * gj) * (wq[j] * p[j] * gj);
+          }
         }
         // δΔ: from the logits, the P·V sums of out, and the out·dout dot (fp32).
         st.dDelta = u * (std::sqrt(dl2) + sdv * std::abs(delta) + D) + dD;
-        // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
-        // only the candidate's P rounding moves its out, and Δ, further.
-        st.nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
+        // δΔ16, Δ from another 16-bit out than the baseline's (the baseline rounds its own out
+        // to the same dtype, SPEC §9): the candidate's P rounding moves its out_c by
+        // Σ_j δp_j v_jc, so Δ by Σ_j δp_j g_j (|δp_j| <= u16 p_j, one rounding per key, below
+        // the max where exp(0) = 1 is exact; a key's slots coherent): u16 min(Σ_j p_j|g_j|,
+        // 3.5 sqrt(Σ_j (p_j g_j)^2)) as quadrature16() (Higham & Mary 2019), and its out's
+        // one-ulp flips around that mean (kFlipTail, Hoeffding). Not in quadrature over
+        // columns: one key's rounding moves every column alike.
+        st.nDelta = un > 0 ? un * std::min(pa, quadrature16() * std::sqrt(pq2)) + kFlipTail * std::sqrt(nflip2)
+                           : 0.0;
         // how far a 16-bit Δ (the baseline's, the candidate's) may lie from the exact Δ: dS_j's
         // binade is taken at |dS_j| + p_j·dshift, the largest |dS_j| such a kernel rounds
         st.dshift = nshift + st.nDelta;
@@ -1067,6 +1086,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           // and, with probability >= 1 - 2.1e-8, within quadrature16() · u16 sqrt(Σ_j (b_j kv_jc)^2)
           // (tolerances.cpp: the derivation)
           fdq.narrow[e] = asm_ * (nDelta * std::abs(pk[hc]) + un * std::min(nab[hc], hq * std::sqrt(nsq[hc])));
+          fdq.narrow_delta[e] = asm_ * (nDelta * std::abs(pk[hc]));
           if (fb) fdq_nb[e] = asm_ * (kNoNarrow * std::abs(pk[hc]) + 0.0 * std::sqrt(nsq[hc]));
           fdq.terms[e] = asm_ * tt[hc];
         }
@@ -1426,6 +1446,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         // u16 min(Σ b|term|, quadrature16() sqrt(Σ (b term)^2)) as dq's dS term (Higham &
         // Mary 2019's model; tolerances.cpp quadrature16: 2.1e-8 tail)
         fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::min(kv_nab[e], hq * std::sqrt(kv_nsq[e]));
+        fdkv.narrow_delta[e] = std::sqrt(kv_n2[e]);
         if (kv_tiny[e]) fdkv.underflow[e] += adds(2 * static_cast<double>(kv_n[static_cast<size_t>(s)]));
         if (fb) fdkv_nb[e] = std::sqrt(kv_n2b[e]) + 0.0 * std::sqrt(kv_nsq[e]);
       }
@@ -1434,7 +1455,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       const size_t hh = static_cast<size_t>(h);
       fds.acc[hh] = std::sqrt(sk_q2[hh]) +
                     u * (std::sqrt(static_cast<double>(sk_n[hh])) * std::abs(sk_val[hh]) + sk_abs[hh]);
-      fds.narrow[hh] = std::sqrt(sk_n2[hh]);
+      fds.narrow[hh] = fds.narrow_delta[hh] = std::sqrt(sk_n2[hh]);
       fds.underflow[hh] += std::sqrt(sk_uf2[hh]) + (sk_tiny[hh] ? adds(static_cast<double>(sk_n[hh])) : 0.0);
       if (fb) fds_nb[hh] = std::sqrt(sk_n2b[hh]);
     }
@@ -1453,7 +1474,10 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     // fp32 work: the same acc and terms, the narrow parts with u16 = 0, no u16 in the sources
     CaseFloors& b = result[1];
     b = outf;
-    for (auto& [name, f] : b) f.work_dtype = DType::F32;
+    for (auto& [name, f] : b) {
+      f.work_dtype = DType::F32;
+      std::fill(f.narrow_delta.begin(), f.narrow_delta.end(), 0.0);  // no 16-bit out: δΔ16 = 0
+    }
     b["out"].narrow = std::move(fo_nb);
     b["out"].source = fo_source_b;
     if (dout) {

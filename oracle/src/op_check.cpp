@@ -115,12 +115,14 @@ using detail::run_backend;
 
 // Judges one output by the local rule (check_start.h, shared with the §10 checks).
 void judge(OpReport& r, const CheckOptions& opt, const std::string& op, const std::string& name,
-           const Tensor& cand, const Tensor& ref, const Tensor& base, const CaseFloors& floors) {
+           const Tensor& cand, const Tensor& ref, const Tensor& base, const CaseFloors& floors,
+           bool delta_shared = false) {
   static const OutputFloor none;  // an output not judged (not provided, or not returned)
   auto it = floors.find(name);
   const bool judged = cand.defined() && (!opt.provided_outputs || opt.provided_outputs->count(name));
   if (it == floors.end() && judged) throw std::logic_error("judge: no floor inputs for output " + name);
-  detail::judge_output(r, opt, op, name, "", cand, ref, base, it == floors.end() ? none : it->second);
+  detail::judge_output(r, opt, op, name, "", cand, ref, base, it == floors.end() ? none : it->second,
+                       delta_shared);
 }
 
 // Results shared through the case's memo (issue 13): each reference result, baseline and
@@ -414,6 +416,10 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   if (own_out) out_dtype = own_out->dtype();
   std::optional<Tensor> delta_out;
   bool delta_from_candidate = false;  // the candidate's own out: not shared with other backends
+  // The baseline's Δ is the candidate's own (its 16-bit out, passed by the forward rule): the
+  // floors' δΔ16 part (another 16-bit out's distance, OutputFloor::narrow_delta) is left out;
+  // Δ's own rounding is in the baseline and so in E_row.
+  bool delta_shared = false;
   if (!detail::dtype_meets_contract(out_dtype, c.mla.q.dtype())) {
     // SPEC §4: out is in q's dtype; an out narrower than q, or another 16-bit format (F16 for
     // a bf16 q), must not move the baseline (the forward check fails it).
@@ -436,6 +442,7 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
                      ff->at("out"));
     if (oc.passed) {
       delta_out = *own_out;
+      delta_shared = true;
       // The baseline's own out rounded to that dtype, bit for bit: the shared computation.
       delta_from_candidate = !bitwise_equal(*own_out, base_fwd.out.to(out_dtype));
       r.notes.push_back(std::string("baseline takes Δ from the candidate's own ") +
@@ -464,12 +471,12 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   const SparseMlaGrads& ref = *ref_p;
   const SparseMlaGrads& base = *base_p;
   const CaseFloors& floors = *floors_p;
-  judge(r, opt, to_string(op), "dq", cand.dq, ref.dq, base.dq, floors);
-  judge(r, opt, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv, floors);
+  judge(r, opt, to_string(op), "dq", cand.dq, ref.dq, base.dq, floors, delta_shared);
+  judge(r, opt, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv, floors, delta_shared);
   if (c.mla.attn_sink && ref.dsink && base.dsink) {
     const Tensor none;
     judge(r, opt, to_string(op), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink,
-          *base.dsink, floors);
+          *base.dsink, floors, delta_shared);
   }
   return detail::settle_judged_nothing(std::move(r), opt, op);
 }

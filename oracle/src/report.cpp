@@ -99,7 +99,8 @@ double half_ulp(double x, DType dtype) {
 }  // namespace
 
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
-                         const Tensor& reference, const Tensor& baseline, const OutputFloor& floor) {
+                         const Tensor& reference, const Tensor& baseline, const OutputFloor& floor,
+                         bool delta_shared) {
   TensorCheck c;
   c.name = name;
   c.dtype = candidate.dtype();
@@ -120,6 +121,7 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
                 static_cast<int64_t>(floor.terms.size()) == numel &&
                 (floor.narrow.empty() || static_cast<int64_t>(floor.narrow.size()) == numel) &&
                 (floor.underflow.empty() || static_cast<int64_t>(floor.underflow.size()) == numel) &&
+                (floor.narrow_delta.empty() || floor.narrow_delta.size() == floor.narrow.size()) &&
                 floor.row_len > 0,
             "judge_tensor", "floor", std::to_string(floor.acc.size()) + " entries",
             std::to_string(numel) + " entries (one per element of '" + name + "')");
@@ -181,9 +183,17 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   const bool own_term_applies = !(c.precision == DType::BF16 || c.precision == DType::F16);
   c.own_term_applies = own_term_applies;
   const double eta_f = tol.eta;
+  // narrow_e: without its δΔ16 part when the baseline shares the candidate's Δ (delta_shared)
+  const bool drop_delta = delta_shared && !floor.narrow_delta.empty();
+  auto narrow_e = [&](size_t k) {
+    if (floor.narrow.empty()) return 0.0;
+    return drop_delta ? std::max(0.0, floor.narrow[k] - floor.narrow_delta[k]) : floor.narrow[k];
+  };
+  if (drop_delta)
+    c.floor_source += " (δΔ16 left out: the baseline takes Δ from the candidate's own 16-bit out)";
   auto own_scale = [&](int64_t i, double r) {
     const size_t k = static_cast<size_t>(i);
-    return tol.lambda * floor.acc[k] + (floor.narrow.empty() ? 0.0 : tol.lambda16 * floor.narrow[k]) +
+    return tol.lambda * floor.acc[k] + tol.lambda16 * narrow_e(k) +
            (floor.underflow.empty() ? 0.0 : eta_f * floor.underflow[k]) + half_ulp(std::abs(r), DType::F32);
   };
   std::vector<double> kappa(e_row.size(), own_term_applies ? 0.0 : INFINITY);
@@ -220,8 +230,7 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
       ++c.own_term_elements;
     }
     eb.rho_e_row = tol.rho * term;
-    eb.floor_acc = tol.lambda * floor.acc[static_cast<size_t>(i)] +
-                   (floor.narrow.empty() ? 0.0 : tol.lambda16 * floor.narrow[static_cast<size_t>(i)]);
+    eb.floor_acc = tol.lambda * floor.acc[static_cast<size_t>(i)] + tol.lambda16 * narrow_e(static_cast<size_t>(i));
     // operations below the normal range (flush-to-zero): absolute, its own part
     eb.floor_underflow =
         floor.underflow.empty() ? 0.0 : tol.eta * floor.underflow[static_cast<size_t>(i)];

@@ -30,6 +30,7 @@ constexpr double kEtaFtz = 0x1p-126;  // p_sink·Δ below fp32's normal range: f
                                       // kernels lose it whole
 constexpr double kTiny32 = 0x1p-120;
 constexpr double kFlipLambda = 3.0;
+constexpr double kFlipTail = 3.1;
 
 OutputFloor make(int64_t numel, int64_t row_len, std::string source) {
   OutputFloor f;
@@ -115,6 +116,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
                 "sqrt(Σ over (t,h,j→s) of (|sm q_c|δdS_j + |dout_c|δp_j)^2) + u(√m|dkv| + "
                 "Σ|terms|); " + dsrc);
     fds = make(h_q, 1, "sqrt(Σ_t (p_sink(u ā|Δ| + δΔ))^2) + u(√s_q|dsink| + Σ_t p_sink|Δ|); " + dsrc);
+    for (OutputFloor* f : {&fdq, &fdkv, &fds}) f->narrow_delta.assign(f->narrow.size(), 0.0);
     if (un > 0) {
       for (OutputFloor* f : {&fdq, &fdkv, &fds})
         f->source += " + u16 terms (Δ from the 16-bit out, dS in the working dtype)";
@@ -261,7 +263,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       if (!dout) continue;
       // backward
       const double* dorow = &dO[static_cast<size_t>(row * dv)];
-      double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0, nshift = 0;
+      double delta = 0, D = 0, dD2 = 0, nflip2 = 0, nshift = 0;
       for (int64_t c = 0; c < dv; ++c) {
         const size_t c_ = static_cast<size_t>(c);
         delta += outc[c_] * dorow[c];
@@ -270,7 +272,6 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row * dv + c)];
         const double se = dorow[c] * sn * outc[c_];
         dD2 += sv * sv + se * se;
-        nD2 += (dorow[c] * narout[c_]) * (dorow[c] * narout[c_]);
         // the candidate's 16-bit out may round this column the other way than the
         // baseline's (both are within their errors of out): one ulp of Δ's term
         const double fl = std::abs(dorow[c]) *
@@ -281,6 +282,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       }
       const double dD = u * std::sqrt(dD2);
       double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
+      double pa = 0, pq2 = 0;
       std::vector<double>& Gv = G_;
       Gv.resize(n);
       for (size_t j = 0; j < n; ++j) {
@@ -303,12 +305,17 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         dpj[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) + others);
         const double le = p[j] * (E[j] + C[j]) * std::abs(gj - delta);
         dl2 += (wq[j] * le) * (wq[j] * le);
+        if (P[j] < m) {
+          pa += p[j] * std::abs(gj);
+          pq2 += (wq[j] * p[j] * gj) * (wq[j] * p[j] * gj);
+        }
       }
       // δΔ: from the logits, the P·V sums of out, and the out·dout dot (fp32).
       const double dDelta = u * (std::sqrt(dl2) + sdv * std::abs(delta) + D) + dD;
       // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
       // only the candidate's P rounding moves its out, and Δ, further.
-      const double nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
+      const double nDelta =
+          un > 0 ? un * std::min(pa, quadrature16() * std::sqrt(pq2)) + kFlipTail * std::sqrt(nflip2) : 0.0;
       // a 16-bit Δ lies within dshift of the exact one: dS_j's binade at |dS_j| + p_j dshift
       const double dshift = nshift + nDelta;
       for (int64_t c = 0; c < dqk; ++c) {
@@ -330,6 +337,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         fdq.acc[e] = asm_ * (std::sqrt(x2c) + u * abar * std::abs(val) + dDelta * std::abs(pk) +
                              u * (sn * std::abs(val) + (1 + dupf) * ab) + kEta32 * eta);
         fdq.narrow[e] = asm_ * (nDelta * std::abs(pk) + un * std::min(nab, quadrature16() * std::sqrt(nsq)));
+        fdq.narrow_delta[e] = asm_ * (nDelta * std::abs(pk));
         fdq.terms[e] = asm_ * tt;
       }
       // dkv: this row's slots grouped by key. Within the row, the parts that come from
@@ -405,13 +413,14 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         const size_t e = static_cast<size_t>(s * dqk + c);
         fdkv.acc[e] = std::sqrt(kv_q2[e]) + u * (sm_n * std::abs(kv_val[e]) + kv_abs[e]);
         fdkv.narrow[e] = std::sqrt(kv_n2[e]) + un * std::min(kv_nab[e], quadrature16() * std::sqrt(kv_nsq[e]));
+        fdkv.narrow_delta[e] = std::sqrt(kv_n2[e]);
       }
     }
     for (int64_t h = 0; h < h_q; ++h) {
       const size_t hh = static_cast<size_t>(h);
       fds.acc[hh] = std::sqrt(sk_q2[hh]) +
                     u * (std::sqrt(static_cast<double>(sk_n[hh])) * std::abs(sk_val[hh]) + sk_abs[hh]);
-      fds.narrow[hh] = std::sqrt(sk_n2[hh]);
+      fds.narrow[hh] = fds.narrow_delta[hh] = std::sqrt(sk_n2[hh]);
     }
     outf["dq"] = std::move(fdq);
     outf["dkv"] = std::move(fdkv);
@@ -706,7 +715,7 @@ CaseFloors kl_floors_scalar(const IndexerKlInputs& in) {
     if (x.row_len != y.row_len || x.logit_scale != y.logit_scale ||
         x.work_dtype != y.work_dtype || x.source != y.source)
       return ::testing::AssertionFailure() << name << ": row_len/flags/source differ";
-    for (auto v : {&OutputFloor::acc, &OutputFloor::narrow, &OutputFloor::terms}) {
+    for (auto v : {&OutputFloor::acc, &OutputFloor::narrow, &OutputFloor::narrow_delta, &OutputFloor::terms}) {
       const std::vector<double>& p = x.*v;
       const std::vector<double>& q = y.*v;
       if (p.size() != q.size() ||

@@ -13,6 +13,7 @@
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/contract/fp8.h"
 #include "dsa/oracle/op_check.h"
+#include "dsa/oracle/tolerances.h"
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/sparse_mla.h"
 #include "dsa/reference/sparse_mla_fp8.h"
@@ -347,6 +348,39 @@ TEST(LocalRule, FlashStyleDkvWithBf16PAndDsPasses) {
     o["dkv"] = Tensor::from_f64({s_kv, d}, bad).to(DType::F32);
     EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, o, CheckOptions{}).verdict, Verdict::Fail) << "seed " << seed;
   }
+}
+
+// When the baseline takes Δ from the candidate's own 16-bit out the two share Δ, so the
+// floor's δΔ16 part (OutputFloor::narrow_delta: another 16-bit out's distance) is left out,
+// and only it: an error between the two bounds fails with a shared Δ and passes without.
+TEST(LocalRule, ASharedDeltaLeavesOutExactlyTheDeltaPart) {
+  const Tensor ref = Tensor::from_f64({1, 4}, {0.5, -0.25, 0.75, 1.0});
+  OutputFloor floor;
+  floor.row_len = 4;
+  floor.acc.assign(4, 1e-6);
+  floor.narrow_delta = {2e-3, 1e-3, 0.0, 4e-3};
+  floor.narrow.assign(4, 1e-4);
+  for (size_t i = 0; i < 4; ++i) floor.narrow[i] += floor.narrow_delta[i];
+  floor.terms.assign(4, 1.0);
+  floor.work_dtype = DType::BF16;  // an fp32 dq of a kernel whose Δ comes from its bf16 out
+  const Tensor exact = ref.to(DType::F32);
+  const TensorCheck own = judge_tensor("sparse_mla_bwd", "dq", exact, ref, ref, floor, /*delta_shared=*/true);
+  const TensorCheck other = judge_tensor("sparse_mla_bwd", "dq", exact, ref, ref, floor, false);
+  ASSERT_TRUE(own.passed && other.passed);
+  EXPECT_NE(own.floor_source.find("δΔ16 left out"), std::string::npos) << own.floor_source;
+  EXPECT_EQ(other.floor_source.find("δΔ16 left out"), std::string::npos) << other.floor_source;
+  // element 3 (the largest δΔ16): its bound drops by exactly λ16 × narrow_delta
+  ASSERT_EQ(own.largest.flat, 3);
+  ASSERT_EQ(other.largest.flat, 3);
+  const double lambda16 = tolerance("sparse_mla_bwd", "dq", DType::BF16).lambda16;
+  EXPECT_NEAR(other.largest.bound - own.largest.bound, lambda16 * floor.narrow_delta[3],
+              1e-9 * other.largest.bound);
+  // an error halfway between the two bounds
+  std::vector<double> v = ref.to_f64();
+  v[3] += 0.5 * (own.largest.bound + other.largest.bound);
+  const Tensor off = Tensor::from_f64({1, 4}, v).to(DType::F32);
+  EXPECT_FALSE(judge_tensor("sparse_mla_bwd", "dq", off, ref, ref, floor, true).passed);
+  EXPECT_TRUE(judge_tensor("sparse_mla_bwd", "dq", off, ref, ref, floor, false).passed);
 }
 
 // Two keys whose logits near 2^18 differ by about one: an fp32 logit error moves the

@@ -29,6 +29,12 @@ struct OutputFloor {
   /// (P before P·V, dS before dS·K, Δ from its own 16-bit out; already × that dtype's u);
   /// all zero when the working dtype is fp32 or wider.
   std::vector<double> narrow;
+  /// The part of `narrow` that covers a 16-bit Δ = out·dout taken from another 16-bit out
+  /// than the baseline's (δΔ16: the candidate's P rounding before P·V and one-ulp flips of
+  /// its out columns, sparse MLA dq/dkv/dsink; already × u16). When the baseline takes Δ
+  /// from the candidate's own out (SPEC §9, op_check), the two share Δ and the judge leaves
+  /// this part out (judge_tensor's `delta_shared`). Empty: no such part.
+  std::vector<double> narrow_delta;
   /// Underflow count of the element (unitless; the judge multiplies it by the table's eta,
   /// 2^-126): the operations of its chain whose result or input may lie below fp32's normal
   /// range (below 2^-120), each weighted by the magnitude of the factors applied after it (a

@@ -99,8 +99,12 @@ struct TensorCheck {
 /// mismatch, non-floating candidate, any NaN/±inf position that differs from the reference,
 /// or any element over its bound. Throws std::out_of_range if the table lacks the key and
 /// std::invalid_argument if `floor` does not have one entry per element.
+/// `delta_shared`: the baseline took Δ from the candidate's own 16-bit out (sparse MLA
+/// backward, op_check), so both share Δ and the floor's narrow_delta part (δΔ16, the distance
+/// between two 16-bit Δs) is left out of narrow_e; the baseline's E_row carries Δ's rounding.
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
-                         const Tensor& reference, const Tensor& baseline, const OutputFloor& floor);
+                         const Tensor& reference, const Tensor& baseline, const OutputFloor& floor,
+                         bool delta_shared = false);
 
 /// Verdict of one check of one backend (SPEC §9). Pass and Skip pass; Fail (a bound or a
 /// contract rule broken), Weak (some rows' bounds exceed the detection threshold θ of the
