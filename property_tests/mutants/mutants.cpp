@@ -1156,11 +1156,11 @@ std::vector<Subject> mutant_subjects() {
       backend_mutant<SmlaDkvDropsRowsFrom8>("dkv missing the contributions of query rows t >= 8", "smla."),
       backend_mutant<KlMeanOverAllRows>("KL mean over all rows, empty ones included", "kl."),
       backend_mutant<KlNegInfRowNaN>("NaN for a KL row whose scores are all -inf", "kl."),
-      // Row and width limits (fresh-user finding 7).
-      backend_mutant<TopkRowsFrom128Empty>("top-k grid covering the first 128 query rows only (rows >= 128 all -1)", "topk."),
-      backend_mutant<TopkKCappedAt2048>("top-k writing -1 past the first 2048 ids (k > 2048 not handled)", "topk."),
-      backend_mutant<IndexerRowsFrom128Masked>("indexer grid covering the first 128 query rows only (rows >= 128 -inf)", "indexer."),
-      backend_mutant<SmlaRowsFrom128Empty>("sparse MLA grid covering the first 128 query rows only (rows >= 128 empty)", "smla."),
+      // Row and width limits (fresh-user finding 7); the property that reaches the shape runs first.
+      backend_mutant<TopkRowsFrom128Empty>("top-k grid covering the first 128 query rows only (rows >= 128 all -1)", "topk.many_rows"),
+      backend_mutant<TopkKCappedAt2048>("top-k writing -1 past the first 2048 ids (k > 2048 not handled)", "topk.wide_k"),
+      backend_mutant<IndexerRowsFrom128Masked>("indexer grid covering the first 128 query rows only (rows >= 128 -inf)", "indexer.many_rows"),
+      backend_mutant<SmlaRowsFrom128Empty>("sparse MLA grid covering the first 128 query rows only (rows >= 128 empty)", "smla.many_rows"),
       block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),
