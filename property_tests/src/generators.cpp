@@ -993,8 +993,11 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
     // underflow edge (2^-100); over the 512 value columns of the big shape, Δ's products that
     // may flush (η = 2^-126 each, SPEC §9 underflow part) alone exceed θ × that scale (a WEAK
     // dsink, 1 draw in 6000, Detection seed 2). Big shapes draw no +80 sink; the others do.
+    // Many rows draw no +80 sink either: a key selected by hundreds of rows gets hundreds of
+    // p·dout terms near exp(-80) in its dkv row, whose may-flush part (η per op) then exceeds θ
+    // × the row (a WEAK fp32 dkv row: 1 level-0 run of smla.many_rows in 13, "dups" layout).
     for (int64_t i = 0; i < h; ++i)
-      sink.set(i, big ? draw_of<double>({INFINITY, -INFINITY, -80.0, 0.5, -1.5})
+      sink.set(i, big || regime == "many_rows" ? draw_of<double>({INFINITY, -INFINITY, -80.0, 0.5, -1.5})
                       : draw_of<double>({INFINITY, -INFINITY, 80.0, -80.0, 0.5, -1.5}));
     c.in.attn_sink = sink;
   }

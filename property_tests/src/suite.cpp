@@ -248,6 +248,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   int nothing = 0;          // draws that judged nothing (discarded and redrawn, not declines)
   std::string nothing_why;  // the last one's reason
   bool counting = true;  // false from the first failure on (shrinking re-runs the body)
+  int failing_draw_index = 0;  // judged draws before the first failing one
   // With none judged after this many declines the backend declines the property: nothing more
   // is drawn. Not fewer: RapidCheck's size starts at 0 and grows by one per 10 discards in a
   // row, and size-scaled draws (gen::inRange: h_q, s_q) reach past their minimum only from
@@ -276,7 +277,10 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     reset_failing_op();
     take_judged_nothing();
     clear_draw_features();
-    set_judged_draws(judged);  // the many-row generators' first judged draw is their largest
+    // The many-row generators' first judged draw is their largest. Shrinking re-runs the body
+    // with the failing draw's choices: it sees the draw index the failing execution saw.
+    const int draw_index = counting ? judged : failing_draw_index;
+    set_judged_draws(draw_index);
     std::string why;
     try {
       p.body(b, s.block);
@@ -291,12 +295,14 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
       }
       if (res.type == rc::detail::CaseResult::Type::Failure) {
         failed_op = failing_op();
+        if (counting) failing_draw_index = draw_index;
         tally(false);
         counting = false;
       }
       throw;  // a discard (RC_PRE) leaves the last failure's op
     } catch (...) {
       failed_op = failing_op();  // an exception fails the case too
+      if (counting) failing_draw_index = draw_index;
       tally(false);
       counting = false;
       throw;

@@ -167,8 +167,8 @@ struct SmlaCase {
 /// judged at the fp32 class); anything else throws std::invalid_argument.
 /// `regime`: "" draws one of the regimes above; "many_rows" (prefill, not drawn by "") forces
 /// s_q in [257, 1100] (the run's first judged draw in [1025, 1100]; shrinkable toward 1), h_q
-/// 1-2, d_qk 24 or 32, s_kv 2-65, k 1-17, so rows past 128, 256, 512 and 1024 are reached on
-/// every seed (fresh-user finding 7).
+/// 1-2, d_qk 24 or 32, s_kv 2-65, k 1-17, no +80 sink, so rows past 128, 256, 512 and 1024 are
+/// reached on every seed (fresh-user finding 7).
 SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::BF16,
                         const std::string& regime = "");
 
