@@ -231,6 +231,11 @@ class CudaBackend final : public oracle::Backend {
     return device_count() > 0 ? std::string() : std::string("no CUDA device");
   }
   bool deterministic() const override { return options_.mla_bwd != SparseMlaBwdPath::KernelFast; }
+  // sparse_mla_backward recomputes out itself (the forward kernel on q/kv padded to multiples
+  // of 8) and takes Δ from that, not from the out sparse_mla_forward returned. Judged as if the
+  // two shared Δ, CudaMlaBwdTest.SparseMlaBackwardShapesAndEdges failed dsink at 3.6x its
+  // bound (H200, 2026-12-01; cause not isolated further): the oracle keeps δΔ16 (Backend).
+  bool backward_takes_delta_from_returned_out() const override { return false; }
   bool supports(oracle::Op op) const override {
     return op == oracle::Op::Topk || op == oracle::Op::SparseMlaFwd ||
            op == oracle::Op::IndexerScores || op == oracle::Op::IndexerScoresBackward ||
