@@ -77,7 +77,7 @@ void backward_parity(Backend& b, const BlockFactory&) {
   DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_backward(b, as_op_case(c)));
 }
 
-// Many query rows (s_q 257-1100; the first judged draw of a run > 1024; finding 7): the
+// Many query rows (s_q 257-1100; the first draw of a run > 1024; finding 7): the
 // scores by the ratio rule, and the gradients when the backend has a backward (exact tier).
 void many_rows(Backend& b, const BlockFactory&) {
   const bool bwd = judges(b, Op::IndexerScoresBackward);

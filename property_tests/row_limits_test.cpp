@@ -8,6 +8,7 @@
 #include <iostream>
 #include <string>
 
+#include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/suite.h"
 
 namespace dsa::props {
@@ -62,9 +63,9 @@ TEST(RowLimits, MutantsFailAtLevel0OnEverySeed) {
 }
 
 // With shrinking (the in-process runs), the counterexample shrinks below every drawn shape
-// toward the limit: s_q in (128, 256] for a row cutoff (measured at seed 7: 129 for top-k and
-// the indexer, 147 for sparse MLA, whose shrunk draw has rows 128-145 without a valid slot),
-// k = 2049 for the width cap.
+// toward the limit: s_q in (128, 256] for a row cutoff (measured at seed 7: 129 for the three
+// ops; a sparse MLA draw whose rows from 128 on have no valid slot stops above 129), k = 2049
+// for the width cap.
 TEST(RowLimits, CounterexampleShrinksTowardTheLimit) {
   for (const Limit& l : kLimits) {
     SuiteOptions o;
@@ -93,6 +94,39 @@ TEST(RowLimits, ReferencePassesOnEverySeed) {
       const PropertyResult r = run_property(backend_subject("reference"), property(name), o);
       EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << name << " seed " << seed << ": " << r.message;
     }
+}
+
+// A kernel that declines more than 1024 rows (NotSupported, as a plugin's
+// DSA_STATUS_UNSUPPORTED) declines the first draw and is judged on the others: a pass that
+// says what was declined, not a skip.
+class DeclinesOver1024Rows final : public oracle::Backend {
+ public:
+  std::string name() const override { return "declines_over_1024_rows"; }
+  bool supports(oracle::Op op) const override { return op == oracle::Op::Topk; }
+  Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& p,
+                     const std::optional<KeyWindows>& w) override {
+    if (scores.size(0) > 1024) throw oracle::NotSupported("s_q > 1024 not supported");
+    return ref_->select_topk(scores, k, p, w);
+  }
+
+ private:
+  std::unique_ptr<oracle::Backend> ref_ = oracle::make_reference_backend();
+};
+
+TEST(RowLimits, DecliningTheFirstDrawJudgesTheOthers) {
+  Subject s;
+  s.name = "declines_over_1024_rows";
+  s.make = [] { return std::unique_ptr<oracle::Backend>(new DeclinesOver1024Rows()); };
+  SuiteOptions o;
+  o.level = 0;
+  o.seed = 1;
+  o.quiet = true;
+  o.dump = false;
+  const PropertyResult r = run_property(s, property("topk.many_rows"), o);
+  std::cout << r.message << "\n";
+  EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << r.message;
+  EXPECT_GE(r.declined, 1);
+  EXPECT_EQ(r.cases, cases_for_level(0, property("topk.many_rows").cost));
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ void production_shapes(Backend& b, const BlockFactory&) {
     DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
-// Many query rows (s_q 257-1100; the first judged draw of a run > 1024) over few keys and
+// Many query rows (s_q 257-1100; the first draw of a run > 1024) over few keys and
 // heads (finding 7: a kernel returning empty rows from row 128 on passed the audit): forward
 // and (when present) backward by the ratio rule.
 void many_rows(Backend& b, const BlockFactory&) {

@@ -118,7 +118,7 @@ void tie_overflow(Backend& b, const BlockFactory&) {
   DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
 }
 
-// Many query rows (s_q 257-1100; the first judged draw of a run > 1024) over few keys, causal
+// Many query rows (s_q 257-1100; the first draw of a run > 1024) over few keys, causal
 // prefill or packed sequences: rows past 128, 256 and 1024 are judged on every seed (fresh-user
 // finding 7: a top-k returning empty rows from row 128 on passed the audit). Exact §3 check.
 void many_rows(Backend& b, const BlockFactory&) {
@@ -127,7 +127,7 @@ void many_rows(Backend& b, const BlockFactory&) {
   DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
 }
 
-// k > 2048 on every draw (the first judged draw k = 4096), rows of every key, of k + 1 keys
+// k > 2048 on every draw (the first draw k = 4096), rows of every key, of k + 1 keys
 // and of fewer than k keys: a kernel special-casing k <= 2048 is judged at every level and seed
 // (finding 7: a top-k writing -1 past the first 2048 ids passed seeds 2 and 3). Exact §3 check.
 void wide_k(Backend& b, const BlockFactory&) {

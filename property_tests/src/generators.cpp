@@ -235,20 +235,20 @@ int generation_level() { return g_level; }
 void set_generation_level(int level) { g_level = level; }
 
 namespace {
-thread_local int g_judged_draws = 0;
+thread_local int g_draw_index = 0;
 }  // namespace
-int judged_draws() { return g_judged_draws; }
-void set_judged_draws(int n) { g_judged_draws = n; }
+int draw_index() { return g_draw_index; }
+void set_draw_index(int n) { g_draw_index = n; }
 
 namespace {
 // s_q of the many-row generators (fresh-user finding 7: no draw had more than 128 query rows,
 // so a kernel returning empty rows from row 128 on passed every audit). Every draw crosses
-// rows 128 and 256 (s_q >= 257); the run's first judged draw crosses 1024, whatever the seed;
+// rows 128 and 256 (s_q >= 257); the run's first draw crosses 1024, whatever the seed;
 // the others are a tile edge (1 in 2) or uniform in [257, 1100]. Shrinkable toward 1, so a row
 // cutoff c shrinks to s_q = c + 1.
 int64_t draw_many_rows() {
   int64_t s_q;
-  if (judged_draws() == 0) s_q = draw_of<int64_t>({1025, 1057, 1100});
+  if (draw_index() == 0) s_q = draw_of<int64_t>({1025, 1057, 1100});
   else if (draw_bool()) s_q = draw_of<int64_t>({257, 383, 384, 511, 512, 513, 640, 767, 768, 1023, 1024, 1025});
   else s_q = *rc::gen::inRange<int64_t>(257, 1101);
   return draw_shrinking_to(s_q, 1);
@@ -724,7 +724,7 @@ TopkCase draw_topk_many_rows_case() {
 
 TopkCase draw_topk_wide_k_case() {
   TopkCase c;
-  c.k = draw_shrinking_to(judged_draws() == 0 ? 4096 : *rc::gen::inRange<int64_t>(2049, 4097), 1);
+  c.k = draw_shrinking_to(draw_index() == 0 ? 4096 : *rc::gen::inRange<int64_t>(2049, 4097), 1);
   const int64_t s_kv = c.k + draw_of<int64_t>({1, 2, 7, 64, c.k});
   const int64_t s_q = draw_in(2, 3);
   c.policy.tie_break = *rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large);

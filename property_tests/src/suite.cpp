@@ -248,7 +248,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   int nothing = 0;          // draws that judged nothing (discarded and redrawn, not declines)
   std::string nothing_why;  // the last one's reason
   bool counting = true;  // false from the first failure on (shrinking re-runs the body)
-  int failing_draw_index = 0;  // judged draws before the first failing one
+  int failing_draw_index = 0;  // draws (judged or declined) before the first failing one
   // With none judged after this many declines the backend declines the property: nothing more
   // is drawn. Not fewer: RapidCheck's size starts at 0 and grows by one per 10 discards in a
   // row, and size-scaled draws (gen::inRange: h_q, s_q) reach past their minimum only from
@@ -277,10 +277,10 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     reset_failing_op();
     take_judged_nothing();
     clear_draw_features();
-    // The many-row generators' first judged draw is their largest. Shrinking re-runs the body
+    // The many-row generators' first draw is their largest. Shrinking re-runs the body
     // with the failing draw's choices: it sees the draw index the failing execution saw.
-    const int draw_index = counting ? judged : failing_draw_index;
-    set_judged_draws(draw_index);
+    const int draw_index = counting ? judged + declined : failing_draw_index;
+    set_draw_index(draw_index);
     std::string why;
     try {
       p.body(b, s.block);
@@ -324,7 +324,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   set_dump_target("");
   set_selected_ops({});
   set_generation_level(0);
-  set_judged_draws(0);
+  set_draw_index(0);
 
   r.drawn = judged + declined;
   r.declined = declined;

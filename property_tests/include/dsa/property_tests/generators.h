@@ -18,11 +18,13 @@ namespace dsa::props {
 int generation_level();
 void set_generation_level(int level);
 
-/// The number of draws the running property has judged so far (set by run_property before
-/// each execution of its body; 0 outside a property). The many-row and wide-k generators make
-/// the first judged draw of every run their largest shape, so it is reached on every seed.
-int judged_draws();
-void set_judged_draws(int n);
+/// The number of draws the running property has made so far, judged or declined by the
+/// backend (set by run_property before each execution of its body, and to the failing draw's
+/// index while shrinking; 0 outside a property). The many-row and wide-k generators make the
+/// first draw of every run their largest shape, so it is reached on every seed; a backend that
+/// declines it gets the other draws.
+int draw_index();
+void set_draw_index(int n);
 
 /// Records that the draw being generated exercises `feature` (a key of draw_feature_keys():
 /// "invalid_ids", "empty_rows", "duplicate_ids", "neg_inf_scores", "nan_scores" are SPEC
@@ -87,7 +89,7 @@ TopkCase draw_topk_ties_case();
 
 /// Many query rows (prefill; fresh-user finding 7: a kernel that returns empty rows from row
 /// 128 on passed every audit): s_q in [257, 1100] on every draw (shrinkable toward 1, so a
-/// row cutoff shrinks to cutoff + 1), the run's first judged draw in [1025, 1100]; 1 draw in
+/// row cutoff shrinks to cutoff + 1), the run's first draw in [1025, 1100]; 1 draw in
 /// 2 at a tile edge (257, 383, 384, 511, 512, 513, 640, 767, 768, 1023, 1024, 1025). Few keys
 /// (s_kv 1-65) with full windows or per-row windows of >= 1 key, or causal prefill (s_kv =
 /// s_q, row t sees t + 1 keys; 1 in 4), or packed varlen sequences; k 1..s_kv+2; uniform,
@@ -96,7 +98,7 @@ TopkCase draw_topk_ties_case();
 TopkCase draw_topk_many_rows_case();
 
 /// Wide k (k > 2048; DeepSeek-V3.2 uses 2048, GLM-5 and others more, and kernels special-case
-/// k <= 2048): k in [2049, 4096] on every draw (the run's first judged draw 4096; shrinkable
+/// k <= 2048): k in [2049, 4096] on every draw (the run's first draw 4096; shrinkable
 /// toward 1), s_kv = k + 1, k + 2, k + 7, k + 64 or 2k; 2-3 rows: row 0 sees every key, row
 /// 1 a window of exactly k + 1 keys, row 2 (when drawn) a window of k - 8..k keys (fewer
 /// selectable than k: -1 padding). Band, tie, ReLU, mixed-magnitude, all-tie or uniform
@@ -117,7 +119,7 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier = std::nullopt,
                               const char* window_kind = nullptr);
 
 /// Many query rows (prefill, as draw_topk_many_rows_case): s_q in [257, 1100] on every draw,
-/// the run's first judged draw in [1025, 1100] (shrinkable toward 1); s_kv 1-65, H_I 1-2,
+/// the run's first draw in [1025, 1100] (shrinkable toward 1); s_kv 1-65, H_I 1-2,
 /// d_I 4, 8 or 16; full windows or per-row windows of >= 1 key; exact or random tier (random
 /// logits kept off 0 as draw_indexer_case's). `tier` forces the tier (the backward part of the
 /// property draws the exact tier: integer products, no ReLU' flip near 0).
@@ -166,7 +168,7 @@ struct SmlaCase {
 /// `in_dtype`: the dtype of q and kv, BF16 (the default) or F32 (a kernel's fp32 path,
 /// judged at the fp32 class); anything else throws std::invalid_argument.
 /// `regime`: "" draws one of the regimes above; "many_rows" (prefill, not drawn by "") forces
-/// s_q in [257, 1100] (the run's first judged draw in [1025, 1100]; shrinkable toward 1), h_q
+/// s_q in [257, 1100] (the run's first draw in [1025, 1100]; shrinkable toward 1), h_q
 /// 1-2, d_qk 24 or 32, s_kv 2-65, k 1-17, no +80 sink, so rows past 128, 256, 512 and 1024 are
 /// reached on every seed (fresh-user finding 7).
 SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::BF16,
