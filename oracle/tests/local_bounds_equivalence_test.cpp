@@ -30,7 +30,6 @@ constexpr double kEtaFtz = 0x1p-126;  // p_sink·Δ below fp32's normal range: f
                                       // kernels lose it whole
 constexpr double kTiny32 = 0x1p-120;
 constexpr double kFlipLambda = 3.0;
-constexpr double kFlipTail = 3.1;
 
 OutputFloor make(int64_t numel, int64_t row_len, std::string source) {
   OutputFloor f;
@@ -263,7 +262,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       if (!dout) continue;
       // backward
       const double* dorow = &dO[static_cast<size_t>(row * dv)];
-      double delta = 0, D = 0, dD2 = 0, nflip2 = 0, nshift = 0;
+      double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0, nshift = 0;
       for (int64_t c = 0; c < dv; ++c) {
         const size_t c_ = static_cast<size_t>(c);
         delta += outc[c_] * dorow[c];
@@ -272,6 +271,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row * dv + c)];
         const double se = dorow[c] * sn * outc[c_];
         dD2 += sv * sv + se * se;
+        nD2 += (dorow[c] * narout[c_]) * (dorow[c] * narout[c_]);
         // the candidate's 16-bit out may round this column the other way than the
         // baseline's (both are within their errors of out): one ulp of Δ's term
         const double fl = std::abs(dorow[c]) *
@@ -282,7 +282,6 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       }
       const double dD = u * std::sqrt(dD2);
       double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
-      double pa = 0, pq2 = 0;
       std::vector<double>& Gv = G_;
       Gv.resize(n);
       for (size_t j = 0; j < n; ++j) {
@@ -305,17 +304,12 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         dpj[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) + others);
         const double le = p[j] * (E[j] + C[j]) * std::abs(gj - delta);
         dl2 += (wq[j] * le) * (wq[j] * le);
-        if (P[j] < m) {
-          pa += p[j] * std::abs(gj);
-          pq2 += (wq[j] * p[j] * gj) * (wq[j] * p[j] * gj);
-        }
       }
       // δΔ: from the logits, the P·V sums of out, and the out·dout dot (fp32).
       const double dDelta = u * (std::sqrt(dl2) + sdv * std::abs(delta) + D) + dD;
       // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
       // only the candidate's P rounding moves its out, and Δ, further.
-      const double nDelta =
-          un > 0 ? un * std::min(pa, quadrature16() * std::sqrt(pq2)) + kFlipTail * std::sqrt(nflip2) : 0.0;
+      const double nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
       // a 16-bit Δ lies within dshift of the exact one: dS_j's binade at |dS_j| + p_j dshift
       const double dshift = nshift + nDelta;
       for (int64_t c = 0; c < dqk; ++c) {
