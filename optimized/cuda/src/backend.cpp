@@ -231,11 +231,6 @@ class CudaBackend final : public oracle::Backend {
     return device_count() > 0 ? std::string() : std::string("no CUDA device");
   }
   bool deterministic() const override { return options_.mla_bwd != SparseMlaBwdPath::KernelFast; }
-  // sparse_mla_backward recomputes out itself (the forward kernel on q/kv padded to multiples
-  // of 8) and takes Δ from that, not from the out sparse_mla_forward returned. Judged as if the
-  // two shared Δ, CudaMlaBwdTest.SparseMlaBackwardShapesAndEdges failed dsink at 3.6x its
-  // bound (H200, 2026-12-01; cause not isolated further): the oracle keeps δΔ16 (Backend).
-  bool backward_takes_delta_from_returned_out() const override { return false; }
   bool supports(oracle::Op op) const override {
     return op == oracle::Op::Topk || op == oracle::Op::SparseMlaFwd ||
            op == oracle::Op::IndexerScores || op == oracle::Op::IndexerScoresBackward ||
@@ -405,21 +400,13 @@ class CudaBackend final : public oracle::Backend {
     if (in.attn_sink) d_sink.upload(md.sink32.raw(), where);
     const int32_t* len = in.topk_length ? d_len.get<int32_t>() : nullptr;
     const float* sink = in.attn_sink ? d_sink.get<float>() : nullptr;
-    // Forward on the padded q/kv (same logits): out [s_q,h_q,d_v] bf16 and lse.
-    Tensor out(DType::BF16, {s_q, h_q, d_v});
-    DeviceBuffer d_out(out.nbytes(), where), d_lse(sizeof(float) * s_q * h_q, where),
-        d_max(sizeof(float) * s_q * h_q, where);
-    sparse_mla_forward_device(d_q.get<uint16_t>(), d_kv.get<uint16_t>(), d_idx.get<int32_t>(),
-                              len, sink, s_q, h_q, dq8, s_kv, k, d_v,
-                              static_cast<float>(in.sm_scale), d_out.get<uint16_t>(),
-                              d_lse.get<float>(), d_max.get<float>(), nullptr,
-                              options_.mla_kernel);
-    DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
-    // d_v not a multiple of 8: out padded on the host (zero columns leave Δ unchanged).
-    DeviceBuffer d_out8 = dv8 == d_v ? DeviceBuffer(0, where) : [&] {
-      d_out.download(out.raw(), where);
-      return upload_vec(pad_rows(out, s_q * h_q, d_v, dv8), where);
-    }();
+    // SPEC §5: Δ from the out the forward returns on this case (sparse_mla_forward, unpadded;
+    // the forward kernel on the padded q/kv rounded some out elements differently, and the
+    // oracle takes Δ from the returned out: H200, 2026-12-01), with its lse. out's columns are
+    // zero-padded to d_v8 (zero columns leave Δ unchanged).
+    const SparseMlaForward f = sparse_mla_forward(in);
+    DeviceBuffer d_out = upload_vec(pad_rows(f.out, s_q * h_q, d_v, dv8), where);
+    DeviceBuffer d_lse = upload(f.lse, where);
     DeviceBuffer d_dq(sizeof(float) * s_q * h_q * dq8, where);
     DeviceBuffer d_dkv(sizeof(float) * s_kv * dq8, where);
     DeviceBuffer d_dsink(in.attn_sink ? sizeof(float) * h_q : 0, where);
@@ -429,7 +416,7 @@ class CudaBackend final : public oracle::Backend {
       DeviceBuffer d_dout = upload_vec(pad_rows(parts[i], s_q * h_q, d_v, dv8), where);
       sparse_mla_backward_device(
           d_q.get<uint16_t>(), d_kv.get<uint16_t>(), d_idx.get<int32_t>(), len, sink,
-          dv8 == d_v ? d_out.get<uint16_t>() : d_out8.get<uint16_t>(), d_lse.get<float>(),
+          d_out.get<uint16_t>(), d_lse.get<float>(),
           d_dout.get<uint16_t>(), s_q, h_q, dq8, s_kv, k, dv8, static_cast<float>(in.sm_scale),
           d_dq.get<float>(), d_dkv.get<float>(), in.attn_sink ? d_dsink.get<float>() : nullptr,
           d_scratch.get<void>(), nullptr, mode);
