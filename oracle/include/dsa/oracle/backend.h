@@ -57,9 +57,10 @@ class Backend {
   /// returned it; stored outputs, a backward handed that out, or one that recomputes it with
   /// the same code). The backward check then shares that Δ with the baseline and leaves the
   /// floor's δΔ16 part out (OutputFloor::narrow_delta): a stricter bound, so a wrong true can
-  /// cause false alarms, never a false AGREES. Default true; false for a backward that
-  /// recomputes its forward another way (the built-in cuda backend: another kernel on padded
-  /// inputs), which may round out differently: δΔ16 is then kept.
+  /// cause false alarms, never a false AGREES. Default true; a backend whose backward
+  /// recomputes out another way (e.g. another kernel on padded inputs, which rounded some out
+  /// elements differently in the cuda backend until it took the returned out) returns false,
+  /// and δΔ16 is then kept.
   virtual bool backward_takes_delta_from_returned_out() const { return true; }
   /// True when the backend implements `op`.
   virtual bool supports(Op op) const = 0;
