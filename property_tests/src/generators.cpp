@@ -77,6 +77,19 @@ std::vector<int64_t> split(int64_t total, int64_t parts, Rng& r) {
   return v;
 }
 
+// b packed causal sequences over s_q query rows and s_kv >= s_q keys (b <= s_q): each
+// sequence gets at least one query row, its keys are its rows plus a random share of the
+// s_kv - s_q extra context keys (KeyWindows::varlen).
+KeyWindows packed_causal_windows(int64_t s_q, int64_t s_kv, int64_t b, Rng& r) {
+  const std::vector<int64_t> lq = split(s_q - b, b, r), extra = split(s_kv - s_q, b, r);
+  std::vector<int64_t> cq{0}, ck{0};
+  for (int64_t i = 0; i < b; ++i) {
+    cq.push_back(cq.back() + lq[static_cast<size_t>(i)] + 1);
+    ck.push_back(ck.back() + lq[static_cast<size_t>(i)] + 1 + extra[static_cast<size_t>(i)]);
+  }
+  return KeyWindows::varlen(cq, ck);
+}
+
 // dsink = -Σ_t p_sink Δ_t, Δ = out·dout. With random signs the d_v terms x_c = out_c dout_c
 // of Δ, or a head's rows, cancel 30-fold now and then, far below the errors of the sums Δ
 // is made of: fp32's u√n of out's P·V terms (over 1025-2049 keys out is itself ~1/45 of
@@ -325,13 +338,7 @@ KeyWindows draw_windows(int64_t s_q, int64_t s_kv, const char* kind, std::string
   }
   if (k == "varlen" && s_kv >= s_q && s_q >= 1) {
     const int64_t b = draw_in(1, std::min<int64_t>(3, s_q));
-    std::vector<int64_t> lq = split(s_q - b, b, r), extra = split(s_kv - s_q, b, r);
-    std::vector<int64_t> cq{0}, ck{0};
-    for (int64_t i = 0; i < b; ++i) {
-      cq.push_back(cq.back() + lq[i] + 1);
-      ck.push_back(ck.back() + lq[i] + 1 + extra[i]);
-    }
-    return KeyWindows::varlen(cq, ck);
+    return packed_causal_windows(s_q, s_kv, b, r);
   }
   if (k == "mtp" && s_kv >= s_q && s_q >= 1) {
     // next_n 1..4 (the largest divisor of s_q not above the drawn one); contexts longer than
@@ -584,13 +591,7 @@ TopkCase draw_topk_windows_case() {
     s_q = std::max<int64_t>(s_q, 2);
     s_kv = std::max(s_kv, s_q);
     const int64_t b = draw_in(2, std::min<int64_t>(4, s_q));
-    std::vector<int64_t> lq = split(s_q - b, b, r), extra = split(s_kv - s_q, b, r);
-    std::vector<int64_t> cq{0}, ck{0};
-    for (int64_t i = 0; i < b; ++i) {
-      cq.push_back(cq.back() + lq[static_cast<size_t>(i)] + 1);
-      ck.push_back(ck.back() + lq[static_cast<size_t>(i)] + 1 + extra[static_cast<size_t>(i)]);
-    }
-    c.windows = KeyWindows::varlen(cq, ck);
+    c.windows = packed_causal_windows(s_q, s_kv, b, r);
   } else if (kind == "mtp") {
     const int64_t next_n = draw_in(1, 4), b = draw_in(1, 3);
     s_q = next_n * b;
@@ -680,13 +681,7 @@ TopkCase draw_topk_many_rows_case() {
   } else if (wkind == "packed") {  // 2-8 packed sequences, each causal with a context
     const int64_t b = std::min<int64_t>(draw_in(2, 8), s_q);  // s_q < 2 only while shrinking
     s_kv = s_q + draw_in(0, 64);
-    std::vector<int64_t> lq = split(s_q - b, b, r), extra = split(s_kv - s_q, b, r);
-    std::vector<int64_t> cq{0}, ck{0};
-    for (int64_t i = 0; i < b; ++i) {
-      cq.push_back(cq.back() + lq[static_cast<size_t>(i)] + 1);
-      ck.push_back(ck.back() + lq[static_cast<size_t>(i)] + 1 + extra[static_cast<size_t>(i)]);
-    }
-    c.windows = KeyWindows::varlen(cq, ck);
+    c.windows = packed_causal_windows(s_q, s_kv, b, r);
   } else if (wkind == "rows") {  // per-row windows of >= 1 key
     std::vector<int64_t> ks, ke;
     for (int64_t t = 0; t < s_q; ++t) {
