@@ -503,6 +503,25 @@ std::string row_ends_desc(const std::optional<KeyWindows>& w) {
 
 }  // namespace
 
+
+namespace {
+// Scores [s_q = dists.size(), s_kv] of c, row t drawn by fill_topk_row(dists[t]) in row order
+// from r, and the case's common description "topk <label> s_q= s_kv= k= tie_break= sorted=
+// rows=<dists>" (the caller appends its windows).
+std::string fill_topk_rows(TopkCase& c, int64_t s_kv, const std::vector<std::string>& dists, Rng& r,
+                           const std::string& label) {
+  const int64_t s_q = static_cast<int64_t>(dists.size());
+  c.scores = Tensor(DType::F32, {s_q, s_kv});
+  float* sc = c.scores.data<float>();
+  for (int64_t t = 0; t < s_q; ++t) fill_topk_row(sc + t * s_kv, s_kv, c.k, dists[static_cast<size_t>(t)], r);
+  std::string dd;
+  for (const auto& d : dists) dd += (dd.empty() ? "" : ",") + d;
+  return "topk " + label + " s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
+         std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) + " sorted=" +
+         (c.policy.sorted ? "1" : "0") + " rows=" + dd;
+}
+}  // namespace
+
 TopkCase draw_topk_long_case() {
   TopkCase c;
   const int level = generation_level();
@@ -531,15 +550,7 @@ TopkCase draw_topk_long_case() {
     ke.push_back(b);
   }
   if (any_window) c.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
-  c.scores = Tensor(DType::F32, {s_q, s_kv});
-  float* sc = c.scores.data<float>();
-  for (int64_t t = 0; t < s_q; ++t) fill_topk_row(sc + t * s_kv, s_kv, c.k, dists[static_cast<size_t>(t)], r);
-  std::string dd;
-  for (const auto& d : dists) dd += (dd.empty() ? "" : ",") + d;
-  c.desc = "topk long s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
-           std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) + " sorted=" +
-           (c.policy.sorted ? "1" : "0") + " rows=" + dd + " windows(raw ends, clamped)=" +
-           row_ends_desc(c.windows);
+  c.desc = fill_topk_rows(c, s_kv, dists, r, "long") + " windows(raw ends, clamped)=" + row_ends_desc(c.windows);
   note_topk_features(c.scores);
   log_case(c.desc);
   return c;
@@ -655,14 +666,7 @@ TopkCase draw_topk_ties_case() {
   for (int64_t t = 0; t < s_q; ++t)
     dists.push_back(*rc::gen::element<std::string>("all_tie", "ties_at_kth", "relu"));
   Rng r = draw_rng();
-  c.scores = Tensor(DType::F32, {s_q, s_kv});
-  float* sc = c.scores.data<float>();
-  for (int64_t t = 0; t < s_q; ++t) fill_topk_row(sc + t * s_kv, s_kv, c.k, dists[static_cast<size_t>(t)], r);
-  std::string dd;
-  for (const auto& d : dists) dd += (dd.empty() ? "" : ",") + d;
-  c.desc = "topk ties s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
-           std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) + " sorted=" +
-           (c.policy.sorted ? "1" : "0") + " rows=" + dd;
+  c.desc = fill_topk_rows(c, s_kv, dists, r, "ties");
   note_topk_features(c.scores);
   log_case(c.desc);
   return c;
@@ -741,14 +745,7 @@ TopkCase draw_topk_wide_k_case() {
     ke.push_back(a2 + len);
   }
   c.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
-  c.scores = Tensor(DType::F32, {s_q, s_kv});
-  float* sc = c.scores.data<float>();
-  for (int64_t t = 0; t < s_q; ++t) fill_topk_row(sc + t * s_kv, s_kv, c.k, dists[static_cast<size_t>(t)], r);
-  std::string dd;
-  for (const auto& d : dists) dd += (dd.empty() ? "" : ",") + d;
-  c.desc = "topk wide k s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
-           std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) + " sorted=" +
-           (c.policy.sorted ? "1" : "0") + " rows=" + dd + " windows=" + row_ends_desc(c.windows);
+  c.desc = fill_topk_rows(c, s_kv, dists, r, "wide k") + " windows=" + row_ends_desc(c.windows);
   note_topk_features(c.scores);
   log_case(c.desc);
   return c;
