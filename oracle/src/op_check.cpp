@@ -397,7 +397,6 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   DType out_dtype = c.mla.q.dtype();
   std::optional<Tensor> own_out;  // the candidate's own out, when one is known
   std::string own_source;
-  bool own_handed_by_forward_run = false;  // own_out from running b's forward here
   if (c.fwd_out && c.fwd_out->defined()) {
     own_out = *c.fwd_out;
     own_source = "as handed to its backward";
@@ -409,7 +408,6 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
       if (f.out.defined() && is_floating(f.out.dtype())) {
         own_out = f.out;
         own_source = "as its forward returns it on this case";
-        own_handed_by_forward_run = true;
       }
     } catch (const std::exception&) {
       // no forward to learn from: q's dtype (SPEC §4)
@@ -418,11 +416,11 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   if (own_out) out_dtype = own_out->dtype();
   std::optional<Tensor> delta_out;
   bool delta_from_candidate = false;  // the candidate's own out: not shared with other backends
-  // The baseline's Δ is the candidate's own (its 16-bit out, passed by the forward rule) and
-  // the candidate's backward is known to take Δ from those bits (the route handed them to it,
-  // or Backend::backward_takes_delta_from_returned_out): the floors' δΔ16 part (another 16-bit
-  // out's distance, OutputFloor::narrow_delta) is left out; Δ's own rounding is in the
-  // baseline and so in E_row.
+  // The baseline's Δ is the candidate's own (its 16-bit out, passed by the forward rule): SPEC
+  // §5 has the backward take Δ from the out as its forward returned it, so the floors' δΔ16
+  // part (another 16-bit out's distance, OutputFloor::narrow_delta) is left out; Δ's own
+  // rounding is in the baseline and so in E_row. Leaving it out only tightens the bound: a
+  // backward that took Δ from another out gets a false alarm, never a false AGREES.
   bool delta_shared = false;
   if (!detail::dtype_meets_contract(out_dtype, c.mla.q.dtype())) {
     // SPEC §4: out is in q's dtype; an out narrower than q, or another 16-bit format (F16 for
@@ -446,8 +444,7 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
                      ff->at("out"));
     if (oc.passed) {
       delta_out = *own_out;
-      // the backward is known to take Δ from these bits (handed over, or declared)
-      delta_shared = !own_handed_by_forward_run || b.backward_takes_delta_from_returned_out();
+      delta_shared = true;
       // The baseline's own out rounded to that dtype, bit for bit: the shared computation.
       delta_from_candidate = !bitwise_equal(*own_out, base_fwd.out.to(out_dtype));
       r.notes.push_back(std::string("baseline takes Δ from the candidate's own ") +

@@ -52,16 +52,6 @@ class Backend {
   /// candidate's result from the case's memo (the reference the judge uses, computed once per
   /// case) instead of calling the backend (issue 13). Default false.
   virtual bool computes_reference() const { return false; }
-  /// True when its sparse MLA backward takes Δ = out·dout from exactly the 16-bit out its
-  /// sparse_mla_forward returns on the same case (SPEC §5: Δ from the out as the forward
-  /// returned it; stored outputs, a backward handed that out, or one that recomputes it with
-  /// the same code). The backward check then shares that Δ with the baseline and leaves the
-  /// floor's δΔ16 part out (OutputFloor::narrow_delta): a stricter bound, so a wrong true can
-  /// cause false alarms, never a false AGREES. Default true; a backend whose backward
-  /// recomputes out another way (e.g. another kernel on padded inputs, which rounded some out
-  /// elements differently in the cuda backend until it took the returned out) returns false,
-  /// and δΔ16 is then kept.
-  virtual bool backward_takes_delta_from_returned_out() const { return true; }
   /// True when the backend implements `op`.
   virtual bool supports(Op op) const = 0;
   /// The outputs the backend writes (output names as in SPEC §2-§7, e.g. {"out", "lse"});
