@@ -42,8 +42,10 @@ struct JudgeOptions {
   bool allow_weak = false;  ///< --allow-weak: a WEAK output does not fail
   std::string json_path;    ///< --json: per-output verdicts and bounds as JSON
 };
-/// Parses --outputs names; throws std::invalid_argument naming `flag` and the known names
-/// (every output of every op) for an unknown one.
+/// Parses --outputs names (after split_list_option); throws std::invalid_argument naming `flag`
+/// and the known names (every output of every op) for an unknown one, and naming `flag` and the
+/// name for a name given twice (`out,out`). Which names the selected ops define is checked by
+/// oracle::check_provided_outputs once the ops are known.
 std::vector<std::string> parse_output_names(const std::vector<std::string>& names,
                                             const std::string& flag);
 

@@ -60,7 +60,15 @@ std::vector<std::string> parse_output_names(const std::vector<std::string>& name
       throw std::invalid_argument("argument '" + flag + "' got \"" + n + "\", expected output names (" +
                                   list + ")");
     }
-    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+    // A name given twice (`out,out`, `--outputs out --outputs out`) is a typo for another
+    // output more often than not: a usage error, never silently merged.
+    if (std::find(out.begin(), out.end(), n) != out.end()) {
+      std::string given;
+      for (const auto& g : names) given += (given.empty() ? "" : ",") + g;
+      throw std::invalid_argument("argument '" + flag + "' names \"" + n + "\" twice (got \"" + given +
+                                  "\"), expected each output name once");
+    }
+    out.push_back(n);
   }
   if (out.empty()) throw std::invalid_argument("argument '" + flag + "' names no output");
   return out;

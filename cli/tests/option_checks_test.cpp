@@ -86,6 +86,28 @@ TEST(OutputsOption, ANameOfNoSelectedOpIsAUsageError) {
   EXPECT_FALSE(lines_with(out, {expected}).empty()) << out;
 }
 
+// --outputs naming one output twice (`out,out`, or `--outputs out --outputs out`) is a usage
+// error naming the option and the name on every command that takes it (fresh-user finding 8);
+// before, compare and replay merged the names and said AGREES (partial).
+TEST(OutputsOption, ANameGivenTwiceIsAUsageError) {
+  const std::string g = golden("smla_sink");
+  const std::string dump = " --dump-dir " + Scratch("outputs_twice").file("d");
+  for (const std::string& cmd :
+       {"compare --golden " + g + " --candidate " + g + " --outputs out,out",
+        "compare --golden " + g + " --candidate " + g + " --outputs out,lse --outputs lse",
+        "replay " + g + " --candidate " + g + " --outputs out,out", "replay " + g + " --outputs dq,dkv,dq",
+        "audit --backend reference --ops sparse_mla_fwd --only smla.forward_ratio --outputs lse,out,lse" + dump}) {
+    std::string out;
+    EXPECT_EQ(run_cli_capture(cmd, &out), 2) << cmd << "\n" << out;
+    EXPECT_FALSE(lines_with(out, {"argument '--outputs' names \"", "\" twice", "expected each output name once"}).empty())
+        << cmd << "\n" << out;
+    EXPECT_TRUE(lines_with(out, {"AGREES"}).empty()) << cmd << "\n" << out;
+  }
+  // Each name once still runs.
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + g + " --outputs out,lse", &out), 0) << out;
+}
+
 // An op none of whose outputs --outputs names is judged in full, and its label is not partial:
 // audit --ops topk,sparse_mla_fwd --outputs out,lse judges top-k in full (a top-k mutant fails,
 // a correct plugin passes without "partial"), as the label says.

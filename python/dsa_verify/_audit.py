@@ -168,7 +168,10 @@ def provided_outputs(bridge):
     from ._bridge import OUTPUTS
     if not bridge.outputs:
         return None
-    return [n for op, names in OUTPUTS.items() if bridge.supports(op) for n in bridge.outputs.get(op, names)]
+    # Ops share names (sparse_mla_fwd and sparse_mla_fp8_fwd: out, lse, max_logits): each once,
+    # as the CLI's --outputs takes them (a repeated name is a usage error there).
+    names = [n for op, names in OUTPUTS.items() if bridge.supports(op) for n in bridge.outputs.get(op, names)]
+    return list(dict.fromkeys(names))
 
 
 def _options(spec, ops, only, level, seed, dump_dir, fixtures, device):
