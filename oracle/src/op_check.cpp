@@ -422,6 +422,7 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   // rounding is in the baseline and so in E_row. Leaving it out only tightens the bound: a
   // backward that took Δ from another out gets a false alarm, never a false AGREES.
   bool delta_shared = false;
+  std::string own_note;  // said only when the report judges with that Δ
   if (!detail::dtype_meets_contract(out_dtype, c.mla.q.dtype())) {
     // SPEC §4: out is in q's dtype; an out narrower than q, or another 16-bit format (F16 for
     // a bf16 q), must not move the baseline (the forward check fails it).
@@ -447,8 +448,8 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
       delta_shared = true;
       // The baseline's own out rounded to that dtype, bit for bit: the shared computation.
       delta_from_candidate = !bitwise_equal(*own_out, base_fwd.out.to(out_dtype));
-      r.notes.push_back(std::string("baseline takes Δ from the candidate's own ") +
-                        dtype_name(out_dtype) + " out (" + own_source + ")");
+      own_note = std::string("baseline takes Δ from the candidate's own ") +
+                 dtype_name(out_dtype) + " out (" + own_source + ")";
     } else {
       r.notes.push_back(std::string("the candidate's own ") + dtype_name(out_dtype) + " out (" +
                         own_source + ") fails the forward rule; baseline Δ from its own out");
@@ -459,7 +460,6 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     r.notes.push_back(std::string("baseline takes Δ from its out rounded to ") +
                       dtype_name(out_dtype) + " (the candidate's out dtype, SPEC §9)");
   }
-  const auto ref_p = shared_ref();
   // Δ from the baseline's own out rounded to out_dtype depends on the case and that dtype
   // only; Δ from the candidate's out is that candidate's (computed for it alone).
   const std::string base_kind =
@@ -470,17 +470,63 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
       delta_from_candidate ? nullptr : memo_of(c), base_kind, fp,
       [&] { return reference::sparse_mla_backward(c.mla, c.dout, Precision::Baseline, delta_out); });
   const auto floors_p = shared_mla_floors(c, out_dtype, /*backward=*/true);
-  const SparseMlaGrads& ref = *ref_p;
-  const SparseMlaGrads& base = *base_p;
   const CaseFloors& floors = *floors_p;
-  judge(r, opt, to_string(op), "dq", cand.dq, ref.dq, base.dq, floors, delta_shared);
-  judge(r, opt, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv, floors, delta_shared);
-  if (c.mla.attn_sink && ref.dsink && base.dsink) {
-    const Tensor none;
-    judge(r, opt, to_string(op), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink,
-          *base.dsink, floors, delta_shared);
+  auto judge_grads = [&](OpReport& rr, const SparseMlaGrads& ref, const SparseMlaGrads& base,
+                         bool shared) {
+    judge(rr, opt, to_string(op), "dq", cand.dq, ref.dq, base.dq, floors, shared);
+    judge(rr, opt, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv, floors, shared);
+    if (c.mla.attn_sink && ref.dsink && base.dsink) {
+      const Tensor none;
+      judge(rr, opt, to_string(op), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink,
+            *base.dsink, floors, shared);
+    }
+  };
+  if (!delta_shared) {
+    judge_grads(r, *shared_ref(), *base_p, false);
+    return detail::settle_judged_nothing(std::move(r), opt, op);
   }
-  return detail::settle_judged_nothing(std::move(r), opt, op);
+  // Δ from the candidate's own 16-bit out. Its gradients are judged against the float64
+  // reference taking Δ from that same out (SPEC §5: the out as the forward returned it is an
+  // input of the backward; §9: the reference computes from the exact values of the inputs).
+  // Judged against the reference with Δ from the exact out instead, E_row(baseline) would
+  // carry the whole Δ shift that out makes, and an out that passes the forward rule but is
+  // rounded with a bias (toward sign(dout)) moves Δ coherently: the bound widens many times
+  // and accepts a dsink far off (fresh-user case, 15-22 %).
+  const auto ref_own_p = shared_result<SparseMlaGrads>(
+      delta_from_candidate ? nullptr : memo_of(c),
+      std::string("sparse_mla_bwd/reference/delta from out ") + dtype_name(out_dtype), fp,
+      [&] { return reference::sparse_mla_backward(c.mla, c.dout, Precision::Reference, delta_out); });
+  OpReport own = r;
+  own.notes.push_back(own_note);
+  judge_grads(own, *ref_own_p, *base_p, true);
+  if (own.passed()) {
+    own.notes.push_back("gradients judged against the float64 reference whose Δ comes from "
+                        "the same out (SPEC §5)");
+    return detail::settle_judged_nothing(std::move(own), opt, op);
+  }
+  // A kernel may also take Δ from a precise out (fp32 or wider) and return a rounded copy:
+  // then its gradients are judged against the exact reference, with the baseline taking Δ
+  // from its own fp32 out, and the floors without δΔ16 (no 16-bit Δ on either side). The
+  // bounds stay as tight as with Δ from the candidate's out: a kernel that took Δ from its
+  // 16-bit out and has a wrong gradient must not find a looser bound here. Gradients that
+  // fit neither legal Δ source fail (the report with Δ from the candidate's out, the
+  // contract's reading).
+  const auto base_precise_p = shared_result<SparseMlaGrads>(
+      memo_of(c), "sparse_mla_bwd/baseline", fp,
+      [&] { return reference::sparse_mla_backward(c.mla, c.dout, Precision::Baseline); });
+  OpReport precise = r;
+  judge_grads(precise, *shared_ref(), *base_precise_p, true);
+  if (precise.passed()) {
+    precise.notes.push_back(
+        "gradients disagree with Δ from the candidate's own out but agree with Δ from a "
+        "precise out (fp32 or wider): judged against the exact reference, baseline Δ from its "
+        "fp32 out (SPEC §5)");
+    return detail::settle_judged_nothing(std::move(precise), opt, op);
+  }
+  own.notes.push_back("the gradients fit neither Δ source: Δ from the candidate's own out "
+                      "(reported) nor Δ from a precise out (" + std::string(to_string(precise.verdict)) +
+                      ": " + precise.reason + ")");
+  return detail::settle_judged_nothing(std::move(own), opt, op);
 }
 
 OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& opt) {

@@ -38,7 +38,8 @@ struct OpCase {
   /// the Python compare; a built-in, plugin or Python backend's forward on audit and replay;
   /// judge_outputs' "out" entry); none when it has no forward (then q's dtype, SPEC §4).
   /// A 16-bit own out that passes the forward's local rule is the out the backward baseline
-  /// takes Δ from (SPEC §5/§9: a kernel may take Δ from its own bf16 out); one that fails it,
+  /// and reference take Δ from (SPEC §5/§9: a kernel may take Δ from its own bf16 out; see
+  /// check_sparse_mla_backward for the second legal source, a precise out); one that fails it,
   /// or is narrower than q's dtype, does not move the baseline (its own out rounded to the
   /// candidate's out dtype). An fp32 or wider out: Δ from the baseline's own out (at that
   /// precision already).
@@ -129,6 +130,10 @@ OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& o
 OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §2
 OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §3 exact
 OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §4,§6
+/// Sparse MLA backward (§5): when Δ comes from the candidate's own 16-bit out (OpCase::fwd_out),
+/// the gradients are judged against the float64 reference taking Δ from that same out, else
+/// (if that fails) against the exact reference with the baseline's Δ from its fp32 out; they
+/// must fit one of the two (docs/what-a-pass-means.md, "Which Δ the gradients are judged with").
 OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §5
 OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& opt = default_check_options());  // §7
 
