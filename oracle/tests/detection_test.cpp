@@ -35,6 +35,7 @@
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/oracle/tolerances.h"
 #include "dsa/oracle/topk_check.h"
+#include "dsa/property_tests/flash_style_kernel.h"
 #include "dsa/property_tests/fp8_generators.h"
 #include "dsa/property_tests/generators.h"
 #include "dsa/reference/fp8_indexer.h"
@@ -71,8 +72,6 @@ void record(const std::string& key, const OpReport& r) {
 }
 
 // ---------------------------------------------------------------- mixed case generator
-double round_to(double x, DType d) { return Tensor::from_f64({1}, {x}).to(d).get(0); }
-
 struct MixedCase {
   OpCase c;
   DType dtype;  // F32 or BF16 inputs (and the class of the outputs judged)
@@ -157,144 +156,38 @@ MixedCase draw_mixed_case() {
 }
 
 // ---------------------------------------------------------------- kernels computed another way
-enum class Order { Reversed, Blocked };
-// FlashMla: P rounded to bf16 before P·V, bf16 out. FlashDq: fp32 P·V and bf16 out, the
-// backward rounds dS = P∘(dP - Δ) to bf16 before dq = sm·dS·K (FlashAttention/FlashMLA/TileLang
-// backward; F4, tolerances.cpp quadrature16), dq in the out dtype. Returned in fp32 instead, dq
-// failed by 1.0009x at RC seed 12002, level 2: the candidate's Δ differs from the baseline's by
-// one-ulp flips of the bf16 out, a term still in quadrature with constant 1 (docs, Limits).
-// FlashBwd: the whole FlashAttention-style kernel (F4): P rounded before P·V, bf16 out, Δ from
-// it, dS rounded before dq and dkv, P (exp(P - L), fp32) rounded before dkv += Pᵀ·dout; dq in
-// the out dtype (as FlashDq), dkv and dsink fp32. Its dkv failed by 1.001x at RC seed 12002,
-// level 2, while dS's binade was taken at the exact |dS_j|: the kernel rounds p_j(g_j - Δ16),
-// Δ16 from the 16-bit out, which is larger where g_j - Δ cancels (local_bounds.cpp dshift).
+// Sums in another order: reversed, or blocks of 4 then the block sums (props::sum_ordered).
+using Order = props::SumOrder;
+using props::sum_ordered;
+
+// The sparse MLA kernels computed another way: the FlashAttention-style test kernel
+// (props::flash_style_sparse_mla) with every sum in another order, dkv added in reverse slot
+// order, Δ from its out (rounded to the out dtype), and these roundings to bf16.
+// Fp32: none. FlashMla: P rounded to bf16 before P·V, bf16 out. FlashDq: fp32 P·V and bf16 out,
+// the backward rounds dS = P∘(dP - Δ) to bf16 before dq = sm·dS·K (FlashAttention/FlashMLA/
+// TileLang backward; F4, tolerances.cpp quadrature16), dq in the out dtype. Returned in fp32
+// instead, dq failed by 1.0009x at RC seed 12002, level 2: the candidate's Δ differs from the
+// baseline's by one-ulp flips of the bf16 out, a term still in quadrature with constant 1 (docs,
+// Limits). FlashBwd: the whole FlashAttention-style kernel (F4): P rounded before P·V, bf16 out,
+// Δ from it, dS rounded before dq and dkv, P (exp(P - L), fp32) rounded before dkv += Pᵀ·dout;
+// dq in the out dtype (as FlashDq), dkv and dsink fp32. Its dkv failed by 1.001x at RC seed
+// 12002, level 2, while dS's binade was taken at the exact |dS_j|: the kernel rounds
+// p_j(g_j - Δ16), Δ16 from the 16-bit out, which is larger where g_j - Δ cancels
+// (local_bounds.cpp dshift).
 enum class Style { Fp32, FlashMla, FlashDq, FlashBwd };
 
-float sum_ordered(const std::vector<float>& t, Order o) {
-  float s = 0;
-  if (o == Order::Reversed) {
-    for (size_t i = t.size(); i-- > 0;) s += t[i];
-    return s;
-  }
-  for (size_t b = 0; b < t.size(); b += 4) {  // blocks of 4, then the block sums
-    float blk = 0;
-    for (size_t i = b; i < std::min(t.size(), b + 4); ++i) blk += t[i];
-    s += blk;
-  }
-  return s;
-}
-
-struct KernelOut {
-  SparseMlaForward fwd;
-  SparseMlaGrads grads;
-};
-
-// A whole sparse MLA forward + backward in fp32 in another order (and style).
-KernelOut other_kernel(const OpCase& c, Order order, Style style, DType out_dtype) {
-  const auto& in = c.mla;
-  const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d = in.q.size(2), dv = in.d_v,
-                s_kv = in.kv.size(0), k = in.indices.size(1);
-  const std::vector<double> Q = in.q.to_f64(), KV = in.kv.to_f64(), dO = c.dout.to_f64();
-  const float sm = static_cast<float>(in.sm_scale);
-  std::vector<double> out(static_cast<size_t>(s_q * h_q * dv), 0.0), lse(static_cast<size_t>(s_q * h_q), INFINITY),
-      mx(lse.size(), -INFINITY), dq(static_cast<size_t>(s_q * h_q * d), 0.0);
-  std::vector<float> dkv(static_cast<size_t>(s_kv * d), 0.0f);
-  std::vector<float> dsink(static_cast<size_t>(h_q), 0.0f);
-  std::vector<float> terms;
-  for (int64_t t = 0; t < s_q; ++t) {
-    std::vector<int64_t> ids;
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t id = in.indices.data<int32_t>()[t * k + j];
-      if (id >= 0 && id < s_kv) ids.push_back(id);
-    }
-    if (ids.empty()) continue;
-    const size_t n = ids.size();
-    for (int64_t h = 0; h < h_q; ++h) {
-      const int64_t row = t * h_q + h;
-      std::vector<float> P(n);
-      for (size_t j = 0; j < n; ++j) {
-        terms.assign(static_cast<size_t>(d), 0.0f);
-        for (int64_t x = 0; x < d; ++x)
-          terms[static_cast<size_t>(x)] = static_cast<float>(Q[static_cast<size_t>(row * d + x)]) *
-                                          static_cast<float>(KV[static_cast<size_t>(ids[j] * d + x)]);
-        P[j] = sm * sum_ordered(terms, order);
-      }
-      const float m = *std::max_element(P.begin(), P.end());
-      std::vector<float> e(n);
-      for (size_t j = 0; j < n; ++j) e[j] = std::exp(P[j] - m);
-      const float S = sum_ordered(e, order);
-      const float L0 = m + std::log(S);
-      float r = 1.0f, psink = 0.0f, L = L0;
-      if (in.attn_sink) {
-        const float sk = static_cast<float>(in.attn_sink->get(h));
-        if (sk == INFINITY) { r = 0; psink = 1; L = INFINITY; }
-        else if (sk != -INFINITY) {
-          const float mm = std::max(L0, sk);
-          L = mm + std::log(std::exp(L0 - mm) + std::exp(sk - mm));
-          r = std::exp(L0 - L);
-          psink = std::exp(sk - L);
-        }
-      }
-      lse[static_cast<size_t>(row)] = L0;
-      mx[static_cast<size_t>(row)] = m;
-      std::vector<float> o(static_cast<size_t>(dv));
-      for (int64_t cc = 0; cc < dv; ++cc) {
-        terms.assign(n, 0.0f);
-        for (size_t j = 0; j < n; ++j) {
-          const float pj = style == Style::FlashMla || style == Style::FlashBwd
-                               ? static_cast<float>(round_to(e[j], DType::BF16))
-                               : e[j];
-          terms[j] = pj * static_cast<float>(KV[static_cast<size_t>(ids[j] * d + cc)]);
-        }
-        o[static_cast<size_t>(cc)] = sum_ordered(terms, order) / S * r;
-        out[static_cast<size_t>(row * dv + cc)] = o[static_cast<size_t>(cc)];
-      }
-      // backward: Δ from the out this kernel returns (rounded to its out dtype)
-      std::vector<float> oo(o);
-      for (auto& x : oo) x = static_cast<float>(round_to(x, out_dtype));
-      terms.assign(static_cast<size_t>(dv), 0.0f);
-      for (int64_t cc = 0; cc < dv; ++cc)
-        terms[static_cast<size_t>(cc)] = oo[static_cast<size_t>(cc)] * static_cast<float>(dO[static_cast<size_t>(row * dv + cc)]);
-      const float delta = sum_ordered(terms, order);
-      std::vector<float> p(n), dS(n);
-      for (size_t j = 0; j < n; ++j) {
-        p[j] = std::isinf(L) ? 0.0f : std::exp(P[j] - L);
-        for (int64_t cc = 0; cc < dv; ++cc)
-          terms[static_cast<size_t>(cc)] = static_cast<float>(dO[static_cast<size_t>(row * dv + cc)]) *
-                                           static_cast<float>(KV[static_cast<size_t>(ids[j] * d + cc)]);
-        dS[j] = p[j] * (sum_ordered(terms, order) - delta);
-      }
-      for (int64_t x = 0; x < d; ++x) {
-        terms.assign(n, 0.0f);
-        for (size_t j = 0; j < n; ++j)
-          terms[j] = (style == Style::FlashDq || style == Style::FlashBwd
-                          ? static_cast<float>(round_to(dS[j], DType::BF16))
-                          : dS[j]) *
-                     static_cast<float>(KV[static_cast<size_t>(ids[j] * d + x)]);
-        dq[static_cast<size_t>(row * d + x)] = sm * sum_ordered(terms, order);
-      }
-      for (size_t jj = n; jj-- > 0;) {  // scatter in reverse slot order
-        const bool r16 = style == Style::FlashBwd;  // P and dS rounded before dkv
-        const float dSk = r16 ? static_cast<float>(round_to(dS[jj], DType::BF16)) : dS[jj];
-        const float pk = r16 ? static_cast<float>(round_to(p[jj], DType::BF16)) : p[jj];
-        for (int64_t x = 0; x < d; ++x) {
-          float g = sm * dSk * static_cast<float>(Q[static_cast<size_t>(row * d + x)]);
-          if (x < dv) g += pk * static_cast<float>(dO[static_cast<size_t>(row * dv + x)]);
-          dkv[static_cast<size_t>(ids[jj] * d + x)] += g;
-        }
-      }
-      if (in.attn_sink) dsink[static_cast<size_t>(h)] -= psink * delta;
-    }
-  }
-  KernelOut ko;
-  ko.fwd.out = Tensor::from_f64({s_q, h_q, dv}, out).to(out_dtype);
-  ko.fwd.lse = Tensor::from_f64({s_q, h_q}, lse).to(DType::F32);
-  ko.fwd.max_logits = Tensor::from_f64({s_q, h_q}, mx).to(DType::F32);
-  ko.grads.dq = Tensor::from_f64({s_q, h_q, d}, dq).to(out_dtype);
-  ko.grads.dkv = Tensor::from_f64({s_kv, d}, std::vector<double>(dkv.begin(), dkv.end())).to(DType::F32);
-  if (in.attn_sink)
-    ko.grads.dsink = Tensor::from_f64({h_q}, std::vector<double>(dsink.begin(), dsink.end())).to(DType::F32);
-  return ko;
+// A whole sparse MLA forward + backward in fp32 in another order (and style); out and dq in
+// `out_dtype`.
+props::FlashStyleResult other_kernel(const OpCase& c, Order order, Style style, DType out_dtype) {
+  props::FlashStyleOptions o;
+  o.order = order;
+  o.dkv_reverse_slots = true;
+  o.work = DType::BF16;
+  o.round_p_before_pv = style == Style::FlashMla || style == Style::FlashBwd;
+  o.round_ds_before_dq = style == Style::FlashDq || style == Style::FlashBwd;
+  o.round_before_dkv = style == Style::FlashBwd;
+  o.out_dtype = o.dq_dtype = out_dtype;
+  return props::flash_style_sparse_mla(c.mla, &c.dout, o);
 }
 
 // ---------------------------------------------------------------- perturbation
@@ -375,7 +268,7 @@ RC_GTEST_PROP(Detection, SparseMlaPerturbationsFailOtherOrdersPass, ()) {
   for (Order order : {Order::Reversed, Order::Blocked}) {
     for (Style style : {Style::Fp32, Style::FlashMla, Style::FlashDq, Style::FlashBwd}) {
       if (style != Style::Fp32 && od != DType::BF16) continue;
-      const KernelOut k = other_kernel(c, order, style, od);
+      const props::FlashStyleResult k = other_kernel(c, order, style, od);
       const std::string key = std::string(style == Style::FlashMla ? "flashmla-bf16"
                                           : style == Style::FlashDq ? "flash-dq-bf16"
                                           : style == Style::FlashBwd ? "flash-bwd-bf16"

@@ -11,6 +11,7 @@
 #endif
 
 #include "dsa/oracle/reference_backend.h"
+#include "dsa/property_tests/flash_style_kernel.h"
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
@@ -953,122 +954,12 @@ class SmlaRowsFrom128Empty final : public IndexRewrite {
   }
 };
 
-// A correct FlashAttention-style sparse MLA kernel (the FlashMLA / FlashAttention-2/3 /
-// TileLang scheme): fp32 accumulation; with 16-bit q the probabilities exp(P - max) are
-// rounded to q's dtype before P·V, out is returned in q's dtype, and the backward takes
-// Δ = rowsum(out·dout) from that 16-bit out and rounds dS = P∘(dP - Δ) to q's dtype before
-// dq = sm·dS·K; with round_dkv also P and dS before dkv += sm·dSᵀ·Q + Pᵀ·dout (as those
-// kernels do; covered by the bf16/fp16-work dkv floor, local_bounds.cpp, finding F4).
-// dq, dkv, dsink in fp32 (SPEC §4-§5 output dtypes). fp32 q: the same kernel without roundings
-// (sums in slot order). Shapes: SPEC §4 (indices [s_q,k] or [s_q,1,k]); lse without the sink,
-// empty rows out 0, lse +inf, max_logits -inf (SPEC §6). Throws what Tensor conversions throw.
-struct FlashStyleResult {
-  SparseMlaForward fwd;
-  SparseMlaGrads grads;
-};
-FlashStyleResult flash_style_sparse_mla(const SparseMlaInputs& in, const Tensor* dout, bool round_dkv) {
-  const DType qd = in.q.dtype();
-  auto r16 = [qd](float x) -> float {
-    if (qd == DType::BF16) return bf16_to_float(float_to_bf16(x));
-    if (qd == DType::F16) return f16_to_float(double_to_f16(x));
-    return x;
-  };
-  const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d = in.q.size(2), dv = in.d_v, s_kv = in.kv.size(0);
-  const int64_t k = s_q > 0 ? in.indices.numel() / s_q : 0;
-  const std::vector<double> Q = in.q.to_f64(), KV = in.kv.to_f64();
-  const std::vector<double> dO = dout ? dout->to_f64() : std::vector<double>();
-  const float sm = static_cast<float>(in.sm_scale);
-  std::vector<double> out(static_cast<size_t>(s_q * h_q * dv), 0.0), lse(static_cast<size_t>(s_q * h_q), INFINITY),
-      mx(lse.size(), -INFINITY), dq(static_cast<size_t>(s_q * h_q * d), 0.0);
-  std::vector<float> dkv(static_cast<size_t>(s_kv * d), 0.0f), dsink(static_cast<size_t>(h_q), 0.0f);
-  for (int64_t t = 0; t < s_q; ++t) {
-    std::vector<int64_t> ids;
-    const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
-      if (id >= 0 && id < s_kv && j < len) ids.push_back(id);
-    }
-    const size_t n = ids.size();
-    for (int64_t h = 0; h < h_q; ++h) {
-      const int64_t row = t * h_q + h;
-      const double* q = &Q[static_cast<size_t>(row * d)];
-      const float sk = in.attn_sink ? static_cast<float>(in.attn_sink->get(h)) : -INFINITY;
-      if (n == 0) continue;  // out 0, lse +inf, max -inf; Δ = 0: no gradient
-      std::vector<float> P(n), e(n);
-      for (size_t j = 0; j < n; ++j) {
-        float acc = 0;
-        for (int64_t x = 0; x < d; ++x)
-          acc += static_cast<float>(q[x]) * static_cast<float>(KV[static_cast<size_t>(ids[j] * d + x)]);
-        P[j] = sm * acc;
-      }
-      const float m = *std::max_element(P.begin(), P.end());
-      float S = 0;
-      for (size_t j = 0; j < n; ++j) S += (e[j] = std::exp(P[j] - m));
-      const float L0 = m + std::log(S);
-      float r = 1.0f, psink = 0.0f, L = L0;
-      if (sk == INFINITY) {
-        r = 0;
-        psink = 1;
-        L = INFINITY;
-      } else if (sk != -INFINITY) {
-        const float mm = std::max(L0, sk);
-        L = mm + std::log(std::exp(L0 - mm) + std::exp(sk - mm));
-        r = std::exp(L0 - L);
-        psink = std::exp(sk - L);
-      }
-      lse[static_cast<size_t>(row)] = L0;
-      mx[static_cast<size_t>(row)] = m;
-      std::vector<float> o16(static_cast<size_t>(dv));
-      for (int64_t c = 0; c < dv; ++c) {
-        float acc = 0;
-        for (size_t j = 0; j < n; ++j) acc += r16(e[j]) * static_cast<float>(KV[static_cast<size_t>(ids[j] * d + c)]);
-        const float o = acc / S * r;
-        out[static_cast<size_t>(row * dv + c)] = o;
-        o16[static_cast<size_t>(c)] = r16(o);
-      }
-      if (!dout) continue;
-      const double* g = &dO[static_cast<size_t>(row * dv)];
-      float delta = 0;  // from the out this kernel returns
-      for (int64_t c = 0; c < dv; ++c) delta += o16[static_cast<size_t>(c)] * static_cast<float>(g[c]);
-      std::vector<float> pr(n), dSr(n), pk(n), dSk(n);
-      for (size_t j = 0; j < n; ++j) {
-        const float p = std::isinf(L) ? 0.0f : std::exp(P[j] - L);
-        float dp = 0;
-        for (int64_t c = 0; c < dv; ++c) dp += static_cast<float>(g[c]) * static_cast<float>(KV[static_cast<size_t>(ids[j] * d + c)]);
-        pr[j] = r16(p);
-        dSr[j] = r16(p * (dp - delta));
-        pk[j] = round_dkv ? pr[j] : p;
-        dSk[j] = round_dkv ? dSr[j] : p * (dp - delta);
-      }
-      for (int64_t x = 0; x < d; ++x) {
-        float acc = 0;
-        for (size_t j = 0; j < n; ++j) acc += dSr[j] * static_cast<float>(KV[static_cast<size_t>(ids[j] * d + x)]);
-        dq[static_cast<size_t>(row * d + x)] = sm * acc;
-      }
-      for (size_t j = 0; j < n; ++j)
-        for (int64_t x = 0; x < d; ++x) {
-          float gx = sm * dSk[j] * static_cast<float>(q[x]);
-          if (x < dv) gx += pk[j] * static_cast<float>(g[x]);
-          dkv[static_cast<size_t>(ids[j] * d + x)] += gx;
-        }
-      if (in.attn_sink) dsink[static_cast<size_t>(h)] -= psink * delta;
-    }
-  }
-  FlashStyleResult res;
-  const DType od = qd == DType::F32 ? DType::F32 : qd;
-  res.fwd.out = Tensor::from_f64({s_q, h_q, dv}, out).to(od);
-  res.fwd.lse = Tensor::from_f64({s_q, h_q}, lse).to(DType::F32);
-  res.fwd.max_logits = Tensor::from_f64({s_q, h_q}, mx).to(DType::F32);
-  res.grads.dq = Tensor::from_f64({s_q, h_q, d}, dq).to(DType::F32);
-  res.grads.dkv = Tensor::from_f64({s_kv, d}, std::vector<double>(dkv.begin(), dkv.end())).to(DType::F32);
-  if (in.attn_sink)
-    res.grads.dsink = Tensor::from_f64({h_q}, std::vector<double>(dsink.begin(), dsink.end())).to(DType::F32);
-  return res;
-}
-
-// The FlashAttention-style kernel above (P and dS rounded before dq and dkv, Δ from its 16-bit
-// out) as a correct backend (false-alarm control, F4): the fp32 baseline control for every
-// other op and for q of another dtype (F64).
+// The FlashAttention-style test kernel (flash_style_kernel.h) as a correct backend
+// (false-alarm control, F4): with 16-bit q, P rounded to q's dtype before P·V, out in q's
+// dtype, Δ from it, P and dS rounded before dq and dkv (as those kernels do; covered by the
+// bf16/fp16-work dkv floor, local_bounds.cpp); dq, dkv, dsink fp32 (SPEC §4-§5 output dtypes).
+// fp32 q: the same kernel without roundings (sums in slot order). The fp32 baseline control
+// for every other op and for q of another dtype (F64).
 class FlashStyleControl final : public RoundedControl {
  public:
   FlashStyleControl() : RoundedControl(true, "control_flash_style") {}
@@ -1076,13 +967,19 @@ class FlashStyleControl final : public RoundedControl {
     const DType d = in.q.dtype();
     return (d == DType::BF16 || d == DType::F16 || d == DType::F32) && in.kv.dtype() == d;
   }
+  static FlashStyleOptions options(const SparseMlaInputs& in) {
+    FlashStyleOptions o;
+    o.work = o.out_dtype = in.q.dtype();
+    o.round_p_before_pv = o.round_ds_before_dq = o.round_before_dkv = true;
+    return o;
+  }
   SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
     if (!handles(in)) return RoundedControl::sparse_mla_forward(in);
-    return flash_style_sparse_mla(in, nullptr, true).fwd;
+    return flash_style_sparse_mla(in, nullptr, options(in)).fwd;
   }
   SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
     if (!handles(in)) return RoundedControl::sparse_mla_backward(in, dout);
-    return flash_style_sparse_mla(in, &dout, true).grads;
+    return flash_style_sparse_mla(in, &dout, options(in)).grads;
   }
 };
 
