@@ -23,6 +23,7 @@ namespace {
 
 using test::Scratch;
 using test::lines_with;
+using test::expect_cli;
 using test::run_cli_capture;
 using test::golden;
 using test::read_text;
@@ -213,14 +214,12 @@ TEST(CompareHints, NarrowedTopkWidthSuggestsItsDeclaration) {
   const std::string path = dir.file("short_rows_undeclared.safetensors");
   fixtures::save_fixture(path, f);
   std::string out;
-  EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 1);
-  EXPECT_FALSE(lines_with(out, {"[FAIL] producer topk:", "hint: the candidate's ids are [s_q, 24] = [s_q, min(k, s_kv)]",
-                                "add \"topk_width_min_k_s_kv\" to the fixture's conventions metadata"})
-                   .empty());
-  EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + path, &out), 1);
-  EXPECT_FALSE(lines_with(out, {"[FAIL] candidate-file topk:", "hint:", "pass --narrowed-topk-width"}).empty());
-  EXPECT_EQ(run_cli_capture("replay " + path + " --candidate " + path, &out), 1);
-  EXPECT_FALSE(lines_with(out, {"hint:", "pass --convention topk_width_min_k_s_kv"}).empty());
+  expect_cli("fixtures check " + path + " --backend reference", 1,
+             {"[FAIL] producer topk:", "hint: the candidate's ids are [s_q, 24] = [s_q, min(k, s_kv)]",
+              "add \"topk_width_min_k_s_kv\" to the fixture's conventions metadata"});
+  expect_cli("compare --golden " + path + " --candidate " + path, 1,
+             {"[FAIL] candidate-file topk:", "hint:", "pass --narrowed-topk-width"});
+  expect_cli("replay " + path + " --candidate " + path, 1, {"hint:", "pass --convention topk_width_min_k_s_kv"});
   EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + path + " --narrowed-topk-width", &out), 0);
   EXPECT_TRUE(lines_with(out, {"hint:"}).empty());
 }
@@ -257,9 +256,8 @@ TEST(FixturesCheckErrors, ACorruptFileIsCountedAndNamed) {
     const std::string bytes = read_text(golden("idx_causal"));
     std::ofstream(corrupt, std::ios::binary) << bytes.substr(0, 300);  // truncated
   }
-  std::string out;
-  EXPECT_EQ(run_cli_capture("fixtures check " + dir.file("") + " --backend reference --json " + dir.file("r.json"), &out), 2);
-  EXPECT_FALSE(lines_with(out, {"error: " + corrupt + ": "}).empty()) << out;
+  std::string out = expect_cli("fixtures check " + dir.file("") + " --backend reference --json " + dir.file("r.json"),
+                               2, {"error: " + corrupt + ": "});
   // the row names the file relative to the checked directory (two files may share a case name)
   EXPECT_EQ(lines_with(out, {"corrupt.safetensors ", "ERROR: unreadable input"}).size(), 1u) << out;
   EXPECT_EQ(lines_with(out, {"fixtures: 2 agree, 0 partial, 0 disagree, 0 skipped, 1 unreadable"}).size(), 1u) << out;
@@ -311,11 +309,9 @@ TEST(InputErrors, SizeParamsContradictingTheShapesAreNamed) {
     EXPECT_THROW(fixtures::validate_fixture(f, "in memory"), fixtures::FileError) << c.key;
     // Every route loads through load_fixture: two of the params through the program (CI time).
     if (std::string(c.key) != "s_q" && std::string(c.fixture) != "topk_distinct_causal") continue;
-    std::string out;
-    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << c.key;
-    EXPECT_FALSE(lines_with(out, {want}).empty()) << c.key;
-    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden(c.fixture), &out), 2) << c.key;
-    EXPECT_FALSE(lines_with(out, {"params." + std::string(c.key) + " = ", "contradicts tensor"}).empty()) << c.key;
+    expect_cli("fixtures check " + path + " --backend reference", 2, {want});
+    expect_cli("compare --golden " + path + " --candidate " + golden(c.fixture), 2,
+               {"params." + std::string(c.key) + " = ", "contradicts tensor"});
   }
 }
 

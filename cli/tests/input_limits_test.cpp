@@ -24,6 +24,7 @@ namespace {
 using test::Scratch;
 using test::golden;
 using test::lines_with;
+using test::expect_cli;
 using test::run_cli_capture;
 
 // `golden` with input `drop` removed, saved to `path`.
@@ -46,14 +47,10 @@ TEST(InputLimits, KsOrKeAloneIsAnErrorOnEveryRoute) {
     const std::string path = dir.file(std::string(c.golden) + "_no_" + c.drop + ".safetensors");
     save_without(c.golden, c.drop, path);
     const std::string want = std::string("ks and ke must both be given (found ") + c.found + " only";
-    std::string out;
     // the golden's own expected outputs as the candidate: agreed before (full windows twice)
-    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden(c.golden), &out), 2) << c.golden;
-    EXPECT_FALSE(lines_with(out, {want}).empty()) << out;
-    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << c.golden;
-    EXPECT_FALSE(lines_with(out, {want}).empty()) << out;
-    EXPECT_EQ(run_cli_capture("replay " + path + " --candidate " + golden(c.golden), &out), 2) << c.golden;
-    EXPECT_FALSE(lines_with(out, {want}).empty()) << out;
+    expect_cli("compare --golden " + path + " --candidate " + golden(c.golden), 2, {want});
+    expect_cli("fixtures check " + path + " --backend reference", 2, {want});
+    expect_cli("replay " + path + " --candidate " + golden(c.golden), 2, {want});
   }
 }
 
@@ -72,9 +69,8 @@ TEST(InputLimits, TopkPaddingPastTheKeysIsLimited) {
   const std::string gold = dir.file("bigk.safetensors"), cand = dir.file("cand.safetensors");
   fixtures::save_fixture(gold, f);
   test::write_outputs(cand, {{"indices", Tensor::from_i32({1, 8}, {7, 6, 5, 4, 3, 2, 1, 0})}});
-  std::string out;
-  EXPECT_EQ(run_cli_capture("compare --golden " + gold + " --candidate " + cand + " --narrowed-topk-width", &out), 2);
-  EXPECT_FALSE(lines_with(out, {"params.k got 1073741824, expected at most", "s_q = 1, s_kv = 8"}).empty()) << out;
+  std::string out = expect_cli("compare --golden " + gold + " --candidate " + cand + " --narrowed-topk-width", 2,
+                               {"params.k got 1073741824, expected at most", "s_q = 1, s_kv = 8"});
   EXPECT_TRUE(lines_with(out, {"bad_alloc"}).empty()) << out;
   f.params["k"] = 12;  // k > s_kv, small: judged (the narrowed ids padded with -1)
   fixtures::save_fixture(gold, f);
@@ -95,9 +91,8 @@ TEST(InputLimits, ZeroSizedTensorWithHugeDimensionIsNamed) {
     f.inputs["w"] = Tensor(DType::F32, {1, 1});
     const std::string path = dir.file("hugeidx.safetensors");
     fixtures::save_fixture(path, f);
-    std::string out;
-    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << rows;
-    EXPECT_FALSE(lines_with(out, {"k_idx", std::to_string(rows), "holds no data"}).empty()) << out;
+    const std::string out = expect_cli("fixtures check " + path + " --backend reference", 2,
+                                       {"k_idx", std::to_string(rows), "holds no data"});
     EXPECT_TRUE(lines_with(out, {"bad_alloc"}).empty()) << out;
     EXPECT_TRUE(lines_with(out, {"DISAGREE"}).empty()) << out;
   }
@@ -112,11 +107,10 @@ TEST(InputLimits, PagedMaxContextIsChecked) {
   for (int64_t bad : {int64_t{-2}, int64_t{2147483647}}) {
     f.params["max_context"] = bad;
     fixtures::save_fixture(path, f);
-    std::string out;
-    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << bad;
-    EXPECT_FALSE(lines_with(out, {"params.max_context got " + std::to_string(bad), "expected -1"}).empty()) << out;
-    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden("paged_idx_mtp2"), &out), 2);
-    EXPECT_FALSE(lines_with(out, {"params.max_context got " + std::to_string(bad)}).empty()) << out;
+    expect_cli("fixtures check " + path + " --backend reference", 2,
+               {"params.max_context got " + std::to_string(bad), "expected -1"});
+    expect_cli("compare --golden " + path + " --candidate " + golden("paged_idx_mtp2"), 2,
+               {"params.max_context got " + std::to_string(bad)});
   }
 }
 
@@ -137,13 +131,10 @@ TEST(InputLimits, Fp8SparseMlaParamsMustMatchTheTensors) {
     f.params[c.key] = c.good;  // agreeing: loads and builds its case
     fixtures::save_fixture(path, f);
     EXPECT_NO_THROW(oracle::op_case_from_fixture(fixtures::load_fixture(path))) << c.key;
-    std::string out;
     f.params[c.key] = c.bad;
     fixtures::save_fixture(path, f);
-    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden("smla_fp8_decode"), &out), 2) << c.key;
-    EXPECT_FALSE(lines_with(out, {"params." + std::string(c.key) + " = " + std::to_string(c.bad), std::to_string(c.good)})
-                     .empty())
-        << out;
+    expect_cli("compare --golden " + path + " --candidate " + golden("smla_fp8_decode"), 2,
+               {"params." + std::string(c.key) + " = " + std::to_string(c.bad), std::to_string(c.good)});
   }
 }
 
@@ -157,9 +148,8 @@ TEST(InputLimits, SparseMlaQAndKvShareOneDtype) {
   f.inputs["q"] = q16;
   const std::string path = dir.file("q_f16.safetensors");
   fixtures::save_fixture(path, f);
-  std::string out;
-  EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden("smla_basic"), &out), 2);
-  EXPECT_FALSE(lines_with(out, {"tensor 'kv' has dtype BF16, expected F16"}).empty()) << out;
+  expect_cli("compare --golden " + path + " --candidate " + golden("smla_basic"), 2,
+             {"tensor 'kv' has dtype BF16, expected F16"});
 }
 
 // Empty list items were dropped by the option parser; a convention of no selected op was
@@ -167,15 +157,14 @@ TEST(InputLimits, SparseMlaQAndKvShareOneDtype) {
 // for an output of no selected op.
 TEST(InputLimits, ListOptionsAndConventionsAreChecked) {
   const std::string g = golden("smla_basic");
-  std::string out;
-  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + g + " --outputs out,,lse", &out), 2);
-  EXPECT_FALSE(lines_with(out, {"argument '--outputs' got \"out,,lse\": an empty item"}).empty()) << out;
-  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + g + " --convention lse_base2,", &out), 2);
-  EXPECT_FALSE(lines_with(out, {"argument '--convention' got \"lse_base2,\": an empty item"}).empty()) << out;
-  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + g + " --convention int64_ids", &out), 2);
-  EXPECT_FALSE(lines_with(out, {"argument '--convention' names int64_ids", "topk only"}).empty()) << out;
-  EXPECT_EQ(run_cli_capture("replay " + g + " --candidate " + g + " --convention int64_ids", &out), 2);
-  EXPECT_FALSE(lines_with(out, {"argument '--convention' names int64_ids"}).empty()) << out;
+  expect_cli("compare --golden " + g + " --candidate " + g + " --outputs out,,lse", 2,
+             {"argument '--outputs' got \"out,,lse\": an empty item"});
+  expect_cli("compare --golden " + g + " --candidate " + g + " --convention lse_base2,", 2,
+             {"argument '--convention' got \"lse_base2,\": an empty item"});
+  expect_cli("compare --golden " + g + " --candidate " + g + " --convention int64_ids", 2,
+             {"argument '--convention' names int64_ids", "topk only"});
+  expect_cli("replay " + g + " --candidate " + g + " --convention int64_ids", 2,
+             {"argument '--convention' names int64_ids"});
 }
 
 // `fixtures check DIR` judges the *.safetensors directly in DIR and now names what it did not

@@ -82,6 +82,15 @@ inline std::vector<std::string> lines_with(const std::string& text, const std::v
   return out;
 }
 
+/// Runs `dsa-verify ARGS` and expects exit status `code` and an output line holding every one
+/// of `words` (the exit status and the line that says why); returns the output.
+inline std::string expect_cli(const std::string& args, int code, const std::vector<std::string>& words) {
+  std::string out;
+  EXPECT_EQ(run_cli_capture(args, &out), code) << "dsa-verify " << args;
+  EXPECT_FALSE(lines_with(out, words).empty()) << out;
+  return out;
+}
+
 inline nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) {
