@@ -14,6 +14,7 @@
 
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/suite.h"
+#include "prop_test_util.h"
 #include "src/props_common.h"
 #include "src/reference_wrap.h"
 
@@ -23,6 +24,8 @@ namespace {
 using oracle::Backend;
 using oracle::Op;
 using oracle::Verdict;
+using test::level0;
+using test::property_named;
 
 // Forwards every op to the reference; a faulty backend overrides the one it breaks.
 using RefWrap = ReferenceWrap;
@@ -77,16 +80,6 @@ Subject subject_of() {
   s.make = [] { return std::unique_ptr<Backend>(new B()); };
   s.name = s.make()->name();
   return s;
-}
-
-SuiteOptions level0(uint64_t seed) {
-  SuiteOptions o;
-  o.level = 0;
-  o.seed = seed;
-  o.shrink = false;
-  o.dump = false;
-  o.quiet = true;
-  return o;
 }
 
 // The level-0 suite over the properties or families `only`: the number of failing properties.
@@ -202,12 +195,6 @@ class DeclaresSmallOnly final : public RefWrap {
     return ref_->select_topk(s, k, p, win);
   }
 };
-
-const Property& property_named(const std::string& name) {
-  for (const auto& p : all_properties())
-    if (p.name == name) return p;
-  throw std::invalid_argument("no property " + name);
-}
 
 TEST(DeclinedDraws, AreRedrawnSoTheFaultOfTheOthersFails) {
   for (uint64_t seed : kSeeds) {

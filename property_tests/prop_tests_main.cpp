@@ -12,6 +12,7 @@
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/suite.h"
+#include "prop_test_util.h"
 #include "src/props_common.h"
 #ifdef DSA_HAVE_BACKENDS
 #include "dsa/backends/builtin.h"
@@ -183,14 +184,11 @@ TEST(Repro, FailingCaseIsDumpedAsAReplayableFixture) {
   EXPECT_FALSE(replay.passed());
 }
 
+using test::last_field;
+
 // A counterexample on a long row names its fields (the generator's case log) and shrinks the
 // row: a fault that shows on any row (ignoring sorted) shrinks far below 32768 keys; the
 // candidate-buffer overflow cannot shrink below its buffer (1024 candidates).
-int64_t last_field(const std::string& message, const std::string& key) {
-  const auto at = message.rfind(key);
-  return at == std::string::npos ? -1 : std::atoll(message.c_str() + at + key.size());
-}
-
 TEST(Repro, LongRowCounterexampleNamesFieldsAndShrinks) {
   const Property* prop = nullptr;
   for (const auto& p : all_properties())
