@@ -138,6 +138,60 @@ TEST(InputLimits, Fp8SparseMlaParamsMustMatchTheTensors) {
   }
 }
 
+// Params a fresh user found accepted silently (session 8, FINDINGS item 6): params.s_kv = 65
+// beside an FP8 cache of 4 x 16 = 64 token rows, an fp8_dtypes entry for the bf16 q, a key of no
+// op. Each file compared with its own expected outputs said AGREES (exit 0). Now every route that
+// loads a fixture (compare, fixtures check, replay of a backend and of a candidate file) stops
+// with exit 2 naming the file, the field and the expected value; the same for the non-FP8 ops'
+// params (a key of no op on top-k, a misspelt KL mode). About 10 s (14 CLI runs).
+TEST(InputLimits, ParamsOutsideTheOpsListOrContradictingTheTensorsAreErrorsOnEveryRoute) {
+  Scratch dir("params_closed");
+  struct Case {
+    const char* golden;
+    const char* key;
+    nlohmann::json value;
+    std::vector<std::string> words;  // what the error line must say, after "<file>: "
+    bool every_route;
+  };
+  const fixtures::Fixture mla = fixtures::load_fixture(golden("smla_fp8_decode"));
+  nlohmann::json with_q = mla.params.at("fp8_dtypes");
+  with_q["q"] = "e4m3fn";
+  const std::vector<Case> cases = {
+      {"smla_fp8_decode", "s_kv", 65, {"params.s_kv = 65 contradicts tensor 'kv_cache'", "expected 64"}, true},
+      {"smla_fp8_decode", "fp8_dtypes", with_q,
+       {"params.fp8_dtypes.q names no FP8 tensor of op sparse_mla_fp8_fwd", "expected only kv_cache"}, true},
+      {"smla_fp8_decode", "foo", 1,
+       {"params.foo is not a parameter of op sparse_mla_fp8_fwd", "expected only fp8_dtypes, sm_scale, block_size"}, true},
+      {"topk_mtp", "foo", 1, {"params.foo is not a parameter of op topk", "expected only k, tie_break, sorted"}, false},
+      {"kl_dense_causal", "mode", "Dense", {"params.mode got \"Dense\", expected \"dense\" or \"sparse\""}, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.golden) + " params." + c.key);
+    fixtures::Fixture f = fixtures::load_fixture(golden(c.golden));
+    f.params[c.key] = c.value;
+    const std::string path = dir.file(std::string(c.golden) + "_" + c.key + ".safetensors");
+    fixtures::save_fixture(path, f);
+    std::vector<std::string> words = c.words;
+    words[0] = path + ": " + words[0];
+    std::vector<std::string> routes = {"compare --golden " + path + " --candidate " + golden(c.golden)};
+    if (c.every_route) {
+      routes.push_back("fixtures check " + path + " --backend reference");
+      routes.push_back("replay " + path + " --backend reference");
+      routes.push_back("replay " + path + " --candidate " + golden(c.golden));
+    }
+    for (const std::string& cmd : routes) {
+      std::string out;
+      EXPECT_EQ(run_cli_capture(cmd, &out), 2) << cmd << "\n" << out;
+      EXPECT_FALSE(lines_with(out, words).empty()) << cmd << "\n" << out;
+      EXPECT_TRUE(lines_with(out, {"AGREE"}).empty()) << cmd << "\n" << out;
+    }
+  }
+  // The control: the intact golden agrees with its own outputs on the same route.
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + golden("smla_fp8_decode") + " --candidate " + golden("smla_fp8_decode"), &out), 0)
+      << out;
+}
+
 // q F16 beside kv BF16: the plugin ABI says kv has q's dtype (SPEC §4: one activation dtype).
 TEST(InputLimits, SparseMlaQAndKvShareOneDtype) {
   Scratch dir("qkv");
