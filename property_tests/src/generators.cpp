@@ -266,6 +266,20 @@ int64_t draw_many_rows() {
   else s_q = *rc::gen::inRange<int64_t>(257, 1101);
   return draw_shrinking_to(s_q, 1);
 }
+
+// The query rows of a many-row draw that a row-limit fault shows in: the production tile
+// edges 128, 256, 512 and 1024 and the last row, those below s_q. A kernel that drops rows
+// from one of these on, or its last row, changes a draw only where the row holds something to
+// judge (fresh-user finding: a sparse MLA kernel emptying rows >= 1024 passed 2 seeds in 30,
+// as the one row 1024 of an s_q = 1025 draw had topk_length 0). The many-row generators give
+// each of them a selectable key (top-k), a nonzero score and d_scores (indexer) or a valid
+// slot (sparse MLA).
+std::vector<int64_t> limit_rows(int64_t s_q) {
+  std::vector<int64_t> rows;
+  for (const int64_t t : {int64_t{128}, int64_t{256}, int64_t{512}, int64_t{1024}, s_q - 1})
+    if (t >= 0 && t < s_q && std::find(rows.begin(), rows.end(), t) == rows.end()) rows.push_back(t);
+  return rows;
+}
 }  // namespace
 
 namespace {
@@ -699,13 +713,16 @@ TopkCase draw_topk_many_rows_case() {
   c.policy.tie_break = *rc::gen::element(TieBreak::Any, TieBreak::Small, TieBreak::Large);
   c.policy.sorted = draw_bool();
   const std::string values = *rc::gen::element<std::string>("uniform", "int", "relu");
+  auto value = [&] {
+    return values == "int"    ? static_cast<double>(irand(r, -2, 2))
+           : values == "relu" ? std::max(0.0, static_cast<double>(irand(r, -3, 3)) * 0.5)
+                              : uni(r, -4, 4);
+  };
   c.scores = Tensor(DType::F32, {s_q, s_kv});
   float* sc = c.scores.data<float>();
   for (int64_t t = 0; t < s_q; ++t)
     for (int64_t s = 0; s < s_kv; ++s) {
-      double v = values == "int"    ? static_cast<double>(irand(r, -2, 2))
-                 : values == "relu" ? std::max(0.0, static_cast<double>(irand(r, -3, 3)) * 0.5)
-                                    : uni(r, -4, 4);
+      double v = value();
       if (s_kv >= 8) {
         const int64_t x = irand(r, 0, 63);
         if (x == 0) v = NAN;
@@ -713,6 +730,17 @@ TopkCase draw_topk_many_rows_case() {
       }
       sc[t * s_kv + s] = static_cast<float>(v);
     }
+  // Each limit row holds a selectable key (in its window, not NaN, not -inf; SPEC §3.1): a
+  // row of NaN/-inf keys only is -1 whether the kernel selects it or drops it. Every window
+  // here holds >= 1 key; one of its keys gets a value of the row's kind.
+  for (const int64_t t : limit_rows(s_q)) {
+    const int64_t ks = c.windows ? c.windows->ks[static_cast<size_t>(t)] : 0;
+    const int64_t ke = c.windows ? c.windows->ke[static_cast<size_t>(t)] : s_kv;
+    bool selectable = false;
+    for (int64_t s = ks; s < ke && !selectable; ++s)
+      selectable = !std::isnan(sc[t * s_kv + s]) && sc[t * s_kv + s] != -INFINITY;
+    if (!selectable && ke > ks) sc[t * s_kv + irand(r, ks, ke - 1)] = static_cast<float>(value());
+  }
   c.desc = "topk many rows s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
            std::to_string(c.k) + " windows=" + wkind + " values=" + values + " tie_break=" +
            to_string(c.policy.tie_break) + " sorted=" + (c.policy.sorted ? "1" : "0");
@@ -834,6 +862,72 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind)
   return c;
 }
 
+namespace {
+// I[t, s] of SPEC §2 from the stored inputs, in double.
+double indexer_score(const IndexerCase& c, int64_t t, int64_t s) {
+  const int64_t H = c.q_idx.size(1), d = c.q_idx.size(2);
+  double score = 0;
+  for (int64_t j = 0; j < H; ++j) {
+    double dot = 0;
+    for (int64_t x = 0; x < d; ++x) dot += c.q_idx.get((t * H + j) * d + x) * c.k_idx.get(s * d + x);
+    score += c.w.get(t * H + j) * std::max(0.0, dot);
+  }
+  return score;
+}
+
+// Each limit row of a many-row indexer draw gets a key s in its window with I[t, s] != 0 and
+// d_scores[t, s] != 0: a kernel that writes -inf, or leaves 0, from a row on (or drops the
+// row's gradients) changes that row. Where no such key is drawn, the window's key of largest
+// Σ|k_idx[s, :]| (k_idx[s, 0] set to 1 when that row is 0) gets head 0's q row signed as
+// k_idx[s, :] (magnitudes >= 1 in the exact tier), so q·k = Σ|q_i k_i| > 0; w[t, 0] and
+// d_scores[t, s] 1 where they were 0; in the exact tier the other heads' q rows signed
+// against k_idx[s, :] (their ReLU 0: no integer cancellation). The random tier's logits are
+// then kept off 0 again (keep_logits_off_zero redraws other key rows: row t's new dot with
+// key s is Σ|q_i k_i|, far from 0) and the rows checked again, up to 3 times.
+void keep_limit_rows_live(IndexerCase& c, Rng& r) {
+  const int64_t s_q = c.q_idx.size(0), H = c.q_idx.size(1), d = c.q_idx.size(2), s_kv = c.k_idx.size(0);
+  const bool exact = c.tier == Tier::Exact;
+  auto make_live = [&] {  // true when a row was changed
+  bool changed = false;
+  for (const int64_t t : limit_rows(s_q)) {
+    const int64_t ks = c.windows.ks[static_cast<size_t>(t)], ke = c.windows.ke[static_cast<size_t>(t)];
+    bool live = false;
+    for (int64_t s = ks; s < ke && !live; ++s)
+      live = indexer_score(c, t, s) != 0 && c.d_scores.get(t * s_kv + s) != 0;
+    if (live || ke <= ks) continue;
+    int64_t best = ks;
+    double best_mag = -1;
+    for (int64_t s = ks; s < ke; ++s) {
+      double mag = 0;
+      for (int64_t x = 0; x < d; ++x) mag += std::abs(c.k_idx.get(s * d + x));
+      if (mag > best_mag) best = s, best_mag = mag;
+    }
+    if (best_mag == 0) c.k_idx.set(best * d, 1.0);
+    for (int64_t j = 0; j < H; ++j) {
+      if (j > 0 && !exact) break;
+      for (int64_t x = 0; x < d; ++x) {
+        const double kx = c.k_idx.get(best * d + x), qx = c.q_idx.get((t * H + j) * d + x);
+        if (kx == 0) continue;
+        const double mag = exact ? std::max(1.0, std::abs(qx)) : std::abs(qx);
+        c.q_idx.set((t * H + j) * d + x, (kx > 0) == (j == 0) ? mag : -mag);
+      }
+    }
+    if (c.w.get(t * H) == 0) c.w.set(t * H, 1.0);
+    if (c.d_scores.get(t * s_kv + best) == 0) c.d_scores.set(t * s_kv + best, 1.0);
+    changed = true;
+  }
+  return changed;
+  };
+  // A key row that keep_logits_off_zero could not move off 0 in its 32 attempts is redrawn
+  // again by the second pass; the rows are then checked again, so the last step is make_live.
+  bool changed = make_live();
+  for (int round = 0; changed && !exact && round < 3; ++round) {
+    keep_logits_off_zero(c, r);
+    changed = make_live();
+  }
+}
+}  // namespace
+
 IndexerCase draw_indexer_many_rows_case(std::optional<Tier> tier) {
   IndexerCase c;
   c.tier = tier ? *tier : (draw_bool() ? Tier::Exact : Tier::Random);
@@ -858,6 +952,7 @@ IndexerCase draw_indexer_many_rows_case(std::optional<Tier> tier) {
   c.w = fill(DType::F32, {s_q, h}, c.tier, exact ? 2 : 1, r);
   c.d_scores = fill(DType::F32, {s_q, s_kv}, c.tier, exact ? 2 : 1, r);
   if (!exact) keep_logits_off_zero(c, r);
+  keep_limit_rows_live(c, r);
   c.desc = std::string("indexer many rows ") + (exact ? "exact" : "random") + " s_q=" + std::to_string(s_q) +
            " s_kv=" + std::to_string(s_kv) + " H_I=" + std::to_string(h) + " d_I=" + std::to_string(d) +
            " windows=" + (per_row ? "per_row" : "full");
@@ -967,6 +1062,21 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
         ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(irand(r, lo, hi));
     }
   }
+  // Each limit row of a many-row draw holds a valid slot (an id in [lo, hi] before
+  // topk_length): an empty row is empty whether the kernel computes it or drops it.
+  if (regime == "many_rows")
+    for (const int64_t t : limit_rows(s_q)) {
+      const int64_t len = lengths[static_cast<size_t>(t)];
+      bool valid = false;
+      for (int64_t j = 0; j < len && !valid; ++j) {
+        const int64_t id = ids[static_cast<size_t>(t * k + j)];
+        valid = id >= 0 && id < s_kv;
+      }
+      if (valid) continue;
+      const int64_t j = use_len ? 0 : irand(r, 0, k - 1);
+      ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(irand(r, lo, hi));
+      if (use_len && len < 1) lengths[static_cast<size_t>(t)] = 1;
+    }
   c.in.indices = Tensor::from_i32({s_q, k}, ids);
   const bool view3 = *rc::gen::inRange(0, 6) == 0;  // the accepted [s_q, 1, k] view (SPEC §4)
   if (view3) c.in.indices = c.in.indices.reshaped({s_q, 1, k});

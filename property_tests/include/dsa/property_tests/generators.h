@@ -94,7 +94,10 @@ TopkCase draw_topk_ties_case();
 /// (s_kv 1-65) with full windows or per-row windows of >= 1 key, or causal prefill (s_kv =
 /// s_q, row t sees t + 1 keys; 1 in 4), or packed varlen sequences; k 1..s_kv+2; uniform,
 /// integer-tie or ReLU values with NaN/-inf sprinkled (1/32) in rows of >= 8 keys, so every
-/// row has a selectable key but for a rare all-NaN/-inf short window.
+/// row has a selectable key but for a rare all-NaN/-inf short window. The limit rows (128,
+/// 256, 512, 1024 and the last row, those below s_q) always hold a selectable key (one key of
+/// the window gets a value of the row's kind): a kernel dropping rows from one of them on, or
+/// its last row, changes every draw that has the row.
 TopkCase draw_topk_many_rows_case();
 
 /// Wide k (k > 2048; DeepSeek-V3.2 uses 2048, GLM-5 and others more, and kernels special-case
@@ -122,7 +125,11 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier = std::nullopt,
 /// the run's first draw in [1025, 1100] (shrinkable toward 1); s_kv 1-65, H_I 1-2,
 /// d_I 4, 8 or 16; full windows or per-row windows of >= 1 key; exact or random tier (random
 /// logits kept off 0 as draw_indexer_case's). `tier` forces the tier (the backward part of the
-/// property draws the exact tier: integer products, no ReLU' flip near 0).
+/// property draws the exact tier: integer products, no ReLU' flip near 0). The limit rows
+/// (128, 256, 512, 1024, the last) each have a window key s with I[t, s] != 0 and
+/// d_scores[t, s] != 0 (where none is drawn, head 0's q row is signed as k_idx[s, :], w and
+/// d_scores set to 1 where 0; the exact tier's other heads signed against it), so a kernel
+/// writing -inf or leaving 0 from one of them on changes the draw.
 IndexerCase draw_indexer_many_rows_case(std::optional<Tier> tier = std::nullopt);
 
 /// Keeps every logit q_idx[t, j]·k_idx[s] that `windows` shows away from 0 as draw_indexer_case
@@ -170,7 +177,11 @@ struct SmlaCase {
 /// `regime`: "" draws one of the regimes above; "many_rows" (prefill, not drawn by "") forces
 /// s_q in [257, 1100] (the run's first draw in [1025, 1100]; shrinkable toward 1), h_q
 /// 1-2, d_qk 24 or 32, s_kv 2-65, k 1-17, no +80 sink, so rows past 128, 256, 512 and 1024 are
-/// reached on every seed (fresh-user finding 7).
+/// reached on every seed (fresh-user finding 7); rows 128, 256, 512, 1024 and the last row
+/// (those below s_q) each hold a valid slot in every layout (a row with none gets one: slot 0
+/// under topk_length, with topk_length >= 1, else a drawn slot), so a kernel emptying rows
+/// from one of them on changes the draw (fresh-user finding: row 1024 of an s_q = 1025 draw
+/// with topk_length 0 let a kernel emptying rows >= 1024 pass 2 seeds in 30).
 SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::BF16,
                         const std::string& regime = "");
 
