@@ -74,14 +74,6 @@ class TopkIds16Bit final : public RefWrap {
   }
 };
 
-template <class B>
-Subject subject_of() {
-  Subject s;
-  s.make = [] { return std::unique_ptr<Backend>(new B()); };
-  s.name = s.make()->name();
-  return s;
-}
-
 // The level-0 suite over the properties or families `only`: the number of failing properties.
 int failures_at_level0(const Subject& s, const std::vector<std::string>& only, uint64_t seed,
                        std::string* first) {

@@ -243,16 +243,6 @@ class FlashMlaFp8Control final : public Fp8Wrap {
   bool scale_in_bf16_;
 };
 
-template <class M>
-Subject fp8_mutant(const std::string& fault, const std::string& focus) {
-  Subject s;
-  s.make = [] { return std::unique_ptr<Backend>(new M()); };
-  s.name = s.make()->name();
-  s.fault = fault;
-  s.focus = focus;
-  return s;
-}
-
 }  // namespace
 
 SparseMlaForward flashmla_fp8_forward(const SparseMlaFp8Inputs& in, bool scale_in_bf16) {
@@ -272,11 +262,11 @@ std::vector<Subject> fp8_control_subjects() {
 
 std::vector<Subject> fp8_mutant_subjects() {
   return {
-      fp8_mutant<TileScaleSwapped>("FP8 KV cache: the scale of one tile applied to another", "smla_fp8."),
-      fp8_mutant<RopeAsFp8>("FP8 KV cache: RoPE part dequantized as FP8", "smla_fp8."),
-      fp8_mutant<ReadsOneBlockPast>("paged KV: reading one block past the context", "paged."),
-      fp8_mutant<NextNSharedWindow>("paged MTP: next_n rows sharing one window", "paged."),
-      fp8_mutant<ScaleAfterRelu>("FP8 indexer: k scale after ReLU, negative scale allowed", "fp8."),
+      subject_of<TileScaleSwapped>("FP8 KV cache: the scale of one tile applied to another", "smla_fp8."),
+      subject_of<RopeAsFp8>("FP8 KV cache: RoPE part dequantized as FP8", "smla_fp8."),
+      subject_of<ReadsOneBlockPast>("paged KV: reading one block past the context", "paged."),
+      subject_of<NextNSharedWindow>("paged MTP: next_n rows sharing one window", "paged."),
+      subject_of<ScaleAfterRelu>("FP8 indexer: k scale after ReLU, negative scale allowed", "fp8."),
   };
 }
 

@@ -47,6 +47,26 @@ bool row_empty(const SparseMlaInputs& in, int64_t t) {
     if (slot_valid(in, t, j)) return false;
   return true;
 }
+// The valid slots of query row t, head hh, in slot order: their ids and their logits
+// sm_scale·q·kv (float64).
+void row_logits(const SparseMlaInputs& in, int64_t t, int64_t hh, std::vector<int64_t>* ids, std::vector<double>* P) {
+  const int64_t k = in.indices.size(-1), h = in.q.size(1), d_qk = in.q.size(2);
+  for (int64_t j = 0; j < k; ++j) {
+    if (!slot_valid(in, t, j)) continue;
+    const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
+    double dot = 0;
+    for (int64_t d = 0; d < d_qk; ++d) dot += in.q.get((t * h + hh) * d_qk + d) * in.kv.get(id * d_qk + d);
+    ids->push_back(id);
+    P->push_back(in.sm_scale * dot);
+  }
+}
+// Sets lse and out of every head of query row t to NaN.
+void set_row_nan(SparseMlaForward& f, int64_t t, int64_t h, int64_t d_v) {
+  for (int64_t i = 0; i < h; ++i) {
+    f.lse.set(t * h + i, NAN);
+    for (int64_t d = 0; d < d_v; ++d) f.out.set((t * h + i) * d_v + d, NAN);
+  }
+}
 // Copy of `in` with indices[t,j] replaced by f(t, j, id).
 template <class F>
 SparseMlaInputs remap(const SparseMlaInputs& in, F f) {
@@ -141,11 +161,7 @@ class EmptyRowNaN final : public Wrap {
     SparseMlaForward f = ref_->sparse_mla_forward(in);
     const int64_t h = in.q.size(1), d_v = in.d_v;
     for (int64_t t = 0; t < in.q.size(0); ++t)
-      if (row_empty(in, t))
-        for (int64_t i = 0; i < h; ++i) {
-          f.lse.set(t * h + i, NAN);
-          for (int64_t d = 0; d < d_v; ++d) f.out.set((t * h + i) * d_v + d, NAN);
-        }
+      if (row_empty(in, t)) set_row_nan(f, t, h, d_v);
     return f;
   }
 };
@@ -163,10 +179,7 @@ class LeadingBlockPoison final : public Wrap {
       bool lead_masked = true;
       for (int64_t j = 0; j < block; ++j) lead_masked = lead_masked && !slot_valid(in, t, j);
       if (!lead_masked || row_empty(in, t)) continue;
-      for (int64_t i = 0; i < h; ++i) {
-        f.lse.set(t * h + i, NAN);
-        for (int64_t d = 0; d < d_v; ++d) f.out.set((t * h + i) * d_v + d, NAN);
-      }
+      set_row_nan(f, t, h, d_v);
     }
     return f;
   }
@@ -191,20 +204,12 @@ class DkvAssigned final : public Wrap {
   SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
     SparseMlaGrads g = ref_->sparse_mla_backward(in, dout);
     const int64_t s_q = in.q.size(0), h = in.q.size(1), d_qk = in.q.size(2), d_v = in.d_v;
-    const int64_t k = in.indices.size(-1);
     Tensor dkv(DType::F64, {in.kv.size(0), d_qk});
     for (int64_t t = 0; t < s_q; ++t)
       for (int64_t hh = 0; hh < h; ++hh) {
         std::vector<int64_t> ids;
         std::vector<double> P;
-        for (int64_t j = 0; j < k; ++j) {
-          if (!slot_valid(in, t, j)) continue;
-          const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
-          double dot = 0;
-          for (int64_t d = 0; d < d_qk; ++d) dot += in.q.get((t * h + hh) * d_qk + d) * in.kv.get(id * d_qk + d);
-          ids.push_back(id);
-          P.push_back(in.sm_scale * dot);
-        }
+        row_logits(in, t, hh, &ids, &P);
         if (ids.empty()) continue;
         const double m = *std::max_element(P.begin(), P.end());
         double sum = 0;
@@ -271,15 +276,8 @@ class SmlaFiniteMask final : public Wrap {
       for (int64_t hh = 0; hh < h; ++hh) {
         std::vector<double> P;
         std::vector<int64_t> ids;
-        int64_t n_masked = 0;
-        for (int64_t j = 0; j < k; ++j) {
-          if (!slot_valid(in, t, j)) { ++n_masked; continue; }
-          const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
-          double dot = 0;
-          for (int64_t d = 0; d < d_qk; ++d) dot += in.q.get((t * h + hh) * d_qk + d) * in.kv.get(id * d_qk + d);
-          P.push_back(in.sm_scale * dot);
-          ids.push_back(id);
-        }
+        row_logits(in, t, hh, &ids, &P);
+        const int64_t n_masked = k - static_cast<int64_t>(ids.size());
         if (n_masked == 0) continue;
         double m = kMask;
         for (double x : P) m = std::max(m, x);
@@ -983,16 +981,6 @@ class FlashStyleControl final : public RoundedControl {
   }
 };
 
-template <class M>
-Subject backend_mutant(const std::string& fault, const std::string& focus) {
-  Subject s;
-  s.make = [] { return std::unique_ptr<Backend>(new M()); };
-  s.name = s.make()->name();
-  s.fault = fault;
-  s.focus = focus;
-  return s;
-}
-
 Subject candidate_overflow_mutant(const char* name, int bits, int64_t capacity) {
   Subject s;
   s.make = [=] { return std::unique_ptr<Backend>(new TopkCandidateOverflow(name, bits, capacity)); };
@@ -1018,46 +1006,46 @@ Subject block_mutant(const std::string& name, const std::string& fault) {
 
 std::vector<Subject> mutant_subjects() {
   std::vector<Subject> all = {
-      backend_mutant<ReadsThroughMinusOne>("sparse MLA reading kv through -1", "smla."),
-      backend_mutant<StopsAtFirstInvalid>("stopping at the first invalid slot", "smla."),
-      backend_mutant<TrustsTopkLength>("trusting topk_length without per-slot checks", "smla."),
-      backend_mutant<ClampsLargeIds>("clamping ids >= s_kv", "smla."),
-      backend_mutant<EmptyRowNegInfLse>("-inf lse for empty rows", "smla."),
-      backend_mutant<EmptyRowNaN>("NaN out/lse for empty rows", "smla."),
-      backend_mutant<LeadingBlockPoison>("fully masked leading block poisoning the online softmax", "smla."),
-      backend_mutant<Base2Lse>("base-2 lse", "smla."),
-      backend_mutant<DkvAssigned>("dkv assigned instead of accumulated for repeated keys", "smla."),
-      backend_mutant<NondeterministicDkv>("run-to-run different dkv in deterministic mode", "smla."),
-      backend_mutant<TopkSelectsNaN>("top-k selecting NaN", "topk."),
-      backend_mutant<TopkNegInfValid>("top-k returning -inf entries as valid ids", "topk."),
-      backend_mutant<TopkZeroPadding>("0 instead of -1 padding", "topk."),
-      backend_mutant<TopkRandomTies>("random tie choice under small", "topk."),
-      backend_mutant<TopkIgnoresSorted>("ignoring sorted", "topk."),
-      backend_mutant<TopkInt64Ids>("int64 ids", "topk."),
-      backend_mutant<TopkNonContiguousIds>("non-contiguous ids copied out raw", "topk."),
-      backend_mutant<CausalOffByOne>("causal window off by one", "indexer."),
-      backend_mutant<ReluAfterWeight>("ReLU after the weight", "indexer."),
-      backend_mutant<Bf16Accumulation>("bf16 accumulation in the indexer", "indexer."),
-      backend_mutant<UnnormalisedTeacher>("unnormalised KL teacher", "kl."),
+      subject_of<ReadsThroughMinusOne>("sparse MLA reading kv through -1", "smla."),
+      subject_of<StopsAtFirstInvalid>("stopping at the first invalid slot", "smla."),
+      subject_of<TrustsTopkLength>("trusting topk_length without per-slot checks", "smla."),
+      subject_of<ClampsLargeIds>("clamping ids >= s_kv", "smla."),
+      subject_of<EmptyRowNegInfLse>("-inf lse for empty rows", "smla."),
+      subject_of<EmptyRowNaN>("NaN out/lse for empty rows", "smla."),
+      subject_of<LeadingBlockPoison>("fully masked leading block poisoning the online softmax", "smla."),
+      subject_of<Base2Lse>("base-2 lse", "smla."),
+      subject_of<DkvAssigned>("dkv assigned instead of accumulated for repeated keys", "smla."),
+      subject_of<NondeterministicDkv>("run-to-run different dkv in deterministic mode", "smla."),
+      subject_of<TopkSelectsNaN>("top-k selecting NaN", "topk."),
+      subject_of<TopkNegInfValid>("top-k returning -inf entries as valid ids", "topk."),
+      subject_of<TopkZeroPadding>("0 instead of -1 padding", "topk."),
+      subject_of<TopkRandomTies>("random tie choice under small", "topk."),
+      subject_of<TopkIgnoresSorted>("ignoring sorted", "topk."),
+      subject_of<TopkInt64Ids>("int64 ids", "topk."),
+      subject_of<TopkNonContiguousIds>("non-contiguous ids copied out raw", "topk."),
+      subject_of<CausalOffByOne>("causal window off by one", "indexer."),
+      subject_of<ReluAfterWeight>("ReLU after the weight", "indexer."),
+      subject_of<Bf16Accumulation>("bf16 accumulation in the indexer", "indexer."),
+      subject_of<UnnormalisedTeacher>("unnormalised KL teacher", "kl."),
       // 2026 field faults (issue 9).
       candidate_overflow_mutant("topk_first_1024_of_threshold_bin", 11, 1024),
       candidate_overflow_mutant("topk_first_4096_of_threshold_bin", 8, 4096),
-      backend_mutant<TopkReadsPastRowEnd>("top-k reading up to 7 keys past the row's end (unmasked 8-wide tail)", "topk."),
-      backend_mutant<TopkDuplicateIdsOnAllTieRow>("duplicate ids on an all-tie row ('>=' in the threshold pass)", "topk."),
-      backend_mutant<TopkUnwrittenOnTieOverflow>("slots left unwritten (0) when the ties at v* overflow", "topk."),
-      backend_mutant<TopkNegativeEndNotClamped>("negative row length (ke < ks) not clamped: scans to the row end", "topk."),
-      backend_mutant<TopkLocalRowEnds>("packed batch: local row ends (ke - ks) used as global ends", "topk."),
-      backend_mutant<SmlaFiniteMask>("finite mask value -5e4 instead of -inf for invalid slots", "smla."),
-      backend_mutant<SmlaSinkDropped>("attention sink dropped", "smla."),
-      backend_mutant<SmlaSinkHeadMod4>("sink indexed by h & 3", "smla."),
-      backend_mutant<SmlaDkvDropsRowsFrom8>("dkv missing the contributions of query rows t >= 8", "smla."),
-      backend_mutant<KlMeanOverAllRows>("KL mean over all rows, empty ones included", "kl."),
-      backend_mutant<KlNegInfRowNaN>("NaN for a KL row whose scores are all -inf", "kl."),
+      subject_of<TopkReadsPastRowEnd>("top-k reading up to 7 keys past the row's end (unmasked 8-wide tail)", "topk."),
+      subject_of<TopkDuplicateIdsOnAllTieRow>("duplicate ids on an all-tie row ('>=' in the threshold pass)", "topk."),
+      subject_of<TopkUnwrittenOnTieOverflow>("slots left unwritten (0) when the ties at v* overflow", "topk."),
+      subject_of<TopkNegativeEndNotClamped>("negative row length (ke < ks) not clamped: scans to the row end", "topk."),
+      subject_of<TopkLocalRowEnds>("packed batch: local row ends (ke - ks) used as global ends", "topk."),
+      subject_of<SmlaFiniteMask>("finite mask value -5e4 instead of -inf for invalid slots", "smla."),
+      subject_of<SmlaSinkDropped>("attention sink dropped", "smla."),
+      subject_of<SmlaSinkHeadMod4>("sink indexed by h & 3", "smla."),
+      subject_of<SmlaDkvDropsRowsFrom8>("dkv missing the contributions of query rows t >= 8", "smla."),
+      subject_of<KlMeanOverAllRows>("KL mean over all rows, empty ones included", "kl."),
+      subject_of<KlNegInfRowNaN>("NaN for a KL row whose scores are all -inf", "kl."),
       // Row and width limits (fresh-user finding 7); the property that reaches the shape runs first.
-      backend_mutant<TopkRowsFrom128Empty>("top-k grid covering the first 128 query rows only (rows >= 128 all -1)", "topk.many_rows"),
-      backend_mutant<TopkKCappedAt2048>("top-k writing -1 past the first 2048 ids (k > 2048 not handled)", "topk.wide_k"),
-      backend_mutant<IndexerRowsFrom128Masked>("indexer grid covering the first 128 query rows only (rows >= 128 -inf)", "indexer.many_rows"),
-      backend_mutant<SmlaRowsFrom128Empty>("sparse MLA grid covering the first 128 query rows only (rows >= 128 empty)", "smla.many_rows"),
+      subject_of<TopkRowsFrom128Empty>("top-k grid covering the first 128 query rows only (rows >= 128 all -1)", "topk.many_rows"),
+      subject_of<TopkKCappedAt2048>("top-k writing -1 past the first 2048 ids (k > 2048 not handled)", "topk.wide_k"),
+      subject_of<IndexerRowsFrom128Masked>("indexer grid covering the first 128 query rows only (rows >= 128 -inf)", "indexer.many_rows"),
+      subject_of<SmlaRowsFrom128Empty>("sparse MLA grid covering the first 128 query rows only (rows >= 128 empty)", "smla.many_rows"),
       block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),
@@ -1079,14 +1067,8 @@ std::vector<Subject> control_subjects() {
     s.name = s.make()->name();
     out.push_back(s);
   }
-  Subject fa;
-  fa.make = [] { return std::unique_ptr<Backend>(new FlashStyleControl()); };
-  fa.name = fa.make()->name();
-  out.push_back(fa);
-  Subject ftz;
-  ftz.make = [] { return std::unique_ptr<Backend>(new FlushToZeroControl()); };
-  ftz.name = ftz.make()->name();
-  out.push_back(ftz);
+  out.push_back(subject_of<FlashStyleControl>());
+  out.push_back(subject_of<FlushToZeroControl>());
   for (auto& c : fp8_control_subjects()) out.push_back(std::move(c));  // FlashMLA-style FP8
   return out;
 }

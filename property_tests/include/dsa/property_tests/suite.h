@@ -142,4 +142,16 @@ std::string format_kill_matrix(const std::vector<MutantResult>& rows);
 /// A subject for a registered backend name (oracle::make_backend).
 Subject backend_subject(const std::string& name);
 
+/// A subject of default-constructed backends of type B, named by their name(); `fault` and
+/// `focus` as in Subject (mutants, controls and the tests' faulty backends).
+template <class B>
+Subject subject_of(const std::string& fault = "", const std::string& focus = "") {
+  Subject s;
+  s.make = [] { return std::unique_ptr<oracle::Backend>(new B()); };
+  s.name = s.make()->name();
+  s.fault = fault;
+  s.focus = focus;
+  return s;
+}
+
 }  // namespace dsa::props
