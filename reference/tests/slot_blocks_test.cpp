@@ -31,11 +31,24 @@ using Mat = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class A>
 using Vec = Eigen::Matrix<A, Eigen::Dynamic, 1>;
 
+// The valid ids of query row t in slot order (SPEC §4: in [0, s_kv) and before topk_length).
+std::vector<int32_t> valid_ids(const SparseMlaInputs& in, int64_t t) {
+  const int64_t s_kv = in.kv.size(0), k = in.indices.size(-1);
+  std::vector<int32_t> ids;
+  int64_t limit = k;
+  if (in.topk_length) limit = std::min<int64_t>(limit, in.topk_length->data<int32_t>()[t]);
+  for (int64_t j = 0; j < limit; ++j) {
+    const int32_t id = in.indices.data<int32_t>()[t * k + j];
+    if (id >= 0 && id < s_kv) ids.push_back(id);
+  }
+  return ids;
+}
+
 // The forward before slot blocks, one query row at a time (same expressions, same order).
 template <class A>
 SparseMlaForward unblocked_forward(const SparseMlaInputs& in) {
   const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d_qk = in.q.size(2), d_v = in.d_v;
-  const int64_t s_kv = in.kv.size(0), k = in.indices.size(-1);
+  const int64_t s_kv = in.kv.size(0);
   auto mat = [](const Tensor& t, int64_t rows, int64_t cols) {
     Mat<A> m(rows, cols);
     for (int64_t i = 0; i < rows * cols; ++i) m.data()[i] = static_cast<A>(t.get(i));
@@ -51,13 +64,7 @@ SparseMlaForward unblocked_forward(const SparseMlaInputs& in) {
   lse.setConstant(std::numeric_limits<A>::infinity());
   mx.setConstant(-std::numeric_limits<A>::infinity());
   for (int64_t t = 0; t < s_q; ++t) {
-    std::vector<int32_t> ids;
-    int64_t limit = k;
-    if (in.topk_length) limit = std::min<int64_t>(limit, in.topk_length->data<int32_t>()[t]);
-    for (int64_t j = 0; j < limit; ++j) {
-      const int32_t id = in.indices.data<int32_t>()[t * k + j];
-      if (id >= 0 && id < s_kv) ids.push_back(id);
-    }
+    const std::vector<int32_t> ids = valid_ids(in, t);
     if (ids.empty()) continue;
     const int64_t n = static_cast<int64_t>(ids.size());
     const Eigen::Ref<const Mat<A>> Qt = Q.middleRows(t * h_q, h_q);
@@ -87,7 +94,7 @@ SparseMlaForward unblocked_forward(const SparseMlaInputs& in) {
 template <class A>
 SparseMlaGrads unsplit_backward(const SparseMlaInputs& in, const Tensor& dout, const Tensor* given_out) {
   const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d_qk = in.q.size(2), d_v = in.d_v;
-  const int64_t s_kv = in.kv.size(0), k = in.indices.size(-1);
+  const int64_t s_kv = in.kv.size(0);
   auto mat = [](const Tensor& t, int64_t rows, int64_t cols) {
     Mat<A> m(rows, cols);
     for (int64_t i = 0; i < rows * cols; ++i) m.data()[i] = static_cast<A>(t.get(i));
@@ -105,13 +112,7 @@ SparseMlaGrads unsplit_backward(const SparseMlaInputs& in, const Tensor& dout, c
   Eigen::Map<Mat<A>> dQ(g.dq.data<A>(), s_q * h_q, d_qk), dKV(g.dkv.data<A>(), s_kv, d_qk);
   Vec<A> dsink = Vec<A>::Zero(h_q);
   for (int64_t t = 0; t < s_q; ++t) {
-    std::vector<int32_t> ids;
-    int64_t limit = k;
-    if (in.topk_length) limit = std::min<int64_t>(limit, in.topk_length->data<int32_t>()[t]);
-    for (int64_t j = 0; j < limit; ++j) {
-      const int32_t id = in.indices.data<int32_t>()[t * k + j];
-      if (id >= 0 && id < s_kv) ids.push_back(id);
-    }
+    const std::vector<int32_t> ids = valid_ids(in, t);
     if (ids.empty()) continue;
     const int64_t n = static_cast<int64_t>(ids.size());
     const auto Qt = Q.middleRows(t * h_q, h_q);
