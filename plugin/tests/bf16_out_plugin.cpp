@@ -1,7 +1,8 @@
-// dsa_bf16_out_plugin: Bf16OwnRoundingKernel (bf16_out_kernel.h) through the plugin ABI,
-// declaring a bf16 out and fp32 stats and gradients. The loader runs its forward and hands
-// that out to its backward (a->out); the adapter recomputes it instead (same bytes). Built
-// for the route tests only.
+// dsa_bf16_out_plugin: Bf16FlashStyleKernel (bf16_out_kernel.h) through the plugin ABI: a
+// correct FlashAttention-style bf16 kernel declaring bf16 inputs only, a bf16 out and fp32 stats
+// and gradients. The loader runs its forward and hands that out to its backward (a->out); the
+// adapter recomputes it instead (same bytes). Built for the route tests, whose audit of it must
+// pass (RouteIdentity.Bf16FlashStylePluginPassesTheAudit).
 #include "bf16_out_kernel.h"
 #include "dsa/backend_abi.h"
 #include "dsa/plugin/abi_adapter.h"
@@ -10,9 +11,10 @@ extern "C" DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t 
   if (loader_abi_version != DSA_BACKEND_ABI_VERSION) return nullptr;
   dsa_capabilities caps = dsa::plugin::reference_like_capabilities();
   caps.ops = DSA_OP_SPARSE_MLA_FWD | DSA_OP_SPARSE_MLA_BWD;
+  caps.input_dtypes = DSA_DTYPE_BIT(DSA_DTYPE_BF16);
   caps.outputs.mla_out = DSA_DTYPE_BF16;
   caps.outputs.mla_stats = DSA_DTYPE_F32;
   caps.outputs.mla_grads = DSA_DTYPE_F32;
-  return dsa::plugin::make_adapter_table("bf16_own_rounding", "dsa-verify " DSA_CONTRACT_VERSION, caps,
-                                         [] { return std::make_unique<dsa::test::Bf16OwnRoundingKernel>(); });
+  return dsa::plugin::make_adapter_table("bf16_flash_style", "dsa-verify " DSA_CONTRACT_VERSION, caps,
+                                         [] { return std::make_unique<dsa::test::Bf16FlashStyleKernel>(); });
 }
