@@ -1356,6 +1356,14 @@ BlockCase draw_block_case() {
   c.in.sm_scale = 0.25;
   c.in.d_v = 8;
   c.dout = fill(DType::F32, {s_q, h, 8}, Tier::Random, 1, r);
+  // A sink on half the draws (drawn last: the draws above are those of the generator before),
+  // so the block's dsink is judged too (block_check.h).
+  if (draw_bool()) {
+    Tensor sink(DType::F32, {h});
+    for (int64_t i = 0; i < h; ++i) sink.set(i, draw_of<double>({INFINITY, -INFINITY, 80.0, -80.0, 0.5, -1.5}));
+    c.in.attn_sink = sink;
+    note_draw_feature("attn_sink");
+  }
   return c;
 }
 

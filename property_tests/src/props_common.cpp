@@ -114,6 +114,7 @@ fixtures::Fixture to_fixture(const BlockCase& c) {
   f.inputs["q"] = c.in.q;
   f.inputs["kv"] = c.in.kv;
   f.inputs["dout"] = c.dout;
+  if (c.in.attn_sink) f.inputs["attn_sink"] = *c.in.attn_sink;
   // The block's own scalars are no params of op indexer_scores (a closed list, fixture.h): kept
   // as a metadata key of their own, so the dumped case still loads and replays.
   f.extra_metadata["block_params"] =

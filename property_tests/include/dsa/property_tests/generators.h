@@ -223,7 +223,8 @@ struct KlCase {
 };
 KlCase draw_kl_case();
 
-/// DSA block case (SPEC §8): small indexer + attention inputs, causal windows, policy small.
+/// DSA block case (SPEC §8): small indexer + attention inputs, causal windows, policy small;
+/// a sink (±inf, ±80, 0.5, -1.5 per head) on half the draws.
 struct BlockCase {
   oracle::BlockInputs in;
   Tensor dout;
