@@ -24,12 +24,14 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "dsa/oracle/dsa_block.h"
 #include "dsa/oracle/op_check.h"
+#include "dsa/oracle/reference_backend.h"
 #include "dsa/oracle/report.h"
 #include "dsa/property_tests/block_check.h"
 #include "dsa/property_tests/generators.h"
@@ -521,6 +523,33 @@ void recompute_faults_fail() {
   }
 }
 
+
+// The block properties' own cases (props::draw_block_case: bf16 q/kv, causal windows, a sink
+// on half the draws), run by the correct block under every policy on the reference backend
+// (F64 outputs: the fp32 class) and on control_rounded_f64 (bf16 out: the bf16 class): every
+// run passes and no row is WEAK, so the block properties could fail a WEAK draw.
+void generated_block_cases_have_no_weak_rows() {
+  const BlockCase c = props::draw_block_case();
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(make_reference_backend());
+  backends.push_back(sparse_mla_controls().front().make());
+  for (auto& b : backends) {
+    const OpCase oc = props::block_op_case(*b, c);
+    std::vector<BlockRun> runs;
+    for (RecomputePolicy p : kPolicies) runs.push_back(props::run_block(*b, default_block_factory(), p, c));
+    for (const BlockRun& r : runs) {
+      const BlockJudgement j =
+          props::judge_block_run(oc, r, r.policy == RecomputePolicy::None ? nullptr : &runs[0], allow_weak());
+      record("generated " + b->name(), j.fwd);
+      record("generated " + b->name(), j.bwd);
+      if (!j.passed()) RC_FAIL(b->name() + " under " + to_string(r.policy) + ":\n" + j.describe());
+      for (const OpReport* rep : {&j.fwd, &j.bwd})
+        for (const auto& t : rep->tensors)
+          if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated block case (" + b->name() + ")\n" + format_op_report(*rep));
+    }
+  }
+}
+
 TEST(Detection, BlockPerturbationsFailCorrectRunsPass) {
   const bool ok = rc::check("block: correct runs pass under every policy, δ-perturbed outputs fail",
                             detection_and_false_alarms);
@@ -530,6 +559,12 @@ TEST(Detection, BlockPerturbationsFailCorrectRunsPass) {
 
 TEST(Detection, BlockRecomputeFaultsFail) {
   const bool ok = rc::check("block: recompute faults fail", recompute_faults_fail);
+  print_stats();
+  EXPECT_TRUE(ok);
+}
+
+TEST(Detection, GeneratedBlockCasesHaveNoWeakRows) {
+  const bool ok = rc::check("block: generated cases have no WEAK row", generated_block_cases_have_no_weak_rows);
   print_stats();
   EXPECT_TRUE(ok);
 }

@@ -224,7 +224,8 @@ struct KlCase {
 KlCase draw_kl_case();
 
 /// DSA block case (SPEC §8): small indexer + attention inputs, causal windows, policy small;
-/// a sink (±inf, ±80, 0.5, -1.5 per head) on half the draws.
+/// a sink (±inf, ±80, 0.5, -1.5 per head) on half the draws; q rows conditioned so no bf16 out
+/// row is WEAK (condition_bf16_out_rows, generators.cpp).
 struct BlockCase {
   oracle::BlockInputs in;
   Tensor dout;
