@@ -298,6 +298,8 @@ void require_perturbations_fail(const OpCase& oc, const std::vector<BlockRun>& r
                   " passed the local rule\n" + format_op_report(local.fwd) + format_op_report(local.bwd));
         if (bad.policy != RecomputePolicy::None) {
           const BlockJudgement bytes = props::judge_block_run(oc, bad, &runs[0], allow_weak());
+          count("perturbed (bytes vs none) " + t.name + " " + dtype_name(t.precision),
+                !bytes.recompute_difference.empty() && !bytes.passed());
           RC_ASSERT(!bytes.recompute_difference.empty());
           RC_ASSERT(!bytes.passed());
         }
