@@ -14,7 +14,8 @@
 // save_dsa_indexer it also differs from policy none in its bytes. Recompute faults (a replay
 // that re-selects with a flipped near-tie, replays the last forward's indexer inputs, takes
 // the last forward's saved ids, or drops the sink) FAIL on their bytes, and by the local rule
-// alone whenever their error exceeds δ·rowscale on a non-WEAK row. Case counts scale with
+// alone whenever their error exceeds δ·rowscale on a non-WEAK row. The block properties' own
+// cases (draw_block_case) pass with no WEAK row. Case counts scale with
 // DSA_TEST_LEVEL (detection_test.cpp's main: 30 / 200 / 2000). Figures print as "block
 // detection:" lines at the end of each test.
 #include <gtest/gtest.h>
