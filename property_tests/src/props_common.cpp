@@ -105,7 +105,7 @@ fixtures::Fixture to_fixture(const KlCase& c) {
 }
 
 fixtures::Fixture to_fixture(const BlockCase& c) {
-  auto f = base("indexer_scores", "dsa block case (indexer inputs; attention inputs q, kv, dout)");
+  auto f = base("indexer_scores", "dsa block case (indexer inputs; attention inputs q, kv, dout, attn_sink when drawn)");
   f.inputs["q_idx"] = c.in.q_idx;
   f.inputs["k_idx"] = c.in.k_idx;
   f.inputs["w"] = c.in.w;
