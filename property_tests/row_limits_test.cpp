@@ -7,7 +7,6 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -16,27 +15,15 @@
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/generators.h"
 #include "dsa/property_tests/suite.h"
+#include "prop_test_util.h"
 
 namespace dsa::props {
 namespace {
 
-const Property& property(const std::string& name) {
-  for (const auto& p : all_properties())
-    if (p.name == name) return p;
-  throw std::invalid_argument("no property " + name);
-}
-
-Subject mutant(const std::string& name) {
-  for (const auto& m : mutant_subjects())
-    if (m.name == name) return m;
-  throw std::invalid_argument("no mutant " + name);
-}
-
-// The last "<key><number>" in a failure message (the shrunk case's log), -1 when absent.
-int64_t last_field(const std::string& message, const std::string& key) {
-  const auto at = message.rfind(key);
-  return at == std::string::npos ? -1 : std::atoll(message.c_str() + at + key.size());
-}
+using test::last_field;
+using test::level0;
+using test::mutant_named;
+using test::property_named;
 
 struct Limit {
   const char* mutant;
@@ -57,13 +44,7 @@ const Limit kLimits[] = {
 TEST(RowLimits, MutantsFailAtLevel0OnEverySeed) {
   for (const Limit& l : kLimits)
     for (uint64_t seed : {1u, 2u, 3u, 0u}) {
-      SuiteOptions o;
-      o.level = 0;
-      o.seed = seed;
-      o.shrink = false;
-      o.dump = false;
-      o.quiet = true;
-      const PropertyResult r = run_property(mutant(l.mutant), property(l.property), o);
+      const PropertyResult r = run_property(mutant_named(l.mutant), property_named(l.property), level0(seed));
       EXPECT_EQ(r.verdict, oracle::Verdict::Fail) << l.mutant << " passed " << l.property << " at seed " << seed;
     }
 }
@@ -74,12 +55,8 @@ TEST(RowLimits, MutantsFailAtLevel0OnEverySeed) {
 // for the width cap.
 TEST(RowLimits, CounterexampleShrinksTowardTheLimit) {
   for (const Limit& l : kLimits) {
-    SuiteOptions o;
-    o.level = 0;
-    o.seed = 7;
-    o.dump = false;
-    o.quiet = true;
-    const PropertyResult r = run_property(mutant(l.mutant), property(l.property), o);
+    const PropertyResult r =
+        run_property(mutant_named(l.mutant), property_named(l.property), level0(7, /*shrink=*/true));
     ASSERT_EQ(r.verdict, oracle::Verdict::Fail) << l.mutant;
     const int64_t shrunk = last_field(r.message, l.shrunk_field);
     std::cout << l.mutant << ": " << l.property << " shrunk to" << l.shrunk_field << shrunk << "\n";
@@ -92,12 +69,8 @@ TEST(RowLimits, CounterexampleShrinksTowardTheLimit) {
 TEST(RowLimits, ReferencePassesOnEverySeed) {
   for (const char* name : {"topk.many_rows", "topk.wide_k", "indexer.many_rows", "smla.many_rows"})
     for (uint64_t seed : {1u, 2u, 3u}) {
-      SuiteOptions o;
-      o.level = 0;
-      o.seed = seed;
-      o.quiet = true;
-      o.dump = false;
-      const PropertyResult r = run_property(backend_subject("reference"), property(name), o);
+      const PropertyResult r =
+          run_property(backend_subject("reference"), property_named(name), level0(seed, /*shrink=*/true));
       EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << name << " seed " << seed << ": " << r.message;
     }
 }
@@ -120,19 +93,12 @@ class DeclinesOver1024Rows final : public oracle::Backend {
 };
 
 TEST(RowLimits, DecliningTheFirstDrawJudgesTheOthers) {
-  Subject s;
-  s.name = "declines_over_1024_rows";
-  s.make = [] { return std::unique_ptr<oracle::Backend>(new DeclinesOver1024Rows()); };
-  SuiteOptions o;
-  o.level = 0;
-  o.seed = 1;
-  o.quiet = true;
-  o.dump = false;
-  const PropertyResult r = run_property(s, property("topk.many_rows"), o);
+  const PropertyResult r =
+      run_property(subject_of<DeclinesOver1024Rows>(), property_named("topk.many_rows"), level0(1, /*shrink=*/true));
   std::cout << r.message << "\n";
   EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << r.message;
   EXPECT_GE(r.declined, 1);
-  EXPECT_EQ(r.cases, cases_for_level(0, property("topk.many_rows").cost));
+  EXPECT_EQ(r.cases, cases_for_level(0, property_named("topk.many_rows").cost));
 }
 
 // ---- Every row a row limit shows in has something to judge (fresh-user finding: an example
@@ -263,18 +229,12 @@ TEST(RowLimits, EveryLimitRowHasSomethingToJudgeInThePropertiesDraws) {
       s.name = "recording_reference";
       s.make = [&] { return std::unique_ptr<oracle::Backend>(new RecordingReference(backward, &dead, &calls)); };
       for (uint64_t seed = 1; seed <= 10; ++seed) {
-        SuiteOptions o;
-        o.level = 0;
-        o.seed = seed;
-        o.shrink = false;
-        o.dump = false;
-        o.quiet = true;
-        const PropertyResult r = run_property(s, property(name), o);
+        const PropertyResult r = run_property(s, property_named(name), level0(seed));
         EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << name << " seed " << seed << ": " << r.message;
         for (const auto& d : dead) ADD_FAILURE() << name << " seed " << seed << (backward ? " (backward)" : "") << ": " << d;
         dead.clear();
       }
-      EXPECT_GE(calls, 10 * cases_for_level(0, property(name).cost)) << name;
+      EXPECT_GE(calls, 10 * cases_for_level(0, property_named(name).cost)) << name;
     }
 }
 
@@ -361,13 +321,7 @@ TEST(RowLimits, DroppedRowsFailOnEverySeed) {
       s.make = [from] { return std::unique_ptr<oracle::Backend>(new DropsRows(from)); };
       int passed = 0;
       for (uint64_t seed = 1; seed <= 30; ++seed) {
-        SuiteOptions o;
-        o.level = 0;
-        o.seed = seed;
-        o.shrink = false;
-        o.dump = false;
-        o.quiet = true;
-        const PropertyResult r = run_property(s, property(name), o);
+        const PropertyResult r = run_property(s, property_named(name), level0(seed));
         EXPECT_EQ(r.verdict, oracle::Verdict::Fail) << s.name << " passed " << name << " at seed " << seed;
         passed += r.verdict != oracle::Verdict::Fail;
       }
