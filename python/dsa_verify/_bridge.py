@@ -84,6 +84,10 @@ class Bridge:
             if bad:
                 raise ValueError(f"backend '{self.name}': outputs['{op}'] names {bad}, expected a subset of "
                                  f"{list(OUTPUTS[op])}")
+            twice = sorted({n for n in names if list(names).count(n) > 1})
+            if twice:  # as the CLI's --outputs out,out: a usage error, never merged silently
+                raise ValueError(f"backend '{self.name}': outputs['{op}'] names {twice} twice, expected each "
+                                 f"output name once")
         self.outputs = {op: tuple(names) for op, names in outputs.items()}
         self._check_shared_outputs()
         ties = getattr(backend, "tie_breaks", None)

@@ -273,7 +273,7 @@ py::dict judged(const std::vector<oracle::OpReport>& reports) {
 
 cli::JudgeOptions judge_options(const py::object& provided, bool allow_weak) {
   cli::JudgeOptions j;
-  if (!provided.is_none()) j.outputs = cli::parse_output_names(provided.cast<std::vector<std::string>>(), "outputs");
+  if (!provided.is_none()) j.outputs = cli::parse_output_names(provided.cast<std::vector<std::string>>(), "provided_outputs");
   j.allow_weak = allow_weak;
   return j;
 }

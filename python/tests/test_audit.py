@@ -143,6 +143,13 @@ def test_declared_tie_breaks_skip_the_others():
     assert rep.passed, rep.summary()
 
 
+def test_outputs_naming_a_name_twice_is_an_error():
+    # As --outputs out,out on the CLI: the backend's declaration names each output once.
+    twice = type("Twice", (backends.ForwardOutAndLse,), {"outputs": {"sparse_mla_fwd": ("out", "lse", "out")}})
+    with pytest.raises(ValueError, match=r"outputs\['sparse_mla_fwd'\] names \['out'\] twice"):
+        dsa_verify.Bridge(twice())
+
+
 def test_undeclared_partial_outputs_fail_and_say_how_to_declare():
     rep = dsa_verify.audit(backends.ForwardTwoUndeclared(), only=["smla.forward_ratio"], progress=False)
     assert not rep.passed

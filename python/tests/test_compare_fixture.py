@@ -70,6 +70,9 @@ def test_compare_provided_outputs_follow_the_one_rule():
     with pytest.raises(ValueError, match=r"'provided_outputs' names indices, which is not an output of the "
                                          r"selected ops: sparse_mla_fwd \(out, lse, max_logits\)"):
         dsa_verify.compare(golden("smla_basic"), outputs, provided_outputs=["indices"])
+    # A name given twice is a usage error too (fresh-user finding 8), never merged into a pass.
+    with pytest.raises(ValueError, match=r"'provided_outputs' names \"out\" twice"):
+        dsa_verify.compare(golden("smla_basic"), outputs, provided_outputs=["out", "lse", "out"])
     r = dsa_verify.compare(golden("smla_basic"), outputs, provided_outputs=["dq", "dkv"])
     assert r.passed and r.verdict_line == "AGREES", r.verdict_line + r.report
     assert "judged in full" in r.report, r.report
