@@ -10,9 +10,19 @@ PYTEST_PLUGINS=dsa_verify.pytest_plugin). Test ids are `dsa-verify::<op>::<case>
 -k selects on them; in JUnit XML the classname is `dsa-verify.<op>` and the name the case. A failure's message is the oracle's report followed by its one-line
 reproduction and the dumped fixture. Verdicts are those of dsa_verify.audit (the C++ judgement).
 """
+import re
+
 import pytest
 
 _KEY = "dsa_verify_state"
+# The audit's option names (in the C++ and dsa_verify.audit messages) as this plugin spells them.
+_FLAGS = re.compile(r"(?<![\w-])--(ops|only|level|seed|device|timeout|dump-dir|unsupported|allow-weak|"
+                    r"no-fixtures|isolate)\b")
+
+
+def _pytest_flags(message):
+    """`message` with the audit's option names (--timeout) written as this plugin's (--dsa-timeout)."""
+    return _FLAGS.sub(r"--dsa-\1", message)
 
 
 def pytest_addoption(parser):
@@ -24,7 +34,8 @@ def pytest_addoption(parser):
     g.addoption("--dsa-seed", type=int, default=0, help="seed of the property runs (0: random)")
     g.addoption("--dsa-device", default="cpu", help="device of the input tensors: cpu | cuda[:n]")
     g.addoption("--dsa-isolate", action="store_true", help="run each task in a fresh worker process")
-    g.addoption("--dsa-timeout", type=float, default=300.0, help="seconds per isolated task")
+    g.addoption("--dsa-timeout", type=float, default=300.0,
+                help="seconds per isolated task: a finite number from 0.001 to 86400 (default 300)")
     g.addoption("--dsa-dump-dir", default="dsa-verify-failures", help="where failing cases are dumped")
     g.addoption("--dsa-no-fixtures", action="store_true", help="properties only")
     g.addoption("--dsa-allow-weak", action="store_true", help="a WEAK output does not fail (SPEC §9)")
@@ -40,7 +51,8 @@ class _State:
         self.spec = opt("--dsa-backend")
         self.device = opt("--dsa-device")
         self.isolate = opt("--dsa-isolate")
-        self.timeout = opt("--dsa-timeout")
+        # A usage error before anything runs, as `python3 -m dsa_verify audit --timeout` (fresh-user F13).
+        self.timeout = _audit.check_timeout(opt("--dsa-timeout"))
         self.bridge = Bridge(_audit.load_backend(self.spec), self.device)
         split = lambda s: [t for t in s.split(",") if t]  # noqa: E731
         self.options = _audit._options(self.spec, split(opt("--dsa-ops")), split(opt("--dsa-only")),
@@ -125,7 +137,7 @@ def pytest_collection_modifyitems(session, config, items):
     try:
         state = _State(config)
     except (ValueError, RuntimeError) as e:
-        raise pytest.UsageError(f"dsa-verify: {e}") from e
+        raise pytest.UsageError(f"dsa-verify: {_pytest_flags(str(e))}") from e
     config.stash[_STASH] = state
     root = DsaAudit.from_parent(session, name="dsa-verify", nodeid="dsa-verify")
     new = []

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import pytest
+
 ENV = dict(os.environ)
 
 
@@ -78,3 +80,16 @@ def test_section10_ops_are_collected_and_a_planted_fault_fails(tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     failures = {name(c): c.find("failure").text for c in cases(root) if c.find("failure") is not None}
     assert "IndexError" in failures.get("paged_indexer_scores::golden:paged_idx_mtp2", ""), failures
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "1e9"])
+def test_timeout_out_of_range_is_a_usage_error_naming_the_option(tmp_path, value):
+    # fresh-user F13: -1 and 0 made a correct kernel "time out"; nan raised a traceback.
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
+                        "-q", "--dsa-backend=torch_backend:TorchBackend", "--dsa-ops", "topk", "--dsa-only",
+                        "topk.contract_exact", "--dsa-isolate", f"--dsa-timeout={value}"],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
+    want = f"argument 'timeout' (--dsa-timeout) got {float(value)!r}, expected a finite number of seconds from " \
+           "0.001 to 86400"
+    assert want in p.stderr and "timed out" not in p.stdout + p.stderr, p.stdout + p.stderr
