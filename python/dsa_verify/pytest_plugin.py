@@ -8,7 +8,9 @@
 PYTEST_PLUGINS=dsa_verify.pytest_plugin). Test ids are `dsa-verify::<op>::<case>`, e.g.
 `dsa-verify::topk::property:topk.contract_exact` or `dsa-verify::sparse_mla_bwd::golden:smla_sink`;
 -k selects on them; in JUnit XML the classname is `dsa-verify.<op>` and the name the case. A failure's message is the oracle's report followed by its one-line
-reproduction and the dumped fixture. Verdicts are those of dsa_verify.audit (the C++ judgement).
+reproduction and the dumped fixture. Verdicts are those of dsa_verify.audit (the C++ judgement):
+every case the audit fails fails a test (a forward property's backward failure, filed under
+sparse_mla_bwd, fails that property's test).
 """
 import re
 
@@ -81,6 +83,15 @@ class DsaFailure(Exception):
     """A failed audit case; its text is the oracle's report and the reproduction."""
 
 
+def owned_cases(task, op, cases):
+    """The cases of `task` that its test of `op` reports: those filed under `op`, the "*" ones
+    (backend unavailable) and, on the test of the task's first op, every case filed under an op
+    the task has no test of (a forward property's backward failure under sparse_mla_bwd, a
+    fixture's producer failure under "fixture"), so that every case is reported by a test."""
+    ops = task["ops"]
+    return [c for c in cases if c.op == "*" or (c.op if c.op in ops else ops[0]) == op]
+
+
 class DsaItem(pytest.Item):
     def __init__(self, *, task, op, first, **kw):
         super().__init__(**kw)
@@ -89,11 +100,8 @@ class DsaItem(pytest.Item):
 
     def runtest(self):
         state = self.config.stash[_STASH]
-        cases = state.run(self.task)
-        mine = [c for c in cases if c.op == self.op or c.op == "*" or (self.first and c.op == "fixture")]
-        if self.task["fixture"] and not any(c.op == self.op for c in mine):
-            mine.append(None)  # op not judged in this run (filtered): treat as skip below
-        fails = [c for c in mine if c is not None and c.status == "fail"]
+        mine = owned_cases(self.task, self.op, state.run(self.task))
+        fails = [c for c in mine if c.status == "fail"]
         if fails:
             parts = []
             for c in fails:
@@ -103,11 +111,13 @@ class DsaItem(pytest.Item):
                 if c.fixture:
                     parts.append(f"  fixture:   {c.fixture}")
             raise DsaFailure("\n".join(parts))
-        real = [c for c in mine if c is not None]
-        if real and all(c.status == "skip" for c in real):
-            pytest.skip(real[0].message or "skipped")
-        if not real:
-            pytest.skip(f"{self.op} not judged by this fixture for this backend")
+        if not any(c.status == "pass" for c in mine):
+            # Every case of this test skipped, or none was filed under this op (a fixture op that
+            # was not judged): a skip, never a pass.
+            skipped = [c for c in mine if c.status == "skip"]
+            pytest.skip(skipped[0].message if skipped and skipped[0].message else
+                        f"{self.op} not judged by this {'fixture' if self.task['fixture'] else 'property'} "
+                        "for this backend")
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, DsaFailure):

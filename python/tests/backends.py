@@ -310,3 +310,16 @@ class DsinkOnly(TorchBackend):
         if len(g) == 3:
             res["dsink"] = g[2]
         return res
+
+
+class RowTileBwd(TorchBackend):
+    """A right forward with a backward that drops every query row past a 128-row tile (dout
+    taken as 0 there): only the forward properties' many-row draws catch it, and they file the
+    failure under sparse_mla_bwd (fresh-user F1: the pytest plugin showed it as a skip)."""
+    name = "row-tile-bwd"
+
+    def sparse_mla_bwd(self, q, kv, indices, sm_scale, d_v, dout, out=None, lse=None, topk_length=None,
+                       attn_sink=None):
+        dout = dout.clone()
+        dout[128:] = 0
+        return super().sparse_mla_bwd(q, kv, indices, sm_scale, d_v, dout, out, lse, topk_length, attn_sink)

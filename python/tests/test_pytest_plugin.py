@@ -82,6 +82,41 @@ def test_section10_ops_are_collected_and_a_planted_fault_fails(tmp_path):
     assert "IndexError" in failures.get("paged_indexer_scores::golden:paged_idx_mtp2", ""), failures
 
 
+def cli_run(tmp_path, backend, *args):
+    """`python3 -m dsa_verify audit` with --json: (exit code, JSON report or None, output)."""
+    out = tmp_path / "cli.json"
+    cmd = [sys.executable, "-m", "dsa_verify", "audit", backend, "--json", str(out), "--dump-dir",
+           str(tmp_path / "cli-dumps"), *args]
+    p = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    import json
+    return p.returncode, (json.loads(out.read_text()) if out.exists() and out.stat().st_size else None), \
+        p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("backend, args", [
+    ("backends:RowTileBwd", ("ops", "sparse_mla_fwd,sparse_mla_bwd")),
+    ("backends:HalvedDkv", ("no-fixtures",)),
+])
+def test_every_failure_of_the_audit_fails_a_test_with_the_clis_exit_code(tmp_path, backend, args):
+    # fresh-user F1: a forward property files its backward's failure under sparse_mla_bwd; the
+    # plugin kept only its test's op and showed the failure as a skip ("115 passed, 1 skipped").
+    opts = ["--seed", "7"] + (["--ops", args[1]] if args[0] == "ops" else ["--no-fixtures"])
+    rc, report, text = cli_run(tmp_path, backend, *opts)
+    failed = [(c["op"], c["property"]) for c in report["cases"] if c["status"] == "fail"]
+    assert rc == 1 and failed, text
+    p, root = pytest_run(tmp_path, f"--dsa-backend={backend}", *["--dsa-" + o.lstrip("-") if o.startswith("--")
+                                                                 else o for o in opts])
+    assert p.returncode == rc, p.stdout + p.stderr
+    failures = {name(c): c.find("failure").text for c in cases(root) if c.find("failure") is not None}
+    cross = 0
+    for op, prop in failed:
+        holders = [n for n, text in failures.items() if f"FAIL {op} {prop}\n" in text]
+        assert holders, (op, prop, sorted(failures))
+        cross += any(not n.startswith(op + "::") for n in holders)
+    # The case this test is about: a failure filed under an op other than its test's.
+    assert cross, failed
+
+
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "1e9"])
 def test_timeout_out_of_range_is_a_usage_error_naming_the_option(tmp_path, value):
     # fresh-user F13: -1 and 0 made a correct kernel "time out"; nan raised a traceback.
