@@ -2,7 +2,7 @@
 
     python3 -m pytest -p dsa_verify.pytest_plugin --dsa-backend=mypkg.kernels:MyKernel \\
         [--dsa-level 1] [--dsa-ops topk] [--dsa-device cuda] [--dsa-isolate] [-k contract_exact] \\
-        [--junitxml report.xml]
+        [--dsa-unsupported invalid_ids] [--junitxml report.xml]
 
 (or `pytest_plugins = ["dsa_verify.pytest_plugin"]` in a conftest.py, or
 PYTEST_PLUGINS=dsa_verify.pytest_plugin). Test ids are `dsa-verify::<op>::<case>`, e.g.
@@ -10,7 +10,9 @@ PYTEST_PLUGINS=dsa_verify.pytest_plugin). Test ids are `dsa-verify::<op>::<case>
 -k selects on them; in JUnit XML the classname is `dsa-verify.<op>` and the name the case. A failure's message is the oracle's report followed by its one-line
 reproduction and the dumped fixture. Verdicts are those of dsa_verify.audit (the C++ judgement):
 every case the audit fails fails a test (a forward property's backward failure, filed under
-sparse_mla_bwd, fails that property's test).
+sparse_mla_bwd, fails that property's test), and where `python3 -m dsa_verify audit` exits 2
+(an input error, or an audit that judged nothing: every selected case skipped) the session
+exits 4 (pytest's usage error) with the CLI's error line.
 """
 import re
 
@@ -41,6 +43,9 @@ def pytest_addoption(parser):
     g.addoption("--dsa-dump-dir", default="dsa-verify-failures", help="where failing cases are dumped")
     g.addoption("--dsa-no-fixtures", action="store_true", help="properties only")
     g.addoption("--dsa-allow-weak", action="store_true", help="a WEAK output does not fail (SPEC §9)")
+    g.addoption("--dsa-unsupported", default="",
+                help="what the kernel leaves out (comma-separated feature keys such as invalid_ids, empty_rows, "
+                     "duplicate_ids, or property names): declining them is not INCOMPLETE (the CLI's --unsupported)")
 
 
 class _State:
@@ -62,8 +67,12 @@ class _State:
                                        not opt("--dsa-no-fixtures"), self.device)
         self.options["provided_outputs"] = _audit.provided_outputs(self.bridge)
         self.options["allow_weak"] = bool(opt("--dsa-allow-weak"))
+        self.options["unsupported"] = split(opt("--dsa-unsupported"))
         self.tasks = _core.list_tasks(self.bridge, self.options)
         self.results = {}
+        self.items_run = 0  # dsa-verify tests that ran
+        self.judged = 0  # cases that passed or failed (not skipped), over the tasks run
+        self.input_error = False  # an unreadable fixture or out of memory: the CLI exits 2
 
     def run(self, task):
         from . import _audit, _core
@@ -76,6 +85,9 @@ class _State:
                 self.results[key] = _audit.run_isolated(self.spec, self.device, self.options, task, self.timeout)
             else:
                 self.results[key] = _audit._cases(_core.run_task(self.bridge, self.options, key))
+            cases = self.results[key]
+            self.judged += sum(c.status in ("pass", "fail") for c in cases)
+            self.input_error |= any(c.input_error for c in cases)
         return self.results[key]
 
 
@@ -100,6 +112,7 @@ class DsaItem(pytest.Item):
 
     def runtest(self):
         state = self.config.stash[_STASH]
+        state.items_run += 1
         mine = owned_cases(self.task, self.op, state.run(self.task))
         fails = [c for c in mine if c.status == "fail"]
         if fails:
@@ -156,3 +169,39 @@ def pytest_collection_modifyitems(session, config, items):
             label = task["property"] if task["fixture"] else "property:" + task["property"]
             new.append(DsaItem.from_parent(root, name=f"{op}::{label}", task=task, op=op, first=i == 0))
     items[:0] = new
+
+
+def _no_verdict(config):
+    """The CLI's exit-2 error line of this session's audit ("" when the audit gave a verdict):
+    an input error, or dsa-verify tests ran and no case passed or failed."""
+    state = config.stash.get(_STASH, None)
+    if state is None or state.items_run == 0:
+        return ""
+    if state.input_error:
+        return ("dsa-verify: error: audit: an input error (an unreadable fixture, or out of memory: see the "
+                "failed tests' messages) leaves the audit without a verdict")
+    if state.judged == 0:
+        return (f"dsa-verify: error: audit: backend {state.bridge.name} ran no case: every selected property and "
+                "fixture was skipped (reasons in the skip messages, -rs; check --dsa-ops, --dsa-only, -k and what "
+                "the backend supports)")
+    return ""
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    line = _no_verdict(config)
+    if line:
+        terminalreporter.write_line(line, red=True, bold=True)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    # An audit that judged nothing is never a pass, and an input error gives no verdict: where
+    # `python3 -m dsa_verify audit` exits 2, the session exits 4 (pytest has no exit code 2 of
+    # this meaning; 1 stays "a case failed", as the CLI's 1). An input error outranks failures,
+    # as in the CLI; a session that judged nothing keeps a failure of the user's own tests.
+    line = _no_verdict(session.config)
+    state = session.config.stash.get(_STASH, None)
+    overridden = (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) if line and state.input_error else \
+        (pytest.ExitCode.OK,)
+    if line and exitstatus in overridden:
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR

@@ -117,6 +117,60 @@ def test_every_failure_of_the_audit_fails_a_test_with_the_clis_exit_code(tmp_pat
     assert cross, failed
 
 
+def test_an_audit_that_judged_nothing_fails_the_session_as_the_cli(tmp_path):
+    # fresh-user F1b: "N skipped", exit 0; the CLI exits 2 (judged nothing is never a pass).
+    rc, _, text = cli_run(tmp_path, "backends:NotImplementedTopk", "--ops", "topk")
+    assert rc == 2 and "ran no case" in text, text
+    p, root = pytest_run(tmp_path, "--dsa-backend=backends:NotImplementedTopk", "--dsa-ops", "topk")
+    assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
+    assert "dsa-verify: error: audit: backend not-implemented ran no case" in p.stdout, p.stdout
+    assert all(c.find("skipped") is not None for c in cases(root))
+    # A passing selection of the same session's kind still exits 0 (the check counts judged cases).
+    p, _ = pytest_run(tmp_path, "--dsa-backend=backends:TopkOnly", "--dsa-ops", "topk", "--dsa-only",
+                      "topk.contract_exact", "--dsa-seed", "7")
+    assert p.returncode == 0 and "ran no case" not in p.stdout, p.stdout + p.stderr
+
+
+def test_an_input_error_gives_the_clis_no_verdict_exit(tmp_path):
+    # An unreadable fixture: the CLI exits 2 whatever else failed; the session exits 4.
+    fx = tmp_path / "fx"
+    (fx / "golden").mkdir(parents=True)
+    (fx / "peer").mkdir()
+    (fx / "golden" / "broken.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    src = os.path.join(ENV["DSA_FIXTURES_DIR"], "golden", "topk_plateau_small_sorted.safetensors")
+    (fx / "peer" / "topk_plateau_small_sorted.safetensors").write_bytes(open(src, "rb").read())
+    env = dict(ENV, DSA_FIXTURES_DIR=str(fx))
+    cmd = [sys.executable, "-m", "dsa_verify", "audit", "backends:TopkOnly", "--ops", "topk", "--seed", "7",
+           "--dump-dir", str(tmp_path / "d")]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "input error" in r.stdout, r.stdout + r.stderr
+    cmd = [sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider", "-q",
+           "--dsa-backend=backends:TopkOnly", "--dsa-ops", "topk", "--dsa-seed", "7", "--dsa-dump-dir",
+           str(tmp_path / "d")]
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
+    assert "input error" in p.stdout and "leaves the audit without a verdict" in p.stdout, p.stdout
+
+
+def test_unsupported_is_the_clis_option(tmp_path):
+    # --dsa-unsupported: a kernel that leaves out invalid ids is audited as with --unsupported.
+    base = ["--dsa-only", "smla.forward_ratio", "--dsa-seed", "7"]
+    p, root = pytest_run(tmp_path, "--dsa-backend=backends:DeclinesInvalidIds", *base)
+    failures = [c.find("failure").text for c in cases(root) if c.find("failure") is not None]
+    assert p.returncode == 1 and any("INCOMPLETE: backend declined mandatory cases" in f for f in failures), p.stdout
+    named = ["--dsa-unsupported", "invalid_ids,empty_rows"]
+    p, root = pytest_run(tmp_path, "--dsa-backend=backends:DeclinesInvalidIds", *base, *named)
+    rc, _, text = cli_run(tmp_path, "backends:DeclinesInvalidIds", "--only", "smla.forward_ratio", "--seed", "7",
+                          "--unsupported", "invalid_ids,empty_rows")
+    assert not any(c.find("failure") is not None for c in cases(root)), p.stdout
+    assert rc != 1 and {rc, p.returncode} <= {0, 2, pytest.ExitCode.USAGE_ERROR}, (rc, p.returncode)
+    assert (rc == 0) == (p.returncode == 0), (rc, p.returncode, text, p.stdout)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
+                        "-q", "--dsa-backend=backends:DeclinesInvalidIds", *base, "--dsa-unsupported", "invalid"],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == pytest.ExitCode.USAGE_ERROR and "--dsa-unsupported" in p.stderr, p.stdout + p.stderr
+
+
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "1e9"])
 def test_timeout_out_of_range_is_a_usage_error_naming_the_option(tmp_path, value):
     # fresh-user F13: -1 and 0 made a correct kernel "time out"; nan raised a traceback.
