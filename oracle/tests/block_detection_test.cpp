@@ -38,6 +38,7 @@
 #include "dsa/property_tests/generators.h"
 #include "dsa/property_tests/suite.h"
 #include "dsa/reference/sparse_mla.h"
+#include "detection_stats.h"
 
 namespace dsa::oracle {
 namespace {
@@ -50,27 +51,14 @@ const RecomputePolicy kPolicies[] = {RecomputePolicy::None, RecomputePolicy::Ful
                                      RecomputePolicy::SaveDsaIndexer};
 
 // ---------------------------------------------------------------- measured figures
-struct Stat {
-  double max_rel_bound = 0;  // max over non-WEAK rows of bound / rowscale
-  int64_t rows = 0, weak_rows = 0;
-  double worst_ratio = 0;  // max err/bound of a correct run
-  int64_t perturbations = 0, caught = 0;
-};
-std::map<std::string, Stat>& stats() {
-  static std::map<std::string, Stat> s;
+using detection::push;
+using detection::Stat;
+
+detection::StatTable& stats() {
+  static detection::StatTable s;
   return s;
 }
-void record(const std::string& key, const OpReport& r) {
-  for (const auto& t : r.tensors) {
-    Stat& s = stats()[key + " " + t.name + " " + dtype_name(t.precision)];
-    s.rows += t.rows;
-    s.weak_rows += t.weak_rows;
-    s.worst_ratio = std::max(s.worst_ratio, t.worst);
-    for (size_t i = 0; i < t.row_weak.size(); ++i)
-      if (!t.row_weak[i] && t.row_scale[i] > 0)
-        s.max_rel_bound = std::max(s.max_rel_bound, t.row_max_bound[i] / t.row_scale[i]);
-  }
-}
+void record(const std::string& key, const OpReport& r) { detection::record_into(stats(), key, r); }
 void print_stats() {
   for (const auto& [k, s] : stats())
     std::printf("block detection: %-48s rows %6lld weak %5lld  max bound/rowscale (non-weak) %.3g  "
@@ -212,16 +200,6 @@ std::vector<props::Subject> sparse_mla_controls() {
 }
 
 // ---------------------------------------------------------------- perturbation
-// Moves `t` at flat i outward by at least |amount| from `ref` (after rounding to t's dtype).
-void push(Tensor& t, int64_t i, double ref, double amount) {
-  double x = ref + amount;
-  for (int guard = 0; guard < 64; ++guard) {
-    t.set(i, x);
-    if (std::abs(t.get(i) - ref) >= std::abs(amount)) return;
-    x += amount * 0x1p-6;
-  }
-}
-
 Tensor& output_of(BlockRun& r, const std::string& name) {
   if (name == "out") return r.fwd.out;
   if (name == "lse") return r.fwd.lse;

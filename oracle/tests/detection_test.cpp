@@ -44,32 +44,20 @@
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
+#include "detection_stats.h"
 
 namespace dsa::oracle {
 namespace {
 
 // ---------------------------------------------------------------- measured figures
-struct Stat {
-  double max_rel_bound = 0;  // max over non-WEAK rows of bound / rowscale
-  int64_t rows = 0, weak_rows = 0;
-  double worst_ratio = 0;  // max err/bound of a correct kernel computed another way
-  int64_t perturbations = 0, caught = 0;
-};
-std::map<std::string, Stat>& stats() {
-  static std::map<std::string, Stat> s;
+using detection::push;
+using detection::Stat;
+
+detection::StatTable& stats() {
+  static detection::StatTable s;
   return s;
 }
-void record(const std::string& key, const OpReport& r) {
-  for (const auto& t : r.tensors) {
-    Stat& s = stats()[key + " " + t.name + " " + dtype_name(t.precision)];
-    s.rows += t.rows;
-    s.weak_rows += t.weak_rows;
-    s.worst_ratio = std::max(s.worst_ratio, t.worst);
-    for (size_t i = 0; i < t.row_weak.size(); ++i)
-      if (!t.row_weak[i] && t.row_scale[i] > 0)
-        s.max_rel_bound = std::max(s.max_rel_bound, t.row_max_bound[i] / t.row_scale[i]);
-  }
-}
+void record(const std::string& key, const OpReport& r) { detection::record_into(stats(), key, r); }
 
 // ---------------------------------------------------------------- mixed case generator
 struct MixedCase {
@@ -191,17 +179,6 @@ props::FlashStyleResult other_kernel(const OpCase& c, Order order, Style style, 
 }
 
 // ---------------------------------------------------------------- perturbation
-// Moves `t` at flat i outward by at least δ·scale (rounded away from the reference, so the
-// error after rounding to t's dtype is >= δ·scale).
-void push(Tensor& t, int64_t i, double ref, double amount) {
-  double x = ref + amount;
-  for (int guard = 0; guard < 64; ++guard) {
-    t.set(i, x);
-    if (std::abs(t.get(i) - ref) >= std::abs(amount)) return;
-    x += amount * 0x1p-6;
-  }
-}
-
 // For each output of `r` (judged on `cand`), perturbs one element of a non-WEAK row, then
 // that whole row, by θ·rowscale; each must make the op FAIL.
 void require_perturbations_fail(Op op, const OpCase& c, const NamedOutputs& cand,
@@ -1024,7 +1001,9 @@ TEST(Detection, Fp8GoldenDeclaredTensorCore) {
                   "(worst err/bound %.3g)\n",
                   name, rel, rel_rs, t.worst, t.weakest, factor, to_string(w.verdict),
                   w.tensors.empty() ? 0.0 : w.tensors.front().worst);
-      if (factor > 1.001) EXPECT_EQ(w.verdict, Verdict::Fail) << name << "\n" << format_op_report(w);
+      if (factor > 1.001) {
+        EXPECT_EQ(w.verdict, Verdict::Fail) << name << "\n" << format_op_report(w);
+      }
     }
   }
 }

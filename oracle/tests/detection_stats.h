@@ -1,0 +1,49 @@
+// Shared by the oracle's detection properties (detection_test.cpp, block_detection_test.cpp):
+// the measured figures each prints per key, and the perturbation step both use.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "dsa/contract/tensor.h"
+#include "dsa/oracle/report.h"
+
+namespace dsa::oracle::detection {
+
+struct Stat {
+  double max_rel_bound = 0;  // max over non-WEAK rows of bound / rowscale
+  int64_t rows = 0, weak_rows = 0;
+  double worst_ratio = 0;  // max err/bound of correct outputs (computed another way, a correct run)
+  int64_t perturbations = 0, caught = 0;
+};
+using StatTable = std::map<std::string, Stat>;
+
+/// Adds each output of `r` to `table` under "<key> <output> <precision class>": rows, WEAK
+/// rows, worst err/bound and the largest bound / row scale of a non-WEAK row.
+inline void record_into(StatTable& table, const std::string& key, const OpReport& r) {
+  for (const auto& t : r.tensors) {
+    Stat& s = table[key + " " + t.name + " " + dtype_name(t.precision)];
+    s.rows += t.rows;
+    s.weak_rows += t.weak_rows;
+    s.worst_ratio = std::max(s.worst_ratio, t.worst);
+    for (size_t i = 0; i < t.row_weak.size(); ++i)
+      if (!t.row_weak[i] && t.row_scale[i] > 0)
+        s.max_rel_bound = std::max(s.max_rel_bound, t.row_max_bound[i] / t.row_scale[i]);
+  }
+}
+
+/// Moves `t` at flat i outward by at least |amount| from `ref` (rounded away from the
+/// reference, so the error after rounding to t's dtype is >= |amount|).
+inline void push(Tensor& t, int64_t i, double ref, double amount) {
+  double x = ref + amount;
+  for (int guard = 0; guard < 64; ++guard) {
+    t.set(i, x);
+    if (std::abs(t.get(i) - ref) >= std::abs(amount)) return;
+    x += amount * 0x1p-6;
+  }
+}
+
+}  // namespace dsa::oracle::detection
