@@ -107,6 +107,10 @@ bool structural_header(const Tensor& indices, int64_t s_q, int64_t k,
 
 }  // namespace
 
+int64_t topk_rows_checked(int64_t s_q, int64_t s_kv, int64_t k) {
+  return k == 0 && s_kv == 0 ? 0 : std::max<int64_t>(0, s_q);
+}
+
 Tensor adapt_topk_width(const Tensor& indices, int64_t k) {
   check_arg(indices.dim() == 2, "adapt_topk_width", "indices", shape_str(indices.shape()),
             "rank 2");
@@ -137,7 +141,8 @@ std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& score
   const Tensor& idx = indices;
   if (!structural_header(idx, s_q, k, out)) return out;
 
-  for (int64_t t = 0; t < s_q; ++t) {
+  const int64_t rows = topk_rows_checked(s_q, s_kv, k);
+  for (int64_t t = 0; t < rows; ++t) {
     auto score = [&](int64_t s) { return scores.get(t * s_kv + s); };
     auto in_window = [&](int64_t s) { return !windows || windows->contains(t, s); };
     std::vector<int64_t> ids = structural_row(idx, t, k, s_kv, windows, out);
@@ -322,7 +327,8 @@ std::vector<TopkViolation> check_fused_topk(const Tensor& indices, const Tensor&
   const ValueFormat fmt{true};  // reference scores are float64
   if (!structural_header(indices, s_q, k, out)) return out;
   std::optional<KeyWindows> w = windows;
-  for (int64_t t = 0; t < s_q; ++t) {
+  const int64_t rows = topk_rows_checked(s_q, s_kv, k);
+  for (int64_t t = 0; t < rows; ++t) {
     auto score = [&](int64_t s) { return ref_scores.get(t * s_kv + s); };
     std::vector<int64_t> ids = structural_row(indices, t, k, s_kv, w, out);
     std::vector<double> vals;

@@ -10,6 +10,10 @@
 
 namespace dsa::reference {
 
+int64_t topk_rows_selected(int64_t s_q, int64_t s_kv, int64_t k) {
+  return k == 0 || s_kv == 0 ? 0 : std::max<int64_t>(0, s_q);
+}
+
 Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,
                    const std::optional<KeyWindows>& windows) {
   const char* where = "select_topk";
@@ -41,7 +45,7 @@ Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,
   const double* f64 = scores.dtype() == DType::F64 ? scores.data<double>() : nullptr;
   // Rows are independent: each writes only its own row of ids.
   const double row_work = 64.0 * static_cast<double>(std::max<int64_t>(1, s_kv));
-  parallel_for(s_q, row_work, [&](int64_t begin, int64_t end) {
+  parallel_for(topk_rows_selected(s_q, s_kv, k), row_work, [&](int64_t begin, int64_t end) {
     std::vector<std::pair<double, int32_t>> cand;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t ks = windows ? windows->ks[t] : 0;

@@ -18,6 +18,12 @@ namespace dsa::oracle {
 /// columns. Keeps the dtype. Throws std::invalid_argument for rank != 2 or more than k columns.
 Tensor adapt_topk_width(const Tensor& indices, int64_t k);
 
+/// The query rows check_topk and check_fused_topk check one by one: s_q (negative: 0), or 0
+/// when no row holds a slot or a score (k = 0 and s_kv = 0: the dtype and shape checks are the
+/// whole check, however many rows; fresh-user finding 8: 2^31 - 1 such rows took 15 s). A row
+/// with a slot or a score is checked (k = 0 with s_kv > 0: its NaN scores are listed).
+int64_t topk_rows_checked(int64_t s_q, int64_t s_kv, int64_t k);
+
 /// Checks `indices` against §3 exactly for `scores` [s_q,s_kv] (F32/F64), k, policy and
 /// optional windows. Rules (violation names): dtype (I32), shape ([s_q,k]), id_out_of_range
 /// (anything but -1 outside [0,s_kv)), not_compact (a valid id after -1), outside_window,
@@ -26,8 +32,8 @@ Tensor adapt_topk_width(const Tensor& indices, int64_t k);
 /// tie_order. No convention relaxes a rule: a selected NaN or -inf is always a violation.
 /// Scores in details print with 9 significant digits (F32; 17 for F64), plus their hex bits
 /// when two printed values would look equal. Rows whose window contains NaN are listed in
-/// `nan_rows` when given. Never throws for bad candidate data; throws std::invalid_argument
-/// on bad scores/windows.
+/// `nan_rows` when given. Only the rows topk_rows_checked counts are visited. Never throws
+/// for bad candidate data; throws std::invalid_argument on bad scores/windows.
 std::vector<TopkViolation> check_topk(const Tensor& indices, const Tensor& scores, int64_t k,
                                       const TopkPolicy& policy,
                                       const std::optional<KeyWindows>& windows,

@@ -18,4 +18,10 @@ namespace dsa::reference {
 Tensor select_topk(const Tensor& scores, int64_t k, const TopkPolicy& policy,
                    const std::optional<KeyWindows>& windows = std::nullopt);
 
+/// The query rows select_topk selects in one by one: s_q (negative: 0), or 0 when no row has a
+/// slot to fill or a key to select (k = 0: the output has no element; s_kv = 0: every slot is
+/// -1 padding, written in one fill), so 2^31 - 1 empty rows cost nothing (fresh-user finding
+/// 8: they took 15 s). Same shapes as select_topk.
+int64_t topk_rows_selected(int64_t s_q, int64_t s_kv, int64_t k);
+
 }  // namespace dsa::reference
