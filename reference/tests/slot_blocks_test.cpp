@@ -31,6 +31,14 @@ using Mat = Eigen::Matrix<A, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class A>
 using Vec = Eigen::Matrix<A, Eigen::Dynamic, 1>;
 
+// `t`'s first rows·cols values as a row-major [rows, cols] matrix of A.
+template <class A>
+Mat<A> mat_of(const Tensor& t, int64_t rows, int64_t cols) {
+  Mat<A> m(rows, cols);
+  for (int64_t i = 0; i < rows * cols; ++i) m.data()[i] = static_cast<A>(t.get(i));
+  return m;
+}
+
 // The valid ids of query row t in slot order (SPEC §4: in [0, s_kv) and before topk_length).
 std::vector<int32_t> valid_ids(const SparseMlaInputs& in, int64_t t) {
   const int64_t s_kv = in.kv.size(0), k = in.indices.size(-1);
@@ -49,14 +57,9 @@ template <class A>
 SparseMlaForward unblocked_forward(const SparseMlaInputs& in) {
   const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d_qk = in.q.size(2), d_v = in.d_v;
   const int64_t s_kv = in.kv.size(0);
-  auto mat = [](const Tensor& t, int64_t rows, int64_t cols) {
-    Mat<A> m(rows, cols);
-    for (int64_t i = 0; i < rows * cols; ++i) m.data()[i] = static_cast<A>(t.get(i));
-    return m;
-  };
-  const Mat<A> Q = mat(in.q, s_q * h_q, d_qk), KV = mat(in.kv, s_kv, d_qk);
+  const Mat<A> Q = mat_of<A>(in.q, s_q * h_q, d_qk), KV = mat_of<A>(in.kv, s_kv, d_qk);
   Vec<A> sink;
-  if (in.attn_sink) sink = mat(*in.attn_sink, h_q, 1);
+  if (in.attn_sink) sink = mat_of<A>(*in.attn_sink, h_q, 1);
   const DType dt = sizeof(A) == 8 ? DType::F64 : DType::F32;
   SparseMlaForward f{Tensor(dt, {s_q, h_q, d_v}), Tensor(dt, {s_q, h_q}), Tensor(dt, {s_q, h_q})};
   Eigen::Map<Mat<A>> out(f.out.data<A>(), s_q * h_q, d_v), lse(f.lse.data<A>(), s_q, h_q),
@@ -95,17 +98,12 @@ template <class A>
 SparseMlaGrads unsplit_backward(const SparseMlaInputs& in, const Tensor& dout, const Tensor* given_out) {
   const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d_qk = in.q.size(2), d_v = in.d_v;
   const int64_t s_kv = in.kv.size(0);
-  auto mat = [](const Tensor& t, int64_t rows, int64_t cols) {
-    Mat<A> m(rows, cols);
-    for (int64_t i = 0; i < rows * cols; ++i) m.data()[i] = static_cast<A>(t.get(i));
-    return m;
-  };
-  const Mat<A> Q = mat(in.q, s_q * h_q, d_qk), KV = mat(in.kv, s_kv, d_qk);
-  const Mat<A> dO = mat(dout, s_q * h_q, d_v);
+  const Mat<A> Q = mat_of<A>(in.q, s_q * h_q, d_qk), KV = mat_of<A>(in.kv, s_kv, d_qk);
+  const Mat<A> dO = mat_of<A>(dout, s_q * h_q, d_v);
   Mat<A> Og;
-  if (given_out) Og = mat(*given_out, s_q * h_q, d_v);
+  if (given_out) Og = mat_of<A>(*given_out, s_q * h_q, d_v);
   Vec<A> sink;
-  if (in.attn_sink) sink = mat(*in.attn_sink, h_q, 1);
+  if (in.attn_sink) sink = mat_of<A>(*in.attn_sink, h_q, 1);
   const A sm = static_cast<A>(in.sm_scale);
   const DType dt = sizeof(A) == 8 ? DType::F64 : DType::F32;
   SparseMlaGrads g{Tensor(dt, {s_q, h_q, d_qk}), Tensor(dt, {s_kv, d_qk}), std::nullopt};
