@@ -6,6 +6,7 @@
 
 #include "dsa/contract/parallel.h"
 #include "internal.h"
+#include "value_limits.h"
 
 namespace dsa::reference {
 namespace {
@@ -31,8 +32,8 @@ KlDims validate(const IndexerKlInputs& in) {
   detail::check_same_last_dim(where, "q", in.q, "kv", in.kv, "d_qk");
   check_shape(where, "kv", in.kv, {d.s_kv, d.d_qk});
   detail::check_activation_dtype(where, "kv", in.kv);
-  check_arg(std::isfinite(in.sm_scale), where, "sm_scale", str(in.sm_scale), "a finite value");
-  check_arg(std::isfinite(in.coeff), where, "coeff", str(in.coeff), "a finite value");
+  check_arg(detail::fits_fp32(in.sm_scale), where, "sm_scale", str(in.sm_scale), detail::fp32_limit_text());
+  check_arg(detail::fits_fp32(in.coeff), where, "coeff", str(in.coeff), detail::fp32_limit_text());
   detail::check_windows(where, in.windows, d.s_q, d.s_kv);
   if (in.mode == KlMode::Sparse) {
     check_arg(in.indices.has_value(), where, "indices", "none",
@@ -73,6 +74,84 @@ void key_set(const IndexerKlInputs& in, const KlDims& d, int64_t t, std::vector<
       S.push_back(row[j]);
   std::sort(S.begin(), S.end());
   S.erase(std::unique(S.begin(), S.end()), S.end());
+}
+
+/// Values the loss reads (SPEC §6: no valid input may produce NaN; §7; §9 fp32 accumulation).
+/// Over each row's candidate keys (its window's keys, or its valid selected ids inside the
+/// window) a score is -inf (not in S_t) or finite within FLT_MAX: +inf and NaN have no softmax
+/// and no valid §2 indexer returns them (its fp32 scores are finite inside the window). The
+/// finite scores of a row span at most FLT_MAX (the student's I - max is formed in fp32). The
+/// q rows of rows with keys and the kv rows of every S_t are finite, and each teacher logit's
+/// terms, max(1, |sm_scale|) · Σ_d |q_d · kv_d|, stay within FLT_MAX (P in fp32, any order).
+/// Throws std::invalid_argument naming the argument, the element and the limit.
+void check_values(const IndexerKlInputs& in, const KlDims& d) {
+  const char* where = "indexer_kl_loss";
+  const std::string limit = detail::fp32_limit_text();
+  std::vector<char> kv_read(static_cast<size_t>(d.s_kv), 0);
+  std::vector<std::vector<int32_t>> sets(static_cast<size_t>(d.s_q));
+  for (int64_t t = 0; t < d.s_q; ++t) {
+    std::vector<int32_t> keys;  // candidate keys of row t: S_t before the -inf rule
+    const int64_t ks = in.windows.ks[t], ke = in.windows.ke[t];
+    if (in.mode == KlMode::Dense) {
+      for (int64_t s = ks; s < ke; ++s) keys.push_back(static_cast<int32_t>(s));
+    } else {
+      const int32_t* row = in.indices->data<int32_t>() + t * d.k;
+      for (int64_t j = 0; j < d.k; ++j)
+        if (row[j] >= 0 && row[j] < d.s_kv && in.windows.contains(t, row[j])) keys.push_back(row[j]);
+    }
+    double lo = detail::kFp32Max, hi = -detail::kFp32Max;
+    auto& S = sets[static_cast<size_t>(t)];
+    for (int32_t s : keys) {
+      const double v = in.scores.get(t * d.s_kv + s);
+      if (std::isinf(v) && v < 0) continue;  // not in S_t (SPEC §7)
+      check_arg(detail::fits_fp32(v), where, "scores",
+                str(v) + " at [" + std::to_string(t) + ", " + std::to_string(s) + "] (a key of row " +
+                    std::to_string(t) + (in.mode == KlMode::Dense ? "'s window" : "'s selected ids") + ")",
+                limit + ", or -inf for a key outside S_t (SPEC §7: +inf and NaN have no softmax; "
+                        "a §2 indexer's fp32 scores are finite inside the window)");
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+      S.push_back(s);
+    }
+    if (S.empty()) continue;
+    check_arg(hi - lo <= detail::kFp32Max, where, "scores",
+              "row " + std::to_string(t) + " spanning [" + str(lo) + ", " + str(hi) + "] over S_t",
+              "finite scores of one row within FLT_MAX = 3.40282e+38 of each other (the student's "
+              "log-softmax forms I - max in fp32, SPEC §7/§9)");
+    detail::check_range_values(where, "q", in.q, t * d.h_q * d.d_qk, (t + 1) * d.h_q * d.d_qk,
+                               "row " + std::to_string(t) + " has keys in S_t, SPEC §6");
+    for (int32_t s : S) kv_read[static_cast<size_t>(s)] = 1;
+  }
+  std::vector<double> kvmax(static_cast<size_t>(d.s_kv), 0.0);
+  for (int64_t s = 0; s < d.s_kv; ++s) {
+    if (!kv_read[static_cast<size_t>(s)]) continue;  // never read: may hold anything
+    detail::check_range_values(where, "kv", in.kv, s * d.d_qk, (s + 1) * d.d_qk,
+                               "key " + std::to_string(s) + " is in some S_t, SPEC §6");
+    for (int64_t c = 0; c < d.d_qk; ++c)
+      kvmax[static_cast<size_t>(s)] = std::max(kvmax[static_cast<size_t>(s)], std::abs(in.kv.get(s * d.d_qk + c)));
+  }
+  // Teacher logits: a cheap bound d_qk · max|q| · max|kv| first; the exact Σ|terms| only
+  // for rows that bound does not clear.
+  const double scale = std::max(1.0, std::abs(in.sm_scale));
+  for (int64_t t = 0; t < d.s_q; ++t) {
+    const auto& S = sets[static_cast<size_t>(t)];
+    if (S.empty()) continue;
+    double qm = 0, km = 0;
+    for (int64_t i = t * d.h_q * d.d_qk; i < (t + 1) * d.h_q * d.d_qk; ++i) qm = std::max(qm, std::abs(in.q.get(i)));
+    for (int32_t s : S) km = std::max(km, kvmax[static_cast<size_t>(s)]);
+    if (scale * static_cast<double>(d.d_qk) * qm * km <= detail::kFp32Max) continue;
+    for (int64_t h = 0; h < d.h_q; ++h)
+      for (int32_t s : S) {
+        double terms = 0;
+        for (int64_t c = 0; c < d.d_qk; ++c)
+          terms += std::abs(in.q.get((t * d.h_q + h) * d.d_qk + c) * in.kv.get(s * d.d_qk + c));
+        check_arg(scale * terms <= detail::kFp32Max, where, "q",
+                  "row " + std::to_string(t) + " head " + std::to_string(h) + " against kv row " +
+                      std::to_string(s) + ": max(1, |sm_scale|) · Σ_d |q_d · kv_d| = " + str(scale * terms),
+                  "at most FLT_MAX = 3.40282e+38 (the teacher logit P = sm_scale · q · kv is "
+                  "accumulated in fp32, SPEC §7/§9; scale q, kv or sm_scale down)");
+      }
+  }
 }
 
 template <class A>
@@ -139,7 +218,13 @@ IndexerKlResult compute(const IndexerKlInputs& in, const KlDims& d) {
 
 IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in, Precision precision) {
   const KlDims d = validate(in);
-  return precision == Precision::Reference ? compute<double>(in, d) : compute<float>(in, d);
+  check_values(in, d);
+  if (precision != Precision::Reference) return compute<float>(in, d);
+  IndexerKlResult r = compute<double>(in, d);
+  // Inputs the checks above let through never reach these (a guard, e.g. a huge coeff).
+  detail::check_result_values("indexer_kl_loss", "scores, q, kv, coeff", "loss", r.loss);
+  detail::check_result_values("indexer_kl_loss", "scores, q, kv, coeff", "d_scores", r.d_scores);
+  return r;
 }
 
 }  // namespace dsa::reference

@@ -138,5 +138,67 @@ TEST(KlLossTest, BaselineIsCloseToReferenceButComputedInFloat) {
   EXPECT_FALSE(test::identical(b.d_scores.to(DType::F64), r.d_scores));
 }
 
+
+// SPEC §6 (no valid input produces NaN), §7 (-inf marks a key outside S_t), §9 (fp32 kernels):
+// values no fp32 kernel can compute are input errors naming the argument, on both precisions
+// (fresh-user finding F15: a +inf score inside the window made the reference NaN, and a NaN
+// candidate agreed). Values the loss never reads may hold anything; values just inside the
+// limits are computed.
+TEST(KlLossTest, ValuesNoFp32KernelCanComputeAreInputErrorsNamingTheArgument) {
+  const double big = static_cast<double>(std::numeric_limits<float>::max());
+  for (KlMode mode : {KlMode::Dense, KlMode::Sparse}) {
+    SCOPED_TRACE(to_string(mode));
+    IndexerKlInputs ok = hand_inputs();
+    ok.mode = mode;
+    ok.indices = Tensor::from_i32({2, 2}, {0, 1, 2, -1});  // row 0: S_0 = {0, 1}
+    const IndexerKlResult hand = indexer_kl_loss(ok);
+    auto with_score = [&](int64_t i, double v) {
+      IndexerKlInputs in = ok;
+      in.scores = ok.scores.to(DType::F64);
+      in.scores.set(i, v);
+      return in;
+    };
+    for (Precision p : {Precision::Reference, Precision::Baseline})
+      for (double v : {test::kInf, test::kNaN, 2 * big, -2 * big}) {
+        const IndexerKlInputs in = with_score(1, v);  // row 0, key 1: in S_0
+        EXPECT_TRUE(test::throws_naming([&] { indexer_kl_loss(in, p); }, "scores")) << v;
+      }
+    // One row's finite scores spanning more than FLT_MAX (I - max overflows fp32); at FLT_MAX
+    // apart they are computed.
+    IndexerKlInputs span = with_score(0, -big);
+    span.scores.set(1, big);
+    EXPECT_TRUE(test::throws_naming([&] { indexer_kl_loss(span); }, "scores"));
+    span.scores.set(0, 0.0);
+    EXPECT_NO_THROW(indexer_kl_loss(span));
+    // Keys outside row 0's window and the empty row 1 are never read: anything goes there.
+    for (double v : {test::kInf, test::kNaN}) {
+      IndexerKlInputs in = with_score(2, v);
+      in.scores.set(4, v);
+      const IndexerKlResult r = indexer_kl_loss(in);
+      EXPECT_TRUE(test::identical(r.loss, hand.loss));
+      in.q = ok.q.to(DType::F64);
+      in.q.set(2, v);  // q row 1: its window is empty
+      in.kv = ok.kv.to(DType::F64);
+      in.kv.set(2, v);  // kv row 2: in no S_t
+      EXPECT_TRUE(test::identical(indexer_kl_loss(in).loss, hand.loss));
+      in.q.set(0, v);  // q row 0 is read
+      EXPECT_TRUE(test::throws_naming([&] { indexer_kl_loss(in); }, "q"));
+      in.q = ok.q;
+      in.kv.set(1, v);  // kv row 1 is in S_0
+      EXPECT_TRUE(test::throws_naming([&] { indexer_kl_loss(in); }, "kv"));
+    }
+    // Teacher logits past fp32's range (1e20 · 1e19): an fp32 P overflows; 1e19 · 1e19 fits.
+    IndexerKlInputs logit = ok;
+    logit.q = Tensor::from_f64({2, 2, 1}, {1e20, 0, 1, 0});
+    logit.kv = Tensor::from_f64({3, 1}, {1e19, 1, 9});
+    EXPECT_TRUE(test::throws_naming([&] { indexer_kl_loss(logit); }, "q"));
+    logit.q.set(0, 1e19);
+    EXPECT_NO_THROW(indexer_kl_loss(logit));
+    IndexerKlInputs coeff = ok;
+    coeff.coeff = 2 * big;
+    EXPECT_TRUE(test::throws_naming([&] { indexer_kl_loss(coeff); }, "coeff"));
+  }
+}
+
 }  // namespace
 }  // namespace dsa

@@ -1,0 +1,86 @@
+// Values no correct fp32 kernel can compute are input errors on every route (exit 2 naming the
+// argument and the limit), never a judged case: SPEC §6 (no valid input may produce NaN), §7
+// (-inf marks a key outside S_t; +inf has no softmax), §2/§9 (fp32 scores, fp32 accumulation).
+// Fresh-user findings F15 (a +inf KL score: the reference returned NaN and a NaN candidate
+// agreed) and F5 (indexer scores past FLT_MAX: no fp32 kernel could pass). Files are written
+// here from the shipped golden fixtures. Label golden; about 5 s (each CLI run about 0.3 s).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dsa/fixtures/fixture.h"
+#include "route_test_util.h"
+
+namespace dsa::cli {
+namespace {
+
+using test::Scratch;
+using test::golden;
+using test::lines_with;
+using test::run_cli_capture;
+
+/// Every route that judges a fixture stops with exit 2 and a line holding all `words`, and
+/// prints no AGREE: compare (the file's own expected.* as the candidate), replay, fixtures check.
+void expect_input_error_on_every_route(const std::string& path, const std::vector<std::string>& words) {
+  for (const std::string& cmd : {"compare --golden " + path + " --candidate " + path,
+                                 "replay " + path + " --candidate " + path,
+                                 "fixtures check " + path}) {
+    std::string out;
+    EXPECT_EQ(run_cli_capture(cmd, &out), 2) << cmd << "\n" << out;
+    EXPECT_FALSE(lines_with(out, words).empty()) << cmd << "\n" << out;
+    EXPECT_TRUE(lines_with(out, {" AGREE"}).empty()) << cmd << "\n" << out;
+  }
+}
+
+// F15: +inf or NaN scores on a key of a row's window (dense) or selected ids (sparse), stored
+// beside NaN outputs (what the float64 reference returned before): an input error naming
+// 'scores'. The same value outside every window is never read, and the golden still agrees.
+TEST(ValueLimits, KlScoreThatIsNotFiniteOnAKeyOfTheRowIsAnInputErrorOnEveryRoute) {
+  Scratch dir("kl_scores");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (const char* name : {"kl_dense_causal", "kl_sparse_causal"}) {
+    for (double v : {std::numeric_limits<double>::infinity(), nan}) {
+      SCOPED_TRACE(std::string(name) + " " + std::to_string(v));
+      fixtures::Fixture f = fixtures::load_fixture(golden(name));
+      Tensor& scores = f.inputs.at("scores");
+      const int64_t s_kv = scores.size(1);
+      // Row 5's first key that the loss reads: its window start (dense) or its first valid
+      // selected id inside the window (sparse).
+      const int64_t t = 5, ks = f.inputs.at("ks").get(t), ke = f.inputs.at("ke").get(t);
+      int64_t s = ks;
+      if (f.inputs.count("indices")) {
+        const Tensor& ids = f.inputs.at("indices");
+        for (int64_t j = ids.size(1) - 1; j >= 0; --j) {
+          const int64_t id = static_cast<int64_t>(ids.get(t * ids.size(1) + j));
+          if (id >= ks && id < ke && !std::isinf(scores.get(t * s_kv + id))) s = id;
+        }
+      }
+      ASSERT_LT(s, ke);
+      ASSERT_TRUE(std::isfinite(scores.get(t * s_kv + s)));
+      scores.set(t * s_kv + s, v);
+      f.expected.at("loss").set(0, nan);
+      for (int64_t c = 0; c < s_kv; ++c) f.expected.at("d_scores").set(t * s_kv + c, nan);
+      const std::string path = dir.file(std::string(name) + (std::isnan(v) ? "_nan" : "_posinf") + ".safetensors");
+      fixtures::save_fixture(path, f);
+      expect_input_error_on_every_route(
+          path, {path + ": indexer_kl_loss inputs: argument 'scores' got", "at [5, " + std::to_string(s) + "]",
+                 "or -inf for a key outside S_t (SPEC §7"});
+    }
+    // Outside every window (row 0's last key, past its causal window): never read.
+    fixtures::Fixture f = fixtures::load_fixture(golden(name));
+    Tensor& scores = f.inputs.at("scores");
+    const int64_t s_kv = scores.size(1);
+    ASSERT_LT(f.inputs.at("ke").get(0), s_kv);
+    scores.set(s_kv - 1, std::numeric_limits<double>::infinity());
+    const std::string path = dir.file(std::string(name) + "_outside.safetensors");
+    fixtures::save_fixture(path, f);
+    std::string out;
+    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + path, &out), 0) << out;
+  }
+}
+
+}  // namespace
+}  // namespace dsa::cli
