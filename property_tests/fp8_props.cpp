@@ -2,8 +2,11 @@
 // scales rejected), paged FP8 indexer (ratio rule with poisoned unread table entries, MTP
 // windows exact at ke, bad tables rejected), sparse MLA over the FP8 cache (ratio rule with
 // poisoned unread tokens, empty rows).
+// A rejection is the documented argument error only (assert_rejected), never a crash, a hang
+// or a write past a buffer.
 #include <cmath>
 #include <filesystem>
+#include <stdexcept>
 
 #include "dsa/fixtures/fp8_fixture.h"
 #include "dsa/oracle/fp8_check.h"
@@ -49,19 +52,40 @@ oracle::OpCase op_case(const SparseMlaFp8Inputs& in) {
   return c;
 }
 
-// Runs `call`; true when the backend rejected the input with an error (NotSupported
-// propagates as a skip).
+// Runs `call`, which must end in the rejection the backend's interface documents
+// (oracle::CallFailure::ArgumentError: std::invalid_argument or c10::ValueError in C++,
+// DSA_STATUS_INVALID_ARGUMENT from a plugin, ValueError from Python), promptly and without
+// writing outside its buffers. Anything else fails the draw, saying what happened: a result
+// ("accepted"), a crash, a hang (an isolated call killed at its timeout), a write past a buffer
+// (the plugin route's guard zones; also with DSA_STATUS_INVALID_ARGUMENT), another error. A
+// decline (NotSupported) stays a decline; a route that refused the input itself, before the
+// kernel ran (RejectedByRoute), makes the draw a decline too: the kernel was not judged.
+// `bad` names the bad input; `where` is the draw.
 template <class Call>
-bool rejected(Call call, std::string& message) {
+void assert_rejected(Backend& b, Call call, const std::string& bad, const std::string& where) {
+  std::string fault;
   try {
     call();
+    fault = "accepted " + bad + ": returned a result instead of an argument error";
   } catch (const oracle::NotSupported&) {
     throw;
   } catch (const std::exception& e) {
-    message = e.what();
-    return true;
+    const oracle::CallFailure how = b.classify_failure(e);
+    const std::string msg = e.what();
+    switch (how) {
+      case oracle::CallFailure::ArgumentError: return;
+      case oracle::CallFailure::RejectedByRoute:
+        throw oracle::NotSupported("not applicable on this route: the kernel was not called (the route "
+                                   "refused " + bad + " itself: " + msg.substr(0, 200) + ")");
+      case oracle::CallFailure::Crashed: fault = "crashed on " + bad; break;
+      case oracle::CallFailure::TimedOut: fault = "hung on " + bad + " (killed at its timeout)"; break;
+      case oracle::CallFailure::MemoryViolation: fault = "wrote outside its buffers on " + bad; break;
+      case oracle::CallFailure::OtherError: fault = "failed with another error on " + bad; break;
+    }
+    fault += " instead of rejecting it with the documented argument error (std::invalid_argument, "
+             "DSA_STATUS_INVALID_ARGUMENT, Python ValueError): " + msg;
   }
-  return false;
+  RC_FAIL("[FAIL] " + b.name() + ": " + fault + " (" + where + ")");
 }
 
 // ---- FP8 indexer --------------------------------------------------------------------------
@@ -92,10 +116,10 @@ void fp8_indexer_exact_tier(Backend& b, const BlockFactory&) {
 void fp8_invalid_scale_rejected(Backend& b, const BlockFactory&) {
   const Fp8IndexerCase c = draw_fp8_indexer_case("bad_scale");
   DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
-  std::string msg;
-  if (!rejected([&] { b.fp8_indexer_scores(c.in); }, msg))
-    RC_FAIL("accepted k_scale[" + std::to_string(c.bad_key) + "] = " +
-            std::to_string(c.in.k_scale.get(c.bad_key)) + " of a key inside a window (" + c.desc + ")");
+  assert_rejected(b, [&] { b.fp8_indexer_scores(c.in); },
+                  "k_scale[" + std::to_string(c.bad_key) + "] = " + std::to_string(c.in.k_scale.get(c.bad_key)) +
+                      " of a key inside a window",
+                  c.desc);
 }
 
 // ---- paged FP8 indexer --------------------------------------------------------------------
@@ -127,10 +151,14 @@ void paged_mtp_window_exact_at_ke(Backend& b, const BlockFactory&) {
 void paged_bad_table_rejected(Backend& b, const BlockFactory&) {
   const PagedIndexerCase c = draw_paged_indexer_case("bad_table");
   DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
-  std::string msg;
-  RC_ASSERT(rejected([&] { reference::paged_indexer_scores(c.in); }, msg));  // the case is bad
-  if (!rejected([&] { b.paged_indexer_scores(c.in); }, msg))
-    RC_FAIL("accepted a bad block table / context length (" + c.desc + ")");
+  bool bad = false;
+  try {
+    reference::paged_indexer_scores(c.in);
+  } catch (const std::invalid_argument&) {
+    bad = true;
+  }
+  RC_ASSERT(bad);  // the case is bad
+  assert_rejected(b, [&] { b.paged_indexer_scores(c.in); }, "a bad block table / context length", c.desc);
 }
 
 // ---- sparse MLA over the FP8 cache --------------------------------------------------------

@@ -32,6 +32,14 @@ class LibtorchBackend final : public oracle::Backend {
   // CPU kernels are deterministic; on CUDA dkv's index_add_ uses atomics (order varies).
   bool deterministic() const override { return !cuda_; }
   bool supports(Op) const override { return true; }
+  // The op library's argument error for bad values (a read scale, a table entry, a context
+  // length; SPEC §10) is c10::ValueError (optimized/fp8.h); the contract's std::invalid_argument
+  // (tensor conversion) too. Another c10::Error (an ATen failure) is not a rejection.
+  oracle::CallFailure classify_failure(const std::exception& e) const override {
+    if (dynamic_cast<const c10::ValueError*>(&e) || dynamic_cast<const std::invalid_argument*>(&e))
+      return oracle::CallFailure::ArgumentError;
+    return oracle::CallFailure::OtherError;
+  }
 
   Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
                         const KeyWindows& windows) override {

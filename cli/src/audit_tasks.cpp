@@ -72,6 +72,7 @@ class SelectedOpsBackend final : public oracle::Backend {
   bool supports(oracle::Op op) const override { return inner_.supports(op) && runs(op); }
   std::optional<std::set<std::string>> provided_outputs() const override { return inner_.provided_outputs(); }
   bool fp8_reduced_accumulation() const override { return inner_.fp8_reduced_accumulation(); }
+  oracle::CallFailure classify_failure(const std::exception& e) const override { return inner_.classify_failure(e); }
   Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
     need(oracle::Op::IndexerScores);
     return inner_.indexer_scores(q, k, w, win);

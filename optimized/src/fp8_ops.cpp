@@ -61,8 +61,8 @@ void check_read_scales(const char* op, const char* arg, const at::Tensor& scales
   if (!bad.any().item<bool>()) return;
   const int64_t i = bad.reshape({-1}).nonzero().index({0, 0}).item<int64_t>();
   const double v = scales.reshape({-1}).index({i}).item<double>();
-  TORCH_CHECK(false, op, ": argument '", arg, "' got ", where(i), " = ", v,
-              ", expected a positive finite fp32 scale for every key that is read (SPEC §10)");
+  TORCH_CHECK_VALUE(false, op, ": argument '", arg, "' got ", where(i), " = ", v,
+                    ", expected a positive finite fp32 scale for every key that is read (SPEC §10)");
 }
 
 }  // namespace
@@ -134,18 +134,18 @@ at::Tensor paged_indexer_scores(const at::Tensor& q_idx, const at::Tensor& k_cac
   const auto T = table_h.accessor<int64_t, 2>();
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(L[b] >= 0 && L[b] <= MB * BS, op, ": argument 'context_lens' got context_lens[", b,
-                "] = ", L[b], ", expected 0 <= context_lens[b] <= block_table.size(1) * block_size = ",
-                MB * BS);
+    TORCH_CHECK_VALUE(L[b] >= 0 && L[b] <= MB * BS, op, ": argument 'context_lens' got context_lens[", b,
+                      "] = ", L[b], ", expected 0 <= context_lens[b] <= block_table.size(1) * block_size = ",
+                      MB * BS);
     for (int64_t i = 0; i < (L[b] + BS - 1) / BS; ++i)
-      TORCH_CHECK(T[b][i] >= 0 && T[b][i] < NB, op, ": argument 'block_table' got block_table[", b,
-                  ", ", i, "] = ", T[b][i], " (read for context_lens[", b, "] = ", L[b],
-                  "), expected a block id in [0, ", NB, ")");
+      TORCH_CHECK_VALUE(T[b][i] >= 0 && T[b][i] < NB, op, ": argument 'block_table' got block_table[", b,
+                        ", ", i, "] = ", T[b][i], " (read for context_lens[", b, "] = ", L[b],
+                        "), expected a block id in [0, ", NB, ")");
     longest = std::max(longest, L[b]);
   }
   const int64_t P = max_context < 0 ? longest : max_context;
-  TORCH_CHECK(P >= longest, op, ": argument 'max_context' got ", max_context,
-              ", expected >= the largest context length ", longest);
+  TORCH_CHECK_VALUE(P >= longest, op, ": argument 'max_context' got ", max_context,
+                    ", expected >= the largest context length ", longest);
   const auto lopt = at::TensorOptions().dtype(at::kLong).device(q_idx.device());
   const at::Tensor p = at::arange(P, lopt);                                  // [P]
   const at::Tensor lens = context_lens.to(at::kLong);                         // [B]
@@ -218,9 +218,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fp8_fwd(
   if (bad.any().item<bool>()) {
     const at::Tensor first = bad.nonzero().index({0});
     const int64_t r = first.index({0}).item<int64_t>(), tile = first.index({1}).item<int64_t>();
-    TORCH_CHECK(false, op, ": argument 'kv_cache' got token row ", used.index({r}).item<int64_t>(),
-                " tile ", tile, " scale ", scales.index({r, tile}).item<double>(),
-                ", expected a positive finite fp32 scale in every tile a valid slot reads (SPEC §10)");
+    TORCH_CHECK_VALUE(false, op, ": argument 'kv_cache' got token row ", used.index({r}).item<int64_t>(),
+                      " tile ", tile, " scale ", scales.index({r, tile}).item<double>(),
+                      ", expected a positive finite fp32 scale in every tile a valid slot reads (SPEC §10)");
   }
   // Dequantize (FlashMLA: fp8 · tile scale, converted to the MMA dtype; RoPE stays bf16).
   const at::Tensor nope = decode(rows.slice(1, 0, kMlaFp8NopeDim).contiguous(), Fp8Format::E4M3FN)

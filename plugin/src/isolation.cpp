@@ -229,7 +229,7 @@ bool write_all(int fd, const std::string& buf) {
   } catch (const PluginCallError& e) {
     buf = serialize_exception(ThrownKind::PluginCallError, e.status(), e.what());
   } catch (const IsolatedFailure& e) {
-    buf = serialize_exception(ThrownKind::IsolatedFailure, 0, e.what());
+    buf = serialize_exception(ThrownKind::IsolatedFailure, e.timed_out() ? 1 : 0, e.what());
   } catch (const std::invalid_argument& e) {
     buf = serialize_exception(ThrownKind::InvalidArgument, 0, e.what());
   } catch (const std::exception& e) {
@@ -435,7 +435,7 @@ void rethrow_in_parent(const IsolatedResult& r, const std::string& context) {
     case IsolatedStatus::Crashed:
     case IsolatedStatus::TimedOut:
     case IsolatedStatus::Interrupted:
-      throw IsolatedFailure(context + ": " + r.message);
+      throw IsolatedFailure(context + ": " + r.message, r.status == IsolatedStatus::TimedOut);
     case IsolatedStatus::Threw:
       break;
   }
@@ -444,7 +444,7 @@ void rethrow_in_parent(const IsolatedResult& r, const std::string& context) {
     case ThrownKind::PluginLoadError: throw PluginLoadError(r.message);
     case ThrownKind::ContractViolation: throw ContractViolation(r.message);
     case ThrownKind::PluginCallError: throw PluginCallError(r.message, r.call_status);
-    case ThrownKind::IsolatedFailure: throw IsolatedFailure(r.message);
+    case ThrownKind::IsolatedFailure: throw IsolatedFailure(r.message, r.call_status != 0);
     case ThrownKind::InvalidArgument: throw std::invalid_argument(r.message);
     case ThrownKind::Other: throw std::runtime_error(r.message);
   }

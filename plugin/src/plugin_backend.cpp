@@ -921,6 +921,17 @@ bool PluginBackend::fp8_reduced_accumulation() const {
   return (impl_->info.fp8_caps & DSA_FP8_REDUCED_ACCUMULATION) != 0;
 }
 
+dsa::oracle::CallFailure PluginBackend::classify_failure(const std::exception& e) const {
+  using dsa::oracle::CallFailure;
+  if (dynamic_cast<const ContractViolation*>(&e)) return CallFailure::MemoryViolation;
+  if (const auto* f = dynamic_cast<const IsolatedFailure*>(&e))
+    return f->timed_out() ? CallFailure::TimedOut : CallFailure::Crashed;
+  if (const auto* c = dynamic_cast<const PluginCallError*>(&e))
+    return c->status() == DSA_STATUS_INVALID_ARGUMENT ? CallFailure::ArgumentError : CallFailure::OtherError;
+  if (dynamic_cast<const std::invalid_argument*>(&e)) return CallFailure::RejectedByRoute;
+  return CallFailure::OtherError;
+}
+
 Tensor PluginBackend::fp8_indexer_scores(const Fp8IndexerInputs& in) {
   const char* op = "fp8_indexer_scores";
   Impl& I = *impl_;
@@ -960,18 +971,36 @@ Tensor PluginBackend::paged_indexer_scores(const PagedIndexerInputs& in) {
   const char* op = "paged_indexer_scores";
   Impl& I = *impl_;
   I.require_op(DSA_OP_PAGED_INDEXER_SCORES, op);
-  // Structure only (shapes, dtypes, table entries a context reads: they address memory); the
-  // scale values go to the plugin as given, which must reject invalid read scales itself.
+  // Structure (shapes, dtypes): the reference validates a copy with empty contexts, so no
+  // table entry or scale is read. The scale values go to the plugin as given, which must
+  // reject invalid read scales itself. Table entries a context reads and context lengths
+  // address memory: in this process the loader rejects bad ones itself; isolated they go to
+  // the plugin as given (a read outside the cache can only crash the child), which must
+  // reject them with DSA_STATUS_INVALID_ARGUMENT (SPEC §10; paged.bad_table_rejected).
   PagedIndexerInputs shape_only = in;
+  if (in.context_lens.dtype() == DType::I32 && in.context_lens.dim() == 1) {
+    shape_only.context_lens = Tensor(DType::I32, in.context_lens.shape());
+    for (int64_t b = 0; b < shape_only.context_lens.numel(); ++b) shape_only.context_lens.data<int32_t>()[b] = 0;
+  }
   if (in.k_scale_cache.dtype() == DType::F32) {
     shape_only.k_scale_cache = Tensor(DType::F32, in.k_scale_cache.shape());
     for (int64_t i = 0; i < shape_only.k_scale_cache.numel(); ++i)
       shape_only.k_scale_cache.data<float>()[i] = 1.0f;
   }
   const reference::PagedGather g = reference::gather_paged_indexer(shape_only);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < in.context_lens.numel(); ++b)
+    longest = std::max<int64_t>(longest, in.context_lens.data<int32_t>()[b]);
+  check_arg(in.max_context < 0 || in.max_context >= longest, op, "max_context", str(in.max_context),
+            ">= every context length (" + str(longest) + ")");
+  if (!I.options.isolate) {
+    PagedIndexerInputs table_only = shape_only;
+    table_only.context_lens = in.context_lens;
+    reference::gather_paged_indexer(table_only);  // std::invalid_argument naming the entry
+  }
   const int32_t fmt = fp8_format_code(I, op, in.format);
   I.require_aux_dtype(op, "w", in.w);
-  const int64_t rows = g.windows.s_q(), width = g.max_context;
+  const int64_t rows = g.windows.s_q(), width = in.max_context < 0 ? longest : in.max_context;
   const DType odt = Impl::out_dtype(I.info.caps.outputs.index_scores, DType::F32);
   auto fn = I.lib.table->paged_indexer_scores;
   auto res = I.run(op, [&]() {

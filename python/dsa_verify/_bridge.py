@@ -184,7 +184,9 @@ class Bridge:
                           f"({', '.join(provided)}) or a dict by output name")
 
     def call(self, op, tensors, scalars, names):
-        """Runs backend.<op>; returns ("ok", {name: capsule}) | ("not_supported", why) | ("error", text)."""
+        """Runs backend.<op>; returns ("ok", {name: capsule}) | ("not_supported", why) |
+        ("invalid_argument", text) (the kernel raised ValueError: its documented rejection of bad
+        input, SPEC §10) | ("error", text)."""
         try:
             kw = self._to_torch(tensors)
             why = self._check_supported(op, kw, scalars)
@@ -192,7 +194,10 @@ class Bridge:
                 return ("not_supported", why)
             if op == "sparse_mla_bwd":
                 kw["out"], kw["lse"] = self._own_forward(kw, scalars)
-            result = getattr(self.backend, op)(**kw, **scalars)
+            try:
+                result = getattr(self.backend, op)(**kw, **scalars)
+            except ValueError:
+                return ("invalid_argument", "raised\n" + traceback.format_exc().rstrip())
             named = self._named(op, result, names)
             caps = {}
             for n in self._provided(op, names):

@@ -116,6 +116,8 @@ std::map<std::string, Tensor> call(const py::object& bridge, const std::string& 
   const std::string status = res[0].cast<std::string>();
   const std::string where = "python backend '" + backend_name + "': " + op_name;
   if (status == "not_supported") throw oracle::NotSupported(res[1].cast<std::string>());
+  // ValueError: the kernel's documented rejection of bad input (CallFailure::ArgumentError).
+  if (status == "invalid_argument") throw std::invalid_argument(where + ": " + res[1].cast<std::string>());
   if (status != "ok") throw std::runtime_error(where + ": " + res[1].cast<std::string>());
 
   for (size_t i = 0; i < handed.size(); ++i) {

@@ -199,6 +199,22 @@ class Fp8AbsScale(Fp8Only):
         return super().fp8_indexer_scores(q_idx, k_idx, scale, w, ks, ke, fp8_format)
 
 
+class PagedIndexesPastCache(Fp8Only):
+    """Indexes the cache through every table entry a context reads without a check: a bad entry
+    raises torch's IndexError, not the documented rejection (ValueError; fresh-user F3)."""
+    name = "paged-indexes-past-cache"
+
+    def paged_indexer_scores(self, q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
+                             max_context, fp8_format):
+        for b in range(block_table.shape[0]):
+            n = (int(context_lens[b]) + block_size - 1) // block_size
+            ids = [int(block_table[b, i]) if i < block_table.shape[1] else -1 for i in range(n)]
+            if any(i < 0 or i >= k_cache.shape[0] for i in ids):  # what k_cache[...] of such an id raises
+                raise IndexError(f"index {ids} is out of bounds for dimension 0 with size {k_cache.shape[0]}")
+        return super().paged_indexer_scores(q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
+                                            max_context, fp8_format)
+
+
 class RecordsPagedCalls(Fp8Only):
     """Records what each paged_indexer_scores call receives (block_table, context_lens, k_cache
     blocks, whether a scale is NaN), then computes correctly."""

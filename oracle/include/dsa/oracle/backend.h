@@ -35,6 +35,32 @@ class NotSupported : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// How a backend op call that threw ended, as the route that made the call tells it. The
+/// properties that require a rejection of bad input (SPEC §10: fp8.invalid_scale_rejected,
+/// paged.bad_table_rejected, ...) accept only ArgumentError.
+enum class CallFailure {
+  ArgumentError,    ///< the kernel's documented argument error: std::invalid_argument (C++),
+                    ///< DSA_STATUS_INVALID_ARGUMENT (plugin ABI), ValueError (Python backend)
+  RejectedByRoute,  ///< the route's own input check refused the call; the kernel never ran
+  Crashed,          ///< the isolated call died (signal, abort, exit without a result)
+  TimedOut,         ///< the isolated call was still running at its timeout and was killed
+  MemoryViolation,  ///< a write past a buffer (guard zone), a changed descriptor or input
+  OtherError,       ///< any other error (DSA_STATUS_INTERNAL_ERROR, another exception type)
+};
+/// "argument error", "rejected by the route", "crashed", "timed out", "memory violation",
+/// "other error".
+inline const char* to_string(CallFailure f) {
+  switch (f) {
+    case CallFailure::ArgumentError: return "argument error";
+    case CallFailure::RejectedByRoute: return "rejected by the route";
+    case CallFailure::Crashed: return "crashed";
+    case CallFailure::TimedOut: return "timed out";
+    case CallFailure::MemoryViolation: return "memory violation";
+    case CallFailure::OtherError: return "other error";
+  }
+  return "other error";
+}
+
 /// A backend computes the SPEC ops on host tensors (it copies to its device and back).
 /// Outputs use the backend's own dtypes; the oracle judges them against the reference.
 /// Every op's shapes, dtypes and rules: SPEC §2-§7 and dsa/contract/op_types.h.
@@ -81,6 +107,13 @@ class Backend {
   /// bits than fp32 between promotions (DeepSeek-V3 report §3.3: about 14). The oracle then
   /// judges the FP8 indexer ops by the table row for that accumulation, and says so.
   virtual bool fp8_reduced_accumulation() const { return false; }
+  /// What `e`, thrown by one of this backend's op calls, says about the call (CallFailure).
+  /// Default (an in-process C++ backend): std::invalid_argument is ArgumentError (the contract's
+  /// argument error, dsa/contract/errors.h), anything else OtherError. A route that wraps
+  /// another backend forwards this; a plugin route tells its status, crashes and guard zones.
+  virtual CallFailure classify_failure(const std::exception& e) const {
+    return dynamic_cast<const std::invalid_argument*>(&e) ? CallFailure::ArgumentError : CallFailure::OtherError;
+  }
 };
 
 using BackendFactory = std::function<std::unique_ptr<Backend>()>;

@@ -44,10 +44,16 @@ class PluginCallError : public PluginFinding {
 };
 
 /// The isolated child running the call crashed (signal, abort, exit) or hung past its
-/// timeout and was killed.
+/// timeout and was killed; timed_out() tells which.
 class IsolatedFailure : public PluginFinding {
  public:
-  using PluginFinding::PluginFinding;
+  explicit IsolatedFailure(const std::string& what, bool timed_out = false)
+      : PluginFinding(what), timed_out_(timed_out) {}
+  /// True when the call was killed at its timeout (hung), false when it crashed or exited.
+  bool timed_out() const { return timed_out_; }
+
+ private:
+  bool timed_out_;
 };
 
 }  // namespace dsa::plugin

@@ -43,7 +43,8 @@ struct IsolatedResult {
   int signal = 0;                ///< terminating signal when Crashed by a signal, else 0
   int exit_code = -1;            ///< child's exit code when it exited normally, else -1
   ThrownKind thrown = ThrownKind::Other;  ///< exception family when Threw
-  int call_status = 0;           ///< PluginCallError::status() when thrown is PluginCallError
+  int call_status = 0;           ///< PluginCallError::status() when thrown is PluginCallError;
+                                 ///< 1 for a timed-out nested IsolatedFailure
   std::string message;           ///< one-paragraph description; empty when Ok
   std::string output_tail;       ///< last 4 KiB the child wrote to stdout/stderr
   std::vector<Tensor> outputs;   ///< fn's result when Ok

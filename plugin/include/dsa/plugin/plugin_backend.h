@@ -91,13 +91,25 @@ class PluginBackend : public dsa::oracle::Backend {
   /// passes its out/lse; otherwise out/lse are NULL.
   SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override;
   IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override;
-  /// SPEC §10 ops (ABI 1.1). Inputs are validated like the reference (invalid_argument);
-  /// a format outside fp8_caps or a q dtype outside input_dtypes is NotSupported.
+  /// SPEC §10 ops (ABI 1.1). Structure is validated like the reference (invalid_argument);
+  /// a format outside fp8_caps or a q dtype outside input_dtypes is NotSupported. Values go
+  /// to the plugin as given (scales, ids), which must reject bad ones itself with
+  /// DSA_STATUS_INVALID_ARGUMENT.
   Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override;
+  /// Block-table entries a context reads and context lengths: isolated (the default), a bad
+  /// one goes to the plugin as given (it addresses memory only in the child, which must return
+  /// DSA_STATUS_INVALID_ARGUMENT: paged.bad_table_rejected judges the kernel); in this process
+  /// (options.isolate false) the loader rejects it itself (std::invalid_argument, classified
+  /// RejectedByRoute, so that property is a skip, not a pass).
   Tensor paged_indexer_scores(const PagedIndexerInputs& in) override;
   SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override;
   /// fp8_caps & DSA_FP8_REDUCED_ACCUMULATION.
   bool fp8_reduced_accumulation() const override;
+  /// PluginCallError with DSA_STATUS_INVALID_ARGUMENT: ArgumentError (other statuses
+  /// OtherError); IsolatedFailure: Crashed or TimedOut; ContractViolation (guard zones,
+  /// descriptors, inputs; also when it came with DSA_STATUS_INVALID_ARGUMENT): MemoryViolation;
+  /// the loader's own std::invalid_argument (the plugin was not called): RejectedByRoute.
+  dsa::oracle::CallFailure classify_failure(const std::exception& e) const override;
 
   struct Impl;
 
