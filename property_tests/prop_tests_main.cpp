@@ -184,6 +184,31 @@ TEST(Repro, FailingCaseIsDumpedAsAReplayableFixture) {
   EXPECT_FALSE(replay.passed());
 }
 
+// Only a failing execution dumps its case (fresh-user F12): draws that judged nothing (top-k
+// k = 0, discarded and redrawn) left "failing case" fixtures after a clean pass.
+TEST(Repro, APassingPropertyDumpsNothing) {
+  const Subject reference = backend_subject("reference");
+  const auto dir = std::filesystem::temp_directory_path() / "dsa_prop_clean_dump_test";
+  for (const std::string name : {"topk.contract_exact", "topk.nan_never_selected", "topk.neg_inf_to_minus_one"}) {
+    const Property* prop = nullptr;
+    for (const auto& p : all_properties())
+      if (p.name == name) prop = &p;
+    ASSERT_NE(prop, nullptr) << name;
+    for (uint64_t seed : {1u, 2u, 7u}) {
+      std::filesystem::remove_all(dir);
+      SuiteOptions o;
+      o.seed = seed;
+      o.quiet = true;
+      o.dump_dir = dir.string();
+      const PropertyResult r = run_property(reference, *prop, o);
+      EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << name << " seed " << seed << ": " << r.message;
+      EXPECT_TRUE(r.dumped.empty()) << name << " seed " << seed << ": " << r.dumped;
+      EXPECT_FALSE(std::filesystem::exists(dir)) << name << " seed " << seed << " dumped a passing case";
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 using test::last_field;
 
 // A counterexample on a long row names its fields (the generator's case log) and shrinks the

@@ -4,7 +4,8 @@
 #  - the exit code equals EXPECTED_EXIT (0 all passed, 1 failures);
 #  - the JSON report parses and its summary counts match the cases listed;
 #  - the JUnit XML validates against JUNIT_XSD (the common testsuites/testsuite/testcase form);
-#  - with failures, every failed case carries a reproduction command.
+#  - with failures, every failed case carries a reproduction command;
+#  - every file in the dump directory is the dumped fixture of a failed case.
 set -uo pipefail
 bin=$1; plugin=$2; want=$3; xsd=$4
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -32,5 +33,16 @@ if sys.argv[2] == "1":
 else:
     assert count["fail"] == 0, [c for c in cases if c["status"] == "fail"][:3]
 print("json report: %d passed, %d failed, %d skipped" % (count["pass"], count["fail"], count["skip"]))
+PY
+# Only failed cases are dumped (fresh-user F12: draws that judged nothing, k = 0, and declined
+# draws left "failing case" files after a clean pass): every file is the fixture of a failure.
+python3 - "$tmp/report.json" "$tmp/failures" <<'PY' || exit 1
+import json, os, sys
+r, d = json.load(open(sys.argv[1])), sys.argv[2]
+files = sorted(os.path.join(d, f) for f in os.listdir(d)) if os.path.isdir(d) else []
+named = {c["fixture"] for c in r["cases"] if c["status"] == "fail" and c["fixture"]}
+extra = [f for f in files if f not in named]
+assert not extra, "dumped cases of no failure: %s" % extra
+print("dumps: %d, each a failed case's" % len(files))
 PY
 xmllint --noout --schema "$xsd" "$tmp/report.xml" || exit 1

@@ -48,13 +48,33 @@ std::string take_judged_nothing() {
 }
 const std::string& dump_target() { return g_dump_target; }
 
+namespace {
+thread_local std::optional<fixtures::Fixture> g_pending_dump;
+}  // namespace
+
 DumpOnFailure::~DumpOnFailure() {
   if (g_dump_target.empty() || std::uncaught_exceptions() <= uncaught_) return;
   try {
-    std::filesystem::create_directories(std::filesystem::path(g_dump_target).parent_path());
-    fixtures::save_fixture(g_dump_target, build_());
+    // Not written yet: whether the exception is a failure, a discard or a decline is known only
+    // where run_property catches it.
+    g_pending_dump = build_();
   } catch (...) {
     // A failed dump must not mask the property failure being reported.
+  }
+}
+
+void clear_pending_dump() { g_pending_dump.reset(); }
+
+bool save_pending_dump() {
+  std::optional<fixtures::Fixture> f;
+  f.swap(g_pending_dump);
+  if (!f || g_dump_target.empty()) return false;
+  try {
+    std::filesystem::create_directories(std::filesystem::path(g_dump_target).parent_path());
+    fixtures::save_fixture(g_dump_target, *f);
+    return true;
+  } catch (...) {
+    return false;  // a failed dump must not mask the property failure being reported
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <functional>
+#include <optional>
 #include <vector>
 #include <string>
 
@@ -35,8 +36,11 @@ std::string take_judged_nothing();
 void set_dump_target(const std::string& path);
 const std::string& dump_target();
 
-/// Dumps the case (built lazily) as a fixture when the property body exits by exception
-/// (RC_ASSERT / RC_FAIL throw). During shrinking the last dump is the minimal case.
+/// Keeps the case (built lazily) as this execution's pending dump when the property body exits
+/// by exception; run_property saves it (save_pending_dump) only when the execution failed
+/// (RC_ASSERT / RC_FAIL, any other exception), never for a discarded draw (RC_DISCARD: a case
+/// that judged nothing, e.g. k = 0) nor a declined one (NotSupported): a clean run leaves no
+/// dump (fresh-user F12). During shrinking the last dump saved is the minimal case.
 class DumpOnFailure {
  public:
   explicit DumpOnFailure(std::function<fixtures::Fixture()> build)
@@ -49,6 +53,12 @@ class DumpOnFailure {
   std::function<fixtures::Fixture()> build_;
   int uncaught_;
 };
+
+/// Drops the pending dump (an execution that starts, or ends without failing).
+void clear_pending_dump();
+/// Saves the pending dump at dump_target() and clears it; true when a file was written (false:
+/// none pending, no target, or the write failed: a failed dump never masks the failure).
+bool save_pending_dump();
 
 fixtures::Fixture to_fixture(const TopkCase& c);
 fixtures::Fixture to_fixture(const IndexerCase& c, bool backward);

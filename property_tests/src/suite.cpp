@@ -272,6 +272,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   // The op of the report assertion that failed in the last failing execution (the reported,
   // shrunk case): a forward property's backward part fails under sparse_mla_bwd.
   std::string failed_op;
+  bool dumped = false;  // a failing execution of this run saved its case at dump_path
   const auto property = rc::detail::toProperty([&] {
     if (declined + nothing >= kStopAfterDeclines && judged == 0) return;  // nothing more drawn
     reset_failing_op();
@@ -281,10 +282,12 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     // with the failing draw's choices: it sees the draw index the failing execution saw.
     const int draw_index = counting ? judged + declined : failing_draw_index;
     set_draw_index(draw_index);
+    clear_pending_dump();
     std::string why;
     try {
       p.body(b, s.block);
     } catch (const oracle::NotSupported& e) {
+      clear_pending_dump();  // a declined draw is no failing case: not dumped
       why = e.what();
       if (why.empty()) why = "not supported";
     } catch (const rc::detail::CaseResult& res) {
@@ -294,13 +297,16 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
         nothing_why = why_nothing;
       }
       if (res.type == rc::detail::CaseResult::Type::Failure) {
+        dumped |= save_pending_dump();  // shrinking: the last one saved is the minimal case
         failed_op = failing_op();
         if (counting) failing_draw_index = draw_index;
         tally(false);
         counting = false;
       }
+      clear_pending_dump();  // a discarded draw (judged nothing, e.g. k = 0) is not dumped
       throw;  // a discard (RC_PRE) leaves the last failure's op
     } catch (...) {
+      dumped |= save_pending_dump();
       failed_op = failing_op();  // an exception fails the case too
       if (counting) failing_draw_index = draw_index;
       tally(false);
@@ -321,6 +327,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   const oracle::ScopedCheckDefaults check_defaults(o.check);
   const auto result = o.quiet ? rc::detail::checkProperty(property, md, params, quiet)
                               : rc::detail::checkProperty(property, md, params);
+  clear_pending_dump();
   set_dump_target("");
   set_selected_ops({});
   set_generation_level(0);
@@ -408,7 +415,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     cfg.reproduce[md.id] = f.reproduce;
     r.repro = "RC_PARAMS=\"" + rc::detail::configToMinimalString(cfg) + "\" DSA_TEST_LEVEL=" +
               std::to_string(o.level) + (o.repro_command.empty() ? "" : " " + o.repro_command);
-    if (!dump_path.empty() && std::filesystem::exists(dump_path)) r.dumped = dump_path;
+    if (dumped) r.dumped = dump_path;  // never a file an earlier run left there
   } else {
     std::ostringstream os;
     rc::detail::printResultMessage(result, os);

@@ -37,6 +37,8 @@ def test_torch_example_passes_the_full_level0_audit(tmp_path):
     assert j["format"] == "dsa-verify-audit/1" and j["summary"]["failed"] == 0
     assert j["summary"]["passed"] == len(ran) and j["backend"] == "torch-example"
     assert j["python_backend"] == "torch_backend:TorchBackend"
+    # A clean pass dumps nothing (fresh-user F12: top-k draws with k = 0, redrawn, were dumped).
+    assert not (tmp_path / "dumps").exists(), sorted(os.listdir(tmp_path / "dumps"))
     if subprocess.run(["which", "xmllint"], capture_output=True).returncode == 0:
         subprocess.run(["xmllint", "--noout", "--schema", XSD, str(tmp_path / "r.xml")], check=True)
 
@@ -99,14 +101,31 @@ def test_not_implemented_is_a_skip():
     assert "no case ran" in rep.summary()
 
 
-def test_declined_draws_are_redrawn_and_counted():
+def test_declined_draws_are_redrawn_and_counted(tmp_path):
     # A declined draw is discarded and another drawn: the full count is judged (finding F3).
-    rep = dsa_verify.audit(backends.DeclinesH1(), only=["smla.forward_ratio"], seed=7, progress=False)
+    rep = dsa_verify.audit(backends.DeclinesH1(), only=["smla.forward_ratio"], seed=7, progress=False,
+                           dump_dir=str(tmp_path / "dumps"))
     assert rep.passed and rep.exit_code() == 0, rep.summary()
     c = rep.cases[0]
     assert c.status == "pass" and c.cases == 25, rep.summary()
     assert re.match(r"declined \d+ of \d+ draws: .*h_q 1 not supported", c.message), c.message
     assert "(declined " in rep.summary()
+    # A declined draw is no failing case: nothing dumped (fresh-user F12).
+    assert not (tmp_path / "dumps").exists(), sorted(os.listdir(tmp_path / "dumps"))
+
+
+def test_only_failing_cases_are_dumped_and_a_dump_reproduces(tmp_path):
+    # fresh-user F12: a dump is the failing case of a failed property, and only that.
+    d = tmp_path / "dumps"
+    rep = dsa_verify.audit(backends.HalvedDkv(), ops=["sparse_mla_fwd", "sparse_mla_bwd"], seed=7, fixtures=False,
+                           progress=False, dump_dir=str(d))
+    failed = {c.fixture for c in rep.failures}
+    assert rep.failures and "" not in failed, rep.summary()
+    assert {str(p) for p in d.iterdir()} == failed, (sorted(os.listdir(d)), failed)
+    assert any(c.status == "pass" for c in rep.cases), rep.summary()  # passing properties dumped nothing
+    for path in failed:
+        r = dsa_verify._core.replay_fixture(dsa_verify.Bridge(backends.HalvedDkv()), path)
+        assert r["exit"] == 1, r["report"]
 
 
 def test_declined_mandatory_cases_are_incomplete_unless_named():
