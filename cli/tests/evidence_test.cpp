@@ -21,6 +21,7 @@
 namespace dsa::cli {
 namespace {
 
+using test::expect_cli;
 using test::golden;
 using test::lines_with;
 using test::run_cli_capture;
@@ -63,10 +64,8 @@ TEST(FixtureParams, AMissingParamThatChangesTheJudgementIsAnInputErrorOnEveryRou
     }
     std::string out;
     EXPECT_EQ(run_cli_capture("compare --golden " + golden(m.golden) + " --candidate " + cand, &out), 0) << out;
-    EXPECT_EQ(run_cli_capture("compare --golden " + bad + " --candidate " + cand, &out), 2) << out;
-    EXPECT_FALSE(lines_with(out, {bad, words}).empty()) << out;
-    EXPECT_EQ(run_cli_capture("replay " + bad + " --candidate " + cand, &out), 2) << out;
-    EXPECT_FALSE(lines_with(out, {bad, words}).empty()) << out;
+    expect_cli("compare --golden " + bad + " --candidate " + cand, 2, {bad, words});
+    expect_cli("replay " + bad + " --candidate " + cand, 2, {bad, words});
     EXPECT_EQ(run_cli_capture("fixtures check " + dir.file("goldens") + " --backend reference --json " + dir.file("r.json"),
                               &out),
               2)
@@ -145,8 +144,9 @@ TEST(JudgedNothing, ProvidedOutputsTheCaseDoesNotDefineAreASkipOnEveryRoute) {
       EXPECT_EQ(v.rc, 2) << out;
       EXPECT_FALSE(lines_with(out, {route + ": judged nothing"}).empty()) << out;
       EXPECT_TRUE(lines_with(out, {"AGREES"}).empty()) << out;
-      if (route == "compare")  // the stored dsink is named as not judged
+      if (route == "compare") {  // the stored dsink is named as not judged
         EXPECT_EQ(lines_with(out, {"note:", "tensor 'dsink'", "has no attn_sink", "not judged"}).size(), 1u) << out;
+      }
       EXPECT_EQ(v.json.value("verdict", ""), "SKIPPED") << v.json.dump(1);
       ASSERT_EQ(v.json.at("ops").size(), 2u);
       EXPECT_EQ(v.json.at("ops").at(1).at("verdict"), "skip");

@@ -14,11 +14,12 @@
 namespace dsa::cli {
 namespace {
 
-using test::Scratch;
-using test::lines_with;
-using test::run_cli_capture;
+using test::expect_cli;
 using test::golden;
+using test::lines_with;
 using test::mutant_plugin_named;
+using test::run_cli_capture;
+using test::Scratch;
 
 // Runs `args`, expects exit 2 and an error line naming `option` and `value`, with `range`.
 void expect_usage_error(const std::string& args, const std::string& option, const std::string& value,
@@ -80,10 +81,8 @@ TEST(OutputsOption, ANameOfNoSelectedOpIsAUsageError) {
       << out;
   EXPECT_FALSE(lines_with(out, {expected}).empty()) << out;
   EXPECT_TRUE(lines_with(out, {"not judged"}).empty()) << out;
-  EXPECT_EQ(run_cli_capture("replay " + g + " --candidate " + dir.file("c.safetensors") + " --outputs out", &out), 2) << out;
-  EXPECT_FALSE(lines_with(out, {expected}).empty()) << out;
-  EXPECT_EQ(run_cli_capture("audit --ops topk --outputs out --dump-dir " + dir.file("d"), &out), 2) << out;
-  EXPECT_FALSE(lines_with(out, {expected}).empty()) << out;
+  expect_cli("replay " + g + " --candidate " + dir.file("c.safetensors") + " --outputs out", 2, {expected});
+  expect_cli("audit --ops topk --outputs out --dump-dir " + dir.file("d"), 2, {expected});
 }
 
 // --outputs naming one output twice (`out,out`, or `--outputs out --outputs out`) is a usage
@@ -97,10 +96,8 @@ TEST(OutputsOption, ANameGivenTwiceIsAUsageError) {
         "compare --golden " + g + " --candidate " + g + " --outputs out,lse --outputs lse",
         "replay " + g + " --candidate " + g + " --outputs out,out", "replay " + g + " --outputs dq,dkv,dq",
         "audit --backend reference --ops sparse_mla_fwd --only smla.forward_ratio --outputs lse,out,lse" + dump}) {
-    std::string out;
-    EXPECT_EQ(run_cli_capture(cmd, &out), 2) << cmd << "\n" << out;
-    EXPECT_FALSE(lines_with(out, {"argument '--outputs' names \"", "\" twice", "expected each output name once"}).empty())
-        << cmd << "\n" << out;
+    const std::string out =
+        expect_cli(cmd, 2, {"argument '--outputs' names \"", "\" twice", "expected each output name once"});
     EXPECT_TRUE(lines_with(out, {"AGREES"}).empty()) << cmd << "\n" << out;
   }
   // Each name once still runs.

@@ -18,11 +18,12 @@
 namespace dsa::cli {
 namespace {
 
-using test::Scratch;
-using test::lines_with;
-using test::run_cli_capture;
+using test::expect_cli;
 using test::golden;
+using test::lines_with;
 using test::read_text;
+using test::run_cli_capture;
+using test::Scratch;
 
 // --only naming a property of an op the kernel cannot run: every case skipped, exit 2 (not 0).
 TEST(AuditRanNothing, OnlyAPropertyTheKernelCannotRunExitsTwo) {
@@ -41,11 +42,10 @@ TEST(AuditRanNothing, OnlyAPropertyTheKernelCannotRunExitsTwo) {
 // A typo in --only or --ops is a usage error naming the flag and what it expects (exit 2),
 // never an empty green audit.
 TEST(AuditRanNothing, ATypoInOnlyOrOpsIsAUsageError) {
-  std::string out;
-  EXPECT_EQ(run_cli_capture("audit --backend reference --only topk.contract_exactt", &out), 2);
-  EXPECT_FALSE(lines_with(out, {"argument '--only' got \"topk.contract_exactt\"", "expected a property name"}).empty());
-  EXPECT_EQ(run_cli_capture("audit --backend reference --ops topkk", &out), 2);
-  EXPECT_FALSE(lines_with(out, {"argument '--ops' got \"topkk\"", "expected one of", "sparse_mla_fwd"}).empty());
+  expect_cli("audit --backend reference --only topk.contract_exactt", 2,
+             {"argument '--only' got \"topk.contract_exactt\"", "expected a property name"});
+  expect_cli("audit --backend reference --ops topkk", 2,
+             {"argument '--ops' got \"topkk\"", "expected one of", "sparse_mla_fwd"});
 }
 
 // A plugin declaring out and lse: its passes are partial in the table, the progress lines,
@@ -259,8 +259,8 @@ TEST(CompareHints, Int64IdsNameTheirConvention) {
   for (int64_t i = 0; i < ids.numel(); ++i) wide.set(i, ids.get(i));
   test::write_outputs(dir.file("c.safetensors"), {{"indices", wide}});
   std::string out;
-  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("c.safetensors"), &out), 1);
-  EXPECT_FALSE(lines_with(out, {"indices dtype I64, expected I32", "--convention int64_ids"}).empty());
+  expect_cli("compare --golden " + g + " --candidate " + dir.file("c.safetensors"), 1,
+             {"indices dtype I64, expected I32", "--convention int64_ids"});
   EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("c.safetensors") +
                                 " --convention int64_ids", &out), 0);
   EXPECT_EQ(out.find("hint:"), std::string::npos);
@@ -274,18 +274,16 @@ TEST(CompareNotes, UnjudgedStoredOutputsAreNamed) {
   const fixtures::Fixture f = fixtures::load_fixture(g);
   test::write_outputs(dir.file("c.safetensors"),
                       {{"indices", f.expected.at("indices")}, {"dkv", Tensor(DType::F32, {2, 3})}});
-  std::string out;
-  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("c.safetensors"), &out), 0);
-  EXPECT_FALSE(lines_with(out, {"note:", "'dkv' is an output of sparse_mla_bwd", "not judged"}).empty()) << out;
+  std::string out = expect_cli("compare --golden " + g + " --candidate " + dir.file("c.safetensors"), 0,
+                               {"note:", "'dkv' is an output of sparse_mla_bwd", "not judged"});
   EXPECT_TRUE(lines_with(out, {"note:", "'indices'"}).empty()) << out;
   const std::string s = golden("smla_basic");
   const fixtures::Fixture m = fixtures::load_fixture(s);
   std::map<std::string, Tensor> outs;
   for (const char* n : {"out", "lse", "max_logits", "dq", "dkv"}) outs.emplace(n, m.expected.at(n));
   test::write_outputs(dir.file("m.safetensors"), outs);
-  EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
-                                " --outputs out,lse,dq", &out), 0);
-  EXPECT_FALSE(lines_with(out, {"note:", "'dkv' is in the file but not named by --outputs"}).empty()) << out;
+  out = expect_cli("compare --golden " + s + " --candidate " + dir.file("m.safetensors") + " --outputs out,lse,dq", 0,
+                   {"note:", "'dkv' is in the file but not named by --outputs"});
   EXPECT_FALSE(lines_with(out, {"note:", "'max_logits' is in the file but not named by --outputs"}).empty()) << out;
   EXPECT_TRUE(lines_with(out, {"note:", "'out'"}).empty()) << out;
   EXPECT_TRUE(lines_with(out, {"note:", "'dq'"}).empty()) << out;
@@ -301,14 +299,12 @@ TEST(CompareNotes, JudgedNothingExitsTwo) {
   for (const char* n : {"out", "lse", "max_logits"}) outs.emplace(n, m.expected.at(n));
   test::write_outputs(dir.file("m.safetensors"), outs);
   std::string out;
-  EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
-                                " --outputs indices", &out), 2) << out;
-  EXPECT_FALSE(lines_with(out, {"'--outputs' names indices, which is not an output of the selected ops: "
-                                "sparse_mla_fwd (out, lse, max_logits); sparse_mla_bwd (dq, dkv, dsink)"}).empty()) << out;
+  expect_cli("compare --golden " + s + " --candidate " + dir.file("m.safetensors") + " --outputs indices", 2,
+             {"'--outputs' names indices, which is not an output of the selected ops: "
+              "sparse_mla_fwd (out, lse, max_logits); sparse_mla_bwd (dq, dkv, dsink)"});
   // replay --candidate is the same judgement: the same exit code.
-  EXPECT_EQ(run_cli_capture("replay " + s + " --candidate " + dir.file("m.safetensors") +
-                                " --outputs indices", &out), 2) << out;
-  EXPECT_FALSE(lines_with(out, {"'--outputs' names indices, which is not an output"}).empty()) << out;
+  expect_cli("replay " + s + " --candidate " + dir.file("m.safetensors") + " --outputs indices", 2,
+             {"'--outputs' names indices, which is not an output"});
   EXPECT_EQ(run_cli_capture("compare --golden " + s + " --candidate " + dir.file("m.safetensors") +
                                 " --outputs out,lse,max_logits", &out), 0) << out;
 }
@@ -317,8 +313,7 @@ TEST(CompareNotes, JudgedNothingExitsTwo) {
 // no kernel's failure (fresh-user report); with a backend named there is no such note.
 TEST(ReplayNotes, DefaultReferenceBackendIsSaid) {
   std::string out;
-  EXPECT_EQ(run_cli_capture("replay " + golden("smla_basic"), &out), 0) << out;
-  EXPECT_FALSE(lines_with(out, {"note: replay: no --backend", "reproduces no kernel's failure"}).empty()) << out;
+  expect_cli("replay " + golden("smla_basic"), 0, {"note: replay: no --backend", "reproduces no kernel's failure"});
   EXPECT_EQ(run_cli_capture("replay " + golden("smla_basic") + " --backend reference", &out), 0) << out;
   EXPECT_TRUE(lines_with(out, {"note: replay: no --backend"}).empty()) << out;
 }
@@ -350,9 +345,8 @@ TEST(InputErrors, DqkMismatchNamesQAndKv) {
   f.inputs.at("q") = narrow;
   const std::string path = dir.file("q_narrow.safetensors");
   fixtures::save_fixture(path, f);
-  std::string out;
-  EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2);
-  EXPECT_FALSE(lines_with(out, {path + ": sparse_mla_fwd inputs: arguments 'q' and 'kv' disagree on d_qk"}).empty());
+  const std::string out = expect_cli("fixtures check " + path + " --backend reference", 2,
+                                     {path + ": sparse_mla_fwd inputs: arguments 'q' and 'kv' disagree on d_qk"});
   EXPECT_EQ(out.find("sparse_mla_forward:"), std::string::npos);
 }
 
@@ -365,11 +359,10 @@ TEST(InputErrors, TopkParamKOutOfRangeIsAnInputError) {
     f.params["k"] = k;
     const std::string path = dir.file("k.safetensors");
     fixtures::save_fixture(path, f);
-    std::string out;
-    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2) << k;
-    EXPECT_FALSE(lines_with(out, {path + ": params.k got", "expected an integer from 0 to"}).empty()) << k;
-    EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + golden("topk_distinct_causal"), &out), 2);
-    EXPECT_FALSE(lines_with(out, {"params.k got", "expected an integer from 0 to"}).empty()) << k;
+    expect_cli("fixtures check " + path + " --backend reference", 2,
+               {path + ": params.k got", "expected an integer from 0 to"});
+    const std::string out = expect_cli("compare --golden " + path + " --candidate " + golden("topk_distinct_causal"), 2,
+                                       {"params.k got", "expected an integer from 0 to"});
     EXPECT_EQ(out.find("backend threw"), std::string::npos);
   }
 }
@@ -381,15 +374,14 @@ TEST(InputErrors, WrongRankNamesTheTensor) {
   f.inputs.at("scores") = f.inputs.at("scores").reshaped({f.inputs.at("scores").numel()});
   const std::string path = dir.file("s1d.safetensors");
   fixtures::save_fixture(path, f);
-  std::string out;
-  EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2);
-  EXPECT_FALSE(lines_with(out, {path + ": tensor 'scores' has shape", "expected 2 dimensions"}).empty());
+  const std::string out = expect_cli("fixtures check " + path + " --backend reference", 2,
+                                     {path + ": tensor 'scores' has shape", "expected 2 dimensions"});
   EXPECT_EQ(out.find("Tensor::size"), std::string::npos);
   f = fixtures::load_fixture(golden("topk_distinct_causal"));
   f.inputs.at("ks") = f.inputs.at("ks").reshaped({4, f.inputs.at("ks").numel() / 4});
   fixtures::save_fixture(path, f);
-  EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 2);
-  EXPECT_FALSE(lines_with(out, {path + ": tensor 'ks' has shape", "expected 1 dimension [s_q]"}).empty());
+  expect_cli("fixtures check " + path + " --backend reference", 2,
+             {path + ": tensor 'ks' has shape", "expected 1 dimension [s_q]"});
 }
 
 // `dsa-verify mutants --list` maps every plugin number to its mutant and fault, from the
