@@ -1,11 +1,13 @@
 // Properties of the SPEC §10 inference ops: FP8 indexer (ratio rule, exact tier, invalid
 // scales rejected), paged FP8 indexer (ratio rule with poisoned unread table entries, MTP
-// windows exact at ke, bad tables rejected), sparse MLA over the FP8 cache (ratio rule with
-// poisoned unread tokens, empty rows).
+// windows exact at ke, bad tables and invalid read scales rejected), sparse MLA over the FP8
+// cache (ratio rule with poisoned unread tokens, empty rows, invalid read scales rejected).
 // A rejection is the documented argument error only (assert_rejected), never a crash, a hang
 // or a write past a buffer.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 
 #include "dsa/fixtures/fp8_fixture.h"
@@ -88,6 +90,12 @@ void assert_rejected(Backend& b, Call call, const std::string& bad, const std::s
   RC_FAIL("[FAIL] " + b.name() + ": " + fault + " (" + where + ")");
 }
 
+// A scale no valid read may use (SPEC §10: "anything else is an invalid argument").
+float draw_bad_scale() {
+  return *rc::gen::element<float>(0.0f, -0.0f, -1.0f, -0.25f, std::numeric_limits<float>::quiet_NaN(),
+                                   std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity());
+}
+
 // ---- FP8 indexer --------------------------------------------------------------------------
 
 void fp8_indexer_ratio(Backend& b, const BlockFactory&) {
@@ -161,6 +169,29 @@ void paged_bad_table_rejected(Backend& b, const BlockFactory&) {
   assert_rejected(b, [&] { b.paged_indexer_scores(c.in); }, "a bad block table / context length", c.desc);
 }
 
+// A scale of a key some context reads (k_scale_cache[block, slot]) that is <= 0, NaN or inf:
+// an invalid argument (SPEC §10), rejected as fp8.invalid_scale_rejected is (fresh-user F2).
+void paged_invalid_scale_rejected(Backend& b, const BlockFactory&) {
+  PagedIndexerCase c = draw_paged_indexer_case();
+  const int64_t bs = c.in.k_cache.size(1), max_blocks = c.in.block_table.size(1);
+  std::vector<std::pair<int64_t, int64_t>> read;  // (request, logical key)
+  for (int64_t r = 0; r < c.in.context_lens.numel(); ++r)
+    for (int64_t p = 0; p < c.in.context_lens.get(r); ++p) read.push_back({r, p});
+  RC_PRE(!read.empty());
+  const std::pair<int64_t, int64_t> pick = read[*rc::gen::inRange<size_t>(0, read.size())];
+  const int64_t req = pick.first, key = pick.second;
+  const int64_t row = static_cast<int64_t>(c.in.block_table.get(req * max_blocks + key / bs)) * bs + key % bs;
+  const float v = draw_bad_scale();
+  c.in.k_scale_cache.data<float>()[row] = v;
+  c.desc += " bad_scale=k_scale_cache[" + std::to_string(row / bs) + ", " + std::to_string(row % bs) + "] (key " +
+            std::to_string(key) + " of request " + std::to_string(req) + ")";
+  DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
+  assert_rejected(b, [&] { b.paged_indexer_scores(c.in); },
+                  "k_scale_cache[" + std::to_string(row / bs) + ", " + std::to_string(row % bs) + "] = " +
+                      std::to_string(v) + " (key " + std::to_string(key) + " of request " + std::to_string(req) + ")",
+                  c.desc);
+}
+
 // ---- sparse MLA over the FP8 cache --------------------------------------------------------
 
 void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
@@ -193,6 +224,34 @@ void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
   DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_fp8_forward(b, op_case(c.in)));
 }
 
+// A tile scale of a token some valid slot reads that is <= 0, NaN or inf: an invalid argument
+// (SPEC §10), rejected as fp8.invalid_scale_rejected is (fresh-user F2).
+void smla_fp8_invalid_scale_rejected(Backend& b, const BlockFactory&) {
+  SmlaFp8Case c = draw_smla_fp8_case();
+  const int64_t s_q = c.in.q.size(0), k = c.in.indices.size(-1);
+  const int64_t tokens = c.in.kv_cache.numel() / kMlaFp8TokenBytes;
+  std::vector<int64_t> read;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = c.in.topk_length ? c.in.topk_length->get(t) : k;
+    for (int64_t j = 0; j < std::min(k, len); ++j) {
+      const double id = c.in.indices.get(t * k + j);
+      if (id >= 0 && id < static_cast<double>(tokens)) read.push_back(static_cast<int64_t>(id));
+    }
+  }
+  RC_PRE(!read.empty());
+  const int64_t token = read[*rc::gen::inRange<size_t>(0, read.size())];
+  const int64_t tile = *rc::gen::inRange<int64_t>(0, kMlaFp8NumTiles);
+  const float v = draw_bad_scale();
+  std::memcpy(c.in.kv_cache.data<uint8_t>() + token * kMlaFp8TokenBytes + kMlaFp8ScalesOffset + 4 * tile, &v,
+              sizeof v);
+  c.desc += " bad_scale=token " + std::to_string(token) + " tile " + std::to_string(tile);
+  DumpOnFailure dump([&] { return described([&] { return fixtures::sparse_mla_fp8_fixture(c.in, case_name()); }, c.desc); });
+  assert_rejected(b, [&] { b.sparse_mla_fp8_forward(c.in); },
+                  "the scale of tile " + std::to_string(tile) + " of token " + std::to_string(token) + " = " +
+                      std::to_string(v) + " (read by a valid slot)",
+                  c.desc);
+}
+
 }  // namespace
 
 void add_fp8_properties(std::vector<Property>& out) {
@@ -202,7 +261,9 @@ void add_fp8_properties(std::vector<Property>& out) {
   out.push_back({"paged.indexer_ratio", {Op::PagedIndexerScores}, 1, paged_indexer_ratio});
   out.push_back({"paged.mtp_window_exact_at_ke", {Op::PagedIndexerScores}, 1, paged_mtp_window_exact_at_ke});
   out.push_back({"paged.bad_table_rejected", {Op::PagedIndexerScores}, 1, paged_bad_table_rejected});
+  out.push_back({"paged.invalid_scale_rejected", {Op::PagedIndexerScores}, 1, paged_invalid_scale_rejected});
   out.push_back({"smla_fp8.forward_ratio", {Op::SparseMlaFp8Fwd}, 1, smla_fp8_forward_ratio});
+  out.push_back({"smla_fp8.invalid_scale_rejected", {Op::SparseMlaFp8Fwd}, 4, smla_fp8_invalid_scale_rejected});
 }
 
 }  // namespace dsa::props

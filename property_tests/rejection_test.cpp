@@ -1,5 +1,7 @@
-// The SPEC §10 rejection properties in process (fresh-user F3): only the documented argument
-// error counts as a rejection: another exception, a crash, a hang or a
+// The SPEC §10 rejection properties in process (fresh-user F2/F3): every read scale of the
+// paged indexer and of the FP8 sparse MLA cache is checked (paged.invalid_scale_rejected,
+// smla_fp8.invalid_scale_rejected catch the kernels that never validate them), and only the
+// documented argument error counts as a rejection: another exception, a crash, a hang or a
 // write past a buffer (as a route reports them, Backend::classify_failure) fails the draw
 // naming what happened; a route that refused the input itself makes it a skip. The plugin
 // route: plugin/tests/bad_input_test.cpp.
@@ -20,9 +22,11 @@ namespace {
 using oracle::CallFailure;
 using oracle::Verdict;
 using test::level0;
+using test::mutant_named;
 using test::property_named;
 
-const char* const kRejectionProperties[] = {"fp8.invalid_scale_rejected", "paged.bad_table_rejected"};
+const char* const kRejectionProperties[] = {"fp8.invalid_scale_rejected", "paged.bad_table_rejected",
+                                            "paged.invalid_scale_rejected", "smla_fp8.invalid_scale_rejected"};
 
 // The reference's §10 ops, whose argument errors (std::invalid_argument) are rethrown as
 // `Thrown` and reported by the route as `how` (what a plugin or Python route tells).
@@ -67,6 +71,22 @@ TEST(RejectionProperties, ReferenceRejectsEveryBadRead) {
     EXPECT_EQ(r.verdict, Verdict::Pass) << prop << ": " << r.message;
     EXPECT_GT(r.cases, 0) << prop;
   }
+}
+
+// F2: a paged indexer / FP8 sparse MLA that uses a bad read scale without a check fails.
+TEST(RejectionProperties, UncheckedReadScalesFail) {
+  const struct {
+    const char* mutant;
+    const char* prop;
+  } cases[] = {{"paged_read_scale_not_validated", "paged.invalid_scale_rejected"},
+               {"smla_fp8_read_scale_not_validated", "smla_fp8.invalid_scale_rejected"}};
+  for (const auto& c : cases)
+    for (uint64_t seed : {1u, 2u, 7u}) {
+      const PropertyResult r = run_property(mutant_named(c.mutant), property_named(c.prop), level0(seed));
+      EXPECT_EQ(r.verdict, Verdict::Fail) << c.mutant << " seed " << seed << ": " << r.message;
+      EXPECT_NE(r.message.find("accepted "), std::string::npos) << r.message;
+      if (seed == 7) std::cout << "  " << c.mutant << ": " << r.message.substr(0, 200) << "\n";
+    }
 }
 
 // F3: only the documented argument error is a rejection; each other outcome fails saying which.

@@ -1,6 +1,6 @@
 // The SPEC §10 bad-input properties through the plugin route (fresh-user F3/F3b): only the
 // documented rejection (DSA_STATUS_INVALID_ARGUMENT, promptly, nothing written past a buffer)
-// passes fp8.invalid_scale_rejected and paged.bad_table_rejected;
+// passes fp8.invalid_scale_rejected, paged.bad_table_rejected and paged.invalid_scale_rejected;
 // a crash, a hang, a write past `scores`, another error status or a silent answer fails, with
 // a message saying which. The loader hands a bad block table to an isolated plugin (so the
 // property judges the kernel), and to a plugin run in-process it does not (the property is
@@ -20,7 +20,8 @@ namespace {
 using dsa::oracle::Verdict;
 using dsa::props::PropertyResult;
 
-const char* const kProperties[] = {"fp8.invalid_scale_rejected", "paged.bad_table_rejected"};
+const char* const kProperties[] = {"fp8.invalid_scale_rejected", "paged.bad_table_rejected",
+                                   "paged.invalid_scale_rejected"};
 
 const dsa::props::Property& property_named(const std::string& name) {
   for (const auto& p : dsa::props::all_properties())
@@ -101,8 +102,8 @@ TEST(BadInputThroughPlugin, BadTablesReachTheIsolatedKernelElseTheyAreNotJudged)
     EXPECT_NE(r.message.find("not applicable on this route"), std::string::npos) << r.message;
   }
   // Scales reach the kernel on both routes: in process the checking kernel passes.
-  EXPECT_EQ(run_in_mode("check", "fp8.invalid_scale_rejected", false).verdict, Verdict::Pass);
-  EXPECT_EQ(run_in_mode("clamp", "fp8.invalid_scale_rejected", false).verdict, Verdict::Fail);
+  EXPECT_EQ(run_in_mode("check", "paged.invalid_scale_rejected", false).verdict, Verdict::Pass);
+  EXPECT_EQ(run_in_mode("clamp", "paged.invalid_scale_rejected", false).verdict, Verdict::Fail);
 }
 
 }  // namespace

@@ -150,6 +150,47 @@ class ScaleAfterRelu : public Fp8Wrap {
   }
 };
 
+// A scale that is not positive finite, used without a check: its magnitude, 1 for 0/NaN/inf
+// (what a kernel that never validates its scales computes with, one way or another).
+float unchecked_scale(float s) {
+  return std::isfinite(s) && s != 0.0f ? std::fabs(s) : 1.0f;
+}
+
+// Paged indexer: k_scale_cache never validated (fresh-user F2): a read scale <= 0, NaN or
+// inf is used as if it were valid, no error.
+class PagedScaleNotValidated : public Fp8Wrap {
+ public:
+  PagedScaleNotValidated() : Fp8Wrap("paged_read_scale_not_validated") {}
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    PagedIndexerInputs m = in;
+    m.k_scale_cache = Tensor(DType::F32, in.k_scale_cache.shape());
+    for (int64_t i = 0; i < in.k_scale_cache.numel(); ++i)
+      m.k_scale_cache.data<float>()[i] = unchecked_scale(in.k_scale_cache.data<float>()[i]);
+    return Fp8Wrap::paged_indexer_scores(m);
+  }
+};
+
+// Sparse MLA FP8: the cache's tile scales never validated (fresh-user F2): a read tile
+// scale <= 0, NaN or inf is used as if it were valid, no error.
+class SmlaFp8ScaleNotValidated : public Fp8Wrap {
+ public:
+  SmlaFp8ScaleNotValidated() : Fp8Wrap("smla_fp8_read_scale_not_validated") {}
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    SparseMlaFp8Inputs m = in;
+    m.kv_cache = Tensor(DType::U8, in.kv_cache.shape());
+    std::memcpy(m.kv_cache.raw(), in.kv_cache.raw(), in.kv_cache.nbytes());
+    for (int64_t t = 0; t < cache_tokens(in.kv_cache); ++t)
+      for (int64_t tile = 0; tile < kMlaFp8NumTiles; ++tile) {
+        uint8_t* p = m.kv_cache.data<uint8_t>() + t * kMlaFp8TokenBytes + kMlaFp8ScalesOffset + 4 * tile;
+        float v;
+        std::memcpy(&v, p, sizeof v);
+        v = unchecked_scale(v);
+        std::memcpy(p, &v, sizeof v);
+      }
+    return Fp8Wrap::sparse_mla_fp8_forward(m);
+  }
+};
+
 // ---- control: a correct FlashMLA-style FP8 decode kernel (false-alarm check) -------------
 
 // FlashMLA's FP8 sparse decode (SPEC §10): e4m3 → bf16 (exact), times the tile scale in bf16
@@ -267,6 +308,10 @@ std::vector<Subject> fp8_mutant_subjects() {
       subject_of<ReadsOneBlockPast>("paged KV: reading one block past the context", "paged."),
       subject_of<NextNSharedWindow>("paged MTP: next_n rows sharing one window", "paged."),
       subject_of<ScaleAfterRelu>("FP8 indexer: k scale after ReLU, negative scale allowed", "fp8."),
+      subject_of<PagedScaleNotValidated>("paged indexer: read scales not validated (used as given)",
+                                         "paged.invalid_scale_rejected"),
+      subject_of<SmlaFp8ScaleNotValidated>("FP8 KV cache: tile scales not validated (used as given)",
+                                           "smla_fp8.invalid_scale_rejected"),
   };
 }
 

@@ -215,6 +215,25 @@ class PagedIndexesPastCache(Fp8Only):
                                             max_context, fp8_format)
 
 
+class UncheckedSection10Scales(Fp8Only):
+    """The paged indexer and the FP8 sparse MLA with every scale replaced by |scale| (1 when 0 or
+    not finite) instead of rejecting a read scale that is not positive finite (fresh-user F2)."""
+    name = "unchecked-section10-scales"
+
+    @staticmethod
+    def _fixed(s):
+        return torch.where(torch.isfinite(s) & (s != 0), s.abs(), torch.ones_like(s))
+
+    def paged_indexer_scores(self, q_idx, k_cache, k_scale_cache, *a, **kw):
+        return super().paged_indexer_scores(q_idx, k_cache, self._fixed(k_scale_cache), *a, **kw)
+
+    def sparse_mla_fp8_fwd(self, q, kv_cache, *a, **kw):
+        cache = kv_cache.clone()
+        scales = cache[..., 512:528].contiguous().view(torch.float32)
+        cache[..., 512:528] = self._fixed(scales).contiguous().view(torch.uint8)
+        return super().sparse_mla_fp8_fwd(q, cache, *a, **kw)
+
+
 class RecordsPagedCalls(Fp8Only):
     """Records what each paged_indexer_scores call receives (block_table, context_lens, k_cache
     blocks, whether a scale is NaN), then computes correctly."""

@@ -345,8 +345,10 @@ def test_command_line_audits_the_section10_ops(tmp_path):
 @pytest.mark.parametrize("backend, only, words", [
     (backends.PagedClampsBadIds(), "paged.bad_table_rejected", ["accepted a bad block table"]),
     (backends.Fp8AbsScale(), "fp8.invalid_scale_rejected", ["accepted k_scale["]),
-    # F3: an IndexError is not the documented rejection (ValueError)
+    # F3: an IndexError is not the documented rejection (ValueError); F2: every read scale is checked
     (backends.PagedIndexesPastCache(), "paged.bad_table_rejected", ["failed with another error on", "IndexError"]),
+    (backends.UncheckedSection10Scales(), "paged.invalid_scale_rejected", ["accepted k_scale_cache["]),
+    (backends.UncheckedSection10Scales(), "smla_fp8.invalid_scale_rejected", ["accepted the scale of tile"]),
 ])
 def test_section10_invalid_inputs_must_raise(tmp_path, backend, only, words):
     rep = dsa_verify.audit(backend, only=[only], dump_dir=str(tmp_path), progress=False)
