@@ -82,5 +82,48 @@ TEST(ValueLimits, KlScoreThatIsNotFiniteOnAKeyOfTheRowIsAnInputErrorOnEveryRoute
   }
 }
 
+
+// F5: w of row 5 scaled by 2^125 puts that row's exact scores past FLT_MAX (5.4e38): an fp32
+// kernel can only return +inf (DISAGREES) or clamp (WEAK), and the float64 reference backend
+// itself was WEAK. Now an input error naming w, the row and the limit. A NaN in a q_idx row
+// that is read, and a NaN d_scores entry inside a window, are input errors too; NaN d_scores
+// outside every window are ignored (SPEC §2) and the golden still agrees.
+TEST(ValueLimits, IndexerInputsPastFp32OrNotFiniteAreAnInputErrorOnEveryRoute) {
+  Scratch dir("indexer");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const int64_t t = 5;
+  {
+    fixtures::Fixture f = fixtures::load_fixture(golden("idx_causal"));
+    Tensor& w = f.inputs.at("w");
+    for (int64_t j = 0; j < w.size(1); ++j) w.set(t * w.size(1) + j, std::abs(w.get(t * w.size(1) + j)) * 0x1p125);
+    const std::string path = dir.file("idx_w_past_fp32.safetensors");
+    fixtures::save_fixture(path, f);
+    expect_input_error_on_every_route(path, {path + ": indexer_scores inputs: argument 'w' got row 5, key",
+                                             "expected at most FLT_MAX = 3.40282e+38"});
+  }
+  {
+    fixtures::Fixture f = fixtures::load_fixture(golden("idx_causal"));
+    Tensor& q = f.inputs.at("q_idx");
+    q.set(t * q.size(1) * q.size(2) + 1, nan);
+    const std::string path = dir.file("idx_q_nan.safetensors");
+    fixtures::save_fixture(path, f);
+    expect_input_error_on_every_route(path, {path + ": indexer_scores inputs: argument 'q_idx' got nan at [5, 0, 1]"});
+  }
+  fixtures::Fixture f = fixtures::load_fixture(golden("idx_causal"));
+  Tensor& d = f.inputs.at("d_scores");
+  const int64_t s_kv = d.size(1), ke = f.inputs.at("ke").get(t);
+  ASSERT_LT(ke, s_kv);
+  d.set(t * s_kv + ke, nan);  // past row 5's window: ignored
+  const std::string outside = dir.file("idx_dscores_nan_outside.safetensors");
+  fixtures::save_fixture(outside, f);
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + outside + " --candidate " + outside, &out), 0) << out;
+  d.set(t * s_kv + ke - 1, nan);  // inside it
+  const std::string inside = dir.file("idx_dscores_nan_inside.safetensors");
+  fixtures::save_fixture(inside, f);
+  expect_input_error_on_every_route(
+      inside, {inside + ": indexer_scores_backward inputs: argument 'd_scores' got nan at [5, " + std::to_string(ke - 1) + "]"});
+}
+
 }  // namespace
 }  // namespace dsa::cli

@@ -5,6 +5,7 @@
 
 #include "dsa/contract/parallel.h"
 #include "internal.h"
+#include "value_limits.h"
 
 namespace dsa::reference {
 namespace {
@@ -30,6 +31,69 @@ IndexerDims validate(const char* where, const Tensor& q_idx, const Tensor& k_idx
   out.s_kv = k_idx.size(0);
   detail::check_windows(where, windows, out.s_q, out.s_kv);
   return out;
+}
+
+/// Values the indexer reads (SPEC §6: no valid input may produce NaN; §2: fp32 scores, fp32
+/// accumulation). q_idx and w rows of rows with a nonempty window, and k_idx rows inside some
+/// window, are finite within FLT_MAX (rows never read may hold anything). Each dot's terms
+/// Σ_d |q_idx[t,j,d] · k_idx[s,d]| stay within FLT_MAX, and (`score_sums`, the forward) so do
+/// each score's, Σ_j |w[t,j]| · ReLU(q_idx[t,j]·k_idx[s]): then no fp32 partial sum overflows
+/// in any order, and an exact score past FLT_MAX (which an fp32 kernel can only return as +inf
+/// or clamp) is rejected (fresh-user finding F5). A cheap bound d_I · max|q| · max|k| clears
+/// ordinary rows; the exact sums run only for rows it does not clear. Throws
+/// std::invalid_argument naming the argument, the element and the limit.
+void check_values(const char* where, const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                  const KeyWindows& win, const IndexerDims& d, bool score_sums) {
+  const int64_t hd = d.h_i * d.d_i;
+  const std::vector<char> read = detail::keys_in_any_window(win);
+  std::vector<double> kmax(static_cast<size_t>(d.s_kv), 0.0);
+  for (int64_t s = 0; s < d.s_kv; ++s) {
+    if (!read[static_cast<size_t>(s)]) continue;
+    detail::check_range_values(where, "k_idx", k_idx, s * d.d_i, (s + 1) * d.d_i,
+                               "key " + std::to_string(s) + " lies in a window, SPEC §6");
+    for (int64_t c = 0; c < d.d_i; ++c)
+      kmax[static_cast<size_t>(s)] = std::max(kmax[static_cast<size_t>(s)], std::abs(k_idx.get(s * d.d_i + c)));
+  }
+  const double limit = detail::kFp32Max;
+  const double width = static_cast<double>(d.d_i);
+  for (int64_t t = 0; t < d.s_q; ++t) {
+    const int64_t ks = win.ks[t], len = win.length(t);
+    if (len == 0) continue;  // the row reads nothing
+    const std::string why = "row " + std::to_string(t) + " has a nonempty window, SPEC §6";
+    detail::check_range_values(where, "q_idx", q_idx, t * hd, (t + 1) * hd, why);
+    detail::check_range_values(where, "w", w, t * d.h_i, (t + 1) * d.h_i, why);
+    double qm = 0, wq = 0, km = 0;
+    for (int64_t j = 0; j < d.h_i; ++j) {
+      double m = 0;
+      for (int64_t c = 0; c < d.d_i; ++c) m = std::max(m, std::abs(q_idx.get(t * hd + j * d.d_i + c)));
+      qm = std::max(qm, m);
+      wq += std::abs(w.get(t * d.h_i + j)) * m;
+    }
+    for (int64_t s = ks; s < ks + len; ++s) km = std::max(km, kmax[static_cast<size_t>(s)]);
+    if (width * qm * km <= limit && (!score_sums || width * wq * km <= limit)) continue;
+    for (int64_t s = ks; s < ks + len; ++s) {
+      double score_terms = 0;
+      for (int64_t j = 0; j < d.h_i; ++j) {
+        double dot = 0, terms = 0;
+        for (int64_t c = 0; c < d.d_i; ++c) {
+          const double x = q_idx.get(t * hd + j * d.d_i + c) * k_idx.get(s * d.d_i + c);
+          dot += x;
+          terms += std::abs(x);
+        }
+        check_arg(terms <= limit, where, "q_idx",
+                  "row " + std::to_string(t) + " head " + std::to_string(j) + " against k_idx row " +
+                      std::to_string(s) + ": Σ_d |q_idx · k_idx| = " + str(terms),
+                  "at most FLT_MAX = 3.40282e+38 (q_idx · k_idx is accumulated in fp32, SPEC §2; "
+                  "no fp32 kernel can form it)");
+        score_terms += std::abs(w.get(t * d.h_i + j)) * std::max(0.0, dot);
+      }
+      check_arg(!score_sums || score_terms <= limit, where, "w",
+                "row " + std::to_string(t) + ", key " + std::to_string(s) +
+                    ": Σ_j |w[t,j]| · ReLU(q_idx[t,j] · k_idx[s]) = " + str(score_terms),
+                "at most FLT_MAX = 3.40282e+38 (the score I[t,s] is fp32 and accumulated in fp32, "
+                "SPEC §2: an fp32 kernel can only return it as +inf; scale w down)");
+    }
+  }
 }
 
 /// Flops of one query row over its whole window (the cost hint of the row loops).
@@ -120,6 +184,7 @@ IndexerGrads backward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
 Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
                       const KeyWindows& windows, Precision precision) {
   const IndexerDims d = validate("indexer_scores", q_idx, k_idx, w, windows);
+  check_values("indexer_scores", q_idx, k_idx, w, windows, d, /*score_sums=*/true);
   return precision == Precision::Reference ? forward<double>(q_idx, k_idx, w, windows, d)
                                            : forward<float>(q_idx, k_idx, w, windows, d);
 }
@@ -131,9 +196,18 @@ IndexerGrads indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx, c
   const IndexerDims d = validate(where, q_idx, k_idx, w, windows);
   check_shape(where, "d_scores", d_scores, {d.s_q, d.s_kv});
   detail::check_wide_dtype(where, "d_scores", d_scores);
-  return precision == Precision::Reference
-             ? backward<double>(q_idx, k_idx, w, windows, d_scores, d)
-             : backward<float>(q_idx, k_idx, w, windows, d_scores, d);
+  check_values(where, q_idx, k_idx, w, windows, d, /*score_sums=*/false);
+  for (int64_t t = 0; t < d.s_q; ++t)  // inside the window only: the rest is ignored (SPEC §2)
+    detail::check_range_values(where, "d_scores", d_scores, t * d.s_kv + windows.ks[t],
+                               t * d.s_kv + windows.ks[t] + windows.length(t),
+                               "inside row " + std::to_string(t) + "'s window, SPEC §2/§6");
+  if (precision != Precision::Reference) return backward<float>(q_idx, k_idx, w, windows, d_scores, d);
+  IndexerGrads g = backward<double>(q_idx, k_idx, w, windows, d_scores, d);
+  // Gradients past FLT_MAX (huge d_scores or w): no fp32 kernel can return them.
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"dq_idx", &g.dq_idx},
+                                {"dk_idx", &g.dk_idx}, {"dw", &g.dw}})
+    detail::check_result_values(where, "d_scores, w, q_idx, k_idx", name, *t);
+  return g;
 }
 
 }  // namespace dsa::reference

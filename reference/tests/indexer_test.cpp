@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
 #include "test_support.h"
 
 namespace dsa {
@@ -126,6 +131,62 @@ TEST(IndexerTest, IntegerGridIsBitExactAtBothPrecisionsAndTopkAgrees) {
   const TopkPolicy policy{TieBreak::Small, true};
   EXPECT_TRUE(test::identical(reference::select_topk(base, 16, policy, win),
                               reference::select_topk(ref, 16, policy, win)));
+}
+
+
+// SPEC §6 (no valid input may produce NaN), §2 (fp32 scores, fp32 accumulation): values no
+// fp32 kernel can compute are input errors naming the argument, on both precisions (fresh-user
+// finding F5: scores past FLT_MAX were judged, and no fp32 kernel could pass). Rows and keys
+// never read may hold anything; a score just inside FLT_MAX is computed, finite at fp32.
+TEST(IndexerTest, ValuesNoFp32KernelCanComputeAreInputErrorsNamingTheArgument) {
+  const double big = static_cast<double>(std::numeric_limits<float>::max());
+  HandCase c;
+  const Tensor dI = Tensor::from_f64({2, 3}, {1, 1, 1, 100, 1, 1});
+  // Row 0's key 2 is formed of |w[0,1]| · 3 = 6 (times the scale of w's row 0).
+  auto scaled_w = [&](double f) { return Tensor::from_f64({2, 2}, {0.5 * f, -2 * f, 1, 3}); };
+  for (Precision p : {Precision::Reference, Precision::Baseline}) {
+    EXPECT_TRUE(test::throws_naming([&] { indexer_scores(c.q, c.k, scaled_w(big / 5), c.win, p); }, "w"));
+    const Tensor fits = indexer_scores(c.q, c.k, scaled_w(big / 7), c.win, p);
+    EXPECT_TRUE(std::isfinite(fits.get(2))) << fits.get(2);
+    EXPECT_LT(fits.get(2), -big / 2);
+  }
+  EXPECT_NO_THROW(indexer_scores_backward(c.q, c.k, scaled_w(big / 7), c.win, dI));
+  // A dot past FLT_MAX: q_idx[0,1] · k_idx[2] = 3 · 1.2e38 (2 · 1.2e38 is computed).
+  Tensor q = c.q.to(DType::F64), k = c.k.to(DType::F64);
+  k.set(5, 1.2e38);
+  q.set(3, 3);
+  EXPECT_TRUE(test::throws_naming([&] { indexer_scores(q, k, c.w, c.win); }, "q_idx"));
+  EXPECT_TRUE(test::throws_naming([&] { indexer_scores_backward(q, k, c.w, c.win, dI); }, "q_idx"));
+  q.set(3, 2);
+  EXPECT_NO_THROW(indexer_scores(q, k, Tensor::from_f64({2, 2}, {0.5, -0.5, 1, 1}), c.win));
+  // Non-finite values: read (row 1 reads keys 1 and 2) or not (row 0's window emptied, key 0).
+  const KeyWindows one_row = KeyWindows::explicit_windows({0, 1}, {0, 3}, 3);
+  for (double v : {kInf, -kInf, test::kNaN}) {
+    Tensor q = c.q.to(DType::F64), kk = c.k.to(DType::F64), w = c.w.to(DType::F64), d = dI;
+    q.set(0, v);
+    w.set(0, v);
+    kk.set(0, v);
+    d.set(0, v);
+    d.set(3, v);  // row 1, key 0: outside row 1's window
+    const Tensor I = indexer_scores(q, kk, w, one_row);
+    EXPECT_TRUE(test::identical(I, indexer_scores(c.q, c.k, c.w, one_row)));
+    EXPECT_TRUE(test::identical(indexer_scores_backward(q, kk, w, one_row, d).dq_idx,
+                                indexer_scores_backward(c.q, c.k, c.w, one_row, dI).dq_idx));
+    EXPECT_TRUE(test::throws_naming([&] { indexer_scores(q, kk, w, c.win); }, "k_idx")) << v;
+    EXPECT_TRUE(test::throws_naming([&] { indexer_scores(q, c.k, c.w, c.win); }, "q_idx")) << v;
+    EXPECT_TRUE(test::throws_naming([&] { indexer_scores(c.q, c.k, w, c.win); }, "w")) << v;
+    EXPECT_TRUE(test::throws_naming([&] { indexer_scores_backward(c.q, c.k, c.w, c.win, d); }, "d_scores"))
+        << v;
+  }
+  // Gradients past FLT_MAX (a huge upstream d_scores): no fp32 kernel can return them.
+  const Tensor huge = Tensor::from_f64({2, 3}, {big, big, big, 0, 1, 1});
+  try {
+    indexer_scores_backward(c.q, c.k, c.w, c.win, huge);
+    ADD_FAILURE() << "no error for gradients past FLT_MAX";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("FLT_MAX"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'d_scores, w, q_idx, k_idx'"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
