@@ -8,6 +8,11 @@
 #include <iostream>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <vector>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -15,6 +20,7 @@
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/suite.h"
 #include "prop_test_util.h"
+#include "src/fp8_props_common.h"
 #include "src/props_common.h"
 #include "src/reference_wrap.h"
 
@@ -280,6 +286,149 @@ TEST(DeclinedDraws, DeclaredCapabilitiesAreNotIncomplete) {
     const PropertyResult r = run_property(subject_of<DeclaresSmallOnly>(), property_named(prop), level0(33));
     EXPECT_NE(r.verdict, Verdict::Fail) << prop << ": " << r.message;
     EXPECT_TRUE(r.mandatory_declined.empty()) << r.message;
+  }
+}
+
+// ---- ties at the k-th value and §10 poisoned-but-valid inputs are mandatory (finding F4) --
+
+// True when some row holds more selectable entries equal to its k_eff-th largest value than
+// slots left for them (SPEC §3.3's tie fill), as the tester's top-k decided.
+bool boundary_tie(const Tensor& scores, int64_t k, const std::optional<KeyWindows>& win) {
+  const int64_t s_q = scores.size(0), s_kv = scores.size(1);
+  for (int64_t t = 0; t < s_q; ++t) {
+    std::vector<double> v;
+    for (int64_t s = 0; s < s_kv; ++s) {
+      const double x = scores.get(t * s_kv + s);
+      if ((!win || win->contains(t, s)) && !std::isnan(x) && x != -INFINITY) v.push_back(x);
+    }
+    const int64_t n = static_cast<int64_t>(v.size()), k_eff = std::min(k, n);
+    if (k_eff == 0 || k_eff == n) continue;
+    std::sort(v.begin(), v.end(), std::greater<double>());
+    if (v[static_cast<size_t>(k_eff)] == v[static_cast<size_t>(k_eff - 1)]) return true;
+  }
+  return false;
+}
+
+// Declines every top-k with a tie at the k-th value (fresh-user F4's DeclineTies).
+class DeclinesBoundaryTies final : public RefWrap {
+ public:
+  DeclinesBoundaryTies() : RefWrap("declines_boundary_ties") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& win) override {
+    if (boundary_tie(s, k, win)) throw oracle::NotSupported("ties at the k-th value not supported");
+    return ref_->select_topk(s, k, p, win);
+  }
+};
+
+TEST(DeclinedDraws, DecliningBoundaryTiesIsIncomplete) {
+  for (const char* prop : {"topk.contract_exact", "topk.ties_resolved_bitwise", "topk.tie_overflow", "topk.long_rows"}) {
+    const PropertyResult r = run_property(subject_of<DeclinesBoundaryTies>(), property_named(prop), level0(7));
+    std::cout << "  " << prop << ": " << oracle::to_string(r.verdict) << " " << r.message.substr(0, 200) << "\n";
+    EXPECT_EQ(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+    EXPECT_EQ(r.message.rfind("INCOMPLETE: backend declined mandatory cases: ", 0), 0u) << prop << ": " << r.message;
+    EXPECT_NE(std::find(r.mandatory_declined.begin(), r.mandatory_declined.end(), "k_boundary_ties"),
+              r.mandatory_declined.end()) << prop << ": " << r.message;
+  }
+  // Named unsupported: the tie property judged no tie, so it is a skip saying so, never a pass.
+  SuiteOptions o = level0(7);
+  o.unsupported = {"k_boundary_ties"};
+  for (const char* prop : {"topk.ties_resolved_bitwise", "topk.tie_overflow"}) {
+    const PropertyResult r = run_property(subject_of<DeclinesBoundaryTies>(), property_named(prop), o);
+    EXPECT_EQ(r.verdict, Verdict::Skip) << prop << ": " << r.message;
+    EXPECT_NE(r.message.find("judged no draw with ties at the k-th value"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("named unsupported: k_boundary_ties"), std::string::npos) << r.message;
+  }
+  // A correct top-k judges ties in them.
+  for (const char* prop : {"topk.ties_resolved_bitwise", "topk.tie_overflow"})
+    EXPECT_EQ(run_property(subject_of<PlainReference>(), property_named(prop), level0(7)).verdict, Verdict::Pass) << prop;
+}
+
+// The reference's §10 ops; `Decline` says which draws it declines.
+template <bool kPoisonOnly>
+class Section10Declines final : public RefWrap {
+ public:
+  Section10Declines() : RefWrap(kPoisonOnly ? "declines_poisoned_unread" : "declines_every_section10_call") {}
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    decline(poisoned(in));
+    return ref_->fp8_indexer_scores(in);
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    decline(poisoned(in));
+    return ref_->paged_indexer_scores(in);
+  }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    decline(poisoned(in));
+    return ref_->sparse_mla_fp8_forward(in);
+  }
+
+ private:
+  static void decline(bool is_poisoned) {
+    if (is_poisoned || !kPoisonOnly) throw oracle::NotSupported("unread parts must hold valid data");
+  }
+};
+
+// Declines any input with a scale that is not positive finite or a table entry outside the
+// cache anywhere, read or not (fresh-user F4b's DeclinePoison): the poisoned unread parts and
+// the rejection properties' bad values alike.
+class DeclinesAnyBadValue final : public RefWrap {
+ public:
+  DeclinesAnyBadValue() : RefWrap("declines_any_bad_value") {}
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    if (any_bad_scale(in.k_scale)) throw oracle::NotSupported("garbage scales");
+    return ref_->fp8_indexer_scores(in);
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    bool bad_entry = false;
+    for (int64_t i = 0; i < in.block_table.numel(); ++i)
+      bad_entry = bad_entry || in.block_table.get(i) < 0 || in.block_table.get(i) >= in.k_cache.size(0);
+    if (bad_entry || any_bad_scale(in.k_scale_cache)) throw oracle::NotSupported("garbage past a context");
+    return ref_->paged_indexer_scores(in);
+  }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    const int64_t tokens = in.kv_cache.numel() / kMlaFp8TokenBytes;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t tile = 0; tile < kMlaFp8NumTiles; ++tile) {
+        float v;
+        std::memcpy(&v, in.kv_cache.data<uint8_t>() + t * kMlaFp8TokenBytes + kMlaFp8ScalesOffset + 4 * tile, sizeof v);
+        if (!(v > 0.0f && std::isfinite(v))) throw oracle::NotSupported("poisoned tokens");
+      }
+    return ref_->sparse_mla_fp8_forward(in);
+  }
+
+ private:
+  static bool any_bad_scale(const Tensor& s) {
+    for (int64_t i = 0; i < s.numel(); ++i)
+      if (!(s.get(i) > 0.0 && std::isfinite(s.get(i)))) return true;
+    return false;
+  }
+};
+
+const char* const kSection10Properties[] = {
+    "fp8.indexer_ratio",       "fp8.indexer_exact_tier",       "fp8.invalid_scale_rejected",
+    "paged.indexer_ratio",     "paged.mtp_window_exact_at_ke", "paged.bad_table_rejected",
+    "paged.invalid_scale_rejected", "smla_fp8.forward_ratio",  "smla_fp8.invalid_scale_rejected"};
+
+// F4b: declining every draw whose unread parts are poisoned (SPEC §10: they may hold anything)
+// is INCOMPLETE on every §10 property, even where every draw was declined: the backend ran each
+// declined draw's clean twin. A backend that declines every call (no §10 op at run time) skips.
+TEST(DeclinedDraws, DecliningPoisonedSection10InputsIsIncomplete) {
+  for (const char* prop : kSection10Properties) {
+    const PropertyResult r = run_property(subject_of<Section10Declines<true>>(), property_named(prop), level0(7));
+    std::cout << "  " << prop << ": " << oracle::to_string(r.verdict) << " " << r.message.substr(0, 160) << "\n";
+    EXPECT_EQ(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+    EXPECT_EQ(r.message.rfind("INCOMPLETE: backend declined mandatory cases: ", 0), 0u) << prop << ": " << r.message;
+    EXPECT_NE(std::find(r.mandatory_declined.begin(), r.mandatory_declined.end(), "poisoned_unread"),
+              r.mandatory_declined.end()) << prop << ": " << r.message;
+    const PropertyResult none = run_property(subject_of<Section10Declines<false>>(), property_named(prop), level0(7));
+    EXPECT_EQ(none.verdict, Verdict::Skip) << prop << ": " << none.message;
+    EXPECT_TRUE(none.mandatory_declined.empty()) << prop << ": " << none.message;
+    // Declining the rejection properties' bad read values as well: not a rejection, a failure.
+    const PropertyResult any = run_property(subject_of<DeclinesAnyBadValue>(), property_named(prop), level0(7));
+    std::cout << "    any bad value: " << oracle::to_string(any.verdict) << " " << any.message.substr(0, 200) << "\n";
+    EXPECT_EQ(any.verdict, Verdict::Fail) << prop << ": " << any.message;
+    if (std::string(prop).find("_rejected") != std::string::npos)
+      EXPECT_NE(any.message.find("it computes the same draw with valid values"), std::string::npos) << any.message;
+    else
+      EXPECT_EQ(any.message.rfind("INCOMPLETE: backend declined mandatory cases: ", 0), 0u) << any.message;
   }
 }
 

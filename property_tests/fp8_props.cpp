@@ -4,11 +4,13 @@
 // cache (ratio rule with poisoned unread tokens, empty rows, invalid read scales rejected).
 // A rejection is the documented argument error only (assert_rejected), never a crash, a hang
 // or a write past a buffer.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "dsa/fixtures/fp8_fixture.h"
 #include "dsa/oracle/fp8_check.h"
@@ -20,6 +22,151 @@
 #include "src/props_common.h"
 
 namespace dsa::props {
+
+// ---- poisoned-but-valid inputs (SPEC §10: unread parts may hold anything) -----------------
+// A clean twin is the draw with every part no valid read uses made ordinary (FP8 bytes 0,
+// scales 1, table entries past a context block 0): a backend that declines a draw but runs its
+// twin declined the poisoned unread parts, a mandatory case (feature poisoned_unread, fresh-user
+// F4b). Read parts (bad ones of the rejection properties included) are left as they are.
+
+namespace {
+Tensor copy_of(const Tensor& t) {
+  Tensor out(t.dtype(), t.shape());
+  if (t.nbytes() > 0) std::memcpy(out.raw(), t.raw(), t.nbytes());
+  return out;
+}
+bool same_bytes(const Tensor& a, const Tensor& x) {
+  return a.nbytes() == x.nbytes() && (a.nbytes() == 0 || std::memcmp(a.raw(), x.raw(), a.nbytes()) == 0);
+}
+}  // namespace
+
+Fp8IndexerInputs clean_twin(const Fp8IndexerInputs& in) {
+  Fp8IndexerInputs out = in;
+  out.k_idx = copy_of(in.k_idx);
+  out.k_scale = copy_of(in.k_scale);
+  const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.size(1);
+  std::vector<char> read(static_cast<size_t>(s_kv), 0);
+  for (size_t t = 0; t < in.windows.ks.size(); ++t)
+    for (int64_t s = std::max<int64_t>(0, in.windows.ks[t]); s < std::min<int64_t>(s_kv, in.windows.ke[t]); ++s)
+      read[static_cast<size_t>(s)] = 1;
+  for (int64_t s = 0; s < s_kv; ++s)
+    if (!read[static_cast<size_t>(s)]) {
+      std::memset(out.k_idx.data<uint8_t>() + s * d, 0, static_cast<size_t>(d));
+      out.k_scale.data<float>()[s] = 1.0f;
+    }
+  return out;
+}
+bool poisoned(const Fp8IndexerInputs& in) {
+  const Fp8IndexerInputs t = clean_twin(in);
+  return !same_bytes(t.k_idx, in.k_idx) || !same_bytes(t.k_scale, in.k_scale);
+}
+
+PagedIndexerInputs clean_twin(const PagedIndexerInputs& in) {
+  PagedIndexerInputs out = in;
+  out.k_cache = copy_of(in.k_cache);
+  out.k_scale_cache = copy_of(in.k_scale_cache);
+  out.block_table = copy_of(in.block_table);
+  const int64_t num_blocks = in.k_cache.size(0), bs = in.k_cache.size(1), d = in.k_cache.size(2);
+  const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
+  std::vector<char> read(static_cast<size_t>(num_blocks * bs), 0);
+  int32_t* table = out.block_table.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t L = in.context_lens.get(b);
+    for (int64_t p = 0; p < std::min(L, max_blocks * bs); ++p) {
+      const int64_t blk = table[b * max_blocks + p / bs];
+      if (blk >= 0 && blk < num_blocks) read[static_cast<size_t>(blk * bs + p % bs)] = 1;
+    }
+    for (int64_t i = std::max<int64_t>(0, (L + bs - 1) / bs); i < max_blocks; ++i)
+      if (num_blocks > 0) table[b * max_blocks + i] = 0;
+  }
+  for (int64_t slot = 0; slot < num_blocks * bs; ++slot)
+    if (!read[static_cast<size_t>(slot)]) {
+      std::memset(out.k_cache.data<uint8_t>() + slot * d, 0, static_cast<size_t>(d));
+      out.k_scale_cache.data<float>()[slot] = 1.0f;
+    }
+  return out;
+}
+bool poisoned(const PagedIndexerInputs& in) {
+  const PagedIndexerInputs t = clean_twin(in);
+  return !same_bytes(t.k_cache, in.k_cache) || !same_bytes(t.k_scale_cache, in.k_scale_cache) ||
+         !same_bytes(t.block_table, in.block_table);
+}
+
+SparseMlaFp8Inputs clean_twin(const SparseMlaFp8Inputs& in) {
+  SparseMlaFp8Inputs out = in;
+  out.kv_cache = copy_of(in.kv_cache);
+  const int64_t tokens = in.kv_cache.numel() / kMlaFp8TokenBytes;
+  const int64_t s_q = in.indices.size(0), k = in.indices.size(-1);
+  std::vector<char> read(static_cast<size_t>(tokens), 0);
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
+    for (int64_t j = 0; j < std::min(k, len); ++j) {
+      const double id = in.indices.get(t * k + j);
+      if (id >= 0 && id < static_cast<double>(tokens)) read[static_cast<size_t>(id)] = 1;
+    }
+  }
+  for (int64_t s = 0; s < tokens; ++s)
+    if (!read[static_cast<size_t>(s)]) {
+      uint8_t* tok = out.kv_cache.data<uint8_t>() + s * kMlaFp8TokenBytes;
+      std::memset(tok, 0, static_cast<size_t>(kMlaFp8TokenBytes));  // NoPE 0, RoPE bf16 0
+      const float one = 1.0f;
+      for (int64_t tile = 0; tile < kMlaFp8NumTiles; ++tile)
+        std::memcpy(tok + kMlaFp8ScalesOffset + 4 * tile, &one, sizeof one);
+    }
+  return out;
+}
+bool poisoned(const SparseMlaFp8Inputs& in) { return !same_bytes(clean_twin(in).kv_cache, in.kv_cache); }
+
+namespace {
+// Valid twins (the rejection properties): the clean twin with every bad value a read uses made
+// valid too (scales 1, contexts cut to their table row, read entries outside the cache block
+// 0), to tell a backend that declines bad input (it computes this twin) from one that declines
+// the draw's shape.
+bool scale_ok(float s) { return s > 0.0f && std::isfinite(s); }
+
+Fp8IndexerInputs valid_twin(const Fp8IndexerInputs& in) {
+  Fp8IndexerInputs out = clean_twin(in);
+  for (int64_t s = 0; s < out.k_scale.numel(); ++s)
+    if (!scale_ok(out.k_scale.data<float>()[s])) out.k_scale.data<float>()[s] = 1.0f;
+  return out;
+}
+
+PagedIndexerInputs valid_twin(const PagedIndexerInputs& in) {
+  PagedIndexerInputs out = clean_twin(in);
+  const int64_t num_blocks = in.k_cache.size(0), bs = in.k_cache.size(1);
+  const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
+  out.context_lens = copy_of(in.context_lens);
+  int32_t* lens = out.context_lens.data<int32_t>();
+  int32_t* table = out.block_table.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    lens[b] = static_cast<int32_t>(std::clamp<int64_t>(lens[b], 0, max_blocks * bs));
+    for (int64_t p = 0; p < lens[b]; ++p) {
+      int32_t& blk = table[b * max_blocks + p / bs];
+      if ((blk < 0 || blk >= num_blocks) && num_blocks > 0) blk = 0;
+      if (blk >= 0 && blk < num_blocks && !scale_ok(out.k_scale_cache.data<float>()[blk * bs + p % bs]))
+        out.k_scale_cache.data<float>()[blk * bs + p % bs] = 1.0f;
+    }
+  }
+  return out;
+}
+
+SparseMlaFp8Inputs valid_twin(const SparseMlaFp8Inputs& in) {
+  SparseMlaFp8Inputs out = clean_twin(in);
+  const int64_t tokens = out.kv_cache.numel() / kMlaFp8TokenBytes;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t tile = 0; tile < kMlaFp8NumTiles; ++tile) {
+      uint8_t* p = out.kv_cache.data<uint8_t>() + t * kMlaFp8TokenBytes + kMlaFp8ScalesOffset + 4 * tile;
+      float v;
+      std::memcpy(&v, p, sizeof v);
+      if (!scale_ok(v)) {
+        v = 1.0f;
+        std::memcpy(p, &v, sizeof v);
+      }
+    }
+  return out;
+}
+}  // namespace
+
 namespace {
 
 using oracle::Backend;
@@ -54,38 +201,71 @@ oracle::OpCase op_case(const SparseMlaFp8Inputs& in) {
   return c;
 }
 
-// Runs `call`, which must end in the rejection the backend's interface documents
+// A decline the route made for the kernel (CallFailure::RejectedByRoute): the kernel was not
+// called, so the draw is a skip, never probed with twins.
+class NotApplicable : public oracle::NotSupported {
+ public:
+  using oracle::NotSupported::NotSupported;
+};
+
+// True when the backend ran `f`: it returned, or (`or_threw`) threw anything but a decline.
+template <class F>
+bool ran(F f, bool or_threw) {
+  try {
+    f();
+    return true;
+  } catch (const oracle::NotSupported&) {
+    return false;
+  } catch (const std::exception&) {
+    return or_threw;
+  }
+}
+
+// Runs `call` on a draw with one bad value the kernel reads (`bad` names it; `where` is the
+// draw), which must end in the rejection the backend's interface documents
 // (oracle::CallFailure::ArgumentError: std::invalid_argument or c10::ValueError in C++,
 // DSA_STATUS_INVALID_ARGUMENT from a plugin, ValueError from Python), promptly and without
 // writing outside its buffers. Anything else fails the draw, saying what happened: a result
 // ("accepted"), a crash, a hang (an isolated call killed at its timeout), a write past a buffer
 // (the plugin route's guard zones; also with DSA_STATUS_INVALID_ARGUMENT), another error. A
-// decline (NotSupported) stays a decline; a route that refused the input itself, before the
-// kernel ran (RejectedByRoute), makes the draw a decline too: the kernel was not judged.
-// `bad` names the bad input; `where` is the draw.
-template <class Call>
-void assert_rejected(Backend& b, Call call, const std::string& bad, const std::string& where) {
+// route that refused the input itself, before the kernel ran (RejectedByRoute), makes the draw
+// a skip: the kernel was not judged. A decline (NotSupported) is probed: when the backend runs
+// the draw's clean twin (`clean`: unread parts ordinary, the bad value kept) it declined the
+// poisoned unread parts (`poisoned`; mandatory feature poisoned_unread, fresh-user F4b); else
+// when it computes the valid twin (`valid`: the bad value made valid too) it declined the bad
+// value instead of rejecting it: a failure; else it declines the draw's shape (a skip).
+template <class Call, class Clean, class Valid>
+void assert_rejected(Backend& b, bool poisoned, Call call, Clean clean, Valid valid, const std::string& bad,
+                     const std::string& where) {
+  if (poisoned) note_draw_feature("poisoned_unread");
   std::string fault;
+  const std::string documented =
+      " instead of rejecting it with the documented argument error (std::invalid_argument, "
+      "DSA_STATUS_INVALID_ARGUMENT, Python ValueError): ";
   try {
     call();
     fault = "accepted " + bad + ": returned a result instead of an argument error";
-  } catch (const oracle::NotSupported&) {
-    throw;
+  } catch (const oracle::NotSupported& e) {
+    if (poisoned && ran(clean, true)) {
+      note_declined_for("poisoned_unread");
+      throw;
+    }
+    if (!ran(valid, false)) throw;
+    fault = "declined " + bad + documented + e.what() + "; it computes the same draw with valid values";
   } catch (const std::exception& e) {
     const oracle::CallFailure how = b.classify_failure(e);
     const std::string msg = e.what();
     switch (how) {
       case oracle::CallFailure::ArgumentError: return;
       case oracle::CallFailure::RejectedByRoute:
-        throw oracle::NotSupported("not applicable on this route: the kernel was not called (the route "
-                                   "refused " + bad + " itself: " + msg.substr(0, 200) + ")");
+        throw NotApplicable("not applicable on this route: the kernel was not called (the route refused " + bad +
+                            " itself: " + msg.substr(0, 200) + ")");
       case oracle::CallFailure::Crashed: fault = "crashed on " + bad; break;
       case oracle::CallFailure::TimedOut: fault = "hung on " + bad + " (killed at its timeout)"; break;
       case oracle::CallFailure::MemoryViolation: fault = "wrote outside its buffers on " + bad; break;
       case oracle::CallFailure::OtherError: fault = "failed with another error on " + bad; break;
     }
-    fault += " instead of rejecting it with the documented argument error (std::invalid_argument, "
-             "DSA_STATUS_INVALID_ARGUMENT, Python ValueError): " + msg;
+    fault += documented + msg;
   }
   RC_FAIL("[FAIL] " + b.name() + ": " + fault + " (" + where + ")");
 }
@@ -96,6 +276,21 @@ float draw_bad_scale() {
                                    std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity());
 }
 
+// Judges a draw (`body`) whose unread parts hold anything when `poisoned` (the draw itself, or
+// the oracle's poisoned re-runs of it): notes the mandatory feature poisoned_unread and, when
+// the backend declines the draw, runs its clean twin (`run_twin`); a twin the backend runs
+// (returns, rejects or fails: anything but a decline) proves the decline was about the poison.
+template <class Body, class Twin>
+void judge_poisoned(bool poisoned, Body body, Twin run_twin) {
+  if (poisoned) note_draw_feature("poisoned_unread");
+  try {
+    body();
+  } catch (const oracle::NotSupported&) {
+    if (poisoned && ran(run_twin, true)) note_declined_for("poisoned_unread");
+    throw;
+  }
+}
+
 // ---- FP8 indexer --------------------------------------------------------------------------
 
 void fp8_indexer_ratio(Backend& b, const BlockFactory&) {
@@ -103,7 +298,9 @@ void fp8_indexer_ratio(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
   RC_ASSERT(!all_zero(c.in.q_idx));
   RC_ASSERT(!all_zero(c.in.w));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_fp8_indexer_scores(b, op_case(c.in)));
+  judge_poisoned(
+      poisoned(c.in), [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_fp8_indexer_scores(b, op_case(c.in))); },
+      [&] { b.fp8_indexer_scores(clean_twin(c.in)); });
 }
 
 // Power-of-two scales and small integers: every product and sum is exact in fp32, so the
@@ -112,7 +309,9 @@ void fp8_indexer_exact_tier(Backend& b, const BlockFactory&) {
   const Fp8IndexerCase c = draw_fp8_indexer_case("exact");
   DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
   const Tensor ref = reference::fp8_indexer_scores(c.in);
-  const Tensor got = b.fp8_indexer_scores(c.in);
+  Tensor got;
+  judge_poisoned(poisoned(c.in), [&] { got = b.fp8_indexer_scores(c.in); },
+                 [&] { b.fp8_indexer_scores(clean_twin(c.in)); });
   const auto m = oracle::compare_tensors(got, ref);
   RC_ASSERT(m.shape_ok);
   RC_ASSERT(m.nonfinite_mismatches == 0);
@@ -124,10 +323,12 @@ void fp8_indexer_exact_tier(Backend& b, const BlockFactory&) {
 void fp8_invalid_scale_rejected(Backend& b, const BlockFactory&) {
   const Fp8IndexerCase c = draw_fp8_indexer_case("bad_scale");
   DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
-  assert_rejected(b, [&] { b.fp8_indexer_scores(c.in); },
-                  "k_scale[" + std::to_string(c.bad_key) + "] = " + std::to_string(c.in.k_scale.get(c.bad_key)) +
-                      " of a key inside a window",
-                  c.desc);
+  assert_rejected(
+      b, poisoned(c.in), [&] { b.fp8_indexer_scores(c.in); }, [&] { b.fp8_indexer_scores(clean_twin(c.in)); },
+      [&] { b.fp8_indexer_scores(valid_twin(c.in)); },
+      "k_scale[" + std::to_string(c.bad_key) + "] = " + std::to_string(c.in.k_scale.get(c.bad_key)) +
+          " of a key inside a window",
+      c.desc);
 }
 
 // ---- paged FP8 indexer --------------------------------------------------------------------
@@ -135,7 +336,10 @@ void fp8_invalid_scale_rejected(Backend& b, const BlockFactory&) {
 void paged_indexer_ratio(Backend& b, const BlockFactory&) {
   const PagedIndexerCase c = draw_paged_indexer_case();
   DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_paged_indexer_scores(b, op_case(c.in)));
+  // The check re-runs the draw with entries past every context poisoned: always poisoned.
+  judge_poisoned(
+      true, [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_paged_indexer_scores(b, op_case(c.in))); },
+      [&] { b.paged_indexer_scores(clean_twin(c.in)); });
 }
 
 // next_n >= 2: row b·next_n+i sees exactly [0, L-next_n+i+1): key ke-1 finite, key ke -inf.
@@ -143,7 +347,8 @@ void paged_mtp_window_exact_at_ke(Backend& b, const BlockFactory&) {
   const PagedIndexerCase c = draw_paged_indexer_case("mtp");
   DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
   const reference::PagedGather g = reference::gather_paged_indexer(c.in);
-  const Tensor got = b.paged_indexer_scores(c.in);
+  Tensor got;
+  judge_poisoned(true, [&] { got = b.paged_indexer_scores(c.in); }, [&] { b.paged_indexer_scores(clean_twin(c.in)); });
   const int64_t rows = g.windows.s_q(), width = g.max_context;
   RC_ASSERT(got.shape() == std::vector<int64_t>({rows, width}));
   for (int64_t r = 0; r < rows; ++r) {
@@ -151,7 +356,9 @@ void paged_mtp_window_exact_at_ke(Backend& b, const BlockFactory&) {
     if (ke > 0) RC_ASSERT(std::isfinite(got.get(r * width + ke - 1)));
     if (ke < width) RC_ASSERT(got.get(r * width + ke) == -INFINITY);
   }
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_paged_indexer_scores(b, op_case(c.in)));
+  judge_poisoned(
+      true, [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_paged_indexer_scores(b, op_case(c.in))); },
+      [&] { b.paged_indexer_scores(clean_twin(c.in)); });
 }
 
 // A table entry a context reads that is out of range, or a context longer than its table
@@ -166,7 +373,9 @@ void paged_bad_table_rejected(Backend& b, const BlockFactory&) {
     bad = true;
   }
   RC_ASSERT(bad);  // the case is bad
-  assert_rejected(b, [&] { b.paged_indexer_scores(c.in); }, "a bad block table / context length", c.desc);
+  assert_rejected(
+      b, poisoned(c.in), [&] { b.paged_indexer_scores(c.in); }, [&] { b.paged_indexer_scores(clean_twin(c.in)); },
+      [&] { b.paged_indexer_scores(valid_twin(c.in)); }, "a bad block table / context length", c.desc);
 }
 
 // A scale of a key some context reads (k_scale_cache[block, slot]) that is <= 0, NaN or inf:
@@ -186,10 +395,11 @@ void paged_invalid_scale_rejected(Backend& b, const BlockFactory&) {
   c.desc += " bad_scale=k_scale_cache[" + std::to_string(row / bs) + ", " + std::to_string(row % bs) + "] (key " +
             std::to_string(key) + " of request " + std::to_string(req) + ")";
   DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
-  assert_rejected(b, [&] { b.paged_indexer_scores(c.in); },
-                  "k_scale_cache[" + std::to_string(row / bs) + ", " + std::to_string(row % bs) + "] = " +
-                      std::to_string(v) + " (key " + std::to_string(key) + " of request " + std::to_string(req) + ")",
-                  c.desc);
+  const std::string bad = "k_scale_cache[" + std::to_string(row / bs) + ", " + std::to_string(row % bs) + "] = " +
+                          std::to_string(v) + " (key " + std::to_string(key) + " of request " + std::to_string(req) + ")";
+  assert_rejected(
+      b, poisoned(c.in), [&] { b.paged_indexer_scores(c.in); }, [&] { b.paged_indexer_scores(clean_twin(c.in)); },
+      [&] { b.paged_indexer_scores(valid_twin(c.in)); }, bad, c.desc);
 }
 
 // ---- sparse MLA over the FP8 cache --------------------------------------------------------
@@ -197,7 +407,9 @@ void paged_invalid_scale_rejected(Backend& b, const BlockFactory&) {
 void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
   const SmlaFp8Case c = draw_smla_fp8_case();
   DumpOnFailure dump([&] { return described([&] { return fixtures::sparse_mla_fp8_fixture(c.in, case_name()); }, c.desc); });
-  const SparseMlaForward f = b.sparse_mla_fp8_forward(c.in);
+  SparseMlaForward f;
+  // The check re-runs the draw with unread tokens poisoned: always poisoned.
+  judge_poisoned(true, [&] { f = b.sparse_mla_fp8_forward(c.in); }, [&] { b.sparse_mla_fp8_forward(clean_twin(c.in)); });
   // Empty rows (SPEC §6): out 0, lse +inf, max_logits -inf, no NaN.
   const int64_t s_q = c.in.q.size(0), h = c.in.q.size(1), k = c.in.indices.size(-1);
   const int64_t tokens = c.in.kv_cache.numel() / kMlaFp8TokenBytes;
@@ -221,7 +433,9 @@ void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
           RC_ASSERT(f.out.get((t * h + hh) * kMlaFp8NopeDim + d) == 0.0);
     }
   }
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_fp8_forward(b, op_case(c.in)));
+  judge_poisoned(
+      true, [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_fp8_forward(b, op_case(c.in))); },
+      [&] { b.sparse_mla_fp8_forward(clean_twin(c.in)); });
 }
 
 // A tile scale of a token some valid slot reads that is <= 0, NaN or inf: an invalid argument
@@ -246,10 +460,12 @@ void smla_fp8_invalid_scale_rejected(Backend& b, const BlockFactory&) {
               sizeof v);
   c.desc += " bad_scale=token " + std::to_string(token) + " tile " + std::to_string(tile);
   DumpOnFailure dump([&] { return described([&] { return fixtures::sparse_mla_fp8_fixture(c.in, case_name()); }, c.desc); });
-  assert_rejected(b, [&] { b.sparse_mla_fp8_forward(c.in); },
-                  "the scale of tile " + std::to_string(tile) + " of token " + std::to_string(token) + " = " +
-                      std::to_string(v) + " (read by a valid slot)",
-                  c.desc);
+  const std::string bad = "the scale of tile " + std::to_string(tile) + " of token " + std::to_string(token) +
+                          " = " + std::to_string(v) + " (read by a valid slot)";
+  assert_rejected(
+      b, poisoned(c.in), [&] { b.sparse_mla_fp8_forward(c.in); },
+      [&] { b.sparse_mla_fp8_forward(clean_twin(c.in)); }, [&] { b.sparse_mla_fp8_forward(valid_twin(c.in)); },
+      bad, c.desc);
 }
 
 }  // namespace

@@ -1,5 +1,8 @@
 // Top-k properties (SPEC §3, §9 fused): written once, run for every backend and mutant.
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <vector>
 
 #include "dsa/reference/topk.h"
 #include "src/props_common.h"
@@ -20,8 +23,36 @@ oracle::OpCase as_op_case(const TopkCase& c) {
   return oc;
 }
 
+// Notes the draw feature k_boundary_ties (SPEC §3.3, a mandatory case: a backend that declines
+// every draw with it is INCOMPLETE, fresh-user F4) when some row holds more selectable entries
+// (inside its window, not NaN, not -inf) equal to its k_eff-th largest value v* than slots left
+// for them, so the tie fill decides which are selected.
+void note_boundary_ties(const TopkCase& c) {
+  const int64_t s_q = c.scores.size(0), s_kv = c.scores.size(1);
+  std::vector<double> v;
+  for (int64_t t = 0; t < s_q; ++t) {
+    v.clear();
+    const int64_t lo = c.windows ? std::max<int64_t>(0, c.windows->ks[t]) : 0;
+    const int64_t hi = c.windows ? std::min<int64_t>(s_kv, c.windows->ke[t]) : s_kv;
+    for (int64_t s = lo; s < hi; ++s) {
+      const double x = c.scores.get(t * s_kv + s);
+      if (!std::isnan(x) && x != -INFINITY) v.push_back(x);
+    }
+    const int64_t n = static_cast<int64_t>(v.size()), k_eff = std::min<int64_t>(c.k, n);
+    if (k_eff == 0 || k_eff == n) continue;  // nothing or everything selected: no fill to decide
+    std::nth_element(v.begin(), v.begin() + (k_eff - 1), v.end(), std::greater<double>());
+    const double v_star = v[static_cast<size_t>(k_eff - 1)];
+    const auto at_least = std::count_if(v.begin(), v.end(), [&](double x) { return x >= v_star; });
+    if (at_least > k_eff) {
+      note_draw_feature("k_boundary_ties");
+      return;
+    }
+  }
+}
+
 // The exact §3 check of `c` on `b`; a failing case is dumped as a fixture.
 void assert_exact(Backend& b, const TopkCase& c) {
+  note_boundary_ties(c);
   DumpOnFailure dump([&] { return to_fixture(c); });
   DSA_PROP_ASSERT_PASSED(oracle::check_topk_op(b, as_op_case(c)));
 }
@@ -36,6 +67,7 @@ void contract_exact(Backend& b, const BlockFactory&) {
 // -inf → -1: rows without a selectable entry are all -1; -inf is never a valid id.
 void neg_inf_to_minus_one(Backend& b, const BlockFactory&) {
   const TopkCase c = draw_topk_case("neg_inf");
+  note_boundary_ties(c);
   DumpOnFailure dump([&] { return to_fixture(c); });
   const Tensor ids = b.select_topk(c.scores, c.k, c.policy, c.windows);
   RC_ASSERT(ids.shape() == std::vector<int64_t>({c.scores.size(0), c.k}));
@@ -59,6 +91,7 @@ void neg_inf_to_minus_one(Backend& b, const BlockFactory&) {
 // Integer plateaus under small/large + sorted: the policy fixes the bytes (§3.5).
 void ties_resolved_bitwise(Backend& b, const BlockFactory&) {
   const TopkCase c = draw_topk_case("plateau");
+  note_boundary_ties(c);
   DumpOnFailure dump([&] { return to_fixture(c); });
   const Tensor want = reference::select_topk(c.scores, c.k, c.policy, c.windows);
   const Tensor got = b.select_topk(c.scores, c.k, c.policy, c.windows);
@@ -73,6 +106,7 @@ void nan_never_selected(Backend& b, const BlockFactory&) { assert_exact(b, draw_
 // int32, [s_q, k], and bitwise identical across three runs on a deterministic backend.
 void int32_contiguous_deterministic(Backend& b, const BlockFactory&) {
   const TopkCase c = draw_topk_case();
+  note_boundary_ties(c);
   DumpOnFailure dump([&] { return to_fixture(c); });
   const Tensor a = b.select_topk(c.scores, c.k, c.policy, c.windows);
   RC_ASSERT(a.dtype() == DType::I32);
@@ -133,13 +167,13 @@ void fused_indexer_topk(Backend& b, const BlockFactory&) {
 void add_topk_properties(std::vector<Property>& out) {
   out.push_back({"topk.contract_exact", {Op::Topk}, 1, contract_exact});
   out.push_back({"topk.neg_inf_to_minus_one", {Op::Topk}, 1, neg_inf_to_minus_one});
-  out.push_back({"topk.ties_resolved_bitwise", {Op::Topk}, 1, ties_resolved_bitwise});
+  out.push_back({"topk.ties_resolved_bitwise", {Op::Topk}, 1, ties_resolved_bitwise, 0, "k_boundary_ties"});
   out.push_back({"topk.nan_never_selected", {Op::Topk}, 1, nan_never_selected});
   out.push_back({"topk.int32_contiguous_deterministic", {Op::Topk}, 1, int32_contiguous_deterministic});
   out.push_back({"topk.long_rows", {Op::Topk}, 4, long_rows});
   out.push_back({"topk.ids_past_16_bits", {Op::Topk}, 8, wide_ids});
   out.push_back({"topk.row_windows", {Op::Topk}, 1, row_windows});
-  out.push_back({"topk.tie_overflow", {Op::Topk}, 2, tie_overflow});
+  out.push_back({"topk.tie_overflow", {Op::Topk}, 2, tie_overflow, 0, "k_boundary_ties"});
   out.push_back({"topk.many_rows", {Op::Topk}, 4, many_rows});
   out.push_back({"topk.wide_k", {Op::Topk}, 4, wide_k});
   out.push_back({"topk.fused_indexer_topk", {Op::IndexerScores, Op::Topk}, 2, fused_indexer_topk});

@@ -5,9 +5,22 @@
 
 #include <vector>
 
+#include "dsa/contract/fp8_op_types.h"
 #include "dsa/property_tests/suite.h"
 
 namespace dsa::props {
+
+/// Clean twins (SPEC §10: parts no valid read uses may hold anything): the draw with every
+/// unread part made ordinary (FP8 bytes 0, scales 1, table entries past a context block 0); read
+/// parts, bad ones included, as they were. poisoned(): the twin differs from the input. The §10
+/// properties run a declined draw's twin: a backend that runs it declined the poisoned unread
+/// parts, a mandatory case (feature poisoned_unread, fresh-user F4b).
+Fp8IndexerInputs clean_twin(const Fp8IndexerInputs& in);
+PagedIndexerInputs clean_twin(const PagedIndexerInputs& in);
+SparseMlaFp8Inputs clean_twin(const SparseMlaFp8Inputs& in);
+bool poisoned(const Fp8IndexerInputs& in);
+bool poisoned(const PagedIndexerInputs& in);
+bool poisoned(const SparseMlaFp8Inputs& in);
 
 /// fp8.*, paged.*, smla_fp8.* properties.
 void add_fp8_properties(std::vector<Property>& out);

@@ -46,6 +46,15 @@ std::string take_judged_nothing() {
   why.swap(g_judged_nothing);
   return why;
 }
+namespace {
+thread_local std::vector<std::string> g_declined_for;
+}  // namespace
+void note_declined_for(const std::string& feature) { g_declined_for.push_back(feature); }
+std::vector<std::string> take_declined_for() {
+  std::vector<std::string> out;
+  out.swap(g_declined_for);
+  return out;
+}
 const std::string& dump_target() { return g_dump_target; }
 
 namespace {

@@ -32,6 +32,14 @@ const std::string& failing_op();
 void note_judged_nothing(const std::string& why);
 std::string take_judged_nothing();
 
+/// Notes that the backend declined the running draw but ran its twin without the mandatory
+/// feature `feature` (the same draw with that feature's values made ordinary, e.g. the unread
+/// §10 parts clean): the decline was about `feature`. run_property counts such a draw as a
+/// declined mandatory case even when no draw of the property was judged (fresh-user F4b).
+/// take_declined_for returns the features noted since the last call and clears them.
+void note_declined_for(const std::string& feature);
+std::vector<std::string> take_declined_for();
+
 /// Where a failing case of the running property is dumped ("" = off). Set by run_property.
 void set_dump_target(const std::string& path);
 const std::string& dump_target();

@@ -115,6 +115,12 @@ const FeatureInfo kFeatures[] = {
     {"duplicate_ids", true, "duplicate ids (separate terms; SPEC §4)"},
     {"neg_inf_scores", true, "-inf scores (never selected, -1 slots; SPEC §3.1-§3.2)"},
     {"nan_scores", true, "NaN scores (never selected; SPEC §3.1)"},
+    {"k_boundary_ties", true,
+     "ties at the k-th value (more selectable entries equal to v* than free slots: the tie fill; "
+     "SPEC §3.3, 'the normal case')"},
+    {"poisoned_unread", true,
+     "unread §10 parts holding anything (table entries past a context out of range or -1, cache "
+     "slots and tokens no valid read uses full of NaN bytes and invalid scales; SPEC §10)"},
     {"attn_sink", false, "attention sinks (optional input; SPEC §4)"},
     {"topk_length", false, "topk_length (optional input; SPEC §4)"},
     {"indices_view", false, "[s_q, 1, k] ids view (SPEC §4)"},
@@ -239,8 +245,9 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   // judges its full count of draws on what the backend supports (fresh-user finding F3). Per
   // draw feature (note_draw_feature): draws judged, declined, and declined without any
   // optional input (the decline can only be about the shape or a mandatory behaviour).
+  // `proven`: declined draws whose twin without the feature the backend ran (note_declined_for).
   struct Tally {
-    int judged = 0, declined = 0, declined_plain = 0;
+    int judged = 0, declined = 0, declined_plain = 0, proven = 0;
   };
   std::map<std::string, Tally> features;
   std::map<std::string, int> reasons;
@@ -254,10 +261,11 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   // row, and size-scaled draws (gen::inRange: h_q, s_q) reach past their minimum only from
   // size ~5-25 on, so a backend that declines h_q 1 declines the first tens of draws.
   constexpr int kStopAfterDeclines = 100;
-  auto tally = [&](bool was_declined, bool declared = false) {
+  auto tally = [&](bool was_declined, bool declared = false, const std::vector<std::string>& proven = {}) {
     if (!counting) return;
     (was_declined ? declined : judged) += 1;
     if (declared) return;
+    for (const auto& f : proven) ++features[f].proven;
     bool optional = false;
     for (const auto& f : draw_features()) optional = optional || !mandatory_feature(f);
     for (const auto& f : draw_features()) {
@@ -277,6 +285,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     if (declined + nothing >= kStopAfterDeclines && judged == 0) return;  // nothing more drawn
     reset_failing_op();
     take_judged_nothing();
+    take_declined_for();
     clear_draw_features();
     // The many-row generators' first draw is their largest. Shrinking re-runs the body
     // with the failing draw's choices: it sees the draw index the failing execution saw.
@@ -318,7 +327,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
       // (/path/libx.so): sparse_mla_fwd: plugin returned DSA_STATUS_UNSUPPORTED: <its message>"),
       // which 160 characters cut off under a long build path.
       if (counting) ++reasons[why.substr(0, 400)];
-      tally(true, declared_limitation(why));
+      tally(true, declared_limitation(why), take_declined_for());
       RC_DISCARD("declined by the backend: " + why);
     }
     tally(false);
@@ -356,10 +365,14 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     (waived ? r.waived : r.mandatory_declined).push_back(what);
     if (!waived) missing_lines.push_back(line);
   };
+  // A decline proven to be about the feature (the backend ran the draw's twin without it)
+  // counts even when no draw was judged: the backend runs the op, just not this SPEC case.
   for (const auto& [key, t] : features)
-    if (judged > 0 && mandatory_feature(key) && t.declined_plain > 0 && t.judged == 0)
+    if (mandatory_feature(key) && t.judged == 0 && ((judged > 0 && t.declined_plain > 0) || t.proven > 0))
       missing(key, feature_description(key) + ": every one of the " + std::to_string(t.declined) +
-                       " draws that had it declined, none judged");
+                       " draws that had it declined, none judged" +
+                       (t.proven > 0 ? " (the backend ran " + std::to_string(t.proven) + " of them with it taken out)"
+                                     : std::string()));
   const bool failed = result.template is<rc::detail::FailureResult>();
   if (!failed && !missing_lines.empty()) {
     r.verdict = Verdict::Fail;
@@ -378,6 +391,15 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     for (const auto& x : r.waived) w += (w.empty() ? "" : ", ") + x;
     return w;
   }() + ")";
+  // A property about one feature (Property::needs) that judged no draw with it: a skip.
+  if (!failed && judged > 0 && !p.needs.empty() && features[p.needs].judged == 0) {
+    r.verdict = Verdict::Skip;
+    r.cases = judged;
+    r.message = "judged no draw with " + feature_description(p.needs) + " (" + std::to_string(judged) +
+                " judged draw(s) without it passed" + (declined > 0 ? "; " + declined_note : std::string()) + ")" +
+                waived_note;
+    return r;
+  }
   if (!failed && judged == 0 && declined == 0 && nothing > 0) {
     // Every draw judged nothing (e.g. only outputs no draw defines): a skip, never a pass.
     r.verdict = Verdict::Skip;

@@ -33,12 +33,17 @@ struct Property {
   int cost = 1;                  ///< divides the case count (expensive properties run fewer)
   std::function<void(oracle::Backend&, const oracle::BlockFactory&)> body;
   int min_level = 0;             ///< below this DSA_TEST_LEVEL the property is a skip (cost)
+  /// A draw feature (draw_feature_keys()) the property is about, e.g. "k_boundary_ties" for
+  /// topk.ties_resolved_bitwise: a run that judged no draw with it is a skip saying so, never a
+  /// pass (fresh-user F4). Empty: none.
+  std::string needs;
 };
 
 /// The draw feature keys (note_draw_feature) in a fixed order, mandatory ones first.
 const std::vector<std::string>& draw_feature_keys();
 /// True for SPEC behaviour every kernel must handle (invalid_ids, empty_rows, duplicate_ids:
-/// SPEC §4/§6; neg_inf_scores, nan_scores: SPEC §3.1); false for optional inputs.
+/// SPEC §4/§6; neg_inf_scores, nan_scores: SPEC §3.1; k_boundary_ties: §3.3; poisoned_unread:
+/// §10); false for optional inputs.
 bool mandatory_feature(const std::string& key);
 /// One line naming the feature and its SPEC rule, e.g. "invalid ids (-1, negative, >= s_kv;
 /// SPEC §4)". Throws std::invalid_argument naming an unknown key.
