@@ -2,8 +2,9 @@
 // argument and the limit), never a judged case: SPEC §6 (no valid input may produce NaN), §7
 // (-inf marks a key outside S_t; +inf has no softmax), §2/§9 (fp32 scores, fp32 accumulation).
 // Fresh-user findings F15 (a +inf KL score: the reference returned NaN and a NaN candidate
-// agreed) and F5 (indexer scores past FLT_MAX: no fp32 kernel could pass). Files are written
-// here from the shipped golden fixtures. Label golden; about 5 s (each CLI run about 0.3 s).
+// agreed) and F5 (indexer scores past FLT_MAX: no fp32 kernel could pass), and the same kind in
+// every op. Files are written here from the shipped golden fixtures. Label golden; about 15 s
+// unloaded (40 CLI runs of about 0.3 s), 45 s on a loaded 2-core machine.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -123,6 +124,60 @@ TEST(ValueLimits, IndexerInputsPastFp32OrNotFiniteAreAnInputErrorOnEveryRoute) {
   fixtures::save_fixture(inside, f);
   expect_input_error_on_every_route(
       inside, {inside + ": indexer_scores_backward inputs: argument 'd_scores' got nan at [5, " + std::to_string(ke - 1) + "]"});
+}
+
+
+// The rest of the kind (SPEC §6: no valid input may produce NaN): a non-finite value the
+// sparse MLA, FP8 sparse MLA or paged indexer reads made the reference NaN, and a NaN
+// candidate agreed; gradients past FLT_MAX could not be returned by an fp32 kernel. Each is an
+// input error naming the argument; a NaN byte past every context is never read and agrees.
+TEST(ValueLimits, NonFiniteValuesEveryOpReadsAreAnInputErrorOnEveryRoute) {
+  Scratch dir("ops");
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    const char* golden;
+    const char* tensor;
+    int64_t index;  // flat element; -1: the first column of kv row indices[5, 0]
+    double value;
+    std::vector<std::string> words;  // after "<file>: "
+  };
+  const std::vector<Case> cases = {
+      {"smla_basic", "q", 5 * 8 * 80, nan, {"sparse_mla_fwd inputs: argument 'q' got nan at [5, 0, 0]"}},
+      {"smla_basic", "dout", 5 * 8 * 64, nan, {"sparse_mla_bwd inputs: argument 'dout' got nan at [5, 0, 0]"}},
+      {"smla_basic", "kv", -1, 3e38, {"sparse_mla_bwd inputs: argument 'dout, q, kv, sm_scale' got values for which dq[", "FLT_MAX"}},
+      {"smla_fp8_decode", "kv_cache", -1, 0x7F,
+       {"sparse_mla_fp8_fwd inputs: argument 'kv_cache' got token row", "column 0 (NoPE tile 0, e4m3 value x scale) = nan"}},
+      {"paged_idx_mtp2", "k_cache", 1 * 16 * 32, 0x7F,
+       {"paged_indexer_scores inputs: argument 'k_cache' got k_cache[1, 0, 0] = nan (key 0 of request 0)"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.golden) + " " + c.tensor);
+    fixtures::Fixture f = fixtures::load_fixture(golden(c.golden));
+    Tensor& t = f.inputs.at(c.tensor);
+    int64_t i = c.index;
+    if (i < 0) {
+      const Tensor& ids = f.inputs.at("indices");
+      const int64_t row = static_cast<int64_t>(ids.get(5 * ids.size(-1)));
+      ASSERT_GE(row, 0);
+      i = row * (t.dtype() == DType::U8 ? 656 : t.size(-1));
+    }
+    t.set(i, c.value);
+    const std::string path = dir.file(std::string(c.golden) + "_" + c.tensor + ".safetensors");
+    fixtures::save_fixture(path, f);
+    std::vector<std::string> words = c.words;
+    words[0] = path + ": " + words[0];
+    expect_input_error_on_every_route(path, words);
+  }
+  // Request 0 of paged_idx_mtp2 holds 19 keys: slot 3 of its second block (block 3) is past
+  // its context, never read.
+  fixtures::Fixture f = fixtures::load_fixture(golden("paged_idx_mtp2"));
+  ASSERT_EQ(f.inputs.at("context_lens").get(0), 19);
+  ASSERT_EQ(f.inputs.at("block_table").get(1), 3);
+  f.inputs.at("k_cache").set((3 * 16 + 3) * 32, 0x7F);
+  const std::string path = dir.file("paged_unread_nan.safetensors");
+  fixtures::save_fixture(path, f);
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + path, &out), 0) << out;
 }
 
 }  // namespace

@@ -51,6 +51,16 @@ PagedGather gather_paged_indexer(const PagedIndexerInputs& in) {
                 "k_scale_cache[" + str(row / block_size) + ", " + str(row % block_size) + "] = " +
                     str(scales[row]) + " (key " + str(p) + " of request " + str(b) + ")",
                 "a positive finite fp32 scale (SPEC §10)");
+      // SPEC §6/§10: a key a context reads is finite (e4m3fn S.1111.111 is NaN, e5m2 has
+      // inf/NaN); bytes past every context may hold anything. Named in the cache's own index.
+      for (int64_t c = 0; c < d_i; ++c) {
+        const double v = fp8_to_double(cache[row * d_i + c], in.format);
+        check_arg(std::isfinite(v), where, "k_cache",
+                  "k_cache[" + str(row / block_size) + ", " + str(row % block_size) + ", " + str(c) +
+                      "] = " + str(v) + " (key " + str(p) + " of request " + str(b) + ")",
+                  "a finite fp8 value in every key a context reads (SPEC §6: no valid input may "
+                  "produce NaN; §10)");
+      }
       std::memcpy(f.k_idx.data<uint8_t>() + dst * d_i, cache + row * d_i, static_cast<size_t>(d_i));
       f.k_scale.data<float>()[dst] = scales[row];
     }

@@ -14,6 +14,7 @@
 
 #include "dsa/contract/parallel.h"
 #include "internal.h"
+#include "value_limits.h"
 
 namespace dsa::reference {
 namespace {
@@ -67,6 +68,75 @@ void valid_ids(const SparseMlaInputs& in, const MlaDims& d, int64_t t, std::vect
   if (in.topk_length) limit = std::min<int64_t>(limit, in.topk_length->data<int32_t>()[t]);
   for (int64_t j = 0; j < limit; ++j)
     if (row[j] >= 0 && row[j] < d.s_kv) ids.push_back(row[j]);
+}
+
+/// Values the op reads (SPEC §6: no valid input may produce NaN; §4/§5/§9: fp32 logits and
+/// accumulation). The q row of a row with a valid slot, the kv rows its valid slots address,
+/// and (backward) its dout row and given out row are finite within FLT_MAX; each logit's terms
+/// max(1, |sm_scale|) · Σ_d |q_d · kv_d| and (backward) each dout·v's Σ_c |dout_c · v_c| stay
+/// within FLT_MAX. Rows and kv rows never read may hold anything (poisoned invalid ids). A
+/// cheap bound (width · max|a| · max|b|) clears ordinary rows; the exact sums run only for the
+/// rows it does not clear. Throws std::invalid_argument naming the argument and the limit.
+void check_values(const char* where, const SparseMlaInputs& in, const MlaDims& d,
+                  const Tensor* dout, const std::optional<Tensor>* out) {
+  const double limit = detail::kFp32Max, scale = std::max(1.0, std::abs(in.sm_scale));
+  const int64_t hd = d.h_q * d.d_qk, hv = d.h_q * d.d_v;
+  std::vector<double> kvmax(static_cast<size_t>(d.s_kv), -1.0), vmax(static_cast<size_t>(d.s_kv), 0.0);
+  std::vector<double> buf, a, b;
+  std::vector<int32_t> ids;
+  // Σ_c |x_c · y_c| over columns [0, w) of row i of `x` (width xw) and row j of `y` (width yw).
+  auto terms = [&](const Tensor& x, int64_t i, int64_t xw, const Tensor& y, int64_t j, int64_t yw, int64_t w) {
+    a.resize(static_cast<size_t>(w));
+    b.resize(static_cast<size_t>(w));
+    detail::convert_range<double>(x, a.data(), i * xw, i * xw + w);
+    detail::convert_range<double>(y, b.data(), j * yw, j * yw + w);
+    double sum = 0;
+    for (int64_t c = 0; c < w; ++c) sum += std::abs(a[static_cast<size_t>(c)] * b[static_cast<size_t>(c)]);
+    return sum;
+  };
+  for (int64_t t = 0; t < d.s_q; ++t) {
+    valid_ids(in, d, t, ids);
+    if (ids.empty()) continue;  // an empty row reads nothing (SPEC §6)
+    const std::string why = "row " + std::to_string(t) + " has a valid slot, SPEC §6";
+    const double qm = detail::checked_max_abs(where, "q", in.q, t * hd, (t + 1) * hd, why, buf);
+    double dm = 0;
+    if (dout) dm = detail::checked_max_abs(where, "dout", *dout, t * hv, (t + 1) * hv, why, buf);
+    if (out && *out) detail::checked_max_abs(where, "out", **out, t * hv, (t + 1) * hv, why, buf);
+    double km = 0, vm = 0;
+    for (int32_t s : ids) {
+      double& m = kvmax[static_cast<size_t>(s)];
+      if (m < 0) {
+        m = detail::checked_max_abs(where, "kv", in.kv, s * d.d_qk, (s + 1) * d.d_qk,
+                                    "key " + std::to_string(s) + " is a valid slot's id, SPEC §6", buf);
+        double v = 0;
+        for (int64_t c = 0; c < d.d_v; ++c) v = std::max(v, std::abs(buf[static_cast<size_t>(c)]));
+        vmax[static_cast<size_t>(s)] = v;
+      }
+      km = std::max(km, m);
+      vm = std::max(vm, vmax[static_cast<size_t>(s)]);
+    }
+    const bool logits_ok = scale * static_cast<double>(d.d_qk) * qm * km <= limit;
+    const bool dv_ok = static_cast<double>(d.d_v) * dm * vm <= limit;
+    if (logits_ok && dv_ok) continue;
+    for (int64_t h = 0; h < d.h_q; ++h)
+      for (int32_t s : ids) {
+        if (!logits_ok) {
+          const double x = scale * terms(in.q, t * d.h_q + h, d.d_qk, in.kv, s, d.d_qk, d.d_qk);
+          check_arg(x <= limit, where, "q",
+                    "row " + std::to_string(t) + " head " + std::to_string(h) + " against kv row " +
+                        std::to_string(s) + ": max(1, |sm_scale|) · Σ_d |q_d · kv_d| = " + str(x),
+                    "at most FLT_MAX = 3.40282e+38 (the logit sm_scale · q · kv is accumulated in "
+                    "fp32, SPEC §4/§9; scale q, kv or sm_scale down)");
+        }
+        if (!dv_ok) {
+          const double x = terms(*dout, t * d.h_q + h, d.d_v, in.kv, s, d.d_qk, d.d_v);
+          check_arg(x <= limit, where, "dout",
+                    "row " + std::to_string(t) + " head " + std::to_string(h) + " against kv row " +
+                        std::to_string(s) + ": Σ_c |dout_c · v_c| = " + str(x),
+                    "at most FLT_MAX = 3.40282e+38 (dout · v is accumulated in fp32, SPEC §5/§9)");
+        }
+      }
+  }
 }
 
 /// Slot blocks of the forward's gathered keys (issue 13): a query row gathers k kv rows of
@@ -766,8 +836,17 @@ SparseMlaGrads backward(const SparseMlaInputs& in, const Tensor& dout, const Mla
 }  // namespace
 
 SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in, Precision precision) {
-  const MlaDims d = validate("sparse_mla_forward", in);
-  return precision == Precision::Reference ? forward<double>(in, d) : forward<float>(in, d);
+  const char* where = "sparse_mla_forward";
+  const MlaDims d = validate(where, in);
+  check_values(where, in, d, nullptr, nullptr);
+  if (precision != Precision::Reference) return forward<float>(in, d);
+  SparseMlaForward f = forward<double>(in, d);
+  // Inputs the checks above let through never reach these (a guard; ±inf lse/max_logits of
+  // empty rows are the contract's, SPEC §6).
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"out", &f.out},
+                                {"lse", &f.lse}, {"max_logits", &f.max_logits}})
+    detail::check_result_values(where, "q, kv, sm_scale, attn_sink", name, *t);
+  return f;
 }
 
 SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout,
@@ -780,8 +859,15 @@ SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout
     check_shape(where, "out", *out, {d.s_q, d.h_q, d.d_v});
     detail::check_activation_dtype(where, "out", *out);
   }
-  return precision == Precision::Reference ? backward<double>(in, dout, d, out)
-                                           : backward<float>(in, dout, d, out);
+  check_values(where, in, d, &dout, &out);
+  if (precision != Precision::Reference) return backward<float>(in, dout, d, out);
+  SparseMlaGrads g = backward<double>(in, dout, d, out);
+  // Gradients past FLT_MAX (e.g. a huge dout or kv summed over many rows): no fp32 kernel
+  // can return them.
+  detail::check_result_values(where, "dout, q, kv, sm_scale", "dq", g.dq);
+  detail::check_result_values(where, "dout, q, kv, sm_scale", "dkv", g.dkv);
+  if (g.dsink) detail::check_result_values(where, "dout, q, kv, attn_sink", "dsink", *g.dsink);
+  return g;
 }
 
 }  // namespace dsa::reference

@@ -6,6 +6,7 @@
 
 #include "dsa/reference/sparse_mla.h"
 #include "internal.h"
+#include "value_limits.h"
 
 namespace dsa::reference {
 
@@ -68,8 +69,19 @@ SparseMlaFp8Gather gather_sparse_mla_fp8(const SparseMlaFp8Inputs& in, Precision
   for (size_t r = 0; r < used.size(); ++r) {
     const MlaFp8TokenView tok(cache + used[r] * kMlaFp8TokenBytes);
     tok.check_scales(where, "kv_cache", used[r]);
-    for (int64_t c = 0; c < kMlaFp8Dqk; ++c)
-      m.kv.set(static_cast<int64_t>(r) * kMlaFp8Dqk + c, tok.value(c));  // one rounding
+    for (int64_t c = 0; c < kMlaFp8Dqk; ++c) {
+      const double v = tok.value(c);
+      // SPEC §6/§10: a token a valid slot reads holds no NaN (e4m3fn S.1111.111, a bf16 RoPE
+      // NaN/inf) and no dequantized value past fp32's range; unread tokens may hold anything.
+      check_arg(detail::fits_fp32(v), where, "kv_cache",
+                "token row " + str(used[r]) + " column " + str(c) + " (" +
+                    (c < kMlaFp8NopeDim ? "NoPE tile " + str(c / kMlaFp8TileSize) + ", e4m3 value x scale"
+                                        : std::string("RoPE, bf16")) +
+                    ") = " + str(v),
+                detail::fp32_limit_text() + " in every token a valid slot reads (SPEC §6: no valid "
+                "input may produce NaN; §10)");
+      m.kv.set(static_cast<int64_t>(r) * kMlaFp8Dqk + c, v);  // one rounding
+    }
   }
   m.q = in.q;
   m.topk_length = in.topk_length;

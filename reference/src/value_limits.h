@@ -6,6 +6,7 @@
 // judged). Inputs a kernel never reads (outside every window) may hold anything.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -14,6 +15,7 @@
 #include "dsa/contract/errors.h"
 #include "dsa/contract/key_windows.h"
 #include "dsa/contract/tensor.h"
+#include "internal.h"
 
 namespace dsa::reference::detail {
 
@@ -50,6 +52,20 @@ inline void check_range_values(const char* where, const char* arg, const Tensor&
     check_arg(false, where, arg, str(v) + " at " + index_str(t.shape(), i),
               fp32_limit_text() + " in every element the op reads (" + why + ")");
   }
+}
+
+/// check_range_values over elements [i0, i1), returning their largest magnitude; `buf` is
+/// scratch (the elements are converted once, by type, not one get() each).
+inline double checked_max_abs(const char* where, const char* arg, const Tensor& t, int64_t i0,
+                              int64_t i1, const std::string& why, std::vector<double>& buf) {
+  buf.resize(static_cast<size_t>(i1 - i0));
+  convert_range<double>(t, buf.data(), i0, i1);
+  double m = 0;
+  for (double v : buf) {
+    if (!fits_fp32(v)) check_range_values(where, arg, t, i0, i1, why);  // throws, naming it
+    m = std::max(m, std::abs(v));
+  }
+  return m;
 }
 
 /// Keys [0, s_kv) that lie inside at least one row's window (the key rows a kernel reads).
