@@ -106,6 +106,10 @@ int run_audit(const AuditOptions& opts) {
   if (!fs::is_directory(dirs.golden) || !fs::is_directory(dirs.peer))
     throw std::invalid_argument("audit: fixture directories " + dirs.golden + " and " + dirs.peer +
                                 " must exist (set DSA_FIXTURES_DIR to the repo's fixtures/ folder)");
+  // Fixtures are judged unless --only: none at all is an error, a directory without any a note.
+  std::vector<std::string> notes;
+  if (opts.only.empty()) notes = check_fixture_dirs(dirs);
+  for (const auto& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
   std::vector<CaseResult> all;
   bool input_error = false;
   std::string label;
@@ -256,6 +260,7 @@ int run_audit(const AuditOptions& opts) {
     j["backends_not_run"] = backends_not_run;
     // Backends of which every selected case was skipped: the audit then exits 2 (no pass).
     j["backends_that_ran_no_case"] = ran_nothing;
+    j["notes"] = notes;  // e.g. a fixture directory holding no fixture
     write_text_file(opts.json_path, j.dump(2) + "\n");
   }
   if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, all));

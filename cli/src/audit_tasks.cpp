@@ -4,8 +4,9 @@
 #include <cmath>
 #include <filesystem>
 #include <optional>
-#include <set>
 #include <mutex>
+#include <set>
+#include <tuple>
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
@@ -55,6 +56,25 @@ std::vector<std::string> list_fixtures(const std::string& dir) {
     if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
   return files;
+}
+
+std::vector<std::string> check_fixture_dirs(const FixtureDirs& dirs) {
+  const std::string both = dirs.golden + " and " + dirs.peer;
+  if (!fs::is_directory(dirs.golden) || !fs::is_directory(dirs.peer))
+    throw std::invalid_argument("audit: fixture directories " + both +
+                                " must exist (set DSA_FIXTURES_DIR to the repo's fixtures/ folder)");
+  const bool golden = !list_fixtures(dirs.golden).empty(), peer = !list_fixtures(dirs.peer).empty();
+  if (!golden && !peer)
+    throw std::invalid_argument("audit: fixture directories " + both +
+                                " hold no fixture (*.safetensors): the audit would judge no golden and no peer "
+                                "case (set DSA_FIXTURES_DIR to the repo's fixtures/ folder, or run properties "
+                                "alone with --only)");
+  std::vector<std::string> notes;
+  for (const auto& [has, kind, dir] : {std::tuple{golden, "golden", dirs.golden}, std::tuple{peer, "peer", dirs.peer}})
+    if (!has)
+      notes.push_back(std::string("audit: no ") + kind + " fixture (*.safetensors) in " + dir + ": no " + kind +
+                      " case is judged (DSA_FIXTURES_DIR)");
+  return notes;
 }
 
 namespace {

@@ -57,6 +57,13 @@ std::vector<std::string> not_judged_outputs(const props::Property& p,
                                             const std::optional<std::set<std::string>>& provided);
 /// The .safetensors files of `dir`, sorted (empty when `dir` is not a directory).
 std::vector<std::string> list_fixtures(const std::string& dir);
+/// Checks the fixture directories an audit judges, before it runs: each must be a directory
+/// and at least one must hold a fixture (a *.safetensors file, list_fixtures), else
+/// std::invalid_argument naming both and DSA_FIXTURES_DIR: an audit whose fixtures all went
+/// missing is a wrong DSA_FIXTURES_DIR, never a silent pass of the properties alone (fresh-user
+/// F9; --only runs properties without fixtures). Returns one note per directory that holds none
+/// while the other does ("no golden fixture (*.safetensors) in DIR: ..."), for the caller to print.
+std::vector<std::string> check_fixture_dirs(const FixtureDirs& dirs);
 /// True when `op` is selected by --ops (every op when empty).
 bool op_selected(const AuditOptions& o, const std::string& op);
 /// The ops --ops selects (empty when --ops is not given: every op), for SuiteOptions::ops.

@@ -70,6 +70,7 @@ class Report:
     seed: int = 0  # 0: RapidCheck drew a seed per property (see each repro line)
     device: str = "cpu"
     spec: str = ""
+    notes: List[str] = field(default_factory=list)  # e.g. a fixture directory that holds no fixture
 
     @property
     def passed(self):
@@ -95,7 +96,7 @@ class Report:
     def to_json(self):
         """The JSON report (format dsa-verify-audit/1) as text."""
         extra = {"level": self.level, "seed": self.seed, "plugin": "", "python_backend": self.spec,
-                 "device": self.device, "version": _core.version}
+                 "device": self.device, "version": _core.version, "notes": list(self.notes)}
         return _core.to_json(self.backend, [c.as_dict() for c in self.cases], _json.dumps(extra))
 
     def to_junit(self):
@@ -316,6 +317,11 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
         report.cases.append(CaseResult(op="*", property=f"backend {bridge.name}", status="skip", message=why))
     else:
         tasks = _core.list_tasks(bridge, options)
+        # Fixtures judged: a directory holding none is a note (neither holding any: ValueError above).
+        report.notes = list(_core.check_fixture_dirs()) if fixtures and not only else []
+        if progress:
+            for note in report.notes:
+                sys.stderr.write(f"note: {note}\n")
         if progress:
             sys.stdout.flush()
             sys.stderr.write(f"audit {bridge.name}: {len(tasks)} tasks (level {level}, seed "

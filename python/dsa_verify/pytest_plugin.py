@@ -69,6 +69,8 @@ class _State:
         self.options["allow_weak"] = bool(opt("--dsa-allow-weak"))
         self.options["unsupported"] = split(opt("--dsa-unsupported"))
         self.tasks = _core.list_tasks(self.bridge, self.options)
+        # A fixture directory that holds no fixture (neither holding any: a usage error above).
+        self.notes = list(_core.check_fixture_dirs()) if self.options["fixtures"] and not self.options["only"] else []
         self.results = {}
         self.items_run = 0  # dsa-verify tests that ran
         self.judged = 0  # cases that passed or failed (not skipped), over the tasks run
@@ -188,6 +190,9 @@ def _no_verdict(config):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    state = config.stash.get(_STASH, None)
+    for note in state.notes if state is not None else []:
+        terminalreporter.write_line(f"dsa-verify: note: {note}", yellow=True)
     line = _no_verdict(config)
     if line:
         terminalreporter.write_line(line, red=True, bold=True)

@@ -117,9 +117,7 @@ std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o
   ts->fixture_files.assign(ts->tasks.size(), "");
   if (ts->opts.only.empty() && o["fixtures"].cast<bool>()) {
     const cli::FixtureDirs dirs = fixture_dirs();
-    if (!fs::is_directory(dirs.golden) || !fs::is_directory(dirs.peer))
-      throw std::invalid_argument("audit: fixture directories " + dirs.golden + " and " + dirs.peer +
-                                  " must exist (set DSA_FIXTURES_DIR to the repo's fixtures/ folder)");
+    cli::check_fixture_dirs(dirs);  // missing, or no fixture in either: an error (its notes: check_fixture_dirs)
     for (const auto& [dir, kind] : {std::pair{dirs.golden, "golden"}, std::pair{dirs.peer, "peer"}}) {
       cli::add_fixture_tasks(ts->tasks, dir, kind, *ts->backend, ts->opts, repro);
       for (const auto& f : cli::list_fixtures(dir)) ts->fixture_files.push_back(f);
@@ -331,6 +329,9 @@ PYBIND11_MODULE(_core, m) {
     const auto d = fixture_dirs();
     return py::make_tuple(d.golden, d.peer);
   }, "(golden, peer) fixture directories ($DSA_FIXTURES_DIR or the source tree)");
+  m.def("check_fixture_dirs", [] { return dsa::cli::check_fixture_dirs(fixture_dirs()); },
+        "Notes on the fixture directories an audit judges (one that holds no fixture); raises ValueError "
+        "when either is missing or neither holds a fixture (as dsa-verify audit)");
   m.def("op_names", [] {
     std::vector<std::string> v;
     for (auto op : dsa::oracle::all_ops()) v.push_back(dsa::oracle::to_string(op));

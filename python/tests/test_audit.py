@@ -410,3 +410,42 @@ def test_timeout_option_out_of_range_exits_2_naming_it(value):
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"--timeout) got {float(value)!r}, expected a finite number of seconds from 0.001 to 86400" in r.stderr, r.stderr
     assert "timed out" not in r.stdout + r.stderr
+
+
+def test_fixture_dirs_without_fixtures_are_an_error_and_one_without_a_note(tmp_path):
+    # fresh-user F9: DSA_FIXTURES_DIR with empty golden/ and peer/ judged no fixture, exit 0, no word.
+    root = tmp_path / "fx"
+    (root / "golden").mkdir(parents=True)
+    (root / "peer").mkdir()
+    env = dict(os.environ, DSA_FIXTURES_DIR=str(root))
+    cli = os.environ.get("DSA_VERIFY_BIN", "")
+    dump = ["--dump-dir", str(tmp_path / "d")]
+    routes = [[sys.executable, "-m", "dsa_verify", "audit", "backends:TopkOnly", "--ops", "topk", "--seed", "7", *dump],
+              [sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider", "-q",
+               "--dsa-backend=backends:TopkOnly", "--dsa-ops", "topk", "--dsa-seed", "7", "--dsa-dump-dir", str(tmp_path)]]
+    if cli:
+        routes.append([cli, "audit", "--backend", "reference", "--ops", "topk", "--seed", "7", *dump])
+    for cmd in routes:
+        r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert r.returncode in (2, pytest.ExitCode.USAGE_ERROR), (cmd, r.stdout + r.stderr)
+        assert "hold no fixture (*.safetensors)" in r.stderr and "DSA_FIXTURES_DIR" in r.stderr, r.stderr
+    # Properties alone (--only) need no fixture.
+    only = routes[0] + ["--only", "topk.contract_exact"]
+    r = subprocess.run(only, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (only, r.stdout + r.stderr)
+    # Fixtures in one directory only: they run, and a note names the empty one (JSON: "notes").
+    src = os.path.join(os.environ["DSA_FIXTURES_DIR"], "golden", "topk_plateau_small_sorted.safetensors")
+    (root / "peer" / "topk_plateau_small_sorted.safetensors").write_bytes(open(src, "rb").read())
+    note = f"audit: no golden fixture (*.safetensors) in {root / 'golden'}: no golden case is judged"
+    for cmd in routes:
+        pytest_route = "pytest" in cmd
+        json_out = tmp_path / "r.json"
+        args = cmd + ([] if pytest_route else ["--json", str(json_out)])
+        r = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (args, r.stdout + r.stderr)
+        assert note in r.stdout + r.stderr, r.stdout + r.stderr
+        if not pytest_route:
+            j = json.loads(json_out.read_text())
+            assert j["notes"] == [note + " (DSA_FIXTURES_DIR)"], j["notes"]
+            assert any(c["property"] == "peer:topk_plateau_small_sorted" and c["status"] == "pass"
+                       for c in j["cases"]), j["cases"]
