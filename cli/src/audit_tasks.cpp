@@ -162,6 +162,12 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       SelectedOpsBackend selected(backend, opts);
       oracle::Backend& judged = opts.ops.empty() ? backend : static_cast<oracle::Backend&>(selected);
       const oracle::OpCase fc = oracle::op_case_from_fixture(f);
+      {  // inputs the reference rejects: one input error (exit 2) before the producer or the backend
+        std::vector<oracle::Op> judged_ops;
+        for (oracle::Op op : ops)
+          if (op_selected(opts, oracle::to_string(op))) judged_ops.push_back(op);
+        check_fixture_inputs(f, fc, judged_ops);
+      }
       // check_fixture in two steps (producer, then the backend), so that running out of memory
       // in either keeps the reports judged before it (TaskResourceError below).
       const oracle::CheckOptions opt = check_options(opts.judge, false, backend);

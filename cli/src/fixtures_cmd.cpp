@@ -203,6 +203,7 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     try {
       f = fixtures::load_fixture(file);
       c = oracle::op_case_from_fixture(f);
+      check_fixture_inputs(f, c, oracle::fixture_ops(f));  // an input error: one row, before any candidate
       r = oracle::check_fixture(f, c, nullptr, opt);
     } catch (const std::exception& e) {
       // FileError already names the file; anything else gets its path here. The file is a
@@ -326,6 +327,7 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
   const oracle::OpCase c = oracle::op_case_from_fixture(f);
   std::vector<oracle::OpReport> reports;
   try {
+    check_fixture_inputs(f, c, oracle::fixture_ops(f));  // an input error before the candidate runs
     reports = oracle::judge_fixture_ops(f, c, *b, check_options(judge, file_route));
   } catch (const oracle::ResourceError& e) {
     return report_resource_error(e, judge.json_path);  // no verdict; what was judged is kept

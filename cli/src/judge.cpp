@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
+#include <new>
 #include <stdexcept>
 
 #include "dsa/oracle/candidate_backend.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/reference_backend.h"
 #include "report.h"
 
 namespace dsa::cli {
@@ -205,6 +208,43 @@ nlohmann::json reports_json(const std::vector<oracle::OpReport>& reports) {
     j["ops"].push_back(o);
   }
   return j;
+}
+
+void check_fixture_inputs(const fixtures::Fixture& f, const oracle::OpCase& c, const std::vector<oracle::Op>& ops) {
+  const std::string file = f.path.empty() ? f.case_name : f.path;
+  for (oracle::Op op : ops) {
+    // What the reference says of the inputs of `op` ("" when it computes the op): the reason of
+    // its "backend threw" report (run_backend's prefix), or the invalid_argument check_op
+    // propagates from the reference it judges with.
+    auto rejection = [&]() -> std::string {
+      std::unique_ptr<oracle::Backend> reference = oracle::make_reference_backend();
+      oracle::CheckOptions opt;
+      opt.check_determinism = false;
+      try {
+        const oracle::OpReport r = oracle::check_op(*reference, op, c, opt);
+        const std::string threw = "backend threw: ";
+        if (r.verdict == oracle::Verdict::Fail && r.reason.rfind(threw, 0) == 0) return r.reason.substr(threw.size());
+      } catch (const std::invalid_argument& e) {
+        return e.what();
+      }
+      return "";
+    };
+    std::string why;
+    try {
+      const std::string key = std::string("cli/input_check/") + oracle::to_string(op);
+      why = c.memo ? c.memo->get<std::string>(key, rejection) : rejection();
+    } catch (const std::bad_alloc&) {
+      throw oracle::ResourceError(file + ": out of memory (std::bad_alloc) checking the inputs of op " +
+                                      oracle::to_string(op) + ": no verdict (not a disagreement)",
+                                  {});
+    }
+    if (why.empty()) continue;
+    // "sparse_mla_forward: argument 'x' ..." → "argument 'x' ...", as compare words it.
+    const size_t colon = why.find(": argument");
+    if (colon != std::string::npos && why.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == colon)
+      why = why.substr(colon + 2);
+    throw fixtures::FileError(file, std::string(oracle::to_string(op)) + " inputs: " + why);
+  }
 }
 
 }  // namespace dsa::cli

@@ -59,6 +59,16 @@ enum class HintRoute { CompareFlags, ConventionOption, FixtureField };
 void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::CandidateBackend& candidate,
                           const oracle::OpCase* c = nullptr, HintRoute route = HintRoute::CompareFlags);
 
+/// A fixture's inputs checked once, before any candidate runs (fresh-user F16): the float64
+/// reference judges each of `ops` on `c` (check_op of the reference backend, no determinism run;
+/// its results stay in c.memo for the candidates judged next), and an input it rejects
+/// (dsa::reference's std::invalid_argument, or any error it throws) becomes one
+/// fixtures::FileError "<file>: <op> inputs: argument '...' got ..., expected ..." (exit 2), the
+/// error compare gives: never a DISAGREE of the reference backend, nor one error per backend.
+/// Each op is checked once per case (c.memo). Errors: FileError as above; oracle::ResourceError
+/// (out of memory) as judge_fixture_ops throws it.
+void check_fixture_inputs(const fixtures::Fixture& f, const oracle::OpCase& c, const std::vector<oracle::Op>& ops);
+
 /// True when `reports` is non-empty and every op was skipped (e.g. --outputs naming none of
 /// the op's outputs, a backend that runs none of the file's ops): nothing was judged.
 bool judged_nothing(const std::vector<oracle::OpReport>& reports);

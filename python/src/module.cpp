@@ -285,7 +285,9 @@ py::dict replay_fixture(const py::object& bridge, const std::string& path, const
   std::vector<oracle::OpReport> reports;
   {
     py::gil_scoped_release nogil;
-    reports = oracle::judge_fixture_ops(f, backend, opt);
+    const oracle::OpCase c = oracle::op_case_from_fixture(f);
+    cli::check_fixture_inputs(f, c, oracle::fixture_ops(f));  // an input error before the kernel runs
+    reports = oracle::judge_fixture_ops(f, c, backend, opt);
   }
   return judged(reports);
 }

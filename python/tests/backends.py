@@ -358,3 +358,27 @@ class RowTileBwd(TorchBackend):
         dout = dout.clone()
         dout[128:] = 0
         return super().sparse_mla_bwd(q, kv, indices, sm_scale, d_v, dout, out, lse, topk_length, attn_sink)
+
+
+class RecordsCalls(TorchBackend):
+    """A correct backend that records the name of every sparse MLA and paged indexer call
+    (self.calls), to show which ops ran on a case (none may run on inputs the reference rejects)."""
+    name = "records-calls"
+
+    def __init__(self):
+        self.calls = []
+
+    def sparse_mla_fwd(self, q, kv, indices, sm_scale, d_v, topk_length=None, attn_sink=None):
+        self.calls.append("sparse_mla_fwd")
+        return super().sparse_mla_fwd(q, kv, indices, sm_scale, d_v, topk_length=topk_length, attn_sink=attn_sink)
+
+    def sparse_mla_bwd(self, q, kv, indices, sm_scale, d_v, dout, out=None, lse=None, topk_length=None,
+                       attn_sink=None):
+        self.calls.append("sparse_mla_bwd")
+        return super().sparse_mla_bwd(q, kv, indices, sm_scale, d_v, dout, out, lse, topk_length, attn_sink)
+
+    def paged_indexer_scores(self, q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
+                             max_context, fp8_format):
+        self.calls.append("paged_indexer_scores")
+        return super().paged_indexer_scores(q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
+                                            max_context, fp8_format)

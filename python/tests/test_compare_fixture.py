@@ -1,5 +1,6 @@
 """dsa_verify.load_fixture and the file-free compare (`dsa-verify compare` without files)."""
 import math
+import re
 import os
 
 import pytest
@@ -201,3 +202,87 @@ def test_compare_that_judged_nothing_is_an_error_not_a_pass():
     h_q = fx.inputs["q"].shape[1]
     with pytest.raises(ValueError, match="judged nothing: sparse_mla_bwd: the provided outputs \\(dsink\\)"):
         dsa_verify.compare(fx, {"dsink": torch.zeros(h_q)}, provided_outputs=["dsink"])
+
+
+def rewrite_fixture(src, dst, edit):
+    """`src` (a safetensors fixture) written to `dst` without its expected.* outputs (a producer
+    storing none, as a user's input-only file) and with edit(name, tensor) applied to each input
+    tensor (a torch tensor: edit in place)."""
+    import json
+    import struct
+    raw = open(src, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "I32": torch.int32, "U8": torch.uint8,
+              "F16": torch.float16, "I64": torch.int64, "F64": torch.float64}
+    out_header, blobs, offset = {"__metadata__": header.get("__metadata__", {})}, [], 0
+    for name, info in header.items():
+        if name == "__metadata__" or name.startswith("expected."):
+            continue
+        start, end = info["data_offsets"]
+        t = torch.frombuffer(bytearray(raw[8 + n + start:8 + n + end]), dtype=dtypes[info["dtype"]]).reshape(info["shape"])
+        edit(name, t)
+        blob = t.contiguous().view(torch.uint8).numpy().tobytes()
+        out_header[name] = {"dtype": info["dtype"], "shape": info["shape"], "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(out_header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    return dst
+
+
+def nan_sink(name, t):
+    if name == "attn_sink":
+        t[2] = float("nan")
+
+
+def table_out_of_range(name, t):
+    if name == "block_table":
+        t[0, 0] = 7  # k_cache holds blocks 0..6; block 0 of sequence 0 is read (context_lens[0] > 0)
+
+
+@pytest.mark.parametrize("name, edit, want", [
+    ("smla_sink", nan_sink, "sparse_mla_fwd inputs: argument 'attn_sink' got NaN at head 2"),
+    ("paged_idx_mtp2", table_out_of_range, "paged_indexer_scores inputs: argument 'block_table' got block_table[0, 0] = 7"),
+])
+def test_an_input_error_is_reported_once_before_any_backend_runs_on_every_route(tmp_path, monkeypatch, name, edit,
+                                                                               want):
+    # fresh-user F16: `fixtures check` of a NaN sink gave the reference backend "DISAGREE" (twice,
+    # counted as disagreements) and libtorch-cpu "unreadable input"; a bad paged table gave no row.
+    import subprocess
+    import backends
+    bad = rewrite_fixture(golden(name), str(tmp_path / f"{name}_bad.safetensors"), edit)
+    cli = os.environ.get("DSA_VERIFY_BIN", "")
+    if cli:
+        r = subprocess.run([cli, "fixtures", "check", bad], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert (r.stdout + r.stderr).count(want) == 1, r.stdout + r.stderr
+        rows = [line for line in r.stdout.splitlines() if line.startswith(os.path.basename(bad))]
+        assert len(rows) == 1 and rows[0].endswith("ERROR: unreadable input (the error above)"), rows
+        assert "DISAGREE" not in r.stdout and "backend threw" not in r.stdout, r.stdout
+        assert "0 disagree, 0 skipped, 1 unreadable" in r.stdout, r.stdout
+        for backend in ("reference", "libtorch-cpu"):
+            r = subprocess.run([cli, "replay", bad, "--backend", backend], capture_output=True, text=True, timeout=600)
+            assert r.returncode == 2 and want in r.stderr and "DISAGREE" not in r.stdout, r.stdout + r.stderr
+    # Python replay: an input error naming the argument, and the kernel never called.
+    kernel = backends.RecordsCalls()
+    with pytest.raises(RuntimeError, match=re.escape(want)):
+        dsa_verify._core.replay_fixture(dsa_verify.Bridge(kernel), bad)
+    assert kernel.calls == []
+    # The audit's fixture task (the audit, the pytest plugin): one input error case, the kernel never called.
+    root = tmp_path / "fx"
+    (root / "golden").mkdir(parents=True)
+    (root / "peer").mkdir()
+    stem = os.path.basename(bad)[:-len(".safetensors")]
+    os.replace(bad, root / "golden" / os.path.basename(bad))
+    monkeypatch.setenv("DSA_FIXTURES_DIR", str(root))
+    from dsa_verify import _audit
+    kernel = backends.RecordsCalls()
+    op = "sparse_mla_fwd" if name == "smla_sink" else "paged_indexer_scores"
+    options = _audit._options("", [op], [], 0, 7, str(tmp_path / "d"), True, "cpu")
+    cases = dsa_verify._core.run_task(dsa_verify.Bridge(kernel), options, "golden:" + stem)
+    assert len(cases) == 1 and cases[0]["input_error"] and cases[0]["status"] == "fail", cases
+    assert want in cases[0]["message"], cases
+    assert kernel.calls == []
