@@ -50,7 +50,7 @@ void check_values(const char* where, const Tensor& q_idx, const Tensor& k_idx, c
   for (int64_t s = 0; s < d.s_kv; ++s) {
     if (!read[static_cast<size_t>(s)]) continue;
     detail::check_range_values(where, "k_idx", k_idx, s * d.d_i, (s + 1) * d.d_i,
-                               "key " + std::to_string(s) + " lies in a window, SPEC §6");
+                               [&] { return "key " + std::to_string(s) + " lies in a window, SPEC §6"; });
     for (int64_t c = 0; c < d.d_i; ++c)
       kmax[static_cast<size_t>(s)] = std::max(kmax[static_cast<size_t>(s)], std::abs(k_idx.get(s * d.d_i + c)));
   }
@@ -59,7 +59,7 @@ void check_values(const char* where, const Tensor& q_idx, const Tensor& k_idx, c
   for (int64_t t = 0; t < d.s_q; ++t) {
     const int64_t ks = win.ks[t], len = win.length(t);
     if (len == 0) continue;  // the row reads nothing
-    const std::string why = "row " + std::to_string(t) + " has a nonempty window, SPEC §6";
+    auto why = [t] { return "row " + std::to_string(t) + " has a nonempty window, SPEC §6"; };
     detail::check_range_values(where, "q_idx", q_idx, t * hd, (t + 1) * hd, why);
     detail::check_range_values(where, "w", w, t * d.h_i, (t + 1) * d.h_i, why);
     double qm = 0, wq = 0, km = 0;
@@ -80,14 +80,16 @@ void check_values(const char* where, const Tensor& q_idx, const Tensor& k_idx, c
           dot += x;
           terms += std::abs(x);
         }
-        check_arg(terms <= limit, where, "q_idx",
+        if (!(terms <= limit))
+          check_arg(false, where, "q_idx",
                   "row " + std::to_string(t) + " head " + std::to_string(j) + " against k_idx row " +
                       std::to_string(s) + ": Σ_d |q_idx · k_idx| = " + str(terms),
                   "at most FLT_MAX = 3.40282e+38 (q_idx · k_idx is accumulated in fp32, SPEC §2; "
                   "no fp32 kernel can form it)");
         score_terms += std::abs(w.get(t * d.h_i + j)) * std::max(0.0, dot);
       }
-      check_arg(!score_sums || score_terms <= limit, where, "w",
+      if (score_sums && !(score_terms <= limit))
+        check_arg(false, where, "w",
                 "row " + std::to_string(t) + ", key " + std::to_string(s) +
                     ": Σ_j |w[t,j]| · ReLU(q_idx[t,j] · k_idx[s]) = " + str(score_terms),
                 "at most FLT_MAX = 3.40282e+38 (the score I[t,s] is fp32 and accumulated in fp32, "
@@ -200,7 +202,7 @@ IndexerGrads indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx, c
   for (int64_t t = 0; t < d.s_q; ++t)  // inside the window only: the rest is ignored (SPEC §2)
     detail::check_range_values(where, "d_scores", d_scores, t * d.s_kv + windows.ks[t],
                                t * d.s_kv + windows.ks[t] + windows.length(t),
-                               "inside row " + std::to_string(t) + "'s window, SPEC §2/§6");
+                               [t] { return "inside row " + std::to_string(t) + "'s window, SPEC §2/§6"; });
   if (precision != Precision::Reference) return backward<float>(q_idx, k_idx, w, windows, d_scores, d);
   IndexerGrads g = backward<double>(q_idx, k_idx, w, windows, d_scores, d);
   // Gradients past FLT_MAX (huge d_scores or w): no fp32 kernel can return them.

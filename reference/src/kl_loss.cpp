@@ -104,7 +104,8 @@ void check_values(const IndexerKlInputs& in, const KlDims& d) {
     for (int32_t s : keys) {
       const double v = in.scores.get(t * d.s_kv + s);
       if (std::isinf(v) && v < 0) continue;  // not in S_t (SPEC §7)
-      check_arg(detail::fits_fp32(v), where, "scores",
+      if (!detail::fits_fp32(v))
+        check_arg(false, where, "scores",
                 str(v) + " at [" + std::to_string(t) + ", " + std::to_string(s) + "] (a key of row " +
                     std::to_string(t) + (in.mode == KlMode::Dense ? "'s window" : "'s selected ids") + ")",
                 limit + ", or -inf for a key outside S_t (SPEC §7: +inf and NaN have no softmax; "
@@ -114,19 +115,20 @@ void check_values(const IndexerKlInputs& in, const KlDims& d) {
       S.push_back(s);
     }
     if (S.empty()) continue;
-    check_arg(hi - lo <= detail::kFp32Max, where, "scores",
+    if (!(hi - lo <= detail::kFp32Max))
+      check_arg(false, where, "scores",
               "row " + std::to_string(t) + " spanning [" + str(lo) + ", " + str(hi) + "] over S_t",
               "finite scores of one row within FLT_MAX = 3.40282e+38 of each other (the student's "
               "log-softmax forms I - max in fp32, SPEC §7/§9)");
     detail::check_range_values(where, "q", in.q, t * d.h_q * d.d_qk, (t + 1) * d.h_q * d.d_qk,
-                               "row " + std::to_string(t) + " has keys in S_t, SPEC §6");
+                               [t] { return "row " + std::to_string(t) + " has keys in S_t, SPEC §6"; });
     for (int32_t s : S) kv_read[static_cast<size_t>(s)] = 1;
   }
   std::vector<double> kvmax(static_cast<size_t>(d.s_kv), 0.0);
   for (int64_t s = 0; s < d.s_kv; ++s) {
     if (!kv_read[static_cast<size_t>(s)]) continue;  // never read: may hold anything
     detail::check_range_values(where, "kv", in.kv, s * d.d_qk, (s + 1) * d.d_qk,
-                               "key " + std::to_string(s) + " is in some S_t, SPEC §6");
+                               [s] { return "key " + std::to_string(s) + " is in some S_t, SPEC §6"; });
     for (int64_t c = 0; c < d.d_qk; ++c)
       kvmax[static_cast<size_t>(s)] = std::max(kvmax[static_cast<size_t>(s)], std::abs(in.kv.get(s * d.d_qk + c)));
   }
@@ -145,7 +147,8 @@ void check_values(const IndexerKlInputs& in, const KlDims& d) {
         double terms = 0;
         for (int64_t c = 0; c < d.d_qk; ++c)
           terms += std::abs(in.q.get((t * d.h_q + h) * d.d_qk + c) * in.kv.get(s * d.d_qk + c));
-        check_arg(scale * terms <= detail::kFp32Max, where, "q",
+        if (!(scale * terms <= detail::kFp32Max))
+          check_arg(false, where, "q",
                   "row " + std::to_string(t) + " head " + std::to_string(h) + " against kv row " +
                       std::to_string(s) + ": max(1, |sm_scale|) · Σ_d |q_d · kv_d| = " + str(scale * terms),
                   "at most FLT_MAX = 3.40282e+38 (the teacher logit P = sm_scale · q · kv is "

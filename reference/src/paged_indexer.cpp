@@ -55,7 +55,8 @@ PagedGather gather_paged_indexer(const PagedIndexerInputs& in) {
       // inf/NaN); bytes past every context may hold anything. Named in the cache's own index.
       for (int64_t c = 0; c < d_i; ++c) {
         const double v = fp8_to_double(cache[row * d_i + c], in.format);
-        check_arg(std::isfinite(v), where, "k_cache",
+        if (!std::isfinite(v))
+          check_arg(false, where, "k_cache",
                   "k_cache[" + str(row / block_size) + ", " + str(row % block_size) + ", " + str(c) +
                       "] = " + str(v) + " (key " + str(p) + " of request " + str(b) + ")",
                   "a finite fp8 value in every key a context reads (SPEC §6: no valid input may "

@@ -97,7 +97,7 @@ void check_values(const char* where, const SparseMlaInputs& in, const MlaDims& d
   for (int64_t t = 0; t < d.s_q; ++t) {
     valid_ids(in, d, t, ids);
     if (ids.empty()) continue;  // an empty row reads nothing (SPEC §6)
-    const std::string why = "row " + std::to_string(t) + " has a valid slot, SPEC §6";
+    auto why = [t] { return "row " + std::to_string(t) + " has a valid slot, SPEC §6"; };
     const double qm = detail::checked_max_abs(where, "q", in.q, t * hd, (t + 1) * hd, why, buf);
     double dm = 0;
     if (dout) dm = detail::checked_max_abs(where, "dout", *dout, t * hv, (t + 1) * hv, why, buf);
@@ -107,7 +107,7 @@ void check_values(const char* where, const SparseMlaInputs& in, const MlaDims& d
       double& m = kvmax[static_cast<size_t>(s)];
       if (m < 0) {
         m = detail::checked_max_abs(where, "kv", in.kv, s * d.d_qk, (s + 1) * d.d_qk,
-                                    "key " + std::to_string(s) + " is a valid slot's id, SPEC §6", buf);
+                                    [s] { return "key " + std::to_string(s) + " is a valid slot's id, SPEC §6"; }, buf);
         double v = 0;
         for (int64_t c = 0; c < d.d_v; ++c) v = std::max(v, std::abs(buf[static_cast<size_t>(c)]));
         vmax[static_cast<size_t>(s)] = v;
@@ -122,7 +122,8 @@ void check_values(const char* where, const SparseMlaInputs& in, const MlaDims& d
       for (int32_t s : ids) {
         if (!logits_ok) {
           const double x = scale * terms(in.q, t * d.h_q + h, d.d_qk, in.kv, s, d.d_qk, d.d_qk);
-          check_arg(x <= limit, where, "q",
+          if (!(x <= limit))
+            check_arg(false, where, "q",
                     "row " + std::to_string(t) + " head " + std::to_string(h) + " against kv row " +
                         std::to_string(s) + ": max(1, |sm_scale|) · Σ_d |q_d · kv_d| = " + str(x),
                     "at most FLT_MAX = 3.40282e+38 (the logit sm_scale · q · kv is accumulated in "
@@ -130,7 +131,8 @@ void check_values(const char* where, const SparseMlaInputs& in, const MlaDims& d
         }
         if (!dv_ok) {
           const double x = terms(*dout, t * d.h_q + h, d.d_v, in.kv, s, d.d_qk, d.d_v);
-          check_arg(x <= limit, where, "dout",
+          if (!(x <= limit))
+            check_arg(false, where, "dout",
                     "row " + std::to_string(t) + " head " + std::to_string(h) + " against kv row " +
                         std::to_string(s) + ": Σ_c |dout_c · v_c| = " + str(x),
                     "at most FLT_MAX = 3.40282e+38 (dout · v is accumulated in fp32, SPEC §5/§9)");

@@ -73,7 +73,8 @@ SparseMlaFp8Gather gather_sparse_mla_fp8(const SparseMlaFp8Inputs& in, Precision
       const double v = tok.value(c);
       // SPEC §6/§10: a token a valid slot reads holds no NaN (e4m3fn S.1111.111, a bf16 RoPE
       // NaN/inf) and no dequantized value past fp32's range; unread tokens may hold anything.
-      check_arg(detail::fits_fp32(v), where, "kv_cache",
+      if (!detail::fits_fp32(v))
+        check_arg(false, where, "kv_cache",
                 "token row " + str(used[r]) + " column " + str(c) + " (" +
                     (c < kMlaFp8NopeDim ? "NoPE tile " + str(c / kMlaFp8TileSize) + ", e4m3 value x scale"
                                         : std::string("RoPE, bf16")) +

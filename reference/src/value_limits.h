@@ -42,22 +42,25 @@ inline std::string index_str(const std::vector<int64_t>& shape, int64_t i) {
 }
 
 /// Requires elements [i0, i1) of `t` (any floating dtype) to be finite with |v| <= FLT_MAX.
-/// Throws std::invalid_argument naming `arg`, the element's index and value, and `why` (the
-/// rule, e.g. "q row t is read (SPEC §6: no valid input may produce NaN)").
-inline void check_range_values(const char* where, const char* arg, const Tensor& t, int64_t i0,
-                               int64_t i1, const std::string& why) {
+/// Throws std::invalid_argument naming `arg`, the element's index and value, and `why()` (the
+/// rule, e.g. "row 5 has a valid slot, SPEC §6"; built only on failure: a callable returning
+/// std::string).
+template <class Why>
+void check_range_values(const char* where, const char* arg, const Tensor& t, int64_t i0,
+                        int64_t i1, const Why& why) {
   for (int64_t i = i0; i < i1; ++i) {
     const double v = t.get(i);
     if (fits_fp32(v)) continue;
     check_arg(false, where, arg, str(v) + " at " + index_str(t.shape(), i),
-              fp32_limit_text() + " in every element the op reads (" + why + ")");
+              fp32_limit_text() + " in every element the op reads (" + why() + ")");
   }
 }
 
 /// check_range_values over elements [i0, i1), returning their largest magnitude; `buf` is
 /// scratch (the elements are converted once, by type, not one get() each).
-inline double checked_max_abs(const char* where, const char* arg, const Tensor& t, int64_t i0,
-                              int64_t i1, const std::string& why, std::vector<double>& buf) {
+template <class Why>
+double checked_max_abs(const char* where, const char* arg, const Tensor& t, int64_t i0, int64_t i1,
+                       const Why& why, std::vector<double>& buf) {
   buf.resize(static_cast<size_t>(i1 - i0));
   convert_range<double>(t, buf.data(), i0, i1);
   double m = 0;
