@@ -431,7 +431,13 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
     // local rule of sparse_mla_fwd: E_row and floors per (t, h) row, WEAK rows a verdict
     const auto floors_p = shared_result<CaseFloors>(
         c.memo.get(), std::string("sparse_mla_fp8_fwd/floors/") + dtype_name(work),
-        fp_mla_fp8(c.mla_fp8), [&] { return sparse_mla_floors(gathered.mla, nullptr, work); });
+        fp_mla_fp8(c.mla_fp8), [&] {
+          CaseFloors f = sparse_mla_floors(gathered.mla, nullptr, work);
+          // the baseline dequantizes kv to a 16-bit `work` (above): a rounding it shares
+          // with the candidate, common to each key's logit
+          for (auto& kv : f) kv.second.e_row_inherited16 = work != DType::F32;
+          return f;
+        });
     const CaseFloors& floors = *floors_p;
     for (const char* name : {"out", "lse", "max_logits"}) {
       const Tensor& (*pick)(const SparseMlaForward&, const char*) =

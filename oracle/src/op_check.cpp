@@ -523,9 +523,10 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
         "fp32 out (SPEC §5)");
     return detail::settle_judged_nothing(std::move(precise), opt, op);
   }
-  own.notes.push_back("the gradients fit neither Δ source: Δ from the candidate's own out "
-                      "(reported) nor Δ from a precise out (" + std::string(to_string(precise.verdict)) +
-                      ": " + precise.reason + ")");
+  if (own.verdict == Verdict::Fail)
+    own.notes.push_back("the gradients fit neither Δ source: Δ from the candidate's own out "
+                        "(reported) nor Δ from a precise out (" +
+                        std::string(to_string(precise.verdict)) + ": " + precise.reason + ")");
   return detail::settle_judged_nothing(std::move(own), opt, op);
 }
 

@@ -449,19 +449,21 @@ Tensor ordinary_columns_off(const Tensor& good, int64_t row, int64_t row_len,
 
 // Judges the correct candidates (each must AGREE), then `name` of the first one with the
 // ordinary columns of `row` 5 % off (must DISAGREE, with ρ·E_row above every failing error).
+// `opt`: allow_weak where the huge column's own row is WEAK for any kernel (a bf16 dq).
 void expect_huge_column_caught(Op op, const OpCase& c, const std::vector<NamedOutputs>& correct,
                                const std::string& name, int64_t row,
-                               const std::function<bool(int64_t)>& ordinary) {
+                               const std::function<bool(int64_t)>& ordinary,
+                               const CheckOptions& opt = default_check_options()) {
   for (const auto& good : correct) {
-    const OpReport ok = judge_outputs(op, c, good);
+    const OpReport ok = judge_outputs(op, c, good, opt);
     EXPECT_EQ(ok.verdict, Verdict::Pass) << format_op_report(ok);
   }
-  const OpReport ok = judge_outputs(op, c, correct.front());
+  const OpReport ok = judge_outputs(op, c, correct.front(), opt);
   const TensorCheck* t0 = output_named(ok, name);
   ASSERT_NE(t0, nullptr) << name;
   NamedOutputs bad = correct.front();
-  bad[name] = ordinary_columns_off(bad.at(name), row, t0->row_len, ordinary);
-  const OpReport r = judge_outputs(op, c, bad);
+  bad[name] = ordinary_columns_off(bad.at(name), row, t0->row_len, ordinary).to(bad.at(name).dtype());
+  const OpReport r = judge_outputs(op, c, bad, opt);
   EXPECT_EQ(r.verdict, Verdict::Fail) << name << "\n" << format_op_report(r);
   const TensorCheck* t = output_named(r, name);
   ASSERT_NE(t, nullptr);
@@ -539,6 +541,36 @@ TEST(LocalRuleHugeColumn, SparseMlaOutAndDq) {
                             {{{"dq", g.dq.to(DType::F32)}, {"dkv", g.dkv.to(DType::F32)}, {"out", out}},
                              {{"dq", go.dq}, {"dkv", go.dkv}, {"out", out}}},
                             "dq", /*row (t 2, h 0)=*/4, not_col0);
+}
+
+// The same in bf16 (q, kv, dout, out and dq bf16; the 16-bit class): the baseline's error is
+// fp32 arithmetic on the candidate's inputs (the backward's reference and baseline take Δ
+// from the same bf16 out), so the per-element term applies there too. Before it, the
+// ordinary columns of an out row AGREED at 3× their values (E_row 0.26 from column 0).
+TEST(LocalRuleHugeColumn, Bf16SparseMlaOutAndDq) {
+  OpCase c = huge_column_mla_case(/*kv_column=*/true);
+  c.mla.q = c.mla.q.to(DType::BF16);
+  c.mla.kv = c.mla.kv.to(DType::BF16);
+  c.dout = c.dout.to(DType::BF16);
+  const SparseMlaInputs rev = reversed_slots(c.mla);
+  const SparseMlaForward ref = reference::sparse_mla_forward(c.mla);
+  const SparseMlaForward other = reference::sparse_mla_forward(rev, Precision::Baseline);
+  auto bf16_fwd = [](const SparseMlaForward& f) {
+    return NamedOutputs{{"out", f.out.to(DType::BF16)}, {"lse", f.lse.to(DType::F32)},
+                        {"max_logits", f.max_logits.to(DType::F32)}};
+  };
+  const auto not_col0 = [](int64_t j) { return j != 0; };
+  expect_huge_column_caught(Op::SparseMlaFwd, c, {bf16_fwd(ref), bf16_fwd(other)}, "out",
+                            /*row (t 1, h 1)=*/3, not_col0);
+  const Tensor out = ref.out.to(DType::BF16);
+  const SparseMlaGrads g = reference::sparse_mla_backward(c.mla, c.dout, Precision::Reference, out);
+  const SparseMlaGrads go = reference::sparse_mla_backward(rev, c.dout, Precision::Baseline, out);
+  CheckOptions allow_weak = default_check_options();
+  allow_weak.allow_weak = true;  // dq row 3's huge column: bound 1.05 % of its scale
+  expect_huge_column_caught(Op::SparseMlaBwd, c,
+                            {{{"dq", g.dq.to(DType::BF16)}, {"dkv", g.dkv.to(DType::F32)}, {"out", out}},
+                             {{"dq", go.dq.to(DType::BF16)}, {"dkv", go.dkv}, {"out", out}}},
+                            "dq", /*row (t 2, h 0)=*/4, not_col0, allow_weak);
 }
 
 TEST(LocalRuleHugeColumn, SparseMlaDkv) {
@@ -638,3 +670,4 @@ TEST(LocalRuleHugeColumn, Fp8SparseMlaOut) {
 
 }  // namespace
 }  // namespace dsa::oracle
+

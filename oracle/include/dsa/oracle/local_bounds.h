@@ -53,6 +53,11 @@ struct OutputFloor {
   /// detection threshold apply to this output even when it is returned in fp32 (e.g. dkv of
   /// a bf16 kernel: its Δ comes from a bf16 out).
   DType work_dtype = DType::F32;
+  /// The baseline's error holds a 16-bit rounding of an input the candidate inherits (FP8 kv
+  /// dequantized to the 16-bit working dtype, with its tile scales): such an error spreads
+  /// over the row through the logits, not by each element's own scale, so a 16-bit
+  /// candidate keeps ρ·E_row (judge_tensor). False: the baseline's error is fp32 arithmetic.
+  bool e_row_inherited16 = false;
   /// Where the floor came from (a formula, printed with every bound).
   std::string source;
   /// What the underflow count counts (a formula, printed with every bound).
