@@ -88,6 +88,32 @@ void many_rows(Backend& b, const BlockFactory&) {
   if (bwd) DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_backward(b, as_op_case(c)));
 }
 
+// The backward alone over many query rows (fresh-user finding F7: the many-row draw of the
+// backward lived in indexer.many_rows, which runs only with indexer_scores selected, so a
+// backward-only audit of a kernel dropping d_scores rows past 128 passed): exact tier.
+void backward_many_rows(Backend& b, const BlockFactory&) {
+  const IndexerCase c = draw_indexer_many_rows_case(Tier::Exact);
+  DumpOnFailure dump([&] { return to_fixture(c, true); });
+  check_inputs(c);
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_backward(b, as_op_case(c)));
+}
+
+// Production indexer shapes (H_I 64, d_I 128, keys past 128; finding F8): the scores.
+void production_shapes(Backend& b, const BlockFactory&) {
+  const IndexerCase c = draw_indexer_production_case();
+  DumpOnFailure dump([&] { return to_fixture(c, false); });
+  check_inputs(c);
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_scores(b, as_op_case(c)));
+}
+
+// The same shapes for the backward alone (d_scores NaN/inf outside the windows as drawn).
+void backward_production_shapes(Backend& b, const BlockFactory&) {
+  const IndexerCase c = draw_indexer_production_case();
+  DumpOnFailure dump([&] { return to_fixture(c, true); });
+  check_inputs(c);
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_backward(b, as_op_case(c)));
+}
+
 }  // namespace
 
 void add_indexer_properties(std::vector<Property>& out) {
@@ -96,6 +122,9 @@ void add_indexer_properties(std::vector<Property>& out) {
   out.push_back({"indexer.causal_window_exact_at_ke", {Op::IndexerScores}, 1, causal_window_exact_at_ke});
   out.push_back({"indexer.many_rows", {Op::IndexerScores}, 8, many_rows});
   out.push_back({"indexer.backward_parity", {Op::IndexerScoresBackward}, 1, backward_parity});
+  out.push_back({"indexer.production_shapes", {Op::IndexerScores}, 34, production_shapes});
+  out.push_back({"indexer.backward_many_rows", {Op::IndexerScoresBackward}, 8, backward_many_rows});
+  out.push_back({"indexer.backward_production_shapes", {Op::IndexerScoresBackward}, 34, backward_production_shapes});
 }
 
 }  // namespace dsa::props

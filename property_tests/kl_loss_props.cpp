@@ -58,11 +58,31 @@ void neg_inf_scores(oracle::Backend& b, const oracle::BlockFactory&) {
   DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_kl_loss(b, oc));
 }
 
+void judge_kl(oracle::Backend& b, const KlCase& c) {
+  DumpOnFailure dump([&] { return to_fixture(c); });
+  RC_ASSERT(!all_zero(c.in.q));
+  RC_ASSERT(!all_zero(c.in.kv));
+  oracle::OpCase oc;
+  oc.kl = c.in;
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_kl_loss(b, oc));
+}
+
+// Many query rows (prefill; fresh-user finding F7: d_scores rows past 128 left 0 passed).
+void many_rows(oracle::Backend& b, const oracle::BlockFactory&) { judge_kl(b, draw_kl_many_rows_case()); }
+
+// Production shapes (h_q 128, keys past 1024; finding F8: a teacher ignoring heads past 64
+// and a kernel ignoring keys past 1024 passed).
+void production_shapes(oracle::Backend& b, const oracle::BlockFactory&) {
+  judge_kl(b, draw_kl_production_case());
+}
+
 }  // namespace
 
 void add_kl_loss_properties(std::vector<Property>& out) {
   out.push_back({"kl.loss_and_gradient_ratio", {oracle::Op::IndexerKlLoss}, 1, loss_and_gradient_ratio});
   out.push_back({"kl.neg_inf_scores", {oracle::Op::IndexerKlLoss}, 1, neg_inf_scores});
+  out.push_back({"kl.many_rows", {oracle::Op::IndexerKlLoss}, 8, many_rows});
+  out.push_back({"kl.production_shapes", {oracle::Op::IndexerKlLoss}, 34, production_shapes});
 }
 
 }  // namespace dsa::props

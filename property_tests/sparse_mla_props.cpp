@@ -123,9 +123,15 @@ void topk_length_respected(Backend& b, const BlockFactory&) {
     DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
-// Gradient parity (dq, dkv, dsink) for the same dout; determinism of a second run.
+// Gradient parity (dq, dkv, dsink) for the same dout; determinism of a second run. One draw in
+// eight the extreme rows, one in eight fp32 q/kv (regular or extreme rows): the backward alone
+// meets them too (fresh-user finding F6; a backend without fp32 inputs declines those draws).
 void backward_parity(Backend& b, const BlockFactory&) {
-  const SmlaCase c = draw_smla_case(*rc::gen::element<std::string>("mixed", "empty", "topk_length"));
+  const int roll = *rc::gen::inRange(0, 8);
+  const SmlaCase c = roll == 0   ? draw_smla_extreme_case()
+                     : roll == 1 ? (*rc::gen::inRange(0, 4) == 0 ? draw_smla_extreme_case(DType::F32)
+                                                                  : draw_smla_case("", DType::F32))
+                                 : draw_smla_case(*rc::gen::element<std::string>("mixed", "empty", "topk_length"));
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
   RC_ASSERT(!all_zero(c.dout));
@@ -189,6 +195,27 @@ void many_rows(Backend& b, const BlockFactory&) {
     DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
 }
 
+// The backward alone over many query rows and at production shapes (fresh-user finding F6:
+// these draws lived only in forward properties, so a backward-only kernel, or --ops
+// sparse_mla_bwd, never met more than 65 rows nor h_q 64/128; a backward dropping rows past a
+// 128-row tile passed). The draws of smla.many_rows and smla.production_shapes.
+void backward_many_rows(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_case(*rc::gen::element<std::string>("mixed", "poison", "topk_length", "dups"),
+                                    DType::BF16, "many_rows");
+  DumpOnFailure dump([&] { return to_fixture(c, true); });
+  check_inputs(c);
+  RC_ASSERT(!all_zero(c.dout));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+}
+
+void backward_production_shapes(Backend& b, const BlockFactory&) {
+  const SmlaCase c = draw_smla_production_case();
+  DumpOnFailure dump([&] { return to_fixture(c, true); });
+  check_inputs(c);
+  RC_ASSERT(!all_zero(c.dout));
+  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+}
+
 }  // namespace
 
 void add_sparse_mla_properties(std::vector<Property>& out) {
@@ -203,6 +230,8 @@ void add_sparse_mla_properties(std::vector<Property>& out) {
   out.push_back({"smla.fp32_inputs", {Op::SparseMlaFwd}, 1, fp32_inputs});
   out.push_back({"smla.many_rows", {Op::SparseMlaFwd}, 8, many_rows});
   out.push_back({"smla.production_shapes", {Op::SparseMlaFwd}, 34, production_shapes});
+  out.push_back({"smla.backward_many_rows", {Op::SparseMlaBwd}, 8, backward_many_rows});
+  out.push_back({"smla.backward_production_shapes", {Op::SparseMlaBwd}, 34, backward_production_shapes});
 }
 
 }  // namespace dsa::props

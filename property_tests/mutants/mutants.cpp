@@ -10,6 +10,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "dsa/contract/fp8_op_types.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/property_tests/flash_style_kernel.h"
 #include "dsa/reference/indexer.h"
@@ -25,11 +26,24 @@ namespace {
 using oracle::Backend;
 using oracle::Op;
 
-// Forwards every op to the reference and claims every op; a mutant overrides the one it breaks.
+// Forwards every op to the reference and claims every op but the §10 ones (FP8 and paged
+// inputs, which WrapAll forwards); a mutant overrides the one it breaks. A mutant claiming an
+// op it does not compute would decline every draw of that op's properties (up to 100 each).
 class Wrap : public ReferenceWrap {
  public:
   using ReferenceWrap::ReferenceWrap;
+  bool supports(Op op) const override {
+    return op != Op::Fp8IndexerScores && op != Op::PagedIndexerScores && op != Op::SparseMlaFp8Fwd;
+  }
+};
+// Wrap with the §10 ops too.
+class WrapAll : public Wrap {
+ public:
+  using Wrap::Wrap;
   bool supports(Op) const override { return true; }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override { return ref_->fp8_indexer_scores(in); }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override { return ref_->paged_indexer_scores(in); }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override { return ref_->sparse_mla_fp8_forward(in); }
 };
 
 // ---- index helpers -------------------------------------------------------------------------
@@ -952,6 +966,238 @@ class SmlaRowsFrom128Empty final : public IndexRewrite {
   }
 };
 
+// ---- tile limits of every op, each op alone (fresh-user findings F6-F14) -----------------
+
+// `t` with the finite entries of rows >= row0 and columns >= col0 set to 0 (a tile the kernel
+// never computed, left as the zeroed output buffer; -inf outside windows stays).
+Tensor zero_finite_from(Tensor t, int64_t row0, int64_t col0) {
+  const int64_t rows = t.size(0), cols = t.numel() / std::max<int64_t>(1, rows);
+  for (int64_t r = row0; r < rows; ++r)
+    for (int64_t c = col0; c < cols; ++c)
+      if (std::isfinite(t.get(r * cols + c))) t.set(r * cols + c, 0.0);
+  return t;
+}
+// `t` [d0, d1, ...] with the slices [:, i1 >= from] set to 0.
+Tensor zero_dim1_from(Tensor t, int64_t from) {
+  const int64_t d0 = t.size(0), d1 = t.size(1), inner = t.numel() / std::max<int64_t>(1, d0 * d1);
+  for (int64_t a = 0; a < d0; ++a)
+    for (int64_t b = from; b < d1; ++b)
+      for (int64_t c = 0; c < inner; ++c) t.set((a * d1 + b) * inner + c, 0.0);
+  return t;
+}
+
+// Field fault: the sparse MLA backward grid covers the first 128 query rows only (its forward
+// is correct): rows t >= 128 get dq 0 and add nothing to dkv or dsink.
+class SmlaBwdRowsFrom128Dropped final : public Wrap {
+ public:
+  SmlaBwdRowsFrom128Dropped() : Wrap("smla_bwd_rows_from_128_dropped") {}
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    return ref_->sparse_mla_backward(remap(in, [](int64_t t, int64_t, int64_t id) { return t >= kRowTile ? -1 : id; }), dout);
+  }
+};
+
+// Field fault: kernels tiled for 64 heads: the sparse MLA backward drops heads >= 64 (dq 0,
+// no dkv or dsink terms) and the FP8 sparse MLA forward leaves their out 0.
+class SmlaHeadsFrom64Dropped final : public WrapAll {
+ public:
+  SmlaHeadsFrom64Dropped() : WrapAll("smla_heads_from_64_dropped_bwd_fp8") {}
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    return ref_->sparse_mla_backward(in, zero_dim1_from(dout, 64));
+  }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    SparseMlaForward f = ref_->sparse_mla_fp8_forward(in);
+    f.out = zero_dim1_from(f.out, 64);
+    return f;
+  }
+};
+
+// Field fault: topk_length read as unsigned (a negative length, no valid slot per SPEC §4,
+// becomes >= 2^31: every slot counts), in the sparse MLA forward, backward and FP8 forward.
+class SmlaTopkLengthUnsigned final : public WrapAll {
+ public:
+  SmlaTopkLengthUnsigned() : WrapAll("smla_topk_length_unsigned") {}
+  static std::optional<Tensor> unsigned_length(const std::optional<Tensor>& len, int64_t k) {
+    if (!len) return len;
+    Tensor l = *len;
+    for (int64_t i = 0; i < l.numel(); ++i)
+      if (l.get(i) < 0) l.set(i, static_cast<double>(k));
+    return l;
+  }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    SparseMlaInputs m = in;
+    m.topk_length = unsigned_length(in.topk_length, in.indices.size(-1));
+    return ref_->sparse_mla_forward(m);
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    SparseMlaInputs m = in;
+    m.topk_length = unsigned_length(in.topk_length, in.indices.size(-1));
+    return ref_->sparse_mla_backward(m, dout);
+  }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    SparseMlaFp8Inputs m = in;
+    m.topk_length = unsigned_length(in.topk_length, in.indices.size(-1));
+    return ref_->sparse_mla_fp8_forward(m);
+  }
+};
+
+// Field fault: the indexer backward grid covers the first 128 query rows only: d_scores rows
+// t >= 128 are never read (as 0).
+class IndexerBwdRowsFrom128Dropped final : public Wrap {
+ public:
+  IndexerBwdRowsFrom128Dropped() : Wrap("indexer_bwd_rows_from_128_dropped") {}
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    Tensor d2 = d;
+    for (int64_t i = kRowTile * d.size(1); i < d.numel(); ++i) d2.set(i, 0.0);
+    return ref_->indexer_scores_backward(q, k, w, win, d2);
+  }
+};
+
+// Field fault: indexer kernels tiled for 32 heads (DeepSeek-V3.2 has 64): heads >= 32 are
+// ignored (their weight read as 0) in the scores, the backward, the FP8 and the paged indexer.
+class IndexerHeadsFrom32Ignored final : public WrapAll {
+ public:
+  IndexerHeadsFrom32Ignored() : WrapAll("indexer_heads_from_32_ignored") {}
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return ref_->indexer_scores(q, k, zero_dim1_from(w, 32), win);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    return ref_->indexer_scores_backward(q, k, zero_dim1_from(w, 32), win, d);
+  }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    Fp8IndexerInputs m = in;
+    m.w = zero_dim1_from(in.w, 32);
+    return ref_->fp8_indexer_scores(m);
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    PagedIndexerInputs m = in;
+    m.w = zero_dim1_from(in.w, 32);
+    return ref_->paged_indexer_scores(m);
+  }
+};
+
+// Field fault: the indexer backward masks d_scores by multiplying with the window mask
+// (SPEC §2 ignores entries outside the window, but NaN · 0 = NaN and inf · 0 = NaN): a
+// non-finite d_scores[t, s] outside row t's window makes dq_idx[t], dw[t] and dk_idx[s] NaN.
+class IndexerBwdMasksByMultiply final : public Wrap {
+ public:
+  IndexerBwdMasksByMultiply() : Wrap("indexer_bwd_masks_by_multiply") {}
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    IndexerGrads g = ref_->indexer_scores_backward(q, k, w, win, d);
+    const int64_t s_q = d.size(0), s_kv = d.size(1), Hd = q.numel() / std::max<int64_t>(1, s_q);
+    const int64_t H = w.size(1), dI = k.size(1);
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t s = 0; s < s_kv; ++s) {
+        if (win.contains(t, s) || std::isfinite(d.get(t * s_kv + s))) continue;
+        for (int64_t i = 0; i < Hd; ++i) g.dq_idx.set(t * Hd + i, NAN);
+        for (int64_t j = 0; j < H; ++j) g.dw.set(t * H + j, NAN);
+        for (int64_t c = 0; c < dI; ++c) g.dk_idx.set(s * dI + c, NAN);
+      }
+    return g;
+  }
+};
+
+// Field fault: the KL loss kernel's grid covers the first 128 query rows: d_scores rows
+// t >= 128 stay 0 (the loss is right).
+class KlRowsFrom128ZeroGrad final : public Wrap {
+ public:
+  KlRowsFrom128ZeroGrad() : Wrap("kl_rows_from_128_zero_grad") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlResult r = ref_->indexer_kl_loss(in);
+    for (int64_t i = kRowTile * r.d_scores.size(1); i < r.d_scores.numel(); ++i) r.d_scores.set(i, 0.0);
+    return r;
+  }
+};
+
+// Field fault: the KL teacher is summed over the first 64 attention heads only (a head tile;
+// production h_q 128).
+class KlTeacherHeadsFrom64Ignored final : public Wrap {
+ public:
+  KlTeacherHeadsFrom64Ignored() : Wrap("kl_teacher_heads_from_64_ignored") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    const int64_t s_q = in.q.size(0), h = in.q.size(1), d = in.q.size(2);
+    if (h <= 64) return ref_->indexer_kl_loss(in);
+    IndexerKlInputs m = in;
+    m.q = Tensor(in.q.dtype(), {s_q, 64, d});
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t i = 0; i < 64 * d; ++i) m.q.set(t * 64 * d + i, in.q.get(t * h * d + i));
+    return ref_->indexer_kl_loss(m);
+  }
+};
+
+// Field fault: the KL loss sees keys below 1024 only (a key tile): keys >= 1024 are treated as
+// not in S_t (score -inf, d_scores 0).
+class KlKeysFrom1024Ignored final : public Wrap {
+ public:
+  KlKeysFrom1024Ignored() : Wrap("kl_keys_from_1024_ignored") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlInputs m = in;
+    const int64_t s_q = in.scores.size(0), s_kv = in.scores.size(1);
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t s = 1024; s < s_kv; ++s) m.scores.set(t * s_kv + s, -INFINITY);
+    return ref_->indexer_kl_loss(m);
+  }
+};
+
+// Field fault: a sparse KL loss that treats only negative ids as invalid: an id >= s_kv wraps
+// to id mod s_kv and selects that key (SPEC §4/§7: invalid, not in S_t).
+class KlIdsPastSkvWrapped final : public Wrap {
+ public:
+  KlIdsPastSkvWrapped() : Wrap("kl_ids_ge_s_kv_wrapped") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    if (in.mode != KlMode::Sparse || !in.indices) return ref_->indexer_kl_loss(in);
+    IndexerKlInputs m = in;
+    const int64_t s_kv = in.scores.size(1);
+    for (int64_t i = 0; i < m.indices->numel(); ++i) {
+      const int64_t id = static_cast<int64_t>(m.indices->get(i));
+      if (id >= s_kv) m.indices->set(i, static_cast<double>(id % s_kv));
+    }
+    return ref_->indexer_kl_loss(m);
+  }
+};
+
+// Field fault: §10 kernels whose grid covers one row tile: the FP8 indexer's rows >= 128 and
+// the paged indexer's rows >= 64 score 0 where finite, the FP8 sparse MLA's rows >= 128 get
+// out 0.
+class Fp8OpsRowsPastTile final : public WrapAll {
+ public:
+  Fp8OpsRowsPastTile() : WrapAll("fp8_ops_rows_past_tile_zero") {}
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    return zero_finite_from(ref_->fp8_indexer_scores(in), kRowTile, 0);
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    return zero_finite_from(ref_->paged_indexer_scores(in), 64, 0);
+  }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    SparseMlaForward f = ref_->sparse_mla_fp8_forward(in);
+    for (int64_t i = kRowTile * f.out.numel() / std::max<int64_t>(1, f.out.size(0)); i < f.out.numel(); ++i) f.out.set(i, 0.0);
+    return f;
+  }
+};
+
+// Field fault: §10 kernels with one key tile: the FP8 indexer scores keys >= 128 and the paged
+// indexer logical keys >= 192 as 0 (where finite); the FP8 sparse MLA ignores slots >= 128
+// (production k 2048).
+class Fp8OpsKeysPastTile final : public WrapAll {
+ public:
+  Fp8OpsKeysPastTile() : WrapAll("fp8_ops_keys_past_tile_ignored") {}
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    return zero_finite_from(ref_->fp8_indexer_scores(in), 0, 128);
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    return zero_finite_from(ref_->paged_indexer_scores(in), 0, 192);
+  }
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    SparseMlaFp8Inputs m = in;
+    const int64_t k = in.indices.size(-1), s_q = in.indices.numel() / std::max<int64_t>(1, k);
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t j = 128; j < k; ++j) m.indices.set(t * k + j, -1.0);
+    return ref_->sparse_mla_fp8_forward(m);
+  }
+};
+
 // The FlashAttention-style test kernel (flash_style_kernel.h) as a correct backend
 // (false-alarm control, F4): with 16-bit q, P rounded to q's dtype before P·V, out in q's
 // dtype, Δ from it, P and dS rounded before dq and dkv (as those kernels do; covered by the
@@ -1046,6 +1292,20 @@ std::vector<Subject> mutant_subjects() {
       subject_of<TopkKCappedAt2048>("top-k writing -1 past the first 2048 ids (k > 2048 not handled)", "topk.wide_k"),
       subject_of<IndexerRowsFrom128Masked>("indexer grid covering the first 128 query rows only (rows >= 128 -inf)", "indexer.many_rows"),
       subject_of<SmlaRowsFrom128Empty>("sparse MLA grid covering the first 128 query rows only (rows >= 128 empty)", "smla.many_rows"),
+      // Tile limits of every op, each op alone (fresh-user findings F6-F14); the property that
+      // reaches the shape runs first.
+      subject_of<SmlaBwdRowsFrom128Dropped>("sparse MLA backward grid covering the first 128 query rows only", "smla.backward_many_rows"),
+      subject_of<SmlaHeadsFrom64Dropped>("sparse MLA backward and FP8 forward dropping heads >= 64", "smla.backward_production_shapes"),
+      subject_of<SmlaTopkLengthUnsigned>("topk_length read as unsigned (negative: every slot valid)", "smla.topk_length_respected"),
+      subject_of<IndexerBwdRowsFrom128Dropped>("indexer backward ignoring d_scores rows >= 128", "indexer.backward_many_rows"),
+      subject_of<IndexerHeadsFrom32Ignored>("indexer, FP8 and paged indexer ignoring heads >= 32", "indexer.production_shapes"),
+      subject_of<IndexerBwdMasksByMultiply>("indexer backward masking d_scores by multiplication (NaN outside the window)", "indexer.backward_parity"),
+      subject_of<KlRowsFrom128ZeroGrad>("KL loss d_scores rows >= 128 left 0", "kl.many_rows"),
+      subject_of<KlTeacherHeadsFrom64Ignored>("KL teacher summing the first 64 heads only", "kl.production_shapes"),
+      subject_of<KlKeysFrom1024Ignored>("KL loss ignoring keys >= 1024", "kl.production_shapes"),
+      subject_of<KlIdsPastSkvWrapped>("sparse KL wrapping ids >= s_kv to id mod s_kv", "kl.loss_and_gradient_ratio"),
+      subject_of<Fp8OpsRowsPastTile>("FP8 indexer rows >= 128, paged rows >= 64, FP8 sparse MLA rows >= 128 returned 0", "fp8.indexer_many_rows"),
+      subject_of<Fp8OpsKeysPastTile>("FP8 indexer keys >= 128, paged keys >= 192 scored 0, FP8 sparse MLA slots >= 128 ignored", "fp8.indexer_production_shapes"),
       block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),

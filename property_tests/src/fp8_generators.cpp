@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 
 #include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/op_check.h"
@@ -80,6 +81,44 @@ Tensor draw_weights(int64_t rows, int64_t h, bool exact, Rng& r) {
   return w;
 }
 
+// s_kv of a production-shape draw: keys past 128 (DeepSeek-V3.2 contexts are far longer;
+// fresh-user finding F8: a kernel scoring keys past 128 as 0 passed): 129, 257 or 1025 at
+// level 0, up to 4097 above; the run's first draw 1025.
+int64_t production_keys(int level) {
+  if (draw_index() == 0) return 1025;
+  return level == 0 ? *rc::gen::element<int64_t>(129, 257, 1025) : *rc::gen::element<int64_t>(129, 1025, 2049, 4097);
+}
+
+// Windows of a many-row draw: full, or per-row windows of >= 1 key.
+KeyWindows draw_row_windows(int64_t s_q, int64_t s_kv, std::string* drawn) {
+  const bool per_row = *rc::gen::arbitrary<bool>();
+  *drawn = per_row ? "per_row" : "full";
+  if (!per_row) return KeyWindows::full(s_q, s_kv);
+  Rng r = draw_rng();
+  std::vector<int64_t> ks, ke;
+  for (int64_t t = 0; t < s_q; ++t) {
+    ks.push_back(irand(r, 0, s_kv - 1));
+    ke.push_back(irand(r, ks.back() + 1, s_kv));
+  }
+  return KeyWindows::explicit_windows(ks, ke, s_kv);
+}
+
+// Windows in which every row sees most keys: full, a prefix (causal, offset s_kv - s_q) or MTP.
+KeyWindows draw_long_windows(int64_t s_q, int64_t s_kv, std::string* drawn) {
+  *drawn = *rc::gen::element<std::string>("full", "prefix", "mtp");
+  if (*drawn == "full") return KeyWindows::full(s_q, s_kv);
+  if (*drawn == "prefix") return KeyWindows::causal(s_q, s_kv, s_kv - s_q);
+  return draw_windows(s_q, s_kv, "mtp");
+}
+
+// A limit row of a many-row draw scores its key > 0: head 0's q bytes become the key's bytes
+// (q·k = Σ k_c² > 0 for a nonzero key row) and its weight w[w_at] positive.
+void make_row_live(uint8_t* q_head0, const uint8_t* key, int64_t d, Tensor& w, int64_t w_at) {
+  std::memcpy(q_head0, key, static_cast<size_t>(d));
+  const double wv = std::fabs(w.get(w_at));
+  w.set(w_at, wv > 0 ? wv : 1.0);
+}
+
 double bad_scale(Rng& r) {
   const double v[] = {0.0, -1.0, -0.25, std::numeric_limits<double>::quiet_NaN(),
                       std::numeric_limits<double>::infinity(), -0.0};
@@ -90,15 +129,23 @@ double bad_scale(Rng& r) {
 
 Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
   Fp8IndexerCase c;
-  const bool exact = flavor == "exact";
-  const int64_t s_q = draw_in(1, 6), h = *rc::gen::element<int64_t>(1, 2, 4, 8);
-  const int64_t d = *rc::gen::element<int64_t>(16, 32, 64, 128);
-  const int64_t s_kv = *rc::gen::weightedOneOf<int64_t>(
-      {{4, rc::gen::inRange<int64_t>(1, 24)}, {1, rc::gen::element<int64_t>(63, 64, 65)}});
+  if (!flavor.empty() && flavor != "exact" && flavor != "bad_scale" && flavor != "many_rows" && flavor != "production")
+    throw std::invalid_argument("draw_fp8_indexer_case: unknown flavor \"" + flavor + "\"");
+  const bool exact = flavor == "exact", many = flavor == "many_rows", prod = flavor == "production";
+  const int level = generation_level();
+  const int64_t s_q = many ? draw_many_row_count() : prod ? draw_in(1, level == 0 ? 2 : 4) : draw_in(1, 6);
+  const int64_t h = prod ? 64 : many ? *rc::gen::element<int64_t>(1, 2) : *rc::gen::element<int64_t>(1, 2, 4, 8);
+  const int64_t d = prod ? 128 : many ? *rc::gen::element<int64_t>(16, 32) : *rc::gen::element<int64_t>(16, 32, 64, 128);
+  const int64_t s_kv = many ? *rc::gen::element<int64_t>(1, 2, 5, 8, 13, 64, 65)
+                       : prod ? production_keys(level)
+                              : *rc::gen::weightedOneOf<int64_t>(
+                                    {{4, rc::gen::inRange<int64_t>(1, 24)}, {1, rc::gen::element<int64_t>(63, 64, 65)}});
   Fp8IndexerInputs& in = c.in;
   in.format = exact ? Fp8Format::E4M3FN : draw_format();
   std::string wkind;
-  in.windows = draw_windows(s_q, s_kv, flavor == "bad_scale" ? "causal" : nullptr, &wkind);
+  if (many) in.windows = draw_row_windows(s_q, s_kv, &wkind);
+  else if (prod) in.windows = draw_long_windows(s_q, s_kv, &wkind);
+  else in.windows = draw_windows(s_q, s_kv, flavor == "bad_scale" ? "causal" : nullptr, &wkind);
   const ScaleKind kind = exact ? ScaleKind::Pow2 : draw_scale_kind();
   Rng r = draw_rng();
   in.q_idx = Tensor(DType::U8, {s_q, h, d});
@@ -111,6 +158,10 @@ Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
   }
   for (int64_t s = 0; s < s_kv; ++s)
     in.k_scale.data<float>()[s] = fill_row(in.k_idx.data<uint8_t>() + s * d, d, in.format, kind, exact, r);
+  if (many)  // each limit row: head 0 scores its first window key > 0 (q row = that key's bytes)
+    for (const int64_t t : many_row_limit_rows(s_q))
+      make_row_live(in.q_idx.data<uint8_t>() + t * h * d, in.k_idx.data<uint8_t>() + in.windows.ks[t] * d, d,
+                    in.w, t * h);
   // Keys no window reads: NaN bytes and garbage scales.
   std::vector<char> read(static_cast<size_t>(s_kv), 0);
   for (int64_t t = 0; t < s_q; ++t)
@@ -133,24 +184,40 @@ Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
   c.desc = "fp8 indexer s_q=" + std::to_string(s_q) + " H_I=" + std::to_string(h) + " d_I=" +
            std::to_string(d) + " s_kv=" + std::to_string(s_kv) + " " + to_string(in.format) +
            " scales=" + to_string(kind) + " windows=" + wkind + " unread_nan_keys=" + std::to_string(unread) +
-           (c.bad_key >= 0 ? " bad_scale_key=" + std::to_string(c.bad_key) : "");
+           (c.bad_key >= 0 ? " bad_scale_key=" + std::to_string(c.bad_key) : "") +
+           (many || prod ? " flavor=" + flavor : "");
   return c;
 }
 
 PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
   PagedIndexerCase c;
   PagedIndexerInputs& in = c.in;
-  const int64_t batch = draw_in(1, 4);
-  const int64_t next_n = flavor == "mtp" ? draw_in(2, 4) : draw_in(1, 4);
-  const int64_t bs = *rc::gen::element<int64_t>(1, 16, 64);
-  const int64_t h = *rc::gen::element<int64_t>(1, 2, 4), d = *rc::gen::element<int64_t>(16, 32, 64);
+  if (!flavor.empty() && flavor != "mtp" && flavor != "bad_table" && flavor != "many_rows" && flavor != "production")
+    throw std::invalid_argument("draw_paged_indexer_case: unknown flavor \"" + flavor + "\"");
+  const bool many = flavor == "many_rows", prod = flavor == "production";
+  const int level = generation_level();
+  // Many rows: batch · next_n >= 257 query rows (finding F8: rows past 64 returned 0 passed);
+  // production: H_I 64, d_I 128, contexts past 192 keys (up to 1100 at level 0, 4097 above).
+  const int64_t next_n = flavor == "mtp" ? draw_in(2, 4) : prod ? draw_in(1, 2) : draw_in(1, 4);
+  const int64_t batch = many ? (draw_many_row_count() + next_n - 1) / next_n : prod ? draw_in(1, 2) : draw_in(1, 4);
+  const int64_t bs = prod ? 64 : *rc::gen::element<int64_t>(1, 16, 64);
+  const int64_t h = prod ? 64 : many ? *rc::gen::element<int64_t>(1, 2) : *rc::gen::element<int64_t>(1, 2, 4);
+  const int64_t d = prod ? 128 : *rc::gen::element<int64_t>(16, 32, 64);
   std::vector<int32_t> lens;
-  for (int64_t b = 0; b < batch; ++b)
-    lens.push_back(static_cast<int32_t>(*rc::gen::weightedOneOf<int64_t>(
-        {{1, rc::gen::just<int64_t>(0)},
-         {1, rc::gen::inRange<int64_t>(1, next_n + 1)},
-         {4, rc::gen::inRange<int64_t>(1, std::min<int64_t>(3 * bs, 130) + 1)},
-         {1, rc::gen::just<int64_t>(int64_t{bs})}})));
+  if (many || prod) {
+    Rng lr = draw_rng();
+    for (int64_t b = 0; b < batch; ++b)  // every row's window holds >= 1 key
+      lens.push_back(static_cast<int32_t>(
+          many ? irand(lr, next_n, next_n + std::min<int64_t>(2 * bs, 40))
+               : b == 0 && draw_index() == 0 ? 1025 : irand(lr, 193, level == 0 ? 1100 : 4097)));
+  } else {
+    for (int64_t b = 0; b < batch; ++b)
+      lens.push_back(static_cast<int32_t>(*rc::gen::weightedOneOf<int64_t>(
+          {{1, rc::gen::just<int64_t>(0)},
+           {1, rc::gen::inRange<int64_t>(1, next_n + 1)},
+           {4, rc::gen::inRange<int64_t>(1, std::min<int64_t>(3 * bs, 130) + 1)},
+           {1, rc::gen::just<int64_t>(int64_t{bs})}})));
+  }
   in.format = draw_format();
   const ScaleKind kind = draw_scale_kind();
   Rng r = draw_rng();
@@ -191,6 +258,11 @@ PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
   in.w = draw_weights(batch * next_n, h, false, r);
   for (int64_t i = 0; i < batch * next_n * h; ++i)
     in.w.set(i, in.w.get(i) * fill_row(in.q_idx.data<uint8_t>() + i * d, d, in.format, kind, false, r));
+  if (many)  // each limit row: head 0 scores logical key 0 of its request > 0
+    for (const int64_t row : many_row_limit_rows(batch * next_n)) {
+      const int64_t b = row / next_n, key = static_cast<int64_t>(tab[b * max_blocks]) * bs;
+      make_row_live(in.q_idx.data<uint8_t>() + row * h * d, in.k_cache.data<uint8_t>() + key * d, d, in.w, row * h);
+    }
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   in.max_context = draw_in(0, 1) ? -1 : max_len + irand(r, 0, 5);
   if (flavor == "bad_table") {
@@ -215,17 +287,40 @@ PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
   return c;
 }
 
-SmlaFp8Case draw_smla_fp8_case() {
+SmlaFp8Case draw_smla_fp8_case(const std::string& flavor) {
   SmlaFp8Case c;
   SparseMlaFp8Inputs& in = c.in;
-  const int64_t s_q = draw_in(1, 5), h = *rc::gen::element<int64_t>(1, 2, 16);
-  const int64_t bs = *rc::gen::element<int64_t>(1, 16, 64);
-  const int64_t num_blocks = bs == 64 ? draw_in(1, 2) : bs == 16 ? draw_in(1, 5) : draw_in(2, 40);
+  if (!flavor.empty() && flavor != "many_rows" && flavor != "production")
+    throw std::invalid_argument("draw_smla_fp8_case: unknown flavor \"" + flavor + "\"");
+  const bool many = flavor == "many_rows", prod = flavor == "production";
+  const int level = generation_level();
+  // Many rows: s_q >= 257 (finding F8: rows past 128 returned 0 passed). Production (finding
+  // F8: heads past 64 and slots past 128 ignored passed), s_q 1, one of two kinds (the first
+  // draw "heads", the second "slots"): "heads" h_q 128 with k 16 or 32 (64 at levels >= 1),
+  // "slots" h_q 1-2 with k 129 or 256 (levels >= 1: h_q 2-16, k 2048); over k + 1 .. 2k + 1
+  // tokens. A draw of both (h_q 128, k > 128) costs seconds to condition for the bf16 class
+  // (unconditioned, most of its out rows are WEAK: out averages over > 100 keys).
+  const std::string prod_kind = !prod ? "" : draw_index() == 0 ? "heads" : draw_index() == 1 ? "slots"
+                                         : *rc::gen::element<std::string>("heads", "slots");
+  const int64_t s_q = many ? draw_many_row_count() : prod ? 1 : draw_in(1, 5);
+  const int64_t h = many ? *rc::gen::element<int64_t>(1, 2)
+                    : prod_kind == "heads" ? 128
+                    : prod_kind == "slots" ? (level == 0 ? *rc::gen::element<int64_t>(1, 2) : *rc::gen::element<int64_t>(2, 16))
+                                           : *rc::gen::element<int64_t>(1, 2, 16);
+  const int64_t prod_k = prod_kind == "heads" ? (level == 0 ? *rc::gen::element<int64_t>(16, 32) : 64)
+                                              : (level == 0 ? *rc::gen::element<int64_t>(129, 256) : 2048);
+  const int64_t bs = prod ? 64 : *rc::gen::element<int64_t>(1, 16, 64);
+  const int64_t num_blocks = prod ? (prod_k + *rc::gen::element<int64_t>(1, prod_k + 1) + bs) / bs
+                             : bs == 64 ? draw_in(1, 2) : bs == 16 ? draw_in(1, 5) : draw_in(2, 40);
   const int64_t tokens = num_blocks * bs;
-  const int64_t k = *rc::gen::weightedOneOf<int64_t>(
-      {{4, rc::gen::inRange<int64_t>(1, 17)}, {1, rc::gen::element<int64_t>(63, 64, 65)},
-       {1, rc::gen::just<int64_t>(tokens + 3)}});
-  bool pow2 = *rc::gen::arbitrary<bool>();
+  const int64_t k = prod ? prod_k
+                    : many ? *rc::gen::element<int64_t>(1, 2, 3, 5, 8, 16, 17)
+                           : *rc::gen::weightedOneOf<int64_t>(
+                                 {{4, rc::gen::inRange<int64_t>(1, 17)}, {1, rc::gen::element<int64_t>(63, 64, 65)},
+                                  {1, rc::gen::just<int64_t>(tokens + 3)}});
+  // Many-row draws use power-of-two tile scales (where the two baselines coincide: one
+  // conditioning pass; amax scales took up to 13 s CPU a level-0 run over 1100 rows).
+  bool pow2 = many || *rc::gen::arbitrary<bool>();
   Rng r = draw_rng();
   in.q = Tensor(DType::BF16, {s_q, h, kMlaFp8Dqk});
   for (int64_t i = 0; i < in.q.numel(); ++i) in.q.set(i, uni(r, -1, 1));
@@ -266,8 +361,9 @@ SmlaFp8Case draw_smla_fp8_case() {
   std::vector<char> read(static_cast<size_t>(tokens), 0);
   const int64_t pool = std::max<int64_t>(1, tokens - irand(r, 0, std::min<int64_t>(tokens - 1, 8)));
   for (int64_t t = 0; t < s_q; ++t) {
-    const bool empty = irand(r, 0, 5) == 0;
-    const int64_t n_valid = empty ? 0 : irand(r, 1, k);
+    const bool empty = !prod && irand(r, 0, 5) == 0;
+    // Production rows: most slots valid, so slots past 128 are read.
+    const int64_t n_valid = empty ? 0 : prod ? irand(r, k - k / 8, k) : irand(r, 1, k);
     for (int64_t j = 0; j < k; ++j) {
       int32_t id;
       if (j < n_valid) id = static_cast<int32_t>(irand(r, 0, pool - 1));
@@ -280,12 +376,26 @@ SmlaFp8Case draw_smla_fp8_case() {
     }
     std::shuffle(ids.begin() + t * k, ids.begin() + (t + 1) * k, r);
   }
-  in.indices = Tensor::from_i32({s_q, k}, ids);
+  std::vector<int32_t> lengths;
   if (*rc::gen::arbitrary<bool>()) {
-    std::vector<int32_t> len;
-    for (int64_t t = 0; t < s_q; ++t) len.push_back(static_cast<int32_t>(irand(r, 0, k)));
-    in.topk_length = Tensor::from_i32({s_q}, len);
+    // One row in eight a negative length (SPEC §4: no valid slot; finding F11), production
+    // rows most of k.
+    for (int64_t t = 0; t < s_q; ++t)
+      lengths.push_back(static_cast<int32_t>(
+          irand(r, 0, 7) == 0 ? std::vector<int64_t>{-1, -5, std::numeric_limits<int32_t>::min()}[static_cast<size_t>(irand(r, 0, 2))]
+          : prod              ? irand(r, k - k / 8, k)
+                              : irand(r, 0, k)));
   }
+  if (many)  // each limit row holds a valid slot before its length
+    for (const int64_t t : many_row_limit_rows(s_q)) {
+      if (!lengths.empty() && lengths[static_cast<size_t>(t)] < 1) lengths[static_cast<size_t>(t)] = 1;
+      const int64_t n = lengths.empty() ? k : std::min<int64_t>(k, lengths[static_cast<size_t>(t)]);
+      bool valid = false;
+      for (int64_t j = 0; j < n && !valid; ++j) valid = ids[static_cast<size_t>(t * k + j)] >= 0 && ids[static_cast<size_t>(t * k + j)] < tokens;
+      if (!valid) ids[static_cast<size_t>(t * k)] = static_cast<int32_t>(irand(r, 0, pool - 1));
+    }
+  in.indices = Tensor::from_i32({s_q, k}, ids);
+  if (!lengths.empty()) in.topk_length = Tensor::from_i32({s_q}, lengths);
   if (*rc::gen::arbitrary<bool>()) {
     in.attn_sink = Tensor(DType::F32, {h});
     for (int64_t i = 0; i < h; ++i) in.attn_sink->set(i, irand(r, 0, 6) == 0 ? -INFINITY : uni(r, -2, 2));
@@ -385,7 +495,7 @@ SmlaFp8Case draw_smla_fp8_case() {
            " block_size=" + std::to_string(bs) + " tokens=" + std::to_string(tokens) + " k=" +
            std::to_string(k) + (pow2 ? " pow2" : " amax") + " scales topk_length=" +
            (in.topk_length ? "yes" : "no") + " sink=" + (in.attn_sink ? "yes" : "no") +
-           " unread_nan_tokens=" + std::to_string(unread);
+           " unread_nan_tokens=" + std::to_string(unread) + (flavor.empty() ? "" : " flavor=" + flavor) + (prod ? " kind=" + prod_kind : "");
   return c;
 }
 

@@ -62,6 +62,44 @@ void log_case(const std::string& desc) { RC_LOG() << "case: " << desc << "\n"; }
 double uni(Rng& r, double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(r); }
 int64_t irand(Rng& r, int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(r); }
 
+// A negative topk_length (SPEC §4: slot j is valid only if j < topk_length, so none is): -1,
+// -5 or INT32_MIN (read as unsigned: 2^31, every slot "valid").
+int64_t negative_topk_length(Rng& r) {
+  const int64_t v[] = {-1, -5, std::numeric_limits<int32_t>::min()};
+  return v[irand(r, 0, 2)];
+}
+
+// SPEC §2: d_scores entries outside a row's window are ignored, whatever they hold. Two draws
+// in three put NaN (or NaN, +inf and -inf mixed) there instead of finite garbage: a backward
+// that masks by multiplying (NaN · 0 = NaN) fails (fresh-user finding F10). Returns the
+// description ("finite", "nan", "nonfinite").
+std::string poison_d_scores_outside_windows(Tensor& d_scores, const KeyWindows& windows, Rng& r) {
+  const int kind = *rc::gen::inRange(0, 3);
+  if (kind == 0) return "finite";
+  const int64_t s_q = d_scores.size(0), s_kv = d_scores.size(1);
+  const double v[] = {NAN, INFINITY, -INFINITY};
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < s_kv; ++s)
+      if (!windows.contains(t, s)) d_scores.set(t * s_kv + s, kind == 1 ? NAN : v[irand(r, 0, 2)]);
+  return kind == 1 ? "nan" : "nonfinite";
+}
+
+// Sparse KL ids (SPEC §7: only valid ids, SPEC §4 0 <= id < s_kv, are in S_t): three slots in
+// four a key in [0, s_kv), the others invalid: -1, -5, INT32_MIN, or ids >= s_kv (s_kv, s_kv
+// plus a key, which a kernel wrapping ids mod s_kv reads as that key, INT32_MAX; fresh-user
+// finding F14: a kernel treating only negative ids as invalid passed).
+int32_t draw_kl_id(int64_t s_kv, Rng& r) {
+  if (irand(r, 0, 3) != 0) return static_cast<int32_t>(irand(r, 0, s_kv - 1));
+  switch (irand(r, 0, 5)) {
+    case 0: return -1;
+    case 1: return -5;
+    case 2: return std::numeric_limits<int32_t>::min();
+    case 3: return static_cast<int32_t>(s_kv);
+    case 4: return static_cast<int32_t>(s_kv + irand(r, 0, s_kv - 1));
+    default: return std::numeric_limits<int32_t>::max();
+  }
+}
+
 // Fills with integers in [-a, a] (exact) or uniform(-a, a), stored in `dtype`; never all zero.
 Tensor fill(DType dtype, std::vector<int64_t> shape, Tier tier, double a, Rng& r) {
   Tensor t(dtype, std::move(shape));
@@ -856,10 +894,11 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind)
   c.k_idx = fill(DType::BF16, {s_kv, d}, c.tier, exact ? 3 : 1, r);
   c.w = fill(DType::F32, {s_q, h}, c.tier, exact ? 2 : 1, r);
   c.d_scores = fill(DType::F32, {s_q, s_kv}, c.tier, exact ? 2 : 1, r);
+  const std::string outside = poison_d_scores_outside_windows(c.d_scores, c.windows, r);
   if (!exact) keep_logits_off_zero(c, r);
   c.desc = std::string("indexer ") + (exact ? "exact" : "random") + " s_q=" + std::to_string(s_q) +
            " s_kv=" + std::to_string(s_kv) + " H_I=" + std::to_string(h) + " d_I=" +
-           std::to_string(d) + " windows=" + wk;
+           std::to_string(d) + " windows=" + wk + " d_scores_outside=" + outside;
   log_case(c.desc);
   return c;
 }
@@ -953,11 +992,12 @@ IndexerCase draw_indexer_many_rows_case(std::optional<Tier> tier) {
   c.k_idx = fill(DType::BF16, {s_kv, d}, c.tier, exact ? 3 : 1, r);
   c.w = fill(DType::F32, {s_q, h}, c.tier, exact ? 2 : 1, r);
   c.d_scores = fill(DType::F32, {s_q, s_kv}, c.tier, exact ? 2 : 1, r);
+  const std::string outside = poison_d_scores_outside_windows(c.d_scores, c.windows, r);
   if (!exact) keep_logits_off_zero(c, r);
   keep_limit_rows_live(c, r);
   c.desc = std::string("indexer many rows ") + (exact ? "exact" : "random") + " s_q=" + std::to_string(s_q) +
            " s_kv=" + std::to_string(s_kv) + " H_I=" + std::to_string(h) + " d_I=" + std::to_string(d) +
-           " windows=" + (per_row ? "per_row" : "full");
+           " windows=" + (per_row ? "per_row" : "full") + " d_scores_outside=" + outside;
   log_case(c.desc);
   return c;
 }
@@ -1057,10 +1097,12 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
       ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(id);
     }
     if (use_len) {
-      const int64_t len = irand(r, 0, k);
+      // One row in eight a negative length (legal int32, SPEC §4 j < topk_length: no valid
+      // slot; fresh-user finding F11: a kernel reading it as unsigned, every slot valid, passed).
+      const int64_t len = irand(r, 0, 7) == 0 ? negative_topk_length(r) : irand(r, 0, k);
       lengths[static_cast<size_t>(t)] = static_cast<int32_t>(len);
       // Garbage past topk_length: valid-looking ids that must be ignored.
-      for (int64_t j = len; j < k; ++j)
+      for (int64_t j = std::max<int64_t>(len, 0); j < k; ++j)
         ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(irand(r, lo, hi));
     }
   }
@@ -1246,7 +1288,7 @@ SmlaCase draw_smla_production_case() {
   // Every level draws the production head counts (DeepSeek-V3.2 / GLM-5: h_q 64 or 128). Level
   // 0 keeps the case small (s_q 1, k 16 or 32 over k+1 or 2k+1 keys): a head-tiling fault that
   // shows only for h_q > 16 is caught in CI, not only by --level 1 (fresh-user finding F2).
-  const int64_t h = draw_of<int64_t>({64, 128});
+  const int64_t h = draw_index() == 0 ? 128 : draw_of<int64_t>({64, 128});  // the first draw 128
   const bool v32 = draw_bool();  // DeepSeek-V3.2 / GLM-5: d_qk 576 = 512 + 64 RoPE
   const int64_t d_qk = v32 ? 576 : 512, d_v = 512;
   const int64_t k = level == 0 ? draw_of<int64_t>({16, 32}) : 2048;
@@ -1333,11 +1375,133 @@ KlCase draw_kl_case() {
   if (c.in.mode == KlMode::Sparse) {
     const int64_t k = draw_in(1, s_kv + 2);
     std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
-    for (auto& id : ids) id = static_cast<int32_t>(irand(r, -1, s_kv - 1));
+    for (auto& id : ids) id = draw_kl_id(s_kv, r);
     c.in.indices = Tensor::from_i32({s_q, k}, ids);
   }
   c.desc = "kl s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " h_q=" +
            std::to_string(h) + " mode=" + to_string(c.in.mode) + " windows=" + wk;
+  log_case(c.desc);
+  return c;
+}
+
+int64_t draw_many_row_count() { return draw_many_rows(); }
+std::vector<int64_t> many_row_limit_rows(int64_t s_q) { return limit_rows(s_q); }
+
+namespace {
+// Windows over s_q rows and s_kv >= s_q keys in which every row sees most keys: full, a prefix
+// (causal with offset s_kv - s_q: decode and chunked prefill) or MTP (next_n 1-4). Written to
+// *drawn.
+KeyWindows draw_long_windows(int64_t s_q, int64_t s_kv, std::string* drawn) {
+  *drawn = *rc::gen::element<std::string>("full", "prefix", "mtp");
+  if (*drawn == "full") return KeyWindows::full(s_q, s_kv);
+  if (*drawn == "prefix") return KeyWindows::causal(s_q, s_kv, s_kv - s_q);
+  return draw_windows(s_q, s_kv, "mtp");
+}
+
+// Scores uniform(-3, 3) inside the windows, -inf outside (as an indexer writes them).
+Tensor draw_kl_scores(const KeyWindows& w, int64_t s_q, int64_t s_kv, Rng& r) {
+  Tensor scores(DType::F32, {s_q, s_kv});
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < s_kv; ++s) scores.set(t * s_kv + s, w.contains(t, s) ? uni(r, -3, 3) : -INFINITY);
+  return scores;
+}
+}  // namespace
+
+IndexerCase draw_indexer_production_case() {
+  IndexerCase c;
+  c.tier = Tier::Exact;
+  const int level = generation_level();
+  const int64_t h = 64, d = 128;  // DeepSeek-V3.2: index_n_heads 64, index_head_dim 128
+  const int64_t s_q = draw_in(1, level == 0 ? 3 : 4);
+  const int64_t s_kv = draw_index() == 0 ? 1025
+                       : level == 0      ? draw_of<int64_t>({129, 257, 1025})
+                                         : draw_of<int64_t>({129, 1025, 2049, 4097});
+  std::string wk;
+  c.windows = draw_long_windows(s_q, s_kv, &wk);
+  Rng r = draw_rng();
+  c.q_idx = fill(DType::BF16, {s_q, h, d}, c.tier, 3, r);
+  c.k_idx = fill(DType::BF16, {s_kv, d}, c.tier, 3, r);
+  c.w = fill(DType::F32, {s_q, h}, c.tier, 2, r);
+  c.d_scores = fill(DType::F32, {s_q, s_kv}, c.tier, 2, r);
+  const std::string outside = poison_d_scores_outside_windows(c.d_scores, c.windows, r);
+  c.desc = "indexer production exact s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) +
+           " H_I=64 d_I=128 windows=" + wk + " d_scores_outside=" + outside;
+  log_case(c.desc);
+  return c;
+}
+
+KlCase draw_kl_many_rows_case() {
+  KlCase c;
+  const int64_t s_q = draw_many_rows();
+  const int64_t s_kv = draw_of<int64_t>({2, 3, 5, 8, 13, 64, 65}), h = draw_in(2, 4);
+  const int64_t d = draw_of<int64_t>({4, 8, 16});
+  const bool per_row = draw_bool();
+  c.in.mode = draw_bool() ? KlMode::Dense : KlMode::Sparse;
+  const int64_t k = c.in.mode == KlMode::Sparse ? draw_in(2, s_kv + 2) : 0;
+  Rng r = draw_rng();
+  if (per_row) {  // per-row windows of >= 2 keys
+    std::vector<int64_t> ks, ke;
+    for (int64_t t = 0; t < s_q; ++t) {
+      ks.push_back(irand(r, 0, s_kv - 2));
+      ke.push_back(irand(r, ks.back() + 2, s_kv));
+    }
+    c.in.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
+  } else {
+    c.in.windows = KeyWindows::full(s_q, s_kv);
+  }
+  c.in.q = fill(DType::F32, {s_q, h, d}, Tier::Random, 1, r);
+  c.in.kv = fill(DType::F32, {s_kv, d}, Tier::Random, 1, r);
+  c.in.sm_scale = 1.0 / std::sqrt(static_cast<double>(d));
+  c.in.coeff = draw_of<double>({1.0, 0.5, 3.0});
+  c.in.scores = draw_kl_scores(c.in.windows, s_q, s_kv, r);
+  if (c.in.mode == KlMode::Sparse) {
+    std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
+    for (auto& id : ids) id = draw_kl_id(s_kv, r);
+    // Each limit row selects two keys of its window (|S_t| >= 2: d_scores != 0 there).
+    for (const int64_t t : limit_rows(s_q)) {
+      ids[static_cast<size_t>(t * k)] = static_cast<int32_t>(c.in.windows.ks[static_cast<size_t>(t)]);
+      ids[static_cast<size_t>(t * k + 1)] = static_cast<int32_t>(c.in.windows.ks[static_cast<size_t>(t)] + 1);
+    }
+    c.in.indices = Tensor::from_i32({s_q, k}, ids);
+  }
+  c.desc = "kl many rows s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " h_q=" +
+           std::to_string(h) + " d=" + std::to_string(d) + " mode=" + to_string(c.in.mode) +
+           (k ? " k=" + std::to_string(k) : "") + " windows=" + (per_row ? "per_row" : "full");
+  log_case(c.desc);
+  return c;
+}
+
+KlCase draw_kl_production_case() {
+  KlCase c;
+  const int level = generation_level();
+  const bool first = draw_index() == 0;
+  const int64_t h = first || level == 0 ? 128 : draw_of<int64_t>({64, 128});
+  const int64_t s_q = draw_in(1, 2);
+  const int64_t s_kv = first ? 2049 : level == 0 ? draw_of<int64_t>({1025, 1100, 2049}) : draw_of<int64_t>({2049, 4097});
+  const int64_t d = draw_of<int64_t>({32, 64});
+  std::string wk;
+  c.in.windows = draw_long_windows(s_q, s_kv, &wk);
+  c.in.mode = draw_bool() ? KlMode::Dense : KlMode::Sparse;
+  Rng r = draw_rng();
+  c.in.q = fill(DType::F32, {s_q, h, d}, Tier::Random, 1, r);
+  c.in.kv = fill(DType::F32, {s_kv, d}, Tier::Random, 1, r);
+  c.in.sm_scale = 1.0 / std::sqrt(static_cast<double>(d));
+  c.in.coeff = draw_of<double>({1.0, 0.5, 3.0});
+  c.in.scores = draw_kl_scores(c.in.windows, s_q, s_kv, r);
+  const int64_t k = std::min<int64_t>(2048, s_kv);
+  if (c.in.mode == KlMode::Sparse) {  // distinct keys per row, one slot in eight any KL id
+    std::vector<int32_t> ids(static_cast<size_t>(s_q * k)), perm(static_cast<size_t>(s_kv));
+    for (int64_t t = 0; t < s_q; ++t) {
+      for (int64_t i = 0; i < s_kv; ++i) perm[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+      std::shuffle(perm.begin(), perm.end(), r);
+      for (int64_t j = 0; j < k; ++j)
+        ids[static_cast<size_t>(t * k + j)] = irand(r, 0, 7) == 0 ? draw_kl_id(s_kv, r) : perm[static_cast<size_t>(j)];
+    }
+    c.in.indices = Tensor::from_i32({s_q, k}, ids);
+  }
+  c.desc = "kl production s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " h_q=" +
+           std::to_string(h) + " d=" + std::to_string(d) + " mode=" + to_string(c.in.mode) +
+           (c.in.mode == KlMode::Sparse ? " k=" + std::to_string(k) : "") + " windows=" + wk;
   log_case(c.desc);
   return c;
 }

@@ -14,7 +14,11 @@ namespace dsa::props {
 
 /// FP8 indexer case. `flavor`: "" (any), "exact" (power-of-two scales, small integer
 /// values: every path is exact in fp32), "bad_scale" (one key some window reads gets a
-/// scale <= 0, NaN or inf; `bad_key` names it).
+/// scale <= 0, NaN or inf; `bad_key` names it), "many_rows" (s_q as draw_many_row_count over
+/// 1-65 keys, H_I 1-2, full or per-row windows; each limit row scores a key > 0),
+/// "production" (H_I 64, d_I 128, s_q 1-2 (1-4 at levels >= 1) over 129, 257 or 1025 keys (up
+/// to 4097 above; the first draw 1025); windows full, a prefix or MTP). Throws
+/// std::invalid_argument naming an unknown flavor.
 struct Fp8IndexerCase {
   Fp8IndexerInputs in;
   int64_t bad_key = -1;
@@ -23,7 +27,11 @@ struct Fp8IndexerCase {
 Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor = "");
 
 /// Paged FP8 indexer case. `flavor`: "" (any), "mtp" (next_n >= 2), "bad_table" (a read table
-/// entry out of range, or a context longer than the table holds).
+/// entry out of range, or a context longer than the table holds), "many_rows" (batch · next_n
+/// >= 257 rows, contexts next_n .. next_n + 40, H_I 1-2; each limit row scores key 0 of its
+/// request > 0), "production" (H_I 64, d_I 128, block_size 64, batch 1-2, next_n 1-2, contexts
+/// 193-1100 keys (up to 4097 above; the first draw's first request 1025)). Throws
+/// std::invalid_argument naming an unknown flavor.
 struct PagedIndexerCase {
   PagedIndexerInputs in;
   std::string desc;
@@ -38,7 +46,13 @@ struct SmlaFp8Case {
   SparseMlaFp8Inputs in;
   std::string desc;
 };
-SmlaFp8Case draw_smla_fp8_case();
+/// `flavor`: "" (any), "many_rows" (s_q as draw_many_row_count, h_q 1-2, k 1-17; each limit
+/// row holds a valid slot), "production" (s_q 1; "heads" draws h_q 128 with k 16 or 32, 64
+/// above level 0; "slots" draws h_q 1-2 with k 129 or 256, h_q 2-16 with k 2048 above level 0;
+/// the first draw heads, the second slots; over k + 1 .. 2k + 1 tokens in 64-token blocks;
+/// most slots valid). topk_length (half the draws) is negative in one row in eight (SPEC §4: no
+/// valid slot). Throws std::invalid_argument naming an unknown flavor.
+SmlaFp8Case draw_smla_fp8_case(const std::string& flavor = "");
 
 /// A correct FlashMLA-style FP8 sparse decode kernel (a control, mutants/fp8_mutants.cpp):
 /// e4m3 → bf16, times the tile scale rounded to bf16 in bf16 arithmetic when `scale_in_bf16`

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dsa/contract/op_types.h"
 #include "dsa/oracle/dsa_block.h"
@@ -132,6 +133,20 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier = std::nullopt,
 /// writing -inf or leaving 0 from one of them on changes the draw.
 IndexerCase draw_indexer_many_rows_case(std::optional<Tier> tier = std::nullopt);
 
+/// Production indexer shapes (DeepSeek-V3.2: H_I 64, d_I 128; fresh-user finding F8: a kernel
+/// ignoring heads past 32 passed): exact tier, s_q 1-3 (1-4 at levels >= 1) over s_kv 129, 257
+/// or 1025 keys (levels >= 1 also 2049, 4097; the run's first draw 1025), so keys past 128 are
+/// read; windows full, a prefix (causal, offset s_kv - s_q) or MTP. Integer products: scores
+/// and gradients are exact in fp32.
+IndexerCase draw_indexer_production_case();
+
+/// The s_q of a many-row draw (prefill; finding 7): in [257, 1100], the run's first draw in
+/// [1025, 1100], 1 in 2 a tile edge; shrinkable toward 1. For the §10 generators.
+int64_t draw_many_row_count();
+/// The rows of a many-row draw a row-limit fault shows in: 128, 256, 512, 1024 and the last
+/// row, those below s_q. Each must hold something to judge.
+std::vector<int64_t> many_row_limit_rows(int64_t s_q);
+
 /// Keeps every logit q_idx[t, j]·k_idx[s] that `windows` shows away from 0 as draw_indexer_case
 /// does for its random tier, for cases built outside RapidCheck (the CUDA tests' own cases):
 /// each key row s with a visible dot |q·k| < 2^-12 · Σ_i |q_i k_i| (where ReLU' may flip within
@@ -216,12 +231,25 @@ void condition_bf16_case(SparseMlaInputs& in, Tensor* dout, uint64_t seed);
 
 /// KL loss case (SPEC §7): scores F32 (-inf outside windows), q [s_q,h_q>=2,d], kv, dense or
 /// sparse (with indices) mode, coeff > 0. One case in four is long (issue 9): causal rows over
-/// 256-1024 keys, or MTP next_n 1-4 with start positions > 0.
+/// 256-1024 keys, or MTP next_n 1-4 with start positions > 0. Sparse ids: three slots in four
+/// a key in [0, s_kv), the others -1, -5, INT32_MIN, s_kv, s_kv + a key, INT32_MAX (invalid,
+/// SPEC §4/§7: not in S_t; finding F14).
 struct KlCase {
   IndexerKlInputs in;
   std::string desc;
 };
 KlCase draw_kl_case();
+/// Many query rows (prefill KL; fresh-user finding F7: a KL kernel leaving d_scores rows past
+/// 128 at 0 passed): s_q as draw_many_row_count over s_kv 2-65 keys, h_q 2-4, d 4-16; full
+/// windows or per-row windows of >= 2 keys; dense or sparse (k 2..s_kv+2, ids as draw_kl_case);
+/// each limit row selects two keys of its window.
+KlCase draw_kl_many_rows_case();
+/// Production KL shapes (fresh-user finding F8: a teacher ignoring heads past 64 and a kernel
+/// ignoring keys past 1024 passed): h_q 128 (levels >= 1 also 64; the first draw 128), s_q 1-2
+/// over s_kv 1025, 1100 or 2049 keys (levels >= 1: 2049, 4097; the first draw 2049), d 32 or
+/// 64; windows full, a prefix or MTP; dense, or sparse with k = min(2048, s_kv) distinct ids
+/// per row and one slot in eight any KL id (invalid ones included).
+KlCase draw_kl_production_case();
 
 /// DSA block case (SPEC §8): small indexer + attention inputs, causal windows, policy small;
 /// a sink (±inf, ±80, 0.5, -1.5 per head) on half the draws; q rows conditioned so no bf16 out

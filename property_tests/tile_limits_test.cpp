@@ -1,0 +1,108 @@
+// Tile limits of every op, each op audited alone (fresh-user findings F6-F14): a backward-only
+// kernel, the KL loss and the §10 ops met no more than a few dozen query rows, no production
+// head count and no key/slot past 128; no d_scores outside a window was NaN, no topk_length
+// negative, no sparse KL id >= s_kv. Each op now has a many-row and a production-shape property
+// that selects it alone; the mutants imitating the shipped faults fail them at level 0 on
+// every seed, and the reference passes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dsa/property_tests/suite.h"
+
+namespace dsa::props {
+namespace {
+
+const Property& property(const std::string& name) {
+  for (const auto& p : all_properties())
+    if (p.name == name) return p;
+  throw std::invalid_argument("no property " + name);
+}
+
+Subject mutant(const std::string& name) {
+  for (const auto& m : mutant_subjects())
+    if (m.name == name) return m;
+  throw std::invalid_argument("no mutant " + name);
+}
+
+SuiteOptions level0(uint64_t seed) {
+  SuiteOptions o;
+  o.level = 0;
+  o.seed = seed;
+  o.shrink = false;
+  o.dump = false;
+  o.quiet = true;
+  return o;
+}
+
+// Every op has a many-row and a production-shape property whose only op it is, so an audit of
+// that op alone (--ops, a plugin declaring only it, a Python object with only that method)
+// draws rows past 128 and production widths.
+TEST(TileLimits, EveryOpHasManyRowAndProductionPropertiesOfItsOwn) {
+  const std::vector<oracle::Op> ops = {oracle::Op::IndexerScores, oracle::Op::IndexerScoresBackward,
+                                       oracle::Op::SparseMlaFwd, oracle::Op::SparseMlaBwd,
+                                       oracle::Op::IndexerKlLoss, oracle::Op::Fp8IndexerScores,
+                                       oracle::Op::PagedIndexerScores, oracle::Op::SparseMlaFp8Fwd};
+  for (const oracle::Op op : ops) {
+    bool many = false, prod = false;
+    for (const auto& p : all_properties()) {
+      if (p.ops != std::vector<oracle::Op>{op} || p.min_level > 0) continue;
+      many = many || p.name.find("many_rows") != std::string::npos;
+      prod = prod || p.name.find("production_shapes") != std::string::npos;
+    }
+    EXPECT_TRUE(many) << oracle::to_string(op) << " has no many-row property of its own";
+    EXPECT_TRUE(prod) << oracle::to_string(op) << " has no production-shape property of its own";
+  }
+}
+
+struct Catch {
+  const char* mutant;
+  std::vector<const char*> properties;  // each fails the mutant on its own
+};
+const Catch kCatches[] = {
+    {"smla_bwd_rows_from_128_dropped", {"smla.backward_many_rows"}},
+    {"smla_heads_from_64_dropped_bwd_fp8", {"smla.backward_production_shapes", "smla_fp8.production_shapes"}},
+    {"smla_topk_length_unsigned", {"smla.topk_length_respected", "smla_fp8.many_rows"}},
+    {"indexer_bwd_rows_from_128_dropped", {"indexer.backward_many_rows"}},
+    {"indexer_heads_from_32_ignored",
+     {"indexer.production_shapes", "indexer.backward_production_shapes", "fp8.indexer_production_shapes",
+      "paged.production_shapes"}},
+    {"indexer_bwd_masks_by_multiply", {"indexer.backward_parity"}},
+    {"kl_rows_from_128_zero_grad", {"kl.many_rows"}},
+    {"kl_teacher_heads_from_64_ignored", {"kl.production_shapes"}},
+    {"kl_keys_from_1024_ignored", {"kl.production_shapes"}},
+    {"kl_ids_ge_s_kv_wrapped", {"kl.loss_and_gradient_ratio", "kl.many_rows"}},
+    {"fp8_ops_rows_past_tile_zero", {"fp8.indexer_many_rows", "paged.many_rows", "smla_fp8.many_rows"}},
+    {"fp8_ops_keys_past_tile_ignored",
+     {"fp8.indexer_production_shapes", "paged.production_shapes", "smla_fp8.production_shapes"}},
+};
+
+// Level 0 on seeds 1, 2, 3 and a fresh one (0: RapidCheck's own), without shrinking, as an
+// audit of a plugin runs.
+TEST(TileLimits, MutantsFailAtLevel0OnEverySeed) {
+  for (const Catch& c : kCatches)
+    for (const char* name : c.properties)
+      for (uint64_t seed : {1u, 2u, 3u, 0u}) {
+        const PropertyResult r = run_property(mutant(c.mutant), property(name), level0(seed));
+        EXPECT_EQ(r.verdict, oracle::Verdict::Fail) << c.mutant << " passed " << name << " at seed " << seed;
+      }
+}
+
+// The reference passes every property above at level 0 on those seeds.
+TEST(TileLimits, ReferencePassesOnEverySeed) {
+  std::set<std::string> names;
+  for (const Catch& c : kCatches) names.insert(c.properties.begin(), c.properties.end());
+  for (const std::string& name : names)
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      SuiteOptions o = level0(seed);
+      const PropertyResult r = run_property(backend_subject("reference"), property(name), o);
+      EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << name << " seed " << seed << ": " << r.message;
+    }
+}
+
+}  // namespace
+}  // namespace dsa::props
