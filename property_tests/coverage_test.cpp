@@ -107,8 +107,8 @@ TEST(Level0Coverage, HeadCountFaultInForwardFails) {
 
 TEST(Level0Coverage, HeadCountFaultInBackwardFails) {
   for (uint64_t seed : kSeeds)
-    EXPECT_GE(failures_at_level0(subject_of<ZeroDqFromHead16>(), {"smla.production_shapes"}, seed, nullptr), 1)
-        << "seed " << seed << ": dq zeroed for heads >= 16 passed smla.production_shapes at level 0";
+    EXPECT_GE(failures_at_level0(subject_of<ZeroDqFromHead16>(), {"smla.backward_production_shapes"}, seed, nullptr), 1)
+        << "seed " << seed << ": dq zeroed for heads >= 16 passed smla.backward_production_shapes at level 0";
 }
 
 TEST(Level0Coverage, SixteenBitTopkIdsFail) {

@@ -48,7 +48,7 @@ struct SmlaFp8Case {
 };
 /// `flavor`: "" (any), "many_rows" (s_q as draw_many_row_count, h_q 1-2, k 1-17; each limit
 /// row holds a valid slot), "production" (s_q 1; "heads" draws h_q 128 with k 16 or 32, 64
-/// above level 0; "slots" draws h_q 1-2 with k 129 or 256, h_q 2-16 with k 2048 above level 0;
+/// above level 0; "slots" draws h_q 1-2 with k 129 or 256 (512 or 2048 above level 0);
 /// the first draw heads, the second slots; over k + 1 .. 2k + 1 tokens in 64-token blocks;
 /// most slots valid). topk_length (half the draws) is negative in one row in eight (SPEC §4: no
 /// valid slot). Throws std::invalid_argument naming an unknown flavor.

@@ -112,7 +112,9 @@ TopkCase draw_topk_wide_k_case();
 
 /// Indexer case (SPEC §2): q_idx [s_q,H_I,d_I], k_idx [s_kv,d_I] BF16, w [s_q,H_I] F32 (may be
 /// negative), d_scores [s_q,s_kv] F32. Exact tier: integers in [-3,3], w and d_scores in
-/// [-2,2]. `window_kind` forwards to draw_windows.
+/// [-2,2]. `window_kind` forwards to draw_windows. d_scores outside the windows (SPEC §2:
+/// ignored) is finite garbage in one draw in three, NaN or NaN/±inf in the others (also in
+/// the many-row and production draws; fresh-user F10).
 struct IndexerCase {
   Tensor q_idx, k_idx, w, d_scores;
   KeyWindows windows;
@@ -159,7 +161,8 @@ void keep_indexer_logits_off_zero(const Tensor& q_idx, Tensor& k_idx, const KeyW
 
 /// Sparse MLA case (SPEC §4-§6): q [s_q,h_q,d_qk], kv [s_kv,d_qk] BF16 (or F32), dout F32; indices
 /// [s_q,k] I32 with invalid ids (-1, -2^31, s_kv, 2^31-1, ...) in front, behind and in holes,
-/// all-invalid rows, duplicates; optional topk_length with valid-looking garbage past it;
+/// all-invalid rows, duplicates; optional topk_length with valid-looking garbage past it (one
+/// row in eight a negative length: -1, -5, INT32_MIN, no valid slot; fresh-user F11);
 /// optional attn_sink with ±inf, ±80. `layout`: "" (any), "poison" (kv rows 0 and s_kv-1 are
 /// NaN and never validly selected), "empty" (some all-invalid rows), "dups" (few keys,
 /// many repeats), "leading_block" (first 64 slots invalid, k >= 65), "topk_length".
