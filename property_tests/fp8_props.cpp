@@ -92,9 +92,9 @@ bool poisoned(const PagedIndexerInputs& in) {
          !same_bytes(t.block_table, in.block_table);
 }
 
-SparseMlaFp8Inputs clean_twin(const SparseMlaFp8Inputs& in) {
-  SparseMlaFp8Inputs out = in;
-  out.kv_cache = copy_of(in.kv_cache);
+namespace {
+// Which kv_cache tokens a valid slot reads (SPEC §10: slot j < topk_length, id in range).
+std::vector<char> tokens_read(const SparseMlaFp8Inputs& in) {
   const int64_t tokens = in.kv_cache.numel() / kMlaFp8TokenBytes;
   const int64_t s_q = in.indices.size(0), k = in.indices.size(-1);
   std::vector<char> read(static_cast<size_t>(tokens), 0);
@@ -105,6 +105,21 @@ SparseMlaFp8Inputs clean_twin(const SparseMlaFp8Inputs& in) {
       if (id >= 0 && id < static_cast<double>(tokens)) read[static_cast<size_t>(id)] = 1;
     }
   }
+  return read;
+}
+// The oracle's check re-runs a draw with its unread tokens poisoned: the draw has poisoned
+// unread parts exactly when some token is unread (a draw whose every token is read has none).
+bool has_unread_tokens(const SparseMlaFp8Inputs& in) {
+  const std::vector<char> read = tokens_read(in);
+  return std::find(read.begin(), read.end(), 0) != read.end();
+}
+}  // namespace
+
+SparseMlaFp8Inputs clean_twin(const SparseMlaFp8Inputs& in) {
+  SparseMlaFp8Inputs out = in;
+  out.kv_cache = copy_of(in.kv_cache);
+  const int64_t tokens = in.kv_cache.numel() / kMlaFp8TokenBytes;
+  const std::vector<char> read = tokens_read(in);
   for (int64_t s = 0; s < tokens; ++s)
     if (!read[static_cast<size_t>(s)]) {
       uint8_t* tok = out.kv_cache.data<uint8_t>() + s * kMlaFp8TokenBytes;
@@ -408,8 +423,11 @@ void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
   const SmlaFp8Case c = draw_smla_fp8_case();
   DumpOnFailure dump([&] { return described([&] { return fixtures::sparse_mla_fp8_fixture(c.in, case_name()); }, c.desc); });
   SparseMlaForward f;
-  // The check re-runs the draw with unread tokens poisoned: always poisoned.
-  judge_poisoned(true, [&] { f = b.sparse_mla_fp8_forward(c.in); }, [&] { b.sparse_mla_fp8_forward(clean_twin(c.in)); });
+  // The check re-runs the draw with its unread tokens poisoned: poisoned when it has any (a
+  // draw whose every token is read judges no poisoned unread part, so it does not count as one
+  // that did: with it counted, declining every poisoned draw got a skip, not INCOMPLETE).
+  const bool unread = has_unread_tokens(c.in);
+  judge_poisoned(unread, [&] { f = b.sparse_mla_fp8_forward(c.in); }, [&] { b.sparse_mla_fp8_forward(clean_twin(c.in)); });
   // Empty rows (SPEC §6): out 0, lse +inf, max_logits -inf, no NaN.
   const int64_t s_q = c.in.q.size(0), h = c.in.q.size(1), k = c.in.indices.size(-1);
   const int64_t tokens = c.in.kv_cache.numel() / kMlaFp8TokenBytes;
@@ -434,7 +452,7 @@ void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
     }
   }
   judge_poisoned(
-      true, [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_fp8_forward(b, op_case(c.in))); },
+      unread, [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_fp8_forward(b, op_case(c.in))); },
       [&] { b.sparse_mla_fp8_forward(clean_twin(c.in)); });
 }
 
