@@ -379,14 +379,25 @@ SmlaFp8Case draw_smla_fp8_case(const std::string& flavor) {
     std::shuffle(ids.begin() + t * k, ids.begin() + (t + 1) * k, r);
   }
   std::vector<int32_t> lengths;
-  if (*rc::gen::arbitrary<bool>()) {
-    // One row in eight a negative length (SPEC §4: no valid slot; finding F11), production
-    // rows most of k.
+  if (*rc::gen::arbitrary<bool>() || many) {
+    // One row in eight a negative length (SPEC §4: no valid slot; finding F11).
+    // Production rows (s_q 1) never negative and past slot 128: their draw is the one that
+    // reaches slots past a 128-slot tile (fp8_ops_keys_past_tile_ignored passed
+    // smla_fp8.production_shapes on a fresh seed when its one row had no valid slot past 128).
     for (int64_t t = 0; t < s_q; ++t)
       lengths.push_back(static_cast<int32_t>(
-          irand(r, 0, 7) == 0 ? std::vector<int64_t>{-1, -5, std::numeric_limits<int32_t>::min()}[static_cast<size_t>(irand(r, 0, 2))]
-          : prod              ? irand(r, k - k / 8, k)
+          prod                ? std::max<int64_t>(irand(r, k - k / 8, k), std::min<int64_t>(k, 129))
+          : irand(r, 0, 7) == 0 ? std::vector<int64_t>{-1, -5, std::numeric_limits<int32_t>::min()}[static_cast<size_t>(irand(r, 0, 2))]
                               : irand(r, 0, k)));
+  }
+  if (prod && k > 128)  // a valid id in slot 128 of every row (read: its length is past 128)
+    for (int64_t t = 0; t < s_q; ++t) ids[static_cast<size_t>(t * k + 128)] = static_cast<int32_t>(irand(r, 0, pool - 1));
+  if (many && s_q > 1) {
+    // Row 0 (no limit row) negative with a valid id: a kernel reading the length as unsigned
+    // reads it (smla_topk_length_unsigned passed smla_fp8.many_rows on fresh seeds when no
+    // negative row held a valid id).
+    lengths[0] = -1;
+    ids[0] = static_cast<int32_t>(irand(r, 0, pool - 1));
   }
   if (many)  // each limit row holds a valid slot before its length
     for (const int64_t t : many_row_limit_rows(s_q)) {
