@@ -13,31 +13,12 @@
 #include <vector>
 
 #include "dsa/property_tests/suite.h"
+#include "prop_test_util.h"
 
 namespace dsa::props {
 namespace {
 
-const Property& property(const std::string& name) {
-  for (const auto& p : all_properties())
-    if (p.name == name) return p;
-  throw std::invalid_argument("no property " + name);
-}
-
-Subject mutant(const std::string& name) {
-  for (const auto& m : mutant_subjects())
-    if (m.name == name) return m;
-  throw std::invalid_argument("no mutant " + name);
-}
-
-SuiteOptions level0(uint64_t seed) {
-  SuiteOptions o;
-  o.level = 0;
-  o.seed = seed;
-  o.shrink = false;
-  o.dump = false;
-  o.quiet = true;
-  return o;
-}
+using test::level0;
 
 // Every op has a many-row and a production-shape property whose only op it is, so an audit of
 // that op alone (--ops, a plugin declaring only it, a Python object with only that method)
@@ -90,7 +71,7 @@ TEST(TileLimits, MutantsFailAtLevel0OnEverySeed) {
   for (const Catch& c : kCatches)
     for (const char* name : c.properties)
       for (uint64_t seed : {1u, 2u, 3u}) {
-        const PropertyResult r = run_property(mutant(c.mutant), property(name), level0(seed));
+        const PropertyResult r = run_property(test::mutant_named(c.mutant), test::property_named(name), level0(seed));
         EXPECT_EQ(r.verdict, oracle::Verdict::Fail) << c.mutant << " passed " << name << " at seed " << seed;
       }
 }
@@ -102,7 +83,7 @@ TEST(TileLimits, ReferencePassesOnEverySeed) {
   for (const std::string& name : names)
     for (uint64_t seed : {1u, 2u, 3u}) {
       SuiteOptions o = level0(seed);
-      const PropertyResult r = run_property(backend_subject("reference"), property(name), o);
+      const PropertyResult r = run_property(backend_subject("reference"), test::property_named(name), o);
       EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << name << " seed " << seed << ": " << r.message;
     }
 }
