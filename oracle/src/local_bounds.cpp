@@ -1097,10 +1097,17 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         R.abar[h] = abar;
         if (in.attn_sink && psink > 0) {
           R.sink_on[h] = 1;
-          // p_sink = exp(sink - L): its argument's rounding, the exp and L's error
+          // p_sink = exp(sink - L): its argument's rounding, the exp and L's error.
+          // A flush-to-zero kernel loses p_sink whole (2^-126 on each of Δ's terms) only where
+          // its p_sink is subnormal, i.e. below kTiny32 (fp32's 2^-126 with the file's 2^6
+          // margin for its own rounding); above, p_sink is a normal fp32 value with the
+          // relative error of the first part. (This threshold was 2^-100, which charged
+          // 3·2^-126·Σ|out_c dout_c| to normal-range p_sink ≈ e^-80 ≈ 2^-115 too: on rows with
+          // a huge out column, up to 7e-3 of dsink itself, and 104 of 751 fp32 dsink rows of
+          // Detection.SparseMla* WEAK at seed 12001; Underflow.SinkMinus80HeadDsinkIsDetectable.)
           const double arg = st.sink_finite ? std::abs(st.sinkv - st.L) + 1 : 0.0;
           const double err = psink * (u * (arg + abar) * std::abs(delta) + dDelta) +
-                             (psink < 0x1p-100 ? kEtaFtz * D : 0.0) +
+                             (psink < kTiny32 ? kEtaFtz * D : 0.0) +
                              // Δ's products and p_sink·Δ below the normal range (flush-to-zero).
                              // Not for a sink of +inf (L = +inf): every p_j, out and Δ are then
                              // exact zeros in any kernel, and an exact 0 is no underflow (η = 0

@@ -382,7 +382,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         // p_sink = exp(sink - L): its argument's rounding, the exp and L's error
         const double arg = sink_finite ? std::abs(sinkv - L) + 1 : 0.0;
         const double err = psink * (u * (arg + abar) * std::abs(delta) + dDelta) +
-                           (psink < 0x1p-100 ? kEtaFtz * D : 0.0) +
+                           (psink < kTiny32 ? kEtaFtz * D : 0.0) +
                            // Δ's products and p_sink·Δ below the normal range (flush-to-zero);
                            // none for a sink of +inf (L = +inf: p_j, out and Δ are exact zeros)
                            (std::isfinite(L) && psink * D < 0x1p-100

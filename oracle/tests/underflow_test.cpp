@@ -308,6 +308,80 @@ TEST(Underflow, InfiniteSinkHeadDsinkIsExactZero) {
   EXPECT_EQ(r.verdict, Verdict::Fail) << format_op_report(r);
 }
 
+// A head with a sink of -80 over ordinary logits (L ≈ 1.4, so p_sink = e^(-80 - L) ≈ 2^-117.4:
+// a normal fp32 value, no flush-to-zero kernel flushes it) and one huge value column (kv
+// column 0 of key 0 is 65536, q column 0 is 0: logits unchanged, |Δ| ≈ 1e4, F1): dsink ≈
+// 2^-103, below the 2^-100 row scale. The bound used to charge 3·2^-126·Σ|out_c dout_c| ≈
+// 2^-110 to every p_sink below 2^-100, 7e-4 of the row scale (θ = 1e-4): the head was WEAK,
+// so a wrong dsink there went unreported as a failure (Detection.SparseMla*: 104 of 751 fp32
+// dsink rows WEAK at seed 12001). Now: not WEAK, the float64 dsink rounded to fp32 and the
+// flush-to-zero baseline pass, and dsink moved by θ(1 + 2^-6) of the row scale fails.
+OpCase sink_minus80_huge_column_case() {
+  const int64_t s_q = 2, h = 1, d = 8, dv = 4, s_kv = 4;
+  std::vector<double> q(static_cast<size_t>(s_q * h * d)), kv(static_cast<size_t>(s_kv * d)),
+      dout(static_cast<size_t>(s_q * h * dv));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = i % d == 0 ? 0.0 : static_cast<double>(static_cast<int64_t>(i % 5) - 2) / 4;
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<double>(static_cast<int64_t>(i % 7) - 3) / 4;
+  kv[0] = 65536.0;
+  for (size_t i = 0; i < dout.size(); ++i) dout[i] = static_cast<double>(static_cast<int64_t>(i % 3) - 1) / 2 + 0.75;
+  OpCase c;
+  c.mla.q = Tensor::from_f64({s_q, h, d}, q).to(DType::F32);
+  c.mla.kv = Tensor::from_f64({s_kv, d}, kv).to(DType::F32);
+  c.mla.indices = Tensor::from_i32({s_q, s_kv}, {0, 1, 2, 3, 3, 2, 1, 0});
+  c.mla.sm_scale = 0.5;
+  c.mla.d_v = dv;
+  c.mla.attn_sink = Tensor::from_f64({h}, {-80.0}).to(DType::F32);
+  c.dout = Tensor::from_f64({s_q, h, dv}, dout).to(DType::F32);
+  return c;
+}
+
+TEST(Underflow, SinkMinus80HeadDsinkIsDetectable) {
+  const OpCase c = sink_minus80_huge_column_case();
+  const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
+  const SparseMlaGrads g = reference::sparse_mla_backward(c.mla, c.dout, reference::Precision::Reference,
+                                                          f.out.to(DType::F32));
+  ASSERT_TRUE(g.dsink.has_value());
+  // the regime: p_sink in fp32's normal range (>= 2^-120 on both rows), |Δ| > 1e3, dsink < 2^-100
+  for (int64_t t = 0; t < 2; ++t) {
+    const double psink = std::exp(-80.0 - f.lse.get(t));
+    EXPECT_GE(psink, 0x1p-120);
+    EXPECT_LT(psink, 0x1p-110);
+  }
+  const double ds = std::abs(g.dsink->get(0));
+  ASSERT_GT(ds, 0x1p-110);
+  ASSERT_LT(ds, 0x1p-100);
+  NamedOutputs outs{{"dq", g.dq.to(DType::F32)}, {"dkv", g.dkv.to(DType::F32)},
+                    {"dsink", g.dsink->to(DType::F32)}, {"out", f.out.to(DType::F32)}};
+  const OpReport ok = judge_outputs(Op::SparseMlaBwd, c, outs, {}, "rounded reference");
+  EXPECT_EQ(ok.verdict, Verdict::Pass) << format_op_report(ok);  // WEAK on the old bound
+  const TensorCheck* t = nullptr;
+  for (const auto& x : ok.tensors)
+    if (x.name == "dsink") t = &x;
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(t->weak_rows, 0) << format_op_report(ok);
+  EXPECT_EQ(t->precision, DType::F32);
+  // a flush-to-zero fp32 kernel passes
+  if (auto ftz = ftz_backend(); ftz && ftz->unavailable_reason().empty()) {
+    const SparseMlaForward ff = ftz->sparse_mla_forward(c.mla);
+    const SparseMlaGrads fg = ftz->sparse_mla_backward(c.mla, c.dout);
+    ASSERT_TRUE(fg.dsink.has_value());
+    NamedOutputs fo{{"dq", fg.dq}, {"dkv", fg.dkv}, {"dsink", *fg.dsink}, {"out", ff.out}};
+    const OpReport r = judge_outputs(Op::SparseMlaBwd, c, fo, {}, "ftz");
+    EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
+  }
+  // dsink moved by θ(1 + 2^-6) of its row scale (2^-100), either way, fails
+  ASSERT_EQ(t->row_scale.size(), 1u);
+  EXPECT_EQ(t->row_scale[0], 0x1p-100);
+  for (double sign : {1.0, -1.0}) {
+    NamedOutputs bad = outs;
+    Tensor p = outs.at("dsink").to(DType::F32);
+    p.set(0, g.dsink->get(0) + sign * t->theta * (1 + 0x1p-6) * t->row_scale[0]);
+    bad["dsink"] = p;
+    const OpReport r = judge_outputs(Op::SparseMlaBwd, c, bad, {}, "dsink moved by θ of its row scale");
+    EXPECT_EQ(r.verdict, Verdict::Fail) << format_op_report(r);
+  }
+}
+
 // Rows whose reference values are all at least 2^-60 keep their largest bound bit for bit
 // when the underflow part is added (it is ~2^-126 per operation and only where a term is
 // tiny). Judged against the float64 reference itself (E_row 0), so only the floor parts count.

@@ -92,7 +92,9 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
 ///   lse:   u(sqrt(Σ_j (p~_j(e_j + c_j))^2) + √n + |max| + |ln Σ exp(P - max)|)
 ///   dS_j = p_j(g_j - Δ), g_j = dout·v_j: δp_j, δg_j per key, δL and δΔ common to the row;
 ///   dq, dkv, dsink: those errors through their sums, + u(√n|sum| + Σ|terms|).
-/// Probabilities below 2^-100 add 2^-126 absolute each (subnormal products, flush-to-zero).
+/// dsink, per (t, h): a p_sink below 2^-120 (a flush-to-zero kernel may flush it) adds
+/// 2^-126 Σ_c|out_c dout_c|; p_sink Σ_c|out_c dout_c| below 2^-100 adds (1 + d_v) 2^-126
+/// (Δ's products and p_sink·Δ below the normal range). Rows in quadrature, as δp_sink.
 /// Underflow counts (OutputFloor::underflow, × eta): for every p_j, dS_j, sm·dS_j or product
 /// below 2^-120 the magnitude of the factors after it; n + 1 for a sum with a term below 2^-97;
 /// out's underflow carried into Δ (columns in quadrature) and Δ's into dsink (rows in quadrature).
