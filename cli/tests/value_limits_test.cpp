@@ -180,5 +180,56 @@ TEST(ValueLimits, NonFiniteValuesEveryOpReadsAreAnInputErrorOnEveryRoute) {
   EXPECT_EQ(run_cli_capture("compare --golden " + path + " --candidate " + path, &out), 0) << out;
 }
 
+// Gradient sums whose terms pass FLT_MAX while the float64 result is finite (SPEC §5/§2
+// backward, §9: fp32 accumulation): three rows add +2e38, +2e38 and -2e38 into one gradient
+// element. The float64 reference holds 2e38 (within FLT_MAX, so the result guard let it
+// through, and a stale expected.* was judged: DISAGREE, exit 1); an fp32 kernel adding in row
+// order holds inf. Now an input error naming the inputs that form the gradient and the element.
+TEST(ValueLimits, GradientSumsWhoseTermsPassFp32AreAnInputErrorOnEveryRoute) {
+  Scratch dir("grad_terms");
+  const double big = 2e38;
+  {  // sparse MLA: rows 5-7 select key 3 alone (p = 1, dS = 0); dout[t, 0, 0] = +big, +big, -big
+    fixtures::Fixture f = fixtures::load_fixture(golden("smla_basic"));
+    Tensor& ids = f.inputs.at("indices");
+    Tensor& dout = f.inputs.at("dout");
+    Tensor& kv = f.inputs.at("kv");
+    const int64_t k = ids.size(1), hv = dout.size(1) * dout.size(2);
+    kv.set(3 * kv.size(1), 0.0625);  // v[3, 0]: dout·v stays far below FLT_MAX
+    for (int64_t t = 5; t < 8; ++t) {
+      for (int64_t j = 0; j < k; ++j) ids.set(t * k + j, j == 0 ? 3 : -1);
+      dout.set(t * hv, t == 7 ? -big : big);
+    }
+    const std::string path = dir.file("smla_dkv_terms.safetensors");
+    fixtures::save_fixture(path, f);
+    expect_input_error_on_every_route(
+        path, {path + ": sparse_mla_bwd inputs: argument 'dout, q, kv, sm_scale' got values for which dkv[3, 0] has terms",
+               "(dkv is accumulated in fp32"});
+  }
+  {  // indexer: rows 5-7 see key 0 with q_idx·k_idx = 1 on every head, w = (1, 0, ...);
+     // d_scores[t, 0] = +big, +big, -big and 0 elsewhere in those rows
+    fixtures::Fixture f = fixtures::load_fixture(golden("idx_causal"));
+    Tensor& q = f.inputs.at("q_idx");
+    Tensor& kx = f.inputs.at("k_idx");
+    Tensor& w = f.inputs.at("w");
+    Tensor& ds = f.inputs.at("d_scores");
+    const int64_t h = q.size(1), di = q.size(2), s_kv = ds.size(1);
+    for (int64_t c = 0; c < di; ++c) kx.set(c, c == 0 ? 1.0 : 0.0);
+    for (int64_t t = 5; t < 8; ++t) {
+      ASSERT_EQ(f.inputs.at("ks").get(t), 0);
+      for (int64_t j = 0; j < h; ++j) {
+        w.set(t * h + j, j == 0 ? 1.0 : 0.0);
+        for (int64_t c = 0; c < di; ++c) q.set((t * h + j) * di + c, c == 0 ? 1.0 : 0.0);
+      }
+      for (int64_t s = 0; s < s_kv; ++s) ds.set(t * s_kv + s, s == 0 ? (t == 7 ? -big : big) : 0.0);
+    }
+    const std::string path = dir.file("idx_dk_terms.safetensors");
+    fixtures::save_fixture(path, f);
+    expect_input_error_on_every_route(
+        path, {path + ": indexer_scores_backward inputs: argument 'd_scores, w, q_idx, k_idx' got values for which "
+                      "dk_idx[0, 0] has terms Σ_t Σ_j",
+               "(dk_idx is accumulated in fp32"});
+  }
+}
+
 }  // namespace
 }  // namespace dsa::cli

@@ -98,6 +98,100 @@ void check_values(const char* where, const Tensor& q_idx, const Tensor& k_idx, c
   }
 }
 
+/// Gradient sums past FLT_MAX (SPEC §2 backward: dq_idx, dk_idx and dw are accumulated in
+/// fp32; §9: each element's floor is Σ|terms| of its sum). An fp32 kernel adds the terms in
+/// its own order, so a partial sum can overflow to inf where the float64 sum cancels to a
+/// finite value (three rows adding d_scores +2e38, +2e38, -2e38 into one dk_idx element: the
+/// reference holds 2e38, a kernel adding in row order inf); when Σ|terms| <= FLT_MAX no
+/// partial sum in any order can. Over the keys s of row t's window:
+///   dw[t,j]: Σ_s |dI[t,s]| · ReLU(q_idx[t,j]·k_idx[s]),
+///   dq_idx[t,j,c]: Σ_s |dI[t,s] · w[t,j]| · 1[q_idx[t,j]·k_idx[s] > 0] · |k_idx[s,c]|,
+///   dk_idx[s,c]: Σ_t Σ_j |dI[t,s] · w[t,j]| · 1[q_idx[t,j]·k_idx[s] > 0] · |q_idx[t,j,c]|
+/// must each be at most FLT_MAX. The error names the inputs that form the gradients, as the
+/// float64 result guard does ('d_scores, w, q_idx, k_idx'), with the element and the sum; the
+/// gradients are linear in d_scores, so scaling it down is always a fix. A cheap bound
+/// clears ordinary inputs; the exact sums run only when it does not. Called after
+/// check_values and the d_scores check (every value read is finite). Throws
+/// std::invalid_argument.
+void check_gradient_terms(const char* where, const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
+                          const KeyWindows& win, const Tensor& d_scores, const IndexerDims& d) {
+  const double limit = detail::kFp32Max, width = static_cast<double>(d.d_i);
+  const int64_t hd = d.h_i * d.d_i;
+  {
+    std::vector<double> kmax(static_cast<size_t>(d.s_kv), 0.0), key_bound(static_cast<size_t>(d.s_kv), 0.0);
+    for (int64_t s = 0; s < d.s_kv; ++s)
+      for (int64_t c = 0; c < d.d_i; ++c)
+        kmax[static_cast<size_t>(s)] = std::max(kmax[static_cast<size_t>(s)], std::abs(k_idx.get(s * d.d_i + c)));
+    bool ok = true;
+    for (int64_t t = 0; t < d.s_q && ok; ++t) {
+      const int64_t ks = win.ks[t], len = win.length(t);
+      if (len == 0) continue;
+      double qm = 0, wm = 0, wq = 0, km = 0, dsum = 0;
+      for (int64_t j = 0; j < d.h_i; ++j) {
+        double m = 0;
+        for (int64_t c = 0; c < d.d_i; ++c) m = std::max(m, std::abs(q_idx.get(t * hd + j * d.d_i + c)));
+        const double aw = std::abs(w.get(t * d.h_i + j));
+        qm = std::max(qm, m);
+        wm = std::max(wm, aw);
+        wq += aw * m;
+      }
+      for (int64_t s = ks; s < ks + len; ++s) {
+        km = std::max(km, kmax[static_cast<size_t>(s)]);
+        dsum += std::abs(d_scores.get(t * d.s_kv + s));
+      }
+      ok = dsum * width * qm * km <= limit && dsum * wm * km <= limit;
+      for (int64_t s = ks; s < ks + len && ok; ++s)
+        ok = (key_bound[static_cast<size_t>(s)] += std::abs(d_scores.get(t * d.s_kv + s)) * wq) <= limit;
+    }
+    if (ok) return;
+  }
+  const std::string fix = " (an fp32 kernel's partial sums can overflow to inf where the float64 sum is finite; "
+                          "scale d_scores down)";
+  // Named like the result guard (indexer_scores_backward): the inputs that form the gradient.
+  auto fail = [&](const std::string& got, const char* grad) {
+    check_arg(false, where, "d_scores, w, q_idx, k_idx", "values for which " + got,
+              std::string("at most FLT_MAX = 3.40282e+38 (") + grad + " is accumulated in fp32, SPEC §2/§9)" + fix);
+  };
+  std::vector<double> dk_terms(static_cast<size_t>(d.s_kv * d.d_i), 0.0), dq_terms(static_cast<size_t>(hd));
+  std::vector<double> dw_terms(static_cast<size_t>(d.h_i));
+  for (int64_t t = 0; t < d.s_q; ++t) {
+    const int64_t ks = win.ks[t], len = win.length(t);
+    if (len == 0) continue;
+    std::fill(dq_terms.begin(), dq_terms.end(), 0.0);
+    std::fill(dw_terms.begin(), dw_terms.end(), 0.0);
+    for (int64_t s = ks; s < ks + len; ++s) {
+      const double g = std::abs(d_scores.get(t * d.s_kv + s));
+      if (g == 0) continue;
+      for (int64_t j = 0; j < d.h_i; ++j) {
+        double dot = 0;
+        for (int64_t c = 0; c < d.d_i; ++c) dot += q_idx.get(t * hd + j * d.d_i + c) * k_idx.get(s * d.d_i + c);
+        if (!(dot > 0)) continue;
+        dw_terms[static_cast<size_t>(j)] += g * dot;
+        const double gw = g * std::abs(w.get(t * d.h_i + j));
+        for (int64_t c = 0; c < d.d_i; ++c) {
+          dq_terms[static_cast<size_t>(j * d.d_i + c)] += gw * std::abs(k_idx.get(s * d.d_i + c));
+          dk_terms[static_cast<size_t>(s * d.d_i + c)] += gw * std::abs(q_idx.get(t * hd + j * d.d_i + c));
+        }
+      }
+    }
+    for (int64_t j = 0; j < d.h_i; ++j) {
+      if (!(dw_terms[static_cast<size_t>(j)] <= limit))
+        fail("dw[" + std::to_string(t) + ", " + std::to_string(j) + "] has terms Σ_s |d_scores[t,s]| · ReLU(q_idx·k_idx) = " +
+                 str(dw_terms[static_cast<size_t>(j)]), "dw");
+      for (int64_t c = 0; c < d.d_i; ++c)
+        if (!(dq_terms[static_cast<size_t>(j * d.d_i + c)] <= limit))
+          fail("dq_idx[" + std::to_string(t) + ", " + std::to_string(j) + ", " + std::to_string(c) +
+                   "] has terms Σ_s |d_scores[t,s] · w[t,j] · k_idx[s,c]| over keys with q_idx·k_idx > 0 = " +
+                   str(dq_terms[static_cast<size_t>(j * d.d_i + c)]), "dq_idx");
+    }
+  }
+  for (int64_t i = 0; i < d.s_kv * d.d_i; ++i)
+    if (!(dk_terms[static_cast<size_t>(i)] <= limit))
+      fail("dk_idx[" + std::to_string(i / d.d_i) + ", " + std::to_string(i % d.d_i) +
+               "] has terms Σ_t Σ_j |d_scores[t,s] · w[t,j] · q_idx[t,j,c]| over the rows and heads with q_idx·k_idx > 0 = " +
+               str(dk_terms[static_cast<size_t>(i)]), "dk_idx");
+}
+
 /// Flops of one query row over its whole window (the cost hint of the row loops).
 double row_flops(const IndexerDims& d) {
   return 2.0 * static_cast<double>(d.h_i) * static_cast<double>(d.d_i) *
@@ -203,6 +297,7 @@ IndexerGrads indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx, c
     detail::check_range_values(where, "d_scores", d_scores, t * d.s_kv + windows.ks[t],
                                t * d.s_kv + windows.ks[t] + windows.length(t),
                                [t] { return "inside row " + std::to_string(t) + "'s window, SPEC §2/§6"; });
+  check_gradient_terms(where, q_idx, k_idx, w, windows, d_scores, d);
   if (precision != Precision::Reference) return backward<float>(q_idx, k_idx, w, windows, d_scores, d);
   IndexerGrads g = backward<double>(q_idx, k_idx, w, windows, d_scores, d);
   // Gradients past FLT_MAX (huge d_scores or w): no fp32 kernel can return them.

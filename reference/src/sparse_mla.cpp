@@ -141,6 +141,163 @@ void check_values(const char* where, const SparseMlaInputs& in, const MlaDims& d
   }
 }
 
+/// Gradient sums past FLT_MAX (SPEC §5: dq, dkv and dsink are accumulated in fp32; §9: the
+/// floor of each element is Σ|terms| of its sum). An fp32 kernel adds the terms of each
+/// gradient element in its own order, so a partial sum can overflow to inf where the float64
+/// sum cancels to a finite value (three rows adding +2e38, +2e38, -2e38 into one dkv element:
+/// the reference holds 2e38, a kernel adding in row order inf); when Σ|terms| <= FLT_MAX no
+/// partial sum in any order can. Per (row t, head h, valid slot j → key s), with
+/// p_j = exp(P_j - L) (L with the sink, SPEC §5), a_j = Σ_c |dout_c · v_c|, b = Σ_c |out_c ·
+/// dout_c| (Δ's terms; out as given, else the float64 forward's) and g_j = p_j (a_j + b) (the
+/// terms of dS_j = p_j (dout·v_j - Δ)):
+///   a_j + b, dq[t,h,c]: Σ_j |sm_scale| g_j |kv[s_j,c]|,
+///   dkv[s,c]: Σ over (t, h, j → s) |sm_scale| g_j |q[t,h,c]| + (c < d_v) p_j |dout[t,h,c]|,
+///   dsink[h]: Σ_t exp(sink[h] - L[t,h]) b[t,h]
+/// must each be at most FLT_MAX. The error names the inputs that form the gradient, as the
+/// float64 result guard does ('dout, q, kv, sm_scale'; dsink 'dout, q, kv, attn_sink'; dS
+/// 'dout, out, kv'), with the element and the sum; the gradients are linear in dout, so
+/// scaling dout down is always a fix. A cheap bound (Σ_j p_j
+/// <= 1, |out| <= max|v| without a given out) clears ordinary inputs; the exact sums run only
+/// when it does not. Called after check_values (every value read is finite). Throws
+/// std::invalid_argument.
+void check_gradient_terms(const char* where, const SparseMlaInputs& in, const MlaDims& d,
+                          const Tensor& dout, const std::optional<Tensor>& out) {
+  const double limit = detail::kFp32Max, sm = std::abs(in.sm_scale);
+  const double dv = static_cast<double>(d.d_v), hq = static_cast<double>(d.h_q);
+  const int64_t hd = d.h_q * d.d_qk, hv = d.h_q * d.d_v;
+  std::vector<int32_t> ids;
+  std::vector<double> buf;
+  auto max_abs = [&](const Tensor& t, int64_t i0, int64_t i1) {
+    buf.resize(static_cast<size_t>(i1 - i0));
+    detail::convert_range<double>(t, buf.data(), i0, i1);
+    double m = 0;
+    for (double v : buf) m = std::max(m, std::abs(v));
+    return m;
+  };
+  // Cheap bound: G_t = d_v · max|dout_t| · (max|v| + max|out_t|) >= a_j + b and >= Σ_j g_j.
+  {
+    std::vector<double> kvmax(static_cast<size_t>(d.s_kv), -1.0), vmax(static_cast<size_t>(d.s_kv), 0.0);
+    std::vector<double> key_bound(static_cast<size_t>(d.s_kv), 0.0);
+    double sink_bound = 0;
+    bool ok = true;
+    for (int64_t t = 0; t < d.s_q && ok; ++t) {
+      valid_ids(in, d, t, ids);
+      if (ids.empty()) continue;
+      const double qm = max_abs(in.q, t * hd, (t + 1) * hd), dm = max_abs(dout, t * hv, (t + 1) * hv);
+      double km = 0, vm = 0;
+      for (int32_t s : ids) {
+        double& m = kvmax[static_cast<size_t>(s)];
+        if (m < 0) {
+          m = max_abs(in.kv, s * d.d_qk, (s + 1) * d.d_qk);
+          vmax[static_cast<size_t>(s)] = max_abs(in.kv, s * d.d_qk, s * d.d_qk + d.d_v);
+        }
+        km = std::max(km, m);
+        vm = std::max(vm, vmax[static_cast<size_t>(s)]);
+      }
+      const double om = out ? max_abs(*out, t * hv, (t + 1) * hv) : vm;
+      const double g = dv * dm * (vm + om);
+      ok = g <= limit && sm * g * km <= limit;
+      const double per_key = hq * (sm * g * qm + dm);
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      for (int32_t s : ids) ok = ok && (key_bound[static_cast<size_t>(s)] += per_key) <= limit;
+      if (in.attn_sink) ok = ok && (sink_bound += dv * om * dm) <= limit;
+    }
+    if (ok) return;
+  }
+  // The exact sums, in float64 (only for inputs the bound did not clear).
+  const std::string fix = " (an fp32 kernel's partial sums can overflow to inf where the float64 sum is finite; "
+                          "scale dout down)";
+  // Named like the result guard (sparse_mla_backward): the inputs that form the gradient.
+  auto fail = [&](const std::string& got, const char* grad, const char* args = "dout, q, kv, sm_scale") {
+    check_arg(false, where, args, "values for which " + got,
+              std::string("at most FLT_MAX = 3.40282e+38 (") + grad + " is accumulated in fp32, SPEC §5/§9" + ")" + fix);
+  };
+  std::vector<double> dkv_terms(static_cast<size_t>(d.s_kv * d.d_qk), 0.0), dsink_terms(static_cast<size_t>(d.h_q), 0.0);
+  std::vector<double> q(static_cast<size_t>(d.d_qk)), go(static_cast<size_t>(d.d_v)), o(static_cast<size_t>(d.d_v));
+  std::vector<double> kv, P, p, g;
+  for (int64_t t = 0; t < d.s_q; ++t) {
+    valid_ids(in, d, t, ids);
+    if (ids.empty()) continue;
+    const size_t n = ids.size();
+    kv.resize(n * static_cast<size_t>(d.d_qk));
+    for (size_t j = 0; j < n; ++j)
+      detail::convert_range<double>(in.kv, kv.data() + j * d.d_qk, ids[j] * d.d_qk, (ids[j] + 1) * d.d_qk);
+    P.resize(n);
+    p.resize(n);
+    g.resize(n);
+    for (int64_t h = 0; h < d.h_q; ++h) {
+      const int64_t r = t * d.h_q + h;
+      detail::convert_range<double>(in.q, q.data(), r * d.d_qk, (r + 1) * d.d_qk);
+      detail::convert_range<double>(dout, go.data(), r * d.d_v, (r + 1) * d.d_v);
+      const double sink = in.attn_sink ? in.attn_sink->get(h) : -INFINITY;
+      double m = sink;
+      for (size_t j = 0; j < n; ++j) {
+        double x = 0;
+        for (int64_t c = 0; c < d.d_qk; ++c) x += q[static_cast<size_t>(c)] * kv[j * d.d_qk + c];
+        P[j] = in.sm_scale * x;
+        m = std::max(m, P[j]);
+      }
+      double ps = 0;
+      if (sink == INFINITY) {
+        std::fill(p.begin(), p.end(), 0.0);
+        ps = 1;
+      } else {
+        double sum = sink == -INFINITY ? 0.0 : std::exp(sink - m);
+        for (size_t j = 0; j < n; ++j) sum += (p[j] = std::exp(P[j] - m));
+        for (size_t j = 0; j < n; ++j) p[j] /= sum;
+        if (sink != -INFINITY) ps = std::exp(sink - m) / sum;
+      }
+      if (out) {
+        detail::convert_range<double>(*out, o.data(), r * d.d_v, (r + 1) * d.d_v);
+      } else {
+        std::fill(o.begin(), o.end(), 0.0);
+        for (size_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < d.d_v; ++c) o[static_cast<size_t>(c)] += p[j] * kv[j * d.d_qk + c];
+      }
+      double b = 0;
+      for (int64_t c = 0; c < d.d_v; ++c) b += std::abs(o[static_cast<size_t>(c)] * go[static_cast<size_t>(c)]);
+      const std::string at = "row " + std::to_string(t) + " head " + std::to_string(h);
+      for (size_t j = 0; j < n; ++j) {
+        double a = 0;
+        for (int64_t c = 0; c < d.d_v; ++c) a += std::abs(go[static_cast<size_t>(c)] * kv[j * d.d_qk + c]);
+        if (!(a + b <= limit))
+          fail("dS of " + at + " against kv row " + std::to_string(ids[j]) +
+                   " has Σ_c |dout_c · v_c| + Σ_c |out_c · dout_c| = " + str(a + b) + " (the terms of dout·v - Δ)",
+               "dS = p (dout·v - Δ)", "dout, out, kv");
+        g[j] = p[j] * (a + b);
+      }
+      for (int64_t c = 0; c < d.d_qk; ++c) {
+        double x = 0;
+        for (size_t j = 0; j < n; ++j) x += sm * g[j] * std::abs(kv[j * d.d_qk + c]);
+        if (!(x <= limit))
+          fail("dq[" + std::to_string(t) + ", " + std::to_string(h) + ", " + std::to_string(c) +
+                   "] has terms Σ_j |sm_scale · dS_j · kv[id_j, c]| = " + str(x) + " over " + std::to_string(n) +
+                   " valid slots",
+               "dq");
+      }
+      for (size_t j = 0; j < n; ++j) {
+        double* row = dkv_terms.data() + static_cast<size_t>(ids[j]) * d.d_qk;
+        for (int64_t c = 0; c < d.d_qk; ++c)
+          row[c] += sm * g[j] * std::abs(q[static_cast<size_t>(c)]) + (c < d.d_v ? p[j] * std::abs(go[static_cast<size_t>(c)]) : 0.0);
+      }
+      dsink_terms[static_cast<size_t>(h)] += ps * b;
+    }
+  }
+  for (int64_t i = 0; i < d.s_kv * d.d_qk; ++i)
+    if (!(dkv_terms[static_cast<size_t>(i)] <= limit))
+      fail("dkv[" + std::to_string(i / d.d_qk) + ", " + std::to_string(i % d.d_qk) +
+               "] has terms Σ over the (row, head, slot) that add into it of |sm_scale · dS · q| + |p · dout| = " +
+               str(dkv_terms[static_cast<size_t>(i)]),
+           "dkv");
+  if (in.attn_sink)
+    for (int64_t h = 0; h < d.h_q; ++h)
+      if (!(dsink_terms[static_cast<size_t>(h)] <= limit))
+        fail("dsink[" + std::to_string(h) + "] has terms Σ_t exp(sink - L) · Σ_c |out_c · dout_c| = " +
+                 str(dsink_terms[static_cast<size_t>(h)]),
+             "dsink", "dout, q, kv, attn_sink");
+}
+
 /// Slot blocks of the forward's gathered keys (issue 13): a query row gathers k kv rows of
 /// d_qk values (9.4 MiB at the glm5 shape in float64), far more than a core's L2 cache, and
 /// with every core doing so the gather and the two GEMMs' reads of it compete for memory.
@@ -862,6 +1019,7 @@ SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout
     detail::check_activation_dtype(where, "out", *out);
   }
   check_values(where, in, d, &dout, &out);
+  check_gradient_terms(where, in, d, dout, out);
   if (precision != Precision::Reference) return backward<float>(in, dout, d, out);
   SparseMlaGrads g = backward<double>(in, dout, d, out);
   // Gradients past FLT_MAX (e.g. a huge dout or kv summed over many rows): no fp32 kernel

@@ -20,8 +20,11 @@ Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
 /// Gradients of indexer_scores for upstream d_scores [s_q,s_kv] (F32/F64; entries outside
 /// the windows are ignored). ReLU'(0) = 0. SPEC §2.
 /// Same arguments and errors as indexer_scores (but the score sum) plus `d_scores`: non-finite
-/// or |v| > FLT_MAX inside a window, or gradients past FLT_MAX, are std::invalid_argument.
-/// Outputs F64 or F32 (Baseline).
+/// or |v| > FLT_MAX inside a window, gradients past FLT_MAX, or a gradient element whose sum's
+/// Σ|terms| (dw, dq_idx, dk_idx over the window keys and rows) exceeds FLT_MAX (an fp32 partial
+/// sum may overflow where the float64 sum cancels; 'd_scores, w, q_idx, k_idx' named with the
+/// element), are
+/// std::invalid_argument. Outputs F64 or F32 (Baseline).
 IndexerGrads indexer_scores_backward(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
                                      const KeyWindows& windows, const Tensor& d_scores,
                                      Precision precision = Precision::Reference);

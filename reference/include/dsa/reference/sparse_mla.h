@@ -23,7 +23,12 @@ SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in,
 /// candidate's precision); absent = Δ from this precision's own recomputed out. Returns dq
 /// [s_q,h_q,d_qk], dkv [s_kv,d_qk] (summed over every query, head and duplicate slot) and
 /// dsink [h_q] iff attn_sink is given; F64 or F32 (Baseline). Same errors as
-/// sparse_mla_forward plus dout's and out's shape/dtype.
+/// sparse_mla_forward plus dout's and out's shape/dtype, non-finite values read (dout, out),
+/// Σ_c|dout_c·v_c| past FLT_MAX, gradients past FLT_MAX, and a gradient element whose sum's
+/// Σ|terms| (dq over the row's slots, dkv over every (row, head, slot) adding into the key,
+/// dsink over the rows, dS's dout·v - Δ) exceeds FLT_MAX: an fp32 kernel's partial sums may
+/// overflow where the float64 sum cancels (the inputs that form it named with the element, as
+/// the result guard does; SPEC §5/§9).
 SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout,
                                    Precision precision = Precision::Reference,
                                    const std::optional<Tensor>& out = std::nullopt);
