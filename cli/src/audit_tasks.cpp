@@ -170,7 +170,8 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       }
       // check_fixture in two steps (producer, then the backend), so that running out of memory
       // in either keeps the reports judged before it (TaskResourceError below).
-      const oracle::CheckOptions opt = check_options(opts.judge, false, backend);
+      oracle::CheckOptions opt = check_options(opts.judge, false, backend);
+      opt.unsupported = opts.unsupported;  // a declined mandatory case the user names: a skip
       oracle::FixtureReport r;
       std::string out_of_memory;
       bool producer_done = false;

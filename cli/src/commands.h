@@ -41,6 +41,10 @@ struct JudgeOptions {
   std::optional<std::vector<std::string>> outputs;
   bool allow_weak = false;  ///< --allow-weak: a WEAK output does not fail
   std::string json_path;    ///< --json: per-output verdicts and bounds as JSON
+  /// --unsupported (fixtures check; the audit passes its own): SPEC-mandatory features the
+  /// kernel leaves out; a fixture case it declines that holds only these is a skip, not
+  /// INCOMPLETE (oracle::CheckOptions::unsupported).
+  std::vector<std::string> unsupported;
 };
 /// Parses --outputs names (after split_list_option); throws std::invalid_argument naming `flag`
 /// and the known names (every output of every op) for an unknown one, and naming `flag` and the
@@ -54,7 +58,12 @@ std::vector<std::string> parse_output_names(const std::vector<std::string>& name
 /// (default: every available one) are judged by the same check_op; one line per file, op and
 /// candidate: agree; partial (a pass with outputs not judged, named: "partial: lse not
 /// stored, not judged"); skip (a backend that cannot run the op, or a producer storing none of
-/// its outputs), never agree; or DISAGREE / INCOMPLETE / WEAK (exit 1). A file that cannot be
+/// its outputs; "skip: declined: ..." a backend that declined this case of an op it runs where
+/// the decline is not shown to be about a SPEC-mandatory feature), never agree; or DISAGREE /
+/// INCOMPLETE / WEAK (exit 1; "INCOMPLETE: declined: <the backend's reason>" a proven decline
+/// of a SPEC-mandatory case, oracle::judge_fixture_ops; judge.unsupported names the features
+/// the kernel leaves out: then a skip). `fixtures check --plugin PATH` registers the plugin
+/// and adds it to `backends` (main.cpp). A file that cannot be
 /// read or judged (corrupt, truncated, contradicting params) is an "ERROR: unreadable input" row
 /// named by its path, counted as unreadable in the summary and listed in the JSON with its
 /// error; exit 2 (input error) whatever the other rows say.

@@ -120,7 +120,11 @@ static std::string op_result(const oracle::OpReport& r, bool producer) {
         return "skip: " + (list.empty() ? std::string("no output") : list) + " not stored";
       return "skip: " + r.reason;
     case oracle::Verdict::Weak: return "WEAK";
-    case oracle::Verdict::Incomplete: return "INCOMPLETE";
+    case oracle::Verdict::Incomplete:
+      // A declined SPEC-mandatory case names the backend's reason (the report above: the case).
+      for (const auto& n : r.notes)
+        if (r.declined && n.rfind("declined: ", 0) == 0) return "INCOMPLETE: " + n;
+      return "INCOMPLETE";
     case oracle::Verdict::Fail: break;
   }
   return "DISAGREE";

@@ -95,6 +95,7 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route) {
   o.check_determinism = !file_route;
   o.allow_weak = j.allow_weak;
   if (j.outputs) o.provided_outputs.emplace(j.outputs->begin(), j.outputs->end());
+  o.unsupported = j.unsupported;
   return o;
 }
 

@@ -11,6 +11,8 @@
 #include "dsa/contract/parallel.h"
 #include "numeric_options.h"
 #include "dsa/backends/builtin.h"
+#include "dsa/plugin/plugin_backend.h"
+#include "dsa/property_tests/suite.h"
 
 // The rule of --outputs on every route (oracle::provided_outputs_for, check_provided_outputs).
 static const char* const kOutputsRule =
@@ -85,9 +87,16 @@ int main(int argc, char** argv) {
   check->add_option("path", check_dir, "Directory of .safetensors fixtures, or one fixture file")
       ->required()->check(CLI::ExistingPath);
   check->add_option("--backend", check_backends, "Backends to run (default: every available)");
+  std::string check_plugin;
+  check->add_option("--plugin", check_plugin,
+      "Plugin shared library to judge (each call isolated, as in audit and replay); alone it is the "
+      "only candidate besides the producer, with --backend one more")->check(CLI::ExistingFile);
   check->add_flag("-v,--verbose", verbose, "Print every tensor table, not only failures");
   check->add_flag("--allow-weak", check_judge.allow_weak, "Accept WEAK outputs instead of failing");
   check->add_option("--json", check_judge.json_path, "Write per-file, per-output verdicts and bounds as JSON");
+  check->add_option("--unsupported", check_judge.unsupported,
+      "SPEC-mandatory features the kernel leaves out (comma-separated feature keys, as audit "
+      "--unsupported): a case a backend declines that holds only these is a skip, not INCOMPLETE");
   check->add_option("--jobs,-j", jobs, jobs_help)->check(integer_in("--jobs", 1, kMaxJobs, "a number of threads"));
 
   std::string golden, candidate;
@@ -153,6 +162,8 @@ int main(int argc, char** argv) {
     audit.ops = split_list_option(audit.ops, "--ops");
     audit.only = split_list_option(audit.only, "--only");
     audit.unsupported = split_list_option(audit.unsupported, "--unsupported");
+    check_judge.unsupported = split_list_option(check_judge.unsupported, "--unsupported");
+    dsa::props::validate_unsupported(check_judge.unsupported);
     audit_outputs = split_list_option(audit_outputs, "--outputs");
     compare_outputs = split_list_option(compare_outputs, "--outputs");
     replay_outputs = split_list_option(replay_outputs, "--outputs");
@@ -163,7 +174,10 @@ int main(int argc, char** argv) {
     if (!replay_outputs.empty()) replay_judge.outputs = parse_output_names(replay_outputs, "--outputs");
     if (*audit_cmd) return run_audit(audit);
     if (*gen) return run_fixtures_generate(preset, out_dir);
-    if (*check) return run_fixtures_check(check_dir, check_backends, verbose, check_judge);
+    if (*check) {
+      if (!check_plugin.empty()) check_backends.push_back(dsa::plugin::register_plugin(check_plugin));
+      return run_fixtures_check(check_dir, check_backends, verbose, check_judge);
+    }
     if (*compare) {
       using dsa::fixtures::Convention;
       std::vector<Convention> conv = dsa::fixtures::parse_conventions(convention_names, "--convention");

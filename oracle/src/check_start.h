@@ -58,6 +58,7 @@ bool run_backend(OpReport& r, Backend& b, bool twice, const std::string& what, C
   } catch (const NotSupported& e) {
     r.verdict = Verdict::Skip;
     r.reason = e.what();
+    r.declined = true;  // supports(op) was true (start_report): a decline of this case
     return false;
   } catch (const std::bad_alloc&) {
     // Out of memory is no verdict on the candidate: judge_fixture_ops reports it as a

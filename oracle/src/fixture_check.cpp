@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <optional>
 #include <new>
 #include <set>
 #include <sstream>
@@ -235,6 +237,175 @@ OpCase op_case_unchecked(const Fixture& f) {
   return c;
 }
 
+// ---- declined cases (SPEC-mandatory features, as the property suite's) -------------------
+
+// The SPEC-mandatory features a case of `op` holds, keys as the property suite's draw features
+// (property_tests/src/suite.cpp kFeatures, generators.cpp note_*_features), with their words.
+struct CaseFeature {
+  const char* key;
+  const char* description;
+};
+const CaseFeature kInvalidIds{"invalid_ids", "invalid ids (-1, negative, >= s_kv or past topk_length: contribute nothing; SPEC §4)"};
+const CaseFeature kEmptyRows{"empty_rows", "empty rows (no valid slot: out 0, lse +inf; SPEC §6)"};
+const CaseFeature kDuplicateIds{"duplicate_ids", "duplicate ids (separate terms; SPEC §4)"};
+const CaseFeature kNegInf{"neg_inf_scores", "-inf scores (never selected, -1 slots; SPEC §3.1-§3.2)"};
+const CaseFeature kNan{"nan_scores", "NaN scores (never selected; SPEC §3.1)"};
+const CaseFeature kTies{"k_boundary_ties",
+                        "ties at the k-th value (more selectable entries equal to v* than free slots: the "
+                        "tie fill; SPEC §3.3, 'the normal case')"};
+
+std::vector<CaseFeature> mandatory_features(Op op, const OpCase& c) {
+  std::vector<CaseFeature> out;
+  if (op == Op::Topk) {
+    const int64_t s_q = c.scores.size(0), s_kv = c.scores.size(1);
+    bool nan = false, ninf = false, ties = false;
+    std::vector<double> v;
+    for (int64_t t = 0; t < s_q; ++t) {
+      v.clear();
+      // Outside the windows nothing is selectable whatever it holds (no feature there).
+      for (int64_t s = 0; s < s_kv; ++s) {
+        if (c.topk_windows && !c.topk_windows->contains(t, s)) continue;
+        const double x = c.scores.get(t * s_kv + s);
+        nan = nan || std::isnan(x);
+        ninf = ninf || x == -INFINITY;
+        if (!std::isnan(x) && x != -INFINITY) v.push_back(x);
+      }
+      const int64_t n = static_cast<int64_t>(v.size()), k_eff = std::min(c.k, n);
+      if (ties || k_eff == 0 || k_eff == n) continue;
+      std::nth_element(v.begin(), v.begin() + (k_eff - 1), v.end(), std::greater<double>());
+      const double kth = v[static_cast<size_t>(k_eff - 1)];
+      ties = std::any_of(v.begin() + k_eff, v.end(), [&](double x) { return x == kth; });
+    }
+    if (ties) out.push_back(kTies);
+    if (ninf) out.push_back(kNegInf);
+    if (nan) out.push_back(kNan);
+  } else if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd) {
+    const SparseMlaInputs& in = c.mla;
+    const int64_t s_q = in.indices.size(0), k = in.indices.size(-1), s_kv = in.kv.size(0);
+    bool invalid = false, empty = false, dup = false;
+    std::vector<int64_t> seen;
+    for (int64_t t = 0; t < s_q; ++t) {
+      seen.clear();
+      const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
+        if (j >= len || id < 0 || id >= s_kv) invalid = true;
+        else seen.push_back(id);
+      }
+      empty = empty || seen.empty();
+      std::sort(seen.begin(), seen.end());
+      dup = dup || std::adjacent_find(seen.begin(), seen.end()) != seen.end();
+    }
+    if (invalid) out.push_back(kInvalidIds);
+    if (empty) out.push_back(kEmptyRows);
+    if (dup) out.push_back(kDuplicateIds);
+  }
+  // The §10 ops' mandatory feature (unread parts holding anything) and the other ops have no
+  // twin here: their declines stay skips (docs/what-a-pass-means.md, Verdicts).
+  return out;
+}
+
+// A copy of `src` with every non-finite element set to 0 (values a twin reads that the case
+// never read: poisoned rows behind invalid ids).
+Tensor finite_copy(const Tensor& src) {
+  Tensor t = src;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(t.get(i))) t.set(i, 0.0);
+  return t;
+}
+
+// The case's twin without its SPEC-mandatory features: same op, shapes, dtypes, optional
+// inputs, k, policy and windows. Top-k: distinct finite scores (s_kv - s in column s: no tie,
+// no NaN, no -inf). Sparse MLA: ids 0..k-1 in slot order and topk_length = k (every slot
+// valid, distinct; non-finite q, kv and dout values zeroed, as rows never read may hold them).
+// nullopt when none can be built (sparse MLA with k > s_kv: some slot must then repeat an id or
+// be invalid).
+std::optional<OpCase> twin_without_mandatory(Op op, const OpCase& c) {
+  OpCase twin = c;
+  twin.memo = nullptr;  // never judged: the backend runs it, nothing else
+  twin.fwd_out.reset();
+  if (op == Op::Topk) {
+    const int64_t s_q = c.scores.size(0), s_kv = c.scores.size(1);
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t s = 0; s < s_kv; ++s) twin.scores.set(t * s_kv + s, static_cast<double>(s_kv - s));
+    return twin;
+  }
+  if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd) {
+    SparseMlaInputs& in = twin.mla;
+    const int64_t s_q = in.indices.size(0), k = in.indices.size(-1), s_kv = in.kv.size(0);
+    if (k > s_kv) return std::nullopt;
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t j = 0; j < k; ++j) in.indices.set(t * k + j, static_cast<double>(j));
+    if (in.topk_length)
+      for (int64_t t = 0; t < s_q; ++t) in.topk_length->set(t, static_cast<double>(k));
+    in.q = finite_copy(in.q);
+    in.kv = finite_copy(in.kv);
+    if (op == Op::SparseMlaBwd) twin.dout = finite_copy(twin.dout);
+    return twin;
+  }
+  return std::nullopt;
+}
+
+// True when `b` runs op on `twin` without throwing (a result, whatever its values: the twin is
+// not judged). A decline (NotSupported), an argument error or any other error is false.
+bool runs_twin(Backend& b, Op op, const OpCase& twin) {
+  try {
+    switch (op) {
+      case Op::Topk: (void)b.select_topk(twin.scores, twin.k, twin.policy, twin.topk_windows); return true;
+      case Op::SparseMlaFwd: (void)b.sparse_mla_forward(twin.mla); return true;
+      case Op::SparseMlaBwd: (void)b.sparse_mla_backward(twin.mla, twin.dout); return true;
+      default: return false;
+    }
+  } catch (const std::bad_alloc&) {
+    throw;  // out of memory is no verdict (ResourceError, judge_fixture_ops)
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// A Skip of op on `candidate` that came from a decline (OpReport::declined): INCOMPLETE when
+// the case holds SPEC-mandatory features not named in opt.unsupported and the backend runs the
+// case's twin without them (the decline is proven to be about them, as the property suite's
+// note_declined_for); else a skip whose reason says "declined" and why it is not INCOMPLETE (a
+// declared limit, no mandatory feature, the twin declined too: a shape, dtype or optional-input
+// limit of the kernel).
+void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backend& candidate,
+                    const CheckOptions& opt) {
+  const std::string why = r.reason;
+  auto skip = [&](const std::string& note) { r.reason = "declined: " + why + " (" + note + ")"; };
+  if (declared_limitation(why)) return skip("a limit the backend declares up front; not judged");
+  const std::vector<CaseFeature> features = mandatory_features(op, c);
+  if (features.empty())
+    return skip("the case holds no SPEC-mandatory feature: a limit of the kernel (a shape, dtype or optional "
+                "input); not judged");
+  std::string all_words;
+  for (const auto& x : features) all_words += std::string(all_words.empty() ? "" : "; ") + x.description;
+  const std::optional<OpCase> twin = twin_without_mandatory(op, c);
+  if (!twin)
+    return skip("the case holds " + all_words + ", but no twin without them has its shape (k > s_kv): not shown "
+                "to be about them; not judged");
+  if (!runs_twin(candidate, op, *twin))
+    return skip("the case holds " + all_words + ", but the backend declined its twin without them too: a limit "
+                "of the kernel, not about them; not judged");
+  std::string keys, words, waived;
+  for (const auto& x : features) {
+    const bool named = std::find(opt.unsupported.begin(), opt.unsupported.end(), x.key) != opt.unsupported.end();
+    if (named) {
+      waived += std::string(waived.empty() ? "" : ", ") + x.key;
+      continue;
+    }
+    keys += std::string(keys.empty() ? "" : ",") + x.key;
+    words += std::string(words.empty() ? "" : "; ") + x.description;
+  }
+  if (keys.empty()) return skip("not judged, named unsupported: " + waived);
+  r.verdict = Verdict::Incomplete;
+  r.notes.push_back("declined: " + why);
+  r.reason = "INCOMPLETE: backend declined a SPEC-mandatory case: " + label_of(f) + " holds " + words +
+             "; the backend ran the same case with them taken out (its twin) but declined this one: " + why +
+             ". A kernel that leaves them out is audited with --unsupported " + keys +
+             " (Python: unsupported=[...]); the verdict then names what was not judged.";
+}
+
 }  // namespace
 
 OpCase op_case_from_fixture(const Fixture& f) {
@@ -292,6 +463,9 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, const OpCase& c, Backe
       // Usually the reference rejecting the fixture's inputs: the error names the file.
       throw FileError(label_of(f), std::string(to_string(op)) + " inputs: " + without_function(e.what()));
     }
+    // A decline of this case (NotSupported although the backend supports the op): INCOMPLETE
+    // when it is a proven decline of a SPEC-mandatory case, else a skip saying why not.
+    if (!stored && r.verdict == Verdict::Skip && r.declined) settle_decline(r, f, op, c, candidate, eff);
     // Stored outputs: an op of the fixture for which the candidate holds nothing is not a
     // skip (a backend that cannot run it) but missing outputs (SPEC §9 complete outputs).
     if (stored && r.verdict == Verdict::Skip && stored->stored_outputs(op).empty()) {

@@ -138,14 +138,9 @@ bool waived_by(const std::vector<std::string>& names, const std::string& what, c
     if (n == what || n == prop || prop.rfind(n + ".", 0) == 0) return true;
   return false;
 }
-// A limit the backend declared up front (its capabilities), not a run-time decline: the
-// plugin adapter's "...: tie_break small not declared" / "FP8 format e4m3fn not declared in
-// fp8_caps" / "op not declared in caps.ops" (plugin_backend.cpp) and the Python bridge's
-// "backend 'x' declares tie_breaks [...]" / dtypes / fp8_formats (_bridge.py). Such draws are
-// discarded and counted, never taken as a declined mandatory behaviour.
-bool declared_limitation(const std::string& why) {
-  return why.find(" not declared") != std::string::npos || why.find("' declares ") != std::string::npos;
-}
+// A limit the backend declared up front (its capabilities), not a run-time decline: such draws
+// are discarded and counted, never taken as a declined mandatory behaviour.
+bool declared_limitation(const std::string& why) { return oracle::declared_limitation(why); }
 }  // namespace
 
 const std::vector<std::string>& draw_feature_keys() {

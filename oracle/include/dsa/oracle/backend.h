@@ -35,6 +35,16 @@ class NotSupported : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// True when `why` (a NotSupported message) is a limit the backend declared up front rather
+/// than a run-time decline: the plugin adapter's "...: tie_break small not declared" / "FP8
+/// format e4m3fn not declared in fp8_caps" / "op not declared in caps.ops" (plugin_backend.cpp)
+/// and the Python bridge's "backend 'x' declares tie_breaks [...]" / dtypes / fp8_formats
+/// (_bridge.py). Such a decline is never taken as a declined SPEC-mandatory case (the property
+/// suite discards the draw; a fixture's op is a skip). Throws nothing.
+inline bool declared_limitation(const std::string& why) {
+  return why.find(" not declared") != std::string::npos || why.find("' declares ") != std::string::npos;
+}
+
 /// How a backend op call that threw ended, as the route that made the call tells it. The
 /// properties that require a rejection of bad input (SPEC §10: fp8.invalid_scale_rejected,
 /// paged.bad_table_rejected, ...) accept only ArgumentError.

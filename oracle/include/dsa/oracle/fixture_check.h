@@ -62,8 +62,16 @@ CandidateBackend expected_candidate(const fixtures::Fixture& f);
 /// one judging function behind every route. Backend::provided_outputs (a plugin's
 /// declaration) narrows opt.provided_outputs (intersection). For a CandidateBackend (stored outputs), an op
 /// of which it stores no output is Incomplete, or not judged (Skip, names in not_judged)
-/// when opt.provided_outputs names none of that op's outputs. Throws ResourceError (with the
-/// reports of the ops judged before) when judging an op runs out of memory.
+/// when opt.provided_outputs names none of that op's outputs. An op the backend declines
+/// (NotSupported from its call although it supports the op: OpReport::declined) is
+/// INCOMPLETE when the case holds SPEC-mandatory features (top-k: ties at the k-th value, NaN
+/// or -inf scores; sparse MLA: invalid ids, empty rows, duplicate ids; keys as the property
+/// suite's) not named in opt.unsupported and the backend runs the case's twin without them
+/// (the decline is about them); otherwise a Skip whose reason begins "declined: " and says why
+/// it is not INCOMPLETE (a limit declared up front, no mandatory feature, the twin declined
+/// too). An op the backend does not support is a Skip "op ... not supported". Throws
+/// ResourceError (with the reports of the ops judged before) when judging an op runs out of
+/// memory.
 std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& candidate,
                                         const CheckOptions& opt = {});
 /// Same on a case already built by op_case_from_fixture(f): a caller judging several

@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "dsa/contract/op_types.h"
 #include "dsa/oracle/backend.h"
@@ -71,6 +72,12 @@ struct CheckOptions {
   /// missing is still Incomplete. An op none of whose outputs it names is judged in full,
   /// with a note (provided_outputs_for).
   std::optional<std::set<std::string>> provided_outputs;
+  /// SPEC-mandatory features the user names as left out by the kernel (`audit --unsupported`,
+  /// Python unsupported=[...]; keys as the property suite's: invalid_ids, empty_rows,
+  /// duplicate_ids, neg_inf_scores, nan_scores, k_boundary_ties). A fixture case the backend
+  /// declines whose mandatory features are all named is a skip saying so, not INCOMPLETE
+  /// (judge_fixture_ops). Other entries (property names) do not apply to fixtures.
+  std::vector<std::string> unsupported;
 };
 
 /// The one rule of --outputs (every route: compare, replay, audit, fixtures check, Python):

@@ -144,6 +144,12 @@ struct OpReport {
   /// True for a Skip because the check judged no element (reason "judged nothing: ..."): an
   /// empty case, or provided outputs this case does not define. Not a backend's decline.
   bool nothing_judged = false;
+  /// True when the backend's call of this op threw NotSupported although it supports the op:
+  /// it declined this case (a plugin's DSA_STATUS_UNSUPPORTED, a Python NotImplementedError),
+  /// as opposed to an op it does not implement (supports() false: a plain skip). The verdict
+  /// is Skip from check_op; judge_fixture_ops then settles it (INCOMPLETE for a proven decline
+  /// of a SPEC-mandatory case, fixture_check.h).
+  bool declined = false;
 
   /// True for Pass and Skip; Fail, Weak and Incomplete fail (exit 1 in the CLI).
   bool passed() const { return verdict == Verdict::Pass || verdict == Verdict::Skip; }

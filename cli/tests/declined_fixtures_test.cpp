@@ -1,0 +1,154 @@
+// A fixture case a backend declines (NotSupported although it runs the op: a plugin's
+// DSA_STATUS_UNSUPPORTED, a Python NotImplementedError) is not a skip like an op it does not
+// implement: a proven decline of a SPEC-mandatory case (ties at the k-th value, invalid ids,
+// empty rows, ...) is INCOMPLETE, exit 1, on every fixture route (fixtures check, replay, the
+// audit's fixture tasks, which the Python audit runs too), as the property suite does with a
+// declined draw (DeclinedDraws.*). Before, each of these was a skip and the check exited 0.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "audit_tasks.h"
+#include "dsa/oracle/backend.h"
+#include "dsa/oracle/reference_backend.h"
+#include "route_test_util.h"
+
+namespace dsa::cli {
+namespace {
+
+using test::Scratch;
+using test::golden;
+using test::lines_with;
+using test::run_cli_capture;
+
+const std::string kPlugin = DSA_DECLINES_INVALID_IDS_PLUGIN;  // declines every case with an invalid id
+
+// The plugin declines invalid ids (SPEC §4: mandatory) and runs the case's twin without them:
+// INCOMPLETE through fixtures check and replay, naming the case and the plugin's reason.
+TEST(DeclinedFixtures, DecliningInvalidIdsIsIncompleteThroughThePlugin) {
+  for (const char* name : {"smla_invalid_mix", "smla_leading_padding"}) {
+    SCOPED_TRACE(name);
+    const std::string file = golden(name);
+    std::string out;
+    EXPECT_EQ(run_cli_capture("fixtures check " + file + " --plugin " + kPlugin, &out), 1) << out;
+    // One row per op (the op column is padded; the backward's reason names the forward it ran).
+    EXPECT_EQ(lines_with(out, {"sparse_mla_fwd   ", "plugin:", "INCOMPLETE: declined:", "invalid ids not supported"}).size(),
+              1u) << out;
+    EXPECT_EQ(lines_with(out, {"sparse_mla_bwd   ", "plugin:", "INCOMPLETE: declined:"}).size(), 1u) << out;
+    EXPECT_FALSE(lines_with(out, {"INCOMPLETE: backend declined a SPEC-mandatory case: " + file + " holds invalid ids"})
+                     .empty()) << out;
+    EXPECT_TRUE(lines_with(out, {"plugin:", "skip"}).empty()) << out;
+
+    EXPECT_EQ(run_cli_capture("replay " + file + " --plugin " + kPlugin, &out), 1) << out;
+    EXPECT_FALSE(lines_with(out, {"replay: INCOMPLETE"}).empty()) << out;
+    EXPECT_FALSE(lines_with(out, {"--unsupported invalid_ids"}).empty()) << out;
+
+    // Named unsupported: a skip saying so; the producer still agrees (exit 0).
+    EXPECT_EQ(run_cli_capture("fixtures check " + file + " --plugin " + kPlugin +
+                                  " --unsupported invalid_ids,empty_rows,duplicate_ids", &out), 0) << out;
+    EXPECT_FALSE(lines_with(out, {"sparse_mla_fwd   ", "plugin:", "skip: declined:", "named unsupported: invalid_ids"})
+                     .empty()) << out;
+    EXPECT_EQ(out.find("INCOMPLETE"), std::string::npos) << out;
+  }
+  // A case without invalid ids is judged (agree), and an unknown --unsupported entry is a
+  // usage error naming the flag.
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + golden("smla_basic") + " --plugin " + kPlugin, &out), 0) << out;
+  EXPECT_FALSE(lines_with(out, {"sparse_mla_fwd", "plugin:", "agree"}).empty()) << out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + golden("smla_basic") + " --unsupported invalid_idz", &out), 2) << out;
+  EXPECT_NE(out.find("--unsupported: unknown entry \"invalid_idz\""), std::string::npos) << out;
+}
+
+// True when some row holds more selectable entries equal to its k_eff-th largest value than
+// slots left for them (SPEC §3.3: the tie fill).
+bool boundary_tie(const Tensor& scores, int64_t k, const std::optional<KeyWindows>& win) {
+  const int64_t s_q = scores.size(0), s_kv = scores.size(1);
+  for (int64_t t = 0; t < s_q; ++t) {
+    std::vector<double> v;
+    for (int64_t s = 0; s < s_kv; ++s) {
+      const double x = scores.get(t * s_kv + s);
+      if ((!win || win->contains(t, s)) && !std::isnan(x) && x != -INFINITY) v.push_back(x);
+    }
+    const int64_t n = static_cast<int64_t>(v.size()), k_eff = std::min(k, n);
+    if (k_eff == 0 || k_eff == n) continue;
+    std::sort(v.begin(), v.end(), std::greater<double>());
+    if (v[static_cast<size_t>(k_eff)] == v[static_cast<size_t>(k_eff - 1)]) return true;
+  }
+  return false;
+}
+
+// The reference's top-k, declining as `kMode` says: 0 ties at the k-th value (SPEC §3.3,
+// mandatory), 1 every call (a top-k it cannot run at run time), 2 a declared limit.
+template <int kMode>
+class TopkDecliner final : public oracle::Backend {
+ public:
+  std::string name() const override { return "topk_decliner_" + std::to_string(kMode); }
+  bool supports(oracle::Op op) const override { return op == oracle::Op::Topk; }
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    if (kMode == 0 && boundary_tie(s, k, w)) throw oracle::NotSupported("ties at the k-th value not supported");
+    if (kMode == 1) throw oracle::NotSupported("no top-k on this device today");
+    if (kMode == 2) throw oracle::NotSupported("plugin:x topk: tie_break small not declared");
+    return ref_->select_topk(s, k, p, w);
+  }
+
+ private:
+  std::unique_ptr<oracle::Backend> ref_ = oracle::make_reference_backend();
+};
+
+// The audit's fixture task (the code `dsa-verify audit` and the Python audit run): the one
+// case of a top-k plateau golden, judged on `b` with `unsupported`.
+CaseResult fixture_case(oracle::Backend& b, const std::vector<std::string>& unsupported) {
+  Scratch dir("declined_task");
+  std::filesystem::copy_file(golden("topk_plateau_small_sorted"), dir.file("topk_plateau_small_sorted.safetensors"));
+  AuditOptions opts;
+  opts.unsupported = unsupported;
+  ReproCommands repro;
+  repro.audit = "dsa-verify audit --backend x";
+  repro.replay = [](const std::string& f) { return "dsa-verify replay " + f; };
+  std::vector<AuditTask> tasks;
+  add_fixture_tasks(tasks, dir.file(""), "golden", b, opts, repro);
+  EXPECT_EQ(tasks.size(), 1u);
+  if (tasks.size() != 1) return CaseResult{};
+  const std::vector<CaseResult> cases = tasks[0].run();
+  EXPECT_EQ(cases.size(), 1u);
+  return cases.empty() ? CaseResult{} : cases[0];
+}
+
+TEST(DeclinedFixtures, DecliningTiesAtTheKthValueIsIncompleteInTheAudit) {
+  TopkDecliner<0> ties;
+  const CaseResult c = fixture_case(ties, {});
+  EXPECT_EQ(c.status, "fail") << c.message;
+  EXPECT_EQ(c.message.rfind("INCOMPLETE: backend declined a SPEC-mandatory case: ", 0), 0u) << c.message;
+  EXPECT_NE(c.message.find("topk_plateau_small_sorted.safetensors holds ties at the k-th value"), std::string::npos)
+      << c.message;
+  EXPECT_NE(c.message.find("ties at the k-th value not supported"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("--unsupported k_boundary_ties"), std::string::npos) << c.message;
+
+  const CaseResult named = fixture_case(ties, {"k_boundary_ties"});
+  EXPECT_EQ(named.status, "skip") << named.message;
+  EXPECT_NE(named.message.find("named unsupported: k_boundary_ties"), std::string::npos) << named.message;
+}
+
+// Declines that are not shown to be about a mandatory feature stay skips, each saying why:
+// the twin without ties is declined too (a limit of the kernel), or a limit declared up front.
+TEST(DeclinedFixtures, DeclinesNotAboutAMandatoryFeatureAreSkipsSayingSo) {
+  TopkDecliner<1> every;
+  const CaseResult c = fixture_case(every, {});
+  EXPECT_EQ(c.status, "skip") << c.message;
+  EXPECT_NE(c.message.find("declined: no top-k on this device today"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("declined its twin without them too"), std::string::npos) << c.message;
+
+  TopkDecliner<2> declared;
+  const CaseResult d = fixture_case(declared, {});
+  EXPECT_EQ(d.status, "skip") << d.message;
+  EXPECT_NE(d.message.find("a limit the backend declares up front"), std::string::npos) << d.message;
+
+  TopkDecliner<3> runs;  // declines nothing: the plateau is judged
+  EXPECT_EQ(fixture_case(runs, {}).status, "pass");
+}
+
+}  // namespace
+}  // namespace dsa::cli
