@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -62,15 +63,27 @@ const Catch kCatches[] = {
      {"fp8.indexer_production_shapes", "paged.production_shapes", "smla_fp8.production_shapes"}},
 };
 
-// Level 0 on seeds 1, 2, 3, without shrinking, as an audit of a plugin runs. Not a fresh
-// seed: on random seeds some of these mutants still pass now and then (about 1 run of this
-// test in 7 on 2026-12-01, after the FP8 production and many-row draws were made to reach
-// slot 128 and a negative length with a valid id); a test that fails at random is no test.
-// Open: make every draw reach every fault (docs/what-a-pass-means.md, Limits).
+// Level 0 without shrinking, as an audit of a plugin runs: seed 1, a seed at which a mutant
+// passed before its draws were made to reach it (2298425398689169404: kl_ids_ge_s_kv_wrapped
+// passed kl.many_rows, whose three draws were all dense; 3 of 11 fresh seeds, 2026-12-01),
+// and two fresh seeds, printed on failure. A property meant to reach a fault reaches it on
+// every draw, or on a fixed draw of every run (kl.many_rows: draw 1 sparse with an id that
+// wraps onto a window key; smla_fp8.production_shapes: draw 0 128 heads, draw 1 slots past
+// 128), so no seed is lucky.
+const std::vector<uint64_t>& tile_seeds() {
+  static const std::vector<uint64_t> seeds = [] {
+    std::random_device fresh;
+    std::vector<uint64_t> s = {1u, 2298425398689169404u};
+    for (int i = 0; i < 2; ++i) s.push_back((uint64_t{fresh()} << 32) | fresh());
+    return s;
+  }();
+  return seeds;
+}
+
 TEST(TileLimits, MutantsFailAtLevel0OnEverySeed) {
   for (const Catch& c : kCatches)
     for (const char* name : c.properties)
-      for (uint64_t seed : {1u, 2u, 3u}) {
+      for (uint64_t seed : tile_seeds()) {
         const PropertyResult r = run_property(test::mutant_named(c.mutant), test::property_named(name), level0(seed));
         EXPECT_EQ(r.verdict, oracle::Verdict::Fail) << c.mutant << " passed " << name << " at seed " << seed;
       }
@@ -81,7 +94,7 @@ TEST(TileLimits, ReferencePassesOnEverySeed) {
   std::set<std::string> names;
   for (const Catch& c : kCatches) names.insert(c.properties.begin(), c.properties.end());
   for (const std::string& name : names)
-    for (uint64_t seed : {1u, 2u, 3u}) {
+    for (uint64_t seed : tile_seeds()) {
       SuiteOptions o = level0(seed);
       const PropertyResult r = run_property(backend_subject("reference"), test::property_named(name), o);
       EXPECT_EQ(r.verdict, oracle::Verdict::Pass) << name << " seed " << seed << ": " << r.message;

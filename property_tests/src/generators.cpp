@@ -1436,7 +1436,11 @@ KlCase draw_kl_many_rows_case() {
   const int64_t s_kv = draw_of<int64_t>({2, 3, 5, 8, 13, 64, 65}), h = draw_in(2, 4);
   const int64_t d = draw_of<int64_t>({4, 8, 16});
   const bool per_row = draw_bool();
-  c.in.mode = draw_bool() ? KlMode::Dense : KlMode::Sparse;
+  // Dense or sparse; a run's draw 1 sparse and draw 2 dense, so a level-0 run (3 draws) has
+  // both (with the mode drawn for each, one run in eight was dense only and a kernel
+  // wrapping ids >= s_kv passed kl.many_rows: fresh seeds, 2026-12-01).
+  const bool dense = draw_bool();
+  c.in.mode = draw_index() == 1 ? KlMode::Sparse : draw_index() == 2 || dense ? KlMode::Dense : KlMode::Sparse;
   const int64_t k = c.in.mode == KlMode::Sparse ? draw_in(2, s_kv + 2) : 0;
   Rng r = draw_rng();
   if (per_row) {  // per-row windows of >= 2 keys
@@ -1457,6 +1461,14 @@ KlCase draw_kl_many_rows_case() {
   if (c.in.mode == KlMode::Sparse) {
     std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
     for (auto& id : ids) id = draw_kl_id(s_kv, r);
+    // Row 0 selects its first window key ks and, at slot 1, s_kv + ks + 1: invalid (SPEC §4),
+    // but a kernel wrapping ids mod s_kv adds key ks + 1 (in the window, >= 2 keys) to S_0, as
+    // no other slot of the row selects it (fresh-user F14): the row's loss and d_scores move.
+    const int64_t key0 = c.in.windows.ks[0];
+    for (int64_t j = 2; j < k; ++j)
+      if (ids[static_cast<size_t>(j)] == key0 + 1) ids[static_cast<size_t>(j)] = -1;
+    ids[0] = static_cast<int32_t>(key0);
+    ids[1] = static_cast<int32_t>(s_kv + key0 + 1);
     // Each limit row selects two keys of its window (|S_t| >= 2: d_scores != 0 there).
     for (const int64_t t : limit_rows(s_q)) {
       ids[static_cast<size_t>(t * k)] = static_cast<int32_t>(c.in.windows.ks[static_cast<size_t>(t)]);
