@@ -1355,13 +1355,17 @@ void condition_bf16_case(SparseMlaInputs& in, Tensor* dout, uint64_t seed) {
 
 KlCase draw_kl_case() {
   KlCase c;
-  // One case in four is long (issue 9): causal or MTP windows over 256 or 1024 keys.
-  const bool long_rows = *rc::gen::inRange(0, 4) == 0;
+  // One case in four is long (issue 9): causal or MTP windows over 256 or 1024 keys. A run's
+  // draw 1 is long, MTP (every row sees >= 2 keys) and sparse with k >= 2, so it holds an id
+  // that wraps onto a window key (below): every run reaches a kernel wrapping ids >= s_kv
+  // (before, about one draw in four did: kl_ids_ge_s_kv_wrapped passed 1 run in ~800).
+  const bool wrap_draw = draw_index() == 1;
+  const bool long_rows = *rc::gen::inRange(0, 4) == 0 || wrap_draw;
   const int64_t s_q = long_rows ? draw_in(1, 4) : draw_in(1, 8);
   const int64_t s_kv = long_rows ? draw_of<int64_t>({256, 1024}) : draw_in(1, 12), h = draw_in(2, 4);
   const int64_t d = draw_of<int64_t>({4, 8, 16});
   std::string wk;
-  c.in.windows = draw_windows(s_q, s_kv, long_rows ? (draw_bool() ? "causal" : "mtp") : nullptr, &wk);
+  c.in.windows = draw_windows(s_q, s_kv, long_rows ? (wrap_draw || !draw_bool() ? "mtp" : "causal") : nullptr, &wk);
   Rng r = draw_rng();
   c.in.q = fill(DType::F32, {s_q, h, d}, Tier::Random, 1, r);
   c.in.kv = fill(DType::F32, {s_kv, d}, Tier::Random, 1, r);
@@ -1371,11 +1375,23 @@ KlCase draw_kl_case() {
   for (int64_t t = 0; t < s_q; ++t)
     for (int64_t s = 0; s < s_kv; ++s)
       c.in.scores.set(t * s_kv + s, c.in.windows.contains(t, s) ? uni(r, -3, 3) : -INFINITY);
-  c.in.mode = draw_bool() ? KlMode::Dense : KlMode::Sparse;
+  c.in.mode = draw_bool() && !wrap_draw ? KlMode::Dense : KlMode::Sparse;
   if (c.in.mode == KlMode::Sparse) {
-    const int64_t k = draw_in(1, s_kv + 2);
+    const int64_t k = draw_in(wrap_draw ? 2 : 1, s_kv + 2);
     std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
     for (auto& id : ids) id = draw_kl_id(s_kv, r);
+    // The first row whose window holds >= 2 keys selects its first window key ks at slot 0
+    // and s_kv + ks + 1 at slot 1: invalid (SPEC §4), but a kernel wrapping ids mod s_kv adds
+    // key ks + 1 to S_t, as no other slot of the row selects it (fresh-user F14).
+    for (int64_t t = 0; t < s_q && k >= 2; ++t) {
+      const int64_t ks = c.in.windows.ks[static_cast<size_t>(t)];
+      if (c.in.windows.ke[static_cast<size_t>(t)] - ks < 2) continue;
+      for (int64_t j = 2; j < k; ++j)
+        if (ids[static_cast<size_t>(t * k + j)] == ks + 1) ids[static_cast<size_t>(t * k + j)] = -1;
+      ids[static_cast<size_t>(t * k)] = static_cast<int32_t>(ks);
+      ids[static_cast<size_t>(t * k + 1)] = static_cast<int32_t>(s_kv + ks + 1);
+      break;
+    }
     c.in.indices = Tensor::from_i32({s_q, k}, ids);
   }
   c.desc = "kl s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " h_q=" +
