@@ -7,8 +7,10 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <mutex>
 #include <set>
 
 #include "commands.h"
@@ -20,6 +22,7 @@
 #include "dsa/plugin/plugin_backend.h"
 #include "dsa/property_tests/suite.h"
 #include "audit_tasks.h"
+#include "call_watchdog.h"
 #include "judge.h"
 
 namespace fs = std::filesystem;
@@ -53,11 +56,17 @@ std::vector<std::string> default_backends() {
 
 const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
 
+// The label a task's results carry (and its calls' watchdog label): fixture tasks "golden:x",
+// property tasks "property:x".
+std::string task_label(const AuditTask& task) {
+  return (task.op == "fixture" ? "" : "property:") + task.property;
+}
+
 // The case that was running when the audit was interrupted: its partial outcome (a killed
 // plugin call reads as a failure) is kept in the message, never reported as a verdict.
 CaseResult interrupted_case(const AuditTask& task, int sig, const std::vector<CaseResult>& partial) {
   // Named like the task's own results: fixture tasks "golden:x", property tasks "property:x".
-  CaseResult c = make_case(task.op, (task.op == "fixture" ? "" : "property:") + task.property, "interrupted");
+  CaseResult c = make_case(task.op, task_label(task), "interrupted");
   c.message = std::string("interrupted by ") + signal_name(sig) + " while this case ran; not a verdict";
   for (const auto& r : partial)
     if (!r.message.empty()) {
@@ -117,6 +126,37 @@ int run_audit(const AuditOptions& opts) {
   int interrupted = 0;      // the signal that stopped the audit, else 0
   size_t tasks_not_run = 0;  // of the backend that was interrupted
   std::vector<std::string> ran_nothing;  // backends of which no case passed or failed
+  // The summary, the JSON and the JUnit report of `cases`: at the end, and from the handler of
+  // an in-process call that hung (`hung`: that call; the process then ends, CallWatchdog).
+  auto write_reports = [&](const std::vector<CaseResult>& cases, const std::string& label, int interrupted,
+                           size_t tasks_not_run, size_t backends_not_run, const std::vector<std::string>& ran_nothing,
+                           const std::string& hung) {
+    print_summary(stdout, label, cases);
+    if (interrupted)
+      std::printf("audit interrupted by %s: partial report; %zu task(s) of the running backend and "
+                  "%zu later backend(s) not run\n",
+                  signal_name(interrupted), tasks_not_run, backends_not_run);
+    if (!hung.empty())
+      std::printf("audit stopped: an in-process call hung (%s, past --timeout %g s): partial report; %zu task(s) "
+                  "of the running backend and %zu later backend(s) not run; the stuck call was not waited for\n",
+                  hung.c_str(), opts.timeout_s, tasks_not_run, backends_not_run);
+    if (!opts.json_path.empty()) {
+      nlohmann::json j = to_json(label, cases);
+      j["level"] = opts.level;
+      j["seed"] = opts.seed;  // 0: RapidCheck drew a seed per property (see each repro line)
+      j["plugin"] = opts.plugin;
+      j["version"] = DSA_VERSION;
+      j["interrupted"] = interrupted ? nlohmann::json(signal_name(interrupted)) : nlohmann::json(nullptr);
+      j["hung_call"] = hung.empty() ? nlohmann::json(nullptr) : nlohmann::json(hung);
+      j["tasks_not_run"] = tasks_not_run;
+      j["backends_not_run"] = backends_not_run;
+      // Backends of which every selected case was skipped: the audit then exits 2 (no pass).
+      j["backends_that_ran_no_case"] = ran_nothing;
+      j["notes"] = notes;  // e.g. a fixture directory holding no fixture
+      write_text_file(opts.json_path, j.dump(2) + "\n");
+    }
+    if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, cases));
+  };
   for (const auto& name : names) {
     std::unique_ptr<oracle::Backend> backend = oracle::make_backend(name);
     label += (label.empty() ? "" : ",") + name;
@@ -130,6 +170,67 @@ int run_audit(const AuditOptions& opts) {
     }
     std::vector<AuditTask> tasks;
     props::Subject subject = props::backend_subject(name);
+    // Task outcomes, emitted in task order; `state_mu` guards their completion, `all` and the
+    // emitted count, which a hung call's handler reads (below).
+    struct Outcome {
+      bool ran = false, input_error = false, done = false;
+      int interrupted = 0;  // the signal recorded when the task ended, else 0
+      double secs = 0;
+      std::vector<CaseResult> results;
+    };
+    std::vector<Outcome> outcomes;
+    std::mutex state_mu;
+    size_t emitted_upto = 0;  // tasks [0, emitted_upto) are emitted
+    // An in-process backend (built-in or registered C++) gets the plugins' per-call timeout
+    // (--timeout): a call still running at it ends the audit with the report of every result
+    // already computed, the hung call named as a failed case (CallWatchdog). A plugin's calls
+    // run in killed-at-timeout children instead.
+    std::unique_ptr<CallWatchdog> watchdog;
+    std::unique_ptr<WatchdogBackend> guarded;
+    if (opts.plugin.empty()) {
+      const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(opts.timeout_s * 1000)));
+      watchdog = std::make_unique<CallWatchdog>(timeout, [&](const std::string& what, double secs) {
+        std::lock_guard<std::mutex> lock(state_mu);  // never released: the process ends below
+        std::vector<CaseResult> cases = all;
+        size_t not_run = 0;
+        for (size_t i = emitted_upto; i < tasks.size(); ++i) {
+          Outcome& o = outcomes[i];
+          const std::string tl = task_label(tasks[i]);
+          if (o.done) {
+            for (auto& r : o.results) cases.push_back(r);
+          } else if (!o.ran) {
+            ++not_run;
+          } else if (what.rfind(tl + ": ", 0) == 0) {
+            CaseResult c = make_case(tasks[i].op, tl, "fail");
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "%g", opts.timeout_s);
+            c.message = std::string("timed out after ") + buf + " s: the " + what.substr(tl.size() + 2) +
+                        " was still running after " + std::to_string(static_cast<int64_t>(secs)) +
+                        " s (--timeout, per call); an in-process call cannot be killed, so the audit stopped "
+                        "here and wrote this report without waiting for it (a plugin's calls run in killed "
+                        "children instead)";
+            c.seconds = secs;
+            cases.push_back(c);
+          } else {
+            CaseResult c = make_case(tasks[i].op, tl, "interrupted");
+            c.message = "not finished: the audit stopped at a hung call (" + what + "); not a verdict";
+            cases.push_back(c);
+          }
+        }
+        if (names.size() > 1)
+          for (size_t i = all.size(); i < cases.size(); ++i) cases[i].op = name + "/" + cases[i].op;
+        std::fprintf(stderr, "\n");
+        const size_t later = names.size() - 1 - std::count(label.begin(), label.end(), ',');
+        write_reports(cases, label, 0, not_run, later, ran_nothing, what);
+        std::fflush(nullptr);
+        std::_Exit(kExitDisagree);  // the stuck thread is not waited for; no destructor runs
+      });
+      subject.make = [name, w = watchdog.get()]() -> std::unique_ptr<oracle::Backend> {
+        return std::make_unique<WatchdogBackend>(oracle::make_backend(name), *w);
+      };
+      guarded = std::make_unique<WatchdogBackend>(*backend, *watchdog);
+    }
+    oracle::Backend& judged_backend = guarded ? static_cast<oracle::Backend&>(*guarded) : *backend;
 
     ReproCommands repro;
     repro.audit = "dsa-verify audit " + target_flag(opts, name);
@@ -138,28 +239,26 @@ int run_audit(const AuditOptions& opts) {
     };
     add_property_tasks(tasks, subject, opts, repro);
     if (opts.only.empty()) {  // --only names properties: fixtures are not run
-      add_fixture_tasks(tasks, dirs.golden, "golden", *backend, opts, repro);
-      add_fixture_tasks(tasks, dirs.peer, "peer", *backend, opts, repro);
+      add_fixture_tasks(tasks, dirs.golden, "golden", judged_backend, opts, repro);
+      add_fixture_tasks(tasks, dirs.peer, "peer", judged_backend, opts, repro);
     }
     std::fprintf(stderr, "audit %s: %zu tasks (level %d, seed %s)\n", name.c_str(), tasks.size(),
                  opts.level, opts.seed ? std::to_string(opts.seed).c_str() : "random per property");
     Progress progress(tasks.size());
     // Tasks run concurrently (--jobs; property tasks one at a time, audit_tasks.cpp); their
     // results are emitted in task order, so the report does not depend on the thread count.
-    struct Outcome {
-      bool ran = false, input_error = false;
-      int interrupted = 0;  // the signal recorded when the task ended, else 0
-      double secs = 0;
-      std::vector<CaseResult> results;
-    };
-    std::vector<Outcome> outcomes(tasks.size());
+    outcomes.resize(tasks.size());
     size_t emitted = 0, judged = 0;  // judged: cases that passed or failed (not skipped)
     bool last_stops = false;  // the last emitted task stops the audit (fail-fast, interrupt)
     auto work = [&](int64_t i) {
       const AuditTask& task = tasks[static_cast<size_t>(i)];
       Outcome& o = outcomes[static_cast<size_t>(i)];
       if (interrupts.signal()) return;  // arrived before this task started: not run
-      o.ran = true;
+      {
+        std::lock_guard<std::mutex> lock(state_mu);
+        o.ran = true;
+      }
+      const ScopedTaskLabel running(task_label(task));  // names the task if a call hangs
       auto t0 = std::chrono::steady_clock::now();
       try {
         o.results = task.run();
@@ -190,10 +289,14 @@ int run_audit(const AuditOptions& opts) {
       }
       o.secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       o.interrupted = interrupts.signal();
+      std::lock_guard<std::mutex> lock(state_mu);
+      o.done = true;
     };
     auto emit = [&](int64_t i) {
       const AuditTask& task = tasks[static_cast<size_t>(i)];
       Outcome& o = outcomes[static_cast<size_t>(i)];
+      std::lock_guard<std::mutex> lock(state_mu);
+      emitted_upto = static_cast<size_t>(i) + 1;
       last_stops = false;
       if (!o.ran) {  // the signal arrived before it started
         interrupted = interrupts.signal();
@@ -243,27 +346,8 @@ int run_audit(const AuditOptions& opts) {
     if (judged == 0 && !stop && !interrupted) ran_nothing.push_back(name);
     if (stop || interrupted) break;
   }
-  print_summary(stdout, label, all);
   const size_t backends_not_run = interrupted ? names.size() - 1 - std::count(label.begin(), label.end(), ',') : 0;
-  if (interrupted)
-    std::printf("audit interrupted by %s: partial report; %zu task(s) of the running backend and "
-                "%zu later backend(s) not run\n",
-                signal_name(interrupted), tasks_not_run, backends_not_run);
-  if (!opts.json_path.empty()) {
-    nlohmann::json j = to_json(label, all);
-    j["level"] = opts.level;
-    j["seed"] = opts.seed;  // 0: RapidCheck drew a seed per property (see each repro line)
-    j["plugin"] = opts.plugin;
-    j["version"] = DSA_VERSION;
-    j["interrupted"] = interrupted ? nlohmann::json(signal_name(interrupted)) : nlohmann::json(nullptr);
-    j["tasks_not_run"] = tasks_not_run;
-    j["backends_not_run"] = backends_not_run;
-    // Backends of which every selected case was skipped: the audit then exits 2 (no pass).
-    j["backends_that_ran_no_case"] = ran_nothing;
-    j["notes"] = notes;  // e.g. a fixture directory holding no fixture
-    write_text_file(opts.json_path, j.dump(2) + "\n");
-  }
-  if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, all));
+  write_reports(all, label, interrupted, tasks_not_run, backends_not_run, ran_nothing, "");
   bool failed = std::any_of(all.begin(), all.end(), [](const CaseResult& c) { return c.status == "fail"; });
   if (interrupted) return kExitInterruptedBase + interrupted;
   if (input_error) return kExitUsage;

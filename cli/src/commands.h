@@ -91,7 +91,11 @@ struct AuditOptions {
   std::string json_path, junit_path;
   bool fail_fast = false;
   std::string dump_dir = "dsa-verify-failures";
-  double timeout_s = 30.0;            ///< per plugin call (isolated child), seconds
+  /// Seconds per backend call: a plugin's isolated child is killed at it (a failed case); an
+  /// in-process backend's call still running at it ends the audit (CallWatchdog: the hung call
+  /// a failed case "timed out after N s", the report of every result already computed
+  /// written, exit 1, the stuck thread not waited for).
+  double timeout_s = 30.0;
   JudgeOptions judge;                 ///< --outputs, --allow-weak for every judged case
   /// --unsupported: SPEC behaviour or properties the kernel leaves out (props::SuiteOptions::
   /// unsupported); a declined mandatory case so named is reported, not INCOMPLETE.

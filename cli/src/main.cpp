@@ -59,7 +59,9 @@ int main(int argc, char** argv) {
   audit_cmd->add_option("--junit", audit.junit_path, "Write JUnit XML");
   audit_cmd->add_flag("--fail-fast", audit.fail_fast, "Stop at the first failure");
   audit_cmd->add_option("--timeout", audit.timeout_s,
-      "Seconds per plugin call before it counts as hung: " + timeout_range() + " (default 30)")
+      "Seconds per backend call before it counts as hung: " + timeout_range() + " (default 30). A plugin's "
+      "call runs in a child that is then killed (a failed case); an in-process backend's call cannot be "
+      "killed: the audit then fails the case, writes the report of everything done and exits 1")
       ->check(timeout_seconds("--timeout"));
   audit_cmd->add_option("--dump-dir", audit.dump_dir, "Where failing cases are dumped as fixtures");
   std::vector<std::string> audit_outputs;

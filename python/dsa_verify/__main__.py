@@ -30,7 +30,9 @@ def main(argv=None):
     a.add_argument("--junit", default="", help="Write JUnit XML")
     a.add_argument("--isolate", action="store_true", help="Run each task in a fresh worker process")
     a.add_argument("--timeout", type=float, default=300.0,
-                   help="Seconds per isolated task: a finite number from 0.001 to 86400 (default 300)")
+                   help="Seconds per isolated task (--isolate), else per call of the backend in this process "
+                        "(a hung call ends the audit: reports written, exit 1): a finite number from 0.001 to "
+                        "86400 (default 300)")
     a.add_argument("--dump-dir", default="dsa-verify-failures", help="Where failing cases are dumped")
     a.add_argument("--fail-fast", action="store_true", help="Stop at the first failure")
     a.add_argument("--no-fixtures", action="store_true", help="Properties only")
@@ -46,7 +48,8 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     import dsa_verify
-    from dsa_verify import _core
+    from dsa_verify import _audit, _core
+    _audit._PRINT_SUMMARY_ON_HANG = True  # a hung call ends the process: its summary is printed then
     try:
         if args.command == "replay":
             from dsa_verify._audit import provided_outputs

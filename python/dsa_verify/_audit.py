@@ -20,6 +20,9 @@ from . import _core
 from ._bridge import Bridge
 
 DEFAULT_TIMEOUT_S = 300.0
+# `python3 -m dsa_verify audit` sets this: a hung call's report (_on_hung_call) then also prints
+# the summary, as the command does at the end.
+_PRINT_SUMMARY_ON_HANG = False
 # The accepted timeout, as `dsa-verify audit --timeout` (cli/src/numeric_options.h): at least one
 # millisecond, at most one day, finite.
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.001, 86400.0
@@ -255,6 +258,48 @@ def run_isolated(payload, device, options, task, timeout_s):
                        status="fail", message=why, repro=repro, fixture=task["fixture"])]
 
 
+# The non-isolated audit in progress (audit(), isolate=False): what _on_hung_call needs to write
+# its report. None outside one (e.g. the pytest plugin's run).
+_RUNNING = None
+
+
+def _on_hung_call(what, seconds):
+    """Called by the C++ CallWatchdog (on its own thread, with the GIL) when a call of the backend
+    in this process is still running at the timeout (isolate=False): adds the hung task as a
+    failed case naming the call, writes the JSON/JUnit reports and the summary of every result
+    already computed, and returns; the caller then ends the process (exit 1) without waiting for
+    the stuck call, which cannot be killed in this process (isolate=True runs each task in a
+    worker process that is killed instead)."""
+    run = _RUNNING
+    why = (f"timed out after {run['timeout'] if run else 0:g} s: the {what.split(': ', 1)[-1]} was still running "
+           f"after {seconds:.0f} s (timeout, per call; isolate=False: a call in this process cannot be killed, so "
+           "the audit stopped here and wrote this report without waiting for it; isolate=True runs each task in a "
+           "worker process that is killed)")
+    sys.stdout.flush()
+    if run is None:
+        sys.stderr.write(f"\ndsa_verify: {what}: {why}\n")
+        sys.stderr.flush()
+        return
+    report, task, options = run["report"], run["task"], run["options"]
+    is_property = not task["fixture"]
+    repro = options["repro_audit"] + (f" --only {task['property']} --level {options['level']}" if is_property else "")
+    report.cases.append(CaseResult(op=task["op"], property=("property:" if is_property else "") + task["property"],
+                                   status="fail", message=why, repro=repro, fixture=task["fixture"],
+                                   seconds=float(seconds)))
+    report.notes.append(f"audit stopped: an in-process call hung ({what}); {run['not_run']} task(s) not run")
+    sys.stderr.write("\n")
+    if run["json"]:
+        with open(run["json"], "w", encoding="utf-8") as f:
+            f.write(report.to_json())
+    if run["junit"]:
+        with open(run["junit"], "w", encoding="utf-8") as f:
+            f.write(report.to_junit())
+    if run["print_summary"]:
+        sys.stdout.write(report.summary())
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def _payload(backend):
     """What a worker process rebuilds the backend from: its "module:Class" spec, or the object
     itself (pickled). Raises ValueError when neither is possible."""
@@ -286,7 +331,11 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
       where inputs are placed; json / junit: report paths (checked before the run);
       fixtures: also run the golden and peer fixtures; isolate: each task (property or
       fixture) in a fresh spawned worker process with `timeout` seconds, so a crash or hang
-      is a failed case (default False: in this process, fastest, shares its faults);
+      is a failed case (default False: in this process, fastest, shares its faults; each call
+      of the backend is then watched with `timeout` seconds: a call still running at it is a
+      failed case "timed out after N s" naming the call, the JSON/JUnit reports of every result
+      computed so far are written and the process exits with status 1 without waiting for the
+      stuck call, which cannot be killed in-process);
       dump_dir: where failing property cases are dumped as fixtures; allow_weak: a WEAK
       output (a bound too wide to detect a fault, SPEC §9) does not fail (--allow-weak).
       The backend's `outputs` attribute is the CLI's --outputs: outputs it does not return
@@ -311,6 +360,10 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
     options["provided_outputs"] = provided_outputs(bridge)
     options["allow_weak"] = bool(allow_weak)
     options["unsupported"] = list(unsupported or [])
+    if not isolate:
+        # Every call of the backend in this process is watched: one still running at `timeout`
+        # ends the audit with the report written (_on_hung_call) and exit 1 (CallWatchdog).
+        options["call_timeout"] = timeout
     report = Report(backend=bridge.name, level=int(level), seed=int(seed or 0), device=device, spec=spec)
     why = bridge.unavailable_reason()
     if why:
@@ -330,11 +383,17 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
             sys.stderr.flush()
         bar = _core.Progress(len(tasks)) if progress else None
         payload = _payload(backend) if isolate else None
-        for task in tasks:
+        global _RUNNING
+        for i, task in enumerate(tasks):
             if isolate:
                 results = run_isolated(payload, device, options, task, timeout)
             else:
-                results = _cases(_core.run_task(bridge, options, task["property"]))
+                _RUNNING = {"report": report, "task": task, "options": options, "timeout": timeout, "json": json,
+                            "junit": junit, "not_run": len(tasks) - i - 1, "print_summary": _PRINT_SUMMARY_ON_HANG}
+                try:
+                    results = _cases(_core.run_task(bridge, options, task["property"]))
+                finally:
+                    _RUNNING = None
             report.cases.extend(results)
             failed = any(r.status == "fail" for r in results)
             # A task none of whose cases ran is a skip in the progress line, never a pass

@@ -5,13 +5,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 
 #include "audit_tasks.h"
+#include "call_watchdog.h"
 #include "cpp_backend_object.h"
 #include "dsa/oracle/candidate_backend.h"
 #include "judge.h"
@@ -80,6 +83,11 @@ cli::FixtureDirs fixture_dirs() {
 struct TaskSet {
   cli::AuditOptions opts;
   std::unique_ptr<PyBackend> backend;
+  // With o["call_timeout"] (a non-isolated run): every call of the backend is watched; one still
+  // running at the timeout hands the audit to dsa_verify._audit._on_hung_call, which writes the
+  // report, and the process ends (CallWatchdog; the stuck call is not waited for).
+  std::unique_ptr<cli::CallWatchdog> watchdog;
+  std::unique_ptr<cli::WatchdogBackend> guarded;
   props::Subject subject;
   std::vector<cli::AuditTask> tasks;
   std::vector<std::string> fixture_files;  // per task; "" for properties
@@ -105,6 +113,29 @@ std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o
   ts->backend = std::make_unique<PyBackend>(shared);
   ts->subject.name = ts->backend->name();
   ts->subject.make = [shared]() -> std::unique_ptr<oracle::Backend> { return std::make_unique<PyBackend>(shared); };
+  if (o.contains("call_timeout") && !o["call_timeout"].is_none()) {
+    const double secs = o["call_timeout"].cast<double>();
+    ts->watchdog = std::make_unique<cli::CallWatchdog>(
+        std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(std::llround(secs * 1000)))),
+        [](const std::string& what, double elapsed) {
+          {
+            py::gil_scoped_acquire gil;  // the stuck call may hold it: then this waits (isolate=True)
+            try {
+              py::module_::import("dsa_verify._audit").attr("_on_hung_call")(what, elapsed);
+            } catch (const std::exception& e) {
+              std::fprintf(stderr, "dsa_verify: a call hung (%s) and the report could not be written: %s\n",
+                           what.c_str(), e.what());
+            }
+          }
+          std::fflush(nullptr);
+          std::_Exit(1);  // the stuck thread is not waited for; no destructor runs
+        });
+    ts->guarded = std::make_unique<cli::WatchdogBackend>(*ts->backend, *ts->watchdog);
+    ts->subject.make = [shared, w = ts->watchdog.get()]() -> std::unique_ptr<oracle::Backend> {
+      return std::make_unique<cli::WatchdogBackend>(std::make_unique<PyBackend>(shared), *w);
+    };
+  }
+  oracle::Backend& judged = ts->guarded ? static_cast<oracle::Backend&>(*ts->guarded) : *ts->backend;
   cli::ReproCommands repro;
   repro.audit = o["repro_audit"].cast<std::string>();
   repro.replay = [tmpl = o["repro_replay"].cast<std::string>()](const std::string& file) {
@@ -119,7 +150,7 @@ std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o
     const cli::FixtureDirs dirs = fixture_dirs();
     cli::check_fixture_dirs(dirs);  // missing, or no fixture in either: an error (its notes: check_fixture_dirs)
     for (const auto& [dir, kind] : {std::pair{dirs.golden, "golden"}, std::pair{dirs.peer, "peer"}}) {
-      cli::add_fixture_tasks(ts->tasks, dir, kind, *ts->backend, ts->opts, repro);
+      cli::add_fixture_tasks(ts->tasks, dir, kind, judged, ts->opts, repro);
       for (const auto& f : cli::list_fixtures(dir)) ts->fixture_files.push_back(f);
     }
   }
@@ -164,6 +195,7 @@ py::list run_task(const py::object& bridge, const py::dict& o, const std::string
     bool input_error = false;
     try {
       py::gil_scoped_release nogil;  // backends take the GIL per call (any thread)
+      const cli::ScopedTaskLabel running((task.op == "fixture" ? "" : "property:") + task.property);
       results = task.run();
     } catch (const fixtures::FileError& e) {
       input_error = true;

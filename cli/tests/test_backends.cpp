@@ -1,0 +1,39 @@
+// Backends registered only in the test build of dsa-verify (dsa_verify_test_backends: the
+// program's own main, plus these): in-process C++ backends the real program cannot name.
+//  - "test:hangs-on-marker": the float64 reference's top-k, except that a call whose scores
+//    hold kHangMarker in row 0, column 71 (outside row 0's window in the test's fixture: never
+//    selected, so the fixture's expected.* stay right) sleeps forever: an in-process kernel that
+//    hangs (CallWatchdog, cli/src/call_watchdog.h).
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "dsa/oracle/backend.h"
+#include "dsa/oracle/reference_backend.h"
+
+namespace {
+
+using namespace dsa;
+
+constexpr float kHangMarker = 12345.678f;
+
+class HangsOnMarker final : public oracle::Backend {
+ public:
+  std::string name() const override { return "test:hangs-on-marker"; }
+  bool supports(oracle::Op op) const override { return op == oracle::Op::Topk; }
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    if (s.dim() == 2 && s.size(0) > 0 && s.size(1) > 71 && s.get(71) == static_cast<double>(kHangMarker))
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    return ref_->select_topk(s, k, p, w);
+  }
+
+ private:
+  std::unique_ptr<oracle::Backend> ref_ = oracle::make_reference_backend();
+};
+
+const bool registered = [] {
+  oracle::register_backend("test:hangs-on-marker", [] { return std::make_unique<HangsOnMarker>(); });
+  return true;
+}();
+
+}  // namespace
