@@ -260,7 +260,7 @@ TEST(CompareHints, Int64IdsNameTheirConvention) {
   test::write_outputs(dir.file("c.safetensors"), {{"indices", wide}});
   std::string out;
   expect_cli("compare --golden " + g + " --candidate " + dir.file("c.safetensors"), 1,
-             {"indices dtype I64, expected I32", "--convention int64_ids"});
+             {"indices: dtype I64, expected I32 (contract:", "--convention int64_ids"});
   EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + dir.file("c.safetensors") +
                                 " --convention int64_ids", &out), 0);
   EXPECT_EQ(out.find("hint:"), std::string::npos);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <exception>
+#include <optional>
 #include <new>
 #include <string>
 #include <utility>
@@ -87,28 +88,77 @@ inline int precision_rank(DType d) {
 /// it: `fixed` itself or a wider float (F32/F64 for a 16-bit `fixed`, F64 for F32). Another
 /// format of the same width is not: an F16 out for a bf16 q is neither q's dtype (SPEC §4:
 /// "out [s_q, h_q, d_v] (q's dtype)") nor wider (F16's range ends at 65504, bf16's at 3.4e38).
+/// An integer `fixed` (top-k's I32 ids) is met by itself only (I64 ids are a convention,
+/// converted before judging, SPEC §9).
 inline bool dtype_meets_contract(DType d, DType fixed) {
-  return d == fixed || precision_rank(d) > precision_rank(fixed);
+  return d == fixed || (is_floating(fixed) && precision_rank(d) > precision_rank(fixed));
+}
+
+/// The dtype the SPEC fixes for output `name` of `op`, or nullopt where it fixes none. `q`:
+/// the dtype of the op's q (sparse MLA's out is in q's dtype; ignored by the other ops). The
+/// one table every check applies (contract_dtype_violated, below):
+///   indexer_scores, fp8_indexer_scores, paged_indexer_scores: scores F32 (§2, §10);
+///   topk: indices I32 (§3; int64 ids only through the int64_ids convention, §9);
+///   sparse_mla_fwd and sparse_mla_fp8_fwd: out in q's dtype, lse and max_logits F32 (§4; §10
+///     runs §4 over the dequantized cache with q as given, bf16 in FlashMLA's decode).
+/// The SPEC fixes no dtype for indexer_scores_backward (dq_idx, dk_idx, dw), sparse_mla_bwd
+/// (dq, dkv, dsink: §5 fixes fp32 accumulation, not the output dtype) or indexer_kl_loss
+/// (loss, d_scores): those are judged at the class of the dtype they come in. Throws nothing.
+inline std::optional<DType> contract_dtype(Op op, const std::string& name, DType q) {
+  switch (op) {
+    case Op::IndexerScores:
+    case Op::Fp8IndexerScores:
+    case Op::PagedIndexerScores:
+      if (name == "scores") return DType::F32;
+      break;
+    case Op::Topk:
+      if (name == "indices") return DType::I32;
+      break;
+    case Op::SparseMlaFwd:
+    case Op::SparseMlaFp8Fwd:
+      if (name == "out") return q;
+      if (name == "lse" || name == "max_logits") return DType::F32;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+/// The one message for an output `name` (+ `label`, e.g. "[NaN blocks]") of dtype `given`
+/// where the SPEC fixes `fixed` (every op, every route: compare, replay, fixtures check, a
+/// backend's audit): names the output, the dtype given, the dtypes accepted and the contract.
+inline std::string contract_dtype_message(const std::string& name, const std::string& label,
+                                          DType given, DType fixed) {
+  std::string wider;
+  if (is_floating(fixed))
+    for (DType w : {DType::F32, DType::F64})
+      if (precision_rank(w) > precision_rank(fixed)) wider += std::string(wider.empty() ? "" : ", ") + dtype_name(w);
+  return name + label + ": dtype " + dtype_name(given) + ", expected " + dtype_name(fixed) +
+         (wider.empty() ? "" : " or wider (" + wider + ")") +
+         " (contract: the SPEC fixes this output's dtype; §2/§10 scores fp32, §3 indices int32, "
+         "§4/§10 lse and max_logits fp32, out in q's dtype)";
 }
 
 /// Fails `r` when the candidate's output `name` does not have the dtype the SPEC fixes for it
-/// (or a wider one): `scores` fp32 (§2, §10), `lse` and `max_logits` fp32 (§4), and `out` in
-/// q's dtype (`fixed`, §4). A narrower output would otherwise be judged at its own, looser
-/// precision class (θ 1e-2 for bf16 instead of 1e-4), another 16-bit format (F16 out for a
-/// bf16 q) at another format's class: a false AGREES. Wider (e.g. a float64 reference run) is
-/// judged by its own, stricter class. The message names the output, the dtype given and the
-/// dtypes expected. Returns true when it failed.
+/// (`fixed`) or a wider float one. A narrower output would otherwise be judged at its own,
+/// looser precision class (θ 1e-2 for bf16 instead of 1e-4), another 16-bit format (F16 out
+/// for a bf16 q) at another format's class: a false AGREES. Wider (e.g. a float64 reference
+/// run) is judged by its own, stricter class. Returns true when it failed.
 inline bool narrower_than_contract(OpReport& r, const std::string& name, const std::string& label,
                                    const Tensor& cand, DType fixed) {
   if (!cand.defined() || dtype_meets_contract(cand.dtype(), fixed)) return false;
-  std::string wider;
-  for (DType w : {DType::F32, DType::F64})
-    if (precision_rank(w) > precision_rank(fixed)) wider += std::string(wider.empty() ? "" : ", ") + dtype_name(w);
-  r.fail(name + label + ": dtype " + dtype_name(cand.dtype()) + ", expected " + dtype_name(fixed) +
-         (wider.empty() ? "" : " or wider (" + wider + ")") +
-         " (contract: the SPEC fixes this output's dtype; §2/§10 scores fp32, §4 lse and "
-         "max_logits fp32, out in q's dtype)");
+  r.fail(contract_dtype_message(name, label, cand.dtype(), fixed));
   return true;
+}
+
+/// The dtype rule of every check (contract_dtype's table): fails `r` when output `name` of
+/// `op` has a dtype other than the SPEC's (or a wider float); `q`: the op's q dtype. Returns
+/// true when it failed; false for an undefined output or one the SPEC fixes no dtype for.
+inline bool contract_dtype_violated(OpReport& r, Op op, const std::string& name, const std::string& label,
+                                    const Tensor& cand, DType q) {
+  const std::optional<DType> fixed = contract_dtype(op, name, q);
+  return fixed && narrower_than_contract(r, name, label, cand, *fixed);
 }
 
 /// When opt.provided_outputs names none of the outputs of the op whose tolerance row is `row`
@@ -138,7 +188,10 @@ inline std::string nothing_provided(const CheckOptions& opt, const std::string& 
 /// `label`) when opt.provided_outputs omits it. `row` is the tolerance table's op key,
 /// `label` suffixes the name in the report (e.g. "[NaN blocks]" for a poisoned re-run).
 /// `delta_shared`: judge_tensor's (the baseline took Δ from the candidate's own 16-bit out).
-inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string& row,
+/// `op`: the op judged (its dtype rule, contract_dtype_violated: an output in another dtype
+/// than the SPEC's fails there, naming the dtype and the contract, and is not judged);
+/// `q`: that op's q dtype (the dtype of sparse MLA's out; ignored by the other ops).
+inline void judge_output(OpReport& r, const CheckOptions& opt, Op op, DType q, const std::string& row,
                          const std::string& name, const std::string& label, const Tensor& cand,
                          const Tensor& ref, const Tensor& base, const OutputFloor& floor,
                          bool delta_shared = false) {
@@ -162,9 +215,7 @@ inline void judge_output(OpReport& r, const CheckOptions& opt, const std::string
     else r.mark(Verdict::Incomplete, why);
     return;
   }
-  if ((name == "scores" || name == "lse" || name == "max_logits") &&
-      narrower_than_contract(r, name, label, cand, DType::F32))
-    return;
+  if (contract_dtype_violated(r, op, name, label, cand, q)) return;
   // The loss is one number: [1] and [] are one representation on every route (SPEC §7,
   // scalar_loss_shape); another shape fails here, naming both.
   Tensor judged = cand;

@@ -30,10 +30,11 @@ using detail::run_backend;
 // Judges one indexer output by the local rule (check_start.h: the same code as the §2-§7
 // checks; WEAK rows a verdict on every row, the ":fp8_tensor_core" one included: its θ is
 // the measured detection δ of its looser bound, tolerances.cpp).
-void judge(OpReport& r, const CheckOptions& opt, const std::string& row, const std::string& name,
+// `op`: the op judged (its dtype rule: scores fp32, SPEC §10).
+void judge(OpReport& r, const CheckOptions& opt, Op op, const std::string& row, const std::string& name,
            const std::string& label, const Tensor& cand, const Tensor& ref, const Tensor& base,
            const OutputFloor& floor) {
-  detail::judge_output(r, opt, row, name, label, cand, ref, base, floor);
+  detail::judge_output(r, opt, op, DType::F32, row, name, label, cand, ref, base, floor);
 }
 
 bool same_forward(const SparseMlaForward& x, const SparseMlaForward& y) {
@@ -229,7 +230,7 @@ OpReport check_fp8_indexer_scores(Backend& b, const OpCase& c, const CheckOption
                                                 [&] { return fp8_indexer_floor(c.fp8_indexer); });
   const char* row = indexer_row(b, to_string(op));
   if (row != std::string(to_string(op))) r.notes.push_back(declared_note(to_string(op), row));
-  judge(r, opt, row, "scores", "", cand, *ref, *base, *floor);
+  judge(r, opt, op, row, "scores", "", cand, *ref, *base, *floor);
   return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
@@ -342,7 +343,7 @@ OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOpti
     const auto base = shared_result<Tensor>(memo, "paged_indexer_scores/baseline", fp, [&] {
       return reference::paged_indexer_scores(run.inputs, Precision::Baseline);
     });
-    judge(r, opt, row, "scores", run.label, cand, *ref, *base, term);
+    judge(r, opt, op, row, "scores", run.label, cand, *ref, *base, term);
     first = false;
   }
   r.notes.push_back("entries past each context poisoned with out-of-range block ids and with NaN "
@@ -396,6 +397,11 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
     if (!run_backend(r, b, first && opt.check_determinism, what,
                      [&] { return b.sparse_mla_fp8_forward(run.inputs); }, same_forward, cand))
       return r;
+    // SPEC §10 is §4 over the dequantized cache: out in q's dtype (or wider), the dtype rule
+    // of every check (check_start.h); another dtype would pick another baseline below.
+    if ((!opt.provided_outputs || opt.provided_outputs->count("out")) &&
+        detail::contract_dtype_violated(r, op, "out", run.label, cand.out, c.mla_fp8.q.dtype()))
+      return detail::settle_judged_nothing(std::move(r), opt, op);
     const Fingerprint fp = fp_mla_fp8(run.inputs);
     const auto ref_p = shared_result<SparseMlaForward>(
         c.memo.get(), "sparse_mla_fp8_fwd/reference", fp,
@@ -444,7 +450,8 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
           [](const SparseMlaForward& f, const char* n) -> const Tensor& {
         return std::string(n) == "out" ? f.out : std::string(n) == "lse" ? f.lse : f.max_logits;
       };
-      detail::judge_output(r, opt, to_string(op), name, run.label, pick(cand, name), pick(ref, name),
+      detail::judge_output(r, opt, op, c.mla_fp8.q.dtype(), to_string(op), name, run.label,
+                           pick(cand, name), pick(ref, name),
                            pick(base, name), floors.at(name));
     }
     first = false;

@@ -113,16 +113,17 @@ namespace {
 
 using detail::run_backend;
 
-// Judges one output by the local rule (check_start.h, shared with the §10 checks).
-void judge(OpReport& r, const CheckOptions& opt, const std::string& op, const std::string& name,
+// Judges one output of `op` (whose q has dtype `q`) by the local rule and the SPEC's dtype
+// rule (check_start.h, shared with the §10 checks).
+void judge(OpReport& r, const CheckOptions& opt, Op op, DType q, const std::string& name,
            const Tensor& cand, const Tensor& ref, const Tensor& base, const CaseFloors& floors,
            bool delta_shared = false) {
   static const OutputFloor none;  // an output not judged (not provided, or not returned)
   auto it = floors.find(name);
   const bool judged = cand.defined() && (!opt.provided_outputs || opt.provided_outputs->count(name));
   if (it == floors.end() && judged) throw std::logic_error("judge: no floor inputs for output " + name);
-  detail::judge_output(r, opt, op, name, "", cand, ref, base, it == floors.end() ? none : it->second,
-                       delta_shared);
+  detail::judge_output(r, opt, op, q, to_string(op), name, "", cand, ref, base,
+                       it == floors.end() ? none : it->second, delta_shared);
 }
 
 // Results shared through the case's memo (issue 13): each reference result, baseline and
@@ -282,7 +283,7 @@ OpReport check_indexer_scores(Backend& b, const OpCase& c, const CheckOptions& o
   const auto ref = shared_indexer_scores(c, Precision::Reference);
   const auto base = shared_indexer_scores(c, Precision::Baseline);
   const auto floors = shared_indexer_scores_floors(c);
-  judge(r, opt, to_string(op), "scores", cand, *ref, *base, *floors);
+  judge(r, opt, op, c.q_idx.dtype(), "scores", cand, *ref, *base, *floors);
   return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
@@ -318,9 +319,9 @@ OpReport check_indexer_backward(Backend& b, const OpCase& c, const CheckOptions&
   const IndexerGrads& ref = *ref_p;
   const IndexerGrads& base = *base_p;
   const CaseFloors& floors = *floors_p;
-  judge(r, opt, to_string(op), "dq_idx", cand.dq_idx, ref.dq_idx, base.dq_idx, floors);
-  judge(r, opt, to_string(op), "dk_idx", cand.dk_idx, ref.dk_idx, base.dk_idx, floors);
-  judge(r, opt, to_string(op), "dw", cand.dw, ref.dw, base.dw, floors);
+  judge(r, opt, op, c.q_idx.dtype(), "dq_idx", cand.dq_idx, ref.dq_idx, base.dq_idx, floors);
+  judge(r, opt, op, c.q_idx.dtype(), "dk_idx", cand.dk_idx, ref.dk_idx, base.dk_idx, floors);
+  judge(r, opt, op, c.q_idx.dtype(), "dw", cand.dw, ref.dw, base.dw, floors);
   return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
@@ -332,6 +333,13 @@ OpReport check_topk_op(Backend& b, const OpCase& c, const CheckOptions& opt) {
                    [&] { return b.select_topk(c.scores, c.k, c.policy, c.topk_windows); },
                    bitwise_equal, cand))
     return r;
+  // SPEC §3: int32 ids (I64 only through the int64_ids convention, converted before this).
+  // The violation is listed too (rule "dtype": route hints name the int64_ids convention).
+  if (detail::contract_dtype_violated(r, op, "indices", "", cand, c.scores.dtype())) {
+    r.topk_violations.push_back(
+        {"dtype", -1, -1, detail::contract_dtype_message("indices", "", cand.dtype(), DType::I32)});
+    return detail::settle_judged_nothing(std::move(r), opt, op, cand.numel());
+  }
   std::vector<int64_t> nan_rows;
   r.topk_violations = check_topk(cand, c.scores, c.k, c.policy, c.topk_windows, &nan_rows);
   if (!nan_rows.empty())
@@ -353,9 +361,9 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
                      [&] { return b.sparse_mla_forward(c.mla); }, eq, cand))
     return r;
   // SPEC §4: out in q's dtype (or wider); a narrower out or another 16-bit format would pick
-  // another baseline below.
+  // another baseline below (the dtype rule of every check, check_start.h).
   if ((!opt.provided_outputs || opt.provided_outputs->count("out")) &&
-      detail::narrower_than_contract(r, "out", "", cand.out, c.mla.q.dtype()))
+      detail::contract_dtype_violated(r, op, "out", "", cand.out, c.mla.q.dtype()))
     return r;
   const auto ref_p = shared_mla_forward(c, Precision::Reference);
   const auto base_p = shared_mla_forward(c, Precision::Baseline);
@@ -364,9 +372,9 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
   const SparseMlaForward& ref = *ref_p;
   const SparseMlaForward& base = *base_p;
   const CaseFloors& floors = *floors_p;
-  judge(r, opt, to_string(op), "out", cand.out, ref.out, base.out, floors);
-  judge(r, opt, to_string(op), "lse", cand.lse, ref.lse, base.lse, floors);
-  judge(r, opt, to_string(op), "max_logits", cand.max_logits, ref.max_logits, base.max_logits,
+  judge(r, opt, op, c.mla.q.dtype(), "out", cand.out, ref.out, base.out, floors);
+  judge(r, opt, op, c.mla.q.dtype(), "lse", cand.lse, ref.lse, base.lse, floors);
+  judge(r, opt, op, c.mla.q.dtype(), "max_logits", cand.max_logits, ref.max_logits, base.max_logits,
         floors);
   return detail::settle_judged_nothing(std::move(r), opt, op);
 }
@@ -473,11 +481,11 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   const CaseFloors& floors = *floors_p;
   auto judge_grads = [&](OpReport& rr, const SparseMlaGrads& ref, const SparseMlaGrads& base,
                          bool shared) {
-    judge(rr, opt, to_string(op), "dq", cand.dq, ref.dq, base.dq, floors, shared);
-    judge(rr, opt, to_string(op), "dkv", cand.dkv, ref.dkv, base.dkv, floors, shared);
+    judge(rr, opt, op, c.mla.q.dtype(), "dq", cand.dq, ref.dq, base.dq, floors, shared);
+    judge(rr, opt, op, c.mla.q.dtype(), "dkv", cand.dkv, ref.dkv, base.dkv, floors, shared);
     if (c.mla.attn_sink && ref.dsink && base.dsink) {
       const Tensor none;
-      judge(rr, opt, to_string(op), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink,
+      judge(rr, opt, op, c.mla.q.dtype(), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink,
             *base.dsink, floors, shared);
     }
   };
@@ -558,8 +566,8 @@ OpReport check_indexer_kl_loss(Backend& b, const OpCase& c, const CheckOptions& 
   const IndexerKlResult& ref = *ref_p;
   const IndexerKlResult& base = *base_p;
   const CaseFloors& floors = *floors_p;
-  judge(r, opt, to_string(op), "loss", cand.loss, ref.loss, base.loss, floors);
-  judge(r, opt, to_string(op), "d_scores", cand.d_scores, ref.d_scores, base.d_scores, floors);
+  judge(r, opt, op, c.kl.q.dtype(), "loss", cand.loss, ref.loss, base.loss, floors);
+  judge(r, opt, op, c.kl.q.dtype(), "d_scores", cand.d_scores, ref.d_scores, base.d_scores, floors);
   return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
@@ -581,7 +589,7 @@ OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOption
   const auto floors_p = shared_indexer_scores_floors(c);
   const Tensor& ref = *ref_p;
   const size_t before = r.tensors.size();
-  judge(r, opt, to_string(Op::IndexerScores), "scores", scores, ref, *base_p, *floors_p);
+  judge(r, opt, Op::IndexerScores, c.q_idx.dtype(), "scores", scores, ref, *base_p, *floors_p);
   if (r.tensors.size() == before) return r;  // not judged (missing or not provided)
   const TensorCheck& sc = r.tensors.back();
   // Per query row (SPEC §9 local bounds): both swapped entries may each err by the row's
@@ -593,6 +601,11 @@ OpReport check_fused_indexer_topk(Backend& b, const OpCase& c, const CheckOption
   const double widest = bands.empty() ? 0.0 : *std::max_element(bands.begin(), bands.end());
   r.notes.push_back("fused top-k score band per row: 2x the row's largest score bound (widest " +
                     std::to_string(widest) + ")");
+  if (detail::contract_dtype_violated(r, Op::Topk, "indices", "", ids, c.q_idx.dtype())) {
+    r.topk_violations.push_back(
+        {"dtype", -1, -1, detail::contract_dtype_message("indices", "", ids.dtype(), DType::I32)});
+    return detail::settle_judged_nothing(std::move(r), opt, Op::Topk, ids.numel());
+  }
   r.topk_violations = check_fused_topk(ids, ref, bands, c.k, c.windows);
   if (!r.topk_violations.empty())
     r.fail(r.topk_violations.front().rule + " row=" + std::to_string(r.topk_violations.front().row) +

@@ -13,6 +13,8 @@
 #include "dsa/contract/checks.h"
 #include "dsa/contract/errors.h"
 
+#include "check_start.h"
+
 namespace dsa::oracle {
 namespace {
 
@@ -89,9 +91,8 @@ std::vector<int64_t> structural_row(const Tensor& idx, int64_t t, int64_t width,
 
 bool structural_header(const Tensor& indices, int64_t s_q, int64_t k,
                        std::vector<TopkViolation>& out) {
-  if (indices.dtype() != DType::I32)
-    out.push_back({"dtype", -1, -1,
-                   std::string("indices dtype ") + dtype_name(indices.dtype()) + ", expected I32"});
+  if (!detail::dtype_meets_contract(indices.dtype(), DType::I32))  // the one message (check_start.h)
+    out.push_back({"dtype", -1, -1, detail::contract_dtype_message("indices", "", indices.dtype(), DType::I32)});
   if (indices.dim() != 2 || indices.size(0) != s_q || indices.size(1) != k) {
     out.push_back({"shape", -1, -1,
                    "indices shape " + shape_str(indices.shape()) + ", expected [" +

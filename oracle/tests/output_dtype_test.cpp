@@ -7,9 +7,11 @@
 // letting it pass with nothing judged.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
 
+#include "dsa/oracle/candidate_backend.h"
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/reference_backend.h"
 
@@ -81,6 +83,71 @@ TEST(OutputDtype, OutInAnother16BitFormatThanQFails) {
   bool noted = false;
   for (const auto& n : b.notes) noted |= n.find("(F16) is not q's dtype nor wider") != std::string::npos;
   EXPECT_TRUE(noted);
+}
+
+// Every output whose dtype the SPEC fixes (check_start.h contract_dtype: §2/§10 scores fp32,
+// §3 indices int32, §4/§10 out in q's dtype, lse and max_logits fp32), on every op that has
+// one, through both routes: the file route (a candidate file's outputs, CandidateBackend and
+// judge_fixture_ops, what `compare` runs) and the backend route (judge_outputs: a Backend
+// through check_op, as a plugin or a Python backend). Each golden's expected outputs AGREE as
+// stored; with the one output in a narrower dtype or another 16-bit format the op fails on
+// both routes with one message naming the output, its dtype, the dtypes expected and the
+// contract. A fresh-user run (fresh10 F3) found sparse_mla_fp8_fwd AGREEING with an F16 out
+// for a bf16 q: its check never applied the rule to out.
+TEST(OutputDtype, EveryContractDtypeFailsAlikeOnFileAndBackendRoutes) {
+  struct Row {
+    const char* golden;
+    Op op;
+    const char* name;
+    DType bad;
+    const char* expected;  // the dtypes accepted, as the message says them
+  };
+  const Row rows[] = {
+      {"idx_causal", Op::IndexerScores, "scores", DType::BF16, "F32 or wider (F64)"},
+      {"fp8_idx_prefix_pow2", Op::Fp8IndexerScores, "scores", DType::F16, "F32 or wider (F64)"},
+      {"paged_idx_mtp2", Op::PagedIndexerScores, "scores", DType::BF16, "F32 or wider (F64)"},
+      {"topk_distinct_causal", Op::Topk, "indices", DType::I64, "I32"},
+      {"topk_distinct_causal", Op::Topk, "indices", DType::F32, "I32"},
+      {"smla_basic", Op::SparseMlaFwd, "out", DType::F16, "BF16 or wider (F32, F64)"},
+      {"smla_basic", Op::SparseMlaFwd, "lse", DType::BF16, "F32 or wider (F64)"},
+      {"smla_basic", Op::SparseMlaFwd, "max_logits", DType::F16, "F32 or wider (F64)"},
+      {"smla_fp32", Op::SparseMlaFwd, "out", DType::BF16, "F32 or wider (F64)"},
+      {"smla_fp8_decode", Op::SparseMlaFp8Fwd, "out", DType::F16, "BF16 or wider (F32, F64)"},
+      {"smla_fp8_decode", Op::SparseMlaFp8Fwd, "lse", DType::BF16, "F32 or wider (F64)"},
+      {"smla_fp8_decode", Op::SparseMlaFp8Fwd, "max_logits", DType::F16, "F32 or wider (F64)"},
+  };
+  auto report_of = [](const std::vector<OpReport>& all, Op op) {
+    for (const auto& r : all)
+      if (r.op == to_string(op)) return r;
+    ADD_FAILURE() << "no report of " << to_string(op);
+    return OpReport{};
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(std::string(row.golden) + " " + row.name + " " + dtype_name(row.bad));
+    const fixtures::Fixture f = golden(row.golden);
+    const OpCase c = op_case_from_fixture(f);
+    std::map<std::string, Tensor> outputs;
+    for (const auto& n : op_output_names(row.op))
+      if (f.expected.count(n)) outputs[n] = f.expected.at(n);
+    ASSERT_TRUE(outputs.count(row.name));
+    CheckOptions opt;
+    opt.check_determinism = false;
+    {  // the stored outputs, in their contract dtypes, agree on both routes
+      CandidateBackend file(outputs, "as stored", {});
+      EXPECT_EQ(report_of(judge_fixture_ops(f, c, file, opt), row.op).verdict, Verdict::Pass);
+      EXPECT_EQ(judge_outputs(row.op, c, outputs, opt, "as stored").verdict, Verdict::Pass);
+    }
+    outputs[row.name] = outputs.at(row.name).to(row.bad);
+    CandidateBackend file(outputs, "bad dtype", {});
+    const OpReport by_file = report_of(judge_fixture_ops(f, c, file, opt), row.op);
+    const OpReport by_backend = judge_outputs(row.op, c, outputs, opt, "bad dtype");
+    const std::string says = std::string(row.name) + ": dtype " + dtype_name(row.bad) + ", expected " +
+                             row.expected + " (contract: the SPEC fixes this output's dtype";
+    EXPECT_EQ(by_file.verdict, Verdict::Fail);
+    EXPECT_EQ(by_backend.verdict, Verdict::Fail);
+    EXPECT_EQ(by_file.reason.rfind(says, 0), 0u) << by_file.reason;
+    EXPECT_EQ(by_file.reason, by_backend.reason);
+  }
 }
 
 // An op none of whose outputs the provided outputs name is judged in full (provided_outputs_for),
