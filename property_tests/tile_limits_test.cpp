@@ -68,8 +68,9 @@ const Catch kCatches[] = {
 // passed kl.many_rows, whose three draws were all dense; 3 of 11 fresh seeds, 2026-12-01),
 // and two fresh seeds, printed on failure. A property meant to reach a fault reaches it on
 // every draw, or on a fixed draw of every run (kl.many_rows, kl.loss_and_gradient_ratio:
-// draw 1 sparse with an id that wraps onto a window key; smla_fp8.production_shapes: draw 0
-// 128 heads, draw 1 slots past 128), so no seed is lucky.
+// draw 1 sparse with an id that wraps onto a window key; smla.topk_length_respected: draw 1,
+// and every draw of >= 2 rows, a negative length over valid ids; smla_fp8.production_shapes:
+// draw 0 128 heads, draw 1 slots past 128), so no seed is lucky.
 const std::vector<uint64_t>& tile_seeds() {
   static const std::vector<uint64_t> seeds = [] {
     std::random_device fresh;

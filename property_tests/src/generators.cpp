@@ -1106,6 +1106,23 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
         ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>(irand(r, lo, hi));
     }
   }
+  // A "topk_length" draw of >= 2 rows, and a run's draw 1, has a negative length: if none was
+  // drawn, the row with the smallest length (no limit row of a many-row draw) gets -1 (and a
+  // valid id in slot 0 if it had none), so a kernel reading lengths as unsigned reads it (fresh-user F11; with one row in
+  // eight drawn negative about 3 smla.topk_length_respected draws in 10 reached it).
+  if (layout == "topk_length" && (s_q >= 2 || draw_index() == 1) &&
+      std::none_of(lengths.begin(), lengths.end(), [](int32_t l) { return l < 0; })) {
+    const std::vector<int64_t> keep = regime == "many_rows" ? limit_rows(s_q) : std::vector<int64_t>{};
+    size_t t = 0;
+    for (size_t i = 0; i < lengths.size(); ++i)
+      if (std::find(keep.begin(), keep.end(), static_cast<int64_t>(i)) == keep.end() &&
+          (std::find(keep.begin(), keep.end(), static_cast<int64_t>(t)) != keep.end() || lengths[i] < lengths[t]))
+        t = i;
+    lengths[t] = -1;
+    bool valid = false;
+    for (int64_t j = 0; j < k && !valid; ++j) valid = ids[t * k + j] >= lo && ids[t * k + j] <= hi;
+    if (!valid) ids[t * k] = static_cast<int32_t>(lo);
+  }
   // Each limit row of a many-row draw holds a valid slot (an id in [lo, hi] before
   // topk_length): an empty row is empty whether the kernel computes it or drops it.
   if (regime == "many_rows")
