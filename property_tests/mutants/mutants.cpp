@@ -777,6 +777,79 @@ class KlNegInfRowNaN final : public Wrap {
   }
 };
 
+// Field fault (fresh-user F17): the KL teacher's logits come out of a 16-bit GEMM: with bf16
+// (or fp16) q/kv the dot q·kv is accumulated exactly but returned in q's dtype, then scaled
+// by sm_scale and softmaxed; the student, loss and d_scores are computed as the reference
+// does, outputs fp32. SPEC §7's source (Megatron-LM) forms fp32 logits from bf16 activations.
+// fp32 q/kv: the reference (an fp32 GEMM rounds nothing that matters here).
+class KlTeacher16BitLogits final : public Wrap {
+ public:
+  KlTeacher16BitLogits() : Wrap("kl_teacher_16bit_logits") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    const DType dt = in.q.dtype();
+    if (dt != DType::BF16 && dt != DType::F16) return ref_->indexer_kl_loss(in);
+    auto round16 = [dt](double v) {
+      return dt == DType::BF16 ? static_cast<double>(bf16_to_float(double_to_bf16(v)))
+                               : static_cast<double>(f16_to_float(double_to_f16(v)));
+    };
+    const int64_t s_q = in.scores.size(0), s_kv = in.scores.size(1), h = in.q.size(1), d = in.q.size(2);
+    std::vector<double> d_scores(static_cast<size_t>(s_q * s_kv), 0.0), kl_rows;
+    std::vector<int64_t> S;
+    std::vector<double> p, logq, P;
+    for (int64_t t = 0; t < s_q; ++t) {
+      // S_t (SPEC §7): window keys (dense) or distinct valid ids in the window (sparse),
+      // without keys whose score is -inf.
+      S.clear();
+      if (in.mode == KlMode::Dense) {
+        for (int64_t s = in.windows.ks[t]; s < in.windows.ke[t]; ++s) S.push_back(s);
+      } else {
+        const int64_t k = in.indices->size(-1);
+        for (int64_t j = 0; j < k; ++j) {
+          const int64_t id = static_cast<int64_t>(in.indices->get(t * k + j));
+          if (id >= 0 && id < s_kv && in.windows.contains(t, id)) S.push_back(id);
+        }
+        std::sort(S.begin(), S.end());
+        S.erase(std::unique(S.begin(), S.end()), S.end());
+      }
+      S.erase(std::remove_if(S.begin(), S.end(), [&](int64_t s) { return in.scores.get(t * s_kv + s) == -INFINITY; }),
+              S.end());
+      const size_t n = S.size();
+      if (n == 0) continue;
+      p.assign(n, 0.0);
+      P.resize(n);
+      for (int64_t hh = 0; hh < h; ++hh) {  // teacher: Σ_h softmax over 16-bit logits
+        double mx = -INFINITY, sum = 0;
+        for (size_t j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int64_t c = 0; c < d; ++c) dot += in.q.get((t * h + hh) * d + c) * in.kv.get(S[j] * d + c);
+          P[j] = in.sm_scale * round16(dot);
+          mx = std::max(mx, P[j]);
+        }
+        for (size_t j = 0; j < n; ++j) sum += (P[j] = std::exp(P[j] - mx));
+        for (size_t j = 0; j < n; ++j) p[j] += P[j] / sum;
+      }
+      double psum = 0, imax = -INFINITY, isum = 0;
+      for (size_t j = 0; j < n; ++j) psum += p[j];
+      for (size_t j = 0; j < n; ++j) imax = std::max(imax, in.scores.get(t * s_kv + S[j]));
+      for (size_t j = 0; j < n; ++j) isum += std::exp(in.scores.get(t * s_kv + S[j]) - imax);
+      logq.resize(n);
+      double kl = 0;
+      for (size_t j = 0; j < n; ++j) {
+        p[j] /= psum;
+        logq[j] = in.scores.get(t * s_kv + S[j]) - imax - std::log(isum);
+        if (p[j] > 0) kl += p[j] * (std::log(p[j]) - logq[j]);
+      }
+      kl_rows.push_back(kl);
+      for (size_t j = 0; j < n; ++j) d_scores[static_cast<size_t>(t * s_kv + S[j])] = std::exp(logq[j]) - p[j];
+    }
+    const double n_rows = static_cast<double>(kl_rows.size()), g = n_rows > 0 ? in.coeff / n_rows : 0.0;
+    double total = 0;
+    for (double kl : kl_rows) total += kl;
+    for (double& v : d_scores) v *= g;
+    return {Tensor::from_f64({1}, {g * total}).to(DType::F32), Tensor::from_f64({s_q, s_kv}, d_scores).to(DType::F32)};
+  }
+};
+
 // ---- recompute (block runner) ------------------------------------------------------------
 
 // Field fault: replay under save_dsa_indexer re-runs top-k instead of using the saved ids.
@@ -1304,6 +1377,8 @@ std::vector<Subject> mutant_subjects() {
       subject_of<KlTeacherHeadsFrom64Ignored>("KL teacher summing the first 64 heads only", "kl.production_shapes"),
       subject_of<KlKeysFrom1024Ignored>("KL loss ignoring keys >= 1024", "kl.production_shapes"),
       subject_of<KlIdsPastSkvWrapped>("sparse KL wrapping ids >= s_kv to id mod s_kv", "kl.loss_and_gradient_ratio"),
+      // Input precision (fresh-user F17): the KL teacher's logits in 16 bits.
+      subject_of<KlTeacher16BitLogits>("KL teacher formed from logits rounded to q's 16-bit dtype (bf16 GEMM output)", "kl."),
       subject_of<Fp8OpsRowsPastTile>("FP8 indexer rows >= 128, paged rows >= 64, FP8 sparse MLA rows >= 128 returned 0", "fp8.indexer_many_rows"),
       subject_of<Fp8OpsKeysPastTile>("FP8 indexer keys >= 128, paged keys >= 192 scored 0, FP8 sparse MLA slots >= 128 ignored", "fp8.indexer_production_shapes"),
       block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),

@@ -1370,7 +1370,27 @@ void condition_bf16_case(SparseMlaInputs& in, Tensor* dout, uint64_t seed) {
   *dout = c.dout;
 }
 
-KlCase draw_kl_case() {
+namespace {
+// SPEC §7's q and kv are the §4 attention inputs: bf16, or fp32 (reference runs). The KL
+// generators fill them in fp32, then round both to `forced`, or to a drawn dtype (fp32 or bf16,
+// one in two), and name it in the description. Drawn last, so a seed still draws the shapes,
+// windows, ids and scores it drew before. A teacher formed from 16-bit logits (fresh-user F17)
+// fails only on 16-bit q/kv. Throws std::invalid_argument naming 'dtype' unless `forced` is
+// BF16, F16 or F32.
+void set_kl_input_dtype(KlCase& c, std::optional<DType> forced) {
+  if (forced && *forced != DType::BF16 && *forced != DType::F16 && *forced != DType::F32)
+    throw std::invalid_argument(std::string("KL generator: argument 'dtype' is ") + dtype_name(*forced) +
+                                ", expected BF16, F16 or F32 (SPEC §7 q/kv)");
+  const DType dt = forced ? *forced : *rc::gen::element(DType::F32, DType::BF16);
+  if (dt != DType::F32) {
+    c.in.q = c.in.q.to(dt);
+    c.in.kv = c.in.kv.to(dt);
+  }
+  c.desc += std::string(" q/kv=") + dtype_name(dt);
+}
+}  // namespace
+
+KlCase draw_kl_case(std::optional<DType> dtype) {
   KlCase c;
   // One case in four is long (issue 9): causal or MTP windows over 256 or 1024 keys. A run's
   // draw 1 is long, MTP (every row sees >= 2 keys) and sparse with k >= 2, so it holds an id
@@ -1413,6 +1433,7 @@ KlCase draw_kl_case() {
   }
   c.desc = "kl s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " h_q=" +
            std::to_string(h) + " mode=" + to_string(c.in.mode) + " windows=" + wk;
+  set_kl_input_dtype(c, dtype);
   log_case(c.desc);
   return c;
 }
@@ -1463,7 +1484,7 @@ IndexerCase draw_indexer_production_case() {
   return c;
 }
 
-KlCase draw_kl_many_rows_case() {
+KlCase draw_kl_many_rows_case(std::optional<DType> dtype) {
   KlCase c;
   const int64_t s_q = draw_many_rows();
   const int64_t s_kv = draw_of<int64_t>({2, 3, 5, 8, 13, 64, 65}), h = draw_in(2, 4);
@@ -1512,11 +1533,12 @@ KlCase draw_kl_many_rows_case() {
   c.desc = "kl many rows s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " h_q=" +
            std::to_string(h) + " d=" + std::to_string(d) + " mode=" + to_string(c.in.mode) +
            (k ? " k=" + std::to_string(k) : "") + " windows=" + (per_row ? "per_row" : "full");
+  set_kl_input_dtype(c, dtype);
   log_case(c.desc);
   return c;
 }
 
-KlCase draw_kl_production_case() {
+KlCase draw_kl_production_case(std::optional<DType> dtype) {
   KlCase c;
   const int level = generation_level();
   const bool first = draw_index() == 0;
@@ -1547,6 +1569,7 @@ KlCase draw_kl_production_case() {
   c.desc = "kl production s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " h_q=" +
            std::to_string(h) + " d=" + std::to_string(d) + " mode=" + to_string(c.in.mode) +
            (c.in.mode == KlMode::Sparse ? " k=" + std::to_string(k) : "") + " windows=" + wk;
+  set_kl_input_dtype(c, dtype);
   log_case(c.desc);
   return c;
 }

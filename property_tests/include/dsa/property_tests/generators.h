@@ -237,22 +237,27 @@ void condition_bf16_case(SparseMlaInputs& in, Tensor* dout, uint64_t seed);
 /// 256-1024 keys, or MTP next_n 1-4 with start positions > 0. Sparse ids: three slots in four
 /// a key in [0, s_kv), the others -1, -5, INT32_MIN, s_kv, s_kv + a key, INT32_MAX (invalid,
 /// SPEC §4/§7: not in S_t; finding F14).
+/// q and kv of every KL generator: uniform(-1, 1) in `dtype` when given (BF16, F16 or F32),
+/// else in fp32 or bf16, one draw in two (SPEC §7: the §4 attention inputs; fresh-user F17: a
+/// teacher formed from bf16 logits passed fp32-only draws). The dtype is the generator's last
+/// draw and is named in `desc` (" q/kv=BF16"). Throws std::invalid_argument naming 'dtype'
+/// for another dtype. The outputs are judged at their own fp32 class (SPEC §7/§9).
 struct KlCase {
   IndexerKlInputs in;
   std::string desc;
 };
-KlCase draw_kl_case();
+KlCase draw_kl_case(std::optional<DType> dtype = std::nullopt);
 /// Many query rows (prefill KL; fresh-user finding F7: a KL kernel leaving d_scores rows past
 /// 128 at 0 passed): s_q as draw_many_row_count over s_kv 2-65 keys, h_q 2-4, d 4-16; full
 /// windows or per-row windows of >= 2 keys; dense or sparse (k 2..s_kv+2, ids as draw_kl_case);
 /// each limit row selects two keys of its window.
-KlCase draw_kl_many_rows_case();
+KlCase draw_kl_many_rows_case(std::optional<DType> dtype = std::nullopt);
 /// Production KL shapes (fresh-user finding F8: a teacher ignoring heads past 64 and a kernel
 /// ignoring keys past 1024 passed): h_q 128 (levels >= 1 also 64; the first draw 128), s_q 1-2
 /// over s_kv 1025, 1100 or 2049 keys (levels >= 1: 2049, 4097; the first draw 2049), d 32 or
 /// 64; windows full, a prefix or MTP; dense, or sparse with k = min(2048, s_kv) distinct ids
 /// per row and one slot in eight any KL id (invalid ones included).
-KlCase draw_kl_production_case();
+KlCase draw_kl_production_case(std::optional<DType> dtype = std::nullopt);
 
 /// DSA block case (SPEC §8): small indexer + attention inputs, causal windows, policy small;
 /// a sink (±inf, ±80, 0.5, -1.5 per head) on half the draws; q rows conditioned so no bf16 out
