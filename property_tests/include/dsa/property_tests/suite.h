@@ -35,8 +35,10 @@ struct Property {
   int min_level = 0;             ///< below this DSA_TEST_LEVEL the property is a skip (cost)
   /// A draw feature (draw_feature_keys()) the property is about, e.g. "k_boundary_ties" for
   /// topk.ties_resolved_bitwise: a run that judged no draw with it is a skip saying so, never a
-  /// pass (fresh-user F4). Empty: none.
-  std::string needs;
+  /// pass (fresh-user F4). Empty: none. Value-initialised (`{}`), so an aggregate initialiser
+  /// that stops before it ({name, ops, cost, body}) leaves no member without an initialiser
+  /// (-Wmissing-field-initializers).
+  std::string needs{};
 };
 
 /// The draw feature keys (note_draw_feature) in a fixed order, mandatory ones first.
