@@ -17,8 +17,9 @@ std::optional<DType> kl_dtype() {
   return draw_index() == 0 ? std::optional<DType>(DType::BF16) : std::nullopt;
 }
 
-void loss_and_gradient_ratio(oracle::Backend& b, const oracle::BlockFactory&) {
-  const KlCase c = draw_kl_case(kl_dtype());
+// Judges a drawn KL case by the ratio rule (SPEC §7/§9), dumping it when it fails; q and kv
+// must not be all zero (a trivial teacher).
+void judge_kl(oracle::Backend& b, const KlCase& c) {
   DumpOnFailure dump([&] { return to_fixture(c); });
   RC_ASSERT(!all_zero(c.in.q));
   RC_ASSERT(!all_zero(c.in.kv));
@@ -26,6 +27,8 @@ void loss_and_gradient_ratio(oracle::Backend& b, const oracle::BlockFactory&) {
   oc.kl = c.in;
   DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_kl_loss(b, oc));
 }
+
+void loss_and_gradient_ratio(oracle::Backend& b, const oracle::BlockFactory&) { judge_kl(b, draw_kl_case(kl_dtype())); }
 
 // SPEC §7: a key whose indexer score is -inf is not in S_t. One drawn row gets -inf on every
 // key (an empty S_t: out of the mean, d_scores 0); the other rows lose a drawn share of their
@@ -63,15 +66,6 @@ void neg_inf_scores(oracle::Backend& b, const oracle::BlockFactory&) {
               "] is " + std::to_string(g) + " for score " + std::to_string(score) +
               ", expected finite and 0 where the score is -inf (not in S_t)");
   }
-  oracle::OpCase oc;
-  oc.kl = c.in;
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_kl_loss(b, oc));
-}
-
-void judge_kl(oracle::Backend& b, const KlCase& c) {
-  DumpOnFailure dump([&] { return to_fixture(c); });
-  RC_ASSERT(!all_zero(c.in.q));
-  RC_ASSERT(!all_zero(c.in.kv));
   oracle::OpCase oc;
   oc.kl = c.in;
   DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_kl_loss(b, oc));

@@ -52,13 +52,10 @@ const RecomputePolicy kPolicies[] = {RecomputePolicy::None, RecomputePolicy::Ful
 
 // ---------------------------------------------------------------- measured figures
 using detection::push;
+using detection::record;
 using detection::Stat;
+using detection::stats;
 
-detection::StatTable& stats() {
-  static detection::StatTable s;
-  return s;
-}
-void record(const std::string& key, const OpReport& r) { detection::record_into(stats(), key, r); }
 void print_stats() {
   for (const auto& [k, s] : stats())
     std::printf("block detection: %-48s rows %6lld weak %5lld  max bound/rowscale (non-weak) %.3g  "

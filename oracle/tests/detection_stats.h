@@ -35,6 +35,19 @@ inline void record_into(StatTable& table, const std::string& key, const OpReport
   }
 }
 
+// The figures of the including test file: an unnamed namespace, so detection_test.cpp and
+// block_detection_test.cpp (one executable) each keep their own table, printed and cleared by
+// that file alone.
+namespace {
+/// This file's table (function-local: built on first use, lives to the process's end).
+inline StatTable& stats() {
+  static StatTable table;
+  return table;
+}
+/// record_into(stats(), key, r).
+inline void record(const std::string& key, const OpReport& r) { record_into(stats(), key, r); }
+}  // namespace
+
 /// Moves `t` at flat i outward by at least |amount| from `ref` (rounded away from the
 /// reference, so the error after rounding to t's dtype is >= |amount|).
 inline void push(Tensor& t, int64_t i, double ref, double amount) {

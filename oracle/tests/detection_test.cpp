@@ -51,13 +51,9 @@ namespace {
 
 // ---------------------------------------------------------------- measured figures
 using detection::push;
+using detection::record;
 using detection::Stat;
-
-detection::StatTable& stats() {
-  static detection::StatTable s;
-  return s;
-}
-void record(const std::string& key, const OpReport& r) { detection::record_into(stats(), key, r); }
+using detection::stats;
 
 // ---------------------------------------------------------------- mixed case generator
 struct MixedCase {

@@ -62,6 +62,18 @@ void log_case(const std::string& desc) { RC_LOG() << "case: " << desc << "\n"; }
 double uni(Rng& r, double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(r); }
 int64_t irand(Rng& r, int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(r); }
 
+// Windows of s_q rows over s_kv >= min_keys keys, each row its own window of >= min_keys keys:
+// ks[t] uniform in [0, s_kv - min_keys], then ke[t] in [ks[t] + min_keys, s_kv] (row by row,
+// ks before ke: the many-row generators' draws).
+KeyWindows per_row_windows(int64_t s_q, int64_t s_kv, int64_t min_keys, Rng& r) {
+  std::vector<int64_t> ks, ke;
+  for (int64_t t = 0; t < s_q; ++t) {
+    ks.push_back(irand(r, 0, s_kv - min_keys));
+    ke.push_back(irand(r, ks.back() + min_keys, s_kv));
+  }
+  return KeyWindows::explicit_windows(ks, ke, s_kv);
+}
+
 // A negative topk_length (SPEC §4: slot j is valid only if j < topk_length, so none is): -1,
 // -5 or INT32_MIN (read as unsigned: 2^31, every slot "valid").
 int64_t negative_topk_length(Rng& r) {
@@ -977,16 +989,7 @@ IndexerCase draw_indexer_many_rows_case(std::optional<Tier> tier) {
   const int64_t h = draw_in(1, 2), d = draw_of<int64_t>({4, 8, 16});
   const bool per_row = draw_bool();
   Rng r = draw_rng();
-  if (per_row) {  // per-row windows of >= 1 key
-    std::vector<int64_t> ks, ke;
-    for (int64_t t = 0; t < s_q; ++t) {
-      ks.push_back(irand(r, 0, s_kv - 1));
-      ke.push_back(irand(r, ks.back() + 1, s_kv));
-    }
-    c.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
-  } else {
-    c.windows = KeyWindows::full(s_q, s_kv);
-  }
+  c.windows = per_row ? per_row_windows(s_q, s_kv, 1, r) : KeyWindows::full(s_q, s_kv);
   const bool exact = c.tier == Tier::Exact;
   c.q_idx = fill(DType::BF16, {s_q, h, d}, c.tier, exact ? 3 : 1, r);
   c.k_idx = fill(DType::BF16, {s_kv, d}, c.tier, exact ? 3 : 1, r);
@@ -1497,16 +1500,7 @@ KlCase draw_kl_many_rows_case(std::optional<DType> dtype) {
   c.in.mode = draw_index() == 1 ? KlMode::Sparse : draw_index() == 2 || dense ? KlMode::Dense : KlMode::Sparse;
   const int64_t k = c.in.mode == KlMode::Sparse ? draw_in(2, s_kv + 2) : 0;
   Rng r = draw_rng();
-  if (per_row) {  // per-row windows of >= 2 keys
-    std::vector<int64_t> ks, ke;
-    for (int64_t t = 0; t < s_q; ++t) {
-      ks.push_back(irand(r, 0, s_kv - 2));
-      ke.push_back(irand(r, ks.back() + 2, s_kv));
-    }
-    c.in.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
-  } else {
-    c.in.windows = KeyWindows::full(s_q, s_kv);
-  }
+  c.in.windows = per_row ? per_row_windows(s_q, s_kv, 2, r) : KeyWindows::full(s_q, s_kv);
   c.in.q = fill(DType::F32, {s_q, h, d}, Tier::Random, 1, r);
   c.in.kv = fill(DType::F32, {s_kv, d}, Tier::Random, 1, r);
   c.in.sm_scale = 1.0 / std::sqrt(static_cast<double>(d));
