@@ -161,6 +161,34 @@ inline bool contract_dtype_violated(OpReport& r, Op op, const std::string& name,
   return fixed && narrower_than_contract(r, name, label, cand, *fixed);
 }
 
+/// The note a failing sparse MLA forward `out` (`label`: its run, e.g. "[NaN unread tokens]")
+/// gets when it is wider than a 16-bit q (an fp32 accumulator returned as out): SPEC §9 runs
+/// the baseline at the candidate's precision, read from out's dtype, so an fp32 out is judged
+/// at the fp32 class; a kernel whose working precision is 16-bit (P rounded to bf16 before
+/// P·V, FlashMLA's scheme) fails it by orders of magnitude although the same values rounded to
+/// q's dtype (SPEC §4) agree (fresh-user finding F2). A hint only: it never changes the
+/// verdict. Adds the note once, when r holds a failed check of "out" + label, `out` is wider
+/// than `q` and `q` is BF16 or F16; otherwise does nothing. Throws nothing.
+inline void wider_out_hint(OpReport& r, const std::string& label, const Tensor& out, DType q) {
+  if (!out.defined() || (q != DType::BF16 && q != DType::F16) ||
+      precision_rank(out.dtype()) <= precision_rank(q))
+    return;
+  bool failed = false;
+  for (const auto& t : r.tensors) failed |= t.name == "out" + label && !t.passed;
+  if (!failed) return;
+  const std::string od = dtype_name(out.dtype()), qd = dtype_name(q);
+  const std::string note =
+      "out is " + od + ", wider than q (" + qd + "), so it is judged at the " + od +
+      " class: the class follows out's dtype (an " + od + " out claims " + od +
+      " accuracy, SPEC §9). A kernel whose working precision is 16-bit (e.g. P rounded to " + qd +
+      " before P·V, FlashMLA-style) should return out in q's dtype (" + qd +
+      ", SPEC §4), its accumulator rounded once; the backward is judged at out's class too "
+      "(docs/what-a-pass-means.md, 'The table'). A hint only: the verdict stands";
+  for (const auto& n : r.notes)
+    if (n == note) return;
+  r.notes.push_back(note);
+}
+
 /// When opt.provided_outputs names none of the outputs of the op whose tolerance row is `row`
 /// (e.g. `--outputs indices` for sparse MLA), that op has nothing to judge: returns the skip
 /// reason (naming the op's outputs and the provided ones), else "". Without this the op would

@@ -454,6 +454,7 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
                            pick(cand, name), pick(ref, name),
                            pick(base, name), floors.at(name));
     }
+    detail::wider_out_hint(r, run.label, cand.out, c.mla_fp8.q.dtype());
     first = false;
   }
   r.notes.push_back("tokens no valid slot reads poisoned with NaN bytes and scales (SPEC §10)");

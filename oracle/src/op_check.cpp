@@ -376,6 +376,7 @@ OpReport check_sparse_mla_forward(Backend& b, const OpCase& c, const CheckOption
   judge(r, opt, op, c.mla.q.dtype(), "lse", cand.lse, ref.lse, base.lse, floors);
   judge(r, opt, op, c.mla.q.dtype(), "max_logits", cand.max_logits, ref.max_logits, base.max_logits,
         floors);
+  detail::wider_out_hint(r, "", cand.out, c.mla.q.dtype());
   return detail::settle_judged_nothing(std::move(r), opt, op);
 }
 
