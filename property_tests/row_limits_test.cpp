@@ -75,6 +75,27 @@ TEST(RowLimits, ReferencePassesOnEverySeed) {
     }
 }
 
+// Each many-row property judges one op in one direction: a fault of the backward alone passes
+// the forward's many-row property and fails the backward's, so it is reported under the
+// property of the direction it breaks (before, indexer.many_rows and smla.many_rows judged
+// the backward too when the backend had one, and these mutants failed them).
+TEST(RowLimits, BackwardFaultsFailOnlyTheBackwardManyRowProperty) {
+  const struct {
+    const char* mutant;
+    const char* forward;
+    const char* backward;
+  } cases[] = {{"smla_bwd_rows_from_128_dropped", "smla.many_rows", "smla.backward_many_rows"},
+               {"indexer_bwd_rows_from_128_dropped", "indexer.many_rows", "indexer.backward_many_rows"}};
+  for (const auto& c : cases)
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      const PropertyResult f = run_property(mutant_named(c.mutant), property_named(c.forward), level0(seed));
+      EXPECT_EQ(f.verdict, oracle::Verdict::Pass) << c.mutant << " failed " << c.forward << " at seed " << seed
+                                                  << ": " << f.message.substr(0, 300);
+      const PropertyResult b = run_property(mutant_named(c.mutant), property_named(c.backward), level0(seed));
+      EXPECT_EQ(b.verdict, oracle::Verdict::Fail) << c.mutant << " passed " << c.backward << " at seed " << seed;
+    }
+}
+
 // A kernel that declines more than 1024 rows (NotSupported, as a plugin's
 // DSA_STATUS_UNSUPPORTED) declines the first draw and is judged on the others: a pass that
 // says what was declined, not a skip.
@@ -216,13 +237,14 @@ class RecordingReference final : public oracle::Backend {
   std::unique_ptr<oracle::Backend> ref_ = oracle::make_reference_backend();
 };
 
-// The draws of topk.many_rows, indexer.many_rows (exact tier with a backward, either tier
-// without) and smla.many_rows (forward, and backward) at level 0 on seeds 1-10: every call
-// the properties make shows something to judge at rows 128, 256, 512, 1024 and the last.
+// The draws of topk.many_rows, indexer.many_rows (either tier), smla.many_rows (the forward
+// each), indexer.backward_many_rows (exact tier) and smla.backward_many_rows (the backward) at
+// level 0 on seeds 1-10: every call the properties make shows something to judge at rows 128,
+// 256, 512, 1024 and the last.
 TEST(RowLimits, EveryLimitRowHasSomethingToJudgeInThePropertiesDraws) {
   for (const bool backward : {false, true})
-    for (const char* name : {"topk.many_rows", "indexer.many_rows", "smla.many_rows"}) {
-      if (backward && std::string(name) == "topk.many_rows") continue;
+    for (const char* name : backward ? std::vector<const char*>{"indexer.backward_many_rows", "smla.backward_many_rows"}
+                                     : std::vector<const char*>{"topk.many_rows", "indexer.many_rows", "smla.many_rows"}) {
       std::vector<std::string> dead;
       int calls = 0;
       Subject s;
