@@ -31,7 +31,8 @@ namespace dsa::cli {
 namespace {
 
 // How a reproduction command names what was audited (--plugin PATH or --backend NAME) and
-// how it was judged (--outputs, --allow-weak), so that the repro judges the same way.
+// how it was judged (--outputs, --allow-weak, --sink-after-rounding), so that the repro judges
+// the same way.
 std::string target_flag(const AuditOptions& o, const std::string& backend) {
   std::string s = o.plugin.empty() ? "--backend " + backend : "--plugin " + o.plugin;
   if (o.judge.outputs) {
@@ -40,6 +41,7 @@ std::string target_flag(const AuditOptions& o, const std::string& backend) {
     s += " --outputs " + list;
   }
   if (o.judge.allow_weak) s += " --allow-weak";
+  if (o.judge.sink_after_rounding) s += " --sink-after-rounding";
   return s;
 }
 

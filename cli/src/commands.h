@@ -40,6 +40,9 @@ struct JudgeOptions {
   /// missing one is INCOMPLETE (exit 1).
   std::optional<std::vector<std::string>> outputs;
   bool allow_weak = false;  ///< --allow-weak: a WEAK output does not fail
+  /// --sink-after-rounding: the kernel rounds sparse MLA's out to 16 bits before applying
+  /// attn_sink (oracle::CheckOptions::sink_after_rounding)
+  bool sink_after_rounding = false;
   std::string json_path;    ///< --json: per-output verdicts and bounds as JSON
   /// --unsupported (fixtures check; the audit passes its own): SPEC-mandatory features the
   /// kernel leaves out; a fixture case it declines that holds only these is a skip, not

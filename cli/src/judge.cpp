@@ -94,6 +94,7 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route) {
   oracle::CheckOptions o;
   o.check_determinism = !file_route;
   o.allow_weak = j.allow_weak;
+  o.sink_after_rounding = j.sink_after_rounding;
   if (j.outputs) o.provided_outputs.emplace(j.outputs->begin(), j.outputs->end());
   o.unsupported = j.unsupported;
   return o;
@@ -200,8 +201,10 @@ nlohmann::json reports_json(const std::vector<oracle::OpReport>& reports) {
                               {"max_abs", num(t.metrics.max_abs)},
                               {"bound", num(t.max_bound)},  // candidate-independent
                               {"baseline_err", num(t.baseline_err)},
-                              {"floor", num(t.largest.floor_acc + t.largest.floor_underflow + t.largest.floor_round)},
+                              {"floor", num(t.largest.floor_acc + t.largest.floor_underflow + t.largest.floor_round +
+                                            t.largest.floor_presink)},
                               {"floor_source", t.floor_source},
+                              {"sink_after_rounding", t.sink_after_rounding},
                               {"err_over_bound", num(t.worst)},
                               {"weak_rows", t.weak_rows},
                               {"ratio", num(t.ratio)},

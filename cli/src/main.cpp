@@ -18,6 +18,11 @@
 static const char* const kOutputsRule =
     "each name must be an output of a selected op (else a usage error); an op's outputs not named are "
     "not judged (partial); an op none of whose outputs is named is judged in full";
+// --sink-after-rounding on every judging route (oracle::CheckOptions::sink_after_rounding).
+static const char* const kSinkAfterRoundingHelp =
+    "The kernel rounds sparse MLA's out to its 16-bit dtype before applying attn_sink "
+    "(out = bf16(bf16(o) * r), r = exp(lse)/(exp(lse)+exp(sink))): out's bound on sink rows adds "
+    "that first rounding, r x half-ulp(out / r), and WEAK rows follow that bound (SPEC §4, §9)";
 
 int main(int argc, char** argv) {
   using namespace dsa::cli;
@@ -74,6 +79,7 @@ int main(int argc, char** argv) {
       ;
   audit_cmd->add_flag("--allow-weak", audit.judge.allow_weak,
       "Accept WEAK outputs (whose bound exceeds their detection threshold) instead of failing");
+  audit_cmd->add_flag("--sink-after-rounding", audit.judge.sink_after_rounding, kSinkAfterRoundingHelp);
   audit_cmd->add_option("--jobs,-j", jobs, jobs_help)->check(integer_in("--jobs", 1, kMaxJobs, "a number of threads"));
 
   auto* fixtures_cmd = app.add_subcommand("fixtures", "Generate or check golden fixtures");
@@ -95,6 +101,7 @@ int main(int argc, char** argv) {
       "only candidate besides the producer, with --backend one more")->check(CLI::ExistingFile);
   check->add_flag("-v,--verbose", verbose, "Print every tensor table, not only failures");
   check->add_flag("--allow-weak", check_judge.allow_weak, "Accept WEAK outputs instead of failing");
+  check->add_flag("--sink-after-rounding", check_judge.sink_after_rounding, kSinkAfterRoundingHelp);
   check->add_option("--json", check_judge.json_path, "Write per-file, per-output verdicts and bounds as JSON");
   check->add_option("--unsupported", check_judge.unsupported,
       "SPEC-mandatory features the kernel leaves out (comma-separated feature keys, as audit "
@@ -119,6 +126,7 @@ int main(int argc, char** argv) {
       std::string("Outputs the kernel provides (comma-separated, e.g. out,lse); ") + kOutputsRule +
       " (default: every output of the op is judged, a missing one is INCOMPLETE)");
   compare->add_flag("--allow-weak", compare_judge.allow_weak, "Accept WEAK outputs instead of failing");
+  compare->add_flag("--sink-after-rounding", compare_judge.sink_after_rounding, kSinkAfterRoundingHelp);
   compare->add_option("--json", compare_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
   std::string replay_fixture, replay_backend = "reference", replay_plugin, replay_candidate;
@@ -141,6 +149,7 @@ int main(int argc, char** argv) {
       "With --candidate: how the file represents its outputs (" + dsa::fixtures::convention_names() + ")")
       ;
   replay->add_flag("--allow-weak", replay_judge.allow_weak, "Accept WEAK outputs instead of failing");
+  replay->add_flag("--sink-after-rounding", replay_judge.sink_after_rounding, kSinkAfterRoundingHelp);
   replay->add_option("--json", replay_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
   auto* list = app.add_subcommand("backends", "List the registered backends");

@@ -653,6 +653,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
                         "u(sqrt(Σ_j (p_j|v_jc-out_c|(e_j+c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|), "
                         "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
   fo.underflow_source = "p_j < 2^-120 × |v_jc|, p_j v_jc, n + 1 adds if a term is tiny";
+  if (in.attn_sink) fo.sink_rescale.assign(static_cast<size_t>(s_q * h_q), 0.0);
   const std::string fo_source_b = fo.source;
   if (un > 0)
     fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 3 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
@@ -953,6 +954,10 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           if (fb) fo_nb[e] = 0.0 * std::min(zsv[hc], 2 * std::sqrt(zv[hc]));
           fo.terms[e] = wv[hc];
         }
+        if (!fo.sink_rescale.empty())
+          // r = exp(lse - L), not 1 - p_sink: a sink far above lse leaves p_sink = 1 - r with
+          // r below double's epsilon (1 - p_sink would cancel to 0)
+          fo.sink_rescale[static_cast<size_t>(row)] = st.sink_finite && n > 0 ? std::exp(st.lse - st.L) : 0.0;
         // lse and max_logits
         double x2 = 0, emax = 0, tmax = 0;
         for (size_t j = 0; j < n; ++j) {

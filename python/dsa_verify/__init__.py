@@ -96,7 +96,7 @@ def _host_capsule(name, t):
     return _dlpack.to_dlpack(t.detach().cpu())
 
 
-def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=False):
+def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=False, sink_after_rounding=False):
     """`dsa-verify compare` without files: judges a kernel's outputs on a golden fixture.
 
     golden: path of a fixture (or a Fixture). outputs: {name: torch tensor} under the SPEC
@@ -106,6 +106,8 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     topk_width_min_k_s_kv) converting a representation, never loosening a check.
     provided_outputs: the output names the kernel provides (--outputs): the others are "not
     judged"; without it a missing output is INCOMPLETE (SPEC §9). allow_weak: --allow-weak.
+    sink_after_rounding: --sink-after-rounding (the kernel rounds out to 16 bits before
+    applying attn_sink; out's bound on sink rows adds that first rounding).
     The judgement is the candidate-file route's (oracle::CandidateBackend, check_op).
     Raises ValueError for an unknown output or convention name, when no output of the
     fixture's op is given, or when nothing was judged ("compare: judged nothing: ...": an
@@ -119,7 +121,8 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     caps = {n: _host_capsule(n, t) for n, t in outputs.items()}
     try:
         r = _core.compare_outputs(path, caps, list(conventions),
-                                  None if provided_outputs is None else list(provided_outputs), allow_weak)
+                                  None if provided_outputs is None else list(provided_outputs), allow_weak,
+                                  bool(sink_after_rounding))
     except RuntimeError as e:
         raise ValueError(str(e)) from e
     if r["verdict"] == "skip":

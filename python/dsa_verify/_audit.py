@@ -178,6 +178,16 @@ def provided_outputs(bridge):
     return list(dict.fromkeys(names))
 
 
+def sink_after_rounding_of(backend):
+    """The backend's `sink_after_rounding` attribute (default False): True declares that its
+    sparse MLA rounds out to 16 bits before applying attn_sink (the CLI's
+    --sink-after-rounding). Raises ValueError for a value that is not a bool."""
+    v = getattr(backend, "sink_after_rounding", False)
+    if not isinstance(v, bool):
+        raise ValueError(f"backend attribute 'sink_after_rounding' is {v!r}, expected True or False")
+    return v
+
+
 def _options(spec, ops, only, level, seed, dump_dir, fixtures, device):
     # A uint64, as `dsa-verify audit --seed`: a negative or larger value is an error, not a wrap.
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
@@ -316,7 +326,7 @@ def _payload(backend):
 
 def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=None, only=None,
           fixtures=True, isolate=False, timeout=DEFAULT_TIMEOUT_S, dump_dir="dsa-verify-failures",
-          fail_fast=False, progress=True, allow_weak=False, unsupported=None):
+          fail_fast=False, progress=True, allow_weak=False, unsupported=None, sink_after_rounding=False):
     """Audits a Python backend with the full suite of `dsa-verify audit`.
 
     backend: an object with methods named after the ops (indexer_scores,
@@ -337,7 +347,9 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
       computed so far are written and the process exits with status 1 without waiting for the
       stuck call, which cannot be killed in-process);
       dump_dir: where failing property cases are dumped as fixtures; allow_weak: a WEAK
-      output (a bound too wide to detect a fault, SPEC §9) does not fail (--allow-weak).
+      output (a bound too wide to detect a fault, SPEC §9) does not fail (--allow-weak);
+      sink_after_rounding: the kernel rounds sparse MLA's out to 16 bits before applying
+      attn_sink (--sink-after-rounding; also a backend attribute of that name).
       The backend's `outputs` attribute is the CLI's --outputs: outputs it does not return
       are "not judged" instead of INCOMPLETE. unsupported: what the kernel leaves out
       (--unsupported: feature keys such as invalid_ids, empty_rows, duplicate_ids, or property
@@ -359,6 +371,7 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
     options = _options(spec, ops, only, level, seed, dump_dir, fixtures, device)
     options["provided_outputs"] = provided_outputs(bridge)
     options["allow_weak"] = bool(allow_weak)
+    options["sink_after_rounding"] = bool(sink_after_rounding) or sink_after_rounding_of(obj)
     options["unsupported"] = list(unsupported or [])
     if not isolate:
         # Every call of the backend in this process is watched: one still running at `timeout`

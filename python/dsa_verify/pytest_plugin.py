@@ -43,6 +43,8 @@ def pytest_addoption(parser):
     g.addoption("--dsa-dump-dir", default="dsa-verify-failures", help="where failing cases are dumped")
     g.addoption("--dsa-no-fixtures", action="store_true", help="properties only")
     g.addoption("--dsa-allow-weak", action="store_true", help="a WEAK output does not fail (SPEC §9)")
+    g.addoption("--dsa-sink-after-rounding", action="store_true",
+                help="the kernel rounds out to 16 bits before applying attn_sink (the CLI's --sink-after-rounding)")
     g.addoption("--dsa-unsupported", default="",
                 help="what the kernel leaves out (comma-separated feature keys such as invalid_ids, empty_rows, "
                      "duplicate_ids, or property names): declining them is not INCOMPLETE (the CLI's --unsupported)")
@@ -67,6 +69,8 @@ class _State:
                                        not opt("--dsa-no-fixtures"), self.device)
         self.options["provided_outputs"] = _audit.provided_outputs(self.bridge)
         self.options["allow_weak"] = bool(opt("--dsa-allow-weak"))
+        self.options["sink_after_rounding"] = (bool(opt("--dsa-sink-after-rounding")) or
+                                               _audit.sink_after_rounding_of(self.bridge.backend))
         self.options["unsupported"] = split(opt("--dsa-unsupported"))
         self.tasks = _core.list_tasks(self.bridge, self.options)
         # A fixture directory that holds no fixture (neither holding any: a usage error above).

@@ -333,6 +333,25 @@ class Bf16OwnRounding(TorchBackend):
         return grads + ((-(p_sink * delta).sum(dim=0)).float().contiguous(),)
 
 
+class SinkAfterRounding(Bf16OwnRounding):
+    """A correct sparse MLA kernel that rounds out to bf16 before applying attn_sink, as its own
+    step: out = bf16(fp32(bf16(o) * r)), r = exp(lse) / (exp(lse) + exp(sink)) (SPEC §4's
+    `out *=`), so it rounds twice. Its backward takes Delta from that out (Bf16OwnRounding's).
+    Declares it with the attribute below (the CLI's --sink-after-rounding)."""
+    name = "sink-after-rounding"
+    sink_after_rounding = True
+
+    def sparse_mla_fwd(self, q, kv, indices, sm_scale, d_v, topk_length=None, attn_sink=None):
+        o, lse, max_logits = _sparse_mla(q.double(), kv.double(), indices, sm_scale, d_v, topk_length, None)
+        o16 = o.to(torch.bfloat16)
+        if attn_sink is None:
+            return o16.contiguous(), lse.float(), max_logits.float()
+        sink = attn_sink.double()[None, :].expand_as(lse)
+        r = torch.where(torch.isfinite(lse), torch.exp(lse - torch.logaddexp(lse, sink)), torch.ones_like(lse))
+        out = (o16.float() * r.float()[..., None]).to(torch.bfloat16)  # fp32 product, then bf16
+        return out.contiguous(), lse.float(), max_logits.float()
+
+
 class DsinkOnly(TorchBackend):
     """Declares only dsink of the backward and returns zeros as dq and dkv (never judged): on a
     case without attn_sink it provides nothing the case defines."""

@@ -286,3 +286,29 @@ def test_an_input_error_is_reported_once_before_any_backend_runs_on_every_route(
     assert len(cases) == 1 and cases[0]["input_error"] and cases[0]["status"] == "fail", cases
     assert want in cases[0]["message"], cases
     assert kernel.calls == []
+
+
+def test_sink_after_rounding_is_declared_and_judged_alike_on_every_route():
+    """A kernel that rounds out to bf16 before applying the sink rounds twice: undeclared it
+    fails on sink rows and the report names --sink-after-rounding; declared (argument, or the
+    backend's attribute) compare and replay judge it alike and it agrees (WEAK rows allowed:
+    its own error reaches one bf16 ulp there; docs/what-a-pass-means.md, Limits)."""
+    import backends
+    path = golden("smla_sink")
+    fx = dsa_verify.load_fixture(path)
+    b = backends.SinkAfterRounding()
+    out, lse, max_logits = b.sparse_mla_fwd(**fx.kwargs("sparse_mla_fwd"))
+    dq, dkv, dsink = b.sparse_mla_bwd(**fx.kwargs("sparse_mla_bwd"), out=out, lse=lse)
+    outputs = {"out": out, "lse": lse, "max_logits": max_logits, "dq": dq, "dkv": dkv, "dsink": dsink}
+    plain = dsa_verify.compare(path, outputs)
+    assert not plain.passed, plain.report
+    assert "--sink-after-rounding" in plain.report, plain.report
+    declared = dsa_verify.compare(path, outputs, sink_after_rounding=True, allow_weak=True)
+    assert declared.passed, declared.report
+    strict = dsa_verify.compare(path, outputs, sink_after_rounding=True)
+    fwd = next(o for o in strict.ops if o["op"] == "sparse_mla_fwd")
+    assert fwd["verdict"] == "WEAK", fwd
+    replayed = dsa_verify._core.replay_fixture(dsa_verify.Bridge(b), path, None, True, True)
+    assert replayed["exit"] == 0, replayed["report"]
+    for c, r in zip(declared.ops, replayed["ops"]):
+        assert (c["op"], c["verdict"], c["worst_ratio"]) == (r["op"], r["verdict"], r["worst_ratio"])

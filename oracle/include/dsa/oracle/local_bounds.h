@@ -58,6 +58,13 @@ struct OutputFloor {
   /// over the row through the logits, not by each element's own scale, so a 16-bit
   /// candidate keeps ρ·E_row (judge_tensor). False: the baseline's error is fp32 arithmetic.
   bool e_row_inherited16 = false;
+  /// Sparse MLA `out` with attn_sink: per row (t, h), the sink factor r = exp(lse) /
+  /// (exp(lse) + exp(sink[h])) = 1 - p_sink of a row with a finite sink and a valid key, else 0
+  /// (SPEC §4). A kernel that rounds out to its 16-bit dtype before applying the sink
+  /// (out = fl16(fl32(fl16(o) · r)), CheckOptions::sink_after_rounding) pays that first
+  /// rounding, r · half-ulp16(out / r), on top of the one rounding every 16-bit out pays.
+  /// Empty: no sink (every other output).
+  std::vector<double> sink_rescale;
   /// Where the floor came from (a formula, printed with every bound).
   std::string source;
   /// What the underflow count counts (a formula, printed with every bound).

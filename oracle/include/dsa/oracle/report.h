@@ -15,7 +15,7 @@
 namespace dsa::oracle {
 
 /// The bound of one element and its parts (SPEC §9, with the per-element baseline term):
-/// bound = rho_e_row + floor_acc + floor_underflow + floor_round,
+/// bound = rho_e_row + floor_acc + floor_underflow + floor_round + floor_presink,
 /// rho_e_row = ρ · min(E_row, kappa_row · own_scale) (judge_tensor).
 struct ElementBound {
   int64_t flat = -1;
@@ -36,6 +36,10 @@ struct ElementBound {
   double floor_acc = 0.0;   ///< λ·acc + λ16·narrow (local_bounds.h; source in TensorCheck)
   double floor_underflow = 0.0;  ///< eta · underflow count (Higham eq. 2.8, flush-to-zero)
   double floor_round = 0.0; ///< half an ulp of the output dtype at |ref| + the other parts
+  /// A sink applied after rounding out to 16 bits (judge_tensor's sink_after_rounding): the
+  /// first rounding, r · half-ulp16((|ref| + the other parts) / r), r the row's sink factor
+  /// (OutputFloor::sink_rescale); 0 otherwise.
+  double floor_presink = 0.0;
   double bound = 0.0;
 };
 
@@ -72,6 +76,13 @@ struct TensorCheck {
   std::vector<double> row_max_bound;  ///< per row: the largest element bound
   double weakest_scale = 0.0; ///< that row's scale = max(max|ref|, κ·Σ|terms|) of the row
   double weakest_ref_max = 0.0, weakest_terms = 0.0;  ///< its parts
+  /// The out of a kernel declared to apply the sink after rounding out to 16 bits
+  /// (judge_tensor's sink_after_rounding): its bounds carry floor_presink.
+  bool sink_after_rounding = false;
+  /// Not so declared: failing elements that the first rounding of such a kernel would
+  /// explain (err <= bound + r·half-ulp16(out/r)); when that is every failing element, the
+  /// message says how to declare it (never a pass by itself).
+  int64_t presink_explained = 0;
   bool passed = false;
   std::string message;        ///< why it failed ("" when passed)
 };
@@ -102,9 +113,16 @@ struct TensorCheck {
 /// `delta_shared`: the baseline took Δ from the candidate's own 16-bit out (sparse MLA
 /// backward, op_check), so both share Δ and the floor's narrow_delta part (δΔ16, the distance
 /// between two 16-bit Δs) is left out of narrow_e; the baseline's E_row carries Δ's rounding.
+/// `sink_after_rounding` (CheckOptions::sink_after_rounding): the kernel rounds out to its
+/// 16-bit dtype before applying attn_sink, out = fl16(fl32(fl16(o)·r)) with o = out/r and r
+/// the row's sink factor (SPEC §4 `out *= exp(lse)/(exp(lse)+exp(sink))` as its own step):
+/// on rows with floor.sink_rescale in (0, 1) a 16-bit candidate's bound adds that first
+/// rounding, r · half-ulp16((|r_e| + the other parts) / r) (ElementBound::floor_presink), and
+/// the WEAK rows are those of that bound. Off, a failure that term would explain is named in
+/// the message (TensorCheck::presink_explained).
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
                          const Tensor& reference, const Tensor& baseline, const OutputFloor& floor,
-                         bool delta_shared = false);
+                         bool delta_shared = false, bool sink_after_rounding = false);
 
 /// Verdict of one check of one backend (SPEC §9). Pass and Skip pass; Fail (a bound or a
 /// contract rule broken), Weak (some rows' bounds exceed the detection threshold θ of the
