@@ -31,7 +31,7 @@ namespace dsa::cli {
 namespace {
 
 // How a reproduction command names what was audited (--plugin PATH or --backend NAME) and
-// how it was judged (--outputs, --allow-weak, --sink-after-rounding), so that the repro judges
+// how it was judged (--outputs, --allow-weak, --sink-after-rounding, --normalized-p), so that the repro judges
 // the same way.
 std::string target_flag(const AuditOptions& o, const std::string& backend) {
   std::string s = o.plugin.empty() ? "--backend " + backend : "--plugin " + o.plugin;
@@ -42,6 +42,7 @@ std::string target_flag(const AuditOptions& o, const std::string& backend) {
   }
   if (o.judge.allow_weak) s += " --allow-weak";
   if (o.judge.sink_after_rounding) s += " --sink-after-rounding";
+  if (o.judge.normalized_p) s += " --normalized-p";
   return s;
 }
 

@@ -43,6 +43,9 @@ struct JudgeOptions {
   /// --sink-after-rounding: the kernel rounds sparse MLA's out to 16 bits before applying
   /// attn_sink (oracle::CheckOptions::sink_after_rounding)
   bool sink_after_rounding = false;
+  /// --normalized-p: the kernel rounds softmax(P) to 16 bits before P·V, the max key's
+  /// probability too (oracle::CheckOptions::rounding)
+  bool normalized_p = false;
   std::string json_path;    ///< --json: per-output verdicts and bounds as JSON
   /// --unsupported (fixtures check; the audit passes its own): SPEC-mandatory features the
   /// kernel leaves out; a fixture case it declines that holds only these is a skip, not

@@ -94,7 +94,8 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route) {
   oracle::CheckOptions o;
   o.check_determinism = !file_route;
   o.allow_weak = j.allow_weak;
-  o.sink_after_rounding = j.sink_after_rounding;
+  o.rounding.sink_after_rounding = j.sink_after_rounding;
+  o.rounding.normalized_p = j.normalized_p;
   if (j.outputs) o.provided_outputs.emplace(j.outputs->begin(), j.outputs->end());
   o.unsupported = j.unsupported;
   return o;
@@ -204,7 +205,8 @@ nlohmann::json reports_json(const std::vector<oracle::OpReport>& reports) {
                               {"floor", num(t.largest.floor_acc + t.largest.floor_underflow + t.largest.floor_round +
                                             t.largest.floor_presink)},
                               {"floor_source", t.floor_source},
-                              {"sink_after_rounding", t.sink_after_rounding},
+                              {"sink_after_rounding", t.rounding.sink_after_rounding},
+                              {"normalized_p", t.rounding.normalized_p},
                               {"err_over_bound", num(t.worst)},
                               {"weak_rows", t.weak_rows},
                               {"ratio", num(t.ratio)},

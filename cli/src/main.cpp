@@ -23,6 +23,11 @@ static const char* const kSinkAfterRoundingHelp =
     "The kernel rounds sparse MLA's out to its 16-bit dtype before applying attn_sink "
     "(out = bf16(bf16(o) * r), r = exp(lse)/(exp(lse)+exp(sink))): out's bound on sink rows adds "
     "that first rounding, r x half-ulp(out / r), and WEAK rows follow that bound (SPEC §4, §9)";
+// --normalized-p on every judging route (oracle::CheckOptions::rounding).
+static const char* const kNormalizedPHelp =
+    "The kernel rounds the normalized probabilities softmax(P) to its 16-bit dtype before P·V "
+    "(softmax in fp32, then .to(bf16) @ V), the max key's too (FlashMLA's exp(P - max) = 1 is exact): "
+    "out's bound adds that rounding, u16 b(p_max)|v_c|, and WEAK rows follow that bound (SPEC §4, §9)";
 
 int main(int argc, char** argv) {
   using namespace dsa::cli;
@@ -80,6 +85,7 @@ int main(int argc, char** argv) {
   audit_cmd->add_flag("--allow-weak", audit.judge.allow_weak,
       "Accept WEAK outputs (whose bound exceeds their detection threshold) instead of failing");
   audit_cmd->add_flag("--sink-after-rounding", audit.judge.sink_after_rounding, kSinkAfterRoundingHelp);
+  audit_cmd->add_flag("--normalized-p", audit.judge.normalized_p, kNormalizedPHelp);
   audit_cmd->add_option("--jobs,-j", jobs, jobs_help)->check(integer_in("--jobs", 1, kMaxJobs, "a number of threads"));
 
   auto* fixtures_cmd = app.add_subcommand("fixtures", "Generate or check golden fixtures");
@@ -102,6 +108,7 @@ int main(int argc, char** argv) {
   check->add_flag("-v,--verbose", verbose, "Print every tensor table, not only failures");
   check->add_flag("--allow-weak", check_judge.allow_weak, "Accept WEAK outputs instead of failing");
   check->add_flag("--sink-after-rounding", check_judge.sink_after_rounding, kSinkAfterRoundingHelp);
+  check->add_flag("--normalized-p", check_judge.normalized_p, kNormalizedPHelp);
   check->add_option("--json", check_judge.json_path, "Write per-file, per-output verdicts and bounds as JSON");
   check->add_option("--unsupported", check_judge.unsupported,
       "SPEC-mandatory features the kernel leaves out (comma-separated feature keys, as audit "
@@ -127,6 +134,7 @@ int main(int argc, char** argv) {
       " (default: every output of the op is judged, a missing one is INCOMPLETE)");
   compare->add_flag("--allow-weak", compare_judge.allow_weak, "Accept WEAK outputs instead of failing");
   compare->add_flag("--sink-after-rounding", compare_judge.sink_after_rounding, kSinkAfterRoundingHelp);
+  compare->add_flag("--normalized-p", compare_judge.normalized_p, kNormalizedPHelp);
   compare->add_option("--json", compare_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
   std::string replay_fixture, replay_backend = "reference", replay_plugin, replay_candidate;
@@ -150,6 +158,7 @@ int main(int argc, char** argv) {
       ;
   replay->add_flag("--allow-weak", replay_judge.allow_weak, "Accept WEAK outputs instead of failing");
   replay->add_flag("--sink-after-rounding", replay_judge.sink_after_rounding, kSinkAfterRoundingHelp);
+  replay->add_flag("--normalized-p", replay_judge.normalized_p, kNormalizedPHelp);
   replay->add_option("--json", replay_judge.json_path, "Write per-output verdicts and bounds as JSON");
 
   auto* list = app.add_subcommand("backends", "List the registered backends");

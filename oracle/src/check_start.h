@@ -254,7 +254,7 @@ inline void judge_output(OpReport& r, const CheckOptions& opt, Op op, DType q, c
       shape_error = "shape " + shape_str(cand.shape()) +
                     ", expected [1] or [] (SPEC §7: the loss is one number, a 0-dim tensor or one element)";
   }
-  TensorCheck c = judge_tensor(row, name, judged, ref, base, floor, delta_shared, opt.sink_after_rounding);
+  TensorCheck c = judge_tensor(row, name, judged, ref, base, floor, delta_shared, opt.rounding);
   if (!shape_error.empty() && !c.metrics.shape_ok) c.message = shape_error;
   c.name = name + label;
   if (!c.passed) r.fail(c.name + ": " + c.message);

@@ -654,6 +654,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
                         "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
   fo.underflow_source = "p_j < 2^-120 × |v_jc|, p_j v_jc, n + 1 adds if a term is tiny";
   if (in.attn_sink) fo.sink_rescale.assign(static_cast<size_t>(s_q * h_q), 0.0);
+  if (un > 0) fo.narrow_pmax.assign(static_cast<size_t>(s_q * h_q * dv), 0.0);
   const std::string fo_source_b = fo.source;
   if (un > 0)
     fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 3 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
@@ -939,6 +940,28 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         double* outh = &outc[h * DV];
         double* acch = &accout[h * DV];
         double* narh = &narout[h * DV];
+        // The max key(s) of a kernel that normalizes before rounding P (declared,
+        // OutputFloor::narrow_pmax): FlashMLA rounds exp(P_j - max), whose max key is exp(0) =
+        // 1, exact; softmax in fp32 then P to the 16-bit dtype before P·V (DeepSeek's inference
+        // model.py, most PyTorch kernels) rounds the max key's probability too, by at most half
+        // an ulp, u16 b(p) with b the binade of p. p is the sink-scaled p_j = exp(P_j - L), or
+        // r p~_j with p~_j = exp(P_j - lse) when the sink is applied after P·V: the larger.
+        std::vector<double> zmax, zsmax;
+        if (un > 0 && std::isfinite(st.L) && !fo.narrow_pmax.empty()) {
+          zmax.assign(DV, 0.0);
+          zsmax.assign(DV, 0.0);
+          const double r_sink = std::exp(st.lse - st.L);
+          for (size_t j = 0; j < n; ++j) {
+            if (P[j] < m || !(p[j] > 0)) continue;
+            const double bj = std::max(binade16(p[j], work_f16), r_sink * binade16(pt[j], work_f16)),
+                         wb = wq[j] * bj;
+            const double* v = kvrow(j);
+            for (size_t c = 0; c < DV; ++c) {
+              zmax[c] += (wb * v[c]) * (wb * v[c]);
+              zsmax[c] += bj * std::abs(v[c]);
+            }
+          }
+        }
         for (size_t c = 0; c < DV; ++c) {
           const size_t hc = h * DV + c;
           outh[c] = o[hc];
@@ -951,6 +974,8 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           const size_t e = static_cast<size_t>(row) * DV + c;
           fo.acc[e] = acch[c];
           fo.narrow[e] = narh[c];
+          if (!zmax.empty())
+            fo.narrow_pmax[e] = un * std::min(zsv[hc] + zsmax[c], 2 * std::sqrt(zv[hc] + zmax[c])) - narh[c];
           if (fb) fo_nb[e] = 0.0 * std::min(zsv[hc], 2 * std::sqrt(zv[hc]));
           fo.terms[e] = wv[hc];
         }
@@ -1479,6 +1504,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       std::fill(f.narrow_delta.begin(), f.narrow_delta.end(), 0.0);  // no 16-bit out: δΔ16 = 0
     }
     b["out"].narrow = std::move(fo_nb);
+    b["out"].narrow_pmax.clear();
     b["out"].source = fo_source_b;
     if (dout) {
       b["dq"].narrow = std::move(fdq_nb);

@@ -451,7 +451,7 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     const auto ff = shared_mla_floors(c, out_dtype, /*backward=*/false);
     const TensorCheck oc =
         judge_tensor(to_string(Op::SparseMlaFwd), "out", *own_out, ref_fwd->out, base_fwd.out,
-                     ff->at("out"), false, opt.sink_after_rounding);
+                     ff->at("out"), false, opt.rounding);
     if (oc.passed) {
       delta_out = *own_out;
       delta_shared = true;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <sstream>
 
@@ -100,7 +101,7 @@ double half_ulp(double x, DType dtype) {
 
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
                          const Tensor& reference, const Tensor& baseline, const OutputFloor& floor,
-                         bool delta_shared, bool sink_after_rounding) {
+                         bool delta_shared, const RoundingModel& model) {
   TensorCheck c;
   c.name = name;
   c.dtype = candidate.dtype();
@@ -154,7 +155,14 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   // the binade is taken at the element's reference plus its other bound parts (the kernel's
   // o may lie that far up). Only 16-bit outputs round twice.
   const bool presink_possible = out16 && !floor.sink_rescale.empty();
-  c.sink_after_rounding = sink_after_rounding && presink_possible;
+  c.rounding.sink_after_rounding = model.sink_after_rounding && presink_possible;
+  check_arg(floor.narrow_pmax.empty() || floor.narrow_pmax.size() == floor.acc.size(), "judge_tensor",
+            "floor.narrow_pmax", std::to_string(floor.narrow_pmax.size()) + " entries",
+            std::to_string(numel) + " (one per element of '" + name + "') or none");
+  // A kernel that normalizes before rounding P to 16 bits rounds the max key's probability
+  // too (OutputFloor::narrow_pmax); FlashMLA's exp(0) = 1 is exact. Only a 16-bit out.
+  const bool pmax_possible = out16 && !floor.narrow_pmax.empty();
+  c.rounding.normalized_p = model.normalized_p && pmax_possible;
   // E_row: the baseline's largest error over the row (a non-finite baseline where the
   // reference is finite makes the row's bound infinite: reported weak, never a silent pass).
   std::vector<double> e_row(static_cast<size_t>(n_rows), 0.0), scale(e_row.size(), 0.0),
@@ -251,6 +259,11 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
     }
     eb.rho_e_row = tol.rho * term;
     eb.floor_acc = tol.lambda * floor.acc[static_cast<size_t>(i)] + tol.lambda16 * narrow_e(static_cast<size_t>(i));
+    const double pmax = pmax_possible ? tol.lambda16 * floor.narrow_pmax[static_cast<size_t>(i)] : 0.0;
+    if (c.rounding.normalized_p) {
+      eb.floor_pmax = pmax;
+      eb.floor_acc += pmax;
+    }
     // operations below the normal range (flush-to-zero): absolute, its own part
     eb.floor_underflow =
         floor.underflow.empty() ? 0.0 : tol.eta * floor.underflow[static_cast<size_t>(i)];
@@ -265,7 +278,7 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
         presink = rs * half_ulp((std::abs(r) + eb.rho_e_row + eb.floor_acc + eb.floor_underflow) / rs,
                                 candidate.dtype());
     }
-    if (c.sink_after_rounding) eb.floor_presink = presink;
+    if (c.rounding.sink_after_rounding) eb.floor_presink = presink;
     eb.bound = eb.rho_e_row + eb.floor_acc + eb.floor_underflow + eb.floor_round + eb.floor_presink;
     if (eb.bound > c.max_bound || c.largest.flat < 0) {
       c.max_bound = std::max(c.max_bound, eb.bound);
@@ -282,7 +295,11 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
     }
     if (!(eb.err <= eb.bound)) {
       ++c.failed_elements;
-      if (!c.sink_after_rounding && presink > 0 && eb.err <= eb.bound + presink) ++c.presink_explained;
+      const double extra_s = c.rounding.sink_after_rounding ? 0.0 : presink,
+                   extra_p = c.rounding.normalized_p ? 0.0 : pmax;
+      if (extra_s > 0 && eb.err <= eb.bound + extra_s) ++c.presink_explained;
+      if (extra_p > 0 && eb.err <= eb.bound + extra_p) ++c.pmax_explained;
+      if (extra_s + extra_p > 0 && eb.err <= eb.bound + extra_s + extra_p) ++c.both_explained;
       if (c.failures.size() < 5) {
         eb.where = coords(reference.shape(), i);
         c.failures.push_back(eb);
@@ -334,10 +351,21 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
        << f.floor_underflow << " + rounding " << f.floor_round;
     if (f.floor_presink > 0) os << " + pre-sink rounding " << f.floor_presink;
     os << ")";
-    if (c.presink_explained == c.failed_elements)
-      os << "; every failing element lies within one more 16-bit rounding, r x half-ulp(out / r), "
-            "of a kernel that rounds out before applying attn_sink (fl16(fl16(o) r)): if yours "
-            "does, judge it with --sink-after-rounding (SPEC §4)";
+    // A failure an undeclared rounding model explains names the flag (never a pass by itself).
+    const char* sink_hint =
+        "one more 16-bit rounding, r x half-ulp(out / r), of a kernel that rounds out before "
+        "applying attn_sink (fl16(fl16(o) r)): if yours does, judge it with --sink-after-rounding";
+    const char* pmax_hint =
+        "the rounding of the max key's probability, u16 b(p_max)|v_c|, of a kernel that rounds "
+        "the normalized softmax(P) to 16 bits before P·V (FlashMLA's exp(P - max) = 1 is exact): "
+        "if yours does, judge it with --normalized-p";
+    if (c.pmax_explained == c.failed_elements)
+      os << "; every failing element lies within " << pmax_hint << " (SPEC §4, §9)";
+    else if (c.presink_explained == c.failed_elements)
+      os << "; every failing element lies within " << sink_hint << " (SPEC §4, §9)";
+    else if (c.both_explained == c.failed_elements)
+      os << "; every failing element lies within " << sink_hint << ", plus " << pmax_hint
+         << " (SPEC §4, §9)";
     c.message = os.str();
     return c;
   }
@@ -388,10 +416,14 @@ std::string format_tensor_checks(const std::vector<TensorCheck>& checks) {
                       e.own_scale, c.rho > 0 ? e.rho_e_row / c.rho : 0.0, e.e_row);
       else
         std::snprintf(term, sizeof term, "E_row %.3e", c.rho > 0 ? e.rho_e_row / c.rho : 0.0);
-      char presink[96] = "";
+      char presink[200] = "", pmax[100] = "";
       if (e.floor_presink > 0)
         std::snprintf(presink, sizeof presink, " + pre-sink rounding %.3e (--sink-after-rounding)",
                       e.floor_presink);
+      if (e.floor_pmax > 0)
+        std::snprintf(pmax, sizeof pmax, "; floor incl. max-key P rounding %.3e (--normalized-p)",
+                      e.floor_pmax);
+      std::strncat(presink, pmax, sizeof presink - std::strlen(presink) - 1);
       char l[760];
       std::snprintf(l, sizeof l,
                     "    %s %s: err %.3e %s bound %.3e = rho %.3g x %s + floor %.3e "

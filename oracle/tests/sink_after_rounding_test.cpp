@@ -65,7 +65,7 @@ class SinkAfterRounding : public ::testing::Test {
   }
   static CheckOptions declared(bool allow_weak = false) {
     CheckOptions o = default_check_options();
-    o.sink_after_rounding = true;
+    o.rounding.sink_after_rounding = true;
     o.allow_weak = allow_weak;
     return o;
   }
@@ -111,7 +111,7 @@ TEST_F(SinkAfterRounding, DeclaredPassesWithCandidateIndependentBounds) {
   const OpReport once = judge_outputs(Op::SparseMlaFwd, c, fwd(single), declared(true));
   EXPECT_TRUE(once.passed()) << format_op_report(once);
   const TensorCheck &a = out_check(twice), &b = out_check(once);
-  EXPECT_TRUE(a.sink_after_rounding);
+  EXPECT_TRUE(a.rounding.sink_after_rounding);
   EXPECT_EQ(a.max_bound, b.max_bound);
   EXPECT_EQ(a.row_weak, b.row_weak);
   EXPECT_EQ(a.row_max_bound, b.row_max_bound);
@@ -148,7 +148,7 @@ TEST_F(SinkAfterRounding, OnlySinkRowsOfA16BitOutChange) {
   const OpReport p32 = judge_outputs(Op::SparseMlaFwd, c, fwd(f.out.to(DType::F32)));
   const OpReport d32 = judge_outputs(Op::SparseMlaFwd, c, fwd(f.out.to(DType::F32)), declared(true));
   EXPECT_EQ(out_check(p32).row_max_bound, out_check(d32).row_max_bound);
-  EXPECT_FALSE(out_check(d32).sink_after_rounding);
+  EXPECT_FALSE(out_check(d32).rounding.sink_after_rounding);
 }
 
 // Declared, detection holds: on every sink row that is not WEAK, an out whose largest element

@@ -96,7 +96,8 @@ def _host_capsule(name, t):
     return _dlpack.to_dlpack(t.detach().cpu())
 
 
-def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=False, sink_after_rounding=False):
+def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=False, sink_after_rounding=False,
+            normalized_p=False):
     """`dsa-verify compare` without files: judges a kernel's outputs on a golden fixture.
 
     golden: path of a fixture (or a Fixture). outputs: {name: torch tensor} under the SPEC
@@ -107,7 +108,8 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     provided_outputs: the output names the kernel provides (--outputs): the others are "not
     judged"; without it a missing output is INCOMPLETE (SPEC §9). allow_weak: --allow-weak.
     sink_after_rounding: --sink-after-rounding (the kernel rounds out to 16 bits before
-    applying attn_sink; out's bound on sink rows adds that first rounding).
+    applying attn_sink; out's bound on sink rows adds that first rounding). normalized_p:
+    --normalized-p (the kernel rounds softmax(P) to 16 bits before P·V, the max key's too).
     The judgement is the candidate-file route's (oracle::CandidateBackend, check_op).
     Raises ValueError for an unknown output or convention name, when no output of the
     fixture's op is given, or when nothing was judged ("compare: judged nothing: ...": an
@@ -122,7 +124,7 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     try:
         r = _core.compare_outputs(path, caps, list(conventions),
                                   None if provided_outputs is None else list(provided_outputs), allow_weak,
-                                  bool(sink_after_rounding))
+                                  bool(sink_after_rounding), bool(normalized_p))
     except RuntimeError as e:
         raise ValueError(str(e)) from e
     if r["verdict"] == "skip":

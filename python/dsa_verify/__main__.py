@@ -12,6 +12,8 @@ import sys
 
 SINK_AFTER_ROUNDING_HELP = ("The kernel rounds sparse MLA's out to 16 bits before applying attn_sink "
                             "(out = bf16(bf16(o) * r)): out's bound on sink rows adds that first rounding (SPEC §4, §9)")
+NORMALIZED_P_HELP = ("The kernel rounds softmax(P) to 16 bits before P·V, the max key's probability too "
+                     "(FlashMLA's exp(P - max) = 1 is exact): out's bound adds that rounding (SPEC §4, §9)")
 
 
 def _list(text):
@@ -41,6 +43,7 @@ def main(argv=None):
     a.add_argument("--no-fixtures", action="store_true", help="Properties only")
     a.add_argument("--allow-weak", action="store_true", help="A WEAK output does not fail (SPEC §9)")
     a.add_argument("--sink-after-rounding", action="store_true", help=SINK_AFTER_ROUNDING_HELP)
+    a.add_argument("--normalized-p", action="store_true", help=NORMALIZED_P_HELP)
     a.add_argument("--unsupported", default="",
                    help="What the kernel leaves out (comma-separated feature keys such as invalid_ids, "
                         "empty_rows, duplicate_ids, or property names): declining them is not INCOMPLETE")
@@ -50,6 +53,7 @@ def main(argv=None):
     r.add_argument("--device", default="cpu")
     r.add_argument("--allow-weak", action="store_true", help="A WEAK output does not fail (SPEC §9)")
     r.add_argument("--sink-after-rounding", action="store_true", help=SINK_AFTER_ROUNDING_HELP)
+    r.add_argument("--normalized-p", action="store_true", help=NORMALIZED_P_HELP)
     args = p.parse_args(argv)
 
     import dsa_verify
@@ -57,10 +61,11 @@ def main(argv=None):
     _audit._PRINT_SUMMARY_ON_HANG = True  # a hung call ends the process: its summary is printed then
     try:
         if args.command == "replay":
-            from dsa_verify._audit import provided_outputs, sink_after_rounding_of
+            from dsa_verify._audit import normalized_p_of, provided_outputs, sink_after_rounding_of
             bridge = dsa_verify.Bridge(dsa_verify.load_backend(args.backend), args.device)
             res = _core.replay_fixture(bridge, args.fixture, provided_outputs(bridge), args.allow_weak,
-                                     args.sink_after_rounding or sink_after_rounding_of(bridge.backend))
+                                     args.sink_after_rounding or sink_after_rounding_of(bridge.backend),
+                                     args.normalized_p or normalized_p_of(bridge.backend))
             sys.stdout.write(res["report"])
             print(f"replay: {res['verdict_line']}")
             if res["verdict"] == "skip":
@@ -71,7 +76,7 @@ def main(argv=None):
                                   junit=args.junit or None, isolate=args.isolate, timeout=args.timeout,
                                   dump_dir=args.dump_dir, fail_fast=args.fail_fast,
                                   fixtures=not args.no_fixtures, allow_weak=args.allow_weak,
-                                  sink_after_rounding=args.sink_after_rounding,
+                                  sink_after_rounding=args.sink_after_rounding, normalized_p=args.normalized_p,
                                   unsupported=_list(args.unsupported))
     except (ValueError, OSError, RuntimeError) as e:
         print(f"dsa_verify: error: {e}", file=sys.stderr)

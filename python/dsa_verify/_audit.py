@@ -188,6 +188,16 @@ def sink_after_rounding_of(backend):
     return v
 
 
+def normalized_p_of(backend):
+    """The backend's `normalized_p` attribute (default False): True declares that its sparse
+    MLA rounds softmax(P) to 16 bits before P·V, the max key's probability too (the CLI's
+    --normalized-p). Raises ValueError for a value that is not a bool."""
+    v = getattr(backend, "normalized_p", False)
+    if not isinstance(v, bool):
+        raise ValueError(f"backend attribute 'normalized_p' is {v!r}, expected True or False")
+    return v
+
+
 def _options(spec, ops, only, level, seed, dump_dir, fixtures, device):
     # A uint64, as `dsa-verify audit --seed`: a negative or larger value is an error, not a wrap.
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
@@ -326,7 +336,8 @@ def _payload(backend):
 
 def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=None, only=None,
           fixtures=True, isolate=False, timeout=DEFAULT_TIMEOUT_S, dump_dir="dsa-verify-failures",
-          fail_fast=False, progress=True, allow_weak=False, unsupported=None, sink_after_rounding=False):
+          fail_fast=False, progress=True, allow_weak=False, unsupported=None, sink_after_rounding=False,
+          normalized_p=False):
     """Audits a Python backend with the full suite of `dsa-verify audit`.
 
     backend: an object with methods named after the ops (indexer_scores,
@@ -349,7 +360,9 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
       dump_dir: where failing property cases are dumped as fixtures; allow_weak: a WEAK
       output (a bound too wide to detect a fault, SPEC §9) does not fail (--allow-weak);
       sink_after_rounding: the kernel rounds sparse MLA's out to 16 bits before applying
-      attn_sink (--sink-after-rounding; also a backend attribute of that name).
+      attn_sink (--sink-after-rounding; also a backend attribute of that name); normalized_p:
+      the kernel rounds softmax(P) to 16 bits before P·V, the max key's too (--normalized-p;
+      also a backend attribute of that name).
       The backend's `outputs` attribute is the CLI's --outputs: outputs it does not return
       are "not judged" instead of INCOMPLETE. unsupported: what the kernel leaves out
       (--unsupported: feature keys such as invalid_ids, empty_rows, duplicate_ids, or property
@@ -372,6 +385,7 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
     options["provided_outputs"] = provided_outputs(bridge)
     options["allow_weak"] = bool(allow_weak)
     options["sink_after_rounding"] = bool(sink_after_rounding) or sink_after_rounding_of(obj)
+    options["normalized_p"] = bool(normalized_p) or normalized_p_of(obj)
     options["unsupported"] = list(unsupported or [])
     if not isolate:
         # Every call of the backend in this process is watched: one still running at `timeout`

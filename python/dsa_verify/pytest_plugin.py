@@ -45,6 +45,8 @@ def pytest_addoption(parser):
     g.addoption("--dsa-allow-weak", action="store_true", help="a WEAK output does not fail (SPEC §9)")
     g.addoption("--dsa-sink-after-rounding", action="store_true",
                 help="the kernel rounds out to 16 bits before applying attn_sink (the CLI's --sink-after-rounding)")
+    g.addoption("--dsa-normalized-p", action="store_true",
+                help="the kernel rounds softmax(P) to 16 bits before P·V, the max key's too (the CLI's --normalized-p)")
     g.addoption("--dsa-unsupported", default="",
                 help="what the kernel leaves out (comma-separated feature keys such as invalid_ids, empty_rows, "
                      "duplicate_ids, or property names): declining them is not INCOMPLETE (the CLI's --unsupported)")
@@ -71,6 +73,8 @@ class _State:
         self.options["allow_weak"] = bool(opt("--dsa-allow-weak"))
         self.options["sink_after_rounding"] = (bool(opt("--dsa-sink-after-rounding")) or
                                                _audit.sink_after_rounding_of(self.bridge.backend))
+        self.options["normalized_p"] = (bool(opt("--dsa-normalized-p")) or
+                                        _audit.normalized_p_of(self.bridge.backend))
         self.options["unsupported"] = split(opt("--dsa-unsupported"))
         self.tasks = _core.list_tasks(self.bridge, self.options)
         # A fixture directory that holds no fixture (neither holding any: a usage error above).

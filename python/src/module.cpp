@@ -107,6 +107,7 @@ std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o
                                                      "outputs");
   if (o.contains("allow_weak")) ts->opts.judge.allow_weak = o["allow_weak"].cast<bool>();
   if (o.contains("sink_after_rounding")) ts->opts.judge.sink_after_rounding = o["sink_after_rounding"].cast<bool>();
+  if (o.contains("normalized_p")) ts->opts.judge.normalized_p = o["normalized_p"].cast<bool>();
   if (o.contains("unsupported") && !o["unsupported"].is_none())
     ts->opts.unsupported = o["unsupported"].cast<std::vector<std::string>>();
   cli::validate_selection(ts->opts);
@@ -302,20 +303,22 @@ py::dict judged(const std::vector<oracle::OpReport>& reports) {
   return d;
 }
 
-cli::JudgeOptions judge_options(const py::object& provided, bool allow_weak, bool sink_after_rounding) {
+cli::JudgeOptions judge_options(const py::object& provided, bool allow_weak, bool sink_after_rounding,
+                                bool normalized_p) {
   cli::JudgeOptions j;
   if (!provided.is_none()) j.outputs = cli::parse_output_names(provided.cast<std::vector<std::string>>(), "provided_outputs");
   j.allow_weak = allow_weak;
   j.sink_after_rounding = sink_after_rounding;
+  j.normalized_p = normalized_p;
   return j;
 }
 
 // `dsa-verify replay FIXTURE` for a Python backend.
 py::dict replay_fixture(const py::object& bridge, const std::string& path, const py::object& provided,
-                        bool allow_weak, bool sink_after_rounding) {
+                        bool allow_weak, bool sink_after_rounding, bool normalized_p) {
   const fixtures::Fixture f = fixtures::load_fixture(path);
   PyBackend backend(PyBackend::share(bridge));
-  const oracle::CheckOptions opt = cli::check_options(judge_options(provided, allow_weak, sink_after_rounding), false);
+  const oracle::CheckOptions opt = cli::check_options(judge_options(provided, allow_weak, sink_after_rounding, normalized_p), false);
   std::vector<oracle::OpReport> reports;
   {
     py::gil_scoped_release nogil;
@@ -330,7 +333,7 @@ py::dict replay_fixture(const py::object& bridge, const std::string& path, const
 // the candidate file route judges a file (oracle::CandidateBackend, the same conventions).
 py::dict compare_outputs(const std::string& golden, const py::dict& outputs,
                          const std::vector<std::string>& conventions, const py::object& provided,
-                         bool allow_weak, bool sink_after_rounding) {
+                         bool allow_weak, bool sink_after_rounding, bool normalized_p) {
   const fixtures::Fixture f = fixtures::load_fixture(golden);
   std::map<std::string, Tensor> tensors;
   for (auto item : outputs) {
@@ -340,7 +343,7 @@ py::dict compare_outputs(const std::string& golden, const py::dict& outputs,
   oracle::CandidateBackend backend(std::move(tensors), "compare(outputs)",
                                    fixtures::parse_conventions(conventions, "conventions"),
                                    "candidate-outputs");
-  const cli::JudgeOptions judge = judge_options(provided, allow_weak, sink_after_rounding);
+  const cli::JudgeOptions judge = judge_options(provided, allow_weak, sink_after_rounding, normalized_p);
   if (judge.outputs) oracle::check_provided_outputs(*judge.outputs, oracle::fixture_ops(f), "provided_outputs");
   const oracle::CheckOptions opt = cli::check_options(judge, true);
   std::vector<oracle::OpReport> reports;
@@ -415,9 +418,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("make_reference", [] { return CppBackend{std::shared_ptr<dsa::oracle::Backend>(dsa::oracle::make_reference_backend())}; },
         "The float64 reference backend");
   m.def("replay_fixture", &replay_fixture, py::arg("bridge"), py::arg("path"), py::arg("provided_outputs") = py::none(),
-        py::arg("allow_weak") = false, py::arg("sink_after_rounding") = false);
+        py::arg("allow_weak") = false, py::arg("sink_after_rounding") = false,
+        py::arg("normalized_p") = false);
   m.def("compare_outputs", &compare_outputs, py::arg("golden"), py::arg("outputs"), py::arg("conventions"),
         py::arg("provided_outputs") = py::none(), py::arg("allow_weak") = false,
-        py::arg("sink_after_rounding") = false);
+        py::arg("sink_after_rounding") = false, py::arg("normalized_p") = false);
   m.def("output_name_list", [] { return dsa::oracle::all_output_names(); }, "Every output name of every op");
 }

@@ -65,6 +65,12 @@ struct OutputFloor {
   /// rounding, r · half-ulp16(out / r), on top of the one rounding every 16-bit out pays.
   /// Empty: no sink (every other output).
   std::vector<double> sink_rescale;
+  /// Sparse MLA `out` of a 16-bit kernel: per element, what `narrow` grows by when the max
+  /// key's probability is rounded too (already × u16): a kernel that normalizes before
+  /// rounding P to 16 bits (softmax in fp32, then P·V in bf16), where FlashMLA's
+  /// exp(P_max - max) = 1 is exact. Added only for a kernel so declared
+  /// (CheckOptions::rounding.normalized_p). Empty: not applicable.
+  std::vector<double> narrow_pmax;
   /// Where the floor came from (a formula, printed with every bound).
   std::string source;
   /// What the underflow count counts (a formula, printed with every bound).

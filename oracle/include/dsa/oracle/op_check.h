@@ -78,13 +78,13 @@ struct CheckOptions {
   /// declines whose mandatory features are all named is a skip saying so, not INCOMPLETE
   /// (judge_fixture_ops). Other entries (property names) do not apply to fixtures.
   std::vector<std::string> unsupported;
-  /// The kernel rounds sparse MLA's out to its 16-bit dtype before applying attn_sink
-  /// (out = fl16(fl32(fl16(o)·r)), r = exp(lse)/(exp(lse)+exp(sink[h])): SPEC §4's `out *=`
-  /// as its own step). Declared by the user (--sink-after-rounding), never inferred from the
-  /// outputs: the 16-bit out's bound on rows with a finite sink then adds that first rounding,
-  /// r·half-ulp16(out/r), and its WEAK rows follow that bound (judge_tensor). Off: such a
-  /// kernel fails on sink rows by up to about one 16-bit ulp, and the report says so.
-  bool sink_after_rounding = false;
+  /// How a 16-bit sparse MLA kernel rounds where SPEC §4 leaves it free (RoundingModel):
+  /// sink_after_rounding (--sink-after-rounding: out rounded before attn_sink is applied,
+  /// out = fl16(fl32(fl16(o)·r))) and normalized_p (--normalized-p: softmax(P) rounded to 16
+  /// bits before P·V, the max key too). Declared by the user, never inferred from the outputs:
+  /// out's bound then adds that rounding and its WEAK rows follow that bound (judge_tensor).
+  /// Undeclared, such a kernel fails by up to about one 16-bit ulp, and the report names the flag.
+  RoundingModel rounding;
 };
 
 /// The one rule of --outputs (every route: compare, replay, audit, fixtures check, Python):

@@ -14,6 +14,20 @@
 
 namespace dsa::oracle {
 
+/// How a 16-bit sparse MLA kernel rounds, where SPEC §4 leaves it free and the oracle cannot
+/// tell from the outputs: declared by the user, never inferred (a model inferred from the
+/// outputs would let a wrong value move its own bound). Each adds its rounding to out's bound
+/// (judge_tensor) and the WEAK rows follow from that bound.
+struct RoundingModel {
+  /// out rounded to 16 bits before attn_sink is applied: out = fl16(fl32(fl16(o)·r)), r the
+  /// row's sink factor (--sink-after-rounding; OutputFloor::sink_rescale)
+  bool sink_after_rounding = false;
+  /// the normalized probabilities p = softmax(P) rounded to 16 bits before P·V, the max key's
+  /// too (--normalized-p; OutputFloor::narrow_pmax). Off: FlashMLA's exp(P - max), whose max
+  /// key is exactly 1.
+  bool normalized_p = false;
+};
+
 /// The bound of one element and its parts (SPEC §9, with the per-element baseline term):
 /// bound = rho_e_row + floor_acc + floor_underflow + floor_round + floor_presink,
 /// rho_e_row = ρ · min(E_row, kappa_row · own_scale) (judge_tensor).
@@ -40,6 +54,9 @@ struct ElementBound {
   /// first rounding, r · half-ulp16((|ref| + the other parts) / r), r the row's sink factor
   /// (OutputFloor::sink_rescale); 0 otherwise.
   double floor_presink = 0.0;
+  /// The max key's probability rounding of a declared normalized-P kernel (part of floor_acc:
+  /// λ16 · OutputFloor::narrow_pmax); 0 otherwise.
+  double floor_pmax = 0.0;
   double bound = 0.0;
 };
 
@@ -78,11 +95,12 @@ struct TensorCheck {
   double weakest_ref_max = 0.0, weakest_terms = 0.0;  ///< its parts
   /// The out of a kernel declared to apply the sink after rounding out to 16 bits
   /// (judge_tensor's sink_after_rounding): its bounds carry floor_presink.
-  bool sink_after_rounding = false;
-  /// Not so declared: failing elements that the first rounding of such a kernel would
-  /// explain (err <= bound + r·half-ulp16(out/r)); when that is every failing element, the
-  /// message says how to declare it (never a pass by itself).
-  int64_t presink_explained = 0;
+  RoundingModel rounding;
+  /// Failing elements that an undeclared rounding model would explain: the first rounding of
+  /// a sink applied after rounding out (err <= bound + r·half-ulp16(out/r)), the max key's
+  /// rounding of a normalized-P kernel, or both; when one of them is every failing element,
+  /// the message names the flag that declares it (never a pass by itself).
+  int64_t presink_explained = 0, pmax_explained = 0, both_explained = 0;
   bool passed = false;
   std::string message;        ///< why it failed ("" when passed)
 };
@@ -113,16 +131,17 @@ struct TensorCheck {
 /// `delta_shared`: the baseline took Δ from the candidate's own 16-bit out (sparse MLA
 /// backward, op_check), so both share Δ and the floor's narrow_delta part (δΔ16, the distance
 /// between two 16-bit Δs) is left out of narrow_e; the baseline's E_row carries Δ's rounding.
-/// `sink_after_rounding` (CheckOptions::sink_after_rounding): the kernel rounds out to its
+/// `model.sink_after_rounding` (CheckOptions::rounding): the kernel rounds out to its
 /// 16-bit dtype before applying attn_sink, out = fl16(fl32(fl16(o)·r)) with o = out/r and r
 /// the row's sink factor (SPEC §4 `out *= exp(lse)/(exp(lse)+exp(sink))` as its own step):
 /// on rows with floor.sink_rescale in (0, 1) a 16-bit candidate's bound adds that first
 /// rounding, r · half-ulp16((|r_e| + the other parts) / r) (ElementBound::floor_presink), and
 /// the WEAK rows are those of that bound. Off, a failure that term would explain is named in
 /// the message (TensorCheck::presink_explained).
+/// `model.normalized_p`: the max key's rounding, λ16 · floor.narrow_pmax, joins narrow_e.
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
                          const Tensor& reference, const Tensor& baseline, const OutputFloor& floor,
-                         bool delta_shared = false, bool sink_after_rounding = false);
+                         bool delta_shared = false, const RoundingModel& model = {});
 
 /// Verdict of one check of one backend (SPEC §9). Pass and Skip pass; Fail (a bound or a
 /// contract rule broken), Weak (some rows' bounds exceed the detection threshold θ of the
