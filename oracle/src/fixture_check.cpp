@@ -280,25 +280,10 @@ std::vector<CaseFeature> mandatory_features(Op op, const OpCase& c) {
     if (ninf) out.push_back(kNegInf);
     if (nan) out.push_back(kNan);
   } else if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd) {
-    const SparseMlaInputs& in = c.mla;
-    const int64_t s_q = in.indices.size(0), k = in.indices.size(-1), s_kv = in.kv.size(0);
-    bool invalid = false, empty = false, dup = false;
-    std::vector<int64_t> seen;
-    for (int64_t t = 0; t < s_q; ++t) {
-      seen.clear();
-      const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
-        if (j >= len || id < 0 || id >= s_kv) invalid = true;
-        else seen.push_back(id);
-      }
-      empty = empty || seen.empty();
-      std::sort(seen.begin(), seen.end());
-      dup = dup || std::adjacent_find(seen.begin(), seen.end()) != seen.end();
-    }
-    if (invalid) out.push_back(kInvalidIds);
-    if (empty) out.push_back(kEmptyRows);
-    if (dup) out.push_back(kDuplicateIds);
+    const SlotFeatures f = sparse_mla_slot_features(c.mla);
+    if (f.invalid) out.push_back(kInvalidIds);
+    if (f.empty) out.push_back(kEmptyRows);
+    if (f.duplicates) out.push_back(kDuplicateIds);
   }
   // The §10 ops' mandatory feature (unread parts holding anything) and the other ops have no
   // twin here: their declines stay skips (docs/what-a-pass-means.md, Verdicts).

@@ -623,6 +623,25 @@ const CheckOptions& default_check_options() {
   return current_defaults ? *current_defaults : plain;
 }
 
+SlotFeatures sparse_mla_slot_features(const SparseMlaInputs& in) {
+  const int64_t s_q = in.indices.size(0), k = in.indices.size(-1), s_kv = in.kv.size(0);
+  SlotFeatures f;
+  std::vector<int64_t> seen;
+  for (int64_t t = 0; t < s_q; ++t) {
+    seen.clear();
+    const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
+      if (j >= len || id < 0 || id >= s_kv) f.invalid = true;
+      else seen.push_back(id);
+    }
+    f.empty = f.empty || seen.empty();
+    std::sort(seen.begin(), seen.end());
+    f.duplicates = f.duplicates || std::adjacent_find(seen.begin(), seen.end()) != seen.end();
+  }
+  return f;
+}
+
 ScopedCheckDefaults::ScopedCheckDefaults(CheckOptions opt) : previous_(current_defaults), opt_(std::move(opt)) {
   current_defaults = &opt_;
 }

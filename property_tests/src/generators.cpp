@@ -353,24 +353,10 @@ void note_topk_features(const Tensor& scores) {
 // slots past topk_length), empty rows (§6), duplicate valid ids in a row (§4), and the optional
 // inputs (sink, topk_length, the [s_q, 1, k] view, fp32 q/kv).
 void note_smla_features(const SparseMlaInputs& in) {
-  const int64_t s_q = in.q.size(0), k = in.indices.size(-1), s_kv = in.kv.size(0);
-  bool invalid = false, empty = false, dup = false;
-  std::vector<int64_t> seen;
-  for (int64_t t = 0; t < s_q; ++t) {
-    seen.clear();
-    const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
-      if (j >= len || id < 0 || id >= s_kv) invalid = true;
-      else seen.push_back(id);
-    }
-    empty = empty || seen.empty();
-    std::sort(seen.begin(), seen.end());
-    dup = dup || std::adjacent_find(seen.begin(), seen.end()) != seen.end();
-  }
-  if (invalid) note_draw_feature("invalid_ids");
-  if (empty) note_draw_feature("empty_rows");
-  if (dup) note_draw_feature("duplicate_ids");
+  const oracle::SlotFeatures f = oracle::sparse_mla_slot_features(in);
+  if (f.invalid) note_draw_feature("invalid_ids");
+  if (f.empty) note_draw_feature("empty_rows");
+  if (f.duplicates) note_draw_feature("duplicate_ids");
   if (in.attn_sink) note_draw_feature("attn_sink");
   if (in.topk_length) note_draw_feature("topk_length");
   if (in.indices.dim() == 3) note_draw_feature("indices_view");

@@ -87,6 +87,16 @@ struct CheckOptions {
   RoundingModel rounding;
 };
 
+/// The SPEC §4/§6 slot features of a sparse MLA case: some slot is invalid (id < 0 or >= s_kv,
+/// or past topk_length[t]), some row has no valid slot (empty, §6), some row repeats a valid
+/// id (duplicates, §4). `in.indices` [s_q, k] or [s_q, 1, k] I32; throws nothing for a
+/// well-formed case (shapes are the caller's: check_sparse_mla_args). Used by the fixture
+/// declines (judge_fixture_ops) and the property suite's feature notes alike.
+struct SlotFeatures {
+  bool invalid = false, empty = false, duplicates = false;
+};
+SlotFeatures sparse_mla_slot_features(const SparseMlaInputs& in);
+
 /// The one rule of --outputs (every route: compare, replay, audit, fixtures check, Python):
 /// the provided outputs that apply to `op`: `provided` when it names at least one of op's
 /// outputs (op_output_names), else nullopt: an op none of whose outputs is named is judged
