@@ -368,8 +368,9 @@ class DsinkOnly(TorchBackend):
 
 class RowTileBwd(TorchBackend):
     """A right forward with a backward that drops every query row past a 128-row tile (dout
-    taken as 0 there): only the forward properties' many-row draws catch it, and they file the
-    failure under sparse_mla_bwd (fresh-user F1: the pytest plugin showed it as a skip)."""
+    taken as 0 there): only smla.backward_many_rows draws that many rows for the backward, so
+    the failure is filed under sparse_mla_bwd's own test (each many-row property judges one
+    direction since ee3728d)."""
     name = "row-tile-bwd"
 
     def sparse_mla_bwd(self, q, kv, indices, sm_scale, d_v, dout, out=None, lse=None, topk_length=None,
