@@ -359,7 +359,12 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
         "the rounding of the max key's probability, u16 b(p_max)|v_c|, of a kernel that rounds "
         "the normalized softmax(P) to 16 bits before P·V (FlashMLA's exp(P - max) = 1 is exact): "
         "if yours does, judge it with --normalized-p";
-    if (c.pmax_explained == c.failed_elements)
+    // Both alone explain every failure (a kernel with few keys per row and a sink): name both,
+    // as alternatives, not the first one that matched.
+    if (c.pmax_explained == c.failed_elements && c.presink_explained == c.failed_elements)
+      os << "; every failing element lies within either " << sink_hint << ", or " << pmax_hint
+         << " (SPEC §4, §9)";
+    else if (c.pmax_explained == c.failed_elements)
       os << "; every failing element lies within " << pmax_hint << " (SPEC §4, §9)";
     else if (c.presink_explained == c.failed_elements)
       os << "; every failing element lies within " << sink_hint << " (SPEC §4, §9)";
