@@ -11,13 +11,16 @@
 
 #include "dsa/contract/errors.h"
 #include "dsa/fixtures/fixture.h"
+#include "dsa/fixtures/fp8_fixture.h"
 #include "dsa/oracle/candidate_backend.h"
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/reference_backend.h"
 #include "dsa/plugin/plugin_backend.h"
 #include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
+#include "dsa/reference/sparse_mla_fp8.h"
 #include "bf16_out_kernel.h"
+#include "fp8_rounding_kernels.h"
 #include "dsa/property_tests/suite.h"
 #include "judge.h"
 #include "route_test_util.h"
@@ -253,6 +256,73 @@ TEST(RouteIdentity, Bf16FlashStylePluginPassesTheAudit) {
             0)
       << out;
   EXPECT_FALSE(test::lines_with(out, {"audit: 3 passed, 0 failed, 0 skipped"}).empty()) << out;
+}
+
+// The declared rounding models on the FP8 sparse MLA forward (SPEC §9, §10): a kernel that
+// rounds the normalized softmax(P) to bf16 before P·V (the max key's p too), and one that
+// applies attn_sink after rounding out, on a few-key power-of-two case built in memory
+// (oracle/tests/fp8_rounding_kernels.h). Undeclared, `compare` fails and names the flag;
+// declared (--normalized-p, --sink-after-rounding), in process, `compare` and `replay` of a
+// candidate file and `fixtures check` of the outputs stored as expected.* give the same
+// verdict (AGREES), bounds and declaration per output.
+TEST(RouteIdentity, Fp8DeclaredRoundingModelsAreJudgedAlikeOnEveryRoute) {
+  const SparseMlaFp8Inputs in = fp8_rounding::few_key_case(1, Fp8ScaleRule::Pow2);
+  fixtures::Fixture f = fixtures::sparse_mla_fp8_fixture(in, "fp8_few_keys");
+  const SparseMlaForward exact = reference::sparse_mla_fp8_forward(in);
+  f.expected = {{"out", exact.out.to(DType::F32)}, {"lse", exact.lse.to(DType::F32)},
+                {"max_logits", exact.max_logits.to(DType::F32)}};
+  const struct {
+    const char* flag;
+    SparseMlaForward outputs;
+  } kernels[] = {{"--normalized-p", fp8_rounding::fp8_kernel(in, true)},
+                 {"--sink-after-rounding", fp8_rounding::sink_after_rounding_kernel(in)}};
+  for (const auto& k : kernels) {
+    SCOPED_TRACE(k.flag);
+    const std::string flag = k.flag;
+    Scratch dir(std::string("fp8_rounding_") + (flag == "--normalized-p" ? "p" : "sink"));
+    const std::string golden = dir.file("golden.safetensors");
+    fixtures::save_fixture(golden, f);
+    const std::map<std::string, Tensor> outputs = {
+        {"out", k.outputs.out}, {"lse", k.outputs.lse}, {"max_logits", k.outputs.max_logits}};
+    const std::string cand = dir.file("candidate.safetensors");
+    test::write_outputs(cand, outputs);
+    fixtures::Fixture as_expected = f;
+    as_expected.expected = outputs;
+    const std::string stored = dir.file("stored.safetensors");
+    fixtures::save_fixture(stored, as_expected);
+
+    // undeclared: DISAGREES, and the failure names the flag
+    std::string text;
+    EXPECT_EQ(test::run_cli_capture("compare --golden " + golden + " --candidate " + cand, &text), 1);
+    EXPECT_FALSE(test::lines_with(text, {"DISAGREES"}).empty()) << text;
+    EXPECT_NE(text.find(flag), std::string::npos) << text;
+
+    // declared: the same judgement on every route (WEAK rows allowed: the sink model's own
+    // error reaches one bf16 ulp on some rows, docs/what-a-pass-means.md, Limits)
+    JudgeOptions judge;
+    judge.normalized_p = flag == "--normalized-p";
+    judge.sink_after_rounding = !judge.normalized_p;
+    judge.allow_weak = true;
+    const std::string opts = " " + flag + " --allow-weak";
+    oracle::CandidateBackend in_process(outputs, "fp8 rounding kernel", {});
+    const nlohmann::json a = reports_json(oracle::judge_fixture_ops(f, in_process, check_options(judge, true)));
+    EXPECT_EQ(run_cli("compare --golden " + golden + " --candidate " + cand + opts + " --json " + dir.file("c.json")), 0);
+    EXPECT_EQ(run_cli("replay " + golden + " --candidate " + cand + opts + " --json " + dir.file("r.json")), 0);
+    EXPECT_EQ(run_cli("fixtures check " + stored + " --backend reference" + opts + " --json " + dir.file("k.json")), 0);
+    const nlohmann::json c = test::read_json(dir.file("c.json")), r = test::read_json(dir.file("r.json"));
+    const nlohmann::json d = test::read_json(dir.file("k.json")).at("files").at(0).at("producer");
+    EXPECT_EQ(a.at("verdict"), "AGREES") << a.dump(1);
+    const nlohmann::json want = judged_part(a);
+    EXPECT_EQ(judged_part(c), want) << "compare";
+    EXPECT_EQ(judged_part(r), want) << "replay";
+    EXPECT_EQ(judged_part(d), want) << "fixtures check";
+    for (const auto* j : {&a, &c, &r, &d})
+      for (const auto& t : j->at("ops").at(0).at("outputs")) {
+        if (t.at("name").get<std::string>().rfind("out", 0) == 0) {
+          EXPECT_EQ(t.at(judge.normalized_p ? "normalized_p" : "sink_after_rounding"), true) << t.dump();
+        }
+      }
+  }
 }
 
 // A KL kernel whose loss has the shape `shape` (the float64 reference's values otherwise).
