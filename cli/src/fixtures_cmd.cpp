@@ -166,7 +166,7 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
   int width = 28;
   for (const auto& file : files) width = std::max<int>(width, static_cast<int>(shown_name(file).size()));
 
-  size_t pass = 0, partial = 0, fail = 0, skip = 0, errors = 0;
+  size_t pass = 0, partial = 0, fail = 0, weak = 0, incomplete = 0, skip = 0, errors = 0;
   std::vector<std::string> summary;
   const oracle::CheckOptions opt = check_options(judge, /*file_route=*/false);
   nlohmann::json json_files = nlohmann::json::array();
@@ -266,7 +266,13 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     if (out.usage_error) code = kExitUsage;
     for (const auto& [line, w] : out.rows) {
       summary.push_back(line);
-      (w == "agree" ? pass : w == "partial" ? partial : w == "skip" ? skip : w == "ERROR" ? errors : fail)++;
+      (w == "agree"        ? pass
+       : w == "partial"    ? partial
+       : w == "skip"       ? skip
+       : w == "ERROR"      ? errors
+       : w == "WEAK"       ? weak
+       : w == "INCOMPLETE" ? incomplete
+                           : fail)++;
       if (w != "agree" && w != "partial" && w != "skip" && code == kExitOk) code = kExitDisagree;
     }
     if (out.json) json_files.push_back(std::move(*out.json));
@@ -277,13 +283,14 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     write_text_file(judge.json_path, nlohmann::json{{"files", json_files}, {"not_judged", skipped}}.dump(2) + "\n");
   std::printf("\nfixtures check %s\n%-*s %-24s %-16s %s\n", path.c_str(), width, "file", "op", "judged", "result");
   for (const auto& s : summary) std::printf("%s\n", s.c_str());
-  std::printf("\nfixtures: %zu agree, %zu partial, %zu disagree, %zu skipped, %zu unreadable (rows: one "
-              "per op and candidate; an unreadable file is one row, exit 2)\n", pass, partial, fail, skip, errors);
+  std::printf("\nfixtures: %zu agree, %zu partial, %zu disagree, %zu WEAK, %zu INCOMPLETE, %zu skipped, %zu "
+              "unreadable (rows: one per op and candidate; an unreadable file is one row, exit 2)\n",
+              pass, partial, fail, weak, incomplete, skip, errors);
   if (!skipped.empty())
     std::printf("fixtures: %zu entr%s of %s not judged (no recursion, lower-case .safetensors only): see the notes above\n",
                 skipped.size(), skipped.size() == 1 ? "y" : "ies", path.c_str());
   // Nothing judged (every row a skip) is not a pass, as in the audit.
-  if (code == kExitOk && pass + partial + fail + errors == 0) {
+  if (code == kExitOk && pass + partial + fail + weak + incomplete + errors == 0) {
     std::fprintf(stderr, "dsa-verify: error: fixtures check %s judged nothing: every row was skipped "
                  "(no stored outputs, no backend that runs the op, or nothing to judge: the reasons are in the rows)\n",
                  path.c_str());

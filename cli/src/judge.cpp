@@ -24,6 +24,11 @@ std::vector<std::string> split_list_option(const std::vector<std::string>& value
       if (item.empty())
         throw std::invalid_argument("argument '" + flag + "' got \"" + v +
                                     "\": an empty item, expected comma-separated names (e.g. a,b), none empty");
+      // One rule for every list flag (as --outputs): a name given twice is a usage error,
+      // never merged silently (fresh11 F3c: --unsupported invalid_ids,invalid_ids passed).
+      if (std::find(out.begin(), out.end(), item) != out.end())
+        throw std::invalid_argument("argument '" + flag + "' names \"" + item + "\" twice (got \"" + v +
+                                    "\"), expected each name once");
       out.push_back(item);
       if (end == std::string::npos) break;
       begin = end + 1;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsa/fixtures/fixture.h"
@@ -97,9 +98,18 @@ TEST(OutputsOption, ANameGivenTwiceIsAUsageError) {
         "replay " + g + " --candidate " + g + " --outputs out,out", "replay " + g + " --outputs dq,dkv,dq",
         "audit --backend reference --ops sparse_mla_fwd --only smla.forward_ratio --outputs lse,out,lse" + dump}) {
     const std::string out =
-        expect_cli(cmd, 2, {"argument '--outputs' names \"", "\" twice", "expected each output name once"});
+        expect_cli(cmd, 2, {"argument '--outputs' names \"", "\" twice", "expected each name once"});
     EXPECT_TRUE(lines_with(out, {"AGREES"}).empty()) << cmd << "\n" << out;
   }
+  // Every other list flag follows the same rule (fresh11 F3c: --unsupported
+  // invalid_ids,invalid_ids was accepted silently while --outputs out,out was an error).
+  for (const auto& [cmd, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"fixtures check " + g + " --unsupported invalid_ids,invalid_ids", "--unsupported"},
+           {"audit --backend reference --unsupported empty_rows --unsupported empty_rows" + dump, "--unsupported"},
+           {"audit --backend reference --ops topk,sparse_mla_fwd,topk" + dump, "--ops"},
+           {"audit --backend reference --only topk.contract_exact,topk.contract_exact" + dump, "--only"},
+           {"compare --golden " + g + " --candidate " + g + " --convention lse_base2,lse_base2", "--convention"}})
+    expect_cli(cmd, 2, {"argument '" + flag + "' names \"", "\" twice", "expected each name once"});
   // Each name once still runs.
   std::string out;
   EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + g + " --outputs out,lse", &out), 0) << out;

@@ -373,8 +373,10 @@ void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backe
     return skip("the case holds " + all_words + ", but the backend declined its twin without them too: a limit "
                 "of the kernel, not about them; not judged");
   std::string keys, words, waived;
+  const bool invalid_present =
+      std::any_of(features.begin(), features.end(), [](const CaseFeature& x) { return std::string(x.key) == kInvalidIds.key; });
   for (const auto& x : features) {
-    const bool named = std::find(opt.unsupported.begin(), opt.unsupported.end(), x.key) != opt.unsupported.end();
+    const bool named = unsupported_covers(opt.unsupported, x.key, invalid_present);
     if (named) {
       waived += std::string(waived.empty() ? "" : ", ") + x.key;
       continue;

@@ -983,10 +983,17 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           // r = exp(lse - L), not 1 - p_sink: a sink far above lse leaves p_sink = 1 - r with
           // r below double's epsilon (1 - p_sink would cancel to 0)
           fo.sink_rescale[static_cast<size_t>(row)] = st.sink_finite && n > 0 ? std::exp(st.lse - st.L) : 0.0;
-        // lse and max_logits
+        // lse and max_logits. lse leaves the sink out (SPEC §4), so its exps are the
+        // forward's exp(P_j - m'): m' = m, or a kernel that takes the sink into its running max
+        // (the sink as an extra logit) m' = max(m, sink) while the max key's exp(m - m') is
+        // still a normal fp32 value (m' - m <= 87); a sink further above leaves such a kernel's
+        // lse -inf or wrong, never an excuse. C_j (the backward's exp(P_j - L)) grew with the
+        // sink: a sink of 1e6 gave lse a floor of 0.8 u·1e6 and made correct rows WEAK.
+        const double mfwd = st.sink_finite && st.sinkv > m && st.sinkv - m <= 87 ? st.sinkv : m;
         double x2 = 0, emax = 0, tmax = 0;
         for (size_t j = 0; j < n; ++j) {
-          x2 += (wq[j] * pt[j] * (E[j] + C[j])) * (wq[j] * pt[j] * (E[j] + C[j]));
+          const double cf = std::max(std::abs(P[j] - m), std::abs(P[j] - mfwd)) + (P[j] != m || mfwd != m ? 1 : 0);
+          x2 += (wq[j] * pt[j] * (E[j] + cf)) * (wq[j] * pt[j] * (E[j] + cf));
           if (P[j] + 16 * u * E[j] >= m) {
             emax = std::max(emax, E[j]);
             tmax = std::max(tmax, E[j] / (sdqk + 1));

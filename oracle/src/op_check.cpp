@@ -642,6 +642,12 @@ SlotFeatures sparse_mla_slot_features(const SparseMlaInputs& in) {
   return f;
 }
 
+bool unsupported_covers(const std::vector<std::string>& names, const std::string& key, bool invalid_present) {
+  auto named = [&](const char* k) { return std::find(names.begin(), names.end(), k) != names.end(); };
+  if (std::find(names.begin(), names.end(), key) != names.end()) return true;
+  return key == "empty_rows" && invalid_present && named("invalid_ids");
+}
+
 ScopedCheckDefaults::ScopedCheckDefaults(CheckOptions opt) : previous_(current_defaults), opt_(std::move(opt)) {
   current_defaults = &opt_;
 }

@@ -246,10 +246,12 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         fo.narrow[e] = narout[c_];
         fo.terms[e] = w;
       }
-      // lse and max_logits
+      // lse and max_logits (the forward's exps: m, or the sink while m's exp stays normal)
+      const double mfwd = sink_finite && sinkv > m && sinkv - m <= 87 ? sinkv : m;
       double x2 = 0, emax = 0, tmax = 0;
       for (size_t j = 0; j < n; ++j) {
-        x2 += (wq[j] * pt[j] * (E[j] + C[j])) * (wq[j] * pt[j] * (E[j] + C[j]));
+        const double cf = std::max(std::abs(P[j] - m), std::abs(P[j] - mfwd)) + (P[j] != m || mfwd != m ? 1 : 0);
+        x2 += (wq[j] * pt[j] * (E[j] + cf)) * (wq[j] * pt[j] * (E[j] + cf));
         if (P[j] + 16 * u * E[j] >= m) {
           emax = std::max(emax, E[j]);
           tmax = std::max(tmax, E[j] / (sdqk + 1));

@@ -132,11 +132,13 @@ const FeatureInfo* find_feature(const std::string& key) {
   return nullptr;
 }
 // True when `names` (--unsupported) covers the feature `what` of property `prop`: the feature
-// key, or the property's name or family (the user leaves the whole property out).
-bool waived_by(const std::vector<std::string>& names, const std::string& what, const std::string& prop) {
+// key (or empty rows through invalid ids: oracle::unsupported_covers), or the property's name
+// or family (the user leaves the whole property out).
+bool waived_by(const std::vector<std::string>& names, const std::string& what, const std::string& prop,
+               bool invalid_present) {
   for (const auto& n : names)
-    if (n == what || n == prop || prop.rfind(n + ".", 0) == 0) return true;
-  return false;
+    if (n == prop || prop.rfind(n + ".", 0) == 0) return true;
+  return oracle::unsupported_covers(names, what, invalid_present);
 }
 // A limit the backend declared up front (its capabilities), not a run-time decline: such draws
 // are discarded and counted, never taken as a declined mandatory behaviour.
@@ -356,7 +358,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   // of it, as a NotImplementedError op), never INCOMPLETE.
   std::vector<std::string> missing_lines;
   auto missing = [&](const std::string& what, const std::string& line) {
-    const bool waived = waived_by(o.unsupported, what, p.name);
+    const bool waived = waived_by(o.unsupported, what, p.name, features.count("invalid_ids") > 0);
     (waived ? r.waived : r.mandatory_declined).push_back(what);
     if (!waived) missing_lines.push_back(line);
   };
