@@ -31,9 +31,9 @@ namespace dsa::cli {
 namespace {
 
 // How a reproduction command names what was audited (--plugin PATH or --backend NAME) and
-// how it was judged (--outputs, --allow-weak, --sink-after-rounding, --normalized-p), so that the repro judges
-// the same way.
-std::string target_flag(const AuditOptions& o, const std::string& backend) {
+// how it was judged (--outputs, --allow-weak, and the rounding models `rounding` judged with,
+// whether a flag or the backend's capabilities declared them), so that the repro judges the same way.
+std::string target_flag(const AuditOptions& o, const std::string& backend, const oracle::RoundingModel& rounding) {
   std::string s = o.plugin.empty() ? "--backend " + backend : "--plugin " + o.plugin;
   if (o.judge.outputs) {
     std::string list;
@@ -41,9 +41,7 @@ std::string target_flag(const AuditOptions& o, const std::string& backend) {
     s += " --outputs " + list;
   }
   if (o.judge.allow_weak) s += " --allow-weak";
-  if (o.judge.sink_after_rounding) s += " --sink-after-rounding";
-  if (o.judge.normalized_p) s += " --normalized-p";
-  return s;
+  return s + rounding_flags(rounding);
 }
 
 std::vector<std::string> default_backends() {
@@ -129,12 +127,16 @@ int run_audit(const AuditOptions& opts) {
   int interrupted = 0;      // the signal that stopped the audit, else 0
   size_t tasks_not_run = 0;  // of the backend that was interrupted
   std::vector<std::string> ran_nothing;  // backends of which no case passed or failed
+  // The rounding models each backend is judged with and who declared them (flags, capabilities).
+  std::vector<std::string> rounding_lines;
+  nlohmann::json rounding_models = nlohmann::json::array();
   // The summary, the JSON and the JUnit report of `cases`: at the end, and from the handler of
   // an in-process call that hung (`hung`: that call; the process then ends, CallWatchdog).
   auto write_reports = [&](const std::vector<CaseResult>& cases, const std::string& label, int interrupted,
                            size_t tasks_not_run, size_t backends_not_run, const std::vector<std::string>& ran_nothing,
                            const std::string& hung) {
     print_summary(stdout, label, cases);
+    for (const auto& line : rounding_lines) std::printf("%s\n", line.c_str());
     if (interrupted)
       std::printf("audit interrupted by %s: partial report; %zu task(s) of the running backend and "
                   "%zu later backend(s) not run\n",
@@ -156,6 +158,7 @@ int run_audit(const AuditOptions& opts) {
       // Backends of which every selected case was skipped: the audit then exits 2 (no pass).
       j["backends_that_ran_no_case"] = ran_nothing;
       j["notes"] = notes;  // e.g. a fixture directory holding no fixture
+      j["rounding_models"] = rounding_models;  // per backend: judged, by flag, by the backend
       write_text_file(opts.json_path, j.dump(2) + "\n");
     }
     if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, cases));
@@ -235,9 +238,16 @@ int run_audit(const AuditOptions& opts) {
     }
     oracle::Backend& judged_backend = guarded ? static_cast<oracle::Backend&>(*guarded) : *backend;
 
+    const DeclaredRounding rounding{rounding_flags_of(opts.judge), backend->rounding_model()};
+    rounding_models.push_back(rounding_json(name, rounding));
+    const std::string line = rounding_line(name, rounding);
+    if (!line.empty()) {
+      rounding_lines.push_back(line);
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
     ReproCommands repro;
-    repro.audit = "dsa-verify audit " + target_flag(opts, name);
-    repro.replay = [flag = target_flag(opts, name)](const std::string& file) {
+    repro.audit = "dsa-verify audit " + target_flag(opts, name, rounding.judged());
+    repro.replay = [flag = target_flag(opts, name, rounding.judged())](const std::string& file) {
       return "dsa-verify replay " + file + " " + flag;
     };
     add_property_tasks(tasks, subject, opts, repro);

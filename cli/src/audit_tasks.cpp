@@ -91,6 +91,7 @@ class SelectedOpsBackend final : public oracle::Backend {
   bool computes_reference() const override { return inner_.computes_reference(); }
   bool supports(oracle::Op op) const override { return inner_.supports(op) && runs(op); }
   std::optional<std::set<std::string>> provided_outputs() const override { return inner_.provided_outputs(); }
+  oracle::RoundingModel rounding_model() const override { return inner_.rounding_model(); }
   bool fp8_reduced_accumulation() const override { return inner_.fp8_reduced_accumulation(); }
   oracle::CallFailure classify_failure(const std::exception& e) const override { return inner_.classify_failure(e); }
   Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
@@ -242,9 +243,12 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
   // The outputs the subject declares it writes (a plugin's provided_outputs) are judged like
   // --outputs: the others are not judged (SPEC §9 complete outputs).
   std::optional<std::set<std::string>> declared;
+  oracle::RoundingModel declared_rounding;  // the subject's rounding models (a plugin's rounding_models)
   if (subject.make) {
     try {
-      declared = subject.make()->provided_outputs();
+      const std::unique_ptr<oracle::Backend> b = subject.make();
+      declared = b->provided_outputs();
+      declared_rounding = b->rounding_model();
     } catch (const std::exception&) {
       // A backend that cannot be created fails in each property, with its own message.
     }
@@ -253,12 +257,14 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
     if (!property_selected(opts, p)) continue;
     std::string op = p.name.rfind("block.", 0) == 0 || p.ops.empty() ? "dsa_block"
                                                                   : oracle::to_string(p.ops.front());
-    tasks.push_back({op, p.name, [&subject, &p, op, &opts, declared, audit = repro_cmds.audit]() {
+    tasks.push_back({op, p.name, [&subject, &p, op, &opts, declared, declared_rounding, audit = repro_cmds.audit]() {
       props::SuiteOptions so;
       so.level = opts.level;
       so.seed = opts.seed;
       so.dump_dir = opts.dump_dir;
       so.check = check_options(opts.judge, false);  // --outputs, --allow-weak: as the fixtures
+      // Either the flags or the subject declares a rounding model, as judge_fixture_ops joins them.
+      so.check.rounding = oracle::either(so.check.rounding, declared_rounding);
       so.ops = selected_ops(opts);  // a forward property judges its backward part only if selected
       so.unsupported = opts.unsupported;  // declined mandatory cases the user accepts
       if (declared) {

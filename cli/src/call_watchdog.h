@@ -94,6 +94,7 @@ class WatchdogBackend final : public oracle::Backend {
   bool computes_reference() const override { return inner_->computes_reference(); }
   bool supports(oracle::Op op) const override { return inner_->supports(op); }
   std::optional<std::set<std::string>> provided_outputs() const override { return inner_->provided_outputs(); }
+  oracle::RoundingModel rounding_model() const override { return inner_->rounding_model(); }
   bool fp8_reduced_accumulation() const override { return inner_->fp8_reduced_accumulation(); }
   oracle::CallFailure classify_failure(const std::exception& e) const override { return inner_->classify_failure(e); }
   Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override;

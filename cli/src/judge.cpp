@@ -121,6 +121,43 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route, const
   return o;
 }
 
+oracle::RoundingModel rounding_flags_of(const JudgeOptions& j) {
+  oracle::RoundingModel m;
+  m.sink_after_rounding = j.sink_after_rounding;
+  m.normalized_p = j.normalized_p;
+  return m;
+}
+
+std::string rounding_flags(const oracle::RoundingModel& m) {
+  std::string s;
+  if (m.sink_after_rounding) s += " --sink-after-rounding";
+  if (m.normalized_p) s += " --normalized-p";
+  return s;
+}
+
+std::string rounding_line(const std::string& backend, const DeclaredRounding& d) {
+  std::string s;
+  auto add = [&](bool flag, bool declared, const char* name, const char* option) {
+    if (!flag && !declared) return;
+    std::string by = declared ? "declared by the backend's capabilities" : "";
+    if (flag) by += std::string(by.empty() ? "" : ", and ") + option;
+    s += std::string(s.empty() ? "" : ", ") + name + " (" + by + ")";
+  };
+  add(d.flags.sink_after_rounding, d.backend.sink_after_rounding, "sink_after_rounding", "--sink-after-rounding");
+  add(d.flags.normalized_p, d.backend.normalized_p, "normalized_p", "--normalized-p");
+  return s.empty() ? s : "rounding models of " + backend + ": " + s;
+}
+
+nlohmann::json rounding_json(const std::string& backend, const DeclaredRounding& d) {
+  const oracle::RoundingModel j = d.judged();
+  return {{"backend", backend},
+          {"sink_after_rounding",
+           {{"judged", j.sink_after_rounding}, {"flag", d.flags.sink_after_rounding},
+            {"backend", d.backend.sink_after_rounding}}},
+          {"normalized_p",
+           {{"judged", j.normalized_p}, {"flag", d.flags.normalized_p}, {"backend", d.backend.normalized_p}}}};
+}
+
 void add_convention_hints(std::vector<oracle::OpReport>& reports, const oracle::CandidateBackend& candidate,
                           const oracle::OpCase* c, HintRoute route) {
   const Tensor* ids = candidate.stored("indices");

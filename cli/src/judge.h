@@ -47,6 +47,32 @@ oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route);
 /// plugin's provided_outputs) intersected into provided_outputs: the others are not judged.
 oracle::CheckOptions check_options(const JudgeOptions& j, bool file_route, const oracle::Backend& backend);
 
+/// The rounding models a backend is judged with (SPEC §9, oracle::RoundingModel): the route's
+/// flags (--sink-after-rounding, --normalized-p; Python's arguments and backend attributes) and
+/// what the backend declares (Backend::rounding_model, a plugin's rounding_models). Either
+/// declares: a flag adds a model the backend leaves out and never removes one it declares, since
+/// only the author knows how the kernel rounds and the declaration widens out's bound by one
+/// rounding only where a 16-bit out takes it.
+struct DeclaredRounding {
+  oracle::RoundingModel flags;    ///< from the route's options (JudgeOptions)
+  oracle::RoundingModel backend;  ///< from Backend::rounding_model
+  /// The models judged with: oracle::either(flags, backend).
+  oracle::RoundingModel judged() const { return oracle::either(flags, backend); }
+};
+/// The flags of `j` as a RoundingModel. Throws nothing.
+oracle::RoundingModel rounding_flags_of(const JudgeOptions& j);
+/// " --sink-after-rounding --normalized-p" for the models of `m` ("" for neither): what a
+/// reproduce line appends so that it judges the same way, whoever declared them.
+std::string rounding_flags(const oracle::RoundingModel& m);
+/// One report line naming each judged model and who declared it: "rounding models of plugin:k:
+/// normalized_p (declared by the backend's capabilities)" (a plugin's rounding_models),
+/// "normalized_p (--normalized-p)" for a flag, "(declared by the backend's capabilities, and
+/// --normalized-p)" for both; "" when neither model is judged. `backend`: the name as reported.
+std::string rounding_line(const std::string& backend, const DeclaredRounding& d);
+/// {"backend": name, "sink_after_rounding": {"judged", "flag", "backend"}, "normalized_p": {...}}
+/// (booleans), for the audit's JSON report.
+nlohmann::json rounding_json(const std::string& backend, const DeclaredRounding& d);
+
 /// How a route declares a convention, for hints: compare's flags (--narrowed-topk-width),
 /// replay's --convention, or a fixture's `conventions` metadata (fixtures check).
 enum class HintRoute { CompareFlags, ConventionOption, FixtureField };

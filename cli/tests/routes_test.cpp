@@ -103,6 +103,16 @@ nlohmann::json judged_part(const nlohmann::json& reports) {
   return out;
 }
 
+// The rounding model each route judged out with (reports_json's per-output flags), per op.
+nlohmann::json rounding_part(const nlohmann::json& reports) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& op : reports.at("ops"))
+    for (const auto& t : op.at("outputs"))
+      out.push_back({{"op", op.at("op")}, {"name", t.at("name")}, {"normalized_p", t.at("normalized_p")},
+                     {"sink_after_rounding", t.at("sink_after_rounding")}});
+  return out;
+}
+
 // A golden fixture and a mutant kernel of its ops (property_tests/mutants); "" = the
 // correct reference.
 struct RouteCase {
@@ -114,18 +124,25 @@ struct RouteCase {
 // plugin build, that route is left out), `compare` and
 // `replay --candidate` (a candidate file), `fixtures check` (the outputs stored as expected.*).
 // Expects identical verdicts and bounds per output, verdict AGREES (or DISAGREES when
-// `faulty`) and exit codes to match. Returns the in-process reports' JSON.
+// `faulty`) and exit codes to match. `judge`: the rounding flags every route is given (in process
+// CheckOptions, the CLI's --normalized-p / --sink-after-rounding); with `plugin_declares_rounding`
+// the plugin route gets none and its capabilities (rounding_models) must declare the same.
+// Returns the in-process reports' JSON.
 nlohmann::json expect_same_on_every_route(const std::string& scratch, const std::string& golden_name,
                                           oracle::Backend& in_process, const std::string& plugin_path,
-                                          bool faulty) {
+                                          bool faulty, const JudgeOptions& judge = {},
+                                          bool plugin_declares_rounding = false) {
   Scratch dir(scratch);
   const std::string golden = std::string(DSA_GOLDEN_FIXTURE_DIR) + "/" + golden_name + ".safetensors";
   const fixtures::Fixture f = fixtures::load_fixture(golden);
-  JudgeOptions judge;
   oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
+  const std::string flags = rounding_flags(rounding_flags_of(judge));
+  oracle::CheckOptions plugin_opt = opt;
+  if (plugin_declares_rounding) plugin_opt.rounding = {};
   const nlohmann::json a = reports_json(oracle::judge_fixture_ops(f, in_process, opt));
-  const nlohmann::json b =
-      plugin_path.empty() ? a : reports_json(oracle::judge_fixture_ops(f, *plugin::load_plugin(plugin_path), opt));
+  const nlohmann::json b = plugin_path.empty()
+                               ? a
+                               : reports_json(oracle::judge_fixture_ops(f, *plugin::load_plugin(plugin_path), plugin_opt));
 
   // The same outputs stored: a candidate file (compare, replay) and expected.* (fixtures check).
   const auto outputs = outputs_of(in_process, f);
@@ -137,9 +154,11 @@ nlohmann::json expect_same_on_every_route(const std::string& scratch, const std:
   fixtures::save_fixture(stored, as_expected);
 
   const int compare_rc = run_cli("compare --golden " + golden + " --candidate " + cand + " --json " +
-                                 dir.file("compare.json"));
-  const int replay_rc = run_cli("replay " + golden + " --candidate " + cand + " --json " + dir.file("replay.json"));
-  const int check_rc = run_cli("fixtures check " + stored + " --backend reference --json " + dir.file("check.json"));
+                                 dir.file("compare.json") + flags);
+  const int replay_rc =
+      run_cli("replay " + golden + " --candidate " + cand + " --json " + dir.file("replay.json") + flags);
+  const int check_rc =
+      run_cli("fixtures check " + stored + " --backend reference --json " + dir.file("check.json") + flags);
   const nlohmann::json c = test::read_json(dir.file("compare.json"));
   const nlohmann::json e = test::read_json(dir.file("replay.json"));
   const nlohmann::json d = test::read_json(dir.file("check.json")).at("files").at(0).at("producer");
@@ -150,6 +169,7 @@ nlohmann::json expect_same_on_every_route(const std::string& scratch, const std:
   EXPECT_EQ(judged_part(c), want) << "compare";
   EXPECT_EQ(judged_part(d), want) << "fixtures check";
   EXPECT_EQ(judged_part(e), want) << "replay";
+  for (const auto* j : {&b, &c, &d, &e}) EXPECT_EQ(rounding_part(*j), rounding_part(a)) << j->dump(1);
   EXPECT_EQ(a.at("verdict"), faulty ? "DISAGREES" : "AGREES");
   for (const auto* j : {&b, &c, &d, &e}) EXPECT_EQ(j->at("verdict"), a.at("verdict"));
   const int want_rc = faulty ? 1 : 0;
@@ -379,6 +399,7 @@ TEST(PluginOutputs, OldHeaderPluginLoadsWithEveryOutput) {
   auto p = plugin::open_plugin(DSA_OLD_HEADER_PLUGIN);
   EXPECT_EQ(p->info().provided_outputs, 0u);
   EXPECT_FALSE(p->provided_outputs().has_value());
+  EXPECT_EQ(p->info().rounding_models, 0u);  // nor a rounding model (ABI 1.2)
 }
 
 // A plugin declaring only out and lse: max_logits is not judged (partial), never missing.
@@ -427,6 +448,146 @@ TEST(SkipIsNotAgree, AuditProgressOfAnUndeclaredOpSaysSkip) {
     EXPECT_NE(line.find("] skip "), std::string::npos) << line;
   }
   EXPECT_GE(progress, 4) << "the KL properties and the kl_* fixtures each print a progress line";
+}
+
+}  // namespace
+}  // namespace dsa::cli
+
+namespace dsa::cli {
+namespace {
+
+// A plugin declares its rounding models in its capabilities (dsa_backend_v1::rounding_models,
+// ABI 1.2; issue 12 item 6): the same kernel, rounding softmax(P) to bf16 before P·V
+// (Bf16FlashStyleKernel(true)), built as a plugin declaring DSA_ROUNDING_NORMALIZED_P, one
+// declaring nothing and one declaring only DSA_ROUNDING_SINK_AFTER_ROUNDING (a declaration that
+// does not cover it). Goldens: bf16, no sink, few keys, where the max key dominates.
+const char* const kNormalizedPGoldens[] = {"smla_topk_length", "smla_leading_padding"};
+
+const nlohmann::json* output_named(const nlohmann::json& reports, const std::string& op, const std::string& name) {
+  for (const auto& o : reports.at("ops"))
+    if (o.at("op") == op)
+      for (const auto& t : o.at("outputs"))
+        if (t.at("name") == name) return &t;
+  return nullptr;
+}
+
+TEST(RoundingModels, PluginDeclaringNormalizedPAgreesUndeclaredFailsNamingTheFlag) {
+  auto declared = plugin::open_plugin(DSA_NORMALIZED_P_PLUGIN);
+  auto undeclared = plugin::open_plugin(DSA_NORMALIZED_P_UNDECLARED_PLUGIN);
+  auto sink_only = plugin::open_plugin(DSA_NORMALIZED_P_SINK_PLUGIN);
+  EXPECT_TRUE(declared->rounding_model().normalized_p);
+  EXPECT_FALSE(declared->rounding_model().sink_after_rounding);
+  EXPECT_FALSE(undeclared->rounding_model().normalized_p || undeclared->rounding_model().sink_after_rounding);
+  EXPECT_TRUE(sink_only->rounding_model().sink_after_rounding && !sink_only->rounding_model().normalized_p);
+  EXPECT_NE(plugin::describe(declared->info()).find("; rounding normalized-p"), std::string::npos)
+      << plugin::describe(declared->info());
+  for (const char* name : kNormalizedPGoldens) {
+    SCOPED_TRACE(name);
+    const fixtures::Fixture f = fixtures::load_fixture(test::golden(name));
+    const nlohmann::json plain = reports_json(oracle::judge_fixture_ops(f, *undeclared, {}));
+    const nlohmann::json wrong = reports_json(oracle::judge_fixture_ops(f, *sink_only, {}));
+    const nlohmann::json yes = reports_json(oracle::judge_fixture_ops(f, *declared, {}));
+    // Undeclared (and declared as the other model) out fails, and the report names the flag.
+    for (const auto* j : {&plain, &wrong}) {
+      EXPECT_EQ(j->at("verdict"), "DISAGREES") << j->dump(1);
+      const nlohmann::json* out = output_named(*j, "sparse_mla_fwd", "out");
+      ASSERT_NE(out, nullptr);
+      EXPECT_FALSE(out->at("passed").get<bool>());
+      EXPECT_NE(out->at("message").get<std::string>().find("--normalized-p"), std::string::npos) << out->dump(1);
+    }
+    // Declared in the capabilities: it agrees, judged with the model.
+    EXPECT_EQ(yes.at("verdict"), "AGREES") << yes.dump(1);
+    ASSERT_NE(output_named(yes, "sparse_mla_fwd", "out"), nullptr);
+    EXPECT_TRUE(output_named(yes, "sparse_mla_fwd", "out")->at("normalized_p").get<bool>());
+    // Either declares: the flag on the undeclared plugin gives the same verdicts and bounds, and
+    // the flag beside the other model's declaration too (their models joined).
+    JudgeOptions flag;
+    flag.normalized_p = true;
+    const oracle::CheckOptions with_flag = check_options(flag, false);
+    EXPECT_EQ(judged_part(reports_json(oracle::judge_fixture_ops(f, *undeclared, with_flag))), judged_part(yes));
+    EXPECT_EQ(judged_part(reports_json(oracle::judge_fixture_ops(f, *declared, with_flag))), judged_part(yes));
+    const nlohmann::json both = reports_json(oracle::judge_fixture_ops(f, *sink_only, with_flag));
+    EXPECT_EQ(both.at("verdict"), "AGREES") << both.dump(1);
+    EXPECT_TRUE(output_named(both, "sparse_mla_fwd", "out")->at("normalized_p").get<bool>());
+  }
+}
+
+// The same kernel in process judged with --normalized-p (CheckOptions), through the plugin
+// declaring it in its capabilities (no flag), and as stored outputs through compare, replay and
+// fixtures check with the flag: identical verdicts, bounds and per-output models (issue 12 item 4).
+// replay --plugin with no flag judges like them. Undeclared, the same outputs disagree here.
+TEST(RouteIdentity, NormalizedPDeclaredInThePluginCapabilitiesIsJudgedAlikeOnEveryRoute) {
+  dsa::test::Bf16FlashStyleKernel k(true);
+  JudgeOptions judge;
+  judge.normalized_p = true;
+  for (const char* name : kNormalizedPGoldens) {
+    SCOPED_TRACE(name);
+    const nlohmann::json a = expect_same_on_every_route(std::string("route_identity_normalized_p_") + name, name, k,
+                                                        DSA_NORMALIZED_P_PLUGIN, false, judge, true);
+    const fixtures::Fixture f = fixtures::load_fixture(test::golden(name));
+    EXPECT_EQ(reports_json(oracle::judge_fixture_ops(f, k, check_options(JudgeOptions{}, true))).at("verdict"),
+              "DISAGREES");
+    Scratch dir(std::string("replay_normalized_p_plugin_") + name);
+    EXPECT_EQ(run_cli("replay " + test::golden(name) + " --plugin " + DSA_NORMALIZED_P_PLUGIN + " --json " +
+                      dir.file("r.json")),
+              0);
+    const nlohmann::json r = test::read_json(dir.file("r.json"));
+    EXPECT_EQ(judged_part(r), judged_part(a));
+    EXPECT_EQ(rounding_part(r), rounding_part(a));
+  }
+}
+
+// The audit of a plugin names the rounding models it judged with and who declared them, in its
+// report, its JSON and its reproduce lines (which re-judge the same way): a plugin declaring
+// only sink_after_rounding fails the normalized-P out, and its reproduce lines carry
+// --sink-after-rounding although no flag was given; with --normalized-p added it passes, and
+// the report names both sources; the plugin declaring normalized_p passes. About 40 s.
+TEST(RoundingModels, AuditReportAndReproduceLinesNameTheDeclaredModels) {
+  Scratch dir("rounding_models_audit");
+  const std::string audit = std::string("audit --level 0 --seed 1 --dump-dir ") + dir.file("d") + " --only ";
+  const std::string sink_plugin = std::string(" --plugin ") + DSA_NORMALIZED_P_SINK_PLUGIN;
+  std::string out;
+  EXPECT_EQ(test::run_cli_capture(audit + "smla.invalid_slots_never_read,smla.topk_length_respected" + sink_plugin +
+                                      " --json " + dir.file("a.json"),
+                                  &out),
+            1)
+      << out;
+  EXPECT_FALSE(test::lines_with(out, {"rounding models of plugin:normalized_p_sink: sink_after_rounding (declared "
+                                      "by the backend's capabilities)"})
+                   .empty())
+      << out;
+  const auto repro_lines = test::lines_with(out, {"reproduce: ", "dsa-verify audit"});
+  EXPECT_EQ(repro_lines.size(), 2u) << out;
+  for (const auto& line : repro_lines) {
+    EXPECT_NE(line.find(sink_plugin + " --sink-after-rounding --only smla."), std::string::npos) << line;
+    EXPECT_EQ(line.find("--normalized-p"), std::string::npos) << line;
+  }
+  const nlohmann::json a = test::read_json(dir.file("a.json"));
+  ASSERT_EQ(a.at("rounding_models").size(), 1u) << a.dump(1);
+  EXPECT_EQ(a.at("rounding_models").at(0).at("backend"), "plugin:normalized_p_sink");
+  EXPECT_EQ(a.at("rounding_models").at(0).at("sink_after_rounding"),
+            (nlohmann::json{{"judged", true}, {"flag", false}, {"backend", true}}));
+  EXPECT_EQ(a.at("rounding_models").at(0).at("normalized_p"),
+            (nlohmann::json{{"judged", false}, {"flag", false}, {"backend", false}}));
+  // The flag adds the model the capabilities leave out: both are named, with their sources.
+  EXPECT_EQ(test::run_cli_capture(audit + "smla.invalid_slots_never_read" + sink_plugin + " --normalized-p", &out), 0)
+      << out;
+  EXPECT_FALSE(test::lines_with(out, {"rounding models of plugin:normalized_p_sink: sink_after_rounding (declared "
+                                      "by the backend's capabilities), normalized_p (--normalized-p)"})
+                   .empty())
+      << out;
+  // The plugin declaring normalized_p in its capabilities passes, and the report says so.
+  EXPECT_EQ(test::run_cli_capture(audit + "smla.invalid_slots_never_read --plugin " + DSA_NORMALIZED_P_PLUGIN +
+                                      " --json " + dir.file("b.json"),
+                                  &out),
+            0)
+      << out;
+  EXPECT_FALSE(test::lines_with(out, {"rounding models of plugin:normalized_p: normalized_p (declared by the "
+                                      "backend's capabilities)"})
+                   .empty())
+      << out;
+  EXPECT_EQ(test::read_json(dir.file("b.json")).at("rounding_models").at(0).at("normalized_p"),
+            (nlohmann::json{{"judged", true}, {"flag", false}, {"backend", true}}));
 }
 
 }  // namespace

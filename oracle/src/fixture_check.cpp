@@ -432,6 +432,8 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, const OpCase& c, Backe
       eff.provided_outputs = both;
     }
   }
+  // A rounding model it declares (a plugin's rounding_models) joins the user's: either declares.
+  eff.rounding = either(eff.rounding, candidate.rounding_model());
   std::vector<OpReport> out;
   for (Op op : fixture_ops(f)) {
     OpReport r;

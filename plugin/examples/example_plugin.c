@@ -276,6 +276,11 @@ static const dsa_backend_v1 example_table = {
     NULL,
     NULL,
     NULL,
+    /* ABI 1.2: rounding_models, how a 16-bit sparse MLA rounds where SPEC §4 leaves it free:
+       DSA_ROUNDING_NORMALIZED_P for a kernel that rounds softmax(P) to 16 bits before P.V,
+       DSA_ROUNDING_SINK_AFTER_ROUNDING for one that rounds out before applying attn_sink.
+       This one rounds neither (fp32 P.V, out rounded once). */
+    0u,
 };
 
 DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t loader_abi_version) {

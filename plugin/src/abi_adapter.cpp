@@ -278,7 +278,7 @@ dsa_capabilities reference_like_capabilities() {
 const dsa_backend_v1* make_adapter_table(const char* name, const char* version,
                                          const dsa_capabilities& caps,
                                          std::function<std::unique_ptr<Backend>()> factory,
-                                         uint32_t provided_outputs) {
+                                         uint32_t provided_outputs, uint32_t rounding_models) {
   static std::once_flag built;
   std::call_once(built, [&] {
     AdapterState& s = state();
@@ -303,6 +303,7 @@ const dsa_backend_v1* make_adapter_table(const char* name, const char* version,
     t.fp8_indexer_scores = (ops & DSA_OP_FP8_INDEXER_SCORES) ? &fp8_indexer_scores : nullptr;
     t.paged_indexer_scores = (ops & DSA_OP_PAGED_INDEXER_SCORES) ? &paged_indexer_scores : nullptr;
     t.sparse_mla_fp8_fwd = (ops & DSA_OP_SPARSE_MLA_FP8_FWD) ? &sparse_mla_fp8_fwd : nullptr;
+    t.rounding_models = rounding_models;
   });
   return &state().table;
 }

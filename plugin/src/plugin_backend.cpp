@@ -55,7 +55,7 @@ struct Library {
 };
 
 /// True when the table carries the ABI 1.1 fields (fp8_caps and the §10 ops).
-bool has_abi_1_1(const dsa_backend_v1& t) { return t.struct_size >= sizeof(dsa_backend_v1); }
+bool has_abi_1_1(const dsa_backend_v1& t) { return t.struct_size >= DSA_BACKEND_V1_PRE_ROUNDING_SIZE; }
 
 std::optional<DType> dtype_of_code(int32_t code) {
   switch (code) {
@@ -82,6 +82,13 @@ uint32_t declared_outputs(const dsa_backend_v1& t) {
   return t.struct_size >= offsetof(dsa_backend_v1, provided_outputs) + sizeof(uint32_t)
              ? t.provided_outputs
              : 0u;
+}
+
+// rounding_models as declared; 0 (nothing declared) for tables of an ABI 1.1 or older header,
+// which end before the field: it is never read past struct_size.
+uint32_t declared_rounding(const dsa_backend_v1& t) {
+  return t.struct_size >= offsetof(dsa_backend_v1, rounding_models) + sizeof(uint32_t) ? t.rounding_models
+                                                                                       : 0u;
 }
 
 // The DSA_OUTPUT_* bits of each op's outputs, with their names (oracle output names).
@@ -209,6 +216,11 @@ std::vector<std::string> table_problems(const dsa_backend_v1& t) {
       if (!any) p.push_back(std::string("provided_outputs declares no output of ") + f.name);
     }
   }
+  const uint32_t rounding = declared_rounding(t);
+  if (rounding & ~DSA_ROUNDING_ALL_V1_2) p.push_back("rounding_models has unknown bits");
+  if (rounding != 0 && !(c.ops & (DSA_OP_SPARSE_MLA_FWD | DSA_OP_SPARSE_MLA_BWD | DSA_OP_SPARSE_MLA_FP8_FWD)))
+    p.push_back("rounding_models declares a rounding model but caps.ops declares no sparse MLA op (sparse_mla_fwd, "
+                "sparse_mla_bwd, sparse_mla_fp8_fwd): the models describe a 16-bit sparse MLA out");
   return p;
 }
 
@@ -568,6 +580,14 @@ bool PluginBackend::supports(Op op) const { return (impl_->info.caps.ops & op_bi
 const PluginInfo& PluginBackend::info() const { return impl_->info; }
 std::optional<std::set<std::string>> PluginBackend::provided_outputs() const {
   return provided_output_names(impl_->info);
+}
+dsa::oracle::RoundingModel PluginBackend::rounding_model() const { return rounding_model_of(impl_->info); }
+
+dsa::oracle::RoundingModel rounding_model_of(const PluginInfo& info) {
+  dsa::oracle::RoundingModel m;
+  m.sink_after_rounding = (info.rounding_models & DSA_ROUNDING_SINK_AFTER_ROUNDING) != 0;
+  m.normalized_p = (info.rounding_models & DSA_ROUNDING_NORMALIZED_P) != 0;
+  return m;
 }
 const PluginOptions& PluginBackend::options() const { return impl_->options; }
 
@@ -1115,6 +1135,9 @@ std::string describe(const PluginInfo& info) {
     s += "; fp8 " + join({{(info.fp8_caps & DSA_FP8_CAP_E4M3FN) != 0, "e4m3fn"},
                           {(info.fp8_caps & DSA_FP8_CAP_E5M2) != 0, "e5m2"},
                           {(info.fp8_caps & DSA_FP8_REDUCED_ACCUMULATION) != 0, "reduced-accumulation"}});
+  if (info.rounding_models)
+    s += "; rounding " + join({{(info.rounding_models & DSA_ROUNDING_SINK_AFTER_ROUNDING) != 0, "sink-after-rounding"},
+                               {(info.rounding_models & DSA_ROUNDING_NORMALIZED_P) != 0, "normalized-p"}});
   return s;
 }
 
@@ -1143,6 +1166,7 @@ std::unique_ptr<PluginBackend> open_plugin(const std::string& path, const Plugin
   impl->info.caps = t.caps;
   impl->info.provided_outputs = declared_outputs(t);
   impl->info.fp8_caps = has_abi_1_1(t) ? t.fp8_caps : 0;
+  impl->info.rounding_models = declared_rounding(t);
   return std::unique_ptr<PluginBackend>(new PluginBackend(std::move(impl)));
 }
 

@@ -12,6 +12,13 @@ typedef char abi_1_1_fields_are_appended[DSA_BACKEND_V1_PRE_FP8_SIZE ==
                                              ? 1
                                              : -1];
 
+/* ABI 1.2 appends rounding_models after the last §10 op (1.1 plugins keep their layout). */
+typedef char abi_1_2_field_is_appended[DSA_BACKEND_V1_PRE_ROUNDING_SIZE ==
+                                               offsetof(dsa_backend_v1, sparse_mla_fp8_fwd) +
+                                                   sizeof(void (*)(void))
+                                           ? 1
+                                           : -1];
+
 static dsa_status no_topk(const dsa_topk_args* a, char* err, size_t err_size) {
   (void)a;
   (void)err;

@@ -27,6 +27,11 @@
 #define KIND_UNDERRUN 15      /* writes one int32 8 bytes before the start of indices */
 #define KIND_OLD_HEADER 16    /* a correct plugin built against the first ABI 1 header (its
                                  struct_size ends before provided_outputs): must still load */
+#define KIND_ABI_1_1_HEADER 17 /* a correct plugin built against the ABI 1.1 header: struct_size
+                                  ends before rounding_models, whose bytes here hold garbage
+                                  (all bits set) the loader must not read: loads, declares none */
+#define KIND_BAD_ROUNDING 18  /* rounding_models with an unknown bit and normalized P on a
+                                 top-k-only plugin (no sparse MLA op): a load error */
 
 #ifndef DSA_BAD_KIND
 #error "define DSA_BAD_KIND"
@@ -105,6 +110,8 @@ static const dsa_backend_v1 bad_table = {
 #endif
 #if DSA_BAD_KIND == KIND_OLD_HEADER
     (uint32_t)offsetof(dsa_backend_v1, provided_outputs),
+#elif DSA_BAD_KIND == KIND_ABI_1_1_HEADER
+    (uint32_t)DSA_BACKEND_V1_PRE_ROUNDING_SIZE,
 #else
     (uint32_t)sizeof(dsa_backend_v1),
 #endif
@@ -135,6 +142,17 @@ static const dsa_backend_v1 bad_table = {
     NULL,
     NULL,
     0,
+    0u,
+    NULL,
+    NULL,
+    NULL,
+#if DSA_BAD_KIND == KIND_ABI_1_1_HEADER
+    0xFFFFFFFFu,
+#elif DSA_BAD_KIND == KIND_BAD_ROUNDING
+    DSA_ROUNDING_NORMALIZED_P | 0x8u,
+#else
+    0u,
+#endif
 };
 
 DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t loader_abi_version) {

@@ -9,6 +9,11 @@
 // bf16 only (other dtypes: NotSupported; the plugin declares BF16 inputs only). Served in process
 // and as a plugin (dsa_bf16_out_plugin, plugin/tests/bf16_out_plugin.cpp).
 //
+// Built with normalized_p, it rounds the normalized probabilities softmax(P) = P / sum to bf16
+// before P·V instead (the max key's probability too: DeepSeek's inference model.py, most PyTorch
+// kernels), the kernel of the declared rounding model normalized_p (SPEC §9, --normalized-p);
+// served as plugins that declare it in rounding_models or not (normalized_p_plugin.cpp).
+//
 // Until 2026-12-01 this kernel rounded the float64 out to bf16 and moved every element within
 // 1/32 ulp of a rounding midpoint to the farther bf16 neighbour (up to 0.53 ulp off), claiming
 // that a real kernel's fp32 errors move such values across the midpoint. They do not: a correct
@@ -31,7 +36,10 @@ namespace dsa::test {
 
 class Bf16FlashStyleKernel : public oracle::Backend {
  public:
-  std::string name() const override { return "bf16-flash-style"; }
+  /// normalized_p: round softmax(P) (not exp(P - max)) to bf16 before P·V. It declares nothing
+  /// itself (rounding_model() stays the default): the routes under test declare it.
+  explicit Bf16FlashStyleKernel(bool normalized_p = false) : normalized_p_(normalized_p) {}
+  std::string name() const override { return normalized_p_ ? "bf16-normalized-p" : "bf16-flash-style"; }
   bool supports(oracle::Op op) const override {
     return op == oracle::Op::SparseMlaFwd || op == oracle::Op::SparseMlaBwd;
   }
@@ -80,8 +88,9 @@ class Bf16FlashStyleKernel : public oracle::Backend {
         }
         for (int64_t c = 0; c < d_v; ++c) {
           float acc = 0;
-          for (size_t j = 0; j < ids.size(); ++j) acc += bf16(p[j]) * static_cast<float>(kv[static_cast<size_t>(ids[j] * d + c)]);
-          out[static_cast<size_t>((t * h_q + h) * d_v + c)] = acc / sum * scale;
+          for (size_t j = 0; j < ids.size(); ++j)
+            acc += bf16(normalized_p_ ? p[j] / sum : p[j]) * static_cast<float>(kv[static_cast<size_t>(ids[j] * d + c)]);
+          out[static_cast<size_t>((t * h_q + h) * d_v + c)] = (normalized_p_ ? acc : acc / sum) * scale;
         }
       }
     }
@@ -97,6 +106,9 @@ class Bf16FlashStyleKernel : public oracle::Backend {
     if (g.dsink) r.dsink = g.dsink->to(DType::F32);
     return r;
   }
+
+ private:
+  bool normalized_p_ = false;
 };
 
 }  // namespace dsa::test

@@ -166,8 +166,32 @@ TEST(PluginLoad, AnOlderTableLacksTheSection10Ops) {
   EXPECT_FALSE(b->supports(Op::SparseMlaFp8Fwd));
   EXPECT_FALSE(b->fp8_reduced_accumulation());
   EXPECT_EQ(b->info().fp8_caps, 0u);
+  EXPECT_EQ(b->info().rounding_models, 0u);
   const Tensor ids = call_topk(*b);
   EXPECT_EQ(ids.dtype(), DType::I32);
+}
+
+// Backward compatibility of ABI 1.2: a table built against the 1.1 header ends before
+// rounding_models. The bytes past its struct_size hold all bits set here; the loader never reads
+// them (it would reject unknown bits, and a model without a sparse MLA op), so the plugin loads,
+// keeps its ABI 1.1 fields and declares no rounding model.
+TEST(PluginLoad, AnAbi11TableDeclaresNoRoundingModel) {
+  auto b = open_plugin(DSA_BAD_PLUGIN_ABI_1_1_HEADER, quick());
+  EXPECT_EQ(b->info().rounding_models, 0u);
+  EXPECT_FALSE(b->rounding_model().sink_after_rounding);
+  EXPECT_FALSE(b->rounding_model().normalized_p);
+  EXPECT_EQ(describe(b->info()).find("rounding"), std::string::npos) << describe(b->info());
+  EXPECT_TRUE(b->supports(Op::Topk));
+  EXPECT_EQ(call_topk(*b).dtype(), DType::I32);
+}
+
+// rounding_models with an unknown bit, or a model on a plugin without a sparse MLA op: a load
+// error listing both, never a model silently applied or dropped.
+TEST(PluginLoad, RoundingModelsAreValidated) {
+  const std::string m = message_of<PluginLoadError>([] { open_plugin(DSA_BAD_PLUGIN_BAD_ROUNDING, quick()); });
+  EXPECT_TRUE(has(m, "rounding_models has unknown bits")) << m;
+  EXPECT_TRUE(has(m, "rounding_models declares a rounding model but caps.ops declares no sparse MLA op"))
+      << m;
 }
 
 TEST(PluginCall, UnsupportedStatusIsASkip) {

@@ -32,7 +32,8 @@
  *
  * Revisions of version 1: 1.0 (six ops), then provided_outputs appended; 1.1 appends fp8_caps
  * and the §10 inference ops at the end of dsa_backend_v1 (backward compatible: older plugins
- * keep loading and lack the new ops). Symbols: s_q query rows, s_kv key rows,
+ * keep loading and lack the new ops); 1.2 appends rounding_models (an older table reads as 0:
+ * nothing declared). Symbols: s_q query rows, s_kv key rows,
  * H_I/d_I indexer heads/width, h_q heads, d_qk q/k width, d_v value width, k top-k width.
  */
 #ifndef DSA_BACKEND_ABI_H_
@@ -111,6 +112,17 @@ typedef int32_t dsa_status;
 #define DSA_FP8_CAP_E4M3FN (1u << 0)
 #define DSA_FP8_CAP_E5M2 (1u << 1)
 #define DSA_FP8_REDUCED_ACCUMULATION (1u << 2)
+
+/** Bits of dsa_backend_v1.rounding_models (ABI 1.2): how a 16-bit sparse MLA kernel rounds
+ *  where SPEC §4 leaves it free, the plugin's own declaration of the CLI's --sink-after-rounding
+ *  and --normalized-p (oracle::RoundingModel). The audit judges with a model when either the
+ *  flag or this bit declares it, and its report and reproduce lines name it (SPEC §9). */
+/** out rounded to 16 bits before attn_sink is applied: out = fl16(fl32(fl16(o) * r)). */
+#define DSA_ROUNDING_SINK_AFTER_ROUNDING (1u << 0)
+/** softmax(P) rounded to 16 bits before P*V, the max key's probability too (FlashMLA's
+ *  exp(P - max) keeps that one exactly 1 and needs no bit). */
+#define DSA_ROUNDING_NORMALIZED_P (1u << 1)
+#define DSA_ROUNDING_ALL_V1_2 0x3u
 
 /** Element type codes used by this ABI (values of dsa_output_dtypes fields). */
 #define DSA_DTYPE_F64 1
@@ -388,10 +400,18 @@ typedef struct dsa_backend_v1 {
                                      size_t err_size);
   dsa_status (*sparse_mla_fp8_fwd)(const dsa_sparse_mla_fp8_fwd_args* args, char* err,
                                    size_t err_size);
+  /* ---- ABI 1.2. Appended after the §10 ops: a table whose struct_size ends before it (at most
+   * DSA_BACKEND_V1_PRE_ROUNDING_SIZE, an older header) keeps loading and declares nothing. It
+   * extends the capabilities record, which cannot grow in place (fields follow it). ---- */
+  /** DSA_ROUNDING_* bits; 0 = neither model. Only with a sparse MLA op declared
+   *  (sparse_mla_fwd, sparse_mla_bwd or sparse_mla_fp8_fwd); unknown bits fail the load. */
+  uint32_t rounding_models;
 } dsa_backend_v1;
 
 /** struct_size of a table built before the §10 fields (everything up to provided_outputs). */
 #define DSA_BACKEND_V1_PRE_FP8_SIZE (offsetof(dsa_backend_v1, fp8_caps))
+/** struct_size of a table built before rounding_models (an ABI 1.1 header). */
+#define DSA_BACKEND_V1_PRE_ROUNDING_SIZE (offsetof(dsa_backend_v1, rounding_models))
 
 /** Type of the exported entry point. `loader_abi_version` is the loader's
  *  DSA_BACKEND_ABI_VERSION; return NULL if the plugin cannot serve it. Must be cheap and

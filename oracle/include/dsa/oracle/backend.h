@@ -15,6 +15,28 @@
 
 namespace dsa::oracle {
 
+/// How a 16-bit sparse MLA kernel rounds, where SPEC §4 leaves it free and the oracle cannot
+/// tell from the outputs: declared, never inferred (a model inferred from the outputs would let
+/// a wrong value move its own bound), by the user (CheckOptions::rounding: --sink-after-rounding,
+/// --normalized-p) or by the backend (Backend::rounding_model: a plugin's rounding_models, ABI
+/// 1.2); judge_fixture_ops and the audit's property tasks judge with a model when either
+/// declares it. Each adds its rounding to out's
+/// bound (judge_tensor) and the WEAK rows follow from that bound.
+struct RoundingModel {
+  /// out rounded to 16 bits before attn_sink is applied: out = fl16(fl32(fl16(o)·r)), r the
+  /// row's sink factor (--sink-after-rounding; OutputFloor::sink_rescale)
+  bool sink_after_rounding = false;
+  /// the normalized probabilities p = softmax(P) rounded to 16 bits before P·V, the max key's
+  /// too (--normalized-p; OutputFloor::narrow_pmax). Off: FlashMLA's exp(P - max), whose max
+  /// key is exactly 1.
+  bool normalized_p = false;
+};
+
+/// The models either declares (a field is set when it is set in `a` or in `b`). Throws nothing.
+inline RoundingModel either(const RoundingModel& a, const RoundingModel& b) {
+  return {a.sink_after_rounding || b.sink_after_rounding, a.normalized_p || b.normalized_p};
+}
+
 /// The ops a backend may implement (names as in the `dsa` operator library).
 /// The last three are the FP8 / paged inference ops of SPEC §10.
 enum class Op {
@@ -94,6 +116,11 @@ class Backend {
   /// std::nullopt = every output of each op it supports (SPEC §9 complete outputs). A plugin
   /// declares them in dsa_backend_v1::provided_outputs; the others are not judged.
   virtual std::optional<std::set<std::string>> provided_outputs() const { return std::nullopt; }
+  /// How the kernel rounds where SPEC §4 leaves it free (RoundingModel; default: neither
+  /// model). A plugin declares it in dsa_backend_v1::rounding_models. judge_fixture_ops and
+  /// the audit's property tasks add it to CheckOptions::rounding (either declares), as they
+  /// narrow to provided_outputs(); a route that wraps another backend forwards it.
+  virtual RoundingModel rounding_model() const { return {}; }
 
   virtual Tensor indexer_scores(const Tensor& q_idx, const Tensor& k_idx, const Tensor& w,
                                 const KeyWindows& windows);

@@ -60,7 +60,8 @@ CandidateBackend expected_candidate(const fixtures::Fixture& f);
 
 /// check_op of `candidate` for every op of `f` on op_case_from_fixture(f) with `opt`: the
 /// one judging function behind every route. Backend::provided_outputs (a plugin's
-/// declaration) narrows opt.provided_outputs (intersection). For a CandidateBackend (stored outputs), an op
+/// declaration) narrows opt.provided_outputs (intersection); Backend::rounding_model (a
+/// plugin's rounding_models) joins opt.rounding (either declares). For a CandidateBackend (stored outputs), an op
 /// of which it stores no output is Incomplete, or not judged (Skip, names in not_judged)
 /// when opt.provided_outputs names none of that op's outputs. An op the backend declines
 /// (NotSupported from its call although it supports the op: OpReport::declined) is

@@ -83,6 +83,8 @@ struct CheckOptions {
   /// out = fl16(fl32(fl16(o)·r))) and normalized_p (--normalized-p: softmax(P) rounded to 16
   /// bits before P·V, the max key too). Declared by the user, never inferred from the outputs:
   /// out's bound then adds that rounding and its WEAK rows follow that bound (judge_tensor).
+  /// judge_fixture_ops and the audit's property tasks add what the backend declares
+  /// (Backend::rounding_model, a plugin's rounding_models): either declares.
   /// Undeclared, such a kernel fails by up to about one 16-bit ulp, and the report names the flag.
   RoundingModel rounding;
 };

@@ -14,20 +14,6 @@
 
 namespace dsa::oracle {
 
-/// How a 16-bit sparse MLA kernel rounds, where SPEC §4 leaves it free and the oracle cannot
-/// tell from the outputs: declared by the user, never inferred (a model inferred from the
-/// outputs would let a wrong value move its own bound). Each adds its rounding to out's bound
-/// (judge_tensor) and the WEAK rows follow from that bound.
-struct RoundingModel {
-  /// out rounded to 16 bits before attn_sink is applied: out = fl16(fl32(fl16(o)·r)), r the
-  /// row's sink factor (--sink-after-rounding; OutputFloor::sink_rescale)
-  bool sink_after_rounding = false;
-  /// the normalized probabilities p = softmax(P) rounded to 16 bits before P·V, the max key's
-  /// too (--normalized-p; OutputFloor::narrow_pmax). Off: FlashMLA's exp(P - max), whose max
-  /// key is exactly 1.
-  bool normalized_p = false;
-};
-
 /// The bound of one element and its parts (SPEC §9, with the per-element baseline term):
 /// bound = rho_e_row + floor_acc + floor_underflow + floor_round + floor_presink,
 /// rho_e_row = ρ · min(E_row, kappa_row · own_scale) (judge_tensor).

@@ -37,7 +37,14 @@ struct PluginInfo {
   /// for tables built against the first ABI 1 header, which lack the field).
   uint32_t provided_outputs = 0;
   uint32_t fp8_caps = 0;  ///< DSA_FP8_* bits (ABI 1.1; 0 for an ABI 1.0 table)
+  /// dsa_backend_v1::rounding_models: DSA_ROUNDING_* bits (ABI 1.2; 0, nothing declared, for a
+  /// table built against an older header, which ends before the field).
+  uint32_t rounding_models = 0;
 };
+
+/// The rounding models `info` declares (rounding_models: DSA_ROUNDING_SINK_AFTER_ROUNDING →
+/// sink_after_rounding, DSA_ROUNDING_NORMALIZED_P → normalized_p). Throws nothing.
+dsa::oracle::RoundingModel rounding_model_of(const PluginInfo& info);
 
 /// Names of the outputs declared in provided_outputs (oracle output names, e.g. {"out",
 /// "lse"}); std::nullopt when the plugin writes every output (bits 0).
@@ -49,7 +56,8 @@ uint32_t op_bit(dsa::oracle::Op op);
 /// One line for report headers (op names as dsa::oracle::to_string), e.g. "plugin 'example'
 /// 1.0 (ABI 1, /abs/lib.so): ops indexer_scores,topk,sparse_mla_fwd; inputs F32|BF16;
 /// devices cpu; tie any|small|large; order sorted|unsorted; deterministic; outputs
-/// index_scores=F32 mla_out=as-input mla_stats=F32".
+/// index_scores=F32 mla_out=as-input mla_stats=F32"; a declared rounding model adds
+/// "; rounding normalized-p" (or sink-after-rounding, or both joined by '|').
 std::string describe(const PluginInfo& info);
 
 /// A loaded plugin. Every op: validates shapes like the reference (std::invalid_argument
@@ -74,6 +82,8 @@ class PluginBackend : public dsa::oracle::Backend {
   bool supports(dsa::oracle::Op op) const override;
   /// provided_output_names(info()): the outputs declared in provided_outputs.
   std::optional<std::set<std::string>> provided_outputs() const override;
+  /// rounding_model_of(info()): the models declared in rounding_models (ABI 1.2).
+  dsa::oracle::RoundingModel rounding_model() const override;
   const PluginInfo& info() const;
   const PluginOptions& options() const;
 
@@ -132,7 +142,8 @@ class PluginBackend : public dsa::oracle::Backend {
 /// (unknown bits, no ops, a declared op whose function is NULL, no input dtype, no device,
 /// no tie policy/order for top-k, an output dtype code illegal for its family, deterministic
 /// not 0/1, unknown provided_outputs bits or a declared op none of whose outputs is
-/// provided), or a crash/hang of the probe.
+/// provided, unknown rounding_models bits or a rounding model without a sparse MLA op; a
+/// table ending before rounding_models declares none), or a crash/hang of the probe.
 std::unique_ptr<PluginBackend> open_plugin(const std::string& path,
                                            const PluginOptions& options = {});
 
