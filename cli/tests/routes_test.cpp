@@ -278,6 +278,25 @@ TEST(RouteIdentity, Bf16FlashStylePluginPassesTheAudit) {
   EXPECT_FALSE(test::lines_with(out, {"audit: 3 passed, 0 failed, 0 skipped"}).empty()) << out;
 }
 
+// Declaring a rounding model never turns a passing kernel's audit into a failure (fresh11 F7):
+// with θ = 1e-2 on the declared bound, ordinary generated rows went WEAK (1.007-1.13e-2 of the
+// row scale) and the example plugin went from 25 passed to 16 passed, 9 failed under
+// --sink-after-rounding. The declared models' own θ (theta_declared_rounding16, 2e-2) keeps
+// every sparse MLA forward property passing, without --allow-weak.
+TEST(RouteIdentity, DeclaredRoundingModelsKeepAPassingPluginPassing) {
+  Scratch dir("declared_models_audit");
+  for (const char* flag : {"--sink-after-rounding", "--normalized-p"}) {
+    std::string out;
+    EXPECT_EQ(test::run_cli_capture(std::string("audit --plugin ") + DSA_EXAMPLE_PLUGIN + " " + flag +
+                                        " --ops sparse_mla_fwd --level 0 --seed 1 --dump-dir " +
+                                        dir.file("d"),
+                                    &out),
+              0)
+        << flag << "\n" << out;
+    EXPECT_TRUE(test::lines_with(out, {"WEAK"}).empty()) << flag << "\n" << out;
+  }
+}
+
 // The declared rounding models on the FP8 sparse MLA forward (SPEC §9, §10): a kernel that
 // rounds the normalized softmax(P) to bf16 before P·V (the max key's p too), and one that
 // applies attn_sink after rounding out, on a few-key power-of-two case built in memory

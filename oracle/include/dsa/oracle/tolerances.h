@@ -41,6 +41,14 @@ struct Tolerance {
 /// 2019 model). Unitless; defined with its derivation in oracle/src/tolerances.cpp.
 double quadrature16();
 
+/// θ of a 16-bit sparse MLA `out` judged under a declared rounding model (--sink-after-rounding,
+/// --normalized-p; oracle::RoundingModel): such a kernel rounds twice, so its own error
+/// reaches one 16-bit ulp (2^-8 of the value for bf16) on top of P's rounding, and its bound
+/// reaches past 1e-2 of the row scale on ordinary generated rows. Unitless (relative to the row
+/// scale); the value and its measurements are in oracle/src/tolerances.cpp. Only the WEAK
+/// label uses θ: the bound itself is unchanged.
+double theta_declared_rounding16();
+
 /// The entry for (op, output, dtype). Throws std::out_of_range naming the key when absent
 /// (a missing entry is a bug in the table, never silently a default).
 const Tolerance& tolerance(const std::string& op, const std::string& output, DType dtype);
