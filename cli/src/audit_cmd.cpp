@@ -86,11 +86,13 @@ int run_audit(const AuditOptions& opts) {
   plugin::InterruptHandlers interrupts;
   FixtureDirs dirs = default_fixture_dirs();
   std::vector<std::string> names = opts.backends.empty() ? default_backends() : opts.backends;
+  // One per-call limit for both watchers: a plugin's killed child and an in-process call's watchdog.
+  const std::chrono::milliseconds per_call = call_timeout(opts.timeout_s);
   // A plugin is checked now (a library that cannot be used throws PluginLoadError: exit 2)
   // and registered as "plugin:<name>"; every call then runs in an isolated child process.
   if (!opts.plugin.empty()) {
     plugin::PluginOptions po;
-    po.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(opts.timeout_s * 1000)));  // >= 1 (numeric_options.h)
+    po.timeout = per_call;
     try {
       names = {plugin::register_plugin(opts.plugin, po)};
     } catch (const std::exception&) {
@@ -194,8 +196,7 @@ int run_audit(const AuditOptions& opts) {
     std::unique_ptr<CallWatchdog> watchdog;
     std::unique_ptr<WatchdogBackend> guarded;
     if (opts.plugin.empty()) {
-      const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(opts.timeout_s * 1000)));
-      watchdog = std::make_unique<CallWatchdog>(timeout, [&](const std::string& what, double secs) {
+      watchdog = std::make_unique<CallWatchdog>(per_call, [&](const std::string& what, double secs) {
         std::lock_guard<std::mutex> lock(state_mu);  // never released: the process ends below
         std::vector<CaseResult> cases = all;
         size_t not_run = 0;

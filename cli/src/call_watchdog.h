@@ -7,7 +7,9 @@
 // flushing; no destructor runs, so nothing the stuck call uses is freed under it).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -20,6 +22,15 @@
 #include "dsa/oracle/backend.h"
 
 namespace dsa::cli {
+
+/// One per-call timeout, `seconds` (the audit's --timeout, Python's timeout=), as the whole
+/// milliseconds that both of its watchers count: CallWatchdog for an in-process backend and the
+/// plugin runner's killed-at-timeout child (plugin::PluginOptions::timeout). Rounded to nearest,
+/// at least 1 ms. The caller checks the range first (numeric_options.h: 0.001 to 86400 s;
+/// Python's check_timeout); this converts only.
+inline std::chrono::milliseconds call_timeout(double seconds) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(std::llround(seconds * 1000))));
+}
 
 /// Watches the op calls made through WatchdogBackend. `timeout`: seconds per call (> 0; the
 /// audit's --timeout, the same value as a plugin call's). `on_timeout(what, seconds)` runs on

@@ -116,10 +116,8 @@ std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o
   ts->subject.name = ts->backend->name();
   ts->subject.make = [shared]() -> std::unique_ptr<oracle::Backend> { return std::make_unique<PyBackend>(shared); };
   if (o.contains("call_timeout") && !o["call_timeout"].is_none()) {
-    const double secs = o["call_timeout"].cast<double>();
     ts->watchdog = std::make_unique<cli::CallWatchdog>(
-        std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(std::llround(secs * 1000)))),
-        [](const std::string& what, double elapsed) {
+        cli::call_timeout(o["call_timeout"].cast<double>()), [](const std::string& what, double elapsed) {
           {
             py::gil_scoped_acquire gil;  // the stuck call may hold it: then this waits (isolate=True)
             try {
