@@ -46,7 +46,27 @@ bool run_backend(OpReport& r, Backend& b, bool twice, const std::string& what, C
   try {
     out = call();
     if (twice && b.deterministic()) {
-      R again = call();
+      // The first run's outputs are judged whatever the second does: a backend that declines
+      // or throws on the identical second call (after returning outputs) fails here and the
+      // first outputs are still judged (fresh11 F10: a kernel x1.5 wrong on the first call
+      // that declined the re-run was never judged, exit 0).
+      R again;
+      try {
+        again = call();
+      } catch (const NotSupported& e) {
+        r.determinism_checked = true;
+        r.fail(std::string("deterministic backend declined the second run of the same call after returning "
+                           "outputs on the first (SPEC §3.5: a decline depends on the call, never on the run): ") +
+               e.what());
+        return true;
+      } catch (const std::bad_alloc&) {
+        throw;
+      } catch (const std::exception& e) {
+        r.determinism_checked = true;
+        r.fail(std::string("deterministic backend threw on the second run of the same call after returning "
+                           "outputs on the first: ") + e.what());
+        return true;
+      }
       r.determinism_checked = true;
       r.determinism_ok = eq(out, again);
       if (!r.determinism_ok) {

@@ -333,6 +333,20 @@ std::optional<OpCase> twin_without_mandatory(Op op, const OpCase& c) {
 
 // True when `b` runs op on `twin` without throwing (a result, whatever its values: the twin is
 // not judged). A decline (NotSupported), an argument error or any other error is false.
+// The case with the last slot of row 0 set to -1 (an invalid id, SPEC §4), everything else
+// as given: a sparse MLA case of k >= 1 slots; nullopt for other ops or k = 0.
+std::optional<OpCase> twin_with_an_invalid_id(Op op, const OpCase& c) {
+  if (op != Op::SparseMlaFwd && op != Op::SparseMlaBwd) return std::nullopt;
+  const int64_t k = c.mla.indices.size(-1);
+  if (k < 1 || c.mla.indices.numel() < k) return std::nullopt;
+  OpCase twin = c;
+  twin.memo = nullptr;  // never judged: the backend runs it, nothing else
+  twin.fwd_out.reset();
+  twin.mla.indices = c.mla.indices.to(c.mla.indices.dtype());  // a copy: the case keeps its ids
+  twin.mla.indices.set(k - 1, -1.0);
+  return twin;
+}
+
 bool runs_twin(Backend& b, Op op, const OpCase& twin) {
   try {
     switch (op) {
@@ -360,9 +374,22 @@ void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backe
   auto skip = [&](const std::string& note) { r.reason = "declined: " + why + " (" + note + ")"; };
   if (declared_limitation(why)) return skip("a limit the backend declares up front; not judged");
   const std::vector<CaseFeature> features = mandatory_features(op, c);
-  if (features.empty())
+  if (features.empty()) {
+    // A limit of the kernel is a shape, dtype or optional input: the same case with one id of
+    // row 0 made invalid (-1, SPEC §4: contributes nothing) has all of them. A backend that runs
+    // that twin declined this case by its values (fresh11 F10: a plugin declining every case
+    // whose ids are all valid and distinct passed the audit with those goldens as skips).
+    if (const std::optional<OpCase> twin = twin_with_an_invalid_id(op, c); twin && runs_twin(candidate, op, *twin)) {
+      r.verdict = Verdict::Incomplete;
+      r.notes.push_back("declined: " + why);
+      r.reason = "INCOMPLETE: backend declined " + label_of(f) + " but ran the same case with one id of row 0 "
+                 "set to -1 (same shapes, dtypes and optional inputs): the decline depends on the values, not on "
+                 "a limit of the kernel: " + why;
+      return;
+    }
     return skip("the case holds no SPEC-mandatory feature: a limit of the kernel (a shape, dtype or optional "
                 "input); not judged");
+  }
   std::string all_words;
   for (const auto& x : features) all_words += std::string(all_words.empty() ? "" : "; ") + x.description;
   const std::optional<OpCase> twin = twin_without_mandatory(op, c);

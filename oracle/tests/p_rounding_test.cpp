@@ -86,16 +86,22 @@ TEST(PRounding, NormalizedPInBf16FailsUndeclaredAndPassesDeclared) {
       if (t.name != "out") continue;
       EXPECT_TRUE(t.rounding.normalized_p);
       EXPECT_EQ(t.weak_rows, 0);
-      for (const auto& u : once.tensors)
-        if (u.name == "out") EXPECT_EQ(u.row_max_bound, t.row_max_bound);
+      for (const auto& u : once.tensors) {
+        if (u.name == "out") {
+          EXPECT_EQ(u.row_max_bound, t.row_max_bound);
+        }
+      }
       std::vector<double> x = out.to_f64();
       for (size_t i = 0; i < x.size(); ++i) x[i] += 2 * t.theta * t.row_scale[i / static_cast<size_t>(t.row_len)];
       NamedOutputs moved = o;
       moved["out"] = Tensor::from_f64(out.shape(), x).to(DType::BF16);
       const OpReport m = judge_outputs(Op::SparseMlaFwd, c, moved, declared);
       ASSERT_EQ(m.verdict, Verdict::Fail);
-      for (const auto& mt : m.tensors)
-        if (mt.name == "out") EXPECT_GT(mt.failed_elements, static_cast<int64_t>(x.size() / 2));
+      for (const auto& mt : m.tensors) {
+        if (mt.name == "out") {
+          EXPECT_GT(mt.failed_elements, static_cast<int64_t>(x.size() / 2));
+        }
+      }
     }
   }
 }
