@@ -155,17 +155,31 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   // the binade is taken at the element's reference plus its other bound parts (the kernel's
   // o may lie that far up). Only 16-bit outputs round twice.
   const bool presink_possible = out16 && !floor.sink_rescale.empty();
-  c.rounding.sink_after_rounding = model.sink_after_rounding && presink_possible;
   check_arg(floor.narrow_pmax.empty() || floor.narrow_pmax.size() == floor.acc.size(), "judge_tensor",
             "floor.narrow_pmax", std::to_string(floor.narrow_pmax.size()) + " entries",
             std::to_string(numel) + " (one per element of '" + name + "') or none");
   // A kernel that normalizes before rounding P to 16 bits rounds the max key's probability
   // too (OutputFloor::narrow_pmax); FlashMLA's exp(0) = 1 is exact. Only a 16-bit out.
   const bool pmax_possible = out16 && !floor.narrow_pmax.empty();
-  c.rounding.normalized_p = model.normalized_p && pmax_possible;
-  // A declared model's kernel errs by up to one more 16-bit rounding: its detection δ is its
-  // own (theta_declared_rounding16, measured); the bound itself is unchanged.
-  if (c.rounding.sink_after_rounding || c.rounding.normalized_p)
+  // The backward of such a kernel (dq, dkv, dsink) judged without its own out: its Δ comes
+  // from that out, further from the baseline's than δΔ16 allows by the model's extra
+  // (OutputFloor::narrow_delta_pmax, _presink). With a shared Δ the baseline holds it.
+  const bool dpmax_possible = !delta_shared && !floor.narrow_delta_pmax.empty();
+  const bool dpresink_possible = !delta_shared && !floor.narrow_delta_presink.empty();
+  check_arg((floor.narrow_delta_pmax.empty() || floor.narrow_delta_pmax.size() == floor.acc.size()) &&
+                (floor.narrow_delta_presink.empty() || floor.narrow_delta_presink.size() == floor.acc.size()),
+            "judge_tensor", "floor.narrow_delta_pmax/_presink",
+            std::to_string(floor.narrow_delta_pmax.size()) + "/" + std::to_string(floor.narrow_delta_presink.size()) +
+                " entries",
+            std::to_string(numel) + " (one per element of '" + name + "') or none");
+  c.rounding.normalized_p = model.normalized_p && (pmax_possible || dpmax_possible);
+  c.rounding.sink_after_rounding = model.sink_after_rounding && (presink_possible || dpresink_possible);
+  const bool add_dpmax = dpmax_possible && model.normalized_p,
+             add_dpresink = dpresink_possible && model.sink_after_rounding;
+  // A declared model's kernel errs by up to one more 16-bit rounding in its out: the out's
+  // detection δ is its own (theta_declared_rounding16, measured); the bound itself is
+  // unchanged. The backward keeps its θ (the model enters its bound through δΔ16 above).
+  if ((model.sink_after_rounding && presink_possible) || (model.normalized_p && pmax_possible))
     c.theta = std::max(c.theta, theta_declared_rounding16());
   // E_row: the baseline's largest error over the row (a non-finite baseline where the
   // reference is finite makes the row's bound infinite: reported weak, never a silent pass).
@@ -219,10 +233,18 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   const bool drop_delta = delta_shared && !floor.narrow_delta.empty();
   auto narrow_e = [&](size_t k) {
     if (floor.narrow.empty()) return 0.0;
-    return drop_delta ? std::max(0.0, floor.narrow[k] - floor.narrow_delta[k]) : floor.narrow[k];
+    return (drop_delta ? std::max(0.0, floor.narrow[k] - floor.narrow_delta[k]) : floor.narrow[k]) +
+           (add_dpmax ? floor.narrow_delta_pmax[k] : 0.0) + (add_dpresink ? floor.narrow_delta_presink[k] : 0.0);
   };
   if (drop_delta)
     c.floor_source += " (δΔ16 left out: the baseline takes Δ from the candidate's own 16-bit out)";
+  if (add_dpmax)
+    c.floor_source += " + declared --normalized-p in δΔ16: u16 Σ_(max j) b(p_j)|g_j| and out's flips "
+                      "within its wider window (Δ from the kernel's own out, not handed over)";
+  if (add_dpresink)
+    c.floor_source += " + declared --sink-after-rounding in δΔ16: min(Σ_c, 3.5 sqrt(Σ_c (.)^2)) of "
+                      "|dout_c| r u16 b(out_c/r) and out's flips within its wider window (Δ from the "
+                      "kernel's own out, not handed over)";
   auto own_scale = [&](int64_t i, double r) {
     const size_t k = static_cast<size_t>(i);
     return tol.lambda * floor.acc[k] + tol.lambda16 * narrow_e(k) +
@@ -268,6 +290,11 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
       eb.floor_pmax = pmax;
       eb.floor_acc += pmax;
     }
+    if (add_dpmax) eb.floor_pmax = tol.lambda16 * floor.narrow_delta_pmax[static_cast<size_t>(i)];  // in narrow_e
+    // the backward's δΔ16 part of an undeclared model (explains a failure, never a pass)
+    const double dpmax = dpmax_possible && !add_dpmax ? tol.lambda16 * floor.narrow_delta_pmax[static_cast<size_t>(i)] : 0.0,
+                 dpresink = dpresink_possible && !add_dpresink
+                                ? tol.lambda16 * floor.narrow_delta_presink[static_cast<size_t>(i)] : 0.0;
     // operations below the normal range (flush-to-zero): absolute, its own part
     eb.floor_underflow =
         floor.underflow.empty() ? 0.0 : tol.eta * floor.underflow[static_cast<size_t>(i)];
@@ -299,8 +326,8 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
     }
     if (!(eb.err <= eb.bound)) {
       ++c.failed_elements;
-      const double extra_s = c.rounding.sink_after_rounding ? 0.0 : presink,
-                   extra_p = c.rounding.normalized_p ? 0.0 : pmax;
+      const double extra_s = (c.rounding.sink_after_rounding ? 0.0 : presink) + dpresink,
+                   extra_p = (c.rounding.normalized_p ? 0.0 : pmax) + dpmax;
       if (extra_s > 0 && eb.err <= eb.bound + extra_s) ++c.presink_explained;
       if (extra_p > 0 && eb.err <= eb.bound + extra_p) ++c.pmax_explained;
       if (extra_s + extra_p > 0 && eb.err <= eb.bound + extra_s + extra_p) ++c.both_explained;

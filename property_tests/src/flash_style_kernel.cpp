@@ -88,9 +88,15 @@ FlashStyleResult flash_style_sparse_mla(const SparseMlaInputs& in, const Tensor*
       lse[static_cast<size_t>(row)] = L0;
       mx[static_cast<size_t>(row)] = m;
       std::vector<float> pv(n), o_ret(static_cast<size_t>(dv));  // P for P·V; out as returned
-      for (size_t j = 0; j < n; ++j) pv[j] = rounded_if(o.round_p_before_pv, e[j]);
+      for (size_t j = 0; j < n; ++j)
+        pv[j] = o.normalized_p ? round_to(std::isinf(L) ? 0.0f : std::exp(P[j] - L), o.work)
+                               : rounded_if(o.round_p_before_pv, e[j]);
       for (int64_t c = 0; c < dv; ++c) {
-        const float oc = sum_of(n, o.order, [&](size_t j) { return pv[j] * kv(ids[j], c); }) / S * r;
+        const float acc = sum_of(n, o.order, [&](size_t j) { return pv[j] * kv(ids[j], c); });
+        // normalized P: out is the sum itself; the sink after rounding: o rounded first
+        const float oc = o.normalized_p ? acc
+                         : o.sink_after_rounding && r != 1.0f ? round_to(acc / S, o.out_dtype) * r
+                                                              : acc / S * r;
         out[static_cast<size_t>(row * dv + c)] = oc;
         o_ret[static_cast<size_t>(c)] = round_to(oc, o.out_dtype);
       }

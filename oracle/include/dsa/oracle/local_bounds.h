@@ -35,6 +35,16 @@ struct OutputFloor {
   /// from the candidate's own out (SPEC §9, op_check), the two share Δ and the judge leaves
   /// this part out (judge_tensor's `delta_shared`). Empty: no such part.
   std::vector<double> narrow_delta;
+  /// Sparse MLA dq, dkv, dsink of a 16-bit kernel: what narrow_delta (δΔ16) grows by when the
+  /// candidate's out follows a declared rounding model (RoundingModel, report.h), whose out
+  /// lies further from the exact one than FlashMLA's: narrow_delta_pmax for the max key's
+  /// probability rounded (normalized_p: Δ moves by δp_max·g_max, |δp_max| <= u16 b(p_max), and
+  /// out's columns may flip within the wider window), narrow_delta_presink for the sink
+  /// applied after rounding (sink_after_rounding: each column's first rounding r·u16
+  /// b(out_c/r), independent over columns, and the flips it allows). Already × u16; through
+  /// dq, dkv and dsink as narrow_delta. The judge adds them only when the model is declared
+  /// and the baseline does not share the candidate's Δ (judge_tensor). Empty: not applicable.
+  std::vector<double> narrow_delta_pmax, narrow_delta_presink;
   /// Underflow count of the element (unitless; the judge multiplies it by the table's eta,
   /// 2^-126): the operations of its chain whose result or input may lie below fp32's normal
   /// range (below 2^-120), each weighted by the magnitude of the factors applied after it (a

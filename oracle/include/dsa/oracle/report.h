@@ -125,6 +125,11 @@ struct TensorCheck {
 /// the WEAK rows are those of that bound. Off, a failure that term would explain is named in
 /// the message (TensorCheck::presink_explained).
 /// `model.normalized_p`: the max key's rounding, λ16 · floor.narrow_pmax, joins narrow_e.
+/// Either model, when `delta_shared` is false: floor.narrow_delta_pmax (normalized_p) or
+/// floor.narrow_delta_presink (sink_after_rounding) joins narrow_e (the model's shift of the
+/// candidate's Δ, taken from its own out, when the baseline does not share that out); off, a
+/// failure it would explain is named in the message (pmax_explained, presink_explained).
+/// Throws std::invalid_argument if those have neither 0 nor one entry per element.
 TensorCheck judge_tensor(const std::string& op, const std::string& name, const Tensor& candidate,
                          const Tensor& reference, const Tensor& baseline, const OutputFloor& floor,
                          bool delta_shared = false, const RoundingModel& model = {});

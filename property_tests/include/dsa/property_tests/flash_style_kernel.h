@@ -29,6 +29,15 @@ struct FlashStyleOptions {
   bool round_before_dkv = false;    ///< P and dS rounded to `work` before dkv += sm·dSᵀ·Q + Pᵀ·dout
   DType out_dtype = DType::F32;     ///< dtype of out; Δ = rowsum(out·dout) is taken from it
   DType dq_dtype = DType::F32;      ///< dtype of dq (dkv and dsink are fp32)
+  /// P normalized before it is rounded (RoundingModel::normalized_p, --normalized-p):
+  /// p_j = exp(logit_j - L), L the log-normalizer with the sink, rounded to `work` before
+  /// P·V and out = Σ_j p_j v_j (no division by the sum afterwards): the max key's probability
+  /// is rounded too. Overrides round_p_before_pv.
+  bool normalized_p = false;
+  /// The sink applied after rounding out (RoundingModel::sink_after_rounding,
+  /// --sink-after-rounding): out = fl_out(fl32(fl_out(o) · r)), o = P·V / Σ exp without the
+  /// sink, r = exp(lse - L). Ignored with normalized_p (whose p already holds the sink).
+  bool sink_after_rounding = false;
 };
 
 struct FlashStyleResult {
