@@ -21,7 +21,7 @@ import torch
 from torch.utils import dlpack as _dlpack
 
 from . import _core
-from ._audit import CaseResult, Report, audit, load_backend  # noqa: F401
+from ._audit import CaseResult, Report, audit, flag_argument, load_backend  # noqa: F401
 from ._bridge import OPS, OUTPUTS, Bridge  # noqa: F401
 
 __version__ = _core.version
@@ -111,7 +111,8 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     applying attn_sink; out's bound on sink rows adds that first rounding). normalized_p:
     --normalized-p (the kernel rounds softmax(P) to 16 bits before P·V, the max key's too).
     The judgement is the candidate-file route's (oracle::CandidateBackend, check_op).
-    Raises ValueError for an unknown output or convention name, when no output of the
+    Raises ValueError for an unknown output or convention name, a flag argument (allow_weak,
+    sink_after_rounding, normalized_p) that is not True or False, when no output of the
     fixture's op is given, or when nothing was judged ("compare: judged nothing: ...": an
     empty case, or provided outputs the case does not define).
     """
@@ -123,8 +124,10 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     caps = {n: _host_capsule(n, t) for n, t in outputs.items()}
     try:
         r = _core.compare_outputs(path, caps, list(conventions),
-                                  None if provided_outputs is None else list(provided_outputs), allow_weak,
-                                  bool(sink_after_rounding), bool(normalized_p))
+                                  None if provided_outputs is None else list(provided_outputs),
+                                  flag_argument("allow_weak", allow_weak),
+                                  flag_argument("sink_after_rounding", sink_after_rounding),
+                                  flag_argument("normalized_p", normalized_p))
     except RuntimeError as e:
         raise ValueError(str(e)) from e
     if r["verdict"] == "skip":

@@ -178,6 +178,16 @@ def provided_outputs(bridge):
     return list(dict.fromkeys(names))
 
 
+def flag_argument(name, value):
+    """`value` of the boolean argument `name` (allow_weak, sink_after_rounding, normalized_p,
+    fixtures, ...), which must be True or False. Raises ValueError naming the argument for any
+    other value: bool() would read the string "false" as True (fresh11 F6: a model switched on
+    by compare(sink_after_rounding="false"))."""
+    if not isinstance(value, bool):
+        raise ValueError(f"argument '{name}' got {value!r}, expected True or False")
+    return value
+
+
 def sink_after_rounding_of(backend):
     """The backend's `sink_after_rounding` attribute (default False): True declares that its
     sparse MLA rounds out to 16 bits before applying attn_sink (the CLI's
@@ -207,7 +217,7 @@ def _options(spec, ops, only, level, seed, dump_dir, fixtures, device):
     py = python_command()
     return {
         "ops": list(ops or []), "only": list(only or []), "level": int(level), "seed": int(seed or 0),
-        "dump_dir": dump_dir, "fixtures": bool(fixtures),
+        "dump_dir": dump_dir, "fixtures": flag_argument("fixtures", fixtures),
         "repro_audit": f"{py} -m dsa_verify audit {target}{dev}",
         "repro_replay": f"{py} -m dsa_verify replay {{fixture}} {target}{dev}",
     }
@@ -374,6 +384,9 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
     unwritable report path.
     """
     timeout = check_timeout(timeout)  # a usage error before anything runs or is written
+    for name, value in (("allow_weak", allow_weak), ("sink_after_rounding", sink_after_rounding),
+                        ("normalized_p", normalized_p), ("fixtures", fixtures)):
+        flag_argument(name, value)
     spec = spec_of(backend)
     obj = load_backend(backend) if isinstance(backend, str) else backend
     bridge = Bridge(obj, device)
@@ -383,9 +396,10 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
                 pass
     options = _options(spec, ops, only, level, seed, dump_dir, fixtures, device)
     options["provided_outputs"] = provided_outputs(bridge)
-    options["allow_weak"] = bool(allow_weak)
-    options["sink_after_rounding"] = bool(sink_after_rounding) or sink_after_rounding_of(obj)
-    options["normalized_p"] = bool(normalized_p) or normalized_p_of(obj)
+    options["allow_weak"] = flag_argument("allow_weak", allow_weak)
+    options["sink_after_rounding"] = flag_argument("sink_after_rounding", sink_after_rounding) or \
+        sink_after_rounding_of(obj)
+    options["normalized_p"] = flag_argument("normalized_p", normalized_p) or normalized_p_of(obj)
     options["unsupported"] = list(unsupported or [])
     if not isolate:
         # Every call of the backend in this process is watched: one still running at `timeout`
