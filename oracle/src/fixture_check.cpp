@@ -342,8 +342,7 @@ std::optional<OpCase> twin_with_an_invalid_id(Op op, const OpCase& c) {
   OpCase twin = c;
   twin.memo = nullptr;  // never judged: the backend runs it, nothing else
   twin.fwd_out.reset();
-  twin.mla.indices = c.mla.indices.to(c.mla.indices.dtype());  // a copy: the case keeps its ids
-  twin.mla.indices.set(k - 1, -1.0);
+  twin.mla.indices.set(k - 1, -1.0);  // the case's tensors are values: c keeps its ids
   return twin;
 }
 

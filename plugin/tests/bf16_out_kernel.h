@@ -12,7 +12,7 @@
 // Built with normalized_p, it rounds the normalized probabilities softmax(P) = P / sum to bf16
 // before P·V instead (the max key's probability too: DeepSeek's inference model.py, most PyTorch
 // kernels), the kernel of the declared rounding model normalized_p (SPEC §9, --normalized-p);
-// served as plugins that declare it in rounding_models or not (normalized_p_plugin.cpp).
+// served as plugins that declare it in rounding_models or not (bf16_out_plugin.cpp built with DSA_NORMALIZED_P=1).
 //
 // Until 2026-12-01 this kernel rounded the float64 out to bf16 and moved every element within
 // 1/32 ulp of a rounding midpoint to the farther bf16 neighbour (up to 0.53 ulp off), claiming

@@ -3,9 +3,26 @@
 // and gradients. The loader runs its forward and hands that out to its backward (a->out); the
 // adapter recomputes it instead (same bytes). Built for the route tests, whose audit of it must
 // pass (RouteIdentity.Bf16FlashStylePluginPassesTheAudit).
+//
+// Built again as dsa_normalized_p{,_undeclared,_sink}_plugin with DSA_NORMALIZED_P=1 (the
+// kernel rounds softmax(P) to bf16 before P·V), named DSA_PLUGIN_NAME and declaring
+// DSA_ROUNDING_BITS in rounding_models (ABI 1.2): DSA_ROUNDING_NORMALIZED_P (judged with that
+// model it agrees), 0 or only DSA_ROUNDING_SINK_AFTER_ROUNDING (its out fails by up to about
+// one bf16 ulp, the report naming --normalized-p). SPEC §9; RoundingModels.* in
+// cli/tests/routes_test.cpp.
 #include "bf16_out_kernel.h"
 #include "dsa/backend_abi.h"
 #include "dsa/plugin/abi_adapter.h"
+
+#ifndef DSA_NORMALIZED_P
+#define DSA_NORMALIZED_P 0
+#endif
+#ifndef DSA_ROUNDING_BITS
+#define DSA_ROUNDING_BITS 0u
+#endif
+#ifndef DSA_PLUGIN_NAME
+#define DSA_PLUGIN_NAME "bf16_flash_style"
+#endif
 
 extern "C" DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t loader_abi_version) {
   if (loader_abi_version != DSA_BACKEND_ABI_VERSION) return nullptr;
@@ -15,6 +32,8 @@ extern "C" DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t 
   caps.outputs.mla_out = DSA_DTYPE_BF16;
   caps.outputs.mla_stats = DSA_DTYPE_F32;
   caps.outputs.mla_grads = DSA_DTYPE_F32;
-  return dsa::plugin::make_adapter_table("bf16_flash_style", "dsa-verify " DSA_CONTRACT_VERSION, caps,
-                                         [] { return std::make_unique<dsa::test::Bf16FlashStyleKernel>(); });
+  return dsa::plugin::make_adapter_table(
+      DSA_PLUGIN_NAME, "dsa-verify " DSA_CONTRACT_VERSION, caps,
+      [] { return std::make_unique<dsa::test::Bf16FlashStyleKernel>(DSA_NORMALIZED_P != 0); }, 0,
+      DSA_ROUNDING_BITS);
 }
