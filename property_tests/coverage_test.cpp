@@ -289,6 +289,121 @@ TEST(DeclinedDraws, DeclaredCapabilitiesAreNotIncomplete) {
   }
 }
 
+// ---- declines that depend on the values (fresh11 F10) ------------------------------------
+
+// True when the call takes the fast path of FastPathIds below: no SPEC-mandatory feature (every
+// slot valid, no empty row, no repeated id) and some id >= 16.
+bool fast_path_with_wide_ids(const SparseMlaInputs& in) {
+  const oracle::SlotFeatures f = oracle::sparse_mla_slot_features(in);
+  if (f.invalid || f.empty || f.duplicates) return false;
+  for (int64_t i = 0; i < in.indices.numel(); ++i)
+    if (in.indices.get(i) >= 16) return true;
+  return false;
+}
+// The same inputs with every id taken mod 16 (the fast path's 4-bit ids).
+SparseMlaInputs ids_mod_16(const SparseMlaInputs& in) {
+  SparseMlaInputs out = in;
+  for (int64_t i = 0; i < out.indices.numel(); ++i)
+    out.indices.set(i, static_cast<double>(static_cast<int64_t>(out.indices.get(i)) % 16));
+  return out;
+}
+
+// A kernel whose fast path (calls with no invalid, repeated or empty slot) keeps ids in 4 bits:
+// wrong on every such call with an id >= 16. `Guarded`: it declines exactly those calls (the
+// values decide, not a shape, dtype or optional input), computing the others right.
+template <bool Guarded>
+class FastPathIds final : public RefWrap {
+ public:
+  FastPathIds() : RefWrap(Guarded ? "fast_path_declines_ids_from_16" : "fast_path_ids_mod_16") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    if (!fast_path_with_wide_ids(in)) return ref_->sparse_mla_forward(in);
+    if (Guarded) throw oracle::NotSupported("fast path: ids >= 16 not supported");
+    return ref_->sparse_mla_forward(ids_mod_16(in));
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    if (!fast_path_with_wide_ids(in)) return ref_->sparse_mla_backward(in, dout);
+    if (Guarded) throw oracle::NotSupported("fast path: ids >= 16 not supported");
+    return ref_->sparse_mla_backward(ids_mod_16(in), dout);
+  }
+};
+
+// Correct; declines every call with attention sinks (an optional input), decided at run time.
+class DeclinesSinks final : public RefWrap {
+ public:
+  DeclinesSinks() : RefWrap("declines_sinks") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    if (in.attn_sink) throw oracle::NotSupported("attn_sink not supported");
+    return ref_->sparse_mla_forward(in);
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    if (in.attn_sink) throw oracle::NotSupported("attn_sink not supported");
+    return ref_->sparse_mla_backward(in, dout);
+  }
+};
+
+// Correct; declines every call with fp32 q/kv (a dtype it does not build), decided at run time.
+class DeclinesFp32 final : public RefWrap {
+ public:
+  DeclinesFp32() : RefWrap("declines_fp32") {}
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    if (in.q.dtype() == DType::F32) throw oracle::NotSupported("fp32 q/kv not supported");
+    return ref_->sparse_mla_forward(in);
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    if (in.q.dtype() == DType::F32) throw oracle::NotSupported("fp32 q/kv not supported");
+    return ref_->sparse_mla_backward(in, dout);
+  }
+};
+
+// The properties whose level-0 draws hold plain cases (every row's ids valid and distinct,
+// production shapes; the other sparse MLA properties' draws rarely hold one at level 0: the
+// unguarded kernel passed them at seeds 7, 11, 22 and 33).
+constexpr const char* kValueProps[] = {"smla.production_shapes", "smla.backward_production_shapes"};
+
+// The fault is real: unguarded, the fast path fails each property by its values.
+TEST(ValueDependentDeclines, TheFastPathIsWrongWhereItDeclines) {
+  for (const char* prop : kValueProps) {
+    const PropertyResult r = run_property(subject_of<FastPathIds<false>>(), property_named(prop), level0(7));
+    EXPECT_EQ(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+    EXPECT_EQ(r.message.find("INCOMPLETE"), std::string::npos) << prop << ": " << r.message;
+  }
+}
+
+// Guarded, the same kernel declines exactly the draws where it is wrong. A declined draw with no
+// SPEC-mandatory feature is tried with one id of row 0 set to -1 (oracle::
+// decline_depends_on_values, as a fixture's op): the kernel runs it, so the property fails
+// INCOMPLETE, filed under the op that declined. Before, those draws were redrawn and every
+// property passed (both, at seeds 7, 11 and 22).
+TEST(ValueDependentDeclines, DecliningByTheValuesFailsTheProperty) {
+  for (uint64_t seed : {7, 11, 22})
+    for (const char* prop : kValueProps) {
+      const PropertyResult r = run_property(subject_of<FastPathIds<true>>(), property_named(prop), level0(seed));
+      EXPECT_EQ(r.verdict, Verdict::Fail) << prop << " seed " << seed << ": " << r.message;
+      EXPECT_EQ(r.message.rfind("INCOMPLETE: backend declined this sparse_mla_", 0), 0u) << prop << ": " << r.message;
+      EXPECT_NE(r.message.find("the decline depends on the values"), std::string::npos) << r.message;
+      EXPECT_NE(r.message.find("fast path: ids >= 16 not supported"), std::string::npos) << r.message;
+      EXPECT_EQ(r.failed_op, std::string(prop).find("backward") != std::string::npos ? "sparse_mla_bwd" : "sparse_mla_fwd")
+          << prop;
+      if (seed == 7) std::cout << "  " << prop << ": " << r.message.substr(0, 200) << "\n";
+    }
+}
+
+// A backend that declines a whole kind of draw (an optional input, a dtype) declines the twin
+// too: it keeps its redraws (a pass naming the declines) or its skip (every draw declined).
+TEST(ValueDependentDeclines, DecliningAWholeKindKeepsThePassOrSkip) {
+  for (const char* prop : {"smla.forward_ratio", "smla.backward_parity"}) {
+    const PropertyResult r = run_property(subject_of<DeclinesSinks>(), property_named(prop), level0(11));
+    EXPECT_EQ(r.verdict, Verdict::Pass) << prop << ": " << r.message;
+    EXPECT_GT(r.declined, 0) << prop;
+    EXPECT_NE(r.message.find("attn_sink not supported"), std::string::npos) << r.message;
+  }
+  const PropertyResult f = run_property(subject_of<DeclinesFp32>(), property_named("smla.fp32_inputs"), level0(11));
+  EXPECT_EQ(f.verdict, Verdict::Skip) << f.message;
+  EXPECT_NE(f.message.find("declined every one of"), std::string::npos) << f.message;
+  const PropertyResult g = run_property(subject_of<DeclinesFp32>(), property_named("smla.forward_ratio"), level0(11));
+  EXPECT_EQ(g.verdict, Verdict::Pass) << g.message;
+}
+
 // ---- ties at the k-th value and §10 poisoned-but-valid inputs are mandatory (finding F4) --
 
 // True when some row holds more selectable entries equal to its k_eff-th largest value than

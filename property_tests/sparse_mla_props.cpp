@@ -20,6 +20,35 @@ oracle::OpCase as_op_case(const SmlaCase& c) {
   return oc;
 }
 
+// Judges op (forward or backward) on draw c (DSA_PROP_ASSERT_DETECTABLE). A declined draw is
+// redrawn unless the decline depends on its values: then the draw fails
+// (fail_if_declined_by_value: the backend runs the same draw with one id set to -1).
+void judge(Backend& b, Op op, const SmlaCase& c) {
+  const oracle::OpCase oc = as_op_case(c);
+  const oracle::OpReport r = op == Op::SparseMlaFwd ? oracle::check_sparse_mla_forward(b, oc)
+                                                    : oracle::check_sparse_mla_backward(b, oc);
+  if (r.verdict == oracle::Verdict::Skip && r.declined) fail_if_declined_by_value(b, op, oc, r.reason);
+  DSA_PROP_ASSERT_DETECTABLE(r);
+}
+
+// b's forward / backward of draw c, called directly; a decline as judge's.
+SparseMlaForward run_forward(Backend& b, const SmlaCase& c) {
+  try {
+    return b.sparse_mla_forward(c.in);
+  } catch (const oracle::NotSupported& e) {
+    fail_if_declined_by_value(b, Op::SparseMlaFwd, as_op_case(c), e.what());
+    throw;
+  }
+}
+SparseMlaGrads run_backward(Backend& b, const SmlaCase& c) {
+  try {
+    return b.sparse_mla_backward(c.in, c.dout);
+  } catch (const oracle::NotSupported& e) {
+    fail_if_declined_by_value(b, Op::SparseMlaBwd, as_op_case(c), e.what());
+    throw;
+  }
+}
+
 bool has_nan(const Tensor& t) {
   for (int64_t i = 0; i < t.numel(); ++i)
     if (std::isnan(t.get(i))) return true;
@@ -49,7 +78,7 @@ void forward_ratio(Backend& b, const BlockFactory&) {
     for (int64_t j = 0; j < c.in.indices.size(-1); ++j) any_valid = any_valid || valid_slot(c.in, t, j);
   bool finite_sink = !c.in.attn_sink || oracle::nonfinite_positions(*c.in.attn_sink).pos_inf.empty();
   if (any_valid && finite_sink) RC_ASSERT(!all_zero(reference::sparse_mla_forward(c.in).out));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaFwd, c);
 }
 
 // kv rows 0 and s_kv-1 hold NaN and no valid slot points at them: reading through an invalid
@@ -57,10 +86,10 @@ void forward_ratio(Backend& b, const BlockFactory&) {
 void invalid_slots_never_read(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_case("poison");
   DumpOnFailure dump([&] { return to_fixture(c, false); });
-  const SparseMlaForward f = b.sparse_mla_forward(c.in);
+  const SparseMlaForward f = run_forward(b, c);
   RC_ASSERT(!has_nan(f.out));
   RC_ASSERT(!has_nan(f.lse));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaFwd, c);
 }
 
 // Empty rows: out 0, lse +inf, max_logits -inf, dq 0, nothing NaN (SPEC §6). The backward
@@ -70,10 +99,10 @@ void empty_rows(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
   const bool with_bwd = judges(b, Op::SparseMlaBwd);
-  const SparseMlaForward f = b.sparse_mla_forward(c.in);
+  const SparseMlaForward f = run_forward(b, c);
   // A backward that throws, or a backward assertion below, fails under sparse_mla_bwd.
   if (with_bwd) note_failing_op("sparse_mla_bwd");
-  const SparseMlaGrads g = with_bwd ? b.sparse_mla_backward(c.in, c.dout) : SparseMlaGrads{};
+  const SparseMlaGrads g = with_bwd ? run_backward(b, c) : SparseMlaGrads{};
   reset_failing_op();
   const int64_t s_q = c.in.q.size(0), h = c.in.q.size(1), k = c.in.indices.size(-1);
   const int64_t d_v = c.in.d_v, d_qk = c.in.q.size(2);
@@ -96,12 +125,12 @@ void empty_rows(Backend& b, const BlockFactory&) {
     }
   }
   RC_ASSERT(!has_nan(f.out));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaFwd, c);
   if (!with_bwd) return;
   note_failing_op("sparse_mla_bwd");
   RC_ASSERT(!has_nan(g.dq));
   RC_ASSERT(!has_nan(g.dkv));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaBwd, c);
 }
 
 // The first 64 slots are invalid: a fully masked leading block must not poison an online
@@ -110,7 +139,7 @@ void leading_masked_block(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_case("leading_block");
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaFwd, c);
 }
 
 // Valid-looking ids past topk_length are ignored, forward and (when present) backward.
@@ -118,9 +147,9 @@ void topk_length_respected(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_case("topk_length");
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaFwd, c);
   if (judges(b, Op::SparseMlaBwd))
-    DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+    judge(b, Op::SparseMlaBwd, c);
 }
 
 // Gradient parity (dq, dkv, dsink) for the same dout; determinism of a second run. One draw in
@@ -135,7 +164,7 @@ void backward_parity(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
   RC_ASSERT(!all_zero(c.dout));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaBwd, c);
 }
 
 // Few keys selected many times (heads, rows, duplicate slots): every add lands in dkv.
@@ -143,7 +172,7 @@ void duplicates_accumulate_in_dkv(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_case("dups");
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaBwd, c);
 }
 
 // Extreme rows inside an ordinary batch (logits +-2^18 on one-key rows, empty rows, a hot
@@ -152,9 +181,9 @@ void extreme_rows_in_batch(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_extreme_case();
   DumpOnFailure dump([&] { return to_fixture(c, judges(b, Op::SparseMlaBwd)); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaFwd, c);
   if (judges(b, Op::SparseMlaBwd))
-    DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+    judge(b, Op::SparseMlaBwd, c);
 }
 
 // A kernel's fp32 path (SPEC §4: q and kv in fp32, out in fp32, judged at the fp32 class):
@@ -166,9 +195,9 @@ void fp32_inputs(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, judges(b, Op::SparseMlaBwd)); });
   check_inputs(c);
   RC_ASSERT(c.in.q.dtype() == DType::F32 && c.in.kv.dtype() == DType::F32);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaFwd, c);
   if (judges(b, Op::SparseMlaBwd))
-    DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+    judge(b, Op::SparseMlaBwd, c);
 }
 
 // Production head counts at every level (h_q 64/128, d_qk 576/512; at level 0 small s_q and k,
@@ -179,7 +208,7 @@ void production_shapes(Backend& b, const BlockFactory&) {
   const SmlaCase c = draw_smla_production_case();
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaFwd, c);
 }
 
 // Many query rows (s_q 257-1100; the first draw of a run > 1024) over few keys and
@@ -191,7 +220,7 @@ void many_rows(Backend& b, const BlockFactory&) {
                                     DType::BF16, "many_rows");
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_forward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaFwd, c);
 }
 
 // The backward alone over many query rows and at production shapes (fresh-user finding F6:
@@ -204,7 +233,7 @@ void backward_many_rows(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
   RC_ASSERT(!all_zero(c.dout));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaBwd, c);
 }
 
 void backward_production_shapes(Backend& b, const BlockFactory&) {
@@ -212,7 +241,7 @@ void backward_production_shapes(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
   RC_ASSERT(!all_zero(c.dout));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_backward(b, as_op_case(c)));
+  judge(b, Op::SparseMlaBwd, c);
 }
 
 }  // namespace

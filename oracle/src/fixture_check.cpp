@@ -331,8 +331,6 @@ std::optional<OpCase> twin_without_mandatory(Op op, const OpCase& c) {
   return std::nullopt;
 }
 
-// True when `b` runs op on `twin` without throwing (a result, whatever its values: the twin is
-// not judged). A decline (NotSupported), an argument error or any other error is false.
 // The case with the last slot of row 0 set to -1 (an invalid id, SPEC §4), everything else
 // as given: a sparse MLA case of k >= 1 slots; nullopt for other ops or k = 0.
 std::optional<OpCase> twin_with_an_invalid_id(Op op, const OpCase& c) {
@@ -346,6 +344,8 @@ std::optional<OpCase> twin_with_an_invalid_id(Op op, const OpCase& c) {
   return twin;
 }
 
+// True when `b` runs op on `twin` without throwing (a result, whatever its values: the twin is
+// not judged). A decline (NotSupported), an argument error or any other error is false.
 bool runs_twin(Backend& b, Op op, const OpCase& twin) {
   try {
     switch (op) {
@@ -374,11 +374,7 @@ void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backe
   if (declared_limitation(why)) return skip("a limit the backend declares up front; not judged");
   const std::vector<CaseFeature> features = mandatory_features(op, c);
   if (features.empty()) {
-    // A limit of the kernel is a shape, dtype or optional input: the same case with one id of
-    // row 0 made invalid (-1, SPEC §4: contributes nothing) has all of them. A backend that runs
-    // that twin declined this case by its values (fresh11 F10: a plugin declining every case
-    // whose ids are all valid and distinct passed the audit with those goldens as skips).
-    if (const std::optional<OpCase> twin = twin_with_an_invalid_id(op, c); twin && runs_twin(candidate, op, *twin)) {
+    if (decline_depends_on_values(candidate, op, c)) {
       r.verdict = Verdict::Incomplete;
       r.notes.push_back("declined: " + why);
       r.reason = "INCOMPLETE: backend declined " + label_of(f) + " but ran the same case with one id of row 0 "
@@ -420,6 +416,16 @@ void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backe
 }
 
 }  // namespace
+
+bool decline_depends_on_values(Backend& b, Op op, const OpCase& c) {
+  // A limit of the kernel is a shape, dtype or optional input: the same case with one id of
+  // row 0 made invalid (-1, SPEC §4: contributes nothing) has all of them. A backend that runs
+  // that twin declined this case by its values (fresh11 F10: a plugin declining every case
+  // whose ids are all valid and distinct passed the audit with those goldens as skips).
+  if (!mandatory_features(op, c).empty()) return false;
+  const std::optional<OpCase> twin = twin_with_an_invalid_id(op, c);
+  return twin && runs_twin(b, op, *twin);
+}
 
 OpCase op_case_from_fixture(const Fixture& f) {
   check_input_dims(f);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "dsa/oracle/fixture_check.h"
+
 namespace dsa::props {
 namespace {
 thread_local std::string g_dump_target;
@@ -56,6 +58,14 @@ std::vector<std::string> take_declined_for() {
   return out;
 }
 const std::string& dump_target() { return g_dump_target; }
+
+void fail_if_declined_by_value(oracle::Backend& b, oracle::Op op, const oracle::OpCase& c, const std::string& why) {
+  if (oracle::declared_limitation(why) || !oracle::decline_depends_on_values(b, op, c)) return;
+  note_failing_op(oracle::to_string(op));
+  RC_FAIL("INCOMPLETE: backend declined this " + std::string(oracle::to_string(op)) +
+          " draw but ran the same draw with one id of row 0 set to -1 (same shapes, dtypes and optional "
+          "inputs): the decline depends on the values, not on a limit of the kernel: " + why);
+}
 
 namespace {
 thread_local std::optional<fixtures::Fixture> g_pending_dump;

@@ -40,6 +40,17 @@ std::string take_judged_nothing();
 void note_declined_for(const std::string& feature);
 std::vector<std::string> take_declined_for();
 
+/// Fails the running draw (RC_FAIL) when `b` declined `op` (sparse MLA forward or backward) on
+/// the draw `c` (c.mla, and c.dout for the backward; `why`: the decline's reason) by its values:
+/// not a limit declared up front (oracle::declared_limitation) and
+/// oracle::decline_depends_on_values (c holds no SPEC-mandatory feature and `b` runs the same
+/// draw with the last slot of row 0 set to -1). The failure is filed under `op` and reads
+/// "INCOMPLETE: backend declined ...: the decline depends on the values", as a fixture's op
+/// declined that way (judge_fixture_ops); its dump replays to that verdict. Returns otherwise
+/// (the caller goes on with the decline: the draw is redrawn). Other ops: returns. Runs `b` once
+/// more (the twin, not judged). Rule: docs/what-a-pass-means.md Verdicts (fresh11 F10).
+void fail_if_declined_by_value(oracle::Backend& b, oracle::Op op, const oracle::OpCase& c, const std::string& why);
+
 /// Where a failing case of the running property is dumped ("" = off). Set by run_property.
 void set_dump_target(const std::string& path);
 const std::string& dump_target();

@@ -80,6 +80,19 @@ std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& can
 std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, const OpCase& c,
                                         Backend& candidate, const CheckOptions& opt = {});
 
+/// True when a decline of op on case `c` by `b` (NotSupported from its call) depends on the
+/// values, not on a limit of the kernel: `c` is a sparse MLA forward or backward case (inputs
+/// c.mla, and c.dout for the backward) of k >= 1 slots holding no SPEC-mandatory feature
+/// (invalid ids, empty rows, duplicate ids), and `b` runs its twin: the same case (shapes,
+/// dtypes, optional inputs) with the last slot of row 0 set to -1 (SPEC §4: an invalid id
+/// contributes nothing). Runs that twin once on `b` (not judged; any result counts as run, a
+/// decline or any other error as not run). False for other ops, k = 0, or a case with a
+/// mandatory feature (those have twins without them: judge_fixture_ops). Used by
+/// judge_fixture_ops (the op is INCOMPLETE) and the property suite (the draw fails,
+/// docs/what-a-pass-means.md Verdicts; fresh11 F10). Throws std::bad_alloc when the twin's run
+/// runs out of memory; nothing else.
+bool decline_depends_on_values(Backend& b, Op op, const OpCase& c);
+
 /// Judges the producer's expected.* (judge_fixture_ops on expected_candidate with
 /// provided_outputs = the stored expected names, no determinism run) and, when `backend` is not
 /// null, the backend (judge_fixture_ops with `opt`). Never throws for numeric disagreement;
