@@ -178,8 +178,11 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
              add_dpresink = dpresink_possible && model.sink_after_rounding;
   // A declared model's kernel errs by up to one more 16-bit rounding in its out: the out's
   // detection δ is its own (theta_declared_rounding16, measured); the bound itself is
-  // unchanged. The backward keeps its θ (the model enters its bound through δΔ16 above).
-  if ((model.sink_after_rounding && presink_possible) || (model.normalized_p && pmax_possible))
+  // unchanged. Its backward judged without its own out takes Δ from that out, so its
+  // gradients carry the same extra rounding (through δΔ16 above) and take the same θ; with its
+  // out handed over (Δ shared) they keep the table's θ.
+  if ((model.sink_after_rounding && presink_possible) || (model.normalized_p && pmax_possible) ||
+      add_dpmax || add_dpresink)
     c.theta = std::max(c.theta, theta_declared_rounding16());
   // E_row: the baseline's largest error over the row (a non-finite baseline where the
   // reference is finite makes the row's bound infinite: reported weak, never a silent pass).

@@ -254,6 +254,16 @@ RC_GTEST_PROP(Detection, SparseMlaPerturbationsFailOtherOrdersPass, ()) {
       const OpReport b = judge_outputs(Op::SparseMlaBwd, c, named_bwd(k.grads, k.fwd.out), allow, key);
       record("false-alarm " + key, b);
       if (b.verdict != Verdict::Pass) RC_FAIL(format_op_report(b));
+      // The same gradients on a route that does not hand over the kernel's own out (a
+      // backward-only fixture, plugin or file): the baseline's Δ comes from its own out rounded
+      // to od and the bound carries δΔ16. Its former form (columns in quadrature) failed such
+      // kernels (dq 1.10x, dsink 1.31x; 3 of 1200 generated cases; here flashmla-bf16reversed
+      // dkv 1.08x at RC_PARAMS "max_success=1000 seed=3"; seeds 1-5 pass since).
+      NamedOutputs grads_only = named_bwd(k.grads, k.fwd.out);
+      grads_only.erase("out");
+      const OpReport bw = judge_outputs(Op::SparseMlaBwd, c, grads_only, allow, key + " (out withheld)");
+      record("false-alarm " + key + " (out withheld)", bw);
+      if (bw.verdict != Verdict::Pass) RC_FAIL(format_op_report(bw));
     }
   }
   // (a) the float64 reference rounded to the candidate's dtypes, perturbed, fails
@@ -602,6 +612,51 @@ RC_GTEST_PROP(Detection, GeneratedCasesHaveNoWeakRowsBf16Out, ()) {
                                                           : props::draw_smla_case();
   props::set_generation_level(0);
   judge_generated(s, DType::BF16);
+}
+
+// A declared rounding model's backward judged without the kernel's own out (a backward-only
+// fixture, plugin or file): its Δ comes from an out the model moved further than FlashMLA's, so
+// δΔ16 carries the model's shift (OutputFloor::narrow_delta_pmax/_presink) and the gradients
+// take the declared models' θ (theta_declared_rounding16, 2e-2). The FlashMLA-style bf16 kernel
+// (P and dS rounded to bf16, Δ from its bf16 out) with each model, on the bf16-class generated
+// draws: it must pass with no WEAK row, and a move of θ (1 + 2^-6) of a row's scale, one
+// element or the whole row, of each gradient must fail.
+// Measured (RC_PARAMS "max_success=1000 seed=1..5", 5000 draws, 2026-12-01; "declared-bwd"
+// lines): no element over its bound, no WEAK row, every move caught (10000 / 4652 per output);
+// largest bound / row scale, normalized P: dq 1.11e-2, dkv 9.8e-3, dsink 1.32e-2; sink after
+// rounding: dq 1.17e-2, dkv 1.05e-2, dsink 1.58e-2. At θ = 1e-2 such rows were WEAK (a
+// declared kernel failed the audit on that route).
+RC_GTEST_PROP(Detection, DeclaredModelsBackwardWithoutItsOutPasses, ()) {
+  const int level = *rc::gen::element(0, 1);
+  props::set_generation_level(level);
+  const props::SmlaCase s = *rc::gen::inRange(0, 8) == 0 ? props::draw_smla_extreme_case()
+                                                          : props::draw_smla_case();
+  props::set_generation_level(0);
+  OpCase c;
+  c.mla = s.in;
+  c.dout = s.dout;
+  const SparseMlaForward rf = reference::sparse_mla_forward(c.mla);
+  const NamedOutputs exact = named_bwd(reference::sparse_mla_backward(c.mla, c.dout), rf.out);
+  for (int model = 0; model < 2; ++model) {
+    if (model == 1 && !s.in.attn_sink) continue;  // the sink after rounding needs a sink
+    props::FlashStyleOptions o;
+    o.work = DType::BF16;
+    o.round_p_before_pv = o.round_ds_before_dq = o.round_before_dkv = true;
+    o.out_dtype = o.dq_dtype = DType::BF16;
+    o.normalized_p = model == 0;
+    o.sink_after_rounding = model == 1;
+    const props::FlashStyleResult k = props::flash_style_sparse_mla(c.mla, &c.dout, o);
+    CheckOptions opt = default_check_options();
+    opt.rounding.normalized_p = model == 0;
+    opt.rounding.sink_after_rounding = model == 1;
+    NamedOutputs g{{"dq", k.grads.dq}, {"dkv", k.grads.dkv}};
+    if (k.grads.dsink) g["dsink"] = *k.grads.dsink;
+    const std::string key = std::string("declared-bwd ") + (model == 0 ? "normalized-p" : "sink-after-rounding");
+    const OpReport r = judge_outputs(Op::SparseMlaBwd, c, g, opt, key);  // WEAK fails here
+    record(key, r);
+    if (r.verdict != Verdict::Pass) RC_FAIL(s.desc + "\n" + format_op_report(r));
+    require_perturbations_fail(Op::SparseMlaBwd, c, g, exact, r, key, opt);
+  }
 }
 
 // What the bf16 class does meet: no WEAK dsink row (dout's signs keep Δ large against each

@@ -264,7 +264,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       if (!dout) continue;
       // backward
       const double* dorow = &dO[static_cast<size_t>(row * dv)];
-      double delta = 0, D = 0, dD2 = 0, nD2 = 0, nflip2 = 0, nshift = 0;
+      double delta = 0, D = 0, dD2 = 0, nflip2 = 0, nshift = 0;
       for (int64_t c = 0; c < dv; ++c) {
         const size_t c_ = static_cast<size_t>(c);
         delta += outc[c_] * dorow[c];
@@ -273,7 +273,6 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         const double sv = (1 + dupf) * dorow[c] * fo.terms[static_cast<size_t>(row * dv + c)];
         const double se = dorow[c] * sn * outc[c_];
         dD2 += sv * sv + se * se;
-        nD2 += (dorow[c] * narout[c_]) * (dorow[c] * narout[c_]);
         // the candidate's 16-bit out may round this column the other way than the
         // baseline's (both are within their errors of out): one ulp of Δ's term
         const double fl = std::abs(dorow[c]) *
@@ -284,6 +283,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       }
       const double dD = u * std::sqrt(dD2);
       double dl2 = 0;  // Δ = Σ_j p_j g_j: its logit/exp part, independent per key
+      double pg1 = 0, pg2 = 0;  // Δ's shift by the candidate's P rounding: keys below the max
       std::vector<double>& Gv = G_;
       Gv.resize(n);
       for (size_t j = 0; j < n; ++j) {
@@ -306,12 +306,18 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         dpj[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) + others);
         const double le = p[j] * (E[j] + C[j]) * std::abs(gj - delta);
         dl2 += (wq[j] * le) * (wq[j] * le);
+        if (P[j] < m) {
+          const double pg = wq[j] * p[j] * gj;
+          pg1 += std::abs(pg);
+          pg2 += pg * pg;
+        }
       }
       // δΔ: from the logits, the P·V sums of out, and the out·dout dot (fp32).
       const double dDelta = u * (std::sqrt(dl2) + sdv * std::abs(delta) + D) + dD;
       // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
-      // only the candidate's P rounding moves its out, and Δ, further.
-      const double nDelta = un > 0 ? std::sqrt(nD2) + std::sqrt(nflip2) : 0.0;
+      // only the candidate's P rounding (one per key, shared by the columns) moves its out, and
+      // Δ, further; and its columns may round the other way (flips).
+      const double nDelta = un > 0 ? un * std::min(pg1, quadrature16() * std::sqrt(pg2)) + std::sqrt(nflip2) : 0.0;
       // a 16-bit Δ lies within dshift of the exact one: dS_j's binade at |dS_j| + p_j dshift
       const double dshift = nshift + nDelta;
       for (int64_t c = 0; c < dqk; ++c) {

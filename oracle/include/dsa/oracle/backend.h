@@ -20,10 +20,10 @@ namespace dsa::oracle {
 /// a wrong value move its own bound), by the user (CheckOptions::rounding: --sink-after-rounding,
 /// --normalized-p) or by the backend (Backend::rounding_model: a plugin's rounding_models, ABI
 /// 1.2); judge_fixture_ops and the audit's property tasks judge with a model when either
-/// declares it. Each adds its rounding to out's bound (judge_tensor; that out's detection
-/// threshold is then theta_declared_rounding16(), 2e-2) and, where the backward does not get
-/// the kernel's own out, the shift it gives Δ to the gradients' δΔ16 (local_bounds.cpp); the
-/// WEAK rows follow from the bounds alone.
+/// declares it. Each adds its rounding to out's bound and, where the backward does not get
+/// the kernel's own out, the shift it gives Δ to the gradients' δΔ16 (local_bounds.cpp); each
+/// output it enters has the detection threshold theta_declared_rounding16(), 2e-2
+/// (judge_tensor). The WEAK rows follow from the bounds alone.
 struct RoundingModel {
   /// out rounded to 16 bits before attn_sink is applied: out = fl16(fl32(fl16(o)·r)), r the
   /// row's sink factor (--sink-after-rounding; OutputFloor::sink_rescale)

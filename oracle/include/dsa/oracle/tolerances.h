@@ -42,7 +42,8 @@ struct Tolerance {
 double quadrature16();
 
 /// θ of a 16-bit sparse MLA `out` judged under a declared rounding model (--sink-after-rounding,
-/// --normalized-p; oracle::RoundingModel): such a kernel rounds twice, so its own error
+/// --normalized-p; oracle::RoundingModel), and of that kernel's gradients judged without its own
+/// out (their Δ comes from that out): such a kernel rounds twice, so its own error
 /// reaches one 16-bit ulp (2^-8 of the value for bf16) on top of P's rounding, and its bound
 /// reaches past 1e-2 of the row scale on ordinary generated rows. Unitless (relative to the row
 /// scale); the value and its measurements are in oracle/src/tolerances.cpp. Only the WEAK
