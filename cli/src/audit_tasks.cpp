@@ -291,7 +291,12 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
                                         [&](oracle::Op x) { return r.failed_op == oracle::to_string(x); });
       CaseResult c = make_case(known_op && op != "dsa_block" ? r.failed_op : op, "property:" + p.name,
                                status_of(r.verdict));
-      if (r.verdict == oracle::Verdict::Pass) c.not_judged = not_judged_outputs(p, so.check.provided_outputs);
+      if (r.verdict == oracle::Verdict::Pass) {
+        c.not_judged = not_judged_outputs(p, so.check.provided_outputs);
+        // A pass that left out declined draws the user named (--unsupported) is partial, never a
+        // plain pass: "partial: neg_inf_scores cases not judged" (fresh12 F8).
+        for (const auto& w : r.waived) c.not_judged.push_back(w + " cases");
+      }
       c.cases = r.cases;
       c.message = r.message;
       c.repro = r.repro;

@@ -6,6 +6,10 @@
 // declined draw (DeclinedDraws.*). Before, each of these was a skip and the check exited 0.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -100,7 +104,8 @@ bool boundary_tie(const Tensor& scores, int64_t k, const std::optional<KeyWindow
 }
 
 // The reference's top-k, declining as `kMode` says: 0 ties at the k-th value (SPEC §3.3,
-// mandatory), 1 every call (a top-k it cannot run at run time), 2 a declared limit.
+// mandatory), 1 every call (a top-k it cannot run at run time), 2 a declared limit, 4 any -inf
+// score, inside or outside the windows (SPEC §3.1, §2; fresh12 F8); 3 declines nothing.
 template <int kMode>
 class TopkDecliner final : public oracle::Backend {
  public:
@@ -110,6 +115,9 @@ class TopkDecliner final : public oracle::Backend {
     if (kMode == 0 && boundary_tie(s, k, w)) throw oracle::NotSupported("ties at the k-th value not supported");
     if (kMode == 1) throw oracle::NotSupported("no top-k on this device today");
     if (kMode == 2) throw oracle::NotSupported("plugin:x topk: tie_break small not declared");
+    if (kMode == 4)
+      for (int64_t i = 0; i < s.numel(); ++i)
+        if (s.get(i) == -INFINITY) throw oracle::NotSupported("-inf scores not supported");
     return ref_->select_topk(s, k, p, w);
   }
 
@@ -118,10 +126,11 @@ class TopkDecliner final : public oracle::Backend {
 };
 
 // The audit's fixture task (the code `dsa-verify audit` and the Python audit run): the one
-// case of a top-k plateau golden, judged on `b` with `unsupported`.
-CaseResult fixture_case(oracle::Backend& b, const std::vector<std::string>& unsupported) {
+// case of the top-k golden `name` (default a plateau), judged on `b` with `unsupported`.
+CaseResult fixture_case(oracle::Backend& b, const std::vector<std::string>& unsupported,
+                        const std::string& name = "topk_plateau_small_sorted") {
   Scratch dir("declined_task");
-  std::filesystem::copy_file(golden("topk_plateau_small_sorted"), dir.file("topk_plateau_small_sorted.safetensors"));
+  std::filesystem::copy_file(golden(name), dir.file(name + ".safetensors"));
   AuditOptions opts;
   opts.unsupported = unsupported;
   ReproCommands repro;
@@ -167,6 +176,78 @@ TEST(DeclinedFixtures, DeclinesNotAboutAMandatoryFeatureAreSkipsSayingSo) {
 
   TopkDecliner<3> runs;  // declines nothing: the plateau is judged
   EXPECT_EQ(fixture_case(runs, {}).status, "pass");
+}
+
+// fresh12 F8: a top-k that declines every case holding a -inf score is INCOMPLETE on
+// topk_distinct_causal, whose -inf lie outside its windows only (SPEC §2 writes -inf there; §3.1:
+// never selected): in process (the audit's fixture task, which the Python audit runs), through
+// a plugin (fixtures check) and in the CLI audit of an in-process backend. Before, the case held
+// "no SPEC-mandatory feature" (-inf was counted inside the windows only) and each was a skip.
+// Named with --unsupported neg_inf_scores, it is a skip saying so, never an agree.
+TEST(DeclinedFixtures, DecliningNegInfScoresIsIncompleteOnEveryRoute) {
+  TopkDecliner<4> ninf;
+  const CaseResult c = fixture_case(ninf, {}, "topk_distinct_causal");
+  EXPECT_EQ(c.status, "fail") << c.message;
+  EXPECT_EQ(c.message.rfind("INCOMPLETE: backend declined a SPEC-mandatory case: ", 0), 0u) << c.message;
+  EXPECT_NE(c.message.find("topk_distinct_causal.safetensors holds -inf scores"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("-inf scores not supported"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("--unsupported neg_inf_scores"), std::string::npos) << c.message;
+  const CaseResult named = fixture_case(ninf, {"neg_inf_scores"}, "topk_distinct_causal");
+  EXPECT_EQ(named.status, "skip") << named.message;
+  EXPECT_NE(named.message.find("named unsupported: neg_inf_scores"), std::string::npos) << named.message;
+
+  // The plugin (dsa_declines_invalid_ids_plugin's top-k declines any -inf).
+  const std::string file = golden("topk_distinct_causal");
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + file + " --plugin " + kPlugin, &out), 1) << out;
+  EXPECT_EQ(lines_with(out, {"topk   ", "plugin:", "INCOMPLETE: declined:", "-inf scores not supported"}).size(), 1u)
+      << out;
+  EXPECT_FALSE(lines_with(out, {"--unsupported neg_inf_scores"}).empty()) << out;
+  EXPECT_EQ(lines_with(out, {"fixtures: ", " 1 INCOMPLETE, "}).size(), 1u) << out;
+  EXPECT_EQ(
+      run_cli_capture("fixtures check " + file + " --plugin " + kPlugin + " --unsupported neg_inf_scores", &out), 0)
+      << out;
+  EXPECT_FALSE(lines_with(out, {"topk   ", "plugin:", "skip: declined:", "named unsupported: neg_inf_scores"}).empty())
+      << out;
+  EXPECT_TRUE(lines_with(out, {"topk   ", "plugin:", "agree"}).empty()) << out;
+
+  // The CLI audit of an in-process backend (tests/test_backends.cpp): the golden is INCOMPLETE;
+  // named, it is a skip, and a property that passed without the declined draws says partial.
+  Scratch dir("declined_neg_inf_audit");
+  for (const bool named_flag : {false, true}) {
+    SCOPED_TRACE(named_flag ? "--unsupported neg_inf_scores" : "plain");
+    const std::string json = dir.file(named_flag ? "named.json" : "plain.json");
+    const std::string cmd = std::string(DSA_VERIFY_TEST_BACKENDS) + " audit --backend test:declines-neg-inf --ops topk"
+                            " --seed 7 --dump-dir " + dir.file("d") + " --json " + json +
+                            (named_flag ? " --unsupported neg_inf_scores" : "") + " > " + dir.file("out.txt") + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << test::read_text(dir.file("out.txt"));
+    if (!named_flag) {
+      EXPECT_EQ(WEXITSTATUS(status), 1) << test::read_text(dir.file("out.txt"));
+    }
+    const nlohmann::json j = test::read_json(json);
+    bool golden_seen = false;
+    size_t partial = 0;
+    for (const auto& k : j.at("cases")) {
+      const std::string prop = k.value("property", ""), st = k.value("status", ""), msg = k.value("message", "");
+      if (prop == "golden:topk_distinct_causal") {
+        golden_seen = true;
+        EXPECT_EQ(st, named_flag ? "skip" : "fail") << k.dump(1);
+        EXPECT_NE(msg.find(named_flag ? "named unsupported: neg_inf_scores" : "holds -inf scores"), std::string::npos)
+            << k.dump(1);
+      }
+      // never a plain pass over declined draws the user named
+      if (st == "pass" && msg.find("named unsupported: neg_inf_scores") != std::string::npos) {
+        EXPECT_TRUE(k.value("partial", false)) << k.dump(1);
+        EXPECT_NE(k.at("not_judged").dump().find("neg_inf_scores cases"), std::string::npos) << k.dump(1);
+        ++partial;
+      }
+    }
+    EXPECT_TRUE(golden_seen) << j.dump(1);
+    if (named_flag) {
+      EXPECT_GE(partial, 1u) << j.dump(1);
+    }
+  }
 }
 
 }  // namespace

@@ -4,7 +4,11 @@
 //    hold kHangMarker in row 0, column 71 (outside row 0's window in the test's fixture: never
 //    selected, so the fixture's expected.* stay right) sleeps forever: an in-process kernel that
 //    hangs (CallWatchdog, cli/src/call_watchdog.h).
+//  - "test:declines-neg-inf": the float64 reference's top-k, declining (NotSupported) every call
+//    whose scores hold a -inf anywhere: a kernel that cannot take the -inf SPEC §2 writes outside
+//    every window (§3.1: never selected); INCOMPLETE unless `--unsupported neg_inf_scores`.
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <thread>
 
@@ -31,7 +35,22 @@ class HangsOnMarker final : public oracle::Backend {
   std::unique_ptr<oracle::Backend> ref_ = oracle::make_reference_backend();
 };
 
+class DeclinesNegInf final : public oracle::Backend {
+ public:
+  std::string name() const override { return "test:declines-neg-inf"; }
+  bool supports(oracle::Op op) const override { return op == oracle::Op::Topk; }
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    for (int64_t i = 0; i < s.numel(); ++i)
+      if (s.get(i) == -INFINITY) throw oracle::NotSupported("-inf scores not supported");
+    return ref_->select_topk(s, k, p, w);
+  }
+
+ private:
+  std::unique_ptr<oracle::Backend> ref_ = oracle::make_reference_backend();
+};
+
 const bool registered = [] {
+  oracle::register_backend("test:declines-neg-inf", [] { return std::make_unique<DeclinesNegInf>(); });
   oracle::register_backend("test:hangs-on-marker", [] { return std::make_unique<HangsOnMarker>(); });
   return true;
 }();

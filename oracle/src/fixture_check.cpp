@@ -262,12 +262,16 @@ std::vector<CaseFeature> mandatory_features(Op op, const OpCase& c) {
     std::vector<double> v;
     for (int64_t t = 0; t < s_q; ++t) {
       v.clear();
-      // Outside the windows nothing is selectable whatever it holds (no feature there).
       for (int64_t s = 0; s < s_kv; ++s) {
-        if (c.topk_windows && !c.topk_windows->contains(t, s)) continue;
         const double x = c.scores.get(t * s_kv + s);
+        // -inf and NaN count wherever they are: the kernel is handed the whole tensor, and §2
+        // writes -inf outside every window, so a top-k that cannot take them is not conforming
+        // (fresh12 F8: a kernel declining any -inf skipped topk_distinct_causal, whose -inf lie
+        // outside its windows only). As the property suite's note_topk_features.
         nan = nan || std::isnan(x);
         ninf = ninf || x == -INFINITY;
+        // Outside the windows nothing is selectable, so no tie there.
+        if (c.topk_windows && !c.topk_windows->contains(t, s)) continue;
         if (!std::isnan(x) && x != -INFINITY) v.push_back(x);
       }
       const int64_t n = static_cast<int64_t>(v.size()), k_eff = std::min(c.k, n);
@@ -331,6 +335,43 @@ std::optional<OpCase> twin_without_mandatory(Op op, const OpCase& c) {
   return std::nullopt;
 }
 
+// The top-k case's twin without one SPEC-mandatory feature (`key`), every other one kept, so that
+// a decline can be laid to that feature alone: "neg_inf_scores" and "nan_scores" replace each
+// such entry by its own finite value below every finite score of the case; "k_boundary_ties"
+// gives every finite entry of a row its own value, in the row's order (equal values by column),
+// -inf and NaN kept. nullopt for another op or key.
+std::optional<OpCase> topk_twin_without(const OpCase& c, const std::string& key) {
+  const bool ninf = key == kNegInf.key, nan = key == kNan.key, ties = key == kTies.key;
+  if (!ninf && !nan && !ties) return std::nullopt;
+  OpCase twin = c;
+  twin.memo = nullptr;  // never judged: the backend runs it, nothing else
+  twin.fwd_out.reset();
+  const int64_t s_q = c.scores.size(0), s_kv = c.scores.size(1);
+  if (ninf || nan) {
+    double lowest = 0.0;
+    for (int64_t i = 0; i < c.scores.numel(); ++i)
+      if (std::isfinite(c.scores.get(i))) lowest = std::min(lowest, c.scores.get(i));
+    double next = std::floor(lowest) - 1.0;
+    for (int64_t i = 0; i < c.scores.numel(); ++i) {
+      const double x = c.scores.get(i);
+      if ((ninf && x == -INFINITY) || (nan && std::isnan(x))) twin.scores.set(i, next--);
+    }
+    return twin;
+  }
+  std::vector<int64_t> cols;
+  for (int64_t t = 0; t < s_q; ++t) {
+    cols.clear();
+    for (int64_t s = 0; s < s_kv; ++s)
+      if (std::isfinite(c.scores.get(t * s_kv + s))) cols.push_back(s);
+    std::stable_sort(cols.begin(), cols.end(), [&](int64_t a, int64_t b) {
+      return c.scores.get(t * s_kv + a) > c.scores.get(t * s_kv + b);
+    });
+    for (size_t r = 0; r < cols.size(); ++r)
+      twin.scores.set(t * s_kv + cols[r], static_cast<double>(cols.size() - r));
+  }
+  return twin;
+}
+
 // The case with the last slot of row 0 set to -1 (an invalid id, SPEC §4), everything else
 // as given: a sparse MLA case of k >= 1 slots; nullopt for other ops or k = 0.
 std::optional<OpCase> twin_with_an_invalid_id(Op op, const OpCase& c) {
@@ -374,6 +415,17 @@ void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backe
   if (declared_limitation(why)) return skip("a limit the backend declares up front; not judged");
   const std::vector<CaseFeature> features = mandatory_features(op, c);
   if (features.empty()) {
+    // Top-k: the twin's distinct finite scores change nothing but the values (fresh12 F8).
+    if (op == Op::Topk) {
+      if (const std::optional<OpCase> twin = twin_without_mandatory(op, c); twin && runs_twin(candidate, op, *twin)) {
+        r.verdict = Verdict::Incomplete;
+        r.notes.push_back("declined: " + why);
+        r.reason = "INCOMPLETE: backend declined " + label_of(f) + " but ran the same case with other finite scores "
+                   "(same shapes, k, windows and policy): the decline depends on the values, not on a limit of the "
+                   "kernel: " + why;
+        return;
+      }
+    }
     if (decline_depends_on_values(candidate, op, c)) {
       r.verdict = Verdict::Incomplete;
       r.notes.push_back("declined: " + why);
@@ -394,10 +446,18 @@ void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backe
   if (!runs_twin(candidate, op, *twin))
     return skip("the case holds " + all_words + ", but the backend declined its twin without them too: a limit "
                 "of the kernel, not about them; not judged");
+  // Top-k: the features the decline is laid to, one twin each (only that feature taken out); if
+  // none alone, the decline needs several of them together and all are named below.
+  std::vector<CaseFeature> laid_to;
+  if (op == Op::Topk && features.size() > 1)
+    for (const auto& x : features)
+      if (const std::optional<OpCase> one = topk_twin_without(c, x.key); one && runs_twin(candidate, op, *one))
+        laid_to.push_back(x);
+  const std::vector<CaseFeature>& judged_features = laid_to.empty() ? features : laid_to;
   std::string keys, words, waived;
   const bool invalid_present =
       std::any_of(features.begin(), features.end(), [](const CaseFeature& x) { return std::string(x.key) == kInvalidIds.key; });
-  for (const auto& x : features) {
+  for (const auto& x : judged_features) {
     const bool named = unsupported_covers(opt.unsupported, x.key, invalid_present);
     if (named) {
       waived += std::string(waived.empty() ? "" : ", ") + x.key;

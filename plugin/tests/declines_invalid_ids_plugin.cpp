@@ -2,7 +2,10 @@
 // declining (DSA_STATUS_UNSUPPORTED) every call whose indices hold an invalid slot (an id
 // outside [0, s_kv) or past topk_length): SPEC §4 makes those cases mandatory, so an audit
 // reports it INCOMPLETE unless the user names them (`audit --unsupported invalid_ids,...`).
-// Built for the CLI tests only.
+// Its top-k (the reference's) declines every call whose scores hold a -inf anywhere, inside or
+// outside the windows (SPEC §3.1 and §2: -inf is part of every top-k's input; fresh12 F8:
+// `--unsupported neg_inf_scores`). Built for the CLI tests only.
+#include <cmath>
 #include <memory>
 
 #include "dsa/backend_abi.h"
@@ -18,7 +21,12 @@ class DeclinesInvalidIds final : public oracle::Backend {
  public:
   std::string name() const override { return "declines_invalid_ids"; }
   bool supports(oracle::Op op) const override {
-    return op == oracle::Op::SparseMlaFwd || op == oracle::Op::SparseMlaBwd;
+    return op == oracle::Op::SparseMlaFwd || op == oracle::Op::SparseMlaBwd || op == oracle::Op::Topk;
+  }
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    for (int64_t i = 0; i < s.numel(); ++i)
+      if (s.get(i) == -INFINITY) throw oracle::NotSupported("-inf scores not supported");
+    return ref_->select_topk(s, k, p, w);
   }
   SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
     decline_invalid(in);
@@ -48,7 +56,7 @@ class DeclinesInvalidIds final : public oracle::Backend {
 extern "C" DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t loader_abi_version) {
   if (loader_abi_version != DSA_BACKEND_ABI_VERSION) return nullptr;
   dsa_capabilities caps = dsa::plugin::reference_like_capabilities();
-  caps.ops = DSA_OP_SPARSE_MLA_FWD | DSA_OP_SPARSE_MLA_BWD;
+  caps.ops = DSA_OP_SPARSE_MLA_FWD | DSA_OP_SPARSE_MLA_BWD | DSA_OP_TOPK_INDICES;
   return dsa::plugin::make_adapter_table("declines_invalid_ids", "dsa-verify " DSA_CONTRACT_VERSION, caps,
                                          [] { return std::make_unique<DeclinesInvalidIds>(); });
 }
