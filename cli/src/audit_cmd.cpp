@@ -44,6 +44,34 @@ std::string target_flag(const AuditOptions& o, const std::string& backend, const
   return s + rounding_flags(rounding);
 }
 
+// `seconds` as the shortest decimal text that reads back as the same double ("2.5", "0.1").
+std::string exact_seconds(double seconds) {
+  char buf[64];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, seconds);
+    if (std::strtod(buf, nullptr) == seconds) break;
+  }
+  return buf;
+}
+
+// The options of this run that a property's reproduction command must repeat to run it the same
+// way (fresh12 F11): --ops (a forward property judges its backward part only if selected),
+// --seed, --timeout (when not the default) and --unsupported (declines it names are not
+// INCOMPLETE). The property's own --only and --level are added by add_property_tasks.
+std::string run_flags(const AuditOptions& o) {
+  auto joined = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+    return s;
+  };
+  std::string s;
+  if (!o.ops.empty()) s += " --ops " + joined(o.ops);
+  if (o.seed != 0) s += " --seed " + std::to_string(o.seed);
+  if (o.timeout_s != AuditOptions{}.timeout_s) s += " --timeout " + exact_seconds(o.timeout_s);
+  if (!o.unsupported.empty()) s += " --unsupported " + joined(o.unsupported);
+  return s;
+}
+
 std::vector<std::string> default_backends() {
   std::vector<std::string> names;
   for (const auto& n : oracle::backend_names()) {
@@ -112,9 +140,6 @@ int run_audit(const AuditOptions& opts) {
         selected.push_back(op);
     oracle::check_provided_outputs(*opts.judge.outputs, selected, "--outputs");
   }
-  // Report paths are checked before the run, so a typo does not cost the audit's results.
-  for (const std::string* path : {&opts.json_path, &opts.junit_path})
-    if (!path->empty()) write_text_file(*path, "");
   if (!fs::is_directory(dirs.golden) || !fs::is_directory(dirs.peer))
     throw std::invalid_argument("audit: fixture directories " + dirs.golden + " and " + dirs.peer +
                                 " must exist (set DSA_FIXTURES_DIR to the repo's fixtures/ folder)");
@@ -132,6 +157,43 @@ int run_audit(const AuditOptions& opts) {
   // The rounding models each backend is judged with and who declared them (flags, capabilities).
   std::vector<std::string> rounding_lines;
   nlohmann::json rounding_models = nlohmann::json::array();
+  // The JSON and the JUnit report of `cases` (write_text_file: atomic). `finished`: every task
+  // ran (else the report is partial: written after each task, or at an interrupt or a hang).
+  auto write_files = [&](const std::vector<CaseResult>& cases, const std::string& label, int interrupted,
+                         size_t tasks_not_run, size_t backends_not_run, const std::vector<std::string>& ran_nothing,
+                         const std::string& hung, bool finished) {
+    if (!opts.json_path.empty()) {
+      nlohmann::json j = to_json(label, cases);
+      j["level"] = opts.level;
+      j["seed"] = opts.seed;  // 0: RapidCheck drew a seed per property (see each repro line)
+      j["plugin"] = opts.plugin;
+      j["version"] = DSA_VERSION;
+      j["interrupted"] = interrupted ? nlohmann::json(signal_name(interrupted)) : nlohmann::json(nullptr);
+      j["hung_call"] = hung.empty() ? nlohmann::json(nullptr) : nlohmann::json(hung);
+      j["tasks_not_run"] = tasks_not_run;
+      j["backends_not_run"] = backends_not_run;
+      // Backends of which every selected case was skipped: the audit then exits 2 (no pass).
+      j["backends_that_ran_no_case"] = ran_nothing;
+      j["notes"] = notes;  // e.g. a fixture directory holding no fixture
+      j["rounding_models"] = rounding_models;  // per backend: judged, by flag, by the backend
+      j["finished"] = finished;  // false: a partial report (the audit still ran, or stopped early)
+      write_text_file(opts.json_path, j.dump(2) + "\n");
+    }
+    if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, cases));
+  };
+  // Report paths are checked before the run, so a typo does not cost the audit's results; from
+  // here they hold a valid report ("finished": false), rewritten after each task, so that a
+  // crash or SIGKILL never loses a result already computed (fresh12 F5).
+  write_files({}, "", 0, 0, 0, {}, "", false);
+  bool progress_write_failed = false;
+  auto write_progress = [&](const std::string& label) {
+    try {
+      write_files(all, label, 0, 0, 0, ran_nothing, "", false);
+    } catch (const std::exception& e) {  // e.g. a full disk: said once; the final write throws
+      if (!progress_write_failed) std::fprintf(stderr, "\nwarning: %s; the audit goes on\n", e.what());
+      progress_write_failed = true;
+    }
+  };
   // The summary, the JSON and the JUnit report of `cases`: at the end, and from the handler of
   // an in-process call that hung (`hung`: that call; the process then ends, CallWatchdog).
   auto write_reports = [&](const std::vector<CaseResult>& cases, const std::string& label, int interrupted,
@@ -147,23 +209,8 @@ int run_audit(const AuditOptions& opts) {
       std::printf("audit stopped: an in-process call hung (%s, past --timeout %g s): partial report; %zu task(s) "
                   "of the running backend and %zu later backend(s) not run; the stuck call was not waited for\n",
                   hung.c_str(), opts.timeout_s, tasks_not_run, backends_not_run);
-    if (!opts.json_path.empty()) {
-      nlohmann::json j = to_json(label, cases);
-      j["level"] = opts.level;
-      j["seed"] = opts.seed;  // 0: RapidCheck drew a seed per property (see each repro line)
-      j["plugin"] = opts.plugin;
-      j["version"] = DSA_VERSION;
-      j["interrupted"] = interrupted ? nlohmann::json(signal_name(interrupted)) : nlohmann::json(nullptr);
-      j["hung_call"] = hung.empty() ? nlohmann::json(nullptr) : nlohmann::json(hung);
-      j["tasks_not_run"] = tasks_not_run;
-      j["backends_not_run"] = backends_not_run;
-      // Backends of which every selected case was skipped: the audit then exits 2 (no pass).
-      j["backends_that_ran_no_case"] = ran_nothing;
-      j["notes"] = notes;  // e.g. a fixture directory holding no fixture
-      j["rounding_models"] = rounding_models;  // per backend: judged, by flag, by the backend
-      write_text_file(opts.json_path, j.dump(2) + "\n");
-    }
-    if (!opts.junit_path.empty()) write_text_file(opts.junit_path, to_junit(label, cases));
+    write_files(cases, label, interrupted, tasks_not_run, backends_not_run, ran_nothing, hung,
+                interrupted == 0 && hung.empty());
   };
   for (const auto& name : names) {
     std::unique_ptr<oracle::Backend> backend = oracle::make_backend(name);
@@ -212,7 +259,7 @@ int run_audit(const AuditOptions& opts) {
             char buf[64];
             std::snprintf(buf, sizeof buf, "%g", opts.timeout_s);
             c.message = std::string("timed out after ") + buf + " s: the " + what.substr(tl.size() + 2) +
-                        " was still running after " + std::to_string(static_cast<int64_t>(secs)) +
+                        " was still running after " + seconds_text(secs) +
                         " s (--timeout, per call); an in-process call cannot be killed, so the audit stopped "
                         "here and wrote this report without waiting for it (a plugin's calls run in killed "
                         "children instead)";
@@ -247,7 +294,7 @@ int run_audit(const AuditOptions& opts) {
       std::fprintf(stderr, "%s\n", line.c_str());
     }
     ReproCommands repro;
-    repro.audit = "dsa-verify audit " + target_flag(opts, name, rounding.judged());
+    repro.audit = "dsa-verify audit " + target_flag(opts, name, rounding.judged()) + run_flags(opts);
     repro.replay = [flag = target_flag(opts, name, rounding.judged())](const std::string& file) {
       return "dsa-verify replay " + file + " " + flag;
     };
@@ -349,6 +396,7 @@ int run_audit(const AuditOptions& opts) {
         all.push_back(r);
       }
       o.results.clear();
+      write_progress(label);
       if (shown.status == "pass" && !skipped_ops.empty()) shown.message = "skip: " + skipped_ops;
       progress.update(shown);
       if (opts.fail_fast && shown.status == "fail") stop = last_stops = true;

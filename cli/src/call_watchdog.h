@@ -12,6 +12,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,6 +31,19 @@ namespace dsa::cli {
 /// Python's check_timeout); this converts only.
 inline std::chrono::milliseconds call_timeout(double seconds) {
   return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(std::llround(seconds * 1000))));
+}
+
+/// A duration in seconds as text for messages ("timed out after 0.25 s", "... after 31.4 s"):
+/// three significant digits below 10 s, tenths from 10 s on (a trailing ".0" dropped), so a
+/// sub-second value never reads "0 s". `seconds` >= 0 and finite (else printed as %g).
+inline std::string seconds_text(double seconds) {
+  char buf[64];
+  if (!std::isfinite(seconds) || seconds < 0) std::snprintf(buf, sizeof buf, "%g", seconds);
+  else if (seconds < 10) std::snprintf(buf, sizeof buf, "%.3g", seconds);
+  else std::snprintf(buf, sizeof buf, "%.1f", seconds);
+  std::string s = buf;
+  if (seconds >= 10 && s.size() > 2 && s.compare(s.size() - 2, 2, ".0") == 0) s.resize(s.size() - 2);
+  return s;
 }
 
 /// Watches the op calls made through WatchdogBackend. `timeout`: seconds per call (> 0; the

@@ -1,13 +1,14 @@
 // Validators of the CLI's numeric options: every number is checked as text before CLI11
 // converts it, so nan, inf, a negative, a fraction or an out-of-range value is a usage error
 // (exit 2) naming the option, the value and the accepted range in plain terms, e.g.
-// "--timeout: got nan, expected a finite number of seconds from 0.001 to 86400". Without this a
+// "--timeout: got nan, expected a positive decimal number of seconds from 0.001 to 86400". Without this a
 // NaN or huge --timeout reached the plugin runner as a negative millisecond count and every
 // case failed, blaming the kernel (fresh-user report F7/F8).
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -21,7 +22,28 @@ namespace dsa::cli {
 constexpr double kMinTimeoutS = 0.001;
 constexpr double kMaxTimeoutS = 86400.0;
 /// The accepted --timeout range in words (help text and errors).
-inline std::string timeout_range() { return "a finite number of seconds from 0.001 to 86400"; }
+inline std::string timeout_range() { return "a positive decimal number of seconds from 0.001 to 86400"; }
+
+/// True when `v` is written as a plain decimal number: digits with at most one '.', at least one
+/// digit, then an optional exponent (e, E, an optional sign, digits); no sign, space, hex
+/// ("0x10", which strtod reads as 16), "inf" or "nan". Throws nothing.
+inline bool decimal_text(const std::string& v) {
+  size_t i = 0, digits = 0;
+  bool dot = false;
+  for (; i < v.size(); ++i) {
+    if (std::isdigit(static_cast<unsigned char>(v[i]))) ++digits;
+    else if (v[i] == '.' && !dot) dot = true;
+    else break;
+  }
+  if (digits == 0) return false;
+  if (i == v.size()) return true;
+  if (v[i] != 'e' && v[i] != 'E') return false;
+  if (++i < v.size() && (v[i] == '+' || v[i] == '-')) ++i;
+  if (i == v.size()) return false;
+  for (; i < v.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(v[i]))) return false;
+  return true;
+}
 /// Largest --jobs: threads in all (dsa::set_max_threads).
 constexpr int64_t kMaxJobs = 4096;
 
@@ -45,7 +67,8 @@ inline CLI::Validator integer_in(const std::string& option, int64_t lo, int64_t 
       "INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
 }
 
-/// `option` takes a finite number of seconds in [kMinTimeoutS, kMaxTimeoutS].
+/// `option` takes a decimal number of seconds (decimal_text: "0x10" is refused, not read as 16)
+/// in [kMinTimeoutS, kMaxTimeoutS].
 inline CLI::Validator timeout_seconds(const std::string& option) {
   (void)option;
   return CLI::Validator(
@@ -53,9 +76,12 @@ inline CLI::Validator timeout_seconds(const std::string& option) {
         const std::string range = "expected " + timeout_range();
         const char* s = v.c_str();
         char* end = nullptr;
+        // A sign, "inf", "nan" or an out-of-range decimal is a value outside the range; any
+        // other text (hex, spaces, letters) is not a decimal number.
+        const char* num = (v[0] == '-' || v[0] == '+') ? s + 1 : s;
+        const bool number = decimal_text(num) || std::string(num) == "inf" || std::string(num) == "nan";
         const double x = std::strtod(s, &end);
-        if (v.empty() || end != s + v.size() || std::isspace(static_cast<unsigned char>(v[0])))
-          return "got \"" + v + "\", " + range;
+        if (v.empty() || !number || end != s + v.size()) return "got \"" + v + "\", " + range;
         if (!std::isfinite(x) || !(x >= kMinTimeoutS) || x > kMaxTimeoutS) return "got " + v + ", " + range;
         return "";
       },

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <stdexcept>
@@ -203,10 +204,37 @@ std::string to_junit(const std::string& backend, const std::vector<CaseResult>& 
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  if (!f) throw std::runtime_error(path + ": cannot open for writing");
-  f << text;
-  if (!f) throw std::runtime_error(path + ": write failed");
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st)) {  // /dev/stdout, a pipe: written in place
+    std::ofstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error(path + ": cannot open for writing");
+    f << text;
+    if (!f) throw std::runtime_error(path + ": write failed");
+    return;
+  }
+  // A temporary file beside it, renamed over it: `path` holds the whole previous text or the
+  // whole new one, never a truncated one, whatever stops the process (fresh12 F5).
+  const fs::path target(path);
+  const fs::path tmp = target.parent_path() / ("." + target.filename().string() + "." +
+                                               std::to_string(static_cast<long>(::getpid())) + ".tmp");
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw std::runtime_error(path + ": cannot open for writing");
+    f << text;
+    f.flush();
+    if (!f) {
+      fs::remove(tmp, ec);
+      throw std::runtime_error(path + ": write failed");
+    }
+  }
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw std::runtime_error(path + ": cannot write (" + ec.message() + ")");
+  }
 }
 
 }  // namespace dsa::cli

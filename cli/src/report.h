@@ -63,7 +63,10 @@ nlohmann::json to_json(const std::string& backend, const std::vector<CaseResult>
 /// A partial pass is named "PROPERTY [partial: X not judged]" and carries the same note in
 /// its system-out, so a CI reader sees it.
 std::string to_junit(const std::string& backend, const std::vector<CaseResult>& cases);
-/// Writes text to a file; throws std::runtime_error naming the path on failure.
+/// Writes text to a file atomically (a temporary file beside it, renamed over it: the file holds
+/// the whole previous or the whole new text, never a truncated one); a path that exists and is
+/// not a regular file (/dev/stdout, a pipe) is written in place. Throws std::runtime_error
+/// naming the path on failure.
 void write_text_file(const std::string& path, const std::string& text);
 
 }  // namespace dsa::cli

@@ -75,6 +75,7 @@ python3 - "$tmp/term.json" <<'PY' || fail "SIGTERM: the partial JSON report is w
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["interrupted"] == "SIGTERM", r.get("interrupted")
+assert r["finished"] is False, r.get("finished")
 cases = r["cases"]
 stopped = [c for c in cases if c["status"] == "interrupted"]
 assert len(stopped) == 1, stopped
@@ -91,4 +92,14 @@ start_audit kill
 kill -KILL "$apid"
 wait "$apid" 2>/dev/null
 poll 20 no_audit_process || fail "SIGKILL: the plugin child outlived the auditor (child $child)"
+# The reports exist from the start and are rewritten atomically (fresh12 F5): SIGKILL leaves
+# valid ones saying the audit did not finish (before: 0-byte files).
+python3 - "$tmp/kill.json" <<'PY' || fail "SIGKILL: the JSON report is not a valid unfinished report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["format"] == "dsa-verify-audit/1" and r["finished"] is False, r
+print("json report after SIGKILL: valid, finished false, %d case(s)" % len(r["cases"]))
+PY
+xmllint --noout --schema "$xsd" "$tmp/kill.xml" || fail "SIGKILL: the JUnit report is invalid"
+ls -a "$tmp" | grep -q '\.tmp$' && fail "a temporary report file was left behind"
 echo "no process left after SIGTERM and SIGKILL of the auditor"

@@ -10,6 +10,7 @@
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/property_tests/suite.h"
+#include "call_watchdog.h"
 #include "route_test_util.h"
 
 namespace dsa::cli {
@@ -35,9 +36,24 @@ void expect_usage_error(const std::string& args, const std::string& option, cons
 
 TEST(NumericOptions, TimeoutOutsideItsRangeIsAUsageError) {
   const std::string audit = std::string("audit --plugin ") + DSA_EXAMPLE_PLUGIN + " --ops topk --timeout ";
-  const std::string range = "expected a finite number of seconds from 0.001 to 86400";
-  for (const std::string v : {"nan", "inf", "-inf", "1e16", "0.0001", "0", "-5", "abc", "86401"})
-    expect_usage_error(audit + v, "--timeout", v == "abc" ? "\"abc\"" : v, range);
+  const std::string range = "expected a positive decimal number of seconds from 0.001 to 86400";
+  for (const std::string v : {"nan", "inf", "-inf", "1e16", "0.0001", "0", "-5", "86401"})
+    expect_usage_error(audit + v, "--timeout", v, range);
+  // Not decimal numbers (fresh12 F11: strtod read "0x10" as 16 s and the audit ran).
+  for (const std::string v : {"abc", "0x10", "0X1p4", "1e", "5s", "1,5", "0x"})
+    expect_usage_error(audit + v, "--timeout", "\"" + v + "\"", range);
+}
+
+// Durations in messages keep their precision (fresh12 F11: a 0.5 s call read "after 0 s").
+TEST(NumericOptions, SecondsInMessagesKeepTheirPrecision) {
+  EXPECT_EQ(seconds_text(0.5004), "0.5");
+  EXPECT_EQ(seconds_text(0.25), "0.25");
+  EXPECT_EQ(seconds_text(0.001), "0.001");
+  EXPECT_EQ(seconds_text(2.0), "2");
+  EXPECT_EQ(seconds_text(9.994), "9.99");
+  EXPECT_EQ(seconds_text(31.44), "31.4");
+  EXPECT_EQ(seconds_text(300.02), "300");
+  EXPECT_EQ(seconds_text(86400), "86400");
 }
 
 TEST(NumericOptions, JobsOutsideItsRangeIsAUsageError) {
@@ -58,7 +74,7 @@ TEST(NumericOptions, LevelOutsideItsRangeIsAUsageError) {
 TEST(NumericOptions, HelpStatesTheRanges) {
   std::string out;
   ASSERT_EQ(run_cli_capture("audit --help", &out), 0);
-  EXPECT_NE(out.find("a finite number of seconds from 0.001 to 86400"), std::string::npos) << out;
+  EXPECT_NE(out.find("a positive decimal number of seconds from 0.001 to 86400"), std::string::npos) << out;
   EXPECT_NE(out.find("an integer from 1 to 4096"), std::string::npos) << out;
 }
 

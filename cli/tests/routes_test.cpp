@@ -567,7 +567,7 @@ TEST(RoundingModels, AuditReportAndReproduceLinesNameTheDeclaredModels) {
   const std::string sink_plugin = std::string(" --plugin ") + DSA_NORMALIZED_P_SINK_PLUGIN;
   std::string out;
   EXPECT_EQ(test::run_cli_capture(audit + "smla.invalid_slots_never_read,smla.topk_length_respected" + sink_plugin +
-                                      " --json " + dir.file("a.json"),
+                                      " --timeout 45.5 --json " + dir.file("a.json"),
                                   &out),
             1)
       << out;
@@ -578,7 +578,10 @@ TEST(RoundingModels, AuditReportAndReproduceLinesNameTheDeclaredModels) {
   const auto repro_lines = test::lines_with(out, {"reproduce: ", "dsa-verify audit"});
   EXPECT_EQ(repro_lines.size(), 2u) << out;
   for (const auto& line : repro_lines) {
-    EXPECT_NE(line.find(sink_plugin + " --sink-after-rounding --only smla."), std::string::npos) << line;
+    // ... and the run's --seed and --timeout (fresh12 F11: they were left out, so the line ran
+    // another seed's draws with the default timeout).
+    EXPECT_NE(line.find(sink_plugin + " --sink-after-rounding --seed 1 --timeout 45.5 --only smla."), std::string::npos)
+        << line;
     EXPECT_EQ(line.find("--normalized-p"), std::string::npos) << line;
   }
   const nlohmann::json a = test::read_json(dir.file("a.json"));
