@@ -8,6 +8,8 @@
 Exit code: 0 everything passed, 1 a failure, 2 usage or input errors (as dsa-verify).
 """
 import argparse
+import os
+import signal
 import sys
 
 SINK_AFTER_ROUNDING_HELP = ("The kernel rounds sparse MLA's out to 16 bits before applying attn_sink "
@@ -34,10 +36,10 @@ def main(argv=None):
     a.add_argument("--json", default="", help="Write the full report as JSON")
     a.add_argument("--junit", default="", help="Write JUnit XML")
     a.add_argument("--isolate", action="store_true", help="Run each task in a fresh worker process")
-    a.add_argument("--timeout", type=float, default=300.0,
+    a.add_argument("--timeout", default=None,
                    help="Seconds per isolated task (--isolate), else per call of the backend in this process "
-                        "(a hung call ends the audit: reports written, exit 1): a finite number from 0.001 to "
-                        "86400 (default 300)")
+                        "(a hung call ends the audit: reports written, exit 1): a positive decimal number from "
+                        "0.001 to 86400 (default 300)")
     a.add_argument("--dump-dir", default="dsa-verify-failures", help="Where failing cases are dumped")
     a.add_argument("--fail-fast", action="store_true", help="Stop at the first failure")
     a.add_argument("--no-fixtures", action="store_true", help="Properties only")
@@ -59,6 +61,7 @@ def main(argv=None):
     import dsa_verify
     from dsa_verify import _audit, _core
     _audit._PRINT_SUMMARY_ON_HANG = True  # a hung call ends the process: its summary is printed then
+    _audit._COMMAND_LINE = True  # SIGTERM as SIGINT: AuditInterrupted, handled below
     try:
         if args.command == "replay":
             from dsa_verify._audit import normalized_p_of, provided_outputs, sink_after_rounding_of
@@ -71,13 +74,25 @@ def main(argv=None):
             if res["verdict"] == "skip":
                 print(f"replay: judged nothing: every op of '{args.fixture}' was skipped (see the reasons above)")
             return res["exit"]
+        timeout = (_audit.DEFAULT_TIMEOUT_S if args.timeout is None else
+                   _audit.timeout_from_text(args.timeout, "--timeout"))
         report = dsa_verify.audit(args.backend, ops=_list(args.ops), only=_list(args.only), level=args.level,
                                   seed=args.seed, device=args.device, json=args.json or None,
-                                  junit=args.junit or None, isolate=args.isolate, timeout=args.timeout,
+                                  junit=args.junit or None, isolate=args.isolate, timeout=timeout,
                                   dump_dir=args.dump_dir, fail_fast=args.fail_fast,
                                   fixtures=not args.no_fixtures, allow_weak=args.allow_weak,
                                   sink_after_rounding=args.sink_after_rounding, normalized_p=args.normalized_p,
                                   unsupported=_list(args.unsupported))
+    except _audit.AuditInterrupted as e:
+        # The reports of every case computed are written; the running task may still wind down
+        # in its worker thread: the process ends now, without waiting for it (exit 128 + signal,
+        # as `dsa-verify audit`).
+        sys.stderr.write("\n")
+        sys.stdout.write(e.report.summary())
+        print(f"audit interrupted by {e.signame}: partial report; {e.report.tasks_not_run} task(s) not run")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + (signal.SIGTERM if e.signame == "SIGTERM" else signal.SIGINT))
     except (ValueError, OSError, RuntimeError) as e:
         print(f"dsa_verify: error: {e}", file=sys.stderr)
         return 2

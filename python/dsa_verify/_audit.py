@@ -10,6 +10,7 @@ import inspect
 import json as _json
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import traceback
@@ -23,10 +24,17 @@ DEFAULT_TIMEOUT_S = 300.0
 # `python3 -m dsa_verify audit` sets this: a hung call's report (_on_hung_call) then also prints
 # the summary, as the command does at the end.
 _PRINT_SUMMARY_ON_HANG = False
+# `python3 -m dsa_verify audit` sets this: SIGTERM, like SIGINT, then raises AuditInterrupted
+# (the command prints the summary and exits 128 + signal); a library caller's process is ended by
+# SIGTERM once the reports are written, as SIGTERM's default action would.
+_COMMAND_LINE = False
 # The accepted timeout, as `dsa-verify audit --timeout` (cli/src/numeric_options.h): at least one
 # millisecond, at most one day, finite.
 MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.001, 86400.0
-TIMEOUT_RANGE = "a finite number of seconds from 0.001 to 86400"
+TIMEOUT_RANGE = "a positive decimal number of seconds from 0.001 to 86400"
+# A decimal number as `dsa-verify audit --timeout` takes it (numeric_options.h decimal_text):
+# digits with at most one '.', an optional exponent; no hex ("0x10"), sign, "_" or space.
+_DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def check_timeout(timeout):
@@ -40,6 +48,30 @@ def check_timeout(timeout):
     if bad:
         raise ValueError(f"argument 'timeout' (--timeout) got {timeout!r}, expected {TIMEOUT_RANGE}")
     return t
+
+
+def timeout_from_text(text, flag="--timeout"):
+    """The seconds of a command-line timeout `text` (`flag`: the option's name, --timeout or
+    --dsa-timeout) as a float. Raises ValueError naming the option, the text and TIMEOUT_RANGE
+    for anything but a decimal number in range: float() would read "1_0" as 10 and "inf" as a
+    number; the C++ CLI refuses "0x10", which strtod would read as 16 (fresh12 F11)."""
+    body = text[1:] if isinstance(text, str) and text[:1] in ("+", "-") else text
+    if not isinstance(text, str) or not (_DECIMAL.fullmatch(body) or body in ("inf", "nan")):
+        raise ValueError(f"argument '{flag}' got {text!r}, expected {TIMEOUT_RANGE}")
+    value = float(text)
+    if not MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S:  # also nan and inf
+        raise ValueError(f"argument '{flag}' got {text}, expected {TIMEOUT_RANGE}")
+    return value
+
+
+def seconds_text(seconds):
+    """A duration in seconds as message text, as the C++ seconds_text (call_watchdog.h): three
+    significant digits below 10 s ("0.25"), tenths from 10 s on ("31.4", "300"); never "0" for a
+    nonzero duration."""
+    if seconds < 10:
+        return f"{seconds:.3g}"
+    text = f"{seconds:.1f}"
+    return text[:-2] if text.endswith(".0") else text
 
 
 @dataclass
@@ -74,6 +106,13 @@ class Report:
     device: str = "cpu"
     spec: str = ""
     notes: List[str] = field(default_factory=list)  # e.g. a fixture directory that holds no fixture
+    # "SIGINT" / "SIGTERM" when the audit was interrupted (the running case is then "interrupted",
+    # not a verdict), else None; tasks_not_run: tasks of the audit that never started.
+    interrupted: Optional[str] = None
+    tasks_not_run: int = 0
+    # False while the audit runs (the reports written after each task say so) and when it stopped
+    # early (interrupted, a hung call); True once every task ran.
+    finished: bool = False
 
     @property
     def passed(self):
@@ -99,7 +138,8 @@ class Report:
     def to_json(self):
         """The JSON report (format dsa-verify-audit/1) as text."""
         extra = {"level": self.level, "seed": self.seed, "plugin": "", "python_backend": self.spec,
-                 "device": self.device, "version": _core.version, "notes": list(self.notes)}
+                 "device": self.device, "version": _core.version, "notes": list(self.notes),
+                 "interrupted": self.interrupted, "tasks_not_run": self.tasks_not_run, "finished": self.finished}
         return _core.to_json(self.backend, [c.as_dict() for c in self.cases], _json.dumps(extra))
 
     def to_junit(self):
@@ -118,6 +158,43 @@ class Report:
         if not self.passed:
             return 1
         return 2 if self.ran_nothing else 0
+
+
+def write_atomically(path, text):
+    """Writes `text` to `path` through a temporary file in the same directory, renamed over it,
+    so that `path` always holds a whole report (the previous one or this one), never a truncated
+    one, whatever stops the process (SIGKILL, a crash, a full disk). A path that exists and is not
+    a regular file (/dev/stdout, a pipe) is written directly. Raises OSError naming `path`."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OSError(e.errno, f"{path}: cannot write the report: {e.strerror}") from e
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_reports(report, json_path, junit_path):
+    """The JSON and JUnit reports of `report` as it stands (write_atomically)."""
+    if json_path:
+        write_atomically(json_path, report.to_json())
+    if junit_path:
+        write_atomically(junit_path, report.to_junit())
 
 
 def load_backend(spec):
@@ -208,18 +285,38 @@ def normalized_p_of(backend):
     return v
 
 
-def _options(spec, ops, only, level, seed, dump_dir, fixtures, device):
+def _options(spec, ops, only, level, seed, dump_dir, fixtures, device, isolate=False, timeout=DEFAULT_TIMEOUT_S,
+             unsupported=(), allow_weak=False, sink_after_rounding=False, normalized_p=False):
+    """The options dict of _core.list_tasks / run_task, with the reproduction commands. These
+    repeat every option of this run that changes what runs or how it is judged (fresh12 F11):
+    --ops, --seed, --isolate, --timeout (when not the default), --unsupported and the judging
+    flags given by the caller (allow_weak, sink_after_rounding, normalized_p; a backend's own
+    declarations are read again from it); a property's --only and --level are added per task."""
     # A uint64, as `dsa-verify audit --seed`: a negative or larger value is an error, not a wrap.
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
         raise ValueError(f"argument 'seed' (--seed) got {seed!r}, expected an integer from 0 to {2**64 - 1}")
     target = spec or "<module:Class>"
     dev = "" if device == "cpu" else f" --device {device}"
+    judging = "".join(f" --{flag}" for flag, on in (("allow-weak", allow_weak),
+                                                    ("sink-after-rounding", sink_after_rounding),
+                                                    ("normalized-p", normalized_p)) if on is True)
+    run = ""
+    if ops:
+        run += " --ops " + ",".join(ops)
+    if seed:
+        run += f" --seed {int(seed)}"
+    if isolate is True:
+        run += " --isolate"
+    if timeout != DEFAULT_TIMEOUT_S:
+        run += f" --timeout {float(timeout)!r}"
+    if unsupported:
+        run += " --unsupported " + ",".join(unsupported)
     py = python_command()
     return {
         "ops": list(ops or []), "only": list(only or []), "level": int(level), "seed": int(seed or 0),
         "dump_dir": dump_dir, "fixtures": flag_argument("fixtures", fixtures),
-        "repro_audit": f"{py} -m dsa_verify audit {target}{dev}",
-        "repro_replay": f"{py} -m dsa_verify replay {{fixture}} {target}{dev}",
+        "repro_audit": f"{py} -m dsa_verify audit {target}{dev}{judging}{run}",
+        "repro_replay": f"{py} -m dsa_verify replay {{fixture}} {target}{dev}{judging}",
     }
 
 
@@ -254,14 +351,21 @@ def run_isolated(payload, device, options, task, timeout_s):
     proc.start()
     send.close()
     msg, timed_out = None, False
-    if recv.poll(timeout_s):
-        try:
-            msg = recv.recv()
-        except EOFError:  # the worker died before sending
-            msg = None
-    else:
-        timed_out = True
-    recv.close()
+    try:
+        if recv.poll(timeout_s):
+            try:
+                msg = recv.recv()
+            except EOFError:  # the worker died before sending
+                msg = None
+        else:
+            timed_out = True
+    except BaseException:
+        # SIGINT / SIGTERM while the worker runs: it is killed, the caller writes the reports.
+        proc.kill()
+        proc.join()
+        raise
+    finally:
+        recv.close()
     if timed_out:
         proc.kill()
         proc.join()
@@ -280,54 +384,126 @@ def run_isolated(payload, device, options, task, timeout_s):
                    "(a fault in the kernel, e.g. an illegal memory access)")
         else:
             why = f"isolated worker exited with code {proc.exitcode} without a result"
-    is_property = not task["fixture"]
-    repro = options["repro_audit"]
-    if is_property:
-        repro += f" --only {task['property']} --level {options['level']}"
-    return [CaseResult(op=task["op"], property=("property:" if is_property else "") + task["property"],
-                       status="fail", message=why, repro=repro, fixture=task["fixture"])]
+    return [CaseResult(op=task["op"], property=_task_label(task), status="fail", message=why,
+                       repro=_task_repro(task, options), fixture=task["fixture"])]
 
 
-# The non-isolated audit in progress (audit(), isolate=False): what _on_hung_call needs to write
-# its report. None outside one (e.g. the pytest plugin's run).
+# The in-process task in progress (audit() with isolate=False, the pytest plugin): what
+# _on_hung_call needs. None outside one.
 _RUNNING = None
+
+
+def _hung_message(what, seconds, timeout, flag, isolate_flag, ending):
+    """The failed case's message of a call still running at the timeout."""
+    return (f"timed out after {timeout:g} s: the {what.split(': ', 1)[-1]} was still running after "
+            f"{seconds_text(seconds)} s ({flag}, per call; a call in this process cannot be killed: {ending}; "
+            f"{isolate_flag} runs each task in a worker process that is killed)")
 
 
 def _on_hung_call(what, seconds):
     """Called by the C++ CallWatchdog (on its own thread, with the GIL) when a call of the backend
-    in this process is still running at the timeout (isolate=False): adds the hung task as a
-    failed case naming the call, writes the JSON/JUnit reports and the summary of every result
-    already computed, and returns; the caller then ends the process (exit 1) without waiting for
-    the stuck call, which cannot be killed in this process (isolate=True runs each task in a
-    worker process that is killed instead)."""
+    in this process is still running at the timeout. Returns True when handled without ending the
+    process (the pytest plugin: the waiting test fails, see _run_in_worker), else False after
+    adding the hung task as a failed case naming the call and writing the JSON/JUnit reports and
+    the summary of every result already computed (audit(), isolate=False); the caller then ends
+    the process (exit 1) without waiting for the stuck call, which cannot be killed in this
+    process (isolate=True runs each task in a worker process that is killed instead)."""
     run = _RUNNING
-    why = (f"timed out after {run['timeout'] if run else 0:g} s: the {what.split(': ', 1)[-1]} was still running "
-           f"after {seconds:.0f} s (timeout, per call; isolate=False: a call in this process cannot be killed, so "
-           "the audit stopped here and wrote this report without waiting for it; isolate=True runs each task in a "
-           "worker process that is killed)")
     sys.stdout.flush()
     if run is None:
-        sys.stderr.write(f"\ndsa_verify: {what}: {why}\n")
+        sys.stderr.write(f"\ndsa_verify: {what}: a call was still running after {seconds_text(seconds)} s "
+                         "(timeout, per call); the process ends without waiting for it\n")
         sys.stderr.flush()
-        return
+        return False
+    if run.get("keep_process"):
+        run["hung"] = (what, float(seconds))
+        run["hung_event"].set()
+        return True
+    why = _hung_message(what, seconds, run["timeout"], "timeout", "isolate=True",
+                        "the audit stopped here and wrote this report without waiting for it")
     report, task, options = run["report"], run["task"], run["options"]
-    is_property = not task["fixture"]
-    repro = options["repro_audit"] + (f" --only {task['property']} --level {options['level']}" if is_property else "")
-    report.cases.append(CaseResult(op=task["op"], property=("property:" if is_property else "") + task["property"],
-                                   status="fail", message=why, repro=repro, fixture=task["fixture"],
+    report.cases.append(CaseResult(op=task["op"], property=_task_label(task), status="fail", message=why,
+                                   repro=_task_repro(task, options), fixture=task["fixture"],
                                    seconds=float(seconds)))
     report.notes.append(f"audit stopped: an in-process call hung ({what}); {run['not_run']} task(s) not run")
+    report.tasks_not_run = run["not_run"]
+    report.finished = False
     sys.stderr.write("\n")
-    if run["json"]:
-        with open(run["json"], "w", encoding="utf-8") as f:
-            f.write(report.to_json())
-    if run["junit"]:
-        with open(run["junit"], "w", encoding="utf-8") as f:
-            f.write(report.to_junit())
+    try:
+        _write_reports(report, run["json"], run["junit"])
+    except OSError as e:
+        sys.stderr.write(f"dsa_verify: {e}\n")
     if run["print_summary"]:
         sys.stdout.write(report.summary())
     sys.stdout.flush()
     sys.stderr.flush()
+    return False
+
+
+def _task_label(task):
+    """The property column of a task's cases: "property:<name>" or the fixture's "golden:<name>"."""
+    return task["property"] if task["fixture"] else "property:" + task["property"]
+
+
+def _task_repro(task, options):
+    """The reproduction command of a task as a whole (a property re-run, or the audit's line)."""
+    repro = options["repro_audit"]
+    return repro + (f" --only {task['property']} --level {options['level']}" if not task["fixture"] else "")
+
+
+# The worker thread of the last in-process task (_run_in_worker): a new audit waits for it to wind
+# down before re-enabling backend calls.
+_LAST_WORKER = None
+
+
+class _Stopped(BaseException):
+    """SIGTERM during audit() (raised by its handler in the main thread)."""
+
+    def __init__(self, signame):
+        super().__init__(signame)
+        self.signame = signame
+
+
+def _run_in_worker(bridge, options, key, hung_event=None):
+    """_core.run_task(bridge, options, key) on a daemon worker thread while this thread waits in
+    short slices, so that SIGINT (KeyboardInterrupt) and SIGTERM reach this (main) thread at once,
+    whatever the task computes. Returns its CaseResults; re-raises what run_task raised; returns
+    None when `hung_event` is set (a call hung, _on_hung_call): the stuck thread cannot be
+    stopped and keeps running. The worker inherits this thread's CUDA device and grad mode."""
+    global _LAST_WORKER
+    import threading
+    import torch
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    grad = torch.is_grad_enabled()
+    box = {}
+
+    def work():
+        try:
+            if device is not None:
+                torch.cuda.set_device(device)
+            torch.set_grad_enabled(grad)
+            box["cases"] = _core.run_task(bridge, options, key)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the waiting thread
+            box["error"] = e
+
+    worker = threading.Thread(target=work, name=f"dsa-verify {key}", daemon=True)
+    _LAST_WORKER = worker
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.05)
+        if hung_event is not None and hung_event.is_set():
+            return None
+    if "error" in box:
+        raise box["error"]
+    return _cases(box["cases"])
+
+
+def _wind_down_last_worker(seconds=30.0):
+    """Waits up to `seconds` for the worker of an interrupted audit (its calls raise at once) and
+    re-enables backend calls for a new run."""
+    if _LAST_WORKER is not None and _LAST_WORKER.is_alive():
+        _LAST_WORKER.join(seconds)
+    _core.request_stop(False)
 
 
 def _payload(backend):
@@ -390,11 +566,9 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
     spec = spec_of(backend)
     obj = load_backend(backend) if isinstance(backend, str) else backend
     bridge = Bridge(obj, device)
-    for path in (json, junit):
-        if path:
-            with open(path, "w", encoding="utf-8"):
-                pass
-    options = _options(spec, ops, only, level, seed, dump_dir, fixtures, device)
+    options = _options(spec, ops, only, level, seed, dump_dir, fixtures, device, isolate=isolate, timeout=timeout,
+                       unsupported=unsupported, allow_weak=allow_weak, sink_after_rounding=sink_after_rounding,
+                       normalized_p=normalized_p)
     options["provided_outputs"] = provided_outputs(bridge)
     options["allow_weak"] = flag_argument("allow_weak", allow_weak)
     options["sink_after_rounding"] = flag_argument("sink_after_rounding", sink_after_rounding) or \
@@ -406,36 +580,54 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
         # ends the audit with the report written (_on_hung_call) and exit 1 (CallWatchdog).
         options["call_timeout"] = timeout
     report = Report(backend=bridge.name, level=int(level), seed=int(seed or 0), device=device, spec=spec)
+    # The report paths are checked before the run, and hold a valid report from now on: this
+    # one ("finished": false), then one after each task, so that whatever ends the process, the
+    # results already computed are on disk (write_atomically: never a truncated file).
+    _write_reports(report, json, junit)
     why = bridge.unavailable_reason()
     if why:
         report.cases.append(CaseResult(op="*", property=f"backend {bridge.name}", status="skip", message=why))
-    else:
-        tasks = _core.list_tasks(bridge, options)
-        # Fixtures judged: a directory holding none is a note (neither holding any: ValueError above).
-        report.notes = list(_core.check_fixture_dirs()) if fixtures and not only else []
-        if progress:
-            for note in report.notes:
-                sys.stderr.write(f"note: {note}\n")
-        if progress:
-            sys.stdout.flush()
-            sys.stderr.write(f"audit {bridge.name}: {len(tasks)} tasks (level {level}, seed "
-                             f"{seed if seed else 'random per property'}, device {device}"
-                             f"{', isolated' if isolate else ''})\n")
-            sys.stderr.flush()
-        bar = _core.Progress(len(tasks)) if progress else None
-        payload = _payload(backend) if isolate else None
-        global _RUNNING
+        report.finished = True
+        _write_reports(report, json, junit)
+        return report
+    _wind_down_last_worker()  # an earlier interrupted audit's worker; backend calls enabled
+    tasks = _core.list_tasks(bridge, options)
+    # Fixtures judged: a directory holding none is a note (neither holding any: ValueError above).
+    report.notes = list(_core.check_fixture_dirs()) if fixtures and not only else []
+    if progress:
+        for note in report.notes:
+            sys.stderr.write(f"note: {note}\n")
+    if progress:
+        sys.stdout.flush()
+        sys.stderr.write(f"audit {bridge.name}: {len(tasks)} tasks (level {level}, seed "
+                         f"{seed if seed else 'random per property'}, device {device}"
+                         f"{', isolated' if isolate else ''})\n")
+        sys.stderr.flush()
+    bar = _core.Progress(len(tasks)) if progress else None
+    payload = _payload(backend) if isolate else None
+    global _RUNNING
+    running, not_run, signame, write_error = None, 0, None, None
+    previous_sigterm = _catch_sigterm()
+    try:
         for i, task in enumerate(tasks):
+            running, not_run = task, len(tasks) - i - 1
             if isolate:
                 results = run_isolated(payload, device, options, task, timeout)
             else:
                 _RUNNING = {"report": report, "task": task, "options": options, "timeout": timeout, "json": json,
-                            "junit": junit, "not_run": len(tasks) - i - 1, "print_summary": _PRINT_SUMMARY_ON_HANG}
+                            "junit": junit, "not_run": not_run, "print_summary": _PRINT_SUMMARY_ON_HANG}
                 try:
-                    results = _cases(_core.run_task(bridge, options, task["property"]))
+                    results = _run_in_worker(bridge, options, task["property"])
                 finally:
                     _RUNNING = None
+            running = None
             report.cases.extend(results)
+            try:
+                _write_reports(report, json, junit)
+            except OSError as e:  # e.g. a full disk: said once; the final write raises it
+                if write_error is None and progress:
+                    sys.stderr.write(f"\ndsa_verify: warning: {e}; the audit goes on\n")
+                write_error = e
             failed = any(r.status == "fail" for r in results)
             # A task none of whose cases ran is a skip in the progress line, never a pass
             # (issue 12 item 8), as in `dsa-verify audit`.
@@ -452,12 +644,64 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
                             "message": f"skip: {skipped}" if status == "pass" and skipped else ""})
             if fail_fast and failed:
                 break
-        if bar:
-            bar.finish()
-    if json:
-        with open(json, "w", encoding="utf-8") as f:
-            f.write(report.to_json())
-    if junit:
-        with open(junit, "w", encoding="utf-8") as f:
-            f.write(report.to_junit())
+    except KeyboardInterrupt:
+        signame = "SIGINT"
+    except _Stopped as e:
+        signame = e.signame
+    finally:
+        _RUNNING = None
+        _restore_sigterm(previous_sigterm)
+    if bar:
+        bar.finish()
+    if signame:
+        _core.request_stop(True)  # the running task's later calls raise at once, the kernel is not called
+        if running is not None:
+            report.cases.append(CaseResult(op=running["op"], property=_task_label(running), status="interrupted",
+                                           message=f"interrupted by {signame} while this case ran; not a verdict",
+                                           fixture=running["fixture"]))
+        report.interrupted, report.tasks_not_run = signame, not_run
+        _write_reports(report, json, junit)
+        if not _COMMAND_LINE:
+            if signame == "SIGTERM":
+                # SIGTERM's default action, now that the reports are written: the process ends.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+            _wind_down_last_worker(10.0)  # its calls raise at once: it ends within a call or two
+        raise AuditInterrupted(report, signame)
+    report.finished = True
+    _write_reports(report, json, junit)
     return report
+
+
+class AuditInterrupted(KeyboardInterrupt):
+    """Raised by audit() when SIGINT (Ctrl-C) or SIGTERM stopped it, after its JSON/JUnit reports
+    were written with the cases computed so far ("interrupted": the signal's name; the running
+    case reported "interrupted", not a verdict). report: that Report; signame: "SIGINT" or
+    "SIGTERM". A KeyboardInterrupt, so code that stops on Ctrl-C stops on it."""
+
+    def __init__(self, report, signame):
+        super().__init__(f"audit interrupted by {signame}: partial report; {report.tasks_not_run} task(s) not run")
+        self.report, self.signame = report, signame
+
+
+def _catch_sigterm():
+    """From here SIGTERM raises _Stopped("SIGTERM") in the main thread (so audit() writes the
+    reports of what it computed), when audit() runs in the main thread and SIGTERM has its default
+    action; returns what _restore_sigterm needs (None: nothing changed)."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def stop(signum, frame):
+        raise _Stopped("SIGTERM")
+    signal.signal(signal.SIGTERM, stop)
+    return signal.SIG_DFL
+
+
+def _restore_sigterm(previous):
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)

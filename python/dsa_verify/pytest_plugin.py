@@ -13,6 +13,15 @@ every case the audit fails fails a test (a forward property's backward failure, 
 sparse_mla_bwd, fails that property's test), and where `python3 -m dsa_verify audit` exits 2
 (an input error, or an audit that judged nothing: every selected case skipped) the session
 exits 4 (pytest's usage error) with the CLI's error line.
+
+Timeouts: every call of the backend is watched with --dsa-timeout seconds (default 300). With
+--dsa-isolate each task runs in a worker process that is killed at it (a failed test; the
+session goes on). Without it the backend runs in this process, each task in a worker thread: a
+call still running at the timeout fails its test ("timed out after S s: the topk call of backend
+'x' was still running ..."). A thread cannot be killed, so the stuck call keeps running in the
+background, and every later dsa-verify test of the session fails without running ("not run: a
+call of the backend hung ..."): restart pytest (or use --dsa-isolate) once it is fixed. A call
+that holds the GIL in C code without releasing it stops even that: use --dsa-isolate.
 """
 import re
 
@@ -38,8 +47,11 @@ def pytest_addoption(parser):
     g.addoption("--dsa-seed", type=int, default=0, help="seed of the property runs (0: random)")
     g.addoption("--dsa-device", default="cpu", help="device of the input tensors: cpu | cuda[:n]")
     g.addoption("--dsa-isolate", action="store_true", help="run each task in a fresh worker process")
-    g.addoption("--dsa-timeout", type=float, default=300.0,
-                help="seconds per isolated task: a finite number from 0.001 to 86400 (default 300)")
+    g.addoption("--dsa-timeout", default=None,
+                help="seconds per isolated task (--dsa-isolate), else per call of the backend in this process: a "
+                     "positive decimal number from 0.001 to 86400 (default 300). An in-process call still "
+                     "running at it fails its test; it cannot be killed, so the later dsa-verify tests of the "
+                     "session fail unrun (restart the process, or use --dsa-isolate)")
     g.addoption("--dsa-dump-dir", default="dsa-verify-failures", help="where failing cases are dumped")
     g.addoption("--dsa-no-fixtures", action="store_true", help="properties only")
     g.addoption("--dsa-allow-weak", action="store_true", help="a WEAK output does not fail (SPEC §9)")
@@ -63,19 +75,31 @@ class _State:
         self.device = opt("--dsa-device")
         self.isolate = opt("--dsa-isolate")
         # A usage error before anything runs, as `python3 -m dsa_verify audit --timeout` (fresh-user F13).
-        self.timeout = _audit.check_timeout(opt("--dsa-timeout"))
+        text = opt("--dsa-timeout")
+        self.timeout = _audit.DEFAULT_TIMEOUT_S if text is None else _audit.timeout_from_text(text, "--dsa-timeout")
         self.bridge = Bridge(_audit.load_backend(self.spec), self.device)
         split = lambda s: [t for t in s.split(",") if t]  # noqa: E731
+        unsupported = split(opt("--dsa-unsupported"))
         self.options = _audit._options(self.spec, split(opt("--dsa-ops")), split(opt("--dsa-only")),
                                        opt("--dsa-level"), opt("--dsa-seed"), opt("--dsa-dump-dir"),
-                                       not opt("--dsa-no-fixtures"), self.device)
+                                       not opt("--dsa-no-fixtures"), self.device, isolate=bool(self.isolate),
+                                       timeout=self.timeout, unsupported=unsupported,
+                                       allow_weak=bool(opt("--dsa-allow-weak")),
+                                       sink_after_rounding=bool(opt("--dsa-sink-after-rounding")),
+                                       normalized_p=bool(opt("--dsa-normalized-p")))
         self.options["provided_outputs"] = _audit.provided_outputs(self.bridge)
         self.options["allow_weak"] = bool(opt("--dsa-allow-weak"))
         self.options["sink_after_rounding"] = (bool(opt("--dsa-sink-after-rounding")) or
                                                _audit.sink_after_rounding_of(self.bridge.backend))
         self.options["normalized_p"] = (bool(opt("--dsa-normalized-p")) or
                                         _audit.normalized_p_of(self.bridge.backend))
-        self.options["unsupported"] = split(opt("--dsa-unsupported"))
+        self.options["unsupported"] = unsupported
+        if not self.isolate:
+            # Every call of the backend in this process is watched (CallWatchdog): one still
+            # running at the timeout fails its test (run() below).
+            self.options["call_timeout"] = self.timeout
+        self.hung = ""  # set when a call hung: the message of the later tests, which do not run
+        _core.request_stop(False)
         self.tasks = _core.list_tasks(self.bridge, self.options)
         # A fixture directory that holds no fixture (neither holding any: a usage error above).
         self.notes = list(_core.check_fixture_dirs()) if self.options["fixtures"] and not self.options["only"] else []
@@ -93,12 +117,43 @@ class _State:
                 self.results[key] = [_audit.CaseResult(op="*", property=key, status="skip", message=why)]
             elif self.isolate:
                 self.results[key] = _audit.run_isolated(self.spec, self.device, self.options, task, self.timeout)
+            elif self.hung:
+                self.results[key] = [_audit.CaseResult(op=task["op"], property=_audit._task_label(task),
+                                                       status="fail", message=self.hung)]
             else:
-                self.results[key] = _audit._cases(_core.run_task(self.bridge, self.options, key))
+                self.results[key] = self._run_in_process(task)
             cases = self.results[key]
             self.judged += sum(c.status in ("pass", "fail") for c in cases)
             self.input_error |= any(c.input_error for c in cases)
         return self.results[key]
+
+
+    def _run_in_process(self, task):
+        """One task in this process, its calls watched with the timeout: a call still running
+        at it fails this task's test with a message naming the call; it cannot be killed, so it
+        keeps running in its (daemon) thread, and every later dsa-verify test of the session fails
+        without running (self.hung): restart the process, or use --dsa-isolate."""
+        import threading
+        from . import _audit
+        hung = threading.Event()
+        _audit._RUNNING = {"keep_process": True, "hung_event": hung}
+        try:
+            cases = _audit._run_in_worker(self.bridge, self.options, task["property"], hung_event=hung)
+        finally:
+            run, _audit._RUNNING = _audit._RUNNING, None
+        if cases is not None:
+            return cases
+        what, seconds = run["hung"]
+        label = f"{task['op']}::{_audit._task_label(task)}"
+        self.hung = (f"not run: a call of the backend hung in the test of {label} ({what.split(': ', 1)[-1]}) and "
+                     "still runs in this process, which it may have left in any state; restart pytest, or use "
+                     "--dsa-isolate (each task in a worker process that is killed at --dsa-timeout)")
+        why = _audit._hung_message(what, seconds, self.timeout, "--dsa-timeout", "--dsa-isolate",
+                                   "it keeps running in a background thread, and the later dsa-verify tests of this "
+                                   "session fail without running; restart the process")
+        return [_audit.CaseResult(op=task["op"], property=_audit._task_label(task), status="fail", message=why,
+                                  repro=_audit._task_repro(task, self.options), fixture=task["fixture"],
+                                  seconds=seconds)]
 
 
 class DsaFailure(Exception):

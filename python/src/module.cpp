@@ -121,7 +121,10 @@ std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o
           {
             py::gil_scoped_acquire gil;  // the stuck call may hold it: then this waits (isolate=True)
             try {
-              py::module_::import("dsa_verify._audit").attr("_on_hung_call")(what, elapsed);
+              // True: handled without ending the process (the pytest plugin fails the test and
+              // the session's later tests; the stuck thread keeps running). Else the report is
+              // written and the process ends here.
+              if (py::module_::import("dsa_verify._audit").attr("_on_hung_call")(what, elapsed).cast<bool>()) return;
             } catch (const std::exception& e) {
               std::fprintf(stderr, "dsa_verify: a call hung (%s) and the report could not be written: %s\n",
                            what.c_str(), e.what());
@@ -386,6 +389,9 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("op"), py::arg("with_sink") = true, "Output names of an op, in SPEC order");
   m.def("list_tasks", &list_tasks, py::arg("bridge"), py::arg("options"));
   m.def("run_task", &run_task, py::arg("bridge"), py::arg("options"), py::arg("property"));
+  m.def("request_stop", [](bool on) { stop_requested().store(on); }, py::arg("on") = true,
+        "Stops (True) or re-enables (False) every backend call of this process: a stopped call raises "
+        "'not run: the audit was interrupted' without calling the kernel (dsa_verify.audit on SIGINT/SIGTERM)");
   m.def("format_summary", &format_summary, py::arg("label"), py::arg("cases"),
         "The summary table of dsa-verify audit, as text");
   m.def("to_json", [](const std::string& label, const py::list& cases, const std::string& extra_json) {

@@ -89,6 +89,8 @@ std::vector<OutputRule> output_rules(Op op, const oracle::OpCase& c) {
 // output is missing from the map).
 std::map<std::string, Tensor> call(const py::object& bridge, const std::string& backend_name, Op op,
                                    const oracle::OpCase& c) {
+  if (stop_requested().load())  // the audit was stopped: the kernel is not called again
+    throw oracle::NotSupported("not run: the audit was interrupted");
   py::gil_scoped_acquire gil;
   const std::string op_name = oracle::to_string(op);
   OpArgs args = op_args(op, c);
@@ -110,7 +112,10 @@ std::map<std::string, Tensor> call(const py::object& bridge, const std::string& 
   } catch (py::error_already_set& e) {
     // Only BaseExceptions the bridge does not catch get here (KeyboardInterrupt, SystemExit):
     // remembered, so run_task re-raises them after the oracle unwinds.
-    if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) interrupted().store(true);
+    if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) {
+      interrupted().store(true);
+      stop_requested().store(true);  // no further call: the task unwinds at once
+    }
     throw std::runtime_error("python backend '" + backend_name + "': " + op_name + ": " + e.what());
   }
   const std::string status = res[0].cast<std::string>();
@@ -162,6 +167,11 @@ Tensor take(std::map<std::string, Tensor>& m, const char* name) {
 }  // namespace
 
 std::atomic<bool>& interrupted() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+std::atomic<bool>& stop_requested() {
   static std::atomic<bool> flag{false};
   return flag;
 }

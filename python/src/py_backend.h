@@ -79,6 +79,12 @@ OpArgs op_args(oracle::Op op, const oracle::OpCase& c);
 /// module's entry points re-raise KeyboardInterrupt once the oracle has unwound.
 std::atomic<bool>& interrupted();
 
+/// Set when the audit was stopped (SIGINT/SIGTERM in dsa_verify.audit, a KeyboardInterrupt or
+/// SystemExit raised by the kernel; dsa_verify._core.request_stop): every later backend call
+/// throws oracle::NotSupported without calling the kernel, so a task still running in a worker
+/// thread winds down at its next call. Cleared by request_stop(False) when an audit starts.
+std::atomic<bool>& stop_requested();
+
 /// Output names of an op (SPEC order); sparse_mla_bwd lists dsink only with a sink.
 std::vector<std::string> output_names(oracle::Op op, bool with_sink);
 

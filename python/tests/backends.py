@@ -107,6 +107,32 @@ class Hangs(TopkOnly):
         time.sleep(3600)
 
 
+class HangsOnMarker(TopkOnly):
+    """Top-k, except that a call whose scores hold HANG_MARKER at row 0, column 71 creates the file
+    $DSA_TEST_HANG_MARKER (so a test knows the call is running) and sleeps: an in-process kernel
+    that hangs on one case (test_audit's signal tests plant the marker in a fixture)."""
+    name = "hangs-on-marker"
+    HANG_MARKER = 12345.678
+
+    def topk(self, scores, k, tie_break, sorted, ks=None, ke=None):
+        if scores.dim() == 2 and scores.shape[1] > 71 and float(scores[0, 71]) == float(torch.tensor(
+                self.HANG_MARKER, dtype=torch.float32)):
+            open(os.environ["DSA_TEST_HANG_MARKER"], "w").close()
+            time.sleep(3600)
+        return super().topk(scores, k, tie_break, sorted, ks, ke)
+
+
+class DeclinesNegInf(TopkOnly):
+    """Declines (NotImplementedError) every top-k whose scores hold a -inf, inside or outside the
+    windows: SPEC §3.1 and §2 make -inf part of every top-k's input (fresh12 F8)."""
+    name = "declines-neg-inf"
+
+    def topk(self, scores, k, tie_break, sorted, ks=None, ke=None):
+        if bool(torch.isneginf(scores).any()):
+            raise NotImplementedError("-inf scores not supported")
+        return super().topk(scores, k, tie_break, sorted, ks, ke)
+
+
 class Nondeterministic(TopkOnly):
     """Claims determinism, but under tie_break "any" alternates the tie fill between calls."""
     name = "nondeterministic"

@@ -2,8 +2,12 @@
 import json
 import os
 import re
+import shutil
+import signal
+import struct
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -397,19 +401,34 @@ def test_fp8_reduced_accumulation_attribute_selects_the_tensor_core_row():
 def test_timeout_out_of_range_is_a_usage_error(timeout):
     # fresh-user F7/F8: these made every isolated case "timed out" (blaming the kernel) or raised
     # OverflowError / "cannot convert float NaN to integer"
-    with pytest.raises(ValueError, match=r"'timeout' \(--timeout\) got .*, expected a finite number of "
+    with pytest.raises(ValueError, match=r"'timeout' \(--timeout\) got .*, expected a positive decimal number of "
                                          r"seconds from 0\.001 to 86400"):
         dsa_verify.audit(backends.Raises(), only=["topk.contract_exact"], isolate=True, timeout=timeout,
                          progress=False)
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "0x10", "1_0", "5s", " 5"])
 def test_timeout_option_out_of_range_exits_2_naming_it(value):
+    # fresh12 F11: "0x10" (and float()'s "1_0") must not be read as a number of seconds
     r = subprocess.run([sys.executable, "-m", "dsa_verify", "audit", "backends:Raises", "--only",
                         "topk.contract_exact", "--isolate", "--timeout", value], capture_output=True, text=True)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert f"--timeout) got {float(value)!r}, expected a finite number of seconds from 0.001 to 86400" in r.stderr, r.stderr
+    shown = value if value in ("nan", "inf", "-5", "0") else repr(value)
+    assert (f"argument '--timeout' got {shown}, expected a positive decimal number of seconds from 0.001 to 86400"
+            in r.stderr), r.stderr
     assert "timed out" not in r.stdout + r.stderr
+
+
+def test_reproduce_lines_repeat_the_run_options():
+    # fresh12 F11: --seed, --timeout and --isolate were left out of the reproduce lines
+    rep = only_topk("backends:Raises", only=["topk.contract_exact"], seed=5, timeout=12.5, isolate=True,
+                    unsupported=["nan_scores"])
+    assert rep.failures, rep.summary()
+    for c in rep.failures:
+        assert " --seed 5 --isolate --timeout 12.5 --unsupported nan_scores --only topk.contract_exact" in c.repro, c.repro
+    rep = only_topk(backends.Raises(), only=["topk.contract_exact"], seed=6)
+    assert all(" --seed 6 --only topk.contract_exact" in c.repro and "--isolate" not in c.repro
+               and "--timeout" not in c.repro for c in rep.failures), rep.summary()
 
 
 def test_fixture_dirs_without_fixtures_are_an_error_and_one_without_a_note(tmp_path):
@@ -449,3 +468,92 @@ def test_fixture_dirs_without_fixtures_are_an_error_and_one_without_a_note(tmp_p
             assert j["notes"] == [note + " (DSA_FIXTURES_DIR)"], j["notes"]
             assert any(c["property"] == "peer:topk_plateau_small_sorted" and c["status"] == "pass"
                        for c in j["cases"]), j["cases"]
+
+
+# ---- fresh12 F5: signals and the JSON report ----------------------------------------------
+
+def marker_fixture_dir(tmp_path):
+    """A DSA_FIXTURES_DIR with one golden (passes) and one peer file on which backends.HangsOnMarker
+    hangs: topk_distinct_causal with the marker at row 0, column 71, outside row 0's window."""
+    root = tmp_path / "fx"
+    (root / "golden").mkdir(parents=True)
+    (root / "peer").mkdir()
+    src = os.path.join(os.environ["DSA_FIXTURES_DIR"], "golden")
+    shutil.copy(os.path.join(src, "topk_plateau_small_sorted.safetensors"), root / "golden")
+    data = bytearray(open(os.path.join(src, "topk_distinct_causal.safetensors"), "rb").read())
+    n = struct.unpack("<Q", data[:8])[0]
+    scores = json.loads(bytes(data[8:8 + n]))["scores"]
+    assert scores["dtype"] == "F32" and scores["shape"][1] == 72, scores
+    at = 8 + n + scores["data_offsets"][0] + 71 * 4
+    data[at:at + 4] = struct.pack("<f", backends.HangsOnMarker.HANG_MARKER)
+    (root / "peer" / "hangs.safetensors").write_bytes(bytes(data))
+    return root
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_audit_and_its_reports_keep_every_result(tmp_path, sig):
+    # Before: Ctrl-C did nothing while a task ran in C++ (the oracle, a hung kernel), and SIGTERM
+    # left a 0-byte JSON report. Now the reports are rewritten (atomically) after each task, and a
+    # signal stops the audit at once: the running case "interrupted", exit 128 + signal.
+    root = marker_fixture_dir(tmp_path)
+    marker, out, xml = tmp_path / "hanging", tmp_path / "r.json", tmp_path / "r.xml"
+    env = dict(os.environ, DSA_FIXTURES_DIR=str(root), DSA_TEST_HANG_MARKER=str(marker))
+    cmd = [sys.executable, "-m", "dsa_verify", "audit", "backends:HangsOnMarker", "--ops", "topk", "--seed", "7",
+           "--json", str(out), "--junit", str(xml), "--dump-dir", str(tmp_path / "d")]
+    # SIGINT is restored to its default: a test runner started in the background ignores it.
+    p = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists():
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline, "the hanging call never started"
+            time.sleep(0.05)
+        # The report on disk already holds every case computed before the hung call.
+        j = json.loads(out.read_text())
+        assert j["finished"] is False and j["interrupted"] is None, j
+        assert any(c["property"] == "golden:topk_plateau_small_sorted" and c["status"] == "pass" for c in j["cases"])
+        p.send_signal(sig)
+        stdout, stderr = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    signame = signal.Signals(sig).name
+    assert p.returncode == 128 + sig, stdout + stderr
+    assert f"audit interrupted by {signame}: partial report; 0 task(s) not run" in stdout, stdout
+    j = json.loads(out.read_text())
+    assert j["interrupted"] == signame and j["finished"] is False, j
+    by = {c["property"]: c for c in j["cases"]}
+    assert by["peer:hangs"]["status"] == "interrupted", by["peer:hangs"]
+    assert by["golden:topk_plateau_small_sorted"]["status"] == "pass"
+    assert sum(c["property"].startswith("property:") and c["status"] == "pass" for c in j["cases"]) >= 5, j
+    assert j["summary"]["interrupted"] == 1
+    assert "peer:hangs" in xml.read_text()
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # no temporary file left
+
+
+def test_a_finished_audit_says_so_and_an_unwritable_report_path_is_an_error_before_the_run(tmp_path):
+    rep = only_topk(backends.TopkOnly(), only=["topk.contract_exact"], json=str(tmp_path / "r.json"))
+    j = json.loads((tmp_path / "r.json").read_text())
+    assert j["finished"] is True and j["interrupted"] is None and rep.finished
+    with pytest.raises(OSError, match="cannot write the report"):
+        only_topk(backends.TopkOnly(), only=["topk.contract_exact"], json=str(tmp_path / "no" / "r.json"))
+    assert not (tmp_path / "no").exists()
+
+
+def test_declining_neg_inf_scores_is_incomplete_not_a_skip():
+    # fresh12 F8: topk_distinct_causal holds -inf outside its windows only; a kernel declining
+    # every -inf made it a skip ("no SPEC-mandatory feature"). Named, it is a skip saying so.
+    rep = only_topk(backends.DeclinesNegInf(), fixtures=True, seed=7)
+    by = {c.property: c for c in rep.cases}
+    c = by["golden:topk_distinct_causal"]
+    assert c.status == "fail" and c.message.startswith("INCOMPLETE: backend declined a SPEC-mandatory case"), c.message
+    assert "holds -inf scores" in c.message and "--unsupported neg_inf_scores" in c.message, c.message
+    rep = only_topk(backends.DeclinesNegInf(), fixtures=True, seed=7, unsupported=["neg_inf_scores"])
+    by = {c.property: c for c in rep.cases}
+    c = by["golden:topk_distinct_causal"]
+    assert c.status == "skip" and "named unsupported: neg_inf_scores" in c.message, c.message
+    # a property that passed without the declined draws is partial, never a plain pass
+    waived = [c for c in rep.cases if c.status == "pass" and "named unsupported: neg_inf_scores" in c.message]
+    assert waived and all("neg_inf_scores cases" in c.not_judged for c in waived), rep.summary()

@@ -188,6 +188,30 @@ def test_timeout_out_of_range_is_a_usage_error_naming_the_option(tmp_path, value
                         "topk.contract_exact", "--dsa-isolate", f"--dsa-timeout={value}"],
                        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
     assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
-    want = f"argument 'timeout' (--dsa-timeout) got {float(value)!r}, expected a finite number of seconds from " \
-           "0.001 to 86400"
+    want = f"argument '--dsa-timeout' got {value}, expected a positive decimal number of seconds from 0.001 to 86400"
     assert want in p.stderr and "timed out" not in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_a_hung_in_process_call_fails_its_test_and_the_later_ones(tmp_path):
+    # fresh12 F4: without --dsa-isolate there was no timeout at all, and a hanging backend hung
+    # pytest forever. Now each call is watched: the hung call fails its test naming the call; it
+    # cannot be killed, so the later dsa-verify tests fail unrun, and the session ends.
+    p, root = pytest_run(tmp_path, "--dsa-backend=backends:Hangs", "--dsa-ops", "topk", "--dsa-only",
+                         "topk.contract_exact,topk.nan_never_selected", "--dsa-timeout", "2")
+    assert p.returncode == 1, p.stdout + p.stderr
+    failures = {name(c): c.find("failure").get("message", "") + (c.find("failure").text or "")
+                for c in cases(root) if c.find("failure") is not None}
+    hung, later = failures["topk::property:topk.contract_exact"], failures["topk::property:topk.nan_never_selected"]
+    assert "timed out after 2 s: the topk call of backend 'hangs' was still running after" in hung, hung
+    assert "--dsa-timeout, per call" in hung and "--dsa-isolate" in hung and "restart" in hung, hung
+    assert "not run: a call of the backend hung in the test of topk::property:topk.contract_exact" in later, later
+
+
+def test_timeout_option_is_checked_like_the_clis(tmp_path):
+    # fresh12 F11: a hex or otherwise non-decimal --dsa-timeout is a usage error naming it
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
+                        "-q", "--dsa-backend=backends:TopkOnly", "--dsa-timeout", "0x10"],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
+    assert ("argument '--dsa-timeout' got '0x10', expected a positive decimal number of seconds from 0.001 to 86400"
+            in p.stderr), p.stderr
