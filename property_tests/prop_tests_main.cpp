@@ -3,10 +3,12 @@
 // multi-seed false-alarm run. DSA_TEST_LEVEL=0/1/2 scales case counts; DSA_SEED fixes the seed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <iostream>
-
 #include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
@@ -79,42 +81,71 @@ TEST(Mutation, EveryMutantIsCaught) {
   }
 }
 
-// Kill matrix at level 0: every property on every mutant (which properties catch what).
-TEST(Mutation, KillMatrix) {
-  SuiteOptions o;
-  o.level = 0;
-  o.seed = env_seed() ? env_seed() : 1;
-  const auto rows = run_mutation_analysis(o, /*full_matrix=*/true);
-  std::cout << format_mutation_table(rows) << format_kill_matrix(rows);
-  for (const auto& r : rows) EXPECT_TRUE(r.caught) << r.mutant;
-}
+// Kill matrix at level 0: every property on every mutant (which properties catch what). The
+// mutants are dealt round-robin into kKillMatrixShards tests (Mutation.KillMatrix_<i>of<n>,
+// registered in main()) that ctest runs in parallel; together they run every property on
+// every mutant once, as the single test did, each shard printing its mutants' rows.
+constexpr int kKillMatrixShards = 8;
 
-// No false alarms: every correct backend passes the whole suite at level 1 over several seeds.
-TEST(FalseAlarms, CorrectBackendsPassLevel1OverSeeds) {
-  SuiteOptions o;
-  o.level = std::max(1, env_test_level());
-  o.log = &std::cout;
-  o.repro_command = g_argv0 + " --gtest_filter=FalseAlarms.*";
+class KillMatrixShard : public ::testing::Test {
+ public:
+  explicit KillMatrixShard(int shard) : shard_(shard) {}
+  void TestBody() override {
+    SuiteOptions o;
+    o.level = 0;
+    o.seed = env_seed() ? env_seed() : 1;
+    std::vector<Subject> mine;
+    const auto all = mutant_subjects();
+    for (size_t i = static_cast<size_t>(shard_); i < all.size(); i += kKillMatrixShards) mine.push_back(all[i]);
+    const auto rows = run_mutation_analysis(o, /*full_matrix=*/true, mine);
+    std::cout << format_mutation_table(rows) << format_kill_matrix(rows);
+    for (const auto& r : rows) EXPECT_TRUE(r.caught) << r.mutant;
+  }
+
+ private:
+  int shard_;
+};
+
+// No false alarms: every correct backend passes the whole suite at level 1 over seeds 11, 22
+// and 33. One test per (subject, seed), FalseAlarms.CorrectBackendsPassLevel1OverSeeds_<subject>_seed<s>
+// (registered in main(), where the backends are known), so that ctest runs them in parallel.
+const uint64_t kFalseAlarmSeeds[] = {11u, 22u, 33u};
+
+class FalseAlarmRun : public ::testing::Test {
+ public:
+  FalseAlarmRun(Subject subject, uint64_t seed) : subject_(std::move(subject)), seed_(seed) {}
+  void TestBody() override {
+    SuiteOptions o;
+    o.level = std::max(1, env_test_level());
+    o.log = &std::cout;
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    o.repro_command = g_argv0 + " --gtest_filter=" + info->test_suite_name() + "." + info->name();
+    o.seed = seed_;
+    const auto rows = run_suite(subject_, o);
+    int fails = 0, skips = 0, cases = 0;
+    for (const auto& r : rows) {
+      fails += r.verdict == oracle::Verdict::Fail;
+      skips += r.verdict == oracle::Verdict::Skip;
+      cases += r.cases;
+    }
+    std::cout << "  " << subject_.name << " seed=" << seed_ << " level=" << o.level << ": " << rows.size()
+              << " properties, " << cases << " cases, " << fails << " failures, " << skips
+              << " skipped\n";
+    if (fails) std::cout << format_results(rows);
+    EXPECT_EQ(fails, 0) << subject_.name << " seed " << seed_;
+  }
+
+ private:
+  Subject subject_;
+  uint64_t seed_;
+};
+
+// The subjects of the false-alarm run: every registered backend and every correct control.
+std::vector<Subject> false_alarm_subjects() {
   std::vector<Subject> subjects;
   for (const auto& name : oracle::backend_names()) subjects.push_back(backend_subject(name));
   for (const auto& c : control_subjects()) subjects.push_back(c);
-  for (const auto& subject : subjects) {
-    for (uint64_t seed : {11u, 22u, 33u}) {
-      o.seed = seed;
-      const auto rows = run_suite(subject, o);
-      int fails = 0, skips = 0, cases = 0;
-      for (const auto& r : rows) {
-        fails += r.verdict == oracle::Verdict::Fail;
-        skips += r.verdict == oracle::Verdict::Skip;
-        cases += r.cases;
-      }
-      std::cout << "  " << subject.name << " seed=" << seed << " level=" << o.level << ": " << rows.size()
-                << " properties, " << cases << " cases, " << fails << " failures, " << skips
-                << " skipped\n";
-      if (fails) std::cout << format_results(rows);
-      EXPECT_EQ(fails, 0) << subject.name << " seed " << seed;
-    }
-  }
+  return subjects;
 }
 
 // A failing property prints a one-line repro and dumps the (shrunk) case as a fixture that
@@ -261,6 +292,21 @@ int main(int argc, char** argv) {
                                 return new props::PropertyTest(name, pp);
                               });
     }
+  for (const auto& subject : props::false_alarm_subjects())
+    for (uint64_t seed : props::kFalseAlarmSeeds) {
+      const std::string test = "CorrectBackendsPassLevel1OverSeeds_" + props::gtest_name(subject.name) +
+                               "_seed" + std::to_string(seed);
+      ::testing::RegisterTest("FalseAlarms", test.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+                              [subject, seed]() -> ::testing::Test* {
+                                return new props::FalseAlarmRun(subject, seed);
+                              });
+    }
+  for (int shard = 0; shard < props::kKillMatrixShards; ++shard) {
+    const std::string test =
+        "KillMatrix_" + std::to_string(shard + 1) + "of" + std::to_string(props::kKillMatrixShards);
+    ::testing::RegisterTest("Mutation", test.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+                            [shard]() -> ::testing::Test* { return new props::KillMatrixShard(shard); });
+  }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

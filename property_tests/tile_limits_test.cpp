@@ -81,14 +81,31 @@ const std::vector<uint64_t>& tile_seeds() {
   return seeds;
 }
 
-TEST(TileLimits, MutantsFailAtLevel0OnEverySeed) {
-  for (const Catch& c : kCatches)
-    for (const char* name : c.properties)
+// One test per mutant, TileLimits.MutantsFailAtLevel0OnEverySeed_<mutant>, so that ctest runs
+// them in parallel; together they run every (mutant, property, seed) of kCatches.
+class MutantFailsAtLevel0 : public ::testing::Test {
+ public:
+  explicit MutantFailsAtLevel0(const Catch* c) : c_(c) {}
+  void TestBody() override {
+    for (const char* name : c_->properties)
       for (uint64_t seed : tile_seeds()) {
-        const PropertyResult r = run_property(test::mutant_named(c.mutant), test::property_named(name), level0(seed));
-        EXPECT_EQ(r.verdict, oracle::Verdict::Fail) << c.mutant << " passed " << name << " at seed " << seed;
+        const PropertyResult r = run_property(test::mutant_named(c_->mutant), test::property_named(name), level0(seed));
+        EXPECT_EQ(r.verdict, oracle::Verdict::Fail) << c_->mutant << " passed " << name << " at seed " << seed;
       }
-}
+  }
+
+ private:
+  const Catch* c_;
+};
+
+[[maybe_unused]] const bool kMutantTestsRegistered = [] {
+  for (const Catch& c : kCatches) {
+    const std::string test = std::string("MutantsFailAtLevel0OnEverySeed_") + c.mutant;
+    ::testing::RegisterTest("TileLimits", test.c_str(), nullptr, nullptr, __FILE__, __LINE__,
+                            [&c]() -> ::testing::Test* { return new MutantFailsAtLevel0(&c); });
+  }
+  return true;
+}();
 
 // The reference passes every property above at level 0 on those seeds.
 TEST(TileLimits, ReferencePassesOnEverySeed) {

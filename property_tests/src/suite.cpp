@@ -480,7 +480,12 @@ std::string format_results(const std::vector<PropertyResult>& rows) {
   return os.str();
 }
 
-std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in, bool full_matrix) {
+std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o, bool full_matrix) {
+  return run_mutation_analysis(o, full_matrix, mutant_subjects());
+}
+
+std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in, bool full_matrix,
+                                                const std::vector<Subject>& mutants) {
   SuiteOptions o = o_in;
   o.stop_at_first_failure = !full_matrix;
   o.shrink = false;
@@ -488,7 +493,7 @@ std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o_in, bool f
   o.quiet = true;
   o.log = nullptr;
   std::vector<MutantResult> rows;
-  for (const Subject& m : mutant_subjects()) {
+  for (const Subject& m : mutants) {
     const auto t0 = std::chrono::steady_clock::now();
     MutantResult row;
     row.mutant = m.name;

@@ -140,6 +140,10 @@ std::vector<Subject> control_subjects();
 /// shrinking and dumping off) and returns the table. Mutation score = caught / total.
 /// full_matrix: run every property on every mutant (no early stop) and fill `kills`.
 std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o, bool full_matrix = false);
+/// The same over `mutants` only (e.g. a share of mutant_subjects() for one ctest entry, so that
+/// the shares run in parallel); rows in the order of `mutants`.
+std::vector<MutantResult> run_mutation_analysis(const SuiteOptions& o, bool full_matrix,
+                                                const std::vector<Subject>& mutants);
 /// The score table plus a "mutation score: c/n" line (and kill counts when filled).
 std::string format_mutation_table(const std::vector<MutantResult>& rows);
 /// Kill matrix of a full_matrix run: one line per property with the mutants it catches;
