@@ -959,18 +959,20 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         // OutputFloor::narrow_pmax): FlashMLA rounds exp(P_j - max), whose max key is exp(0) =
         // 1, exact; softmax in fp32 then P to the 16-bit dtype before P·V (DeepSeek's inference
         // model.py, most PyTorch kernels) rounds the max key's probability too, by at most half
-        // an ulp, u16 b(p) with b the binade of p. p is the sink-scaled p_j = exp(P_j - L), or
-        // r p~_j with p~_j = exp(P_j - lse) when the sink is applied after P·V: the larger.
+        // an ulp, u16 b(p) with b the binade of p, p the sink-scaled p_j = exp(P_j - L) (SPEC
+        // §4's softmax with the sink). Only this model's own rounding: r·b(p~_j), p~_j =
+        // exp(P_j - lse) (P normalized without the sink, the sink applied after P·V), was the
+        // larger term before, and on a row whose max key dominates it is about the other
+        // model's first rounding r·u16 b(out_c/r): --normalized-p let a kernel that rounds out
+        // before the sink pass (out 0.98 of its bound, 1.84 undeclared; DeclaredModels.*).
         std::vector<double> zmax, zsmax;
         double pmax_g = 0;  // Σ over the max key(s) of b_j|g_j|: Δ = Σ_j p_j g_j moves by δp_j g_j
         if (un > 0 && std::isfinite(st.L) && !fo.narrow_pmax.empty()) {
           zmax.assign(DV, 0.0);
           zsmax.assign(DV, 0.0);
-          const double r_sink = std::exp(st.lse - st.L);
           for (size_t j = 0; j < n; ++j) {
             if (P[j] < m || !(p[j] > 0)) continue;
-            const double bj = std::max(binade16(p[j], work_f16), r_sink * binade16(pt[j], work_f16)),
-                         wb = wq[j] * bj;
+            const double bj = binade16(p[j], work_f16), wb = wq[j] * bj;
             const double* v = kvrow(j);
             for (size_t c = 0; c < DV; ++c) {
               zmax[c] += (wb * v[c]) * (wb * v[c]);

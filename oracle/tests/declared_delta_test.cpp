@@ -288,5 +288,45 @@ RC_GTEST_PROP(DeclaredDelta, GeneratedCasesPassDeclared, ()) {
   }
 }
 
+
+
+// Each declaration adds its own rounding only: a kernel doing one model's extra rounding judged
+// with the other model declared fails its out as undeclared, the failing elements explained by
+// its own model (the report names that flag); declared as what it does, it passes. Before
+// (narrow_pmax took r·b(p~) too, p~ the softmax without the sink), --normalized-p covered the
+// sink-after-rounding kernel on the few-key case: out 0.98 of its bound (1.84 undeclared).
+TEST(DeclaredModels, DeclaringTheOtherModelFailsTheKernel) {
+  const OpCase few = op_case_from_fixture(few_keys_fixture());
+  const OpCase no_sink = load(std::string(DSA_GOLDEN_FIXTURE_DIR) + "/smla_topk_length.safetensors");
+  ASSERT_FALSE(no_sink.mla.attn_sink.has_value());
+  struct Row {
+    const char* what;
+    const OpCase* c;
+    Model kernel;
+  };
+  for (const Row& row : {Row{"few keys, sink after rounding", &few, Model::SinkAfterRounding},
+                         Row{"few keys, normalized P", &few, Model::NormalizedP},
+                         Row{"smla_topk_length, normalized P", &no_sink, Model::NormalizedP}}) {
+    SCOPED_TRACE(row.what);
+    const Model other = row.kernel == Model::NormalizedP ? Model::SinkAfterRounding : Model::NormalizedP;
+    const props::FlashStyleResult k = model_kernel(*row.c, row.kernel);
+    const NamedOutputs out{{"out", k.fwd.out}};
+    const OpReport own = judge_outputs(Op::SparseMlaFwd, *row.c, out, with(row.kernel, true));
+    EXPECT_EQ(tensor(own, "out").passed, true) << format_op_report(own);
+    const OpReport wrong = judge_outputs(Op::SparseMlaFwd, *row.c, out, with(other, true));
+    const TensorCheck& t = tensor(wrong, "out");
+    std::printf("%s: declared as itself %.3g, as the other model %.3g\n", row.what, tensor(own, "out").worst, t.worst);
+    EXPECT_FALSE(t.passed) << format_op_report(wrong);
+    EXPECT_GT(t.failed_elements, 0);
+    if (row.kernel == Model::SinkAfterRounding) {
+      EXPECT_EQ(t.presink_explained, t.failed_elements);
+      EXPECT_NE(t.message.find("--sink-after-rounding"), std::string::npos) << t.message;
+    } else {
+      EXPECT_EQ(t.pmax_explained, t.failed_elements);
+      EXPECT_NE(t.message.find("--normalized-p"), std::string::npos) << t.message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsa::oracle

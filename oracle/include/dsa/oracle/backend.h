@@ -29,8 +29,9 @@ struct RoundingModel {
   /// row's sink factor (--sink-after-rounding; OutputFloor::sink_rescale)
   bool sink_after_rounding = false;
   /// the normalized probabilities p = softmax(P) rounded to 16 bits before P·V, the max key's
-  /// too (--normalized-p; OutputFloor::narrow_pmax). Off: FlashMLA's exp(P - max), whose max
-  /// key is exactly 1.
+  /// too (--normalized-p; OutputFloor::narrow_pmax), p with the sink (exp(P - L), SPEC §4).
+  /// Off: FlashMLA's exp(P - max), whose max key is exactly 1. Each model adds its own
+  /// rounding only (DeclaredModels.*): a kernel doing the other's fails where the two differ.
   bool normalized_p = false;
 };
 

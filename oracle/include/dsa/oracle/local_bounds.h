@@ -77,7 +77,8 @@ struct OutputFloor {
   std::vector<double> sink_rescale;
   /// Sparse MLA `out` of a 16-bit kernel: per element, what `narrow` grows by when the max
   /// key's probability is rounded too (already × u16): a kernel that normalizes before
-  /// rounding P to 16 bits (softmax in fp32, then P·V in bf16), where FlashMLA's
+  /// rounding P to 16 bits (softmax in fp32, then P·V in bf16; u16 b(p_j), p_j = exp(P_j - L)
+  /// with the sink, never the sink-after-rounding model's r·b(p~_j)), where FlashMLA's
   /// exp(P_max - max) = 1 is exact. Added only for a kernel so declared
   /// (CheckOptions::rounding.normalized_p). Empty: not applicable.
   std::vector<double> narrow_pmax;
