@@ -415,25 +415,20 @@ void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backe
   if (declared_limitation(why)) return skip("a limit the backend declares up front; not judged");
   const std::vector<CaseFeature> features = mandatory_features(op, c);
   if (features.empty()) {
-    // Top-k: the twin's distinct finite scores change nothing but the values (fresh12 F8).
-    if (op == Op::Topk) {
-      if (const std::optional<OpCase> twin = twin_without_mandatory(op, c); twin && runs_twin(candidate, op, *twin)) {
-        r.verdict = Verdict::Incomplete;
-        r.notes.push_back("declined: " + why);
-        r.reason = "INCOMPLETE: backend declined " + label_of(f) + " but ran the same case with other finite scores "
-                   "(same shapes, k, windows and policy): the decline depends on the values, not on a limit of the "
-                   "kernel: " + why;
-        return;
-      }
-    }
-    if (decline_depends_on_values(candidate, op, c)) {
+    // The backend runs a twin that differs from the case only in its values: INCOMPLETE.
+    auto value_dependent = [&](const std::string& twin) {
       r.verdict = Verdict::Incomplete;
       r.notes.push_back("declined: " + why);
-      r.reason = "INCOMPLETE: backend declined " + label_of(f) + " but ran the same case with one id of row 0 "
-                 "set to -1 (same shapes, dtypes and optional inputs): the decline depends on the values, not on "
-                 "a limit of the kernel: " + why;
-      return;
+      r.reason = "INCOMPLETE: backend declined " + label_of(f) + " but ran the same case with " + twin +
+                 ": the decline depends on the values, not on a limit of the kernel: " + why;
+    };
+    // Top-k: the twin's distinct finite scores change nothing but the values (fresh12 F8).
+    if (op == Op::Topk) {
+      if (const std::optional<OpCase> twin = twin_without_mandatory(op, c); twin && runs_twin(candidate, op, *twin))
+        return value_dependent("other finite scores (same shapes, k, windows and policy)");
     }
+    if (decline_depends_on_values(candidate, op, c))
+      return value_dependent("one id of row 0 set to -1 (same shapes, dtypes and optional inputs)");
     return skip("the case holds no SPEC-mandatory feature: a limit of the kernel (a shape, dtype or optional "
                 "input); not judged");
   }
