@@ -18,10 +18,6 @@ NORMALIZED_P_HELP = ("The kernel rounds softmax(P) to 16 bits before P·V, the m
                      "(FlashMLA's exp(P - max) = 1 is exact): out's bound adds that rounding (SPEC §4, §9)")
 
 
-def _list(text):
-    return [t for t in text.split(",") if t] if text else []
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 -m dsa_verify",
                                 description="Audit a Python DSA kernel with the dsa-verify oracle")
@@ -76,13 +72,14 @@ def main(argv=None):
             return res["exit"]
         timeout = (_audit.DEFAULT_TIMEOUT_S if args.timeout is None else
                    _audit.timeout_from_text(args.timeout, "--timeout"))
-        report = dsa_verify.audit(args.backend, ops=_list(args.ops), only=_list(args.only), level=args.level,
+        report = dsa_verify.audit(args.backend, ops=_audit.list_from_text(args.ops, "--ops"),
+                                  only=_audit.list_from_text(args.only, "--only"), level=args.level,
                                   seed=args.seed, device=args.device, json=args.json or None,
                                   junit=args.junit or None, isolate=args.isolate, timeout=timeout,
                                   dump_dir=args.dump_dir, fail_fast=args.fail_fast,
                                   fixtures=not args.no_fixtures, allow_weak=args.allow_weak,
                                   sink_after_rounding=args.sink_after_rounding, normalized_p=args.normalized_p,
-                                  unsupported=_list(args.unsupported))
+                                  unsupported=_audit.list_from_text(args.unsupported, "--unsupported"))
     except _audit.AuditInterrupted as e:
         # The reports of every case computed are written; the running task may still wind down
         # in its worker thread: the process ends now, without waiting for it (exit 128 + signal,

@@ -64,6 +64,23 @@ def timeout_from_text(text, flag="--timeout"):
     return value
 
 
+def list_from_text(text, flag):
+    """The names of a comma-separated list option `text` (`flag`: the option's name, e.g. --ops
+    or --dsa-unsupported), in order; "" is the empty list. Raises ValueError naming the option
+    and the text for an empty item ("a,,b", "a,") or a name given twice, as the C++ CLI's
+    split_list_option (cli/src/judge.cpp): a repeat is never merged silently."""
+    if not text:
+        return []
+    names = text.split(",")
+    for i, name in enumerate(names):
+        if not name:
+            raise ValueError(f"argument '{flag}' got \"{text}\": an empty item, expected comma-separated names "
+                             "(e.g. a,b), none empty")
+        if name in names[:i]:
+            raise ValueError(f"argument '{flag}' names \"{name}\" twice (got \"{text}\"), expected each name once")
+    return names
+
+
 def seconds_text(seconds):
     """A duration in seconds as message text, as the C++ seconds_text (call_watchdog.h): three
     significant digits below 10 s ("0.25"), tenths from 10 s on ("31.4", "300"); never "0" for a

@@ -78,9 +78,10 @@ class _State:
         text = opt("--dsa-timeout")
         self.timeout = _audit.DEFAULT_TIMEOUT_S if text is None else _audit.timeout_from_text(text, "--dsa-timeout")
         self.bridge = Bridge(_audit.load_backend(self.spec), self.device)
-        split = lambda s: [t for t in s.split(",") if t]  # noqa: E731
-        unsupported = split(opt("--dsa-unsupported"))
-        self.options = _audit._options(self.spec, split(opt("--dsa-ops")), split(opt("--dsa-only")),
+        def split(flag):  # a usage error for an empty item or a repeated name, as the CLIs
+            return _audit.list_from_text(opt(flag), flag)
+        unsupported = split("--dsa-unsupported")
+        self.options = _audit._options(self.spec, split("--dsa-ops"), split("--dsa-only"),
                                        opt("--dsa-level"), opt("--dsa-seed"), opt("--dsa-dump-dir"),
                                        not opt("--dsa-no-fixtures"), self.device, isolate=bool(self.isolate),
                                        timeout=self.timeout, unsupported=unsupported,

@@ -557,3 +557,17 @@ def test_declining_neg_inf_scores_is_incomplete_not_a_skip():
     # a property that passed without the declined draws is partial, never a plain pass
     waived = [c for c in rep.cases if c.status == "pass" and "named unsupported: neg_inf_scores" in c.message]
     assert waived and all("neg_inf_scores cases" in c.not_judged for c in waived), rep.summary()
+
+
+@pytest.mark.parametrize("flag,value,shown", [("--ops", "topk,topk", 'names "topk" twice'),
+                                              ("--only", "topk.contract_exact,", "an empty item"),
+                                              ("--unsupported", "neg_inf_scores,neg_inf_scores",
+                                               'names "neg_inf_scores" twice'),
+                                              ("--unsupported", ",nan_scores", "an empty item")])
+def test_list_options_reject_repeats_and_empty_items(flag, value, shown):
+    # fresh13 F7: the Python CLI dropped empty items and kept repeats, which the C++ CLI rejects
+    r = subprocess.run([sys.executable, "-m", "dsa_verify", "audit", "backends:Raises", flag, value],
+                       capture_output=True, text=True)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"argument '{flag}'" in r.stderr and shown in r.stderr, r.stderr
+    assert "topk.contract_exact" not in r.stdout, r.stdout  # nothing ran

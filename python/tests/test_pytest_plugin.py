@@ -215,3 +215,12 @@ def test_timeout_option_is_checked_like_the_clis(tmp_path):
     assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
     assert ("argument '--dsa-timeout' got '0x10', expected a positive decimal number of seconds from 0.001 to 86400"
             in p.stderr), p.stderr
+
+
+def test_list_options_reject_repeats_like_the_clis(tmp_path):
+    # fresh13 F7: --dsa-ops topk,topk and --dsa-unsupported a,a were accepted
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
+                        "-q", "--dsa-backend=backends:TopkOnly", "--dsa-ops", "topk,topk"],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
+    assert "argument '--dsa-ops' names \"topk\" twice" in p.stderr, p.stderr
