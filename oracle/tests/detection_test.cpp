@@ -587,6 +587,16 @@ void judge_generated(const props::SmlaCase& s, DType od, const std::set<std::str
   }
 }
 
+// A sparse MLA draw of generation level 0 or 1 (one in eight an extreme-row draw), q/kv in bf16:
+// the draws of the bf16-class properties below.
+props::SmlaCase draw_level01_smla_case() {
+  const int level = *rc::gen::element(0, 1);
+  props::set_generation_level(level);
+  props::SmlaCase s = *rc::gen::inRange(0, 8) == 0 ? props::draw_smla_extreme_case() : props::draw_smla_case();
+  props::set_generation_level(0);
+  return s;
+}
+
 RC_GTEST_PROP(Detection, GeneratedCasesHaveNoWeakRows, ()) {
   const int level = *rc::gen::element(0, 1);
   props::set_generation_level(level);
@@ -606,11 +616,7 @@ RC_GTEST_PROP(Detection, GeneratedCasesHaveNoWeakRows, ()) {
 // a largest value just above a power of two plus P rounded to bf16 against value columns
 // that cancel, reached 1.00-1.2 θ); since, none in 8000 (seeds 1-8, 1000 cases each).
 RC_GTEST_PROP(Detection, GeneratedCasesHaveNoWeakRowsBf16Out, ()) {
-  const int level = *rc::gen::element(0, 1);
-  props::set_generation_level(level);
-  const props::SmlaCase s = *rc::gen::inRange(0, 8) == 0 ? props::draw_smla_extreme_case()
-                                                          : props::draw_smla_case();
-  props::set_generation_level(0);
+  const props::SmlaCase s = draw_level01_smla_case();
   judge_generated(s, DType::BF16);
 }
 
@@ -627,11 +633,7 @@ RC_GTEST_PROP(Detection, GeneratedCasesHaveNoWeakRowsBf16Out, ()) {
 // rounding: dq 1.17e-2, dkv 1.05e-2, dsink 1.58e-2. At θ = 1e-2 such rows were WEAK (a
 // declared kernel failed the audit on that route).
 RC_GTEST_PROP(Detection, DeclaredModelsBackwardWithoutItsOutPasses, ()) {
-  const int level = *rc::gen::element(0, 1);
-  props::set_generation_level(level);
-  const props::SmlaCase s = *rc::gen::inRange(0, 8) == 0 ? props::draw_smla_extreme_case()
-                                                          : props::draw_smla_case();
-  props::set_generation_level(0);
+  const props::SmlaCase s = draw_level01_smla_case();
   OpCase c;
   c.mla = s.in;
   c.dout = s.dout;
@@ -663,11 +665,7 @@ RC_GTEST_PROP(Detection, DeclaredModelsBackwardWithoutItsOutPasses, ()) {
 // out_c's bf16 rounding; before that rule 134 of 2000 draws had a WEAK bf16-class dsink, 0
 // of 6000 since, seeds 1-6). Draws with a sink only (an extreme-row draw one in eight).
 RC_GTEST_PROP(Detection, GeneratedCasesBf16OutDsinkIsDetectable, ()) {
-  const int level = *rc::gen::element(0, 1);
-  props::set_generation_level(level);
-  const props::SmlaCase s = *rc::gen::inRange(0, 8) == 0 ? props::draw_smla_extreme_case()
-                                                          : props::draw_smla_case();
-  props::set_generation_level(0);
+  const props::SmlaCase s = draw_level01_smla_case();
   RC_PRE(s.in.attn_sink.has_value());
   judge_generated(s, DType::BF16, {"dsink"});
 }
