@@ -107,11 +107,14 @@ CaseResult interrupted_case(const AuditTask& task, int sig, const std::vector<Ca
 
 }  // namespace
 
-int run_audit(const AuditOptions& opts) {
+int run_audit(const AuditOptions& options) {
   // SIGINT/SIGTERM: the running plugin child is killed, the audit stops, marks the running
   // case "interrupted" and writes the partial report; exit 128 + signal. A second signal
-  // ends the process at once.
+  // ends the process at once. An in-process backend's property stops after its running call
+  // (stop_requested), not after its remaining draws.
   plugin::InterruptHandlers interrupts;
+  AuditOptions opts = options;
+  opts.stop_requested = [] { return plugin::interrupt_signal() != 0; };
   FixtureDirs dirs = default_fixture_dirs();
   std::vector<std::string> names = opts.backends.empty() ? default_backends() : opts.backends;
   // One per-call limit for both watchers: a plugin's killed child and an in-process call's watchdog.

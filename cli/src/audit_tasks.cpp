@@ -267,6 +267,7 @@ void add_property_tasks(std::vector<AuditTask>& tasks, const props::Subject& sub
       so.check.rounding = oracle::either(so.check.rounding, declared_rounding);
       so.ops = selected_ops(opts);  // a forward property judges its backward part only if selected
       so.unsupported = opts.unsupported;  // declined mandatory cases the user accepts
+      so.stop_requested = opts.stop_requested;  // an interrupted audit stops between draws
       if (declared) {
         std::set<std::string> both;
         for (const auto& n : *declared)

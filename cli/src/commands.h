@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -106,6 +107,11 @@ struct AuditOptions {
   /// --unsupported: SPEC behaviour or properties the kernel leaves out (props::SuiteOptions::
   /// unsupported); a declined mandatory case so named is reported, not INCOMPLETE.
   std::vector<std::string> unsupported;
+  /// Polled by every property task before each draw (props::SuiteOptions::stop_requested):
+  /// true once the audit is interrupted, so that an in-process property stops after the call
+  /// that is running instead of finishing its draws. run_audit sets it to "a SIGINT or SIGTERM
+  /// arrived" (plugin::interrupt_signal); the Python route to its stop flag. Empty: never.
+  std::function<bool()> stop_requested;
 };
 /// Exit 0 all passed, 1 a failure, 2 usage or input errors (an unreadable fixture: reported as
 /// a failed case, the rest of the audit still runs and its reports are written) or a backend

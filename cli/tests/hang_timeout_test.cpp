@@ -7,11 +7,17 @@
 // test run (a hung audit ignores a first SIGTERM: InterruptHandlers waits for the task).
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include "dsa/fixtures/fixture.h"
 #include "route_test_util.h"
@@ -65,6 +71,82 @@ TEST(HungInProcessCall, IsAFailedCaseAndTheReportKeepsEveryResultBeforeIt) {
   EXPECT_GE(passed, 2u) << j.dump(1);       // the topk properties and the golden
   EXPECT_EQ(j.at("summary").value("failed", -1), 1) << j.dump(1);
   EXPECT_NE(test::read_text(junit).find("timed out after 2 s"), std::string::npos);
+}
+
+// Lines in the slow backend's call log (one per op call, written when the call starts).
+size_t calls_logged(const std::string& path) {
+  std::ifstream in(path);
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// SIGINT during an audit of an in-process backend: the running property stops after the call
+// that was running (SuiteOptions::stop_requested), the audit writes its partial report and
+// exits 130. Before, the first SIGINT let the running property finish all its draws (here 25
+// of 0.3 s each, every one a call counted in the log) and only then stopped. The assertion is on
+// calls made after the signal, not on time; the deadlines only keep a regression from hanging.
+TEST(InterruptedInProcessAudit, StopsAfterTheRunningCallAndWritesThePartialReport) {
+  Scratch dir("interrupt_in_process");
+  const std::string log = dir.file("calls.txt"), json = dir.file("r.json"), out = dir.file("out.txt");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv("DSA_TEST_CALL_LOG", log.c_str(), 1);
+    const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execl(DSA_VERIFY_TEST_BACKENDS, "dsa-verify", "audit", "--backend", "test:slow-topk", "--only",
+          "topk.contract_exact,topk.nan_never_selected", "--seed", "7", "--jobs", "1", "--json", json.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto wait_until = [](int seconds, const auto& done) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  };
+  int status = 0;
+  bool exited = false;
+  auto reaped = [&] {
+    exited = exited || waitpid(pid, &status, WNOHANG) == pid;
+    return exited;
+  };
+  if (!wait_until(300, [&] { return calls_logged(log) >= 3 || reaped(); })) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "no third backend call within 300 s: " << test::read_text(out);
+  }
+  ASSERT_FALSE(exited) << "the audit ended before it was interrupted: " << test::read_text(out);
+  ASSERT_EQ(kill(pid, SIGINT), 0);
+  const size_t at_signal = calls_logged(log);
+  if (!wait_until(120, reaped)) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "the audit was still running 120 s after SIGINT (calls since: " << calls_logged(log) - at_signal
+           << "): " << test::read_text(out);
+  }
+  const std::string text = test::read_text(out);
+  ASSERT_TRUE(WIFEXITED(status)) << text;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << text;  // 128 + SIGINT
+  // The call running at the signal may finish, and a draw that calls the kernel twice (its
+  // determinism re-run) may make one more; never the property's remaining draws.
+  EXPECT_LE(calls_logged(log) - at_signal, 2u) << text;
+  const nlohmann::json j = test::read_json(json);
+  EXPECT_EQ(j.value("interrupted", ""), "SIGINT") << j.dump(1);
+  EXPECT_FALSE(j.value("finished", true)) << j.dump(1);
+  size_t stopped = 0;
+  for (const auto& c : j.at("cases")) {
+    if (c.value("status", "") != "interrupted") continue;
+    ++stopped;
+    EXPECT_EQ(c.value("property", "").rfind("property:topk.", 0), 0u) << c.dump(1);
+    EXPECT_NE(c.value("message", "").find("interrupted by SIGINT"), std::string::npos) << c.dump(1);
+  }
+  EXPECT_EQ(stopped, 1u) << j.dump(1);
 }
 
 }  // namespace

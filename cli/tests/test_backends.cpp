@@ -7,8 +7,13 @@
 //  - "test:declines-neg-inf": the float64 reference's top-k, declining (NotSupported) every call
 //    whose scores hold a -inf anywhere: a kernel that cannot take the -inf SPEC §2 writes outside
 //    every window (§3.1: never selected); INCOMPLETE unless `--unsupported neg_inf_scores`.
+//  - "test:slow-topk": the float64 reference's top-k, 0.3 s a call, each call appending one
+//    line to the file $DSA_TEST_CALL_LOG names (if set) before it sleeps: a slow in-process
+//    kernel whose calls a test can count (an interrupted audit stops after the running call).
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -49,7 +54,24 @@ class DeclinesNegInf final : public oracle::Backend {
   std::unique_ptr<oracle::Backend> ref_ = oracle::make_reference_backend();
 };
 
+class SlowTopk final : public oracle::Backend {
+ public:
+  std::string name() const override { return "test:slow-topk"; }
+  bool supports(oracle::Op op) const override { return op == oracle::Op::Topk; }
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    if (const char* log = std::getenv("DSA_TEST_CALL_LOG"); log && *log) {
+      std::ofstream(log, std::ios::app) << "call\n";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return ref_->select_topk(s, k, p, w);
+  }
+
+ private:
+  std::unique_ptr<oracle::Backend> ref_ = oracle::make_reference_backend();
+};
+
 const bool registered = [] {
+  oracle::register_backend("test:slow-topk", [] { return std::make_unique<SlowTopk>(); });
   oracle::register_backend("test:declines-neg-inf", [] { return std::make_unique<DeclinesNegInf>(); });
   oracle::register_backend("test:hangs-on-marker", [] { return std::make_unique<HangsOnMarker>(); });
   return true;

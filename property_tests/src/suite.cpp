@@ -278,7 +278,12 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   // shrunk case): a forward property's backward part fails under sparse_mla_bwd.
   std::string failed_op;
   bool dumped = false;  // a failing execution of this run saved its case at dump_path
+  bool stopped = false;  // o.stop_requested() returned true: nothing more is drawn or called
   const auto property = rc::detail::toProperty([&] {
+    if (stopped || (o.stop_requested && o.stop_requested())) {
+      stopped = true;
+      return;
+    }
     if (declined + nothing >= kStopAfterDeclines && judged == 0) return;  // nothing more drawn
     reset_failing_op();
     take_judged_nothing();
@@ -342,6 +347,15 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   r.drawn = judged + declined;
   r.declined = declined;
   r.judged_nothing = nothing;
+  r.stopped = stopped;
+  if (stopped && !result.template is<rc::detail::FailureResult>()) {
+    // The draws after the stop returned without running: no verdict either way.
+    r.verdict = Verdict::Skip;
+    r.cases = judged;
+    r.message = "stopped after " + std::to_string(judged) + " judged draw(s), before the property finished "
+                "(SuiteOptions::stop_requested); not a verdict";
+    return r;
+  }
   if (declined > 0) {
     std::vector<std::pair<int, std::string>> by;
     for (const auto& [why, n] : reasons) by.push_back({n, why});

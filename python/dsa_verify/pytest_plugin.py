@@ -119,8 +119,8 @@ class _State:
             elif self.isolate:
                 self.results[key] = _audit.run_isolated(self.spec, self.device, self.options, task, self.timeout)
             elif self.hung:
-                self.results[key] = [_audit.CaseResult(op=task["op"], property=_audit._task_label(task),
-                                                       status="fail", message=self.hung)]
+                self.results[key] = [_audit.CaseResult(op=op, property=_audit._task_label(task), status="fail",
+                                                       message=self.hung) for op in _task_ops(task)]
             else:
                 self.results[key] = self._run_in_process(task)
             cases = self.results[key]
@@ -152,9 +152,16 @@ class _State:
         why = _audit._hung_message(what, seconds, self.timeout, "--dsa-timeout", "--dsa-isolate",
                                    "it keeps running in a background thread, and the later dsa-verify tests of this "
                                    "session fail without running; restart the process")
-        return [_audit.CaseResult(op=task["op"], property=_audit._task_label(task), status="fail", message=why,
+        return [_audit.CaseResult(op=op, property=_audit._task_label(task), status="fail", message=why,
                                   repro=_audit._task_repro(task, self.options), fixture=task["fixture"],
-                                  seconds=seconds)]
+                                  seconds=seconds) for op in _task_ops(task)]
+
+
+def _task_ops(task):
+    """The ops of `task` that have a test (its first op when it lists none): a task that did not
+    run, because its call hung or an earlier one did, fails the test of every one of them, never
+    only the first one's (the others would read as skipped)."""
+    return list(task.get("ops") or [task["op"]])
 
 
 class DsaFailure(Exception):

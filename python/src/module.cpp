@@ -110,6 +110,8 @@ std::unique_ptr<TaskSet> build_tasks(const py::object& bridge, const py::dict& o
   if (o.contains("normalized_p")) ts->opts.judge.normalized_p = o["normalized_p"].cast<bool>();
   if (o.contains("unsupported") && !o["unsupported"].is_none())
     ts->opts.unsupported = o["unsupported"].cast<std::vector<std::string>>();
+  // dsa_verify.audit's SIGINT/SIGTERM handling (request_stop): a property stops between draws.
+  ts->opts.stop_requested = [] { return stop_requested().load(); };
   cli::validate_selection(ts->opts);
   const PyBackend::BridgeHandle shared = PyBackend::share(bridge);
   ts->backend = std::make_unique<PyBackend>(shared);

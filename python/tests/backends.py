@@ -296,6 +296,15 @@ class DeclinesInvalidIds(TorchBackend):
         return super().sparse_mla_fwd(q, kv, indices, sm_scale, d_v, topk_length=topk_length, attn_sink=attn_sink)
 
 
+class HangsSmla(TorchBackend):
+    """Every sparse MLA forward sleeps: an in-process kernel that hangs on its first call (the
+    pytest plugin's tests of what a hang does to later tasks covering two ops)."""
+    name = "hangs-smla"
+
+    def sparse_mla_fwd(self, q, kv, indices, sm_scale, d_v, topk_length=None, attn_sink=None):
+        time.sleep(3600)
+
+
 class DeclinesH1(TorchBackend):
     """Declines h_q == 1 (a shape it does not implement); correct otherwise."""
     name = "declines-h1"

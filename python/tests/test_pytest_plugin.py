@@ -207,6 +207,33 @@ def test_a_hung_in_process_call_fails_its_test_and_the_later_ones(tmp_path):
     assert "not run: a call of the backend hung in the test of topk::property:topk.contract_exact" in later, later
 
 
+def test_after_a_hang_a_fixture_fails_the_test_of_each_of_its_ops(tmp_path):
+    # A task not run because a call hung covers every op it has a test of: the golden smla_sink
+    # fixture has a sparse_mla_fwd and a sparse_mla_bwd test. Before, only the first op's test
+    # failed and the sparse_mla_bwd one read "skipped" (nothing filed under it).
+    fx = tmp_path / "fx"
+    (fx / "golden").mkdir(parents=True)
+    (fx / "peer").mkdir()
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "golden",
+                       "smla_sink.safetensors")
+    (fx / "golden" / "smla_sink.safetensors").write_bytes(open(src, "rb").read())
+    cmd = [sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider", "-q",
+           f"--junitxml={tmp_path / 'junit.xml'}", "--dsa-dump-dir", str(tmp_path / "dumps"),
+           "--dsa-backend=backends:HangsSmla", "--dsa-ops", "sparse_mla_fwd,sparse_mla_bwd", "--dsa-timeout", "2"]
+    p = subprocess.run(cmd, cwd=tmp_path, env=dict(ENV, DSA_FIXTURES_DIR=str(fx)), capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    by_name = {name(c): c for c in cases(root)}
+    for op in ("sparse_mla_fwd", "sparse_mla_bwd"):
+        case = by_name[f"{op}::golden:smla_sink"]
+        failure = case.find("failure")
+        assert failure is not None, (op, ET.tostring(case, encoding="unicode"))
+        text = failure.get("message", "") + (failure.text or "")
+        assert "not run: a call of the backend hung" in text, (op, text)
+    assert not any(c.find("skipped") is not None for c in cases(root)), p.stdout
+
+
 def test_timeout_option_is_checked_like_the_clis(tmp_path):
     # fresh12 F11: a hex or otherwise non-decimal --dsa-timeout is a usage error naming it
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",

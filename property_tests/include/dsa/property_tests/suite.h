@@ -84,6 +84,13 @@ struct SuiteOptions {
   /// (draw_feature_keys) or property names / families. A declined mandatory behaviour so named
   /// does not make the property INCOMPLETE; the message still says it was not judged.
   std::vector<std::string> unsupported;
+  /// Polled at the start of every draw and every shrink step (e.g. the audit's "a SIGINT or
+  /// SIGTERM arrived"). Once it returns true, each remaining draw and shrink step returns at
+  /// once, without drawing a case or calling the backend, so the property ends after the call
+  /// that was running. The result is then `stopped`: a failure found before the stop stays a
+  /// Fail (its case is a real counterexample, possibly less shrunk); anything else is a Skip
+  /// ("stopped ... not a verdict"). Empty: never stops. Must not throw.
+  std::function<bool()> stop_requested;
 };
 
 struct PropertyResult {
@@ -113,6 +120,8 @@ struct PropertyResult {
   std::vector<std::string> mandatory_declined;
   /// Declined mandatory behaviour the user named (--unsupported): not judged, not a failure.
   std::vector<std::string> waived;
+  /// SuiteOptions::stop_requested returned true before the property finished its draws.
+  bool stopped = false;
 };
 
 /// Runs one property against a subject (skip when unavailable / op not supported).
