@@ -197,8 +197,9 @@ void bench_indexer(std::ostringstream& table) {
 
 
 // (d) sparse MLA backward (SPEC §5) at s_q 1024, h_q 128, d_qk 576, d_v 512, k 2048, s_kv 8192,
-// every slot valid: sparse_mla_backward_device (deterministic and fast) from the one-pass
-// forward's out and lse, against the same backward composed from ATen ops (index_select, bmm
+// every slot valid: sparse_mla_backward_device (deterministic and fast; P / dS rounded once to
+// bf16 and as hi + lo pairs; timing variants of the fast Bf16 kernel that leave S / dP, dq,
+// dkv or its atomics out, results wrong) from the one-pass forward's out and lse, against the same backward composed from ATen ops (index_select, bmm
 // with bf16 operands and fp32 accumulation, exp, index_add_ of fp32 dkv rows). TFLOP/s count
 // 2.5x the forward's 2·s_q·h_q·k·(d_qk+d_v) (issue 16). Errors are caught and written to the
 // table (this section runs last, after the table so far has been written).
@@ -235,6 +236,7 @@ void bench_mla_backward(std::ostringstream& table) {
     auto dq = torch::empty({s_q, h_q, d_qk}, f32);
     auto dkv = torch::empty({s_kv, d_qk}, f32);
     dsa::cuda::SparseMlaBwdMode mode = dsa::cuda::SparseMlaBwdMode::Deterministic;
+    dsa::cuda::SparseMlaBwdRounding rounding = dsa::cuda::SparseMlaBwdRounding::Bf16;
     const size_t scratch_bytes = std::max(
         dsa::cuda::sparse_mla_backward_scratch_bytes(s_q, h_q, d_qk, s_kv, k,
                                                      dsa::cuda::SparseMlaBwdMode::Deterministic),
@@ -247,7 +249,7 @@ void bench_mla_backward(std::ostringstream& table) {
           reinterpret_cast<const uint16_t*>(out.data_ptr()), lse.data_ptr<float>(),
           reinterpret_cast<const uint16_t*>(dout.data_ptr()), s_q, h_q, d_qk, s_kv, k, d_v,
           sm_scale, dq.data_ptr<float>(), dkv.data_ptr<float>(), nullptr, scratch.data_ptr(),
-          nullptr, mode);
+          nullptr, mode, rounding);
     };
     torch::Tensor pdq, pdkv;
     auto peer = [&](int) {
@@ -270,31 +272,60 @@ void bench_mla_backward(std::ostringstream& table) {
     auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
       return ((a - b).norm() / b.norm()).item<double>();
     };
-    mode = dsa::cuda::SparseMlaBwdMode::Fast;
-    const double t_fast = median_ms(mine, 1, 5);
-    mine(0);
-    check(cudaDeviceSynchronize(), "backward fast check run");
-    const double fast_dq = rel(dq, pdq), fast_dkv = rel(dkv, pdkv);
-    const auto dkv_fast = dkv.clone();
-    mode = dsa::cuda::SparseMlaBwdMode::Deterministic;
-    const double t_det = median_ms(mine, 1, 5);
-    mine(0);
-    check(cudaDeviceSynchronize(), "backward deterministic check run");
-    const auto dq1 = dq.clone(), dkv1 = dkv.clone();
-    mine(0);
-    check(cudaDeviceSynchronize(), "backward deterministic second run");
-    const bool same = torch::equal(dq, dq1) && torch::equal(dkv, dkv1);
-    row("dsa cuda backward, deterministic (mma.sync, P/dS bf16 hi+lo; dkv rows reduced per key over a sorted pair list)",
-        t_det,
-        "dq rel-Frobenius vs peer " + fmt("%.2e", rel(dq, pdq)) + ", dkv " +
-            fmt("%.2e", rel(dkv, pdkv)) + ", two runs " + (same ? "bitwise equal" : "DIFFER") +
-            ", " + fmt("%.2fx", t_det / t_fast) + " the fast mode's time");
-    row("dsa cuda backward, fast (mma.sync, P/dS bf16 hi+lo; fp32 atomicAdd dkv)", t_fast,
-        "dq rel-Frobenius vs peer " + fmt("%.2e", fast_dq) + ", dkv " + fmt("%.2e", fast_dkv) +
-            ", dkv vs deterministic " + fmt("%.2e", rel(dkv_fast, dkv)));
+    // Both roundings of P / dS (Bf16: once, the default; HiLo: hi + lo pairs, sessions 9-11),
+    // fast then deterministic each.
+    double t_fast_hilo = 0;
+    for (const auto rd : {dsa::cuda::SparseMlaBwdRounding::Bf16, dsa::cuda::SparseMlaBwdRounding::HiLo}) {
+      rounding = rd;
+      const bool hilo = rd == dsa::cuda::SparseMlaBwdRounding::HiLo;
+      const std::string pds = hilo ? "P/dS bf16 hi+lo" : "P/dS rounded once to bf16";
+      mode = dsa::cuda::SparseMlaBwdMode::Fast;
+      const double t_fast = median_ms(mine, 1, 5);
+      mine(0);
+      check(cudaDeviceSynchronize(), "backward fast check run");
+      const double fast_dq = rel(dq, pdq), fast_dkv = rel(dkv, pdkv);
+      const auto dkv_fast = dkv.clone();
+      mode = dsa::cuda::SparseMlaBwdMode::Deterministic;
+      const double t_det = median_ms(mine, 1, 5);
+      mine(0);
+      check(cudaDeviceSynchronize(), "backward deterministic check run");
+      const auto dq1 = dq.clone(), dkv1 = dkv.clone();
+      mine(0);
+      check(cudaDeviceSynchronize(), "backward deterministic second run");
+      const bool same = torch::equal(dq, dq1) && torch::equal(dkv, dkv1);
+      if (hilo) t_fast_hilo = t_fast;
+      row("dsa cuda backward, deterministic (mma.sync, " + pds +
+              "; dkv rows reduced per key over a sorted pair list)",
+          t_det,
+          "dq rel-Frobenius vs peer " + fmt("%.2e", rel(dq, pdq)) + ", dkv " +
+              fmt("%.2e", rel(dkv, pdkv)) + ", two runs " + (same ? "bitwise equal" : "DIFFER") +
+              ", " + fmt("%.2fx", t_det / t_fast) + " the fast mode's time");
+      row(std::string("dsa cuda backward, fast (mma.sync, ") + pds +
+              (hilo ? "; fp32 atomicAdd dkv)" : "; dkv by 16-byte red.global.add.v4.f32)"),
+          t_fast,
+          "dq rel-Frobenius vs peer " + fmt("%.2e", fast_dq) + ", dkv " + fmt("%.2e", fast_dkv) +
+              ", dkv vs deterministic " + fmt("%.2e", rel(dkv_fast, dkv)));
+      std::printf("sparse_mla_bwd %s done (deterministic %.3f ms, fast %.3f ms)\n", pds.c_str(),
+                  t_det, t_fast);
+      std::fflush(stdout);
+    }
+    // Timing variants of the fast Bf16 kernel (results wrong; where the time goes).
+    const std::pair<int, const char*> variants[] = {{1, "no S = Q K^T and dP = dout V^T products"},
+                                                    {2, "no dq product"},
+                                                    {4, "no dkv product (and no dkv stores)"},
+                                                    {8, "no dkv stores (atomics)"}};
+    for (const auto& [v, what] : variants) {
+      auto variant = [&, v = v](int) {
+        dsa::cuda::detail::sparse_mla_backward_timing_variant(
+            v, qp, kvp, idx.data_ptr<int32_t>(), reinterpret_cast<const uint16_t*>(out.data_ptr()),
+            lse.data_ptr<float>(), reinterpret_cast<const uint16_t*>(dout.data_ptr()), s_q, h_q,
+            d_qk, s_kv, k, d_v, sm_scale, dq.data_ptr<float>(), dkv.data_ptr<float>(), nullptr);
+      };
+      row(std::string("timing variant of the fast backward (P/dS once), results wrong: ") + what,
+          median_ms(variant, 1, 5), "timing only");
+    }
     row("ATen gathered backward (index_select+bmm, bf16 dS/P, index_add_ fp32)", t_peer, "peer");
-    std::printf("sparse_mla_bwd done (deterministic %.3f ms, fast %.3f ms, peer %.3f ms)\n", t_det,
-                t_fast, t_peer);
+    std::printf("sparse_mla_bwd done (fast hi+lo %.3f ms, peer %.3f ms)\n", t_fast_hilo, t_peer);
   } catch (const std::exception& e) {
     table << "| sparse_mla_bwd | " << shape << " | - | - | - | - | - | - | ERROR: "
           << std::string(e.what()).substr(0, 300) << " |\n";

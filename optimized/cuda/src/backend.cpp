@@ -419,7 +419,7 @@ class CudaBackend final : public oracle::Backend {
           d_out.get<uint16_t>(), d_lse.get<float>(),
           d_dout.get<uint16_t>(), s_q, h_q, dq8, s_kv, k, dv8, static_cast<float>(in.sm_scale),
           d_dq.get<float>(), d_dkv.get<float>(), in.attn_sink ? d_dsink.get<float>() : nullptr,
-          d_scratch.get<void>(), nullptr, mode);
+          d_scratch.get<void>(), nullptr, mode, options_.mla_bwd_rounding);
       DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
       // Part 0 writes the grads; later parts add in order (hi + mid + lo).
       accumulate_f32(d_dq, s_q * h_q, d_qk, dq8, g.dq, i > 0, where);
@@ -456,6 +456,14 @@ SparseMlaBwdPath sparse_mla_bwd_path_from_env() {
   if (std::strcmp(v, "fast") == 0) return SparseMlaBwdPath::KernelFast;
   throw std::invalid_argument(std::string("DSA_CUDA_SMLA_BWD: got '") + v +
                               "', expected 'kernel', 'fast' or 'fallback' (or unset)");
+}
+
+SparseMlaBwdRounding sparse_mla_bwd_rounding_from_env() {
+  const char* v = std::getenv("DSA_CUDA_SMLA_BWD_PDS");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "bf16") == 0) return SparseMlaBwdRounding::Bf16;
+  if (std::strcmp(v, "hilo") == 0) return SparseMlaBwdRounding::HiLo;
+  throw std::invalid_argument(std::string("DSA_CUDA_SMLA_BWD_PDS: got '") + v +
+                              "', expected 'bf16' or 'hilo' (or unset)");
 }
 
 TopkKernel topk_kernel_from_env() {

@@ -9,20 +9,24 @@
 //   S = Q K^T and dP = dout V^T (64 heads x 32 slots; warp w: heads 16(w%4).., slots 16(w/4)..),
 //   p = exp(sm_scale S - lse) r (r = 1 / (1 + exp(sink - lse)), the forward's lse recomputes P),
 //   dS = p (dP - Δ) with Δ = rowsum(out · dout) from the out the forward returned,
-//   P and sm_scale·dS split into bf16 hi + lo parts in shared memory (about 16 significant
-//   bits: with one bf16 rounding of P or dS a CPU model of this kernel failed the oracle's
-//   floors on the test cases, with hi + lo it passed with err/bound <= 0.53),
-//   dq += (sm_scale dS) K      (64 heads x the warp's strip of d_qk, fp32 registers, all tiles),
-//   dKV_tile = (sm_scale dS)^T Q + P^T dout (32 slots x the warp's strip, 3 n8 tiles at a time),
-// and dKV_tile goes either (fast) into dkv by fp32 atomicAdd, or (deterministic) to a scratch
-// row per (query row, head group, slot), reduced afterwards per key row in (query row, slot,
-// head group) order over a stable radix sort of the (key id, pair) list: bitwise reproducible.
+//   P and dS to shared memory as bf16: by default (SparseMlaBwdRounding::Bf16) each rounded
+//   once, sm_scale applied to the fp32 products (the 16-bit roundings a FlashMLA-style backward
+//   makes and the SPEC §9 floors model since F4); HiLo: P and sm_scale·dS as bf16 hi + lo
+//   pairs (about 16 significant bits, every dq / dkv product run twice; the kernel of
+//   sessions 9-11, from before the floors modelled those roundings),
+//   dq += dS K                 (64 heads x the warp's strip of d_qk, fp32 registers, all tiles),
+//   dKV_tile = sm_scale dS^T Q + P^T dout (32 slots x the warp's strip, 3 n8 tiles at a time),
+// and dKV_tile goes either (fast) into dkv by fp32 reductions (Bf16: one 16-byte
+// red.global.add.v4.f32 per lane and n8 tile, neighbouring lanes trading halves; HiLo: scalar
+// atomicAdd), or (deterministic) to a scratch row per (query row, head group, slot), reduced
+// afterwards per key row in (query row, slot, head group) order over a stable radix sort of
+// the (key id, pair) list: bitwise reproducible.
 // dsink[h] = -Σ_t exp(sink - L) Δ: one term per (t, h) in scratch, summed per head in a fixed
 // order (both modes). Empty rows (no valid slot): dq 0, no dkv or dsink contribution.
 //
 // Shared memory at d_qk 576, d_v 512: Q 72 KiB, dout 64 KiB, two kv tiles of 36 KiB (tile
-// it+1 is gathered while tile it is computed), P and dS (hi | lo) 8 KiB each, ids and row
-// statistics: 230,400 bytes (one block per SM; two barriers per tile).
+// it+1 is gathered while tile it is computed), P and dS (hi | lo; Bf16 uses the hi half) 8 KiB
+// each, ids and row statistics: 230,400 bytes (one block per SM; two barriers per tile).
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -38,6 +42,7 @@
 #include "cuda_check.h"
 #include "dsa/cuda/kernels.h"
 #include "hopper_primitives.cuh"
+#include "sparse_mla_internal.h"
 
 namespace dsa::cuda {
 namespace {
@@ -82,6 +87,15 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+/// *p += (a, b, c, d) as one 16-byte fp32 reduction, p 16-byte aligned global memory
+/// (red.global.add.v4.f32, sm_90; PTX ISA "red"). Each element's add is atomic; the order of
+/// the adds to one address is not fixed.
+__device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b),
+               "f"(c), "f"(d)
+               : "memory");
+}
+
 /// The kv id of slot `slot` of the row, or -1 when the slot is invalid (SPEC §4).
 __device__ __forceinline__ int slot_id(const int32_t* irow, int64_t slot, int64_t lim, int s_kv) {
   if (slot >= lim) return -1;
@@ -117,7 +131,11 @@ __host__ __device__ inline BwdLayout bwd_layout(int64_t d_qk, int64_t d_v) {
 
 // ----------------------------------------------------------------- main kernel
 
-template <bool kFast>
+// kHiLo: P and sm_scale·dS as bf16 hi + lo pairs (SparseMlaBwdRounding::HiLo); else P and dS
+// rounded once to bf16 (Bf16), sm_scale applied to the fp32 products. kSkip (timing variants
+// only, results wrong): bit 1 no S / dP products, 2 no dq product, 4 no dkv product and
+// stores, 8 no dkv stores (atomics).
+template <bool kFast, bool kHiLo, int kSkip = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_mla_bwd_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv,
                           const int32_t* __restrict__ indices,
@@ -273,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < 2; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = dpv[j][e] = 0.f;
-    {
+    if (!(kSkip & 1)) {
       const uint32_t k0 = kt_base + (16 * nh + b_row) * L.q_row;
       const uint32_t qa = q_base + (16 * ms + a_row) * L.q_row;
       const uint32_t da = do_base + (16 * ms + a_row) * L.do_row;
@@ -298,8 +316,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     // p = exp(sm_scale S - lse) r (0 for invalid slots and padded heads), dS = p (dP - Δ);
-    // P and sm_scale dS to shared memory as bf16 hi + lo parts ([head][hi | lo], swizzled):
-    // one bf16 rounding of P or dS fails the oracle's floors, hi + lo keeps ~16 bits.
+    // P and dS to shared memory as bf16 ([head][hi | lo], swizzled): Bf16 the hi half only
+    // (one rounding each), HiLo P and sm_scale dS as hi + lo parts (~16 bits).
     {
       const float ls0 = lse_s[r0], ls1 = lse_s[r1], rf0 = r_s[r0], rf1 = r_s[r1];
       const float dl0 = delta_s[r0], dl1 = delta_s[r1];
@@ -320,57 +338,76 @@ __global__ void __launch_bounds__(kThreads, 1)
         pv[1] = (hv0 && v1) ? prob(s[j][1], ls0, rf0) : 0.f;
         pv[2] = (hv1 && v0) ? prob(s[j][2], ls1, rf1) : 0.f;
         pv[3] = (hv1 && v1) ? prob(s[j][3], ls1, rf1) : 0.f;
-        dv[0] = pv[0] * (dpv[j][0] - dl0) * sm_scale;
-        dv[1] = pv[1] * (dpv[j][1] - dl0) * sm_scale;
-        dv[2] = pv[2] * (dpv[j][2] - dl1) * sm_scale;
-        dv[3] = pv[3] * (dpv[j][3] - dl1) * sm_scale;
         const int chunk = 2 * nh + j;  // hi chunk of these slots; lo chunk is 4 + chunk
         const int w0 = r0 * 32 + c4, w1 = r1 * 32 + c4;
-        const int hi0 = (chunk ^ (r0 & 7)) << 2, lo0 = ((4 + chunk) ^ (r0 & 7)) << 2;
-        const int hi1 = (chunk ^ (r1 & 7)) << 2, lo1 = ((4 + chunk) ^ (r1 & 7)) << 2;
-        uint32_t hi, lo;
-        split_bf16(pv[0], pv[1], hi, lo);
-        p_w[w0 + hi0] = hi;
-        p_w[w0 + lo0] = lo;
-        split_bf16(pv[2], pv[3], hi, lo);
-        p_w[w1 + hi1] = hi;
-        p_w[w1 + lo1] = lo;
-        split_bf16(dv[0], dv[1], hi, lo);
-        ds_w[w0 + hi0] = hi;
-        ds_w[w0 + lo0] = lo;
-        split_bf16(dv[2], dv[3], hi, lo);
-        ds_w[w1 + hi1] = hi;
-        ds_w[w1 + lo1] = lo;
+        const int hi0 = (chunk ^ (r0 & 7)) << 2, hi1 = (chunk ^ (r1 & 7)) << 2;
+        if constexpr (kHiLo) {
+          dv[0] = pv[0] * (dpv[j][0] - dl0) * sm_scale;
+          dv[1] = pv[1] * (dpv[j][1] - dl0) * sm_scale;
+          dv[2] = pv[2] * (dpv[j][2] - dl1) * sm_scale;
+          dv[3] = pv[3] * (dpv[j][3] - dl1) * sm_scale;
+          const int lo0 = ((4 + chunk) ^ (r0 & 7)) << 2, lo1 = ((4 + chunk) ^ (r1 & 7)) << 2;
+          uint32_t hi, lo;
+          split_bf16(pv[0], pv[1], hi, lo);
+          p_w[w0 + hi0] = hi;
+          p_w[w0 + lo0] = lo;
+          split_bf16(pv[2], pv[3], hi, lo);
+          p_w[w1 + hi1] = hi;
+          p_w[w1 + lo1] = lo;
+          split_bf16(dv[0], dv[1], hi, lo);
+          ds_w[w0 + hi0] = hi;
+          ds_w[w0 + lo0] = lo;
+          split_bf16(dv[2], dv[3], hi, lo);
+          ds_w[w1 + hi1] = hi;
+          ds_w[w1 + lo1] = lo;
+        } else {
+          // dS = p (dP - Δ) rounded once to bf16 (sm_scale goes on the fp32 products), P
+          // rounded once: the 16-bit roundings the SPEC §9 floors model for a FlashMLA-style
+          // backward (docs/what-a-pass-means.md, "Sparse MLA backward": u16 b(dS_j), u16 b(p_j)).
+          dv[0] = pv[0] * (dpv[j][0] - dl0);
+          dv[1] = pv[1] * (dpv[j][1] - dl0);
+          dv[2] = pv[2] * (dpv[j][2] - dl1);
+          dv[3] = pv[3] * (dpv[j][3] - dl1);
+          p_w[w0 + hi0] = detail::pack_bf16(pv[0], pv[1]);
+          p_w[w1 + hi1] = detail::pack_bf16(pv[2], pv[3]);
+          ds_w[w0 + hi0] = detail::pack_bf16(dv[0], dv[1]);
+          ds_w[w1 + hi1] = detail::pack_bf16(dv[2], dv[3]);
+        }
       }
     }
     __syncthreads();  // P and dS visible
 
-    // dq += (sm_scale dS) K: all 64 heads x the warp's strip (nt n8 tiles) of d_qk.
+    // dq += dS K (HiLo: sm_scale dS): all 64 heads x the warp's strip (nt n8 tiles) of d_qk.
+    constexpr int kParts = kHiLo ? 2 : 1;  // hi (and lo) parts of P / dS
+    if (!(kSkip & 2)) {
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t bk[kMaxNt][2];
-      const uint32_t krow = kt_base + (16 * kk + a_row) * L.q_row;
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t bk[kMaxNt][2];
+        const uint32_t krow = kt_base + (16 * kk + a_row) * L.q_row;
 #pragma unroll
-      for (int j = 0; j < kMaxNt; ++j) {
-        bk[j][0] = bk[j][1] = 0u;
-        if (j < nt) ldsm_x2_t(bk[j], krow + (((strip + j) ^ sw) << 4));
-      }
+        for (int j = 0; j < kMaxNt; ++j) {
+          bk[j][0] = bk[j][1] = 0u;
+          if (j < nt) ldsm_x2_t(bk[j], krow + (((strip + j) ^ sw) << 4));
+        }
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) {
+        for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-        for (int part = 0; part < 2; ++part) {  // hi, then lo
-          uint32_t a[4];
-          ldsm_x4(a, ds_base + (16 * mt + a_row) * 128 + (((4 * part + 2 * kk + a_cx) ^ sw) << 4));
+          for (int part = 0; part < kParts; ++part) {  // hi, then lo
+            uint32_t a[4];
+            ldsm_x4(a,
+                    ds_base + (16 * mt + a_row) * 128 + (((4 * part + 2 * kk + a_cx) ^ sw) << 4));
 #pragma unroll
-          for (int j = 0; j < kMaxNt; ++j)
-            if (j < nt) mma16816(acc_dq[mt][j], a, bk[j][0], bk[j][1]);
+            for (int j = 0; j < kMaxNt; ++j)
+              if (j < nt) mma16816(acc_dq[mt][j], a, bk[j][0], bk[j][1]);
+          }
         }
       }
     }
 
     // dKV_tile = (sm_scale dS)^T Q + P^T dout: 32 slots x the warp's strip, kChunkNt n8
-    // tiles at a time (A from the [head][slot] tiles by transposed ldmatrix).
-    for (int j0 = 0; j0 < nt; j0 += kChunkNt) {
+    // tiles at a time (A from the [head][slot] tiles by transposed ldmatrix). Bf16: the dS^T Q
+    // sum over all heads first, times sm_scale, then P^T dout added.
+    for (int j0 = 0; j0 < nt && !(kSkip & 4); j0 += kChunkNt) {
       float acc[2][kChunkNt][4];
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
@@ -378,58 +415,107 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int jj = 0; jj < kChunkNt; ++jj)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mt][jj][e] = 0.f;
+      bool on_q[kChunkNt], on_o[kChunkNt];
 #pragma unroll
-      for (int kh = 0; kh < kHeads / 16; ++kh) {
-        uint32_t bq[kChunkNt][2], bo[kChunkNt][2];
-        bool on_q[kChunkNt], on_o[kChunkNt];
-        const uint32_t qrow = q_base + (16 * kh + a_row) * L.q_row;
-        const uint32_t orow = do_base + (16 * kh + a_row) * L.do_row;
+      for (int jj = 0; jj < kChunkNt; ++jj) {
+        on_q[jj] = j0 + jj < nt;
+        on_o[jj] = on_q[jj] && strip + j0 + jj < dv_chunks;
+      }
+      // One operand pass: A = dS^T (use_p false) or P^T (true) against Q or dout.
+      auto pass = [&](bool use_p, bool both) {
 #pragma unroll
-        for (int jj = 0; jj < kChunkNt; ++jj) {
-          const int c = strip + j0 + jj;  // 8-column chunk of d_qk
-          on_q[jj] = j0 + jj < nt;
-          on_o[jj] = on_q[jj] && c < dv_chunks;
-          bq[jj][0] = bq[jj][1] = bo[jj][0] = bo[jj][1] = 0u;
-          if (on_q[jj]) ldsm_x2_t(bq[jj], qrow + ((c ^ sw) << 4));
-          if (on_o[jj]) ldsm_x2_t(bo[jj], orow + ((c ^ sw) << 4));
+        for (int kh = 0; kh < kHeads / 16; ++kh) {
+          uint32_t bq[kChunkNt][2], bo[kChunkNt][2];
+          const uint32_t qrow = q_base + (16 * kh + a_row) * L.q_row;
+          const uint32_t orow = do_base + (16 * kh + a_row) * L.do_row;
+#pragma unroll
+          for (int jj = 0; jj < kChunkNt; ++jj) {
+            const int c = strip + j0 + jj;  // 8-column chunk of d_qk
+            bq[jj][0] = bq[jj][1] = bo[jj][0] = bo[jj][1] = 0u;
+            if ((both || !use_p) && on_q[jj]) ldsm_x2_t(bq[jj], qrow + ((c ^ sw) << 4));
+            if ((both || use_p) && on_o[jj]) ldsm_x2_t(bo[jj], orow + ((c ^ sw) << 4));
+          }
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int part = 0; part < kParts; ++part) {  // hi, then lo
+              const uint32_t at =
+                  (16 * kh + b_row) * 128 + (((4 * part + 2 * mt + b_cx) ^ sw) << 4);
+              uint32_t a[4];
+              if (both || !use_p) {
+                ldsm_x4_t(a, ds_base + at);
+#pragma unroll
+                for (int jj = 0; jj < kChunkNt; ++jj)
+                  if (on_q[jj]) mma16816(acc[mt][jj], a, bq[jj][0], bq[jj][1]);
+              }
+              if (both || use_p) {
+                ldsm_x4_t(a, p_base + at);
+#pragma unroll
+                for (int jj = 0; jj < kChunkNt; ++jj)
+                  if (on_o[jj]) mma16816(acc[mt][jj], a, bo[jj][0], bo[jj][1]);
+              }
+            }
+          }
         }
+      };
+      if constexpr (kHiLo) {
+        pass(false, true);
+      } else {
+        pass(false, false);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int jj = 0; jj < kChunkNt; ++jj)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][jj][e] *= sm_scale;
+        pass(true, false);
+      }
+      if constexpr ((kSkip & 8) != 0) continue;
+      // Out: rows of valid slots only (an invalid slot's row is all zero and has no key).
+      if constexpr (kFast && !kHiLo) {
+        // One 16-byte reduction per lane and n8 tile: lanes c4 and c4 ^ 1 trade halves, the
+        // even lane adding 4 columns of row g, the odd lane 4 columns of row g + 8.
+        const bool odd = (c4 & 1) != 0;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-          for (int part = 0; part < 2; ++part) {  // hi, then lo
-            const uint32_t at = (16 * kh + b_row) * 128 + (((4 * part + 2 * mt + b_cx) ^ sw) << 4);
-            uint32_t a[4];
-            ldsm_x4_t(a, ds_base + at);
-#pragma unroll
-            for (int jj = 0; jj < kChunkNt; ++jj)
-              if (on_q[jj]) mma16816(acc[mt][jj], a, bq[jj][0], bq[jj][1]);
-            ldsm_x4_t(a, p_base + at);
-#pragma unroll
-            for (int jj = 0; jj < kChunkNt; ++jj)
-              if (on_o[jj]) mma16816(acc[mt][jj], a, bo[jj][0], bo[jj][1]);
+          for (int jj = 0; jj < kChunkNt; ++jj) {
+            const int col0 = 8 * (strip + j0 + jj);  // warp-uniform
+            if (j0 + jj >= nt || col0 >= d_qk) continue;
+            const float* x = acc[mt][jj];
+            const float s0 = odd ? x[0] : x[2], s1 = odd ? x[1] : x[3];
+            const float t0v = __shfl_xor_sync(0xffffffffu, s0, 1);
+            const float t1v = __shfl_xor_sync(0xffffffffu, s1, 1);
+            const int id = ids_t[16 * mt + g + (odd ? 8 : 0)];
+            if (id < 0) continue;
+            float* dst = dkv + static_cast<int64_t>(id) * d_qk + col0 + 4 * (c4 >> 1);
+            if (odd)
+              red_add_v4(dst, t0v, t1v, x[2], x[3]);
+            else
+              red_add_v4(dst, x[0], x[1], t0v, t1v);
           }
         }
-      }
-      // Out: rows of valid slots only (an invalid slot's row is all zero and has no key).
+      } else {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+        for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int sl = 16 * mt + g + 8 * half;
-          const int id = ids_t[sl];
-          if (id < 0) continue;
+          for (int half = 0; half < 2; ++half) {
+            const int sl = 16 * mt + g + 8 * half;
+            const int id = ids_t[sl];
+            if (id < 0) continue;
 #pragma unroll
-          for (int jj = 0; jj < kChunkNt; ++jj) {
-            const int col = 8 * (strip + j0 + jj) + 2 * c4;  // even; d_qk % 8 == 0
-            if (j0 + jj >= nt || col >= d_qk) continue;
-            const float x0 = acc[mt][jj][2 * half], x1 = acc[mt][jj][2 * half + 1];
-            if (kFast) {
-              float* dst = dkv + static_cast<int64_t>(id) * d_qk + col;
-              atomicAdd(dst, x0);
-              atomicAdd(dst + 1, x1);
-            } else {
-              const int64_t row = (lt * n_groups + grp) * k + static_cast<int64_t>(it) * kTile + sl;
-              *reinterpret_cast<float2*>(partial + row * d_qk + col) = make_float2(x0, x1);
+            for (int jj = 0; jj < kChunkNt; ++jj) {
+              const int col = 8 * (strip + j0 + jj) + 2 * c4;  // even; d_qk % 8 == 0
+              if (j0 + jj >= nt || col >= d_qk) continue;
+              const float x0 = acc[mt][jj][2 * half], x1 = acc[mt][jj][2 * half + 1];
+              if (kFast) {
+                float* dst = dkv + static_cast<int64_t>(id) * d_qk + col;
+                atomicAdd(dst, x0);
+                atomicAdd(dst + 1, x1);
+              } else {
+                const int64_t row = (lt * n_groups + grp) * k + static_cast<int64_t>(it) * kTile + sl;
+                *reinterpret_cast<float2*>(partial + row * d_qk + col) = make_float2(x0, x1);
+              }
             }
           }
         }
@@ -437,7 +523,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // dq rows of the group's heads (fp32; sm_scale is inside dS).
+  // dq rows of the group's heads (fp32; HiLo: sm_scale is inside dS, Bf16: applied here).
+  const float dq_scale = kHiLo ? 1.f : sm_scale;
 #pragma unroll
   for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
@@ -450,7 +537,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int col = 8 * (strip + j) + 2 * c4;
         if (j < nt && col < d_qk)
           *reinterpret_cast<float2*>(drow + col) =
-              make_float2(acc_dq[mt][j][2 * half], acc_dq[mt][j][2 * half + 1]);
+              make_float2(acc_dq[mt][j][2 * half] * dq_scale,
+                          acc_dq[mt][j][2 * half + 1] * dq_scale);
       }
     }
   }
@@ -631,22 +719,117 @@ void require(bool ok, const char* arg, const std::string& got, const std::string
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-template <bool kFast>
-void launch_main(int64_t rows, int64_t groups, size_t smem, cudaStream_t stream, const uint16_t* q,
-                 const uint16_t* kv, const int32_t* indices, const int32_t* topk_length,
-                 const float* attn_sink, const uint16_t* out, const float* lse,
-                 const uint16_t* dout, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
-                 int64_t d_v, float sm_scale, int64_t t0, float* dq, float* dkv, float* dsink_terms,
-                 float* partial) {
+/// The main kernel's arguments (as sparse_mla_bwd_kernel's), for the launchers.
+struct MainArgs {
+  const uint16_t *q, *kv;
+  const int32_t *indices, *topk_length;
+  const float* attn_sink;
+  const uint16_t* out;
+  const float* lse;
+  const uint16_t* dout;
+  int64_t h_q, d_qk, s_kv, k, d_v;
+  float sm_scale;
+  float *dq, *dkv, *dsink_terms, *partial;
+};
+
+template <bool kFast, bool kHiLo, int kSkip>
+void launch_main(int64_t rows, int64_t groups, size_t smem, cudaStream_t stream, int64_t t0,
+                 const MainArgs& a) {
   const char* where = "sparse_mla_backward_device";
-  DSA_CUDA_CHECK(where, cudaFuncSetAttribute(sparse_mla_bwd_kernel<kFast>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+  auto* kernel = sparse_mla_bwd_kernel<kFast, kHiLo, kSkip>;
+  DSA_CUDA_CHECK(where, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem)));
-  sparse_mla_bwd_kernel<kFast><<<static_cast<unsigned>(rows * groups), kThreads, smem, stream>>>(
-      q, kv, indices, topk_length, attn_sink, out, lse, dout, static_cast<int>(h_q),
-      static_cast<int>(d_qk), static_cast<int>(s_kv), k, static_cast<int>(d_v), sm_scale, t0, dq,
-      dkv, dsink_terms, partial);
+  kernel<<<static_cast<unsigned>(rows * groups), kThreads, smem, stream>>>(
+      a.q, a.kv, a.indices, a.topk_length, a.attn_sink, a.out, a.lse, a.dout,
+      static_cast<int>(a.h_q), static_cast<int>(a.d_qk), static_cast<int>(a.s_kv), a.k,
+      static_cast<int>(a.d_v), a.sm_scale, t0, a.dq, a.dkv, a.dsink_terms, a.partial);
   DSA_CUDA_CHECK(where, cudaGetLastError());
+}
+
+/// The main kernel for the mode and rounding; skip != 0: a timing variant of the fast Bf16
+/// kernel (1, 2, 4 or 8; sparse_mla_backward_timing_variant).
+void launch_main_for(bool fast, SparseMlaBwdRounding rounding, int skip, int64_t rows,
+                     int64_t groups, size_t smem, cudaStream_t stream, int64_t t0,
+                     const MainArgs& a) {
+  const bool hilo = rounding == SparseMlaBwdRounding::HiLo;
+  switch (skip) {
+    case 0:
+      if (fast && hilo) launch_main<true, true, 0>(rows, groups, smem, stream, t0, a);
+      if (fast && !hilo) launch_main<true, false, 0>(rows, groups, smem, stream, t0, a);
+      if (!fast && hilo) launch_main<false, true, 0>(rows, groups, smem, stream, t0, a);
+      if (!fast && !hilo) launch_main<false, false, 0>(rows, groups, smem, stream, t0, a);
+      return;
+    case 1: launch_main<true, false, 1>(rows, groups, smem, stream, t0, a); return;
+    case 2: launch_main<true, false, 2>(rows, groups, smem, stream, t0, a); return;
+    case 4: launch_main<true, false, 4>(rows, groups, smem, stream, t0, a); return;
+    case 8: launch_main<true, false, 8>(rows, groups, smem, stream, t0, a); return;
+    default:
+      throw std::invalid_argument("sparse_mla_backward_timing_variant: argument 'variant' got " +
+                                  std::to_string(skip) + ", expected 1, 2, 4 or 8");
+  }
+}
+
+/// The backward after argument checks: dkv zeroed, the main kernel (fast: one launch;
+/// deterministic: the pair sort, then main + reduction per chunk of rows), dsink reduced.
+void run_backward(const MainArgs& in, int64_t s_q, SparseMlaBwdMode mode,
+                  SparseMlaBwdRounding rounding, int skip, float* dsink, void* scratch,
+                  cudaStream_t stream) {
+  const char* where = "sparse_mla_backward_device";
+  const int64_t h_q = in.h_q, d_qk = in.d_qk, s_kv = in.s_kv, k = in.k, d_v = in.d_v;
+  const int32_t* indices = in.indices;
+  const int32_t* topk_length = in.topk_length;
+  const float* attn_sink = in.attn_sink;
+  float* dkv = in.dkv;
+  const int64_t groups = (h_q + kHeads - 1) / kHeads;
+  const ScratchPlan plan = plan_scratch(s_q, h_q, d_qk, s_kv, k, mode);
+  if (s_kv > 0) DSA_CUDA_CHECK(where, cudaMemsetAsync(dkv, 0, sizeof(float) * s_kv * d_qk, stream));
+  if (s_q == 0 || h_q == 0) {
+    if (dsink && h_q > 0)
+      DSA_CUDA_CHECK(where, cudaMemsetAsync(dsink, 0, sizeof(float) * h_q, stream));
+    return;
+  }
+  char* base = static_cast<char*>(scratch);
+  float* terms = attn_sink ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
+  const size_t smem = bwd_layout(d_qk, d_v).total;
+
+  MainArgs a = in;
+  a.dsink_terms = terms;
+  if (mode == SparseMlaBwdMode::Fast) {
+    launch_main_for(true, rounding, skip, s_q, groups, smem, stream, 0, a);
+  } else {
+    const int64_t n = s_q * k;
+    auto* keys_in = reinterpret_cast<unsigned*>(base + plan.keys_in);
+    auto* keys_out = reinterpret_cast<unsigned*>(base + plan.keys_out);
+    auto* vals_in = reinterpret_cast<int*>(base + plan.vals_in);
+    auto* vals_out = reinterpret_cast<int*>(base + plan.vals_out);
+    auto* partial = reinterpret_cast<float*>(base + plan.partial);
+    if (n > 0) {
+      pair_keys_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+          indices, topk_length, s_q, k, static_cast<int>(s_kv), keys_in, vals_in);
+      DSA_CUDA_CHECK(where, cudaGetLastError());
+      size_t cub_bytes = plan.cub_bytes;
+      DSA_CUDA_CHECK(where, cub::DeviceRadixSort::SortPairs(
+                                base + plan.cub, cub_bytes, keys_in, keys_out, vals_in, vals_out,
+                                static_cast<int>(n), 0, plan.end_bit, stream));
+    }
+    for (int64_t t0 = 0; t0 < s_q; t0 += plan.rows) {
+      const int64_t t1 = std::min(s_q, t0 + plan.rows);
+      a.partial = partial;
+      launch_main_for(false, rounding, 0, t1 - t0, groups, smem, stream, t0, a);
+      if (n > 0 && s_kv > 0) {
+        const int64_t blocks = (s_kv + 7) / 8;  // 8 warps (key rows) per block
+        dkv_reduce_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
+            keys_out, vals_out, n, partial, static_cast<int>(s_kv), static_cast<int>(d_qk), k,
+            static_cast<int>(groups), t0, t1, dkv);
+        DSA_CUDA_CHECK(where, cudaGetLastError());
+      }
+    }
+  }
+  if (attn_sink) {
+    dsink_reduce_kernel<<<static_cast<unsigned>(h_q), 256, 0, stream>>>(
+        terms, s_q, static_cast<int>(h_q), dsink);
+    DSA_CUDA_CHECK(where, cudaGetLastError());
+  }
 }
 
 }  // namespace
@@ -664,9 +847,9 @@ void sparse_mla_backward_device(const uint16_t* q, const uint16_t* kv, const int
                                 const uint16_t* out, const float* lse, const uint16_t* dout,
                                 int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
                                 int64_t d_v, float sm_scale, float* dq, float* dkv, float* dsink,
-                                void* scratch, cudaStream_t stream, SparseMlaBwdMode mode) {
+                                void* scratch, cudaStream_t stream, SparseMlaBwdMode mode,
+                                SparseMlaBwdRounding rounding) {
   using std::to_string;
-  const char* where = "sparse_mla_backward_device";
   require(s_q >= 0, "s_q", to_string(s_q), ">= 0");
   require(h_q >= 0 && h_q <= INT32_MAX, "h_q", to_string(h_q), "0 <= h_q <= 2^31-1");
   require(s_kv >= 0 && s_kv < INT32_MAX, "s_kv", to_string(s_kv), "0 <= s_kv < 2^31-1");
@@ -687,58 +870,35 @@ void sparse_mla_backward_device(const uint16_t* q, const uint16_t* kv, const int
         static_cast<const void*>(dq), static_cast<const void*>(dkv)})
     require(p == nullptr || aligned16(p), "q/kv/dout/dq/dkv", "a pointer not 16-byte aligned",
             "16-byte aligned device pointers (cp.async, vector stores)");
-  const ScratchPlan plan = plan_scratch(s_q, h_q, d_qk, s_kv, k, mode);
-  require(plan.total == 0 || (scratch != nullptr && aligned16(scratch)), "scratch",
+  const size_t need = plan_scratch(s_q, h_q, d_qk, s_kv, k, mode).total;
+  require(need == 0 || (scratch != nullptr && aligned16(scratch)), "scratch",
           scratch ? "a pointer not 16-byte aligned" : "null",
-          to_string(plan.total) + " bytes (sparse_mla_backward_scratch_bytes), 16-byte aligned");
+          to_string(need) + " bytes (sparse_mla_backward_scratch_bytes), 16-byte aligned");
 
-  if (s_kv > 0) DSA_CUDA_CHECK(where, cudaMemsetAsync(dkv, 0, sizeof(float) * s_kv * d_qk, stream));
-  if (s_q == 0 || h_q == 0) {
-    if (dsink && h_q > 0)
-      DSA_CUDA_CHECK(where, cudaMemsetAsync(dsink, 0, sizeof(float) * h_q, stream));
-    return;
-  }
-  char* base = static_cast<char*>(scratch);
-  float* terms = attn_sink ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
-  const size_t smem = bwd_layout(d_qk, d_v).total;
-
-  if (mode == SparseMlaBwdMode::Fast) {
-    launch_main<true>(s_q, groups, smem, stream, q, kv, indices, topk_length, attn_sink, out, lse,
-                      dout, h_q, d_qk, s_kv, k, d_v, sm_scale, 0, dq, dkv, terms, nullptr);
-  } else {
-    const int64_t n = s_q * k;
-    auto* keys_in = reinterpret_cast<unsigned*>(base + plan.keys_in);
-    auto* keys_out = reinterpret_cast<unsigned*>(base + plan.keys_out);
-    auto* vals_in = reinterpret_cast<int*>(base + plan.vals_in);
-    auto* vals_out = reinterpret_cast<int*>(base + plan.vals_out);
-    auto* partial = reinterpret_cast<float*>(base + plan.partial);
-    if (n > 0) {
-      pair_keys_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
-          indices, topk_length, s_q, k, static_cast<int>(s_kv), keys_in, vals_in);
-      DSA_CUDA_CHECK(where, cudaGetLastError());
-      size_t cub_bytes = plan.cub_bytes;
-      DSA_CUDA_CHECK(where, cub::DeviceRadixSort::SortPairs(
-                                base + plan.cub, cub_bytes, keys_in, keys_out, vals_in, vals_out,
-                                static_cast<int>(n), 0, plan.end_bit, stream));
-    }
-    for (int64_t t0 = 0; t0 < s_q; t0 += plan.rows) {
-      const int64_t t1 = std::min(s_q, t0 + plan.rows);
-      launch_main<false>(t1 - t0, groups, smem, stream, q, kv, indices, topk_length, attn_sink, out,
-                         lse, dout, h_q, d_qk, s_kv, k, d_v, sm_scale, t0, dq, dkv, terms, partial);
-      if (n > 0 && s_kv > 0) {
-        const int64_t blocks = (s_kv + 7) / 8;  // 8 warps (key rows) per block
-        dkv_reduce_kernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(
-            keys_out, vals_out, n, partial, static_cast<int>(s_kv), static_cast<int>(d_qk), k,
-            static_cast<int>(groups), t0, t1, dkv);
-        DSA_CUDA_CHECK(where, cudaGetLastError());
-      }
-    }
-  }
-  if (attn_sink) {
-    dsink_reduce_kernel<<<static_cast<unsigned>(h_q), 256, 0, stream>>>(
-        terms, s_q, static_cast<int>(h_q), dsink);
-    DSA_CUDA_CHECK(where, cudaGetLastError());
-  }
+  require(rounding == SparseMlaBwdRounding::HiLo || rounding == SparseMlaBwdRounding::Bf16,
+          "rounding", to_string(static_cast<int>(rounding)), "HiLo or Bf16");
+  const MainArgs args{q,   kv,   indices, topk_length, attn_sink, out, lse,     dout,
+                      h_q, d_qk, s_kv,    k,           d_v,       sm_scale, dq, dkv,
+                      nullptr, nullptr};
+  run_backward(args, s_q, mode, rounding, 0, dsink, scratch, stream);
 }
+
+namespace detail {
+void sparse_mla_backward_timing_variant(int variant, const uint16_t* q, const uint16_t* kv,
+                                        const int32_t* indices, const uint16_t* out,
+                                        const float* lse, const uint16_t* dout, int64_t s_q,
+                                        int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
+                                        int64_t d_v, float sm_scale, float* dq, float* dkv,
+                                        cudaStream_t stream) {
+  if (variant != 1 && variant != 2 && variant != 4 && variant != 8)
+    throw std::invalid_argument("sparse_mla_backward_timing_variant: argument 'variant' got " +
+                                std::to_string(variant) + ", expected 1, 2, 4 or 8");
+  const MainArgs args{q,   kv,   indices, nullptr, nullptr,  out, lse,     dout,
+                      h_q, d_qk, s_kv,    k,       d_v,      sm_scale, dq, dkv,
+                      nullptr, nullptr};
+  run_backward(args, s_q, SparseMlaBwdMode::Fast, SparseMlaBwdRounding::Bf16, variant, nullptr,
+               nullptr, stream);
+}
+}  // namespace detail
 
 }  // namespace dsa::cuda

@@ -138,7 +138,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fwd_cuda(
 }
 
 // dsa::sparse_mla_bwd (SPEC §5) on the tensor-core backward (sparse_mla_backward_device):
-// deterministic by default (DSA_CUDA_SMLA_BWD=fast: atomic dkv; =fallback: the composite).
+// deterministic by default (DSA_CUDA_SMLA_BWD=fast: atomic dkv; =fallback: the composite), P
+// and dS rounded once to bf16 by default (DSA_CUDA_SMLA_BWD_PDS=hilo: the hi + lo kernel).
 // Taken: q/kv/out bf16, lse fp32 [s_q, h_q], dout bf16, fp16 or fp32 [s_q, h_q, d_v], d_qk and
 // d_v multiples of 8 within the kernel limits, int32 indices/topk_length, fp32 attn_sink, one
 // device, 16-byte aligned data, s_q·k <= 2^31-1. dout other than bf16 is split exactly into
@@ -158,8 +159,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_bwd_cuda(
                                                     topk_length, attn_sink);
   };
   SparseMlaBwdPath path = SparseMlaBwdPath::Kernel;
+  SparseMlaBwdRounding rounding = SparseMlaBwdRounding::Bf16;
   try {
     path = sparse_mla_bwd_path_from_env();
+    rounding = sparse_mla_bwd_rounding_from_env();
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, "dsa::sparse_mla_bwd: ", e.what());
   }
@@ -227,7 +230,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_bwd_cuda(
         reinterpret_cast<const uint16_t*>(oc.data_ptr()), lc.data_ptr<float>(),
         reinterpret_cast<const uint16_t*>(parts[i].data_ptr()), s_q, h_q, d_qk, s_kv, k, d_v,
         static_cast<float>(sm_scale), dq_i.data_ptr<float>(), dkv_i.data_ptr<float>(),
-        sink.defined() ? dsink_i.data_ptr<float>() : nullptr, scratch.data_ptr(), stream, mode);
+        sink.defined() ? dsink_i.data_ptr<float>() : nullptr, scratch.data_ptr(), stream, mode,
+        rounding);
     if (i == 0) {
       dq = dq_i;
       dkv = dkv_i;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dsa/cuda/backend.h"
@@ -37,10 +38,14 @@ class CudaMlaBwdTest : public ::testing::Test {
 };
 
 // The backward kernel (sparse_mla_bwd.cu) is selected explicitly here, whatever
-// DSA_CUDA_SMLA_BWD says (the registered backend's default is the deterministic kernel).
-std::unique_ptr<dsa::oracle::Backend> bwd_backend(dsa::cuda::SparseMlaBwdPath path) {
+// DSA_CUDA_SMLA_BWD says (the registered backend's default is the deterministic kernel), with
+// P / dS rounded once to bf16 (the default) unless `rounding` says HiLo.
+std::unique_ptr<dsa::oracle::Backend> bwd_backend(
+    dsa::cuda::SparseMlaBwdPath path,
+    dsa::cuda::SparseMlaBwdRounding rounding = dsa::cuda::SparseMlaBwdRounding::Bf16) {
   dsa::cuda::CudaBackendOptions o;
   o.mla_bwd = path;
+  o.mla_bwd_rounding = rounding;
   return dsa::cuda::make_cuda_backend(o);
 }
 
@@ -63,19 +68,28 @@ OpCase make_mla_bwd(const MlaShape& s, uint64_t seed, bool with_len, int sink_mo
 }
 
 // Oracle judgement (SPEC §9: float64 reference, baseline with Δ from the bf16 out) of dq, dkv
-// and dsink for the deterministic mode (and the fast one when fast_too); the deterministic one is
-// also run twice by check_op (bytes equal). WEAK fails (issue 12): the cases are conditioned
-// (make_mla_bwd, condition_case), so no row is WEAK for a correct kernel.
+// and dsink for the deterministic mode (and, when fast_too, the fast one and the deterministic
+// one with P / dS as bf16 hi + lo pairs, the kernel of sessions 9-11); the deterministic ones
+// are also run twice by check_op (bytes equal). WEAK fails (issue 12): the cases are
+// conditioned (make_mla_bwd, condition_case), so no row is WEAK for a correct kernel.
 void expect_mla_bwd_pass(const OpCase& c, const std::string& label, bool fast_too = true) {
+  using dsa::cuda::SparseMlaBwdPath;
+  using dsa::cuda::SparseMlaBwdRounding;
   const dsa::oracle::CheckOptions& opt = dsa::oracle::default_check_options();
-  std::vector<dsa::cuda::SparseMlaBwdPath> paths = {dsa::cuda::SparseMlaBwdPath::Kernel};
-  if (fast_too) paths.push_back(dsa::cuda::SparseMlaBwdPath::KernelFast);
-  for (auto path : paths) {
-    auto b = bwd_backend(path);
+  std::vector<std::pair<SparseMlaBwdPath, SparseMlaBwdRounding>> paths = {
+      {SparseMlaBwdPath::Kernel, SparseMlaBwdRounding::Bf16}};
+  if (fast_too) {
+    paths.emplace_back(SparseMlaBwdPath::KernelFast, SparseMlaBwdRounding::Bf16);
+    paths.emplace_back(SparseMlaBwdPath::Kernel, SparseMlaBwdRounding::HiLo);
+  }
+  for (const auto& [path, rounding] : paths) {
+    auto b = bwd_backend(path, rounding);
     ASSERT_TRUE(b->supports(Op::SparseMlaBwd));
     const dsa::oracle::OpReport r = dsa::oracle::check_op(*b, Op::SparseMlaBwd, c, opt);
-    EXPECT_EQ(r.verdict, Verdict::Pass) << bwd_name(path) << label << "\n"
-                                        << dsa::oracle::format_op_report(r);
+    EXPECT_EQ(r.verdict, Verdict::Pass)
+        << bwd_name(path) << (rounding == SparseMlaBwdRounding::HiLo ? "[P/dS hi+lo] " : "")
+        << label << "\n"
+        << dsa::oracle::format_op_report(r);
     if (path == dsa::cuda::SparseMlaBwdPath::Kernel) {
       EXPECT_TRUE(r.determinism_checked && r.determinism_ok) << label;
     }

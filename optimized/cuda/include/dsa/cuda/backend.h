@@ -37,6 +37,12 @@ enum class SparseMlaBwdPath { Fallback, Kernel, KernelFast };
 /// std::invalid_argument naming the variable.
 SparseMlaBwdPath sparse_mla_bwd_path_from_env();
 
+/// The backward's P / dS rounding named by the environment variable DSA_CUDA_SMLA_BWD_PDS:
+/// unset, empty or "bf16" -> Bf16 (one bf16 rounding each, the default), "hilo" -> HiLo (bf16
+/// hi + lo pairs, the kernel of sessions 9-11); other values throw std::invalid_argument
+/// naming the variable.
+SparseMlaBwdRounding sparse_mla_bwd_rounding_from_env();
+
 /// The top-k kernel named by the environment variable DSA_CUDA_TOPK: unset or empty ->
 /// Cluster (the default), "radix", "two-read", "cluster", "cluster-fused-sort", "persistent",
 /// "persistent-wide"; other values throw std::invalid_argument naming the variable.
@@ -52,6 +58,7 @@ struct CudaBackendOptions {
   SparseMlaKernel mla_kernel = sparse_mla_kernel_from_env();
   IndexerKernel indexer_kernel = IndexerKernel::Wgmma3;
   SparseMlaBwdPath mla_bwd = sparse_mla_bwd_path_from_env();
+  SparseMlaBwdRounding mla_bwd_rounding = sparse_mla_bwd_rounding_from_env();
 };
 std::unique_ptr<oracle::Backend> make_cuda_backend(const CudaBackendOptions& options = {});
 

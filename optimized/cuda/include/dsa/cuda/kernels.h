@@ -104,6 +104,13 @@ void sparse_mla_forward_device(const uint16_t* q, const uint16_t* kv, const int3
 /// Deterministic.
 enum class SparseMlaBwdMode { Deterministic, Fast };
 
+/// How the sparse MLA backward rounds P and dS before the dq / dkv products (SPEC §5, §9).
+/// HiLo: P and sm_scale·dS as bf16 hi + lo pairs (about 16 significant bits, each product run
+/// twice). Bf16: P and dS = p (dP - Δ) rounded once to bf16 (round to nearest even), sm_scale
+/// applied to the fp32 products: the 16-bit roundings of a FlashMLA-style backward that the
+/// SPEC §9 floors model (docs/what-a-pass-means.md, "Sparse MLA backward").
+enum class SparseMlaBwdRounding { HiLo, Bf16 };
+
 /// Largest d_qk / d_v the sparse MLA backward kernel takes (shared-memory tiles): 576 / 512.
 int64_t sparse_mla_backward_max_d_qk();
 int64_t sparse_mla_backward_max_d_v();
@@ -124,9 +131,8 @@ size_t sparse_mla_backward_scratch_bytes(int64_t s_q, int64_t h_q, int64_t d_qk,
 /// times the sink factor, sm_scale q·k rounded as the forward rounds it: a one-slot row has p = 1) and dout [s_q,h_q,d_v] bf16. Outputs (fp32, overwritten): dq
 /// [s_q,h_q,d_qk] = sm_scale Σ_j dS_j kv[idx_j]; dkv [s_kv,d_qk] (zeroed first, then every
 /// valid (t, h, slot) adds sm_scale dS q[t,h] + p dout[t,h] (first d_v)); dsink [h_q] =
-/// -Σ_t exp(sink - L) Δ when attn_sink is given (else must be null). P and sm_scale·dS enter
-/// the products as bf16 hi + lo pairs (about 16 significant bits; a single bf16 rounding
-/// failed the SPEC §9 floors in a CPU model of the kernel). Invalid slots are never dereferenced; duplicate ids add once per slot; rows without
+/// -Σ_t exp(sink - L) Δ when attn_sink is given (else must be null). P and dS enter the
+/// products as `rounding` says (SparseMlaBwdRounding). Invalid slots are never dereferenced; duplicate ids add once per slot; rows without
 /// a valid slot give dq 0 and add nothing. `scratch`: sparse_mla_backward_scratch_bytes bytes.
 /// Kernel limits: d_qk and d_v multiples of 8, d_qk <= 576, d_v <= min(d_qk, 512), q, kv,
 /// dout, dq, dkv, scratch 16-byte aligned; Deterministic needs s_q·k <= 2^31-1. Violations
@@ -137,7 +143,8 @@ void sparse_mla_backward_device(const uint16_t* q, const uint16_t* kv, const int
                                 int64_t s_q, int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
                                 int64_t d_v, float sm_scale, float* dq, float* dkv, float* dsink,
                                 void* scratch, cudaStream_t stream,
-                                SparseMlaBwdMode mode = SparseMlaBwdMode::Deterministic);
+                                SparseMlaBwdMode mode = SparseMlaBwdMode::Deterministic,
+                                SparseMlaBwdRounding rounding = SparseMlaBwdRounding::Bf16);
 
 /// Largest H_I / d_I the indexer kernels take; d_I must also be a multiple of 8 (16-byte rows).
 int64_t indexer_max_heads();
