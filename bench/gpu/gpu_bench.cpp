@@ -309,6 +309,33 @@ void bench_mla_backward(std::ostringstream& table) {
                   t_det, t_fast);
       std::fflush(stdout);
     }
+    // Speed options of the fast Bf16 kernel (same arithmetic: dq bitwise and dkv to the order
+    // of the fp32 adds equal to the deterministic Bf16 mode's, computed first).
+    rounding = dsa::cuda::SparseMlaBwdRounding::Bf16;
+    mode = dsa::cuda::SparseMlaBwdMode::Deterministic;
+    mine(0);
+    check(cudaDeviceSynchronize(), "backward deterministic Bf16 reference run");
+    const auto dkv_det = dkv.clone(), dq_det = dq.clone();
+    const std::pair<int, const char*> options[] = {
+        {16, "staggered products (warps 4-7: dkv first)"},
+        {32, "L2 policies (Q/dout evict-first, dkv reductions evict-last)"},
+        {48, "staggered products + L2 policies"}};
+    for (const auto& [v, what] : options) {
+      auto variant = [&, v = v](int) {
+        dsa::cuda::detail::sparse_mla_backward_timing_variant(
+            v, qp, kvp, idx.data_ptr<int32_t>(), reinterpret_cast<const uint16_t*>(out.data_ptr()),
+            lse.data_ptr<float>(), reinterpret_cast<const uint16_t*>(dout.data_ptr()), s_q, h_q,
+            d_qk, s_kv, k, d_v, sm_scale, dq.data_ptr<float>(), dkv.data_ptr<float>(), nullptr);
+      };
+      const double t = median_ms(variant, 1, 5);
+      variant(0);
+      check(cudaDeviceSynchronize(), "backward option check run");
+      row(std::string("dsa cuda backward, fast (mma.sync, P/dS rounded once to bf16; v4 reductions), ") +
+              what,
+          t,
+          "dq " + std::string(torch::equal(dq, dq_det) ? "bitwise equal to" : "DIFFERS from") +
+              " the deterministic mode's, dkv vs deterministic " + fmt("%.2e", rel(dkv, dkv_det)));
+    }
     // Timing variants of the fast Bf16 kernel (results wrong; where the time goes).
     const std::pair<int, const char*> variants[] = {{1, "no S = Q K^T and dP = dout V^T products"},
                                                     {2, "no dq product"},

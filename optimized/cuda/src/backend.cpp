@@ -412,6 +412,12 @@ class CudaBackend final : public oracle::Backend {
     DeviceBuffer d_dsink(in.attn_sink ? sizeof(float) * h_q : 0, where);
     DeviceBuffer d_scratch(sparse_mla_backward_scratch_bytes(s_q, h_q, dq8, s_kv, k, mode), where);
     const std::vector<Tensor> parts = bf16_parts(dout);
+    // One bf16 rounding of dS per run is what the SPEC §9 floors model; a dout split into
+    // several parts would add one rounding per part, of each part's dS, which cancellation can
+    // make larger than the whole dS (H200, 2026-12-01: smla.empty_rows, F32 dout, dkv at 1.01x
+    // its bound with Bf16), so a split dout runs the hi + lo kernel.
+    const SparseMlaBwdRounding rounding =
+        parts.size() > 1 ? SparseMlaBwdRounding::HiLo : options_.mla_bwd_rounding;
     for (size_t i = 0; i < parts.size(); ++i) {
       DeviceBuffer d_dout = upload_vec(pad_rows(parts[i], s_q * h_q, d_v, dv8), where);
       sparse_mla_backward_device(
@@ -419,7 +425,7 @@ class CudaBackend final : public oracle::Backend {
           d_out.get<uint16_t>(), d_lse.get<float>(),
           d_dout.get<uint16_t>(), s_q, h_q, dq8, s_kv, k, dv8, static_cast<float>(in.sm_scale),
           d_dq.get<float>(), d_dkv.get<float>(), in.attn_sink ? d_dsink.get<float>() : nullptr,
-          d_scratch.get<void>(), nullptr, mode, options_.mla_bwd_rounding);
+          d_scratch.get<void>(), nullptr, mode, rounding);
       DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
       // Part 0 writes the grads; later parts add in order (hi + mid + lo).
       accumulate_f32(d_dq, s_q * h_q, d_qk, dq8, g.dq, i > 0, where);

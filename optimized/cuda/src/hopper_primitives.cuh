@@ -48,6 +48,27 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
 
+/// As cp_async16 with an L2 cache policy from l2_policy_evict_first / l2_policy_evict_last
+/// (cp.async.cg ... .L2::cache_hint; PTX ISA "cp.async").
+__device__ __forceinline__ void cp_async16_hint(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
+               "l"(src), "l"(policy));
+}
+
+/// An L2 cache policy marking every line an access touches evict-first / evict-last
+/// (createpolicy.fractional, fraction 1.0; PTX ISA "createpolicy"), for the .L2::cache_hint
+/// operand of loads, cp.async and red.
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+
 /// cp.async.cg of 16 bytes reading only src_bytes (0 or 16) of src and zero-filling the rest:
 /// src_bytes 0 writes 16 zero bytes and reads nothing (src-size operand; PTX ISA "cp.async").
 __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src,

@@ -95,6 +95,13 @@ __device__ __forceinline__ void red_add_v4(float* p, float a, float b, float c, 
                "f"(c), "f"(d)
                : "memory");
 }
+/// As red_add_v4 with an L2 cache policy (red ... .L2::cache_hint; PTX ISA "red").
+__device__ __forceinline__ void red_add_v4_hint(float* p, float a, float b, float c, float d,
+                                                uint64_t policy) {
+  asm volatile("red.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;\n" ::"l"(p),
+               "f"(a), "f"(b), "f"(c), "f"(d), "l"(policy)
+               : "memory");
+}
 
 /// The kv id of slot `slot` of the row, or -1 when the slot is invalid (SPEC §4).
 __device__ __forceinline__ int slot_id(const int32_t* irow, int64_t slot, int64_t lim, int s_kv) {
@@ -135,7 +142,11 @@ __host__ __device__ inline BwdLayout bwd_layout(int64_t d_qk, int64_t d_v) {
 // rounded once to bf16 (Bf16), sm_scale applied to the fp32 products. kSkip (timing variants
 // only, results wrong): bit 1 no S / dP products, 2 no dq product, 4 no dkv product and
 // stores, 8 no dkv stores (atomics).
-template <bool kFast, bool kHiLo, int kSkip = 0>
+// kOpt (speed only, same arithmetic): bit 1 staggers the products (warps 4-7 run the dkv
+// product and its reductions before the dq product, so half the warps compute while the other
+// half's reductions drain), bit 2 adds L2 cache policies (Q / dout loads evict-first, the dkv
+// reductions evict-last: dkv stays in L2 while Q / dout stream through).
+template <bool kFast, bool kHiLo, int kSkip = 0, int kOpt = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_mla_bwd_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv,
                           const int32_t* __restrict__ indices,
@@ -180,13 +191,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
+  const uint64_t pol_first = (kOpt & 2) ? detail::l2_policy_evict_first() : 0;
+  const uint64_t pol_last = (kOpt & 2) ? detail::l2_policy_evict_last() : 0;
   // Q and dout of the group (rows past h_q and columns past d_qk / d_v zero).
   const int q_chunks = L.dp / 8, q_src = d_qk / 8;
   const int do_chunks = L.dvp / 8, do_src = d_v / 8;
   for (int i = tid; i < kHeads * q_chunks; i += kThreads) {
     const int r = i / q_chunks, c = i - r * q_chunks;
     const uint32_t dst = sb + r * L.q_row + ((c ^ (r & 7)) << 4);
-    if (h0 + r < h_q && c < q_src)
+    if (h0 + r < h_q && c < q_src && (kOpt & 2))
+      detail::cp_async16_hint(dst, q + ((t * h_q + h0 + r) * static_cast<int64_t>(d_qk) + c * 8),
+                              pol_first);
+    else if (h0 + r < h_q && c < q_src)
       cp_async16(dst, q + ((t * h_q + h0 + r) * static_cast<int64_t>(d_qk) + c * 8));
     else
       st_shared_zero16(dst);
@@ -194,7 +210,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = tid; i < kHeads * do_chunks; i += kThreads) {
     const int r = i / do_chunks, c = i - r * do_chunks;
     const uint32_t dst = sb + L.off_do + r * L.do_row + ((c ^ (r & 7)) << 4);
-    if (h0 + r < h_q && c < do_src)
+    if (h0 + r < h_q && c < do_src && (kOpt & 2))
+      detail::cp_async16_hint(dst, dout + ((t * h_q + h0 + r) * static_cast<int64_t>(d_v) + c * 8),
+                              pol_first);
+    else if (h0 + r < h_q && c < do_src)
       cp_async16(dst, dout + ((t * h_q + h0 + r) * static_cast<int64_t>(d_v) + c * 8));
     else
       st_shared_zero16(dst);
@@ -379,147 +398,162 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // dq += dS K (HiLo: sm_scale dS): all 64 heads x the warp's strip (nt n8 tiles) of d_qk.
     constexpr int kParts = kHiLo ? 2 : 1;  // hi (and lo) parts of P / dS
-    if (!(kSkip & 2)) {
+    auto dq_product = [&]() {
+      if (!(kSkip & 2)) {
 #pragma unroll
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        uint32_t bk[kMaxNt][2];
-        const uint32_t krow = kt_base + (16 * kk + a_row) * L.q_row;
+        for (int kk = 0; kk < kTile / 16; ++kk) {
+          uint32_t bk[kMaxNt][2];
+          const uint32_t krow = kt_base + (16 * kk + a_row) * L.q_row;
 #pragma unroll
-        for (int j = 0; j < kMaxNt; ++j) {
-          bk[j][0] = bk[j][1] = 0u;
-          if (j < nt) ldsm_x2_t(bk[j], krow + (((strip + j) ^ sw) << 4));
-        }
+          for (int j = 0; j < kMaxNt; ++j) {
+            bk[j][0] = bk[j][1] = 0u;
+            if (j < nt) ldsm_x2_t(bk[j], krow + (((strip + j) ^ sw) << 4));
+          }
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
+          for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-          for (int part = 0; part < kParts; ++part) {  // hi, then lo
-            uint32_t a[4];
-            ldsm_x4(a,
-                    ds_base + (16 * mt + a_row) * 128 + (((4 * part + 2 * kk + a_cx) ^ sw) << 4));
+            for (int part = 0; part < kParts; ++part) {  // hi, then lo
+              uint32_t a[4];
+              ldsm_x4(a,
+                      ds_base + (16 * mt + a_row) * 128 + (((4 * part + 2 * kk + a_cx) ^ sw) << 4));
 #pragma unroll
-            for (int j = 0; j < kMaxNt; ++j)
-              if (j < nt) mma16816(acc_dq[mt][j], a, bk[j][0], bk[j][1]);
+              for (int j = 0; j < kMaxNt; ++j)
+                if (j < nt) mma16816(acc_dq[mt][j], a, bk[j][0], bk[j][1]);
+            }
           }
         }
       }
-    }
+
+    };
 
     // dKV_tile = (sm_scale dS)^T Q + P^T dout: 32 slots x the warp's strip, kChunkNt n8
     // tiles at a time (A from the [head][slot] tiles by transposed ldmatrix). Bf16: the dS^T Q
     // sum over all heads first, times sm_scale, then P^T dout added.
-    for (int j0 = 0; j0 < nt && !(kSkip & 4); j0 += kChunkNt) {
-      float acc[2][kChunkNt][4];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int jj = 0; jj < kChunkNt; ++jj)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mt][jj][e] = 0.f;
-      bool on_q[kChunkNt], on_o[kChunkNt];
-#pragma unroll
-      for (int jj = 0; jj < kChunkNt; ++jj) {
-        on_q[jj] = j0 + jj < nt;
-        on_o[jj] = on_q[jj] && strip + j0 + jj < dv_chunks;
-      }
-      // One operand pass: A = dS^T (use_p false) or P^T (true) against Q or dout.
-      auto pass = [&](bool use_p, bool both) {
-#pragma unroll
-        for (int kh = 0; kh < kHeads / 16; ++kh) {
-          uint32_t bq[kChunkNt][2], bo[kChunkNt][2];
-          const uint32_t qrow = q_base + (16 * kh + a_row) * L.q_row;
-          const uint32_t orow = do_base + (16 * kh + a_row) * L.do_row;
-#pragma unroll
-          for (int jj = 0; jj < kChunkNt; ++jj) {
-            const int c = strip + j0 + jj;  // 8-column chunk of d_qk
-            bq[jj][0] = bq[jj][1] = bo[jj][0] = bo[jj][1] = 0u;
-            if ((both || !use_p) && on_q[jj]) ldsm_x2_t(bq[jj], qrow + ((c ^ sw) << 4));
-            if ((both || use_p) && on_o[jj]) ldsm_x2_t(bo[jj], orow + ((c ^ sw) << 4));
-          }
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-            for (int part = 0; part < kParts; ++part) {  // hi, then lo
-              const uint32_t at =
-                  (16 * kh + b_row) * 128 + (((4 * part + 2 * mt + b_cx) ^ sw) << 4);
-              uint32_t a[4];
-              if (both || !use_p) {
-                ldsm_x4_t(a, ds_base + at);
-#pragma unroll
-                for (int jj = 0; jj < kChunkNt; ++jj)
-                  if (on_q[jj]) mma16816(acc[mt][jj], a, bq[jj][0], bq[jj][1]);
-              }
-              if (both || use_p) {
-                ldsm_x4_t(a, p_base + at);
-#pragma unroll
-                for (int jj = 0; jj < kChunkNt; ++jj)
-                  if (on_o[jj]) mma16816(acc[mt][jj], a, bo[jj][0], bo[jj][1]);
-              }
-            }
-          }
-        }
-      };
-      if constexpr (kHiLo) {
-        pass(false, true);
-      } else {
-        pass(false, false);
+    auto dkv_product = [&]() {
+      for (int j0 = 0; j0 < nt && !(kSkip & 4); j0 += kChunkNt) {
+        float acc[2][kChunkNt][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int jj = 0; jj < kChunkNt; ++jj)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][jj][e] *= sm_scale;
-        pass(true, false);
-      }
-      if constexpr ((kSkip & 8) != 0) continue;
-      // Out: rows of valid slots only (an invalid slot's row is all zero and has no key).
-      if constexpr (kFast && !kHiLo) {
-        // One 16-byte reduction per lane and n8 tile: lanes c4 and c4 ^ 1 trade halves, the
-        // even lane adding 4 columns of row g, the odd lane 4 columns of row g + 8.
-        const bool odd = (c4 & 1) != 0;
+            for (int e = 0; e < 4; ++e) acc[mt][jj][e] = 0.f;
+        bool on_q[kChunkNt], on_o[kChunkNt];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int jj = 0; jj < kChunkNt; ++jj) {
-            const int col0 = 8 * (strip + j0 + jj);  // warp-uniform
-            if (j0 + jj >= nt || col0 >= d_qk) continue;
-            const float* x = acc[mt][jj];
-            const float s0 = odd ? x[0] : x[2], s1 = odd ? x[1] : x[3];
-            const float t0v = __shfl_xor_sync(0xffffffffu, s0, 1);
-            const float t1v = __shfl_xor_sync(0xffffffffu, s1, 1);
-            const int id = ids_t[16 * mt + g + (odd ? 8 : 0)];
-            if (id < 0) continue;
-            float* dst = dkv + static_cast<int64_t>(id) * d_qk + col0 + 4 * (c4 >> 1);
-            if (odd)
-              red_add_v4(dst, t0v, t1v, x[2], x[3]);
-            else
-              red_add_v4(dst, x[0], x[1], t0v, t1v);
-          }
+        for (int jj = 0; jj < kChunkNt; ++jj) {
+          on_q[jj] = j0 + jj < nt;
+          on_o[jj] = on_q[jj] && strip + j0 + jj < dv_chunks;
         }
-      } else {
+        // One operand pass: A = dS^T (use_p false) or P^T (true) against Q or dout.
+        auto pass = [&](bool use_p, bool both) {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int sl = 16 * mt + g + 8 * half;
-            const int id = ids_t[sl];
-            if (id < 0) continue;
+          for (int kh = 0; kh < kHeads / 16; ++kh) {
+            uint32_t bq[kChunkNt][2], bo[kChunkNt][2];
+            const uint32_t qrow = q_base + (16 * kh + a_row) * L.q_row;
+            const uint32_t orow = do_base + (16 * kh + a_row) * L.do_row;
 #pragma unroll
             for (int jj = 0; jj < kChunkNt; ++jj) {
-              const int col = 8 * (strip + j0 + jj) + 2 * c4;  // even; d_qk % 8 == 0
-              if (j0 + jj >= nt || col >= d_qk) continue;
-              const float x0 = acc[mt][jj][2 * half], x1 = acc[mt][jj][2 * half + 1];
-              if (kFast) {
-                float* dst = dkv + static_cast<int64_t>(id) * d_qk + col;
-                atomicAdd(dst, x0);
-                atomicAdd(dst + 1, x1);
-              } else {
-                const int64_t row = (lt * n_groups + grp) * k + static_cast<int64_t>(it) * kTile + sl;
-                *reinterpret_cast<float2*>(partial + row * d_qk + col) = make_float2(x0, x1);
+              const int c = strip + j0 + jj;  // 8-column chunk of d_qk
+              bq[jj][0] = bq[jj][1] = bo[jj][0] = bo[jj][1] = 0u;
+              if ((both || !use_p) && on_q[jj]) ldsm_x2_t(bq[jj], qrow + ((c ^ sw) << 4));
+              if ((both || use_p) && on_o[jj]) ldsm_x2_t(bo[jj], orow + ((c ^ sw) << 4));
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+              for (int part = 0; part < kParts; ++part) {  // hi, then lo
+                const uint32_t at =
+                    (16 * kh + b_row) * 128 + (((4 * part + 2 * mt + b_cx) ^ sw) << 4);
+                uint32_t a[4];
+                if (both || !use_p) {
+                  ldsm_x4_t(a, ds_base + at);
+#pragma unroll
+                  for (int jj = 0; jj < kChunkNt; ++jj)
+                    if (on_q[jj]) mma16816(acc[mt][jj], a, bq[jj][0], bq[jj][1]);
+                }
+                if (both || use_p) {
+                  ldsm_x4_t(a, p_base + at);
+#pragma unroll
+                  for (int jj = 0; jj < kChunkNt; ++jj)
+                    if (on_o[jj]) mma16816(acc[mt][jj], a, bo[jj][0], bo[jj][1]);
+                }
+              }
+            }
+          }
+        };
+        if constexpr (kHiLo) {
+          pass(false, true);
+        } else {
+          pass(false, false);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int jj = 0; jj < kChunkNt; ++jj)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) acc[mt][jj][e] *= sm_scale;
+          pass(true, false);
+        }
+        if constexpr ((kSkip & 8) != 0) continue;
+        // Out: rows of valid slots only (an invalid slot's row is all zero and has no key).
+        if constexpr (kFast && !kHiLo) {
+          // One 16-byte reduction per lane and n8 tile: lanes c4 and c4 ^ 1 trade halves, the
+          // even lane adding 4 columns of row g, the odd lane 4 columns of row g + 8.
+          const bool odd = (c4 & 1) != 0;
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int jj = 0; jj < kChunkNt; ++jj) {
+              const int col0 = 8 * (strip + j0 + jj);  // warp-uniform
+              if (j0 + jj >= nt || col0 >= d_qk) continue;
+              const float* x = acc[mt][jj];
+              const float s0 = odd ? x[0] : x[2], s1 = odd ? x[1] : x[3];
+              const float t0v = __shfl_xor_sync(0xffffffffu, s0, 1);
+              const float t1v = __shfl_xor_sync(0xffffffffu, s1, 1);
+              const int id = ids_t[16 * mt + g + (odd ? 8 : 0)];
+              if (id < 0) continue;
+              float* dst = dkv + static_cast<int64_t>(id) * d_qk + col0 + 4 * (c4 >> 1);
+              const float4 v = odd ? make_float4(t0v, t1v, x[2], x[3])
+                                   : make_float4(x[0], x[1], t0v, t1v);
+              if constexpr ((kOpt & 2) != 0)
+                red_add_v4_hint(dst, v.x, v.y, v.z, v.w, pol_last);
+              else
+                red_add_v4(dst, v.x, v.y, v.z, v.w);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int sl = 16 * mt + g + 8 * half;
+              const int id = ids_t[sl];
+              if (id < 0) continue;
+#pragma unroll
+              for (int jj = 0; jj < kChunkNt; ++jj) {
+                const int col = 8 * (strip + j0 + jj) + 2 * c4;  // even; d_qk % 8 == 0
+                if (j0 + jj >= nt || col >= d_qk) continue;
+                const float x0 = acc[mt][jj][2 * half], x1 = acc[mt][jj][2 * half + 1];
+                if (kFast) {
+                  float* dst = dkv + static_cast<int64_t>(id) * d_qk + col;
+                  atomicAdd(dst, x0);
+                  atomicAdd(dst + 1, x1);
+                } else {
+                  const int64_t row =
+                      (lt * n_groups + grp) * k + static_cast<int64_t>(it) * kTile + sl;
+                  *reinterpret_cast<float2*>(partial + row * d_qk + col) = make_float2(x0, x1);
+                }
               }
             }
           }
         }
       }
+    };
+    if ((kOpt & 1) && warp >= 4) {
+      dkv_product();
+      dq_product();
+    } else {
+      dq_product();
+      dkv_product();
     }
   }
 
@@ -732,11 +766,11 @@ struct MainArgs {
   float *dq, *dkv, *dsink_terms, *partial;
 };
 
-template <bool kFast, bool kHiLo, int kSkip>
+template <bool kFast, bool kHiLo, int kSkip, int kOpt = 0>
 void launch_main(int64_t rows, int64_t groups, size_t smem, cudaStream_t stream, int64_t t0,
                  const MainArgs& a) {
   const char* where = "sparse_mla_backward_device";
-  auto* kernel = sparse_mla_bwd_kernel<kFast, kHiLo, kSkip>;
+  auto* kernel = sparse_mla_bwd_kernel<kFast, kHiLo, kSkip, kOpt>;
   DSA_CUDA_CHECK(where, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(smem)));
   kernel<<<static_cast<unsigned>(rows * groups), kThreads, smem, stream>>>(
@@ -746,8 +780,9 @@ void launch_main(int64_t rows, int64_t groups, size_t smem, cudaStream_t stream,
   DSA_CUDA_CHECK(where, cudaGetLastError());
 }
 
-/// The main kernel for the mode and rounding; skip != 0: a timing variant of the fast Bf16
-/// kernel (1, 2, 4 or 8; sparse_mla_backward_timing_variant).
+/// The main kernel for the mode and rounding; skip != 0: a variant of the fast Bf16 kernel
+/// (sparse_mla_backward_timing_variant: 1, 2, 4, 8 timing only; 16, 32, 48 the kOpt bits 1,
+/// 2, 3).
 void launch_main_for(bool fast, SparseMlaBwdRounding rounding, int skip, int64_t rows,
                      int64_t groups, size_t smem, cudaStream_t stream, int64_t t0,
                      const MainArgs& a) {
@@ -763,9 +798,12 @@ void launch_main_for(bool fast, SparseMlaBwdRounding rounding, int skip, int64_t
     case 2: launch_main<true, false, 2>(rows, groups, smem, stream, t0, a); return;
     case 4: launch_main<true, false, 4>(rows, groups, smem, stream, t0, a); return;
     case 8: launch_main<true, false, 8>(rows, groups, smem, stream, t0, a); return;
+    case 16: launch_main<true, false, 0, 1>(rows, groups, smem, stream, t0, a); return;
+    case 32: launch_main<true, false, 0, 2>(rows, groups, smem, stream, t0, a); return;
+    case 48: launch_main<true, false, 0, 3>(rows, groups, smem, stream, t0, a); return;
     default:
       throw std::invalid_argument("sparse_mla_backward_timing_variant: argument 'variant' got " +
-                                  std::to_string(skip) + ", expected 1, 2, 4 or 8");
+                                  std::to_string(skip) + ", expected 1, 2, 4, 8, 16, 32 or 48");
   }
 }
 
@@ -890,9 +928,10 @@ void sparse_mla_backward_timing_variant(int variant, const uint16_t* q, const ui
                                         int64_t h_q, int64_t d_qk, int64_t s_kv, int64_t k,
                                         int64_t d_v, float sm_scale, float* dq, float* dkv,
                                         cudaStream_t stream) {
-  if (variant != 1 && variant != 2 && variant != 4 && variant != 8)
+  if (variant != 1 && variant != 2 && variant != 4 && variant != 8 && variant != 16 &&
+      variant != 32 && variant != 48)
     throw std::invalid_argument("sparse_mla_backward_timing_variant: argument 'variant' got " +
-                                std::to_string(variant) + ", expected 1, 2, 4 or 8");
+                                std::to_string(variant) + ", expected 1, 2, 4, 8, 16, 32 or 48");
   const MainArgs args{q,   kv,   indices, nullptr, nullptr,  out, lse,     dout,
                       h_q, d_qk, s_kv,    k,       d_v,      sm_scale, dq, dkv,
                       nullptr, nullptr};

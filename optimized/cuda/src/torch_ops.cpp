@@ -139,7 +139,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_fwd_cuda(
 
 // dsa::sparse_mla_bwd (SPEC §5) on the tensor-core backward (sparse_mla_backward_device):
 // deterministic by default (DSA_CUDA_SMLA_BWD=fast: atomic dkv; =fallback: the composite), P
-// and dS rounded once to bf16 by default (DSA_CUDA_SMLA_BWD_PDS=hilo: the hi + lo kernel).
+// and dS rounded once to bf16 for a bf16 dout (DSA_CUDA_SMLA_BWD_PDS=hilo: the hi + lo kernel,
+// which a split fp32 / fp16 dout always takes).
 // Taken: q/kv/out bf16, lse fp32 [s_q, h_q], dout bf16, fp16 or fp32 [s_q, h_q, d_v], d_qk and
 // d_v multiples of 8 within the kernel limits, int32 indices/topk_length, fp32 attn_sink, one
 // device, 16-byte aligned data, s_q·k <= 2^31-1. dout other than bf16 is split exactly into
@@ -207,9 +208,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_mla_bwd_cuda(
     for (int p = 0; p < 3; ++p) {
       at::Tensor part = rest.to(at::kBFloat16).contiguous();
       rest = rest - part.to(at::kFloat);
-      parts.push_back(part);
+      // all-zero parts after the first left out (as the cuda backend's bf16_parts): a dout
+      // holding bf16 values runs once, as its bf16 copy does
+      if (p == 0 || part.ne(0).any().item<bool>()) parts.push_back(part);
     }
   }
+  // A split dout (several kernel runs) takes the hi + lo kernel: one bf16 rounding of dS per
+  // part adds up past the single rounding the SPEC §9 floors model (backend.cpp).
+  if (parts.size() > 1) rounding = SparseMlaBwdRounding::HiLo;
   const SparseMlaBwdMode mode = path == SparseMlaBwdPath::KernelFast
                                     ? SparseMlaBwdMode::Fast
                                     : SparseMlaBwdMode::Deterministic;
