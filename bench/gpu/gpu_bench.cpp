@@ -301,7 +301,9 @@ void bench_mla_backward(std::ostringstream& table) {
               fmt("%.2e", rel(dkv, pdkv)) + ", two runs " + (same ? "bitwise equal" : "DIFFER") +
               ", " + fmt("%.2fx", t_det / t_fast) + " the fast mode's time");
       row(std::string("dsa cuda backward, fast (mma.sync, ") + pds +
-              (hilo ? "; fp32 atomicAdd dkv)" : "; dkv by 16-byte red.global.add.v4.f32)"),
+              (hilo ? "; fp32 atomicAdd dkv)"
+                    : "; one pass for S and dP; dkv by 16-byte red.global.add.v4.f32; "
+                      "staggered products; L2 policies)"),
           t_fast,
           "dq rel-Frobenius vs peer " + fmt("%.2e", fast_dq) + ", dkv " + fmt("%.2e", fast_dkv) +
               ", dkv vs deterministic " + fmt("%.2e", rel(dkv_fast, dkv)));
@@ -309,17 +311,17 @@ void bench_mla_backward(std::ostringstream& table) {
                   t_det, t_fast);
       std::fflush(stdout);
     }
-    // Speed options of the fast Bf16 kernel (same arithmetic: dq bitwise and dkv to the order
-    // of the fp32 adds equal to the deterministic Bf16 mode's, computed first).
+    // The fast Bf16 kernel without one or both of its speed options (same arithmetic: dq
+    // bitwise and dkv to the order of the fp32 adds equal to the deterministic Bf16 mode's).
     rounding = dsa::cuda::SparseMlaBwdRounding::Bf16;
     mode = dsa::cuda::SparseMlaBwdMode::Deterministic;
     mine(0);
     check(cudaDeviceSynchronize(), "backward deterministic Bf16 reference run");
     const auto dkv_det = dkv.clone(), dq_det = dq.clone();
     const std::pair<int, const char*> options[] = {
-        {16, "staggered products (warps 4-7: dkv first)"},
-        {32, "L2 policies (Q/dout evict-first, dkv reductions evict-last)"},
-        {48, "staggered products + L2 policies"}};
+        {64, "without its speed options (no staggered products, no L2 policies)"},
+        {16, "staggered products only (no L2 policies)"},
+        {32, "L2 policies only (no staggered products)"}};
     for (const auto& [v, what] : options) {
       auto variant = [&, v = v](int) {
         dsa::cuda::detail::sparse_mla_backward_timing_variant(
@@ -330,8 +332,7 @@ void bench_mla_backward(std::ostringstream& table) {
       const double t = median_ms(variant, 1, 5);
       variant(0);
       check(cudaDeviceSynchronize(), "backward option check run");
-      row(std::string("dsa cuda backward, fast (mma.sync, P/dS rounded once to bf16; v4 reductions), ") +
-              what,
+      row(std::string("dsa cuda backward, fast (mma.sync, P/dS once; v4 reductions), ") + what,
           t,
           "dq " + std::string(torch::equal(dq, dq_det) ? "bitwise equal to" : "DIFFERS from") +
               " the deterministic mode's, dkv vs deterministic " + fmt("%.2e", rel(dkv, dkv_det)));

@@ -142,7 +142,7 @@ __host__ __device__ inline BwdLayout bwd_layout(int64_t d_qk, int64_t d_v) {
 // rounded once to bf16 (Bf16), sm_scale applied to the fp32 products. kSkip (timing variants
 // only, results wrong): bit 1 no S / dP products, 2 no dq product, 4 no dkv product and
 // stores, 8 no dkv stores (atomics).
-// kOpt (speed only, same arithmetic): bit 1 staggers the products (warps 4-7 run the dkv
+// kOpt (speed only, same arithmetic; Bf16 runs with 3, HiLo with 0): bit 1 staggers the products (warps 4-7 run the dkv
 // product and its reductions before the dq product, so half the warps compute while the other
 // half's reductions drain), bit 2 adds L2 cache policies (Q / dout loads evict-first, the dkv
 // reductions evict-last: dkv stays in L2 while Q / dout stream through).
@@ -314,23 +314,42 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint32_t k0 = kt_base + (16 * nh + b_row) * L.q_row;
       const uint32_t qa = q_base + (16 * ms + a_row) * L.q_row;
       const uint32_t da = do_base + (16 * ms + a_row) * L.do_row;
+      if constexpr (kHiLo) {
 #pragma unroll 2
-      for (int ks = 0; ks < ksq; ++ks) {
-        uint32_t a[4], b[4];
-        ldsm_x4(a, qa + (((2 * ks + a_cx) ^ sw) << 4));
-        ldsm_x4(b, k0 + (((2 * ks + b_cx) ^ sw) << 4));
-        mma16816(s[0], a, b[0], b[1]);
-        mma16816(s[1], a, b[2], b[3]);
-      }
-      // V = the first d_v columns of K; dout is zero past d_v, so K's columns in
-      // [d_v, dvp) add nothing.
+        for (int ks = 0; ks < ksq; ++ks) {
+          uint32_t a[4], b[4];
+          ldsm_x4(a, qa + (((2 * ks + a_cx) ^ sw) << 4));
+          ldsm_x4(b, k0 + (((2 * ks + b_cx) ^ sw) << 4));
+          mma16816(s[0], a, b[0], b[1]);
+          mma16816(s[1], a, b[2], b[3]);
+        }
+        // V = the first d_v columns of K; dout is zero past d_v, so K's columns in
+        // [d_v, dvp) add nothing.
 #pragma unroll 2
-      for (int ks = 0; ks < ksv; ++ks) {
-        uint32_t a[4], b[4];
-        ldsm_x4(a, da + (((2 * ks + a_cx) ^ sw) << 4));
-        ldsm_x4(b, k0 + (((2 * ks + b_cx) ^ sw) << 4));
-        mma16816(dpv[0], a, b[0], b[1]);
-        mma16816(dpv[1], a, b[2], b[3]);
+        for (int ks = 0; ks < ksv; ++ks) {
+          uint32_t a[4], b[4];
+          ldsm_x4(a, da + (((2 * ks + a_cx) ^ sw) << 4));
+          ldsm_x4(b, k0 + (((2 * ks + b_cx) ^ sw) << 4));
+          mma16816(dpv[0], a, b[0], b[1]);
+          mma16816(dpv[1], a, b[2], b[3]);
+        }
+      } else {
+        // One pass over d_qk: the K fragment of a k-step serves S and (its first d_v columns,
+        // ks < ksv <= ksq) dP, four independent accumulator chains per warp; each
+        // accumulator adds its k-steps in the same order as the two separate passes.
+#pragma unroll 2
+        for (int ks = 0; ks < ksq; ++ks) {
+          uint32_t a[4], b[4];
+          ldsm_x4(b, k0 + (((2 * ks + b_cx) ^ sw) << 4));
+          ldsm_x4(a, qa + (((2 * ks + a_cx) ^ sw) << 4));
+          mma16816(s[0], a, b[0], b[1]);
+          mma16816(s[1], a, b[2], b[3]);
+          if (ks < ksv) {
+            ldsm_x4(a, da + (((2 * ks + a_cx) ^ sw) << 4));
+            mma16816(dpv[0], a, b[0], b[1]);
+            mma16816(dpv[1], a, b[2], b[3]);
+          }
+        }
       }
     }
 
@@ -780,9 +799,9 @@ void launch_main(int64_t rows, int64_t groups, size_t smem, cudaStream_t stream,
   DSA_CUDA_CHECK(where, cudaGetLastError());
 }
 
-/// The main kernel for the mode and rounding; skip != 0: a variant of the fast Bf16 kernel
-/// (sparse_mla_backward_timing_variant: 1, 2, 4, 8 timing only; 16, 32, 48 the kOpt bits 1,
-/// 2, 3).
+/// The main kernel for the mode and rounding (Bf16 with both speed options, kOpt 3; HiLo
+/// without); skip != 0: a variant of the fast Bf16 kernel (sparse_mla_backward_timing_variant:
+/// 1, 2, 4, 8 timing only, of the kOpt 3 kernel; 16, 32, 64 kOpt 1, 2, 0).
 void launch_main_for(bool fast, SparseMlaBwdRounding rounding, int skip, int64_t rows,
                      int64_t groups, size_t smem, cudaStream_t stream, int64_t t0,
                      const MainArgs& a) {
@@ -790,20 +809,20 @@ void launch_main_for(bool fast, SparseMlaBwdRounding rounding, int skip, int64_t
   switch (skip) {
     case 0:
       if (fast && hilo) launch_main<true, true, 0>(rows, groups, smem, stream, t0, a);
-      if (fast && !hilo) launch_main<true, false, 0>(rows, groups, smem, stream, t0, a);
+      if (fast && !hilo) launch_main<true, false, 0, 3>(rows, groups, smem, stream, t0, a);
       if (!fast && hilo) launch_main<false, true, 0>(rows, groups, smem, stream, t0, a);
-      if (!fast && !hilo) launch_main<false, false, 0>(rows, groups, smem, stream, t0, a);
+      if (!fast && !hilo) launch_main<false, false, 0, 3>(rows, groups, smem, stream, t0, a);
       return;
-    case 1: launch_main<true, false, 1>(rows, groups, smem, stream, t0, a); return;
-    case 2: launch_main<true, false, 2>(rows, groups, smem, stream, t0, a); return;
-    case 4: launch_main<true, false, 4>(rows, groups, smem, stream, t0, a); return;
-    case 8: launch_main<true, false, 8>(rows, groups, smem, stream, t0, a); return;
+    case 1: launch_main<true, false, 1, 3>(rows, groups, smem, stream, t0, a); return;
+    case 2: launch_main<true, false, 2, 3>(rows, groups, smem, stream, t0, a); return;
+    case 4: launch_main<true, false, 4, 3>(rows, groups, smem, stream, t0, a); return;
+    case 8: launch_main<true, false, 8, 3>(rows, groups, smem, stream, t0, a); return;
     case 16: launch_main<true, false, 0, 1>(rows, groups, smem, stream, t0, a); return;
     case 32: launch_main<true, false, 0, 2>(rows, groups, smem, stream, t0, a); return;
-    case 48: launch_main<true, false, 0, 3>(rows, groups, smem, stream, t0, a); return;
+    case 64: launch_main<true, false, 0, 0>(rows, groups, smem, stream, t0, a); return;
     default:
       throw std::invalid_argument("sparse_mla_backward_timing_variant: argument 'variant' got " +
-                                  std::to_string(skip) + ", expected 1, 2, 4, 8, 16, 32 or 48");
+                                  std::to_string(skip) + ", expected 1, 2, 4, 8, 16, 32 or 64");
   }
 }
 
@@ -929,9 +948,9 @@ void sparse_mla_backward_timing_variant(int variant, const uint16_t* q, const ui
                                         int64_t d_v, float sm_scale, float* dq, float* dkv,
                                         cudaStream_t stream) {
   if (variant != 1 && variant != 2 && variant != 4 && variant != 8 && variant != 16 &&
-      variant != 32 && variant != 48)
+      variant != 32 && variant != 64)
     throw std::invalid_argument("sparse_mla_backward_timing_variant: argument 'variant' got " +
-                                std::to_string(variant) + ", expected 1, 2, 4, 8, 16, 32 or 48");
+                                std::to_string(variant) + ", expected 1, 2, 4, 8, 16, 32 or 64");
   const MainArgs args{q,   kv,   indices, nullptr, nullptr,  out, lse,     dout,
                       h_q, d_qk, s_kv,    k,       d_v,      sm_scale, dq, dkv,
                       nullptr, nullptr};

@@ -54,8 +54,9 @@ void launch_sparse_mla_wgmma(int64_t s_q, cudaStream_t stream, const uint16_t* q
 /// Benchmark-only variants of the fast Bf16 sparse MLA backward (sparse_mla_bwd.cu). Timing
 /// only, results wrong: variant 1 leaves out the S = Q K^T and dP = dout V^T products, 2 the dq
 /// product, 4 the dkv product and its stores, 8 the dkv stores (atomics). Same results as the
-/// fast mode (speed options): 16 staggers the dq / dkv products over the warps, 32 adds L2
-/// cache policies (Q / dout evict-first, dkv reductions evict-last), 48 both. Arguments as
+/// fast mode, which runs with both speed options: 16 with only the staggered dq / dkv products,
+/// 32 with only the L2 cache policies (Q / dout evict-first, dkv reductions evict-last), 64
+/// with neither. Arguments as
 /// sparse_mla_backward_device with every slot of `indices` valid, no topk_length, no sink, no
 /// scratch; other variants throw std::invalid_argument.
 void sparse_mla_backward_timing_variant(int variant, const uint16_t* q, const uint16_t* kv,

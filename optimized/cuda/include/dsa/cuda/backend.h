@@ -38,9 +38,10 @@ enum class SparseMlaBwdPath { Fallback, Kernel, KernelFast };
 SparseMlaBwdPath sparse_mla_bwd_path_from_env();
 
 /// The backward's P / dS rounding named by the environment variable DSA_CUDA_SMLA_BWD_PDS:
-/// unset, empty or "bf16" -> Bf16 (one bf16 rounding each, the default), "hilo" -> HiLo (bf16
-/// hi + lo pairs, the kernel of sessions 9-11); other values throw std::invalid_argument
-/// naming the variable.
+/// unset, empty or "bf16" -> Bf16 (one bf16 rounding each, the default; a BF16 dout, one run),
+/// "hilo" -> HiLo (bf16 hi + lo pairs, the kernel of sessions 9-11, which an F32 / F16 dout
+/// split into bf16 parts always takes); other values throw std::invalid_argument naming the
+/// variable.
 SparseMlaBwdRounding sparse_mla_bwd_rounding_from_env();
 
 /// The top-k kernel named by the environment variable DSA_CUDA_TOPK: unset or empty ->

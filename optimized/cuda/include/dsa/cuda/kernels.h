@@ -108,7 +108,9 @@ enum class SparseMlaBwdMode { Deterministic, Fast };
 /// HiLo: P and sm_scale·dS as bf16 hi + lo pairs (about 16 significant bits, each product run
 /// twice). Bf16: P and dS = p (dP - Δ) rounded once to bf16 (round to nearest even), sm_scale
 /// applied to the fp32 products: the 16-bit roundings of a FlashMLA-style backward that the
-/// SPEC §9 floors model (docs/what-a-pass-means.md, "Sparse MLA backward").
+/// SPEC §9 floors model (docs/what-a-pass-means.md, "Sparse MLA backward"), for one kernel run;
+/// callers that split an fp32 / fp16 dout into several bf16 parts (the cuda backend, the torch
+/// op) run HiLo, since one rounding per part can exceed those floors.
 enum class SparseMlaBwdRounding { HiLo, Bf16 };
 
 /// Largest d_qk / d_v the sparse MLA backward kernel takes (shared-memory tiles): 576 / 512.
