@@ -142,10 +142,11 @@ __host__ __device__ inline BwdLayout bwd_layout(int64_t d_qk, int64_t d_v) {
 // rounded once to bf16 (Bf16), sm_scale applied to the fp32 products. kSkip (timing variants
 // only, results wrong): bit 1 no S / dP products, 2 no dq product, 4 no dkv product and
 // stores, 8 no dkv stores (atomics).
-// kOpt (speed only, same arithmetic; Bf16 runs with 3, HiLo with 0): bit 1 staggers the products (warps 4-7 run the dkv
-// product and its reductions before the dq product, so half the warps compute while the other
-// half's reductions drain), bit 2 adds L2 cache policies (Q / dout loads evict-first, the dkv
-// reductions evict-last: dkv stays in L2 while Q / dout stream through).
+// kOpt (speed only, same arithmetic; Bf16 runs with 3, HiLo with 0): bit 1 staggers the
+// products (warps 4-7 run the dkv product and its reductions before the dq product, so half the
+// warps compute while the other half's reductions drain), bit 2 adds L2 cache policies (Q /
+// dout loads evict-first, the dkv reductions evict-last: dkv stays in L2 while Q / dout stream
+// through).
 template <bool kFast, bool kHiLo, int kSkip = 0, int kOpt = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_mla_bwd_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ kv,
