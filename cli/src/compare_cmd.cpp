@@ -66,6 +66,8 @@ int run_compare(const std::string& golden, const std::string& candidate,
   bool any = false;
   for (oracle::Op op : oracle::fixture_ops(f)) any |= !backend->stored_outputs(op).empty();
   if (!any) throw fixtures::FileError(candidate, "holds no outputs for the golden's op " + f.op);
+  const nlohmann::json rounding =
+      announce_rounding("candidate " + candidate, {rounding_flags_of(judge), backend->rounding_model()});
   const oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
   print_unjudged_stored_outputs(f, *backend, opt, candidate);
   const oracle::OpCase c = oracle::op_case_from_fixture(f);
@@ -78,7 +80,11 @@ int run_compare(const std::string& golden, const std::string& candidate,
   add_convention_hints(reports, *backend, &c, HintRoute::CompareFlags);
   for (const auto& n : backend->adapter_notes()) std::printf("convention applied: %s\n", n.c_str());
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
-  if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");
+  if (!judge.json_path.empty()) {
+    nlohmann::json j = reports_json(reports);
+    j["rounding_models"] = nlohmann::json::array({rounding});
+    write_text_file(judge.json_path, j.dump(2) + "\n");
+  }
   std::printf("compare: %s\n", oracle::verdict_line(reports).c_str());
   if (judged_nothing(reports))
     std::printf("compare: judged nothing: every op of golden '%s' was skipped (see the reasons above)\n",

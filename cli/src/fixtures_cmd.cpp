@@ -157,6 +157,9 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     if (!why.empty()) { std::printf("backend %s skipped: %s\n", n.c_str(), why.c_str()); continue; }
     backends.push_back(std::move(b));
   }
+  nlohmann::json rounding_models = nlohmann::json::array();  // what each backend is judged with
+  for (const auto& b : backends)
+    rounding_models.push_back(announce_rounding(b->name(), {rounding_flags_of(judge), b->rounding_model()}));
 
   // Each row and JSON entry names its file (relative to the checked directory; the file name
   // for a single file): two files may hold the same case name.
@@ -280,7 +283,8 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
   };
   parallel_ordered(static_cast<int64_t>(files.size()), judge_file, print_file);
   if (!judge.json_path.empty())
-    write_text_file(judge.json_path, nlohmann::json{{"files", json_files}, {"not_judged", skipped}}.dump(2) + "\n");
+    write_text_file(judge.json_path, nlohmann::json{{"files", json_files}, {"not_judged", skipped},
+                                                    {"rounding_models", rounding_models}}.dump(2) + "\n");
   std::printf("\nfixtures check %s\n%-*s %-24s %-16s %s\n", path.c_str(), width, "file", "op", "judged", "result");
   for (const auto& s : summary) std::printf("%s\n", s.c_str());
   std::printf("\nfixtures: %zu agree, %zu partial, %zu disagree, %zu WEAK, %zu INCOMPLETE, %zu skipped, %zu "
@@ -335,6 +339,8 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
     std::fprintf(stderr, "dsa-verify: backend %s unavailable: %s\n", b->name().c_str(), why.c_str());
     return kExitUsage;
   }
+  const nlohmann::json rounding = announce_rounding((file_route ? "candidate " + candidate : b->name()),
+                                                     {rounding_flags_of(judge), b->rounding_model()});
   const oracle::OpCase c = oracle::op_case_from_fixture(f);
   std::vector<oracle::OpReport> reports;
   try {
@@ -345,7 +351,11 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
   }
   if (stored) add_convention_hints(reports, *stored, &c, HintRoute::ConventionOption);
   for (const auto& r : reports) std::printf("%s", oracle::format_op_report(r).c_str());
-  if (!judge.json_path.empty()) write_text_file(judge.json_path, reports_json(reports).dump(2) + "\n");
+  if (!judge.json_path.empty()) {
+    nlohmann::json j = reports_json(reports);
+    j["rounding_models"] = nlohmann::json::array({rounding});
+    write_text_file(judge.json_path, j.dump(2) + "\n");
+  }
   std::printf("replay: %s\n", oracle::verdict_line(reports).c_str());
   if (judged_nothing(reports))
     std::printf("replay: judged nothing: every op of '%s' was skipped (see the reasons above)\n",

@@ -148,6 +148,12 @@ std::string rounding_line(const std::string& backend, const DeclaredRounding& d)
   return s.empty() ? s : "rounding models of " + backend + ": " + s;
 }
 
+nlohmann::json announce_rounding(const std::string& backend, const DeclaredRounding& d) {
+  const std::string line = rounding_line(backend, d);
+  if (!line.empty()) std::printf("%s\n", line.c_str());
+  return rounding_json(backend, d);
+}
+
 nlohmann::json rounding_json(const std::string& backend, const DeclaredRounding& d) {
   const oracle::RoundingModel j = d.judged();
   return {{"backend", backend},

@@ -72,6 +72,11 @@ std::string rounding_line(const std::string& backend, const DeclaredRounding& d)
 /// {"backend": name, "sink_after_rounding": {"judged", "flag", "backend"}, "normalized_p": {...}}
 /// (booleans), for the audit's JSON report.
 nlohmann::json rounding_json(const std::string& backend, const DeclaredRounding& d);
+/// What every judging route (compare, replay, fixtures check; audit prints its own at the start
+/// and in the summary) says about the rounding models it judges `backend` with: prints
+/// rounding_line(backend, d) and a newline on stdout when a model is judged (nothing otherwise),
+/// and returns rounding_json(backend, d) for the route's JSON report ("rounding_models").
+nlohmann::json announce_rounding(const std::string& backend, const DeclaredRounding& d);
 
 /// How a route declares a convention, for hints: compare's flags (--narrowed-topk-width),
 /// replay's --convention, or a fixture's `conventions` metadata (fixtures check).

@@ -297,6 +297,41 @@ TEST(RouteIdentity, DeclaredRoundingModelsKeepAPassingPluginPassing) {
   }
 }
 
+// Every judging route names the rounding models it judges with, as the audit does: a flag given
+// to compare, replay or fixtures check prints "rounding models of <who>: normalized_p
+// (--normalized-p)" and is in the JSON report (rounding_models[0].<model>.judged). Before, only
+// the audit said so; the other routes judged with the model silently.
+TEST(RouteIdentity, EveryRouteNamesTheRoundingModelsItJudgesWith) {
+  Scratch dir("rounding_line_routes");
+  const std::string g = test::golden("smla_sink");
+  struct Route {
+    std::string args, who;
+  } routes[] = {{"compare --golden " + g + " --candidate " + g, "rounding models of candidate " + g + ": "},
+                {"replay " + g + " --backend reference", "rounding models of reference: "},
+                {"fixtures check " + g + " --backend reference", "rounding models of reference: "}};
+  for (const auto& r : routes) {
+    for (const char* flag : {"", " --normalized-p", " --sink-after-rounding"}) {
+      const std::string json = dir.file("r.json");
+      std::string out;
+      EXPECT_EQ(test::run_cli_capture(r.args + flag + " --json " + json, &out), 0) << r.args << flag << "\n" << out;
+      const nlohmann::json j = test::read_json(json);
+      ASSERT_TRUE(j.contains("rounding_models")) << r.args << "\n" << j.dump(1).substr(0, 2000);
+      const nlohmann::json& m = j.at("rounding_models").at(0);
+      const bool p = std::string(flag) == " --normalized-p", sink = std::string(flag) == " --sink-after-rounding";
+      EXPECT_EQ(m.at("normalized_p").at("judged").get<bool>(), p) << r.args << flag << "\n" << m.dump(1);
+      EXPECT_EQ(m.at("sink_after_rounding").at("judged").get<bool>(), sink) << r.args << flag << "\n" << m.dump(1);
+      const auto lines = test::lines_with(out, {"rounding models of"});
+      if (!p && !sink) {
+        EXPECT_TRUE(lines.empty()) << r.args << "\n" << out;
+        continue;
+      }
+      const std::string want = r.who + (p ? "normalized_p (--normalized-p)" : "sink_after_rounding (--sink-after-rounding)");
+      ASSERT_EQ(lines.size(), 1u) << r.args << flag << "\n" << out;
+      EXPECT_EQ(lines[0], want) << r.args << flag;
+    }
+  }
+}
+
 // The declared rounding models on the FP8 sparse MLA forward (SPEC §9, §10): a kernel that
 // rounds the normalized softmax(P) to bf16 before P·V (the max key's p too), and one that
 // applies attn_sink after rounding out, on a few-key power-of-two case built in memory
