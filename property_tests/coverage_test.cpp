@@ -371,7 +371,7 @@ TEST(ValueDependentDeclines, TheFastPathIsWrongWhereItDeclines) {
 
 // Guarded, the same kernel declines exactly the draws where it is wrong. A declined draw with no
 // SPEC-mandatory feature is tried with one id of row 0 set to -1 (oracle::
-// decline_depends_on_values, as a fixture's op): the kernel runs it, so the property fails
+// decline_cause, as a fixture's op): the kernel runs it, so the property fails
 // INCOMPLETE, filed under the op that declined. Before, those draws were redrawn and every
 // property passed (both, at seeds 7, 11 and 22).
 TEST(ValueDependentDeclines, DecliningByTheValuesFailsTheProperty) {
@@ -545,6 +545,87 @@ TEST(DeclinedDraws, DecliningPoisonedSection10InputsIsIncomplete) {
     else
       EXPECT_EQ(any.message.rfind("INCOMPLETE: backend declined mandatory cases: ", 0), 0u) << any.message;
   }
+}
+
+// ---- one twin per feature: NaN and -inf declined apart (fresh-user F6) ---------------------
+
+// The reference's top-k, declining each call whose scores hold what `kMode` names: 1 any -inf,
+// 2 any NaN, 3 any finite score with a fractional part (a fast path for integer scores: a
+// decline by the values, with no SPEC-mandatory feature to name).
+template <int kMode>
+class DeclinesScores final : public RefWrap {
+ public:
+  DeclinesScores() : RefWrap(kMode == 1 ? "declines_neg_inf" : kMode == 2 ? "declines_nan" : "declines_fractions") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& win) override {
+    for (int64_t i = 0; i < s.numel(); ++i) {
+      const double x = s.get(i);
+      if (kMode == 1 && x == -INFINITY) throw oracle::NotSupported("-inf scores not supported");
+      if (kMode == 2 && std::isnan(x)) throw oracle::NotSupported("NaN scores not supported");
+      if (kMode == 3 && std::isfinite(x) && x != std::floor(x)) throw oracle::NotSupported("integer scores only");
+    }
+    return ref_->select_topk(s, k, p, win);
+  }
+};
+
+bool lists(const std::vector<std::string>& v, const std::string& key) {
+  return std::find(v.begin(), v.end(), key) != v.end();
+}
+
+// The long- and many-row draws hold NaN and -inf together: a kernel declining -inf only was
+// INCOMPLETE there as NaN with --unsupported neg_inf_scores (F6), as each declined draw was
+// counted for all its features. One twin per feature lays each decline to -inf alone: named,
+// the properties are not failures and say what was not judged; plain, INCOMPLETE for -inf only.
+TEST(TwinDeclines, DecliningNegInfOnlyIsNotIncompleteForNanWhenNamed) {
+  SuiteOptions named = level0(7);
+  named.unsupported = {"neg_inf_scores"};
+  for (const char* prop : {"topk.long_rows", "topk.many_rows", "topk.contract_exact"}) {
+    const PropertyResult r = run_property(subject_of<DeclinesScores<1>>(), property_named(prop), named);
+    std::cout << "  " << prop << ": " << oracle::to_string(r.verdict) << " " << r.message.substr(0, 200) << "\n";
+    EXPECT_NE(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+    EXPECT_TRUE(r.mandatory_declined.empty()) << prop << ": " << r.message;
+    EXPECT_TRUE(lists(r.waived, "neg_inf_scores")) << prop << ": " << r.message;
+    EXPECT_FALSE(lists(r.waived, "nan_scores")) << prop << ": " << r.message;
+    EXPECT_NE(r.message.find("named unsupported: neg_inf_scores"), std::string::npos) << r.message;
+    const PropertyResult plain = run_property(subject_of<DeclinesScores<1>>(), property_named(prop), level0(7));
+    EXPECT_EQ(plain.verdict, Verdict::Fail) << prop << ": " << plain.message;
+    EXPECT_EQ(plain.mandatory_declined, std::vector<std::string>{"neg_inf_scores"}) << prop << ": " << plain.message;
+    EXPECT_NE(plain.message.find("--unsupported neg_inf_scores "), std::string::npos) << plain.message;
+  }
+}
+
+// A kernel declining NaN only is INCOMPLETE for NaN whether -inf is named or not, and not a
+// failure once NaN is named.
+TEST(TwinDeclines, DecliningNanIsIncompleteUnlessNaNIsNamed) {
+  for (const char* prop : {"topk.nan_never_selected", "topk.long_rows", "topk.many_rows"}) {
+    for (const std::vector<std::string>& names : {std::vector<std::string>{}, {"neg_inf_scores"}}) {
+      SuiteOptions o = level0(11);
+      o.unsupported = names;
+      const PropertyResult r = run_property(subject_of<DeclinesScores<2>>(), property_named(prop), o);
+      EXPECT_EQ(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+      EXPECT_EQ(r.message.rfind("INCOMPLETE: backend declined mandatory cases: ", 0), 0u) << prop << ": " << r.message;
+      EXPECT_EQ(r.mandatory_declined, std::vector<std::string>{"nan_scores"}) << prop << ": " << r.message;
+    }
+    SuiteOptions o = level0(11);
+    o.unsupported = {"nan_scores"};
+    const PropertyResult r = run_property(subject_of<DeclinesScores<2>>(), property_named(prop), o);
+    EXPECT_NE(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+    EXPECT_TRUE(r.mandatory_declined.empty()) << prop << ": " << r.message;
+    EXPECT_TRUE(lists(r.waived, "nan_scores")) << prop << ": " << r.message;
+  }
+}
+
+// A top-k declining draws by their values alone (no NaN, -inf or tie to name): the twin with
+// other finite scores runs, so the draw fails, filed under topk, as a fixture's case (before,
+// top-k draws had no such twin on the property route and were redrawn: a pass).
+TEST(TwinDeclines, TopkDeclinesByTheValuesFailTheProperty) {
+  const PropertyResult r =
+      run_property(subject_of<DeclinesScores<3>>(), property_named("topk.contract_exact"), level0(7));
+  EXPECT_EQ(r.verdict, Verdict::Fail) << r.message;
+  EXPECT_EQ(r.message.rfind("INCOMPLETE: backend declined this topk draw but ran the same draw with other finite "
+                            "scores", 0), 0u) << r.message;
+  EXPECT_NE(r.message.find("the decline depends on the values"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("integer scores only"), std::string::npos) << r.message;
+  EXPECT_EQ(r.failed_op, "topk") << r.message;
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ oracle::OpCase as_op_case(const SmlaCase& c) {
 
 // Judges op (forward or backward) on draw c (DSA_PROP_ASSERT_DETECTABLE). A declined draw is
 // redrawn unless the decline depends on its values: then the draw fails
-// (fail_if_declined_by_value: the backend runs the same draw with one id set to -1).
+// (fail_if_declined_by_value: the twin test, one twin per mandatory feature, or one id set to -1).
 void judge(Backend& b, Op op, const SmlaCase& c) {
   const oracle::OpCase oc = as_op_case(c);
   const oracle::OpReport r = op == Op::SparseMlaFwd ? oracle::check_sparse_mla_forward(b, oc)

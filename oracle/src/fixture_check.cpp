@@ -372,6 +372,85 @@ std::optional<OpCase> topk_twin_without(const OpCase& c, const std::string& key)
   return twin;
 }
 
+// The sparse MLA case's twin without one SPEC-mandatory feature (`key`), the others kept as far
+// as they can be; the new valid slots read kv rows unused in their row, finite ones first (a
+// non-finite row read has its non-finite values zeroed, as twin_without_mandatory's kv):
+// "duplicate_ids" gives each repeat of a valid id in a row such an id; "invalid_ids" gives every
+// invalid slot one and widens topk_length to k (no row is then empty); "empty_rows" gives slot 0
+// of each row without a valid slot one and widens that row's topk_length to 1 (a row's other
+// invalid slots kept). Non-finite q and dout values are zeroed for the rows made readable.
+// nullopt for another key, k = 0, or more ids needed in a row than s_kv (k > s_kv).
+std::optional<OpCase> mla_twin_without(Op op, const OpCase& c, const std::string& key) {
+  const bool dup = key == kDuplicateIds.key, invalid = key == kInvalidIds.key, empty = key == kEmptyRows.key;
+  if (!dup && !invalid && !empty) return std::nullopt;
+  OpCase twin = c;
+  twin.memo = nullptr;  // never judged: the backend runs it, nothing else
+  twin.fwd_out.reset();
+  SparseMlaInputs& in = twin.mla;
+  const int64_t s_q = in.indices.size(0), k = in.indices.size(-1), s_kv = in.kv.size(0);
+  if (k < 1 || in.indices.numel() != s_q * k) return std::nullopt;
+  const int64_t row_len = s_kv > 0 ? in.kv.numel() / s_kv : 0;
+  // kv rows a new valid slot may read: the finite ones first, then the others (poison behind
+  // invalid ids), whose non-finite values the twin zeroes when it reads them.
+  std::vector<int64_t> rows, poisoned;
+  for (int64_t r = 0; r < s_kv; ++r) {
+    bool finite = true;
+    for (int64_t i = 0; i < row_len && finite; ++i) finite = std::isfinite(in.kv.get(r * row_len + i));
+    (finite ? rows : poisoned).push_back(r);
+  }
+  const size_t n_finite = rows.size();
+  rows.insert(rows.end(), poisoned.begin(), poisoned.end());
+  std::set<int64_t> used;
+  size_t next = 0;
+  auto fresh_id = [&]() -> std::optional<int64_t> {  // a kv row unused in the current row
+    while (next < rows.size() && used.count(rows[next])) ++next;
+    if (next == rows.size()) return std::nullopt;
+    const int64_t r = rows[next];
+    used.insert(r);
+    if (next >= n_finite)
+      for (int64_t i = 0; i < row_len; ++i)
+        if (!std::isfinite(in.kv.get(r * row_len + i))) in.kv.set(r * row_len + i, 0.0);
+    return r;
+  };
+  for (int64_t t = 0; t < s_q; ++t) {
+    used.clear();
+    next = 0;
+    const int64_t len = in.topk_length ? static_cast<int64_t>(c.mla.topk_length->get(t)) : k;
+    auto valid = [&](int64_t j) {
+      const double id = c.mla.indices.get(t * k + j);
+      return j < len && id >= 0 && id < static_cast<double>(s_kv);
+    };
+    std::vector<int64_t> repeats, invalid_slots;
+    for (int64_t j = 0; j < k; ++j) {
+      if (!valid(j)) invalid_slots.push_back(j);
+      else if (!used.insert(static_cast<int64_t>(c.mla.indices.get(t * k + j))).second) repeats.push_back(j);
+    }
+    std::vector<int64_t> to_fill;
+    if (dup) to_fill = repeats;
+    if (invalid) to_fill = invalid_slots;
+    if (empty && static_cast<int64_t>(invalid_slots.size()) == k) to_fill = {0};
+    for (const int64_t j : to_fill) {
+      const std::optional<int64_t> id = fresh_id();
+      if (!id) return std::nullopt;
+      in.indices.set(t * k + j, static_cast<double>(*id));
+    }
+    if (in.topk_length && invalid) in.topk_length->set(t, static_cast<double>(k));
+    if (in.topk_length && empty && !to_fill.empty() && len < 1) in.topk_length->set(t, 1.0);
+  }
+  if (invalid || empty) {
+    in.q = finite_copy(in.q);
+    if (op == Op::SparseMlaBwd) twin.dout = finite_copy(twin.dout);
+  }
+  return twin;
+}
+
+// The case's twin without the one mandatory feature `key` (top-k or sparse MLA), or nullopt.
+std::optional<OpCase> twin_without(Op op, const OpCase& c, const std::string& key) {
+  if (op == Op::Topk) return topk_twin_without(c, key);
+  if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd) return mla_twin_without(op, c, key);
+  return std::nullopt;
+}
+
 // The case with the last slot of row 0 set to -1 (an invalid id, SPEC §4), everything else
 // as given: a sparse MLA case of k >= 1 slots; nullopt for other ops or k = 0.
 std::optional<OpCase> twin_with_an_invalid_id(Op op, const OpCase& c) {
@@ -402,84 +481,134 @@ bool runs_twin(Backend& b, Op op, const OpCase& twin) {
   }
 }
 
-// A Skip of op on `candidate` that came from a decline (OpReport::declined): INCOMPLETE when
-// the case holds SPEC-mandatory features not named in opt.unsupported and the backend runs the
-// case's twin without them (the decline is proven to be about them, as the property suite's
-// note_declined_for); else a skip whose reason says "declined" and why it is not INCOMPLETE (a
-// declared limit, no mandatory feature, the twin declined too: a shape, dtype or optional-input
-// limit of the kernel).
+// A Skip of op on `candidate` that came from a decline (OpReport::declined), settled by
+// decline_cause (the one twin test of every route): INCOMPLETE when the decline is proven to be
+// about the values (a mandatory feature not named in opt.unsupported, or, with none, the
+// values); else a skip whose reason says "declined" and why it is not INCOMPLETE (a declared
+// limit, named unsupported, no mandatory feature, the twins declined too: a shape, dtype or
+// optional-input limit of the kernel).
 void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backend& candidate,
                     const CheckOptions& opt) {
   const std::string why = r.reason;
   auto skip = [&](const std::string& note) { r.reason = "declined: " + why + " (" + note + ")"; };
   if (declared_limitation(why)) return skip("a limit the backend declares up front; not judged");
-  const std::vector<CaseFeature> features = mandatory_features(op, c);
-  if (features.empty()) {
-    // The backend runs a twin that differs from the case only in its values: INCOMPLETE.
-    auto value_dependent = [&](const std::string& twin) {
-      r.verdict = Verdict::Incomplete;
-      r.notes.push_back("declined: " + why);
-      r.reason = "INCOMPLETE: backend declined " + label_of(f) + " but ran the same case with " + twin +
-                 ": the decline depends on the values, not on a limit of the kernel: " + why;
-    };
-    // Top-k: the twin's distinct finite scores change nothing but the values (fresh12 F8).
-    if (op == Op::Topk) {
-      if (const std::optional<OpCase> twin = twin_without_mandatory(op, c); twin && runs_twin(candidate, op, *twin))
-        return value_dependent("other finite scores (same shapes, k, windows and policy)");
-    }
-    if (decline_depends_on_values(candidate, op, c))
-      return value_dependent("one id of row 0 set to -1 (same shapes, dtypes and optional inputs)");
-    return skip("the case holds no SPEC-mandatory feature: a limit of the kernel (a shape, dtype or optional "
-                "input); not judged");
+  const DeclineCause cause = decline_cause(candidate, op, c, opt.unsupported);
+  if (cause.by_values) {
+    r.verdict = Verdict::Incomplete;
+    r.notes.push_back("declined: " + why);
+    r.reason = "INCOMPLETE: backend declined " + label_of(f) + " but ran the same case with " + cause.twin +
+               ": the decline depends on the values, not on a limit of the kernel: " + why;
+    return;
   }
-  std::string all_words;
-  for (const auto& x : features) all_words += std::string(all_words.empty() ? "" : "; ") + x.description;
-  const std::optional<OpCase> twin = twin_without_mandatory(op, c);
-  if (!twin)
-    return skip("the case holds " + all_words + ", but no twin without them has its shape (k > s_kv): not shown "
-                "to be about them; not judged");
-  if (!runs_twin(candidate, op, *twin))
-    return skip("the case holds " + all_words + ", but the backend declined its twin without them too: a limit "
-                "of the kernel, not about them; not judged");
-  // Top-k: the features the decline is laid to, one twin each (only that feature taken out); if
-  // none alone, the decline needs several of them together and all are named below.
-  std::vector<CaseFeature> laid_to;
-  if (op == Op::Topk && features.size() > 1)
-    for (const auto& x : features)
-      if (const std::optional<OpCase> one = topk_twin_without(c, x.key); one && runs_twin(candidate, op, *one))
-        laid_to.push_back(x);
-  const std::vector<CaseFeature>& judged_features = laid_to.empty() ? features : laid_to;
-  std::string keys, words, waived;
-  const bool invalid_present =
-      std::any_of(features.begin(), features.end(), [](const CaseFeature& x) { return std::string(x.key) == kInvalidIds.key; });
-  for (const auto& x : judged_features) {
-    const bool named = unsupported_covers(opt.unsupported, x.key, invalid_present);
-    if (named) {
-      waived += std::string(waived.empty() ? "" : ", ") + x.key;
-      continue;
-    }
-    keys += std::string(keys.empty() ? "" : ",") + x.key;
-    words += std::string(words.empty() ? "" : "; ") + x.description;
+  std::string waived;
+  for (const auto& k : cause.waived) waived += (waived.empty() ? "" : ", ") + k;
+  if (!cause.incomplete()) {
+    if (!waived.empty()) return skip("not judged, named unsupported: " + waived);
+    return skip(cause.not_shown + "; not judged");
   }
-  if (keys.empty()) return skip("not judged, named unsupported: " + waived);
+  std::string keys, words;
+  for (const auto& k : cause.depends_on) {
+    keys += (keys.empty() ? "" : ",") + k;
+    words += (words.empty() ? "" : "; ") + decline_feature_words(k);
+  }
   r.verdict = Verdict::Incomplete;
   r.notes.push_back("declined: " + why);
   r.reason = "INCOMPLETE: backend declined a SPEC-mandatory case: " + label_of(f) + " holds " + words +
-             "; the backend ran the same case with them taken out (its twin) but declined this one: " + why +
+             "; the backend ran the same case with them taken out (its twin" +
+             (cause.twin.empty() ? std::string() : ": " + cause.twin) + ") but declined this one: " + why +
              ". A kernel that leaves them out is audited with --unsupported " + keys +
              " (Python: unsupported=[...]); the verdict then names what was not judged.";
 }
 
 }  // namespace
 
-bool decline_depends_on_values(Backend& b, Op op, const OpCase& c) {
-  // A limit of the kernel is a shape, dtype or optional input: the same case with one id of
-  // row 0 made invalid (-1, SPEC §4: contributes nothing) has all of them. A backend that runs
-  // that twin declined this case by its values (fresh11 F10: a plugin declining every case
-  // whose ids are all valid and distinct passed the audit with those goldens as skips).
-  if (!mandatory_features(op, c).empty()) return false;
-  const std::optional<OpCase> twin = twin_with_an_invalid_id(op, c);
-  return twin && runs_twin(b, op, *twin);
+std::string decline_feature_words(const std::string& key) {
+  for (const CaseFeature& x : {kInvalidIds, kEmptyRows, kDuplicateIds, kNegInf, kNan, kTies})
+    if (key == x.key) return x.description;
+  return key;
+}
+
+DeclineCause decline_cause(Backend& b, Op op, const OpCase& c, const std::vector<std::string>& unsupported) {
+  DeclineCause r;
+  if (op != Op::Topk && op != Op::SparseMlaFwd && op != Op::SparseMlaBwd) {
+    r.not_shown = "no twin for op " + std::string(to_string(op));
+    return r;
+  }
+  const std::vector<CaseFeature> features = mandatory_features(op, c);
+  for (const auto& x : features) r.held.push_back(x.key);
+  if (features.empty()) {
+    // A limit of the kernel is a shape, dtype, policy or optional input: the twin keeps them all
+    // and changes values only (top-k: fresh12 F8; sparse MLA: an id made invalid, SPEC §4,
+    // contributes nothing; fresh11 F10: a plugin declining every case whose ids are all valid
+    // and distinct passed the audit with those goldens as skips).
+    const std::optional<OpCase> twin =
+        op == Op::Topk ? twin_without_mandatory(op, c) : twin_with_an_invalid_id(op, c);
+    if (twin && runs_twin(b, op, *twin)) {
+      r.by_values = true;
+      r.twin = op == Op::Topk ? "other finite scores (same shapes, k, windows and policy)"
+                              : "one id of row 0 set to -1 (same shapes, dtypes and optional inputs)";
+      return r;
+    }
+    r.not_shown = "the case holds no SPEC-mandatory feature: a limit of the kernel (a shape, dtype or optional input)";
+    return r;
+  }
+  // One twin per feature: what each twin the backend runs no longer holds (fresh-user F6: a
+  // draw with NaN and -inf declined for its -inf was laid to both, and --unsupported
+  // neg_inf_scores left it INCOMPLETE as NaN).
+  auto held_by = [&](const OpCase& twin) {
+    std::set<std::string> keys;
+    for (const auto& x : mandatory_features(op, twin)) keys.insert(x.key);
+    return keys;
+  };
+  std::vector<std::vector<std::string>> ran;  // per twin run: the features it took out
+  std::vector<std::string> ran_words;
+  for (const auto& x : features) {
+    const std::optional<OpCase> twin = twin_without(op, c, x.key);
+    if (!twin || !runs_twin(b, op, *twin)) continue;
+    const std::set<std::string> left = held_by(*twin);
+    std::vector<std::string> out;
+    for (const auto& k : r.held)
+      if (!left.count(k)) out.push_back(k);
+    if (out.empty()) continue;  // took nothing out: shows nothing
+    ran.push_back(out);
+    ran_words.push_back(std::string("without ") + x.key);
+  }
+  std::string all_words;
+  for (const auto& x : features) all_words += std::string(all_words.empty() ? "" : "; ") + x.description;
+  if (ran.empty()) {
+    const std::optional<OpCase> twin = twin_without_mandatory(op, c);
+    if (!twin) {
+      r.not_shown = "the case holds " + all_words + ", but no twin without them has its shape (k > s_kv): not shown "
+                    "to be about them";
+      return r;
+    }
+    if (!runs_twin(b, op, *twin)) {
+      r.not_shown = "the case holds " + all_words + ", but the backend declined its twin without them too: a limit "
+                    "of the kernel, not about them";
+      return r;
+    }
+    ran.push_back(r.held);
+    ran_words.push_back("without them all");
+  }
+  const bool invalid_present = std::find(r.held.begin(), r.held.end(), kInvalidIds.key) != r.held.end();
+  auto covered = [&](const std::string& k) { return unsupported_covers(unsupported, k, invalid_present); };
+  // A twin run without named features only: the decline is about what the user named.
+  for (size_t i = 0; i < ran.size(); ++i)
+    if (std::all_of(ran[i].begin(), ran[i].end(), covered)) {
+      r.waived = ran[i];
+      r.twin = ran_words[i];
+      return r;
+    }
+  std::set<std::string> blamed, named;
+  for (size_t i = 0; i < ran.size(); ++i) {
+    for (const auto& k : ran[i]) (covered(k) ? named : blamed).insert(k);
+    r.twin += (r.twin.empty() ? "" : "; ") + ran_words[i];
+  }
+  for (const auto& k : r.held) {  // in the case's order
+    if (blamed.count(k)) r.depends_on.push_back(k);
+    if (named.count(k)) r.waived.push_back(k);
+  }
+  return r;
 }
 
 OpCase op_case_from_fixture(const Fixture& f) {

@@ -59,12 +59,22 @@ std::vector<std::string> take_declined_for() {
 }
 const std::string& dump_target() { return g_dump_target; }
 
+namespace {
+thread_local std::vector<std::string> g_unsupported;
+}  // namespace
+void set_unsupported_names(const std::vector<std::string>& names) { g_unsupported = names; }
+
 void fail_if_declined_by_value(oracle::Backend& b, oracle::Op op, const oracle::OpCase& c, const std::string& why) {
-  if (oracle::declared_limitation(why) || !oracle::decline_depends_on_values(b, op, c)) return;
-  note_failing_op(oracle::to_string(op));
-  RC_FAIL("INCOMPLETE: backend declined this " + std::string(oracle::to_string(op)) +
-          " draw but ran the same draw with one id of row 0 set to -1 (same shapes, dtypes and optional "
-          "inputs): the decline depends on the values, not on a limit of the kernel: " + why);
+  if (oracle::declared_limitation(why)) return;
+  const oracle::DeclineCause cause = oracle::decline_cause(b, op, c, g_unsupported);
+  if (cause.by_values) {
+    note_failing_op(oracle::to_string(op));
+    RC_FAIL("INCOMPLETE: backend declined this " + std::string(oracle::to_string(op)) +
+            " draw but ran the same draw with " + cause.twin +
+            ": the decline depends on the values, not on a limit of the kernel: " + why);
+  }
+  for (const auto& k : cause.depends_on) note_declined_for(k);
+  for (const auto& k : cause.waived) note_declined_for(k);
 }
 
 namespace {

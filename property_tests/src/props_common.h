@@ -34,21 +34,29 @@ std::string take_judged_nothing();
 
 /// Notes that the backend declined the running draw but ran its twin without the mandatory
 /// feature `feature` (the same draw with that feature's values made ordinary, e.g. the unread
-/// §10 parts clean): the decline was about `feature`. run_property counts such a draw as a
-/// declined mandatory case even when no draw of the property was judged (fresh-user F4b).
+/// §10 parts clean): the decline was about `feature`. run_property counts such a draw as
+/// declined for the noted features only, and as a declined mandatory case even when other
+/// draws with it were judged or none of the property was (fresh-user F4b, F6).
 /// take_declined_for returns the features noted since the last call and clears them.
 void note_declined_for(const std::string& feature);
 std::vector<std::string> take_declined_for();
 
-/// Fails the running draw (RC_FAIL) when `b` declined `op` (sparse MLA forward or backward) on
-/// the draw `c` (c.mla, and c.dout for the backward; `why`: the decline's reason) by its values:
-/// not a limit declared up front (oracle::declared_limitation) and
-/// oracle::decline_depends_on_values (c holds no SPEC-mandatory feature and `b` runs the same
-/// draw with the last slot of row 0 set to -1). The failure is filed under `op` and reads
-/// "INCOMPLETE: backend declined ...: the decline depends on the values", as a fixture's op
-/// declined that way (judge_fixture_ops); its dump replays to that verdict. Returns otherwise
-/// (the caller goes on with the decline: the draw is redrawn). Other ops: returns. Runs `b` once
-/// more (the twin, not judged). Rule: docs/what-a-pass-means.md Verdicts (fresh11 F10).
+/// The --unsupported names of the running property (SuiteOptions::unsupported), which
+/// fail_if_declined_by_value hands to the twin test. Set by run_property.
+void set_unsupported_names(const std::vector<std::string>& names);
+
+/// The twin test of a draw `c` that `b` declined (`why`: the decline's reason) for `op` (top-k:
+/// c.scores, c.k, c.policy, c.topk_windows; sparse MLA forward or backward: c.mla, c.dout):
+/// oracle::decline_cause with the running property's --unsupported names, the judgement of the
+/// fixture routes. A draw without SPEC-mandatory features whose twin with other values `b` runs
+/// fails (RC_FAIL, filed under `op`): "INCOMPLETE: backend declined this <op> draw but ran the
+/// same draw with <twin>: the decline depends on the values", which its dump replays to. The
+/// features the decline depends on (a twin without them `b` runs), named or not, are noted
+/// (note_declined_for): run_property counts the draw as declined for them alone, and INCOMPLETE
+/// for those not named. Returns otherwise (the caller goes on with the decline: the draw is
+/// redrawn); a limit declared up front (oracle::declared_limitation) and other ops: returns
+/// at once. Runs `b` once per twin (not judged, at most one per feature plus one). Rule:
+/// docs/what-a-pass-means.md Verdicts (fresh11 F10, F6).
 void fail_if_declined_by_value(oracle::Backend& b, oracle::Op op, const oracle::OpCase& c, const std::string& why);
 
 /// Where a failing case of the running property is dumped ("" = off). Set by run_property.

@@ -235,6 +235,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   }
   set_dump_target(dump_path);
   set_selected_ops(o.ops);
+  set_unsupported_names(o.unsupported);
   set_generation_level(o.level);
   oracle::Backend& b = *backend;
   // A draw the backend declines (NotSupported: a plugin's DSA_STATUS_UNSUPPORTED, a Python
@@ -242,7 +243,9 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   // judges its full count of draws on what the backend supports (fresh-user finding F3). Per
   // draw feature (note_draw_feature): draws judged, declined, and declined without any
   // optional input (the decline can only be about the shape or a mandatory behaviour).
-  // `proven`: declined draws whose twin without the feature the backend ran (note_declined_for).
+  // `proven`: declined draws whose twin without the feature the backend ran (note_declined_for);
+  // such a draw counts as declined for those features alone (fresh-user F6: a draw with NaN and
+  // -inf declined for its -inf is no declined NaN case).
   struct Tally {
     int judged = 0, declined = 0, declined_plain = 0, proven = 0;
   };
@@ -266,6 +269,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     bool optional = false;
     for (const auto& f : draw_features()) optional = optional || !mandatory_feature(f);
     for (const auto& f : draw_features()) {
+      if (was_declined && !proven.empty() && std::find(proven.begin(), proven.end(), f) == proven.end()) continue;
       Tally& t = features[f];
       if (!was_declined) ++t.judged;
       else {
@@ -341,6 +345,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   clear_pending_dump();
   set_dump_target("");
   set_selected_ops({});
+  set_unsupported_names({});
   set_generation_level(0);
   set_draw_index(0);
 
@@ -377,13 +382,20 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     if (!waived) missing_lines.push_back(line);
   };
   // A decline proven to be about the feature (the backend ran the draw's twin without it)
-  // counts even when no draw was judged: the backend runs the op, just not this SPEC case.
-  for (const auto& [key, t] : features)
-    if (mandatory_feature(key) && t.judged == 0 && ((judged > 0 && t.declined_plain > 0) || t.proven > 0))
+  // counts even when no draw was judged (the backend runs the op, just not this SPEC case) and
+  // when other draws with it were judged (the decline depends on the values, as a fixture's).
+  for (const auto& [key, t] : features) {
+    if (!mandatory_feature(key)) continue;
+    if (t.judged == 0 && ((judged > 0 && t.declined_plain > 0) || t.proven > 0))
       missing(key, feature_description(key) + ": every one of the " + std::to_string(t.declined) +
                        " draws that had it declined, none judged" +
                        (t.proven > 0 ? " (the backend ran " + std::to_string(t.proven) + " of them with it taken out)"
                                      : std::string()));
+    else if (t.proven > 0)
+      missing(key, feature_description(key) + ": the backend declined " + std::to_string(t.proven) +
+                       " draws holding it but ran the same draws with it taken out (the decline depends on the "
+                       "values; " + std::to_string(t.judged) + " other draws with it judged)");
+  }
   const bool failed = result.template is<rc::detail::FailureResult>();
   if (!failed && !missing_lines.empty()) {
     r.verdict = Verdict::Fail;

@@ -65,12 +65,11 @@ CandidateBackend expected_candidate(const fixtures::Fixture& f);
 /// of which it stores no output is Incomplete, or not judged (Skip, names in not_judged)
 /// when opt.provided_outputs names none of that op's outputs. An op the backend declines
 /// (NotSupported from its call although it supports the op: OpReport::declined) is
-/// INCOMPLETE when the case holds SPEC-mandatory features (top-k: ties at the k-th value, NaN
-/// or -inf scores; sparse MLA: invalid ids, empty rows, duplicate ids; keys as the property
-/// suite's) not named in opt.unsupported and the backend runs the case's twin without them
-/// (the decline is about them); otherwise a Skip whose reason begins "declined: " and says why
-/// it is not INCOMPLETE (a limit declared up front, no mandatory feature, the twin declined
-/// too). An op the backend does not support is a Skip "op ... not supported". Throws
+/// INCOMPLETE when decline_cause(candidate, op, case, opt.unsupported) proves it is about the
+/// values (the backend runs the case's twin without a SPEC-mandatory feature not named in
+/// opt.unsupported, or, with none, its twin with other values); otherwise a Skip whose reason
+/// begins "declined: " and says why it is not INCOMPLETE (a limit declared up front, named
+/// unsupported, no mandatory feature, the twins declined too). An op the backend does not support is a Skip "op ... not supported". Throws
 /// ResourceError (with the reports of the ops judged before) when judging an op runs out of
 /// memory.
 std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& candidate,
@@ -80,18 +79,52 @@ std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& can
 std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, const OpCase& c,
                                         Backend& candidate, const CheckOptions& opt = {});
 
-/// True when a decline of op on case `c` by `b` (NotSupported from its call) depends on the
-/// values, not on a limit of the kernel: `c` is a sparse MLA forward or backward case (inputs
-/// c.mla, and c.dout for the backward) of k >= 1 slots holding no SPEC-mandatory feature
-/// (invalid ids, empty rows, duplicate ids), and `b` runs its twin: the same case (shapes,
-/// dtypes, optional inputs) with the last slot of row 0 set to -1 (SPEC §4: an invalid id
-/// contributes nothing). Runs that twin once on `b` (not judged; any result counts as run, a
-/// decline or any other error as not run). False for other ops, k = 0, or a case with a
-/// mandatory feature (those have twins without them: judge_fixture_ops). Used by
-/// judge_fixture_ops (the op is INCOMPLETE) and the property suite (the draw fails,
-/// docs/what-a-pass-means.md Verdicts; fresh11 F10). Throws std::bad_alloc when the twin's run
-/// runs out of memory; nothing else.
-bool decline_depends_on_values(Backend& b, Op op, const OpCase& c);
+/// What the twin test found about a decline of a top-k or sparse MLA case (decline_cause).
+/// Feature keys as the property suite's draw features (property_tests/src/suite.cpp kFeatures).
+struct DeclineCause {
+  /// The SPEC-mandatory features the case holds: top-k k_boundary_ties, neg_inf_scores,
+  /// nan_scores (§3.1-§3.3); sparse MLA invalid_ids, empty_rows, duplicate_ids (§4, §6).
+  std::vector<std::string> held;
+  /// Features the decline depends on that `unsupported` does not name: the op is INCOMPLETE.
+  std::vector<std::string> depends_on;
+  /// Features the decline depends on that `unsupported` names (a skip naming them when
+  /// depends_on is empty; beside depends_on otherwise).
+  std::vector<std::string> waived;
+  /// The case holds no mandatory feature and the backend ran its twin with other values (top-k:
+  /// other finite scores; sparse MLA: one id of row 0 set to -1): INCOMPLETE, nothing to name.
+  bool by_values = false;
+  /// The twin the backend ran, in words ("" when none ran).
+  std::string twin;
+  /// When the decline depends on nothing: why not (the twin declined too, no twin, ...).
+  std::string not_shown;
+  /// True when the decline is proven to be about the values: by_values or depends_on.
+  bool incomplete() const { return by_values || !depends_on.empty(); }
+};
+
+/// The twin test of a decline (NotSupported) of op on case `c` by `b`: one judgement for every
+/// route (fixtures check, replay, the audit's fixture tasks and properties; plugin, in-process,
+/// Python). op is Topk (c.scores [s_q, s_kv] f32/bf16, c.k, c.policy, c.topk_windows) or
+/// SparseMlaFwd / SparseMlaBwd (c.mla, c.dout for the backward); other ops: nothing shown.
+/// A case without mandatory features: its twin differs in values only (top-k: distinct finite
+/// scores s_kv - s; sparse MLA: the last slot of row 0 set to -1, SPEC §4); run → by_values.
+/// A case with some: one twin per feature, that feature taken out and every other kept as far as
+/// it can be (top-k: its -inf or NaN entries made distinct finite values below every finite
+/// score, or its finite entries made distinct in row order; sparse MLA: repeated ids, invalid
+/// slots or empty rows' slot 0 given ids unused in the row, of finite kv rows first (another
+/// row read has its non-finite values zeroed), topk_length widened); the features a twin the backend runs no longer holds are what the decline depends
+/// on. When no such twin runs, the twin without them all (top-k: distinct finite scores; sparse
+/// MLA: ids 0..k-1, non-finite q, kv, dout zeroed) lays it to all of them. A twin run whose
+/// features `unsupported` (--unsupported keys; empty_rows through invalid_ids as
+/// unsupported_covers) covers waives the decline; else depends_on lists the features of the
+/// twins run that it does not cover. Runs `b` once per twin (not judged; a result counts as
+/// run, a decline or any other error as not run), at most one per feature plus one. Throws
+/// std::bad_alloc when a twin's run runs out of memory; nothing else. Rule:
+/// docs/what-a-pass-means.md Verdicts (fresh11 F10, fresh12 F8, F6).
+DeclineCause decline_cause(Backend& b, Op op, const OpCase& c, const std::vector<std::string>& unsupported = {});
+
+/// The words for a mandatory feature key of DeclineCause ("-inf scores (never selected, -1
+/// slots; SPEC §3.1-§3.2)"); the key itself for an unknown one. Throws nothing.
+std::string decline_feature_words(const std::string& key);
 
 /// Judges the producer's expected.* (judge_fixture_ops on expected_candidate with
 /// provided_outputs = the stored expected names, no determinism run) and, when `backend` is not
