@@ -65,15 +65,17 @@ int main(int argc, char** argv) {
             return "";
           },
           "UINT64"));
-  audit_cmd->add_option("--json", audit.json_path, "Write the full report as JSON");
-  audit_cmd->add_option("--junit", audit.junit_path, "Write JUnit XML");
+  audit_cmd->add_option("--json", audit.json_path, "Write the full report as JSON")
+      ->check(output_path("a file path"));
+  audit_cmd->add_option("--junit", audit.junit_path, "Write JUnit XML")->check(output_path("a file path"));
   audit_cmd->add_flag("--fail-fast", audit.fail_fast, "Stop at the first failure");
   audit_cmd->add_option("--timeout", audit.timeout_s,
       "Seconds per backend call before it counts as hung: " + timeout_range() + " (default 30). A plugin's "
       "call runs in a child that is then killed (a failed case); an in-process backend's call cannot be "
       "killed: the audit then fails the case, writes the report of everything done and exits 1")
       ->check(timeout_seconds("--timeout"));
-  audit_cmd->add_option("--dump-dir", audit.dump_dir, "Where failing cases are dumped as fixtures");
+  audit_cmd->add_option("--dump-dir", audit.dump_dir, "Where failing cases are dumped as fixtures")
+      ->check(output_path("a directory path"));
   std::vector<std::string> audit_outputs;
   audit_cmd->add_option("--outputs", audit_outputs, std::string("Outputs the kernel provides (comma-separated, e.g. out,lse); ") + kOutputsRule)
       ;
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
   bool verbose = false;
   auto* gen = fixtures_cmd->add_subcommand("generate", "Generate a fixture preset");
   gen->add_option("--preset", preset, "ci | glm5 | deepseek-v3.2")->required();
-  gen->add_option("--out", out_dir, "Output directory")->required();
+  gen->add_option("--out", out_dir, "Output directory")->required()->check(output_path("a directory path"));
   JudgeOptions check_judge;
   auto* check = fixtures_cmd->add_subcommand("check", "Check a fixture directory or one fixture file");
   check->add_option("path", check_dir, "Directory of .safetensors fixtures, or one fixture file")
@@ -109,7 +111,8 @@ int main(int argc, char** argv) {
   check->add_flag("--allow-weak", check_judge.allow_weak, "Accept WEAK outputs instead of failing");
   check->add_flag("--sink-after-rounding", check_judge.sink_after_rounding, kSinkAfterRoundingHelp);
   check->add_flag("--normalized-p", check_judge.normalized_p, kNormalizedPHelp);
-  check->add_option("--json", check_judge.json_path, "Write per-file, per-output verdicts and bounds as JSON");
+  check->add_option("--json", check_judge.json_path, "Write per-file, per-output verdicts and bounds as JSON")
+      ->check(output_path("a file path"));
   check->add_option("--unsupported", check_judge.unsupported,
       "SPEC-mandatory features the kernel leaves out (comma-separated feature keys, as audit "
       "--unsupported): a case a backend declines that holds only these is a skip, not INCOMPLETE");
@@ -135,7 +138,8 @@ int main(int argc, char** argv) {
   compare->add_flag("--allow-weak", compare_judge.allow_weak, "Accept WEAK outputs instead of failing");
   compare->add_flag("--sink-after-rounding", compare_judge.sink_after_rounding, kSinkAfterRoundingHelp);
   compare->add_flag("--normalized-p", compare_judge.normalized_p, kNormalizedPHelp);
-  compare->add_option("--json", compare_judge.json_path, "Write per-output verdicts and bounds as JSON");
+  compare->add_option("--json", compare_judge.json_path, "Write per-output verdicts and bounds as JSON")
+      ->check(output_path("a file path"));
 
   std::string replay_fixture, replay_backend = "reference", replay_plugin, replay_candidate;
   std::vector<std::string> replay_outputs;
@@ -159,7 +163,8 @@ int main(int argc, char** argv) {
   replay->add_flag("--allow-weak", replay_judge.allow_weak, "Accept WEAK outputs instead of failing");
   replay->add_flag("--sink-after-rounding", replay_judge.sink_after_rounding, kSinkAfterRoundingHelp);
   replay->add_flag("--normalized-p", replay_judge.normalized_p, kNormalizedPHelp);
-  replay->add_option("--json", replay_judge.json_path, "Write per-output verdicts and bounds as JSON");
+  replay->add_option("--json", replay_judge.json_path, "Write per-output verdicts and bounds as JSON")
+      ->check(output_path("a file path"));
 
   auto* list = app.add_subcommand("backends", "List the registered backends");
   auto* mutants = app.add_subcommand("mutants", "The mutants of the property suite and their plugin libraries");

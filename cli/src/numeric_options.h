@@ -88,4 +88,16 @@ inline CLI::Validator timeout_seconds(const std::string& option) {
       "SECONDS in [0.001, 86400]");
 }
 
+/// `option` names a path to write (a report file or a dump directory; `what`: e.g. "a file path").
+/// An empty value is a usage error: a CI line `--json $REPORT` with REPORT unset must not run
+/// and silently write no report (fresh-user report F1). The path itself is checked when written.
+inline CLI::Validator output_path(const std::string& what) {
+  return CLI::Validator(
+      [what](std::string& v) -> std::string {
+        if (v.empty()) return "got \"\" (empty), expected " + what;
+        return "";
+      },
+      "PATH");
+}
+
 }  // namespace dsa::cli

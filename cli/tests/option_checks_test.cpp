@@ -78,6 +78,21 @@ TEST(NumericOptions, HelpStatesTheRanges) {
   EXPECT_NE(out.find("an integer from 1 to 4096"), std::string::npos) << out;
 }
 
+// An empty report or dump path (F1, fresh14): a CI line `--json $REPORT` with REPORT unset ran,
+// exited 0 and wrote no report, silently. Now a usage error naming the option and what it takes,
+// on every command with such an option, before anything runs.
+TEST(PathOptions, AnEmptyPathIsAUsageError) {
+  const std::string g = golden("topk_mtp");
+  const std::string file = "expected a file path", dir = "expected a directory path";
+  expect_usage_error("audit --ops topk --json \"\"", "--json", "\"\"", file);
+  expect_usage_error("audit --ops topk --junit \"\"", "--junit", "\"\"", file);
+  expect_usage_error("audit --ops topk --dump-dir \"\"", "--dump-dir", "\"\"", dir);
+  expect_usage_error("fixtures check " + g + " --backend reference --json \"\"", "--json", "\"\"", file);
+  expect_usage_error("compare --golden " + g + " --candidate " + g + " --json \"\"", "--json", "\"\"", file);
+  expect_usage_error("replay " + g + " --json \"\"", "--json", "\"\"", file);
+  expect_usage_error("fixtures generate --preset ci --out \"\"", "--out", "\"\"", dir);
+}
+
 // A valid value still runs (the checks reject only what is out of range).
 TEST(NumericOptions, ValidValuesRun) {
   std::string out;

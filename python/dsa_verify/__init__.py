@@ -21,7 +21,7 @@ import torch
 from torch.utils import dlpack as _dlpack
 
 from . import _core
-from ._audit import CaseResult, Report, audit, flag_argument, load_backend  # noqa: F401
+from ._audit import CaseResult, Report, audit, flag_argument, load_backend, names_argument  # noqa: F401
 from ._bridge import OPS, OUTPUTS, Bridge  # noqa: F401
 
 __version__ = _core.version
@@ -113,8 +113,10 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     The judgement is the candidate-file route's (oracle::CandidateBackend, check_op).
     Raises ValueError for an unknown output or convention name, a flag argument (allow_weak,
     sink_after_rounding, normalized_p) that is not True or False, when no output of the
-    fixture's op is given, or when nothing was judged ("compare: judged nothing: ...": an
-    empty case, or provided outputs the case does not define).
+    fixture's op is given ("holds no output of the golden's op ...", naming the op and its
+    outputs, as the CLI's exit 2), or when nothing was judged ("compare: judged nothing: ...":
+    an empty case, or provided outputs the case does not define). Raises TypeError when
+    conventions or provided_outputs is a single str instead of a list of names.
     """
     path = golden.path if isinstance(golden, Fixture) else str(golden)
     known = set(_core.output_name_list())
@@ -123,8 +125,8 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
         raise ValueError(f"compare: outputs {unknown} are not output names; expected some of {sorted(known)}")
     caps = {n: _host_capsule(n, t) for n, t in outputs.items()}
     try:
-        r = _core.compare_outputs(path, caps, list(conventions),
-                                  None if provided_outputs is None else list(provided_outputs),
+        r = _core.compare_outputs(path, caps, names_argument("conventions", conventions) or [],
+                                  names_argument("provided_outputs", provided_outputs),
                                   flag_argument("allow_weak", allow_weak),
                                   flag_argument("sink_after_rounding", sink_after_rounding),
                                   flag_argument("normalized_p", normalized_p))

@@ -18,6 +18,17 @@ NORMALIZED_P_HELP = ("The kernel rounds softmax(P) to 16 bits before P·V, the m
                      "(FlashMLA's exp(P - max) = 1 is exact): out's bound adds that rounding (SPEC §4, §9)")
 
 
+def _path_type(what):
+    """An argparse `type` for a path option: "" is a usage error (exit 2) naming the option and
+    `what` ("a file path", "a directory path"), as the C++ CLI's output_path: a CI line
+    `--json $REPORT` with REPORT unset must not run and silently write no report (fresh14 F1)."""
+    def check(text):
+        if text == "":
+            raise argparse.ArgumentTypeError(f"got \"\" (empty), expected {what}")
+        return text
+    return check
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 -m dsa_verify",
                                 description="Audit a Python DSA kernel with the dsa-verify oracle")
@@ -29,14 +40,15 @@ def main(argv=None):
     a.add_argument("--level", type=int, default=0, choices=(0, 1, 2), help="Test level 0 (CI), 1, 2 (soak)")
     a.add_argument("--seed", type=int, default=0, help="Seed of the property runs (0: random)")
     a.add_argument("--device", default="cpu", help="Device of the input tensors: cpu | cuda[:n]")
-    a.add_argument("--json", default="", help="Write the full report as JSON")
-    a.add_argument("--junit", default="", help="Write JUnit XML")
+    a.add_argument("--json", type=_path_type("a file path"), help="Write the full report as JSON")
+    a.add_argument("--junit", type=_path_type("a file path"), help="Write JUnit XML")
     a.add_argument("--isolate", action="store_true", help="Run each task in a fresh worker process")
     a.add_argument("--timeout", default=None,
                    help="Seconds per isolated task (--isolate), else per call of the backend in this process "
                         "(a hung call ends the audit: reports written, exit 1): a positive decimal number from "
                         "0.001 to 86400 (default 300)")
-    a.add_argument("--dump-dir", default="dsa-verify-failures", help="Where failing cases are dumped")
+    a.add_argument("--dump-dir", default="dsa-verify-failures", type=_path_type("a directory path"),
+                   help="Where failing cases are dumped")
     a.add_argument("--fail-fast", action="store_true", help="Stop at the first failure")
     a.add_argument("--no-fixtures", action="store_true", help="Properties only")
     a.add_argument("--allow-weak", action="store_true", help="A WEAK output does not fail (SPEC §9)")
@@ -74,8 +86,8 @@ def main(argv=None):
                    _audit.timeout_from_text(args.timeout, "--timeout"))
         report = dsa_verify.audit(args.backend, ops=_audit.list_from_text(args.ops, "--ops"),
                                   only=_audit.list_from_text(args.only, "--only"), level=args.level,
-                                  seed=args.seed, device=args.device, json=args.json or None,
-                                  junit=args.junit or None, isolate=args.isolate, timeout=timeout,
+                                  seed=args.seed, device=args.device, json=args.json,
+                                  junit=args.junit, isolate=args.isolate, timeout=timeout,
                                   dump_dir=args.dump_dir, fail_fast=args.fail_fast,
                                   fixtures=not args.no_fixtures, allow_weak=args.allow_weak,
                                   sink_after_rounding=args.sink_after_rounding, normalized_p=args.normalized_p,

@@ -219,20 +219,29 @@ def load_backend(spec):
     arguments, a plain function that is not an op is a factory called without arguments, e.g.
     dsa_verify.builtin:libtorch_cpu; an object or a module is used as is) or "package.module"
     (the module's functions are the ops). Raises ValueError naming the spec when it cannot be
-    imported or found."""
+    imported or found, or when a "package.module" spec names a module with no op function
+    (e.g. one defining the backend class: the message names its classes, fresh14 F5)."""
+    from ._bridge import OPS
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"backend '{spec}': cannot import module '{module_name}': {e}") from e
     if not attr:
+        if not any(callable(getattr(module, op, None)) for op in OPS):
+            classes = [c for n, c in vars(module).items()
+                       if isinstance(c, type) and c.__module__ == module.__name__ and not n.startswith("_")]
+            with_ops = [c for c in classes if any(hasattr(c, op) for op in OPS)]
+            names = [c.__name__ for c in (with_ops or classes)]
+            here = f"classes here: {', '.join(names)}" if names else "it defines no class"
+            raise ValueError(f"backend '{spec}' is a module with no op methods (no function named after an op, "
+                             f"e.g. topk or sparse_mla_fwd); name its class: {module_name}:<Class> ({here})")
         return module
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"backend '{spec}': module '{module_name}' has no attribute '{attr}'")
         obj = getattr(obj, part)
-    from ._bridge import OPS
     if isinstance(obj, type) or (inspect.isfunction(obj) and obj.__name__ not in OPS):
         return obj()
     return obj
@@ -279,6 +288,39 @@ def flag_argument(name, value):
     by compare(sink_after_rounding="false"))."""
     if not isinstance(value, bool):
         raise ValueError(f"argument '{name}' got {value!r}, expected True or False")
+    return value
+
+
+def names_argument(name, value):
+    """`value` of the list-of-names argument `name` (ops, only, unsupported, conventions,
+    provided_outputs) as a list of str; None stays None. Raises TypeError naming the argument
+    for a single str (list("out") would judge the letters 'o', 'u', 't': fresh14 F3), a
+    non-iterable, or an item that is not a str."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"argument '{name}' expected a list of names, got {type(value).__name__} {value!r}")
+    try:
+        names = list(value)
+    except TypeError:
+        raise TypeError(f"argument '{name}' expected a list of names, got {type(value).__name__} {value!r}") from None
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(f"argument '{name}' expected a list of names, got an item {n!r} "
+                            f"({type(n).__name__}) in {value!r}")
+    return names
+
+
+def path_argument(name, value, what="a file path"):
+    """`value` of the path argument `name` (json, junit, dump_dir): None, or a non-empty str or
+    os.PathLike. Raises ValueError naming the argument for "": a report asked for with an empty
+    path (a CI line `--json $REPORT` with REPORT unset) must not be dropped silently (fresh14 F1)."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"argument '{name}' got {value!r}, expected {what}")
+    if os.fspath(value) == "":
+        raise ValueError(f"argument '{name}' got \"\" (empty), expected {what}")
     return value
 
 
@@ -572,11 +614,16 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
       names); a backend that declines SPEC-mandatory cases not named here makes the property
       fail "INCOMPLETE: backend declined mandatory cases: ..." (props::run_property).
     Returns a Report (same verdicts, ratios, repro lines and dumps as the CLI). Raises
-    ValueError for unknown ops/properties, a timeout outside TIMEOUT_RANGE or a bad backend
-    attribute, OSError for an
+    ValueError for unknown ops/properties, a timeout outside TIMEOUT_RANGE, an empty json,
+    junit or dump_dir path ("") or a bad backend attribute, TypeError when ops, only or
+    unsupported is a single str instead of a list of names, OSError for an
     unwritable report path.
     """
     timeout = check_timeout(timeout)  # a usage error before anything runs or is written
+    ops, only, unsupported = (names_argument("ops", ops), names_argument("only", only),
+                              names_argument("unsupported", unsupported))
+    json, junit = path_argument("json", json), path_argument("junit", junit)
+    path_argument("dump_dir", dump_dir, "a directory path")
     for name, value in (("allow_weak", allow_weak), ("sink_after_rounding", sink_after_rounding),
                         ("normalized_p", normalized_p), ("fixtures", fixtures)):
         flag_argument(name, value)

@@ -77,6 +77,7 @@ class _State:
         # A usage error before anything runs, as `python3 -m dsa_verify audit --timeout` (fresh-user F13).
         text = opt("--dsa-timeout")
         self.timeout = _audit.DEFAULT_TIMEOUT_S if text is None else _audit.timeout_from_text(text, "--dsa-timeout")
+        _audit.path_argument("--dsa-dump-dir", opt("--dsa-dump-dir"), "a directory path")  # "" (fresh14 F1)
         self.bridge = Bridge(_audit.load_backend(self.spec), self.device)
         def split(flag):  # a usage error for an empty item or a repeated name, as the CLIs
             return _audit.list_from_text(opt(flag), flag)

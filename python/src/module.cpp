@@ -343,11 +343,26 @@ py::dict compare_outputs(const std::string& golden, const py::dict& outputs,
     const std::string name = item.first.cast<std::string>();
     tensors[name] = from_capsule(item.second, "compare: output '" + name + "'");
   }
+  std::string given;  // the names given, for the error below
+  for (const auto& kv : tensors) given += (given.empty() ? "'" : ", '") + kv.first + "'";
   oracle::CandidateBackend backend(std::move(tensors), "compare(outputs)",
                                    fixtures::parse_conventions(conventions, "conventions"),
                                    "candidate-outputs");
   const cli::JudgeOptions judge = judge_options(provided, allow_weak, sink_after_rounding, normalized_p);
   if (judge.outputs) oracle::check_provided_outputs(*judge.outputs, oracle::fixture_ops(f), "provided_outputs");
+  // No output of the golden's op at all is the wrong outputs, as `dsa-verify compare`'s "holds
+  // no outputs for the golden's op" (exit 2), not INCOMPLETE (fresh14 F2).
+  bool any = false;
+  std::string expected;
+  for (oracle::Op op : oracle::fixture_ops(f)) {
+    any |= !backend.stored_outputs(op).empty();
+    for (const auto& n : oracle::op_output_names(op))
+      if (expected.find("'" + n + "'") == std::string::npos) expected += (expected.empty() ? "'" : ", '") + n + "'";
+  }
+  if (!any) {
+    throw std::invalid_argument("compare: argument 'outputs' holds no output of the golden's op " + f.op + " (" +
+                                golden + "); got {" + given + "}, expected some of " + expected);
+  }
   const oracle::CheckOptions opt = cli::check_options(judge, true);
   std::vector<oracle::OpReport> reports;
   {

@@ -571,3 +571,34 @@ def test_list_options_reject_repeats_and_empty_items(flag, value, shown):
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"argument '{flag}'" in r.stderr and shown in r.stderr, r.stderr
     assert "topk.contract_exact" not in r.stdout, r.stdout  # nothing ran
+
+
+@pytest.mark.parametrize("flag,what", [("--json", "a file path"), ("--junit", "a file path"),
+                                       ("--dump-dir", "a directory path")])
+def test_empty_path_options_are_usage_errors(flag, what):
+    # fresh14 F1: `--json ""` (a CI line `--json $REPORT` with REPORT unset) ran and wrote no report.
+    r = subprocess.run([sys.executable, "-m", "dsa_verify", "audit", "backends:TopkOnly", "--only",
+                        "topk.contract_exact", flag, ""], capture_output=True, text=True)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"argument {flag}: got \"\" (empty), expected {what}" in r.stderr, r.stderr
+    assert "topk.contract_exact" not in r.stdout, r.stdout  # nothing ran
+
+
+def test_a_module_spec_without_op_functions_names_its_classes(tmp_path, monkeypatch):
+    # fresh14 F5: `replay FIXTURE mymod` (no :Class) loaded the module as the backend and judged nothing.
+    (tmp_path / "f14_onlyclass.py").write_text(
+        "class MyKernel:\n    def topk(self, scores, k):\n        raise NotImplementedError\n\n"
+        "class Helper:\n    pass\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    fixture = os.path.join(HERE, "..", "..", "fixtures", "golden", "topk_mtp.safetensors")
+    for cmd in (["replay", fixture, "f14_onlyclass"], ["audit", "f14_onlyclass", "--only", "topk.contract_exact"]):
+        r = subprocess.run([sys.executable, "-m", "dsa_verify", *cmd], capture_output=True, text=True, env=env)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert ("backend 'f14_onlyclass' is a module with no op methods" in r.stderr and
+                "name its class: f14_onlyclass:<Class> (classes here: MyKernel)" in r.stderr), r.stderr
+        assert "judged nothing" not in r.stdout, r.stdout
+    # A module whose functions are the ops is still a backend, and module:Class still works.
+    (tmp_path / "f14_funcs.py").write_text("def topk(scores, k):\n    raise NotImplementedError\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert dsa_verify.load_backend("f14_funcs").__name__ == "f14_funcs"
+    assert type(dsa_verify.load_backend("f14_onlyclass:MyKernel")).__name__ == "MyKernel"

@@ -326,3 +326,40 @@ def test_sink_after_rounding_is_declared_and_judged_alike_on_every_route():
     assert replayed["exit"] == 0, replayed["report"]
     for c, r in zip(declared.ops, replayed["ops"]):
         assert (c["op"], c["verdict"], c["worst_ratio"]) == (r["op"], r["verdict"], r["worst_ratio"])
+
+
+@pytest.mark.parametrize("name,value", [("provided_outputs", "out"), ("conventions", "lse_base2"),
+                                        ("provided_outputs", b"out"), ("conventions", 3)])
+def test_list_of_names_arguments_refuse_a_single_str(name, value):
+    # fresh14 F3: a str was iterated letter by letter ("got \"o\"", "unknown convention 'l'").
+    with pytest.raises(TypeError, match=rf"argument '{name}' expected a list of names, got {type(value).__name__}"):
+        dsa_verify.compare(golden("smla_sink"), sparse_mla_outputs("smla_sink"), **{name: value})
+
+
+@pytest.mark.parametrize("name,value", [("ops", "topk"), ("only", "topk.contract_exact"),
+                                        ("unsupported", "invalid_ids")])
+def test_audit_list_of_names_arguments_refuse_a_single_str(name, value, tmp_path):
+    json_path = tmp_path / "r.json"
+    with pytest.raises(TypeError, match=rf"argument '{name}' expected a list of names, got str '{value}'"):
+        dsa_verify.audit(TorchBackend(), progress=False, json=str(json_path), **{name: value})
+    assert not json_path.exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("name", ["json", "junit", "dump_dir"])
+def test_audit_empty_report_path_is_refused(name):
+    # fresh14 F1: json="" wrote no report, silently.
+    with pytest.raises(ValueError, match=rf"argument '{name}' got \"\" \(empty\), expected a (file|directory) path"):
+        dsa_verify.audit(TorchBackend(), only=["topk.contract_exact"], progress=False, **{name: ""})
+
+
+def test_compare_without_an_output_of_the_golden_op_raises():
+    # fresh14 F2: {} or only another op's tensors was INCOMPLETE; the CLI exits 2 and the
+    # docstring says ValueError.
+    outputs = sparse_mla_outputs("smla_sink")
+    for given in ({}, {"indices": outputs["lse"].to(torch.int32)}):
+        with pytest.raises(ValueError, match=r"holds no output of the golden's op sparse_mla_fwd\+bwd .*"
+                                             r"expected some of 'out', 'lse'"):
+            dsa_verify.compare(golden("smla_sink"), given)
+    # One output of the op is enough to be judged (the others are INCOMPLETE, as before).
+    r = dsa_verify.compare(golden("smla_sink"), {"out": outputs["out"]})
+    assert not r.passed and "INCOMPLETE" in r.verdict_line, r.verdict_line

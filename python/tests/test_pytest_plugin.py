@@ -251,3 +251,12 @@ def test_list_options_reject_repeats_like_the_clis(tmp_path):
                        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
     assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
     assert "argument '--dsa-ops' names \"topk\" twice" in p.stderr, p.stderr
+
+
+def test_empty_dump_dir_is_a_usage_error(tmp_path):
+    # fresh14 F1: an empty path option (a CI line with its variable unset) is refused, not ignored
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
+                        "-q", "--dsa-backend=backends:TopkOnly", "--dsa-dump-dir", ""],
+                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
+    assert "argument '--dsa-dump-dir' got \"\" (empty), expected a directory path" in p.stderr, p.stderr
