@@ -56,6 +56,12 @@ int run_compare(const std::string& golden, const std::string& candidate,
   check_conventions_apply(conventions, oracle::fixture_ops(f), "--convention");
   std::vector<std::string> ignored;
   auto backend = oracle::load_candidate_file(candidate, conventions, &ignored);
+  // The file's own conventions (its metadata) follow the flag's rule: an input error naming it.
+  try {
+    check_conventions_apply(backend->conventions(), oracle::fixture_ops(f), "metadata 'conventions'");
+  } catch (const std::invalid_argument& e) {
+    throw fixtures::FileError(candidate, e.what());
+  }
   for (const auto& n : ignored)
     std::printf("note: %s: tensor '%s' is not an output name; ignored\n", candidate.c_str(), n.c_str());
   for (fixtures::Convention c : backend->conventions())

@@ -209,6 +209,11 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     oracle::FixtureReport r;
     try {
       f = fixtures::load_fixture(file);
+      try {  // a fixture's own conventions follow the --convention flag's rule (fresh14 F4)
+        check_conventions_apply(f.conventions, oracle::fixture_ops(f), "metadata 'conventions'");
+      } catch (const std::invalid_argument& e) {
+        throw fixtures::FileError(file, e.what());
+      }
       c = oracle::op_case_from_fixture(f);
       check_fixture_inputs(f, c, oracle::fixture_ops(f));  // an input error: one row, before any candidate
       r = oracle::check_fixture(f, c, nullptr, opt);
@@ -327,6 +332,11 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
   bool file_route = false;
   if (!candidate.empty()) {
     auto cb = oracle::load_candidate_file(candidate, conventions);
+    try {  // the file's own conventions follow the flag's rule (fresh14 F4)
+      check_conventions_apply(cb->conventions(), oracle::fixture_ops(f), "metadata 'conventions'");
+    } catch (const std::invalid_argument& e) {
+      throw fixtures::FileError(candidate, e.what());
+    }
     stored = cb.get();
     b = std::move(cb);
     file_route = true;

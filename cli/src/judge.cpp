@@ -50,7 +50,9 @@ void check_conventions_apply(const std::vector<fixtures::Convention>& convention
     std::string theirs, ours;
     for (oracle::Op op : converts) theirs += (theirs.empty() ? "" : " or ") + std::string(oracle::to_string(op));
     for (oracle::Op op : ops) ours += (ours.empty() ? "" : ", ") + std::string(oracle::to_string(op));
-    throw std::invalid_argument("argument '" + flag + "' names " + fixtures::to_string(c) +
+    // A flag is named as an argument; a file's field ("metadata 'conventions'") as it is.
+    const std::string who = flag.rfind("--", 0) == 0 ? "argument '" + flag + "'" : flag;
+    throw std::invalid_argument(who + " names " + fixtures::to_string(c) +
                                 ", which converts outputs of " + theirs + " only, not of the selected op" +
                                 (ops.size() == 1 ? " " : "s ") + ours +
                                 "; name only conventions of these ops (docs/fixtures.md conventions)");

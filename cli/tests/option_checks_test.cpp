@@ -93,6 +93,35 @@ TEST(PathOptions, AnEmptyPathIsAUsageError) {
   expect_usage_error("fixtures generate --preset ci --out \"\"", "--out", "\"\"", dir);
 }
 
+// A file's structured conventions follow the --convention flag's rules (F4, fresh14): one that
+// converts no output of the golden's op, or one named twice, is an input error naming the file
+// (exit 2); before, both were accepted silently.
+TEST(ConventionsMetadata, AreHeldToTheFlagsRules) {
+  Scratch dir("conventions_metadata");
+  auto with = [&](const std::string& name, const std::string& conventions, const std::string& tag) {
+    fixtures::SafetensorsFile f = fixtures::read_safetensors(golden(name));
+    f.metadata["conventions"] = conventions;
+    const std::string path = dir.file(name + "_" + tag + ".safetensors");
+    fixtures::write_safetensors(path, f);
+    return path;
+  };
+  const std::string topk = with("topk_mtp", "[\"lse_base2\"]", "other_op");
+  expect_cli("compare --golden " + golden("topk_mtp") + " --candidate " + topk, 2,
+             {topk, "metadata 'conventions' names lse_base2", "converts outputs of sparse_mla_fwd"});
+  expect_cli("replay " + golden("topk_mtp") + " --candidate " + topk, 2, {topk, "metadata 'conventions' names lse_base2"});
+  const std::string smla = with("smla_sink", "[\"int64_ids\"]", "other_op");
+  expect_cli("compare --golden " + golden("smla_sink") + " --candidate " + smla, 2,
+             {smla, "metadata 'conventions' names int64_ids", "converts outputs of topk only"});
+  const std::string twice = with("smla_sink", "[\"lse_base2\",\"lse_base2\"]", "twice");
+  expect_cli("compare --golden " + golden("smla_sink") + " --candidate " + twice, 2,
+             {twice, "names convention 'lse_base2' twice"});
+  // A fixture file's conventions alike, on fixtures check.
+  expect_cli("fixtures check " + smla + " --backend reference", 2, {smla, "metadata 'conventions' names int64_ids"});
+  // A convention of the op still applies (the shipped peer topk_short_rows names topk_width_min_k_s_kv).
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + std::string(DSA_PEER_FIXTURE_DIR) + "/topk_short_rows.safetensors" + " --backend reference", &out), 0) << out;
+}
+
 // A valid value still runs (the checks reject only what is out of range).
 TEST(NumericOptions, ValidValuesRun) {
   std::string out;
