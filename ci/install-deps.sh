@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache                 # compiler cache: a later build on the same machine reuses objects
   libeigen3-dev          # reference maths
   libtorch-dev           # LibTorch ops (optimized/)
   libopenblas0-openmp    # LibTorch's CPU BLAS: without it libblas.so.3 is the netlib reference (issue 13)

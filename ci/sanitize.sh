@@ -11,9 +11,10 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 case "$mode" in
   fuzz)
-    cmake --build --preset asan-ubsan -j "${JOBS:-2}" --target dsa_fixtures_tests
+    # dsa_parser_fuzz_tests: parser_fuzz_prop.cpp alone (fixtures/tests/CMakeLists.txt)
+    cmake --build --preset asan-ubsan -j "${JOBS:-2}" --target dsa_parser_fuzz_tests
     RC_PARAMS="max_success=${DSA_FUZZ_CASES:-300} seed=20261130" \
-      build/asan-ubsan/fixtures/tests/dsa_fixtures_tests --gtest_filter='ParserFuzz.*'
+      build/asan-ubsan/fixtures/tests/dsa_parser_fuzz_tests --gtest_filter='ParserFuzz.*'
     ;;
   all)
     cmake --build --preset asan-ubsan -j "${JOBS:-2}"
