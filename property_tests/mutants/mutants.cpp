@@ -354,6 +354,38 @@ class SmlaDkvDropsRowsFrom8 final : public Wrap {
   }
 };
 
+// True when every slot of row t is valid (inside topk_length, id in [0, s_kv)) and its ids are
+// pairwise distinct: the row the top-k hands over when the context holds >= k keys.
+bool row_full_and_distinct(const SparseMlaInputs& in, int64_t t) {
+  const int64_t k = in.indices.size(-1);
+  std::vector<int64_t> ids;
+  for (int64_t j = 0; j < k; ++j) {
+    if (!slot_valid(in, t, j)) return false;
+    ids.push_back(static_cast<int64_t>(in.indices.get(t * k + j)));
+  }
+  std::sort(ids.begin(), ids.end());
+  return std::adjacent_find(ids.begin(), ids.end()) == ids.end();
+}
+
+// Field fault: a "full tile" fast path, taken when k is a multiple of the 64-slot tile and a
+// row's k ids are all valid and distinct (no masking, dkv without atomics), fetches kv through
+// 16-row boxes whose coordinate it passes in boxes, not rows: it reads row (id >> 4) + id % 16,
+// right for ids < 16 and another key for every id >= 16; rows with padding, holes or repeats
+// take the general path and are right. Forward and backward.
+class SmlaFullTileBoxCoordinate final : public IndexRewrite {
+ public:
+  SmlaFullTileBoxCoordinate() : IndexRewrite("smla_full_tile_box_coordinate") {}
+  SparseMlaInputs rewrite(const SparseMlaInputs& in) const override {
+    const int64_t k = in.indices.size(-1);
+    if (k == 0 || k % 64 != 0) return in;
+    std::vector<uint8_t> full(static_cast<size_t>(in.q.size(0)));
+    for (int64_t t = 0; t < in.q.size(0); ++t) full[static_cast<size_t>(t)] = row_full_and_distinct(in, t);
+    return remap(in, [&](int64_t t, int64_t, int64_t id) {
+      return full[static_cast<size_t>(t)] ? (id >> 4) + id % 16 : id;
+    });
+  }
+};
+
 // ---- top-k -----------------------------------------------------------------------------
 
 Tensor map_scores(const Tensor& s, double from_nan_or_value, bool nan, double to) {
@@ -1377,6 +1409,9 @@ std::vector<Subject> mutant_subjects() {
       subject_of<KlTeacherHeadsFrom64Ignored>("KL teacher summing the first 64 heads only", "kl.production_shapes"),
       subject_of<KlKeysFrom1024Ignored>("KL loss ignoring keys >= 1024", "kl.production_shapes"),
       subject_of<KlIdsPastSkvWrapped>("sparse KL wrapping ids >= s_kv to id mod s_kv", "kl.loss_and_gradient_ratio"),
+      // Value/layout-dependent fast paths: wrong only on the rows production kernels see
+      // (k a multiple of 64, every id valid and distinct, ids past 16).
+      subject_of<SmlaFullTileBoxCoordinate>("sparse MLA full-tile fast path (k % 64 == 0, all ids valid and distinct) reading kv row (id >> 4) + id % 16", "smla.forward_ratio"),
       // Input precision (fresh-user F17): the KL teacher's logits in 16 bits.
       subject_of<KlTeacher16BitLogits>("KL teacher formed from logits rounded to q's 16-bit dtype (bf16 GEMM output)", "kl."),
       subject_of<Fp8OpsRowsPastTile>("FP8 indexer rows >= 128, paged rows >= 64, FP8 sparse MLA rows >= 128 returned 0", "fp8.indexer_many_rows"),

@@ -995,10 +995,13 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
   if (in_dtype != DType::BF16 && in_dtype != DType::F32)
     throw std::invalid_argument(std::string("draw_smla_case: in_dtype must be BF16 or F32, got ") + dtype_name(in_dtype));
   SmlaCase c;
+  // A run's draw 2 is a full-row draw (below) in every layout that has full rows; drawing any
+  // layout, it draws one of those.
+  const bool fixed_full = regime_in.empty() && draw_index() == 2;
   const std::string layout =
-      layout_in.empty() ? *rc::gen::element<std::string>("mixed", "poison", "empty", "dups",
-                                                         "leading_block", "topk_length")
-                        : layout_in;
+      !layout_in.empty() ? layout_in
+      : fixed_full       ? *rc::gen::element<std::string>("mixed", "poison", "empty", "topk_length")
+                         : *rc::gen::element<std::string>("mixed", "poison", "empty", "dups", "leading_block", "topk_length");
   // Shape regime (documented in generators.h); the regime keeps a case's multiply-adds small.
   const int level = generation_level();
   if (!regime_in.empty() && regime_in != "many_rows")
@@ -1006,6 +1009,16 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
   const std::string regime = !regime_in.empty() ? regime_in
                                                 : *rc::gen::weightedElement<std::string>(
                                                       {{3, "small"}, {2, "heads"}, {2, "rows"}, {2, "wide"}});
+  // Full rows: what a production kernel is handed when the context holds >= k keys: k a
+  // multiple of 64, the k ids of a row valid, distinct and spread over s_kv (past 16 and past
+  // one 64-key tile). Before, a level-0 row was that almost never (ids drawn with repeats over
+  // <= 65 keys, or k not a multiple of 64), and a kernel wrong only on such rows (a full-tile
+  // fast path) passed every level-0 sparse MLA property. One draw in six of the layouts that
+  // allow them (not "dups", "leading_block", nor the many-row regime), and a run's draw 2
+  // (draw 1 is topk_length's negative length); row 0 and half the other rows are full, the
+  // others keep their padding, holes, repeats and empty rows.
+  const bool full_ok = layout == "mixed" || layout == "poison" || layout == "empty" || layout == "topk_length";
+  const bool full = full_ok && regime != "many_rows" && (fixed_full || *rc::gen::inRange(0, 6) == 0);
   int64_t s_q = draw_in(1, 6), h = draw_in(1, 4);
   if (regime == "heads") {
     s_q = draw_in(1, 4);
@@ -1013,7 +1026,8 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
                    : *rc::gen::weightedOneOf<int64_t>({{3, rc::gen::inRange<int64_t>(5, 17)},
                                                        {1, rc::gen::element<int64_t>(64, 128)}});
   } else if (regime == "rows") {
-    s_q = draw_of<int64_t>({8, 9, 16, 17, 64, 65});
+    // Full rows of k = 64 keep to 8-17 rows (case cost).
+    s_q = full ? draw_of<int64_t>({8, 9, 16, 17}) : draw_of<int64_t>({8, 9, 16, 17, 64, 65});
     h = draw_in(1, s_q >= 64 ? 2 : 4);
   } else if (regime == "wide") {
     s_q = draw_in(1, 3);
@@ -1039,6 +1053,13 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
               : layout == "leading_block" ? draw_in(65, 80)
               : regime == "many_rows" ? draw_of<int64_t>({1, 2, 3, 5, 8, 16, 17})
                                           : draw_of<int64_t>({1, 2, 3, 5, 8, 16, 63, 64, 65});
+  if (full) {
+    // k 64 (levels >= 1 also 128; the wide regime 2048) over k+1..4k+3 keys (the wide regime
+    // 2049 or 4097); "poison" keeps two more (kv rows 0 and s_kv-1 are never selected).
+    k = regime == "wide" ? 2048 : level == 0 ? 64 : draw_of<int64_t>({64, 128});
+    s_kv = regime == "wide" ? draw_of<int64_t>({2049, 4097}) : draw_of<int64_t>({k + 1, k + 17, 2 * k, 2 * k + 1, 4 * k + 3});
+    if (layout == "poison") s_kv = std::max(s_kv, k + 2);
+  }
   // Detectable draws (SPEC §9 WEAK): m slots of one key in one row are m identical terms,
   // which fp32 sums round coherently (up to u·m/2 of their sum, Higham ch. 4), and a row
   // with one distinct key has dq = 0 made of those errors. Above ~64 slots per key no fp32
@@ -1064,9 +1085,22 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
   std::vector<int32_t> lengths(static_cast<size_t>(s_q), static_cast<int32_t>(k));
   const bool use_len = layout == "topk_length" || ((layout == "mixed" || layout == "poison") && draw_bool());
   std::vector<int64_t> uses(static_cast<size_t>(s_kv));
+  std::vector<int32_t> pool;  // the keys [lo, hi] of a full row, a prefix shuffled into it
+  std::vector<uint8_t> full_row(static_cast<size_t>(s_q));
   for (int64_t t = 0; t < s_q; ++t) {
     const int64_t pattern = irand(r, 0, 5);  // 0 all valid, 1 front pad, 2 tail pad, 3 holes, 4 empty, 5 mixed
     const bool empty_row = (layout == "empty" && irand(r, 0, 1) == 0) || (pattern == 4 && layout != "leading_block");
+    // In a full-row draw, row 0 and half the others (not those the "empty" layout empties).
+    if (full && (t == 0 || (!(layout == "empty" && empty_row) && irand(r, 0, 1) == 0))) {
+      full_row[static_cast<size_t>(t)] = 1;
+      pool.resize(static_cast<size_t>(hi - lo + 1));
+      for (size_t i = 0; i < pool.size(); ++i) pool[i] = static_cast<int32_t>(lo + static_cast<int64_t>(i));
+      for (int64_t j = 0; j < k; ++j) {  // partial Fisher-Yates: k distinct keys in random order
+        std::swap(pool[static_cast<size_t>(j)], pool[static_cast<size_t>(irand(r, j, hi - lo))]);
+        ids[static_cast<size_t>(t * k + j)] = pool[static_cast<size_t>(j)];
+      }
+      continue;  // topk_length (when drawn) stays k
+    }
     const int64_t front = pattern == 1 ? irand(r, 1, k) : 0;
     const int64_t tail_from = pattern == 2 ? irand(r, 0, k - 1) : k;
     std::fill(uses.begin(), uses.end(), 0);
@@ -1096,7 +1130,7 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
     }
   }
   // A "topk_length" draw of >= 2 rows, and a run's draw 1, has a negative length: if none was
-  // drawn, the row with the smallest length (no limit row of a many-row draw) gets -1 (and a
+  // drawn, the row with the smallest length (a full row last; no limit row of a many-row draw) gets -1 (and a
   // valid id in slot 0 if it had none), so a kernel reading lengths as unsigned reads it (fresh-user F11; with one row in
   // eight drawn negative about 3 smla.topk_length_respected draws in 10 reached it).
   if (layout == "topk_length" && (s_q >= 2 || draw_index() == 1) &&
@@ -1105,8 +1139,9 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
     size_t t = 0;
     for (size_t i = 0; i < lengths.size(); ++i)
       if (std::find(keep.begin(), keep.end(), static_cast<int64_t>(i)) == keep.end() &&
-          (std::find(keep.begin(), keep.end(), static_cast<int64_t>(t)) != keep.end() || lengths[i] < lengths[t]))
-        t = i;
+          (std::find(keep.begin(), keep.end(), static_cast<int64_t>(t)) != keep.end() ||
+           std::make_pair(full_row[i], lengths[i]) < std::make_pair(full_row[t], lengths[t])))
+        t = i;  // a row that is not full first
     lengths[t] = -1;
     bool valid = false;
     for (int64_t j = 0; j < k && !valid; ++j) valid = ids[t * k + j] >= lo && ids[t * k + j] <= hi;
@@ -1175,7 +1210,7 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
   if (in_dtype == DType::BF16) condition_bf16_backward_rows(c, r);
   c.desc = "smla regime=" + regime + " layout=" + layout + " q/kv=" + dtype_name(in_dtype) + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
            " d_qk=" + std::to_string(d_qk) + " d_v=" + std::to_string(d_v) + " s_kv=" +
-           std::to_string(s_kv) + " k=" + std::to_string(k) + (use_len ? " topk_length" : "") + (view3 ? " indices[s_q,1,k]" : "") +
+           std::to_string(s_kv) + " k=" + std::to_string(k) + (full ? " full_rows" : "") + (use_len ? " topk_length" : "") + (view3 ? " indices[s_q,1,k]" : "") +
            (c.in.attn_sink ? " sink" : "");
   note_smla_features(c.in);
   log_case(c.desc);

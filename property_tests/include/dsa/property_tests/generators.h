@@ -177,6 +177,16 @@ struct SmlaCase {
 /// 16, 17, 64 or 65 over few keys, so key rows are shared across 64-row tiles), "wide" (k
 /// 1025, 2048 or 2049 over s_kv 1025-4097 keys). Level 0 stays under ~2^20
 /// multiply-adds a case.
+/// Full rows (the rows production kernels are handed: k valid, distinct ids): one draw in six
+/// of the layouts "mixed", "poison", "empty" and "topk_length" (not "dups", "leading_block" nor
+/// the "many_rows" regime), and the run's draw 2 of those layouts (`layout` "" then draws one of
+/// them), has k = 64 (levels >= 1: 64 or 128; the "wide" regime 2048) over s_kv k+1, k+17, 2k,
+/// 2k+1 or 4k+3 (wide: 2049 or 4097; "poison" at least k+2), the "rows" regime then s_q 8-17;
+/// row 0 and half the other rows hold k distinct valid ids in random order (so ids >= 16 and
+/// past one 64-key tile), topk_length (when drawn) k; the other rows keep their padding,
+/// holes, repeats and empty rows. A kernel wrong only on such rows (a full-tile fast path:
+/// mutant smla_full_tile_box_coordinate) fails smla.forward_ratio, invalid_slots_never_read,
+/// empty_rows and topk_length_respected at level 0 on every seed.
 /// Detectable draws (SPEC §9, no WEAK row at the fp32 class nor, for bf16 q/kv, at the bf16
 /// class, docs/what-a-pass-means.md): with bf16 q/kv each (t, h) row whose bf16-class out
 /// bound exceeds 0.8 θ of its row scale gets q[t, h, :] redrawn (up to 12 judgements, the
