@@ -18,6 +18,12 @@ def pytest_run(tmp_path, *args):
     return p, ET.parse(tmp_path / "junit.xml").getroot()
 
 
+def plugin_run(tmp_path, *args):
+    """pytest with this plugin on `args` in tmp_path, quiet, no JUnit file: its CompletedProcess."""
+    cmd = [sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider", "-q", *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+
+
 def cases(root):
     return root.iter("testcase")
 
@@ -174,19 +180,15 @@ def test_unsupported_is_the_clis_option(tmp_path):
     assert not any(c.find("failure") is not None for c in cases(root)), p.stdout
     assert rc != 1 and {rc, p.returncode} <= {0, 2, pytest.ExitCode.USAGE_ERROR}, (rc, p.returncode)
     assert (rc == 0) == (p.returncode == 0), (rc, p.returncode, text, p.stdout)
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
-                        "-q", "--dsa-backend=backends:DeclinesInvalidIds", *base, "--dsa-unsupported", "invalid"],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    p = plugin_run(tmp_path, "--dsa-backend=backends:DeclinesInvalidIds", *base, "--dsa-unsupported", "invalid")
     assert p.returncode == pytest.ExitCode.USAGE_ERROR and "--dsa-unsupported" in p.stderr, p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "1e9"])
 def test_timeout_out_of_range_is_a_usage_error_naming_the_option(tmp_path, value):
     # fresh-user F13: -1 and 0 made a correct kernel "time out"; nan raised a traceback.
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
-                        "-q", "--dsa-backend=torch_backend:TorchBackend", "--dsa-ops", "topk", "--dsa-only",
-                        "topk.contract_exact", "--dsa-isolate", f"--dsa-timeout={value}"],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    p = plugin_run(tmp_path, "--dsa-backend=torch_backend:TorchBackend", "--dsa-ops", "topk", "--dsa-only",
+                   "topk.contract_exact", "--dsa-isolate", f"--dsa-timeout={value}")
     assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
     want = f"argument '--dsa-timeout' got {value}, expected a positive decimal number of seconds from 0.001 to 86400"
     assert want in p.stderr and "timed out" not in p.stdout + p.stderr, p.stdout + p.stderr
@@ -236,9 +238,7 @@ def test_after_a_hang_a_fixture_fails_the_test_of_each_of_its_ops(tmp_path):
 
 def test_timeout_option_is_checked_like_the_clis(tmp_path):
     # fresh12 F11: a hex or otherwise non-decimal --dsa-timeout is a usage error naming it
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
-                        "-q", "--dsa-backend=backends:TopkOnly", "--dsa-timeout", "0x10"],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    p = plugin_run(tmp_path, "--dsa-backend=backends:TopkOnly", "--dsa-timeout", "0x10")
     assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
     assert ("argument '--dsa-timeout' got '0x10', expected a positive decimal number of seconds from 0.001 to 86400"
             in p.stderr), p.stderr
@@ -246,17 +246,13 @@ def test_timeout_option_is_checked_like_the_clis(tmp_path):
 
 def test_list_options_reject_repeats_like_the_clis(tmp_path):
     # fresh13 F7: --dsa-ops topk,topk and --dsa-unsupported a,a were accepted
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
-                        "-q", "--dsa-backend=backends:TopkOnly", "--dsa-ops", "topk,topk"],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    p = plugin_run(tmp_path, "--dsa-backend=backends:TopkOnly", "--dsa-ops", "topk,topk")
     assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
     assert "argument '--dsa-ops' names \"topk\" twice" in p.stderr, p.stderr
 
 
 def test_empty_dump_dir_is_a_usage_error(tmp_path):
     # fresh14 F1: an empty path option (a CI line with its variable unset) is refused, not ignored
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider",
-                        "-q", "--dsa-backend=backends:TopkOnly", "--dsa-dump-dir", ""],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    p = plugin_run(tmp_path, "--dsa-backend=backends:TopkOnly", "--dsa-dump-dir", "")
     assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
     assert "argument '--dsa-dump-dir' got \"\" (empty), expected a directory path" in p.stderr, p.stderr
