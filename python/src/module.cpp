@@ -345,9 +345,11 @@ py::dict compare_outputs(const std::string& golden, const py::dict& outputs,
   }
   std::string given;  // the names given, for the error below
   for (const auto& kv : tensors) given += (given.empty() ? "'" : ", '") + kv.first + "'";
-  oracle::CandidateBackend backend(std::move(tensors), "compare(outputs)",
-                                   fixtures::parse_conventions(conventions, "conventions"),
-                                   "candidate-outputs");
+  const std::vector<fixtures::Convention> convs = fixtures::parse_conventions(conventions, "conventions");
+  // A convention that converts none of the golden's ops is refused, as `dsa-verify compare
+  // --convention` refuses it (fresh14 F4: one rule on every route).
+  cli::check_conventions_apply(convs, oracle::fixture_ops(f), "conventions");
+  oracle::CandidateBackend backend(std::move(tensors), "compare(outputs)", convs, "candidate-outputs");
   const cli::JudgeOptions judge = judge_options(provided, allow_weak, sink_after_rounding, normalized_p);
   if (judge.outputs) oracle::check_provided_outputs(*judge.outputs, oracle::fixture_ops(f), "provided_outputs");
   // No output of the golden's op at all is the wrong outputs, as `dsa-verify compare`'s "holds

@@ -104,6 +104,10 @@ def test_compare_conventions_convert_representations():
     assert r.passed, r.report
     with pytest.raises(ValueError, match="lse_base3"):
         dsa_verify.compare(golden("smla_basic"), outputs, conventions=["lse_base3"])
+    # A convention that converts none of the golden's ops is refused, as the CLI's --convention
+    # (fresh14 F4); before, the Python route accepted int64_ids on a sparse MLA golden silently.
+    with pytest.raises(ValueError, match="conventions names int64_ids, which converts outputs of topk only"):
+        dsa_verify.compare(golden("smla_basic"), outputs, conventions=["lse_base2", "int64_ids"])
 
 
 def test_compare_topk_exact():
