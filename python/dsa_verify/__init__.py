@@ -111,7 +111,8 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     applying attn_sink; out's bound on sink rows adds that first rounding). normalized_p:
     --normalized-p (the kernel rounds softmax(P) to 16 bits before P·V, the max key's too).
     The judgement is the candidate-file route's (oracle::CandidateBackend, check_op).
-    Raises ValueError for an unknown output or convention name, a flag argument (allow_weak,
+    Raises ValueError for an unknown output or convention name, a convention named twice or
+    one that converts none of the golden's ops (as the CLI's --convention), a flag argument (allow_weak,
     sink_after_rounding, normalized_p) that is not True or False, when no output of the
     fixture's op is given ("holds no output of the golden's op ...", naming the op and its
     outputs, as the CLI's exit 2), or when nothing was judged ("compare: judged nothing: ...":
