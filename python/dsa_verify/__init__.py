@@ -13,13 +13,15 @@ properties, fixtures and report writers). Import errors of dsa_verify._core mean
 was not built: `cmake --build build/default --target dsa_verify_core`, then
 PYTHONPATH=build/default/python.
 """
+from __future__ import annotations  # the torch.Tensor annotations below are not evaluated
+
 import json as _json
 from dataclasses import dataclass, field
 from typing import Dict
 
-import torch
-from torch.utils import dlpack as _dlpack
-
+# torch is imported by the functions that convert tensors, not with the package: a command
+# that stops at a usage error (`python3 -m dsa_verify audit --timeout 0`, the pytest plugin's
+# option checks) never pays for importing torch (~2 s of CPU per process).
 from . import _core
 from ._audit import CaseResult, Report, audit, flag_argument, load_backend, names_argument  # noqa: F401
 from ._bridge import OPS, OUTPUTS, Bridge  # noqa: F401
@@ -30,6 +32,7 @@ __all__ = ["audit", "load_fixture", "compare", "Report", "CaseResult", "Fixture"
 
 
 def _torch(caps, device):
+    from torch.utils import dlpack as _dlpack
     return {n: (None if c is None else _dlpack.from_dlpack(c).to(device)) for n, c in caps.items()}
 
 
@@ -89,6 +92,8 @@ class CompareResult:
 
 
 def _host_capsule(name, t):
+    import torch
+    from torch.utils import dlpack as _dlpack
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"compare: output '{name}' is {type(t).__name__}, expected a torch.Tensor")
     if not t.is_contiguous():

@@ -14,8 +14,9 @@ kernel reinterprets them for free with `t.view(torch.float8_e4m3fn)` / `torch.fl
 """
 import traceback
 
-import torch
-from torch.utils import dlpack as _dlpack
+# torch is imported where a Bridge first needs it (constructing one), not with this module: a
+# command that stops at a usage error (`python3 -m dsa_verify audit --timeout 0`, the pytest
+# plugin's option checks) never pays for importing torch (~2 s of CPU per process).
 
 OPS = ("indexer_scores", "indexer_scores_backward", "topk", "sparse_mla_fwd", "sparse_mla_bwd",
        "indexer_kl_loss", "fp8_indexer_scores", "paged_indexer_scores", "sparse_mla_fp8_fwd")
@@ -38,8 +39,8 @@ OUTPUTS = {
 DATA_INPUTS = ("q_idx", "k_idx", "q", "kv", "dout")
 FP8_DATA_INPUTS = ("q",)
 FP8_FORMATS = ("e4m3fn", "e5m2")
-_DLPACK_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-                  torch.int32, torch.uint8)
+# The dtypes an output may have (those DLPack hands to C++), by name (_dtype_name).
+_DLPACK_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "uint8")
 TIE_BREAKS = ("any", "small", "large")
 
 
@@ -68,6 +69,7 @@ class Bridge:
     """
 
     def __init__(self, backend, device="cpu"):
+        import torch
         self.backend = backend
         self.device = torch.device(device)
         name = getattr(backend, "name", None)
@@ -119,6 +121,7 @@ class Bridge:
                         f"output names must declare them alike (declare both in outputs, or leave one op out)")
 
     def unavailable_reason(self):
+        import torch
         if self.device.type == "cuda" and not torch.cuda.is_available():
             return "device 'cuda' requested but torch.cuda.is_available() is False"
         return ""
@@ -127,6 +130,7 @@ class Bridge:
         return callable(getattr(self.backend, op, None))
 
     def _to_torch(self, tensors):
+        from torch.utils import dlpack as _dlpack
         kw = {}
         for name, cap in tensors.items():
             kw[name] = None if cap is None else _dlpack.from_dlpack(cap).to(self.device)
@@ -163,6 +167,7 @@ class Bridge:
 
     def _named(self, op, result, names):
         """Maps a method's result (tensor, tuple/list in SPEC order, or dict) to {name: value}."""
+        import torch
         provided = self._provided(op, names)
         if isinstance(result, torch.Tensor):
             result = (result,)
@@ -187,6 +192,8 @@ class Bridge:
         """Runs backend.<op>; returns ("ok", {name: capsule}) | ("not_supported", why) |
         ("invalid_argument", text) (the kernel raised ValueError: its documented rejection of bad
         input, SPEC §10) | ("error", text)."""
+        import torch
+        from torch.utils import dlpack as _dlpack
         try:
             kw = self._to_torch(tensors)
             why = self._check_supported(op, kw, scalars)
@@ -206,7 +213,7 @@ class Bridge:
                     raise OutputError(f"output '{n}' is missing" + (" (declared in outputs)" if op in self.outputs else ""))
                 if not isinstance(t, torch.Tensor):
                     raise OutputError(f"output '{n}' is {type(t).__name__}, expected a torch.Tensor")
-                if t.dtype not in _DLPACK_DTYPES:
+                if _dtype_name(t.dtype) not in _DLPACK_DTYPES:
                     raise OutputError(f"output '{n}' has dtype {_dtype_name(t.dtype)}, expected a floating dtype "
                                       "(int32 for indices)")
                 if not t.is_contiguous():

@@ -78,11 +78,13 @@ class _State:
         text = opt("--dsa-timeout")
         self.timeout = _audit.DEFAULT_TIMEOUT_S if text is None else _audit.timeout_from_text(text, "--dsa-timeout")
         _audit.path_argument("--dsa-dump-dir", opt("--dsa-dump-dir"), "a directory path")  # "" (fresh14 F1)
-        self.bridge = Bridge(_audit.load_backend(self.spec), self.device)
         def split(flag):  # a usage error for an empty item or a repeated name, as the CLIs
             return _audit.list_from_text(opt(flag), flag)
-        unsupported = split("--dsa-unsupported")
-        self.options = _audit._options(self.spec, split("--dsa-ops"), split("--dsa-only"),
+        # Checked before the backend is loaded, as `python3 -m dsa_verify audit` does: a usage
+        # error imports neither the backend's module nor torch.
+        unsupported, ops, only = split("--dsa-unsupported"), split("--dsa-ops"), split("--dsa-only")
+        self.bridge = Bridge(_audit.load_backend(self.spec), self.device)
+        self.options = _audit._options(self.spec, ops, only,
                                        opt("--dsa-level"), opt("--dsa-seed"), opt("--dsa-dump-dir"),
                                        not opt("--dsa-no-fixtures"), self.device, isolate=bool(self.isolate),
                                        timeout=self.timeout, unsupported=unsupported,
