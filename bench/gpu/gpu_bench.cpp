@@ -113,13 +113,14 @@ void bench_indexer(std::ostringstream& table) {
         ks.data_ptr<int64_t>(), ke.data_ptr<int64_t>(), s, h, d, s, out.data_ptr<float>(),
         nullptr, kernel);
   };
+  dsa::cuda::IndexerBwdKernel bwd_kernel = dsa::cuda::IndexerBwdKernel::Wgmma;
   auto mine_bwd = [&](int i) {
     dsa::cuda::indexer_scores_backward_device(
         reinterpret_cast<const uint16_t*>(q[i % r].data_ptr()),
         reinterpret_cast<const uint16_t*>(k.data_ptr()), w[i % r].data_ptr<float>(),
         ks.data_ptr<int64_t>(), ke.data_ptr<int64_t>(), ds.data_ptr<float>(), s, h, d, s,
         reinterpret_cast<uint16_t*>(dq.data_ptr()), reinterpret_cast<uint16_t*>(dk.data_ptr()),
-        dw.data_ptr<float>(), nullptr);
+        dw.data_ptr<float>(), nullptr, bwd_kernel);
   };
   const auto visible = torch::ones({s, s}, f32.dtype(torch::kBool)).tril();
   torch::Tensor pout;
@@ -184,14 +185,41 @@ void bench_indexer(std::ostringstream& table) {
   }
   row("indexer_scores", "ATen matmul (bf16 logits) + relu + *w + sum, full product", t_peer, flops,
       "peer (computes all s_q·s_kv pairs; TFLOP/s on visible pairs)");
-  const double tb = median_ms(mine_bwd, 2, 7);
   const double tbp = median_ms(peer_bwd, 1, 3);
-  mine_bwd(0);
   peer_bwd(0);
-  check(cudaDeviceSynchronize(), "indexer backward");
-  row("indexer_scores_backward", "dsa cuda mma.sync (dq/dw + dk kernels, G in 3 bf16 parts)", tb, 3 * flops,
-      "rel-Frobenius vs peer: dq " + fmt("%.2e", rel(dq, pdq)) + ", dk " + fmt("%.2e", rel(dk, pdk)) +
-          ", dw " + fmt("%.2e", rel(dw, pdw)));
+  check(cudaDeviceSynchronize(), "indexer backward peer");
+  using BK = dsa::cuda::IndexerBwdKernel;
+  const std::pair<BK, const char*> bwd_kernels[] = {
+      {BK::Mma, "dsa cuda mma.sync (dq/dw + dk kernels, G in 3 bf16 parts)"},
+      {BK::Wgmma, "dsa cuda wgmma (S m64n64, G·k / Gᵀ·q m64n128 with G as register A, 3 bf16 parts)"},
+      {BK::ProbeDqOnly, "probe: wgmma, dq/dw kernel only (dk not written)"},
+      {BK::ProbeDkOnly, "probe: wgmma, dk kernel only (dq/dw not written)"},
+      {BK::ProbeNoGradProducts, "probe: wgmma without the G products (not valid gradients)"}};
+  torch::Tensor mma_dq, mma_dk, mma_dw;
+  for (const auto& [kern, name] : bwd_kernels) {
+    bwd_kernel = kern;
+    const double tb = median_ms(mine_bwd, 2, 7);
+    std::string note = "timing probe";
+    if (kern == BK::Mma || kern == BK::Wgmma) {
+      dq.fill_(0);
+      dk.fill_(0);
+      dw.fill_(0);
+      mine_bwd(0);
+      check(cudaDeviceSynchronize(), "indexer backward");
+      note = "rel-Frobenius vs peer: dq " + fmt("%.2e", rel(dq, pdq)) + ", dk " +
+             fmt("%.2e", rel(dk, pdk)) + ", dw " + fmt("%.2e", rel(dw, pdw));
+      if (kern == BK::Mma) {
+        mma_dq = dq.clone(), mma_dk = dk.clone(), mma_dw = dw.clone();
+      } else {
+        note += "; vs mma.sync: dq " + fmt("%.2e", rel(dq, mma_dq)) + ", dk " +
+                fmt("%.2e", rel(dk, mma_dk)) + ", dw " + fmt("%.2e", rel(dw, mma_dw)) +
+                "; peer / this " + fmt("%.2f", tbp / tb) + "x";
+      }
+    }
+    row("indexer_scores_backward", name, tb, 3 * flops, note);
+    std::printf("indexer backward %s done (%.3f ms)\n", name, tb);
+    std::fflush(stdout);
+  }
   row("indexer_scores_backward", "ATen (bf16 logits, bf16 G, 3 matmuls)", tbp, 3 * flops, "peer");
 }
 

@@ -276,7 +276,7 @@ class CudaBackend final : public oracle::Backend {
                                    dev.ks.get<int64_t>(), dev.ke.get<int64_t>(),
                                    d_ds.get<float>(), s.s_q, s.h, s.d_pad, s.s_kv,
                                    d_dq.get<uint16_t>(), d_dk.get<uint16_t>(), d_dw.get<float>(),
-                                   nullptr);
+                                   nullptr, options_.indexer_bwd_kernel);
     DSA_CUDA_CHECK(where, cudaDeviceSynchronize());
     unpad(d_dq, s.s_q * s.h, s.d, s.d_pad, g.dq_idx, where);
     unpad(d_dk, s.s_kv, s.d, s.d_pad, g.dk_idx, where);

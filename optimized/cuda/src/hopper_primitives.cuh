@@ -167,6 +167,9 @@ __device__ __forceinline__ void fence_proxy_async() {
 /// wgmma, which the compiler cannot see through.
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
+/// As reg_fence for a 32-bit register (an A fragment that an asynchronous wgmma reads).
+__device__ __forceinline__ void reg_fence(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
 /// reg_fence on every register of an accumulator fragment.
 template <int N>
 __device__ __forceinline__ void reg_fence(float (&d)[N]) {
@@ -304,17 +307,19 @@ __device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[64], uint64_t des
 }
 
 /// d += A B, wgmma m64n128k16 with A from registers (4 per thread: the m16 x k16 mma.sync A
-/// fragment of the thread's warp) and B K-major in shared memory by descriptor; otherwise as
-/// wgmma_m64n32k16_ss (PTX ISA "wgmma.mma_async", register-A form).
+/// fragment of the thread's warp) and B in shared memory by descriptor, K-major, or MN-major
+/// when kTransB; the A registers are read asynchronously (keep them unchanged until the wait);
+/// otherwise as wgmma_m64n32k16_ss (PTX ISA "wgmma.mma_async", register-A form).
+template <int kTransB = 0>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float (&d)[64], const uint32_t (&a)[4],
                                                     uint64_t desc_b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %68, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" DSA_WGMMA_R0 ", " DSA_WGMMA_R16
-      ", " DSA_WGMMA_R32 ", " DSA_WGMMA_R48 "}, {%64, %65, %66, %67}, %69, p, 1, 1, 0;\n}\n"
+      ", " DSA_WGMMA_R32 ", " DSA_WGMMA_R48 "}, {%64, %65, %66, %67}, %69, p, 1, 1, %70;\n}\n"
       : DSA_WGMMA_D64(0)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc_b));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(scale_d), "l"(desc_b), "n"(kTransB));
 #else
   (void)d; (void)a; (void)desc_b; (void)scale_d;
   __trap();

@@ -13,7 +13,9 @@
 // the current one executes), `Wgmma` (q_idx as register A fragments, 2 rows per block) and
 // `Mma` (mma.sync.m16n8k16 + ldmatrix, same layout, 2 rows per block).
 //
-// Backward: two kernels, no atomics on values. dq/dw: per pair of query rows, tiles of 64 keys;
+// Backward (IndexerBwdKernel::Wgmma, the default): the wgmma kernels below ("backward on
+// wgmma"). Backward (IndexerBwdKernel::Mma, the mma.sync kernels):
+// two kernels, no atomics on values. dq/dw: per pair of query rows, tiles of 64 keys;
 // S = Q K^T recomputed, G = dI w 1[S>0] (0 outside the window: dI there is never read into a
 // sum), dw += dI ReLU(S) in registers, dq += G K with G split into three bf16 parts hi + mid + lo
 // (G carried to fp32 precision), a fixed summation order. dk: per block of 128 keys, every query row
@@ -22,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -561,6 +564,370 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// ---------------------------------------------------------------- backward on wgmma
+// Both gradients with one kernel shape (kDk false: dq/dw, kDk true: dk). Each warpgroup owns a
+// fixed 64-row operand F in shared memory (dq: q_idx[t], the 64 padded heads; dk: 64 keys of
+// k_idx) and streams 64-row tiles T (dq: 64 keys of k_idx; dk: q_idx[t'] of one query row) with
+// side data (dI, and w for dk) through a cp.async ring. Per tile: S = F T^T (8 wgmma m64n64k16,
+// both operands K-major by descriptor); G = dI w 1[S>0] (0 outside the window) in registers,
+// split into three bf16 parts hi + mid + lo (fp32 precision, smallest part first as in the
+// mma.sync kernels); acc += G T (12 wgmma m64n128k16 with G as register A fragments and T read
+// MN-major). The S product of tile i+1 is issued before tile i's epilogue, so it runs meanwhile.
+// dq: two query rows per block (one per warpgroup) share the key tiles. dk: 64 keys per
+// cluster of two CTAs; the four warpgroups take every fourth query row (each its own ring) and
+// their fp32 sums are added in a fixed order at the end through shared and distributed shared
+// memory (deterministic). One block barrier per tile in both.
+constexpr int kWgRows = 64;                       // rows of F and of one streamed tile
+constexpr int kWgStages = 5;                      // ring depth; tiles issued 3 ahead
+constexpr uint32_t kWgTile = kWgRows * 256;       // 64 rows x 128 bf16, 128-byte swizzle
+constexpr uint32_t kWgSide = 1024;                // dI (and w) of one stage; keeps 1 KB alignment
+constexpr uint32_t kWgStage = kWgTile + kWgSide;
+constexpr uint32_t kWgRing = kWgStages * kWgStage;
+// dq: [F of 2 rows][one shared ring]; dk: [F][a ring per warpgroup] (+ the row range).
+constexpr size_t kWgSmemDq = 1024 + 2 * kWgTile + kWgRing;
+constexpr size_t kWgSmemDk = 1024 + kWgTile + 2 * kWgRing + 16;
+constexpr int kDkCluster = 2;                  // dk: CTAs per 64-key block (one cluster)
+constexpr int kDkStreams = 2 * kDkCluster;     // dk: query-row streams per key block
+
+// Timing probe (benchmark only): kProbeNoGrad leaves out the G T products.
+template <bool kDk, bool kProbeNoGrad>
+__device__ __forceinline__ void indexer_bwd_wgmma(const bf16* __restrict__ q,
+                                                  const bf16* __restrict__ k,
+                                                  const float* __restrict__ w,
+                                                  const int64_t* __restrict__ ks,
+                                                  const int64_t* __restrict__ ke,
+                                                  const float* __restrict__ d_scores, int s_q,
+                                                  int H, int d, int s_kv, bf16* __restrict__ grad,
+                                                  float* __restrict__ dw) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* smem = smem_raw + (base - raw);
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127, warp = wtid >> 5, lane = tid & 31;
+  const int gid = lane >> 2, t4 = lane & 3;
+  // Loader threads of a ring: the block (dq) or the warpgroup (dk).
+  constexpr int kNT = kDk ? 128 : kThreads;
+  const int ltid = kDk ? wtid : tid;
+  const uint32_t ftile = kDk ? base : base + wg * kWgTile;
+  const uint32_t ring = kDk ? base + kWgTile + wg * kWgRing : base + 2 * kWgTile;
+  const uint32_t ring_off = ring - base;
+
+  // dq: rows t0, t0 + 1 (longest first), key tiles [kt0, kt0 + n). dk: keys [s0, s0 + 64),
+  // rows tmin + stream + 4 i for i < n (stream: 2 cluster rank + warpgroup).
+  int n = 0, kt0 = 0, t0 = 0, s0 = 0, tmin = 0, my_t = 0, stream = 0;
+  Window win{0, 0};
+  float w0 = 0.f, w1 = 0.f;
+  if constexpr (!kDk) {
+    t0 = (static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x)) * 2;
+    const Window wa = row_window(ks, ke, t0, s_q, s_kv), wb = row_window(ks, ke, t0 + 1, s_q, s_kv);
+    int rlo = s_kv, rhi = 0;
+    if (wa.hi > wa.lo) rlo = min(rlo, wa.lo), rhi = max(rhi, wa.hi);
+    if (wb.hi > wb.lo) rlo = min(rlo, wb.lo), rhi = max(rhi, wb.hi);
+    kt0 = rhi > rlo ? rlo / kWgRows : 0;
+    n = rhi > rlo ? (rhi + kWgRows - 1) / kWgRows - kt0 : 0;
+    my_t = t0 + wg;
+    win = wg ? wb : wa;
+    const bool row_ok = my_t < s_q;
+    const int h0 = warp * 16 + gid, h1 = h0 + 8;
+    w0 = (row_ok && h0 < H) ? w[static_cast<size_t>(my_t) * H + h0] : 0.f;
+    w1 = (row_ok && h1 < H) ? w[static_cast<size_t>(my_t) * H + h1] : 0.f;
+    load_rows<kWgRows, 128>(ftile, q + static_cast<size_t>(row_ok ? my_t : 0) * H * d, 0,
+                            row_ok ? H : 0, d, wtid);
+  } else {
+    s0 = static_cast<int>(blockIdx.x / kDkCluster) * kWgRows;
+    stream = static_cast<int>(cooperative_groups::this_cluster().block_rank()) * 2 + wg;
+    int* range = reinterpret_cast<int*>(smem + kWgTile + 2 * kWgRing);
+    if (tid == 0) range[0] = s_q, range[1] = -1;
+    __syncthreads();
+    int lo = s_q, hi = -1;
+    for (int t = tid; t < s_q; t += kThreads) {
+      const Window wt = row_window(ks, ke, t, s_q, s_kv);
+      if (wt.hi > wt.lo && wt.lo < s0 + kWgRows && wt.hi > s0) lo = min(lo, t), hi = max(hi, t);
+    }
+    if (hi >= 0) atomicMin(&range[0], lo), atomicMax(&range[1], hi);
+    __syncthreads();
+    tmin = range[0];
+    const int rows = range[1] >= range[0] ? range[1] - range[0] + 1 : 0;
+    // Both warpgroups run warpgroup 0's count (one block barrier per tile); warpgroup 1's
+    // extra tile, if any, is a row past the range or past s_q: zero-filled or masked, G = 0.
+    const int first = stream - wg;
+    n = rows > first ? (rows - first + kDkStreams - 1) / kDkStreams : 0;
+    load_rows<kWgRows, kThreads>(ftile, k, s0, s_kv, d, tid);
+  }
+
+  auto load_tile = [&](int i) {
+    if (i < n) {
+      const uint32_t sb = ring + (i % kWgStages) * kWgStage, side = sb + kWgTile;
+      if constexpr (!kDk) {
+        const int key0 = (kt0 + i) * kWgRows;
+        load_rows<kWgRows, kNT>(sb, k, key0, s_kv, d, ltid);
+        if (ltid < 2 * kWgRows) {  // dI of both rows
+          const int t = t0 + ltid / kWgRows, key = key0 + ltid % kWgRows;
+          const bool valid = t < s_q && key < s_kv;
+          cp_async4_zfill(side + ltid * 4,
+                          valid ? d_scores + static_cast<size_t>(t) * s_kv + key : d_scores,
+                          valid ? 4u : 0u);
+        }
+      } else {
+        const int t = tmin + stream + kDkStreams * i;
+        const bool row_ok = t < s_q;
+        load_rows<kWgRows, kNT>(sb, q + static_cast<size_t>(row_ok ? t : 0) * H * d, 0,
+                                row_ok ? H : 0, d, ltid);
+        if (ltid < kWgRows) {  // dI[t, s0 + ltid]
+          const bool valid = row_ok && s0 + ltid < s_kv;
+          cp_async4_zfill(side + ltid * 4,
+                          valid ? d_scores + static_cast<size_t>(t) * s_kv + s0 + ltid : d_scores,
+                          valid ? 4u : 0u);
+        } else {  // w[t, h]
+          const int h = ltid - kWgRows;
+          const bool valid = row_ok && h < H;
+          cp_async4_zfill(side + ltid * 4, valid ? w + static_cast<size_t>(t) * H + h : w,
+                          valid ? 4u : 0u);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  auto issue_s = [&](float(&s)[32], int i) {
+    const uint32_t sb = ring + (i % kWgStages) * kWgStage;
+    reg_fence(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t off = (kk >> 2) * (kWgRows * 128) + (kk & 3) * 32;
+      wgmma_m64n64k16_ss(s, sw128_desc(ftile + off, 16, 1024), sw128_desc(sb + off, 16, 1024),
+                         kk > 0);
+    }
+    wgmma_commit();
+  };
+  float acc[64];  // set by the first tile's first product (scale_d 0); zeros when n == 0
+  if constexpr (kProbeNoGrad) {
+#pragma unroll
+    for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+  }
+  uint32_t a[4][3][4];  // G of the tile as A fragments: [k16 step][part][register]
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int p = 0; p < 3; ++p)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a[kk][p][r] = 0u;
+  float dw0 = 0.f, dw1 = 0.f;
+  // Tile i's epilogue (S in s, complete) and its G T products.
+  auto finish = [&](const float(&s)[32], int i) {
+    float gv[32];  // G (S itself is not redefined: wgmma accumulators stay wgmma-only)
+    const float* side = reinterpret_cast<const float*>(smem + ring_off +
+                                                       (i % kWgStages) * kWgStage + kWgTile);
+    if constexpr (!kDk) {  // rows: heads; columns: keys
+      const float* dis = side + wg * kWgRows;
+      const int key0 = (kt0 + i) * kWgRows;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int kl = nt * 8 + 2 * t4 + (c & 1), key = key0 + kl;
+          const bool in = key >= win.lo && key < win.hi;
+          const float g = in ? dis[kl] : 0.f, x = s[nt * 4 + c];
+          if (c & 2) dw1 += in ? g * relu(x) : 0.f;
+          else dw0 += in ? g * relu(x) : 0.f;
+          gv[nt * 4 + c] = in ? g * ((c & 2) ? w1 : w0) * (x > 0.f ? 1.f : 0.f) : 0.f;
+        }
+    } else {  // rows: keys; columns: heads
+      const int t = tmin + stream + kDkStreams * i;
+      const Window wt = row_window(ks, ke, t, s_q, s_kv);
+      const int k0 = s0 + warp * 16 + gid, k1 = k0 + 8;
+      const bool in0 = k0 >= wt.lo && k0 < wt.hi, in1 = k1 >= wt.lo && k1 < wt.hi;
+      const float g0 = in0 ? side[k0 - s0] : 0.f, g1 = in1 ? side[k1 - s0] : 0.f;
+      const float* ws = side + kWgRows;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int h = nt * 8 + 2 * t4 + (c & 1);
+          const bool in = (c & 2) ? in1 : in0;
+          const float x = s[nt * 4 + c];
+          gv[nt * 4 + c] = in ? ((c & 2) ? g1 : g0) * ws[h] * (x > 0.f ? 1.f : 0.f) : 0.f;
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) c_to_a_split3(&gv[(2 * kk) * 4], &gv[(2 * kk + 1) * 4], a[kk]);
+    if constexpr (!kProbeNoGrad) {
+      const uint32_t sb = ring + (i % kWgStages) * kWgStage;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int p = 2; p >= 0; --p)  // smallest part first
+          wgmma_m64n128k16_rs</*kTransB=*/1>(acc, a[kk][p],
+                                             sw128_desc(sb + kk * 16 * 128, kWgRows * 128, 1024),
+                                             i > 0 || kk > 0 || p < 2);
+      wgmma_commit();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // keeps the epilogue alive; finite, not a gradient
+        uint32_t x = 0u;
+#pragma unroll
+        for (int p = 0; p < 3; ++p)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) x ^= a[kk][p][r];
+        acc[kk] += (x & 1u) ? 1.f : 0.f;
+      }
+    }
+  };
+  auto keep_a = [&] {  // the previous tile's G T products have completed: a may change
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int p = 0; p < 3; ++p)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) reg_fence(a[kk][p][r]);
+  };
+  // Iteration i < n-1: tile i+1 made visible (and the stage of tile i-2, whose products completed
+  // before iteration i-1's wait, refilled with tile i+3); S(i+1) issued; wait until only S(i+1)
+  // may be pending (S(i) and the G T products of tile i-1 done); tile i's epilogue and products.
+  auto step = [&](int i, float(&cur)[32], float(&nxt)[32]) {
+    cp_async_wait<kWgStages - 4>();
+    fence_proxy_async();
+    __syncthreads();
+    load_tile(i + kWgStages - 2);
+    issue_s(nxt, i + 1);
+    wgmma_wait<1>();
+    keep_a();
+    reg_fence(cur);
+    finish(cur, i);
+  };
+  auto last = [&](int i, float(&cur)[32]) {  // tile n-1: nothing left to load or issue
+    wgmma_wait<0>();
+    keep_a();
+    reg_fence(cur);
+    finish(cur, i);
+  };
+#pragma unroll
+  for (int i = 0; i < kWgStages - 2; ++i) load_tile(i);  // F joins the first group
+  cp_async_wait<kWgStages - 3>();
+  fence_proxy_async();
+  __syncthreads();  // F and tile 0 visible
+  if (n > 0) {
+    float s_a[32], s_b[32];
+    issue_s(s_a, 0);
+    int i = 0;
+    for (; i + 2 < n; i += 2) {  // straight-line pairs: S(i) is in flight in s_a at the head
+      step(i, s_a, s_b);
+      step(i + 1, s_b, s_a);
+    }
+    if (n - i == 2) {
+      step(i, s_a, s_b);
+      last(i + 1, s_b);
+    } else {
+      last(i, s_a);
+    }
+    wgmma_wait<0>();
+    reg_fence(acc);
+    keep_a();
+  } else {
+#pragma unroll
+    for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+  }
+  cp_async_wait_all();
+
+  if constexpr (!kDk) {
+    if (my_t >= s_q) return;
+    const int h0 = warp * 16 + gid, h1 = h0 + 8;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      const int col = nt * 8 + 2 * t4;
+      if (col >= d) continue;
+      if (h0 < H)
+        *reinterpret_cast<uint32_t*>(grad + (static_cast<size_t>(my_t) * H + h0) * d + col) =
+            pack_bf16(acc[nt * 4], acc[nt * 4 + 1]);
+      if (h1 < H)
+        *reinterpret_cast<uint32_t*>(grad + (static_cast<size_t>(my_t) * H + h1) * d + col) =
+            pack_bf16(acc[nt * 4 + 2], acc[nt * 4 + 3]);
+    }
+    dw0 += __shfl_xor_sync(0xffffffffu, dw0, 1);
+    dw0 += __shfl_xor_sync(0xffffffffu, dw0, 2);
+    dw1 += __shfl_xor_sync(0xffffffffu, dw1, 1);
+    dw1 += __shfl_xor_sync(0xffffffffu, dw1, 2);
+    if (t4 == 0) {
+      if (h0 < H) dw[static_cast<size_t>(my_t) * H + h0] = dw0;
+      if (h1 < H) dw[static_cast<size_t>(my_t) * H + h1] = dw1;
+    }
+  } else {
+    // dk = (rank 0: warpgroup 0 + warpgroup 1) + (rank 1: warpgroup 0 + warpgroup 1), through
+    // shared memory and the cluster's distributed shared memory (the rings are free: every
+    // product has completed and the barrier orders their last reads before the writes).
+    (void)dw0; (void)dw1;
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    const bool rank0 = cluster.block_rank() == 0;
+    __syncthreads();
+    float* x = reinterpret_cast<float*>(smem + kWgTile);  // [64 rows][128 cols] fp32, 32 KB
+    const int r0 = warp * 16 + gid;
+    if (wg == 1) {
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        const int col = nt * 8 + 2 * t4;
+        *reinterpret_cast<float2*>(x + r0 * 128 + col) = make_float2(acc[nt * 4], acc[nt * 4 + 1]);
+        *reinterpret_cast<float2*>(x + (r0 + 8) * 128 + col) =
+            make_float2(acc[nt * 4 + 2], acc[nt * 4 + 3]);
+      }
+    }
+    __syncthreads();
+    if (wg == 0) {  // this CTA's sum, kept in acc; rank 1 leaves it in x for rank 0
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        const int col = nt * 8 + 2 * t4;
+        float2* y0 = reinterpret_cast<float2*>(x + r0 * 128 + col);
+        float2* y1 = reinterpret_cast<float2*>(x + (r0 + 8) * 128 + col);
+        acc[nt * 4] += y0->x, acc[nt * 4 + 1] += y0->y;
+        acc[nt * 4 + 2] += y1->x, acc[nt * 4 + 3] += y1->y;
+        if (!rank0) {
+          *y0 = make_float2(acc[nt * 4], acc[nt * 4 + 1]);
+          *y1 = make_float2(acc[nt * 4 + 2], acc[nt * 4 + 3]);
+        }
+      }
+    }
+    cluster.sync();  // rank 1's sum visible to rank 0
+    if (rank0 && wg == 0) {
+      const float* xr = cluster.map_shared_rank(x, 1);
+      const int k0 = s0 + r0, k1 = k0 + 8;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        const int col = nt * 8 + 2 * t4;
+        if (col >= d) continue;
+        const float2 y0 = *reinterpret_cast<const float2*>(xr + r0 * 128 + col);
+        const float2 y1 = *reinterpret_cast<const float2*>(xr + (r0 + 8) * 128 + col);
+        if (k0 < s_kv)
+          *reinterpret_cast<uint32_t*>(grad + static_cast<size_t>(k0) * d + col) =
+              pack_bf16(acc[nt * 4] + y0.x, acc[nt * 4 + 1] + y0.y);
+        if (k1 < s_kv)
+          *reinterpret_cast<uint32_t*>(grad + static_cast<size_t>(k1) * d + col) =
+              pack_bf16(acc[nt * 4 + 2] + y1.x, acc[nt * 4 + 3] + y1.y);
+      }
+    }
+    cluster.sync();  // rank 1's shared memory stays until rank 0 has read it
+  }
+}
+
+template <bool kProbeNoGrad>
+__global__ void __launch_bounds__(kThreads, 1)
+    indexer_bwd_dq_wgmma_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                const float* __restrict__ w, const int64_t* __restrict__ ks,
+                                const int64_t* __restrict__ ke, const float* __restrict__ d_scores,
+                                int s_q, int H, int d, int s_kv, bf16* __restrict__ dq,
+                                float* __restrict__ dw) {
+  indexer_bwd_wgmma<false, kProbeNoGrad>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dq, dw);
+}
+
+template <bool kProbeNoGrad>
+__global__ void __cluster_dims__(kDkCluster, 1, 1) __launch_bounds__(kThreads, 1)
+    indexer_bwd_dk_wgmma_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
+                                const float* __restrict__ w, const int64_t* __restrict__ ks,
+                                const int64_t* __restrict__ ke, const float* __restrict__ d_scores,
+                                int s_q, int H, int d, int s_kv, bf16* __restrict__ dk,
+                                float* __restrict__ dw) {
+  indexer_bwd_wgmma<true, kProbeNoGrad>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dk, dw);
+}
+
 void check_indexer_sizes(const char* where, int64_t s_q, int64_t H, int64_t d, int64_t s_kv) {
   auto bad = [&](const char* arg, int64_t got, const std::string& want) {
     throw std::invalid_argument(std::string(where) + ": argument '" + arg + "' got " +
@@ -613,30 +980,51 @@ void indexer_scores_backward_device(const uint16_t* q_idx, const uint16_t* k_idx
                                     const int64_t* ks, const int64_t* ke, const float* d_scores,
                                     int64_t s_q, int64_t H, int64_t d, int64_t s_kv,
                                     uint16_t* dq_idx, uint16_t* dk_idx, float* dw,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, IndexerBwdKernel kernel) {
   const char* where = "indexer_scores_backward_device";
   check_indexer_sizes(where, s_q, H, d, s_kv);
   const auto* q = reinterpret_cast<const bf16*>(q_idx);
   const auto* k = reinterpret_cast<const bf16*>(k_idx);
-  if (s_q > 0) {
-    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_bwd_dq_kernel,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kBwdSmem)));
-    indexer_bwd_dq_kernel<<<static_cast<unsigned>((s_q + 1) / 2), kThreads, kBwdSmem, stream>>>(
-        q, k, w, ks, ke, d_scores, static_cast<int>(s_q), static_cast<int>(H),
-        static_cast<int>(d), static_cast<int>(s_kv), reinterpret_cast<bf16*>(dq_idx), dw);
+  auto* dq = reinterpret_cast<bf16*>(dq_idx);
+  auto* dk = reinterpret_cast<bf16*>(dk_idx);
+  const int sq = static_cast<int>(s_q), h = static_cast<int>(H), dd = static_cast<int>(d),
+            skv = static_cast<int>(s_kv);
+  auto launch = [&](auto kern, unsigned blocks, size_t smem, bf16* grad, float* dw_out) {
+    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem)));
+    kern<<<blocks, kThreads, smem, stream>>>(q, k, w, ks, ke, d_scores, sq, h, dd, skv, grad,
+                                             dw_out);
     DSA_CUDA_CHECK(where, cudaGetLastError());
+  };
+  const unsigned dq_blocks = static_cast<unsigned>((s_q + 1) / 2);
+  if (kernel == IndexerBwdKernel::Mma) {
+    if (s_q > 0) {
+      DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_bwd_dq_kernel,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(kBwdSmem)));
+      indexer_bwd_dq_kernel<<<dq_blocks, kThreads, kBwdSmem, stream>>>(
+          q, k, w, ks, ke, d_scores, sq, h, dd, skv, dq, dw);
+      DSA_CUDA_CHECK(where, cudaGetLastError());
+    }
+    if (s_kv > 0) {
+      DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_bwd_dk_kernel,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(kDkSmem)));
+      indexer_bwd_dk_kernel<<<static_cast<unsigned>((s_kv + kDkKeys - 1) / kDkKeys), kThreads,
+                              kDkSmem, stream>>>(q, k, w, ks, ke, d_scores, sq, h, dd, skv, dk);
+      DSA_CUDA_CHECK(where, cudaGetLastError());
+    }
+    return;
   }
-  if (s_kv > 0) {
-    DSA_CUDA_CHECK(where, cudaFuncSetAttribute(indexer_bwd_dk_kernel,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kDkSmem)));
-    indexer_bwd_dk_kernel<<<static_cast<unsigned>((s_kv + kDkKeys - 1) / kDkKeys), kThreads,
-                            kDkSmem, stream>>>(q, k, w, ks, ke, d_scores, static_cast<int>(s_q),
-                                               static_cast<int>(H), static_cast<int>(d),
-                                               static_cast<int>(s_kv),
-                                               reinterpret_cast<bf16*>(dk_idx));
-    DSA_CUDA_CHECK(where, cudaGetLastError());
+  const bool probe = kernel == IndexerBwdKernel::ProbeNoGradProducts;
+  const unsigned dk_blocks = static_cast<unsigned>((s_kv + kWgRows - 1) / kWgRows * kDkCluster);
+  if (s_q > 0 && kernel != IndexerBwdKernel::ProbeDkOnly) {
+    if (probe) launch(indexer_bwd_dq_wgmma_kernel<true>, dq_blocks, kWgSmemDq, dq, dw);
+    else launch(indexer_bwd_dq_wgmma_kernel<false>, dq_blocks, kWgSmemDq, dq, dw);
+  }
+  if (s_kv > 0 && kernel != IndexerBwdKernel::ProbeDqOnly) {
+    if (probe) launch(indexer_bwd_dk_wgmma_kernel<true>, dk_blocks, kWgSmemDk, dk, nullptr);
+    else launch(indexer_bwd_dk_wgmma_kernel<false>, dk_blocks, kWgSmemDk, dk, nullptr);
   }
 }
 

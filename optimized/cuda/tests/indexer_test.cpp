@@ -1,7 +1,7 @@
 // The `cuda` backend's indexer (SPEC §2) against the float64 reference through the oracle
-// (SPEC §9): forward (wgmma 2 and 3 rows per block, mma.sync) and backward with causal,
-// prefix, MTP (next_n > 1), random and empty windows, H_I not a multiple of 16, d_I padded,
-// key counts off the 128-key tile; an exact tier on integer grids (bit-exact); and mutants
+// (SPEC §9): forward (wgmma 2 and 3 rows per block, mma.sync) and backward (wgmma, mma.sync)
+// with causal, prefix, MTP (next_n > 1), random and empty windows, H_I not a multiple of 16,
+// d_I padded, key counts off the 128-key tile; exact tiers on integer grids (bit-exact); mutants
 // (weights' signs dropped, one score or one gradient entry off) that the same checks must
 // reject. Every test skips (with the reason) without a device.
 #include <cmath>
@@ -27,6 +27,7 @@ namespace {
 using dsa::DType;
 using dsa::KeyWindows;
 using dsa::Tensor;
+using dsa::cuda::IndexerBwdKernel;
 using dsa::cuda::IndexerKernel;
 using dsa::cuda::test::random_windows;
 using dsa::oracle::OpCase;
@@ -38,11 +39,18 @@ const char* kernel_name(IndexerKernel k) {
   return k == IndexerKernel::Wgmma ? "wgmma" : k == IndexerKernel::Wgmma3 ? "wgmma3" : "mma";
 }
 
-std::unique_ptr<dsa::oracle::Backend> make_backend(IndexerKernel k) {
+std::unique_ptr<dsa::oracle::Backend> make_backend(IndexerKernel k,
+                                                   IndexerBwdKernel bk = IndexerBwdKernel::Wgmma) {
   dsa::cuda::CudaBackendOptions o;
   o.indexer_kernel = k;
+  o.indexer_bwd_kernel = bk;
   return dsa::cuda::make_cuda_backend(o);
 }
+
+// The backward kernels (wgmma, the default; mma.sync).
+const IndexerBwdKernel kBwdKernels[] = {IndexerBwdKernel::Wgmma, IndexerBwdKernel::Mma};
+
+const char* bwd_name(IndexerBwdKernel k) { return k == IndexerBwdKernel::Wgmma ? "wgmma" : "mma"; }
 
 class CudaIndexerTest : public dsa::cuda::test::CudaDeviceTest {};
 
@@ -127,24 +135,48 @@ TEST_F(CudaIndexerTest, BackwardMatchesReferenceOnWindowsAndTileEdges) {
   for (const Shape& s : kShapes) {
     const OpCase c = make_case(s.s_q, s.s_kv, s.h, s.d, windows_for(s, seed), seed);
     ++seed;
-    const auto r = dsa::oracle::check_indexer_backward(*make_backend(IndexerKernel::Wgmma), c, opt);
-    EXPECT_EQ(r.verdict, Verdict::Pass) << label(s, IndexerKernel::Wgmma) << ": " << r.reason;
-    EXPECT_TRUE(r.determinism_checked) << label(s, IndexerKernel::Wgmma);
+    for (IndexerBwdKernel bk : kBwdKernels) {
+      const auto r =
+          dsa::oracle::check_indexer_backward(*make_backend(IndexerKernel::Wgmma, bk), c, opt);
+      const std::string what = label(s, IndexerKernel::Wgmma) + " backward " + bwd_name(bk);
+      EXPECT_EQ(r.verdict, Verdict::Pass) << what << ": " << r.reason;
+      EXPECT_TRUE(r.determinism_checked) << what;
+    }
   }
 }
 
-// Integer grids: every product and partial sum is exact, so the scores equal the float64
-// reference bit for bit (and -inf exactly outside the windows).
-TEST_F(CudaIndexerTest, ExactTierBitExact) {
+// Integer grids: G = dI·w·1[S>0] (w a quarter of an integer) is exact in bf16 and every
+// product and fp32 partial sum of dq_idx / dk_idx / dw is exact, so both backward kernels give
+// the float64 reference's gradients rounded once to bf16 (dw: exactly), bit for bit. The timing
+// probe without the G products must differ (the comparison can fail).
+TEST_F(CudaIndexerTest, BackwardExactTierBitExact) {
   const Shape s{10, 300, 40, 128, "random"};
-  for (IndexerKernel k : kKernels) {
-    const OpCase c = make_case(s.s_q, s.s_kv, s.h, s.d, windows_for(s, 7), 7, 3);
-    const Tensor ref = dsa::reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
-    const Tensor got = make_backend(k)->indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
-    const auto m = dsa::oracle::compare_tensors(got, ref);
-    EXPECT_TRUE(m.shape_ok) << kernel_name(k);
-    EXPECT_EQ(m.nonfinite_mismatches, 0) << kernel_name(k);
-    EXPECT_EQ(m.max_abs, 0.0) << kernel_name(k);
+  OpCase c = make_case(s.s_q, s.s_kv, s.h, s.d, windows_for(s, 8), 8, 2);
+  for (int64_t i = 0; i < c.w.numel(); ++i) c.w.set(i, 0.25 * c.w.get(i));
+  const dsa::IndexerGrads ref =
+      dsa::reference::indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+  const Tensor ref_dq = ref.dq_idx.to(DType::BF16), ref_dk = ref.dk_idx.to(DType::BF16);
+  ASSERT_GT(dsa::oracle::compare_tensors(ref_dq, Tensor(DType::BF16, ref_dq.shape())).max_abs, 0.0);
+  ASSERT_GT(dsa::oracle::compare_tensors(ref_dk, Tensor(DType::BF16, ref_dk.shape())).max_abs, 0.0);
+  for (IndexerBwdKernel bk :
+       {IndexerBwdKernel::Wgmma, IndexerBwdKernel::Mma, IndexerBwdKernel::ProbeNoGradProducts}) {
+    const dsa::IndexerGrads got = make_backend(IndexerKernel::Wgmma, bk)
+                                      ->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows,
+                                                                c.d_scores);
+    const bool probe = bk == IndexerBwdKernel::ProbeNoGradProducts;
+    const std::string name = probe ? "probe" : bwd_name(bk);
+    const std::pair<const Tensor*, const Tensor*> outs[] = {
+        {&got.dq_idx, &ref_dq}, {&got.dk_idx, &ref_dk}, {&got.dw, &ref.dw}};
+    for (int o = 0; o < (probe ? 2 : 3); ++o) {
+      const auto m = dsa::oracle::compare_tensors(*outs[o].first, *outs[o].second);
+      EXPECT_TRUE(m.shape_ok) << name << " output " << o;
+      if (probe) {
+        EXPECT_GT(m.max_abs, 0.0) << name << " output " << o;
+      } else {
+        EXPECT_EQ(m.nonfinite_mismatches, 0) << name << " output " << o;
+        EXPECT_EQ(m.max_abs, 0.0) << name << " output " << o;
+      }
+    }
   }
 }
 
@@ -222,8 +254,10 @@ TEST_F(CudaIndexerTest, IndexerSanitizerSmall) {
     auto b = make_backend(k);
     EXPECT_EQ(dsa::oracle::check_indexer_scores(*b, c).verdict, Verdict::Pass) << kernel_name(k);
   }
-  EXPECT_EQ(dsa::oracle::check_indexer_backward(*make_backend(IndexerKernel::Wgmma), c).verdict,
-            Verdict::Pass);
+  for (IndexerBwdKernel bk : kBwdKernels)
+    EXPECT_EQ(dsa::oracle::check_indexer_backward(*make_backend(IndexerKernel::Wgmma, bk), c).verdict,
+              Verdict::Pass)
+        << bwd_name(bk);
 }
 
 }  // namespace
