@@ -8,6 +8,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -142,6 +143,21 @@ TEST_F(CudaIndexerTest, BackwardMatchesReferenceOnWindowsAndTileEdges) {
       EXPECT_EQ(r.verdict, Verdict::Pass) << what << ": " << r.reason;
       EXPECT_TRUE(r.determinism_checked) << what;
     }
+  }
+}
+
+// Integer grids: every product and partial sum is exact, so the scores equal the float64
+// reference bit for bit (and -inf exactly outside the windows).
+TEST_F(CudaIndexerTest, ExactTierBitExact) {
+  const Shape s{10, 300, 40, 128, "random"};
+  for (IndexerKernel k : kKernels) {
+    const OpCase c = make_case(s.s_q, s.s_kv, s.h, s.d, windows_for(s, 7), 7, 3);
+    const Tensor ref = dsa::reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
+    const Tensor got = make_backend(k)->indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
+    const auto m = dsa::oracle::compare_tensors(got, ref);
+    EXPECT_TRUE(m.shape_ok) << kernel_name(k);
+    EXPECT_EQ(m.nonfinite_mismatches, 0) << kernel_name(k);
+    EXPECT_EQ(m.max_abs, 0.0) << kernel_name(k);
   }
 }
 
