@@ -98,7 +98,13 @@ def _host_capsule(name, t):
         raise ValueError(f"compare: output '{name}' is {type(t).__name__}, expected a torch.Tensor")
     if not t.is_contiguous():
         raise ValueError(f"compare: output '{name}' is not contiguous (strides {list(t.stride())})")
-    return _dlpack.to_dlpack(t.detach().cpu())
+    try:
+        return _dlpack.to_dlpack(t.detach().cpu())
+    except (RuntimeError, BufferError, TypeError) as e:
+        # DLPack carries no torch.bool (and some other dtypes): no SPEC output has such a dtype,
+        # so the error names the output and its dtype rather than DLPack's own words.
+        raise ValueError(f"compare: output '{name}' has dtype {t.dtype}, which no SPEC output has and "
+                         f"DLPack cannot carry ({e}); expected the dtype the op defines for '{name}'") from e
 
 
 def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=False, sink_after_rounding=False,
@@ -121,7 +127,9 @@ def compare(golden, outputs, conventions=(), provided_outputs=None, allow_weak=F
     sink_after_rounding, normalized_p) that is not True or False, when no output of the
     fixture's op is given ("holds no output of the golden's op ...", naming the op and its
     outputs, as the CLI's exit 2), or when nothing was judged ("compare: judged nothing: ...":
-    an empty case, or provided outputs the case does not define). Raises TypeError when
+    an empty case, or provided outputs the case does not define), for an output whose dtype
+    DLPack cannot carry (torch.bool), naming it, and when the golden's inputs break the contract
+    (naming the file and the argument, as the CLI's exit 2). Raises TypeError when
     conventions or provided_outputs is a single str instead of a list of names.
     """
     path = golden.path if isinstance(golden, Fixture) else str(golden)

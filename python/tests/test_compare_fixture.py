@@ -125,6 +125,16 @@ def test_compare_rejects_unknown_names():
         dsa_verify.compare(golden("smla_basic"), {"output": torch.zeros(1)})
 
 
+def test_compare_names_an_output_whose_dtype_dlpack_cannot_carry():
+    # fresh15 F5: a torch.bool output raised DLPack's "Bool type is not supported" without the
+    # output's name; the CLI reads the same file's bool lse and fails it.
+    fx = dsa_verify.load_fixture(golden("smla_basic"))
+    outputs = dict(fx.expected)
+    outputs["lse"] = outputs["lse"] > 0
+    with pytest.raises(ValueError, match=r"output 'lse' has dtype torch.bool"):
+        dsa_verify.compare(golden("smla_basic"), outputs)
+
+
 @pytest.mark.parametrize("name, op, outputs", [
     ("fp8_idx_prefix_amax", "fp8_indexer_scores", ("scores",)),
     ("paged_idx_mtp2", "paged_indexer_scores", ("scores",)),
