@@ -29,6 +29,8 @@ using test::lines_with;
 using test::run_cli_capture;
 
 const std::string kPlugin = DSA_DECLINES_INVALID_IDS_PLUGIN;  // declines every case with an invalid id
+// declines sparse MLA whenever indices[0,0] == 0, top-k whenever scores[0,0] > 0, KL any -inf
+const std::string kByValuePlugin = DSA_DECLINES_BY_VALUE_PLUGIN;
 
 // The plugin declines invalid ids (SPEC §4: mandatory) and runs the case's twin without them:
 // INCOMPLETE through fixtures check and replay, naming the case and the plugin's reason.
@@ -256,6 +258,51 @@ TEST(DeclinedFixtures, DecliningNegInfScoresIsIncompleteOnEveryRoute) {
     if (named_flag) {
       EXPECT_GE(partial, 1u) << j.dump(1);
     }
+  }
+}
+
+// fresh11 F2: a plugin declining by value (sparse MLA whenever indices[0,0] == 0, as
+// smla_causal_topk's; top-k whenever scores[0,0] > 0, as topk_mtp's) declined every twin that
+// only takes a feature out (they keep those values), so `fixtures check` and `replay` exited 0
+// with skips. The twin with other values that keeps every feature (ids relabelled, query rows
+// reversed; window entries reversed, scores replaced by ranks) runs: INCOMPLETE, exit 1, also
+// with every feature named. Its KL loss declines any -inf score (SPEC §7, every KL golden holds
+// some): INCOMPLETE for neg_inf_scores, a skip when named. A case it takes is judged (agree).
+TEST(DeclinedFixtures, DecliningByValueIsIncompleteThroughThePlugin) {
+  std::string out;
+  for (const char* flags : {"", " --unsupported invalid_ids,empty_rows,duplicate_ids"}) {
+    SCOPED_TRACE(flags);
+    const std::string file = golden("smla_causal_topk");
+    EXPECT_EQ(run_cli_capture("fixtures check " + file + " --plugin " + kByValuePlugin + flags, &out), 1) << out;
+    EXPECT_EQ(lines_with(out, {"sparse_mla_fwd   ", "plugin:", "INCOMPLETE: declined:", "indices[0,0] == 0"}).size(),
+              1u) << out;
+    EXPECT_EQ(lines_with(out, {"sparse_mla_bwd   ", "plugin:", "INCOMPLETE: declined:"}).size(), 1u) << out;
+    EXPECT_GE(lines_with(out, {"the decline depends on the values"}).size(), 1u) << out;
+    EXPECT_TRUE(lines_with(out, {"plugin:", "skip"}).empty()) << out;
+    if (*flags) continue;  // replay takes no --unsupported
+    EXPECT_EQ(run_cli_capture("replay " + file + " --plugin " + kByValuePlugin, &out), 1) << out;
+    EXPECT_FALSE(lines_with(out, {"replay: INCOMPLETE"}).empty()) << out;
+  }
+  for (const char* flags : {"", " --unsupported neg_inf_scores,nan_scores,k_boundary_ties"}) {
+    SCOPED_TRACE(flags);
+    EXPECT_EQ(run_cli_capture("fixtures check " + golden("topk_mtp") + " --plugin " + kByValuePlugin + flags, &out), 1)
+        << out;
+    EXPECT_EQ(lines_with(out, {"topk   ", "plugin:", "INCOMPLETE: declined:", "scores[0,0] > 0"}).size(), 1u) << out;
+    EXPECT_GE(lines_with(out, {"the decline depends on the values"}).size(), 1u) << out;
+  }
+  const std::string kl = golden("kl_dense_causal");
+  EXPECT_EQ(run_cli_capture("fixtures check " + kl + " --plugin " + kByValuePlugin, &out), 1) << out;
+  EXPECT_EQ(lines_with(out, {"indexer_kl_loss   ", "plugin:", "INCOMPLETE: declined:", "-inf scores not supported"})
+                .size(), 1u) << out;
+  EXPECT_FALSE(lines_with(out, {"--unsupported neg_inf_scores"}).empty()) << out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + kl + " --plugin " + kByValuePlugin + " --unsupported neg_inf_scores",
+                            &out), 0) << out;
+  EXPECT_FALSE(lines_with(out, {"indexer_kl_loss   ", "plugin:", "skip: declined:", "named unsupported: neg_inf_scores"})
+                   .empty()) << out;
+  // Cases it takes are judged: smla_basic (indices[0,0] = 33), topk_distinct_causal (-4.25).
+  for (const char* name : {"smla_basic", "topk_distinct_causal"}) {
+    EXPECT_EQ(run_cli_capture("fixtures check " + golden(name) + " --plugin " + kByValuePlugin, &out), 0) << out;
+    EXPECT_FALSE(lines_with(out, {"plugin:", "agree"}).empty()) << out;
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <new>
@@ -9,7 +10,9 @@
 #include <sstream>
 
 #include "dsa/contract/errors.h"
+#include "dsa/contract/fp8.h"
 #include "dsa/fixtures/fp8_fixture.h"
+#include "dsa/oracle/fp8_check.h"
 
 
 namespace dsa::oracle {
@@ -253,6 +256,121 @@ const CaseFeature kNan{"nan_scores", "NaN scores (never selected; SPEC §3.1)"};
 const CaseFeature kTies{"k_boundary_ties",
                         "ties at the k-th value (more selectable entries equal to v* than free slots: the "
                         "tie fill; SPEC §3.3, 'the normal case')"};
+const CaseFeature kPoisoned{"poisoned_unread",
+                            "unread parts holding anything (table entries past a context, cache slots, keys or "
+                            "tokens no valid read uses; SPEC §10)"};
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
+}
+
+// ---- SPEC §10 clean twins: every part no valid read uses made ordinary (FP8 bytes 0, scales 1,
+// table entries past a context block 0), the parts read kept, as the §10 properties' clean twins
+// (property_tests/fp8_props.cpp). A case differing from its clean twin holds poisoned_unread.
+
+Fp8IndexerInputs clean_unread(const Fp8IndexerInputs& in) {
+  Fp8IndexerInputs out = in;
+  const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.numel() / std::max<int64_t>(1, s_kv);
+  std::vector<char> read(static_cast<size_t>(s_kv), 0);
+  for (size_t t = 0; t < in.windows.ks.size() && t < in.windows.ke.size(); ++t)
+    for (int64_t s = std::max<int64_t>(0, in.windows.ks[t]); s < std::min<int64_t>(s_kv, in.windows.ke[t]); ++s)
+      read[static_cast<size_t>(s)] = 1;
+  for (int64_t s = 0; s < s_kv; ++s)
+    if (!read[static_cast<size_t>(s)]) {
+      std::memset(out.k_idx.raw() + s * d, 0, static_cast<size_t>(d));
+      if (s < out.k_scale.numel()) out.k_scale.set(s, 1.0);
+    }
+  return out;
+}
+
+PagedIndexerInputs clean_unread(const PagedIndexerInputs& in) {
+  PagedIndexerInputs out = in;
+  const int64_t num_blocks = in.k_cache.size(0), bs = in.k_cache.size(1);
+  const int64_t slots = num_blocks * bs, d = in.k_cache.numel() / std::max<int64_t>(1, slots);
+  const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
+  std::vector<char> read(static_cast<size_t>(slots), 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t L = b < in.context_lens.numel() ? static_cast<int64_t>(in.context_lens.get(b)) : 0;
+    for (int64_t p = 0; p < std::min(L, max_blocks * bs); ++p) {
+      const int64_t blk = static_cast<int64_t>(in.block_table.get(b * max_blocks + p / bs));
+      if (blk >= 0 && blk < num_blocks) read[static_cast<size_t>(blk * bs + p % bs)] = 1;
+    }
+    for (int64_t i = std::max<int64_t>(0, (L + bs - 1) / std::max<int64_t>(1, bs)); i < max_blocks; ++i)
+      if (num_blocks > 0) out.block_table.set(b * max_blocks + i, 0.0);
+  }
+  for (int64_t slot = 0; slot < slots; ++slot)
+    if (!read[static_cast<size_t>(slot)]) {
+      std::memset(out.k_cache.raw() + slot * d, 0, static_cast<size_t>(d));
+      if (slot < out.k_scale_cache.numel()) out.k_scale_cache.set(slot, 1.0);
+    }
+  return out;
+}
+
+int64_t fp8_cache_tokens(const SparseMlaFp8Inputs& in) { return in.kv_cache.numel() / kMlaFp8TokenBytes; }
+
+// Token `s` of the FP8 cache made ordinary: NoPE and RoPE bytes 0, tile scales 1.
+void clean_token(SparseMlaFp8Inputs& in, int64_t s) {
+  uint8_t* tok = in.kv_cache.data<uint8_t>() + s * kMlaFp8TokenBytes;
+  std::memset(tok, 0, static_cast<size_t>(kMlaFp8TokenBytes));
+  const float one = 1.0f;
+  for (int64_t tile = 0; tile < kMlaFp8NumTiles; ++tile)
+    std::memcpy(tok + kMlaFp8ScalesOffset + 4 * tile, &one, sizeof one);
+}
+
+// True when token `s` decodes to finite values with valid scales (no NaN e4m3fn byte, every tile
+// scale positive finite, no non-finite bf16 RoPE value).
+bool token_ordinary(const SparseMlaFp8Inputs& in, int64_t s) {
+  const uint8_t* tok = in.kv_cache.data<uint8_t>() + s * kMlaFp8TokenBytes;
+  for (int64_t i = 0; i < kMlaFp8NopeDim; ++i)
+    if ((tok[i] & 0x7F) == 0x7F) return false;
+  for (int64_t tile = 0; tile < kMlaFp8NumTiles; ++tile) {
+    float sc;
+    std::memcpy(&sc, tok + kMlaFp8ScalesOffset + 4 * tile, sizeof sc);
+    if (!(sc > 0.0f) || !std::isfinite(sc)) return false;
+  }
+  for (int64_t i = 0; i < kMlaFp8RopeDim; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, tok + kMlaFp8RopeOffset + 2 * i, sizeof bits);
+    if ((bits & 0x7F80) == 0x7F80) return false;
+  }
+  return true;
+}
+
+// The slots of an FP8 sparse MLA case as SparseMlaInputs (ids, topk_length, one kv row per cache
+// token), for sparse_mla_slot_features.
+SparseMlaInputs fp8_slots(const SparseMlaFp8Inputs& in) {
+  SparseMlaInputs s;
+  s.indices = in.indices;
+  s.topk_length = in.topk_length;
+  s.kv = Tensor(DType::U8, {fp8_cache_tokens(in)});
+  return s;
+}
+
+SparseMlaFp8Inputs clean_unread(const SparseMlaFp8Inputs& in) {
+  SparseMlaFp8Inputs out = in;
+  const int64_t tokens = fp8_cache_tokens(in), s_q = in.indices.size(0), k = in.indices.size(-1);
+  std::vector<char> read(static_cast<size_t>(tokens), 0);
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
+    for (int64_t j = 0; j < std::min(k, len); ++j) {
+      const double id = in.indices.get(t * k + j);
+      if (id >= 0 && id < static_cast<double>(tokens)) read[static_cast<size_t>(id)] = 1;
+    }
+  }
+  for (int64_t s = 0; s < tokens; ++s)
+    if (!read[static_cast<size_t>(s)]) clean_token(out, s);
+  return out;
+}
+
+// True when the op's check also runs the case with its unread parts poisoned (check_paged_
+// indexer_scores: table entries past a context and unread slots; check_sparse_mla_fp8_forward:
+// tokens no valid slot reads): a decline of that run is a decline of poisoned_unread.
+bool check_poisons(Op op, const OpCase& c) {
+  if (op == Op::PagedIndexerScores) return true;  // its NaN-block run adds blocks, always
+  if (op == Op::SparseMlaFp8Fwd) return !same_bytes(poison_unread_tokens(c.mla_fp8).kv_cache, c.mla_fp8.kv_cache);
+  return false;
+}
 
 std::vector<CaseFeature> mandatory_features(Op op, const OpCase& c) {
   std::vector<CaseFeature> out;
@@ -283,14 +401,33 @@ std::vector<CaseFeature> mandatory_features(Op op, const OpCase& c) {
     if (ties) out.push_back(kTies);
     if (ninf) out.push_back(kNegInf);
     if (nan) out.push_back(kNan);
-  } else if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd) {
-    const SlotFeatures f = sparse_mla_slot_features(c.mla);
+  } else if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd || op == Op::SparseMlaFp8Fwd) {
+    const SlotFeatures f = sparse_mla_slot_features(op == Op::SparseMlaFp8Fwd ? fp8_slots(c.mla_fp8) : c.mla);
     if (f.invalid) out.push_back(kInvalidIds);
     if (f.empty) out.push_back(kEmptyRows);
     if (f.duplicates) out.push_back(kDuplicateIds);
+    if (op == Op::SparseMlaFp8Fwd && !same_bytes(clean_unread(c.mla_fp8).kv_cache, c.mla_fp8.kv_cache))
+      out.push_back(kPoisoned);
+  } else if (op == Op::IndexerKlLoss) {
+    // SPEC §7: a -inf score takes its key out of S_t; wherever it is, as top-k's (§2 writes
+    // -inf outside every window, and the loss is handed the whole tensor).
+    for (int64_t i = 0; i < c.kl.scores.numel(); ++i)
+      if (c.kl.scores.get(i) == -INFINITY) {
+        out.push_back(kNegInf);
+        break;
+      }
+  } else if (op == Op::Fp8IndexerScores) {
+    const Fp8IndexerInputs clean = clean_unread(c.fp8_indexer);
+    if (!same_bytes(clean.k_idx, c.fp8_indexer.k_idx) || !same_bytes(clean.k_scale, c.fp8_indexer.k_scale))
+      out.push_back(kPoisoned);
+  } else if (op == Op::PagedIndexerScores) {
+    const PagedIndexerInputs clean = clean_unread(c.paged_indexer);
+    if (!same_bytes(clean.k_cache, c.paged_indexer.k_cache) ||
+        !same_bytes(clean.k_scale_cache, c.paged_indexer.k_scale_cache) ||
+        !same_bytes(clean.block_table, c.paged_indexer.block_table))
+      out.push_back(kPoisoned);
   }
-  // The §10 ops' mandatory feature (unread parts holding anything) and the other ops have no
-  // twin here: their declines stay skips (docs/what-a-pass-means.md, Verdicts).
+  // The indexer ops have no SPEC-mandatory feature here (their declines get the value twins).
   return out;
 }
 
@@ -303,16 +440,127 @@ Tensor finite_copy(const Tensor& src) {
   return t;
 }
 
+// A fresh twin of `c`: never judged (no shared results, no forward out), the backend runs it.
+OpCase twin_of(const OpCase& c) {
+  OpCase twin = c;
+  twin.memo = nullptr;
+  twin.fwd_out.reset();
+  return twin;
+}
+
+// `t` with each -inf entry (and NaN entry, `nan`) replaced by its own finite value below every
+// finite entry of `t`, the others kept.
+void replace_non_finite_below(Tensor& t, bool ninf, bool nan) {
+  double lowest = 0.0;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (std::isfinite(t.get(i))) lowest = std::min(lowest, t.get(i));
+  double next = std::floor(lowest) - 1.0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double x = t.get(i);
+    if ((ninf && x == -INFINITY) || (nan && std::isnan(x))) t.set(i, next--);
+  }
+}
+
+// The slots of a sparse MLA case over `rows` key rows (kv rows, or the FP8 cache's tokens), for
+// the twins that give slots new valid ids: `ordinary(r)` is true when row r holds finite values
+// (valid scales), `make_ordinary(r)` makes it so (its non-finite values zeroed; an FP8 token
+// cleaned). The ids read before are the case's (`ids`, `len`).
+struct SlotRows {
+  int64_t rows = 0;
+  std::function<bool(int64_t)> ordinary;
+  std::function<void(int64_t)> make_ordinary;
+};
+
+// Gives new valid ids to the slots of `indices` (and widens `topk_length`) so that the case no
+// longer holds the slot feature `key`, the others kept as far as they can be; the new ids are key
+// rows unused in their row, ordinary ones first (another is made ordinary when read):
+// "duplicate_ids" gives each repeat of a valid id in a row such an id; "invalid_ids" gives every
+// invalid slot one and widens topk_length to k (no row is then empty); "empty_rows" gives slot 0
+// of each row without a valid slot one and widens that row's topk_length to 1 (a row's other
+// invalid slots kept). False for another key, k = 0, or more ids needed in a row than rows.
+bool refill_slots(const std::string& key, const Tensor& ids, const std::optional<Tensor>& len_in, Tensor& indices,
+                  std::optional<Tensor>& topk_length, const SlotRows& kv) {
+  const bool dup = key == kDuplicateIds.key, invalid = key == kInvalidIds.key, empty = key == kEmptyRows.key;
+  if (!dup && !invalid && !empty) return false;
+  const int64_t s_q = ids.size(0), k = ids.size(-1), s_kv = kv.rows;
+  if (k < 1 || ids.numel() != s_q * k) return false;
+  std::vector<int64_t> rows, poisoned;
+  for (int64_t r = 0; r < s_kv; ++r) (kv.ordinary(r) ? rows : poisoned).push_back(r);
+  const size_t n_ordinary = rows.size();
+  rows.insert(rows.end(), poisoned.begin(), poisoned.end());
+  std::set<int64_t> used;
+  size_t next = 0;
+  auto fresh_id = [&]() -> std::optional<int64_t> {  // a key row unused in the current row
+    while (next < rows.size() && used.count(rows[next])) ++next;
+    if (next == rows.size()) return std::nullopt;
+    const int64_t r = rows[next];
+    used.insert(r);
+    if (next >= n_ordinary) kv.make_ordinary(r);
+    return r;
+  };
+  for (int64_t t = 0; t < s_q; ++t) {
+    used.clear();
+    next = 0;
+    const int64_t len = len_in ? static_cast<int64_t>(len_in->get(t)) : k;
+    auto valid = [&](int64_t j) {
+      const double id = ids.get(t * k + j);
+      return j < len && id >= 0 && id < static_cast<double>(s_kv);
+    };
+    std::vector<int64_t> repeats, invalid_slots;
+    for (int64_t j = 0; j < k; ++j) {
+      if (!valid(j)) invalid_slots.push_back(j);
+      else if (!used.insert(static_cast<int64_t>(ids.get(t * k + j))).second) repeats.push_back(j);
+    }
+    std::vector<int64_t> to_fill;
+    if (dup) to_fill = repeats;
+    if (invalid) to_fill = invalid_slots;
+    if (empty && static_cast<int64_t>(invalid_slots.size()) == k) to_fill = {0};
+    for (const int64_t j : to_fill) {
+      const std::optional<int64_t> id = fresh_id();
+      if (!id) return false;
+      indices.set(t * k + j, static_cast<double>(*id));
+    }
+    if (topk_length && invalid) topk_length->set(t, static_cast<double>(k));
+    if (topk_length && empty && !to_fill.empty() && len < 1) topk_length->set(t, 1.0);
+  }
+  return true;
+}
+
+// The key rows of a sparse MLA case's kv (SlotRows of `in`).
+SlotRows kv_rows(SparseMlaInputs& in) {
+  SlotRows r;
+  r.rows = in.kv.size(0);
+  const int64_t row_len = r.rows > 0 ? in.kv.numel() / r.rows : 0;
+  r.ordinary = [&in, row_len](int64_t row) {
+    for (int64_t i = 0; i < row_len; ++i)
+      if (!std::isfinite(in.kv.get(row * row_len + i))) return false;
+    return true;
+  };
+  r.make_ordinary = [&in, row_len](int64_t row) {
+    for (int64_t i = 0; i < row_len; ++i)
+      if (!std::isfinite(in.kv.get(row * row_len + i))) in.kv.set(row * row_len + i, 0.0);
+  };
+  return r;
+}
+
+// The tokens of an FP8 sparse MLA case's cache (SlotRows of `in`).
+SlotRows token_rows(SparseMlaFp8Inputs& in) {
+  SlotRows r;
+  r.rows = fp8_cache_tokens(in);
+  r.ordinary = [&in](int64_t s) { return token_ordinary(in, s); };
+  r.make_ordinary = [&in](int64_t s) { clean_token(in, s); };
+  return r;
+}
+
 // The case's twin without its SPEC-mandatory features: same op, shapes, dtypes, optional
 // inputs, k, policy and windows. Top-k: distinct finite scores (s_kv - s in column s: no tie,
-// no NaN, no -inf). Sparse MLA: ids 0..k-1 in slot order and topk_length = k (every slot
-// valid, distinct; non-finite q, kv and dout values zeroed, as rows never read may hold them).
-// nullopt when none can be built (sparse MLA with k > s_kv: some slot must then repeat an id or
-// be invalid).
+// no NaN, no -inf). Sparse MLA (FP8 cache too): ids 0..k-1 in slot order and topk_length = k
+// (every slot valid, distinct; non-finite q, kv and dout values zeroed, as rows never read may
+// hold them; FP8: tokens read made ordinary, the others cleaned). KL loss: its -inf scores made
+// finite. FP8 and paged indexer: the clean twin. nullopt when none can be built (sparse MLA with
+// k > s_kv: some slot must then repeat an id or be invalid) or for another op.
 std::optional<OpCase> twin_without_mandatory(Op op, const OpCase& c) {
-  OpCase twin = c;
-  twin.memo = nullptr;  // never judged: the backend runs it, nothing else
-  twin.fwd_out.reset();
+  OpCase twin = twin_of(c);
   if (op == Op::Topk) {
     const int64_t s_q = c.scores.size(0), s_kv = c.scores.size(1);
     for (int64_t t = 0; t < s_q; ++t)
@@ -332,6 +580,32 @@ std::optional<OpCase> twin_without_mandatory(Op op, const OpCase& c) {
     if (op == Op::SparseMlaBwd) twin.dout = finite_copy(twin.dout);
     return twin;
   }
+  if (op == Op::SparseMlaFp8Fwd) {
+    SparseMlaFp8Inputs& in = twin.mla_fp8;
+    const int64_t s_q = in.indices.size(0), k = in.indices.size(-1), tokens = fp8_cache_tokens(in);
+    if (k > tokens) return std::nullopt;
+    for (int64_t t = 0; t < s_q; ++t)
+      for (int64_t j = 0; j < k; ++j) in.indices.set(t * k + j, static_cast<double>(j));
+    if (in.topk_length)
+      for (int64_t t = 0; t < s_q; ++t) in.topk_length->set(t, static_cast<double>(k));
+    for (int64_t s = 0; s < k; ++s)
+      if (!token_ordinary(in, s)) clean_token(in, s);
+    in = clean_unread(in);
+    in.q = finite_copy(in.q);
+    return twin;
+  }
+  if (op == Op::IndexerKlLoss) {
+    replace_non_finite_below(twin.kl.scores, true, false);
+    return twin;
+  }
+  if (op == Op::Fp8IndexerScores) {
+    twin.fp8_indexer = clean_unread(c.fp8_indexer);
+    return twin;
+  }
+  if (op == Op::PagedIndexerScores) {
+    twin.paged_indexer = clean_unread(c.paged_indexer);
+    return twin;
+  }
   return std::nullopt;
 }
 
@@ -343,19 +617,10 @@ std::optional<OpCase> twin_without_mandatory(Op op, const OpCase& c) {
 std::optional<OpCase> topk_twin_without(const OpCase& c, const std::string& key) {
   const bool ninf = key == kNegInf.key, nan = key == kNan.key, ties = key == kTies.key;
   if (!ninf && !nan && !ties) return std::nullopt;
-  OpCase twin = c;
-  twin.memo = nullptr;  // never judged: the backend runs it, nothing else
-  twin.fwd_out.reset();
+  OpCase twin = twin_of(c);
   const int64_t s_q = c.scores.size(0), s_kv = c.scores.size(1);
   if (ninf || nan) {
-    double lowest = 0.0;
-    for (int64_t i = 0; i < c.scores.numel(); ++i)
-      if (std::isfinite(c.scores.get(i))) lowest = std::min(lowest, c.scores.get(i));
-    double next = std::floor(lowest) - 1.0;
-    for (int64_t i = 0; i < c.scores.numel(); ++i) {
-      const double x = c.scores.get(i);
-      if ((ninf && x == -INFINITY) || (nan && std::isnan(x))) twin.scores.set(i, next--);
-    }
+    replace_non_finite_below(twin.scores, ninf, nan);
     return twin;
   }
   std::vector<int64_t> cols;
@@ -372,96 +637,219 @@ std::optional<OpCase> topk_twin_without(const OpCase& c, const std::string& key)
   return twin;
 }
 
-// The sparse MLA case's twin without one SPEC-mandatory feature (`key`), the others kept as far
-// as they can be; the new valid slots read kv rows unused in their row, finite ones first (a
-// non-finite row read has its non-finite values zeroed, as twin_without_mandatory's kv):
-// "duplicate_ids" gives each repeat of a valid id in a row such an id; "invalid_ids" gives every
-// invalid slot one and widens topk_length to k (no row is then empty); "empty_rows" gives slot 0
-// of each row without a valid slot one and widens that row's topk_length to 1 (a row's other
-// invalid slots kept). Non-finite q and dout values are zeroed for the rows made readable.
-// nullopt for another key, k = 0, or more ids needed in a row than s_kv (k > s_kv).
-std::optional<OpCase> mla_twin_without(Op op, const OpCase& c, const std::string& key) {
-  const bool dup = key == kDuplicateIds.key, invalid = key == kInvalidIds.key, empty = key == kEmptyRows.key;
-  if (!dup && !invalid && !empty) return std::nullopt;
-  OpCase twin = c;
-  twin.memo = nullptr;  // never judged: the backend runs it, nothing else
-  twin.fwd_out.reset();
-  SparseMlaInputs& in = twin.mla;
-  const int64_t s_q = in.indices.size(0), k = in.indices.size(-1), s_kv = in.kv.size(0);
-  if (k < 1 || in.indices.numel() != s_q * k) return std::nullopt;
-  const int64_t row_len = s_kv > 0 ? in.kv.numel() / s_kv : 0;
-  // kv rows a new valid slot may read: the finite ones first, then the others (poison behind
-  // invalid ids), whose non-finite values the twin zeroes when it reads them.
-  std::vector<int64_t> rows, poisoned;
-  for (int64_t r = 0; r < s_kv; ++r) {
-    bool finite = true;
-    for (int64_t i = 0; i < row_len && finite; ++i) finite = std::isfinite(in.kv.get(r * row_len + i));
-    (finite ? rows : poisoned).push_back(r);
-  }
-  const size_t n_finite = rows.size();
-  rows.insert(rows.end(), poisoned.begin(), poisoned.end());
-  std::set<int64_t> used;
-  size_t next = 0;
-  auto fresh_id = [&]() -> std::optional<int64_t> {  // a kv row unused in the current row
-    while (next < rows.size() && used.count(rows[next])) ++next;
-    if (next == rows.size()) return std::nullopt;
-    const int64_t r = rows[next];
-    used.insert(r);
-    if (next >= n_finite)
-      for (int64_t i = 0; i < row_len; ++i)
-        if (!std::isfinite(in.kv.get(r * row_len + i))) in.kv.set(r * row_len + i, 0.0);
-    return r;
-  };
-  for (int64_t t = 0; t < s_q; ++t) {
-    used.clear();
-    next = 0;
-    const int64_t len = in.topk_length ? static_cast<int64_t>(c.mla.topk_length->get(t)) : k;
-    auto valid = [&](int64_t j) {
-      const double id = c.mla.indices.get(t * k + j);
-      return j < len && id >= 0 && id < static_cast<double>(s_kv);
-    };
-    std::vector<int64_t> repeats, invalid_slots;
-    for (int64_t j = 0; j < k; ++j) {
-      if (!valid(j)) invalid_slots.push_back(j);
-      else if (!used.insert(static_cast<int64_t>(c.mla.indices.get(t * k + j))).second) repeats.push_back(j);
-    }
-    std::vector<int64_t> to_fill;
-    if (dup) to_fill = repeats;
-    if (invalid) to_fill = invalid_slots;
-    if (empty && static_cast<int64_t>(invalid_slots.size()) == k) to_fill = {0};
-    for (const int64_t j : to_fill) {
-      const std::optional<int64_t> id = fresh_id();
-      if (!id) return std::nullopt;
-      in.indices.set(t * k + j, static_cast<double>(*id));
-    }
-    if (in.topk_length && invalid) in.topk_length->set(t, static_cast<double>(k));
-    if (in.topk_length && empty && !to_fill.empty() && len < 1) in.topk_length->set(t, 1.0);
-  }
-  if (invalid || empty) {
-    in.q = finite_copy(in.q);
-    if (op == Op::SparseMlaBwd) twin.dout = finite_copy(twin.dout);
-  }
-  return twin;
-}
-
-// The case's twin without the one mandatory feature `key` (top-k or sparse MLA), or nullopt.
+// The case's twin without the one mandatory feature `key`, the others kept as far as they can be,
+// or nullopt. Top-k: topk_twin_without. Sparse MLA (FP8 cache too): refill_slots, non-finite q
+// and dout values zeroed for the rows made readable. KL loss, FP8 and paged indexer (one feature
+// each), FP8 sparse MLA's poisoned_unread: twin_without_mandatory's change for that feature alone.
 std::optional<OpCase> twin_without(Op op, const OpCase& c, const std::string& key) {
   if (op == Op::Topk) return topk_twin_without(c, key);
-  if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd) return mla_twin_without(op, c, key);
+  if (key == kPoisoned.key && (op == Op::Fp8IndexerScores || op == Op::PagedIndexerScores))
+    return twin_without_mandatory(op, c);
+  if (key == kNegInf.key && op == Op::IndexerKlLoss) return twin_without_mandatory(op, c);
+  OpCase twin = twin_of(c);
+  if (op == Op::SparseMlaFp8Fwd) {
+    SparseMlaFp8Inputs& in = twin.mla_fp8;
+    if (key == kPoisoned.key) {
+      in = clean_unread(c.mla_fp8);
+      return twin;
+    }
+    if (!refill_slots(key, c.mla_fp8.indices, c.mla_fp8.topk_length, in.indices, in.topk_length, token_rows(in)))
+      return std::nullopt;
+    if (key != kDuplicateIds.key) in.q = finite_copy(in.q);
+    return twin;
+  }
+  if (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd) {
+    SparseMlaInputs& in = twin.mla;
+    if (!refill_slots(key, c.mla.indices, c.mla.topk_length, in.indices, in.topk_length, kv_rows(in)))
+      return std::nullopt;
+    if (key != kDuplicateIds.key) {
+      in.q = finite_copy(in.q);
+      if (op == Op::SparseMlaBwd) twin.dout = finite_copy(twin.dout);
+    }
+    return twin;
+  }
   return std::nullopt;
 }
 
 // The case with the last slot of row 0 set to -1 (an invalid id, SPEC §4), everything else
-// as given: a sparse MLA case of k >= 1 slots; nullopt for other ops or k = 0.
+// as given: a sparse MLA case (FP8 cache too) of k >= 1 slots; nullopt for other ops or k = 0.
 std::optional<OpCase> twin_with_an_invalid_id(Op op, const OpCase& c) {
-  if (op != Op::SparseMlaFwd && op != Op::SparseMlaBwd) return std::nullopt;
-  const int64_t k = c.mla.indices.size(-1);
-  if (k < 1 || c.mla.indices.numel() < k) return std::nullopt;
-  OpCase twin = c;
-  twin.memo = nullptr;  // never judged: the backend runs it, nothing else
-  twin.fwd_out.reset();
-  twin.mla.indices.set(k - 1, -1.0);  // the case's tensors are values: c keeps its ids
+  if (op != Op::SparseMlaFwd && op != Op::SparseMlaBwd && op != Op::SparseMlaFp8Fwd) return std::nullopt;
+  const Tensor& ids = op == Op::SparseMlaFp8Fwd ? c.mla_fp8.indices : c.mla.indices;
+  const int64_t k = ids.size(-1);
+  if (k < 1 || ids.numel() < k) return std::nullopt;
+  OpCase twin = twin_of(c);
+  (op == Op::SparseMlaFp8Fwd ? twin.mla_fp8.indices : twin.mla.indices).set(k - 1, -1.0);
   return twin;
+}
+
+// ---- value twins that keep every feature (fresh11 F2) -------------------------------------
+// A backend that declines by value (say whenever indices[0,0] == 0) declines a twin that only
+// takes features out as well, when the twin keeps that value. These twins keep every feature,
+// shape, dtype and optional input of the case and move its values: a kernel that runs one but
+// declined the case declined it by value.
+
+// Rows [0, n) of `t` (leading dimension n, contiguous) in reverse order.
+void reverse_rows(Tensor& t) {
+  const int64_t n = t.dim() > 0 ? t.size(0) : 0;
+  if (n < 2) return;
+  const size_t row = t.nbytes() / static_cast<size_t>(n);
+  std::vector<std::byte> tmp(row);
+  for (int64_t a = 0, b = n - 1; a < b; ++a, --b) {
+    std::memcpy(tmp.data(), t.raw() + a * row, row);
+    std::memcpy(t.raw() + a * row, t.raw() + b * row, row);
+    std::memcpy(t.raw() + b * row, tmp.data(), row);
+  }
+}
+
+// The `rows` leading rows of `t` (contiguous, `t.nbytes() / rows` bytes each) moved one down
+// cyclically: row r goes to row (r + 1) % rows.
+void shift_rows(Tensor& t, int64_t rows) {
+  if (rows < 2) return;
+  const size_t row = t.nbytes() / static_cast<size_t>(rows);
+  std::vector<std::byte> copy(t.raw(), t.raw() + t.nbytes());
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(t.raw() + ((r + 1) % rows) * row, copy.data() + r * row, row);
+}
+
+// Each id of `ids` in [0, rows) relabelled r -> (r + 1) % rows (the others kept): ids over key
+// rows moved by shift_rows.
+void relabel_ids(Tensor& ids, int64_t rows) {
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const double id = ids.get(i);
+    if (id >= 0 && id < static_cast<double>(rows)) ids.set(i, static_cast<double>((static_cast<int64_t>(id) + 1) % rows));
+  }
+}
+
+// The H heads (dimension `dim` of size H) of `t` reversed; t contiguous.
+void reverse_heads(Tensor& t, int dim) {
+  if (t.dim() <= dim || t.size(dim) < 2) return;
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < dim; ++i) outer *= t.size(i);
+  for (int i = dim + 1; i < t.dim(); ++i) inner *= t.size(i);
+  const int64_t h = t.size(dim);
+  const size_t elem = t.nbytes() / static_cast<size_t>(std::max<int64_t>(1, t.numel()));
+  const size_t chunk = static_cast<size_t>(inner) * elem;
+  std::vector<std::byte> copy(t.raw(), t.raw() + t.nbytes());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < h; ++j)
+      std::memcpy(t.raw() + (o * h + (h - 1 - j)) * chunk, copy.data() + (o * h + j) * chunk, chunk);
+}
+
+// Every finite element of `t` times `f` (non-finite ones kept).
+void scale_finite(Tensor& t, double f) {
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (std::isfinite(t.get(i))) t.set(i, t.get(i) * f);
+}
+
+// Top-k: in each row the entries inside its window in reverse column order, and the finite values
+// replaced by ranks (equal values equal, order kept): -1, -2, ... from the largest, or n, n-1,
+// ... when the first finite score is negative, so that it changes sign. -inf and NaN kept.
+OpCase topk_other_values(const OpCase& c) {
+  OpCase twin = twin_of(c);
+  const int64_t s_q = c.scores.size(0), s_kv = c.scores.size(1);
+  double first = 0.0;  // the first finite score, flat order
+  for (int64_t i = 0; i < c.scores.numel(); ++i)
+    if (std::isfinite(c.scores.get(i))) {
+      first = c.scores.get(i);
+      break;
+    }
+  const bool positive = first < 0;
+  std::vector<double> row(static_cast<size_t>(s_kv)), distinct;
+  for (int64_t t = 0; t < s_q; ++t) {
+    for (int64_t s = 0; s < s_kv; ++s) row[static_cast<size_t>(s)] = c.scores.get(t * s_kv + s);
+    int64_t lo = 0, hi = s_kv;
+    if (c.topk_windows && t < c.topk_windows->s_q()) {
+      lo = std::clamp<int64_t>(c.topk_windows->ks[t], 0, s_kv);
+      hi = std::clamp<int64_t>(c.topk_windows->ke[t], lo, s_kv);
+    }
+    std::reverse(row.begin() + lo, row.begin() + hi);
+    distinct.clear();
+    for (double x : row)
+      if (std::isfinite(x)) distinct.push_back(x);
+    std::sort(distinct.begin(), distinct.end(), std::greater<double>());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    const double n = static_cast<double>(distinct.size());
+    for (int64_t s = 0; s < s_kv; ++s) {
+      double x = row[static_cast<size_t>(s)];
+      if (std::isfinite(x)) {
+        const double rank = static_cast<double>(
+            std::lower_bound(distinct.begin(), distinct.end(), x, std::greater<double>()) - distinct.begin());
+        x = positive ? n - rank : -1.0 - rank;
+      }
+      twin.scores.set(t * s_kv + s, x);
+    }
+  }
+  return twin;
+}
+
+// The case's twin with other values and every feature kept (nullopt when the op has none):
+// top-k: topk_other_values; sparse MLA (FP8 cache too): key rows (tokens) moved by one, ids
+// relabelled with them, query rows (q, ids, topk_length, dout) in reverse order: the same
+// attention, rows permuted; KL loss: finite scores halved, heads of q reversed; FP8 and paged
+// indexer: heads of q and w reversed, w halved (paged: cache blocks moved by one, the table
+// relabelled with them); indexer: heads of q_idx and w reversed, w halved.
+std::optional<OpCase> twin_with_other_values(Op op, const OpCase& c) {
+  OpCase twin = twin_of(c);
+  switch (op) {
+    case Op::Topk: return topk_other_values(c);
+    case Op::SparseMlaFwd:
+    case Op::SparseMlaBwd: {
+      SparseMlaInputs& in = twin.mla;
+      shift_rows(in.kv, in.kv.size(0));
+      relabel_ids(in.indices, in.kv.size(0));
+      reverse_rows(in.q);
+      reverse_rows(in.indices);
+      if (in.topk_length) reverse_rows(*in.topk_length);
+      if (op == Op::SparseMlaBwd) reverse_rows(twin.dout);
+      return twin;
+    }
+    case Op::SparseMlaFp8Fwd: {
+      SparseMlaFp8Inputs& in = twin.mla_fp8;
+      const int64_t tokens = fp8_cache_tokens(in);
+      shift_rows(in.kv_cache, tokens);
+      relabel_ids(in.indices, tokens);
+      reverse_rows(in.q);
+      reverse_rows(in.indices);
+      if (in.topk_length) reverse_rows(*in.topk_length);
+      return twin;
+    }
+    case Op::IndexerKlLoss:
+      scale_finite(twin.kl.scores, 0.5);
+      reverse_heads(twin.kl.q, 1);
+      return twin;
+    case Op::Fp8IndexerScores:
+      reverse_heads(twin.fp8_indexer.q_idx, 1);
+      reverse_heads(twin.fp8_indexer.w, 1);
+      scale_finite(twin.fp8_indexer.w, 0.5);
+      return twin;
+    case Op::PagedIndexerScores: {
+      PagedIndexerInputs& in = twin.paged_indexer;
+      const int64_t blocks = in.k_cache.size(0);
+      shift_rows(in.k_cache, blocks);
+      shift_rows(in.k_scale_cache, blocks);
+      // the entries a context reads relabelled with their blocks; those past it kept (unread)
+      const int64_t bs = std::max<int64_t>(1, in.k_cache.size(1)), batch = in.block_table.size(0),
+                    max_blocks = in.block_table.size(1);
+      for (int64_t b = 0; b < batch && b < in.context_lens.numel(); ++b) {
+        const int64_t used = std::min(max_blocks, (static_cast<int64_t>(in.context_lens.get(b)) + bs - 1) / bs);
+        for (int64_t i = 0; i < used; ++i) {
+          const double id = in.block_table.get(b * max_blocks + i);
+          if (id >= 0 && id < static_cast<double>(blocks))
+            in.block_table.set(b * max_blocks + i, static_cast<double>((static_cast<int64_t>(id) + 1) % blocks));
+        }
+      }
+      reverse_heads(in.q_idx, 2);
+      reverse_heads(in.w, 1);
+      scale_finite(in.w, 0.5);
+      return twin;
+    }
+    case Op::IndexerScores:
+      reverse_heads(twin.q_idx, 1);
+      reverse_heads(twin.w, 1);
+      scale_finite(twin.w, 0.5);
+      return twin;
+    default: return std::nullopt;
+  }
 }
 
 // True when `b` runs op on `twin` without throwing (a result, whatever its values: the twin is
@@ -472,6 +860,11 @@ bool runs_twin(Backend& b, Op op, const OpCase& twin) {
       case Op::Topk: (void)b.select_topk(twin.scores, twin.k, twin.policy, twin.topk_windows); return true;
       case Op::SparseMlaFwd: (void)b.sparse_mla_forward(twin.mla); return true;
       case Op::SparseMlaBwd: (void)b.sparse_mla_backward(twin.mla, twin.dout); return true;
+      case Op::IndexerKlLoss: (void)b.indexer_kl_loss(twin.kl); return true;
+      case Op::Fp8IndexerScores: (void)b.fp8_indexer_scores(twin.fp8_indexer); return true;
+      case Op::PagedIndexerScores: (void)b.paged_indexer_scores(twin.paged_indexer); return true;
+      case Op::SparseMlaFp8Fwd: (void)b.sparse_mla_fp8_forward(twin.mla_fp8); return true;
+      case Op::IndexerScores: (void)b.indexer_scores(twin.q_idx, twin.k_idx, twin.w, twin.windows); return true;
       default: return false;
     }
   } catch (const std::bad_alloc&) {
@@ -523,38 +916,19 @@ void settle_decline(OpReport& r, const Fixture& f, Op op, const OpCase& c, Backe
 }  // namespace
 
 std::string decline_feature_words(const std::string& key) {
-  for (const CaseFeature& x : {kInvalidIds, kEmptyRows, kDuplicateIds, kNegInf, kNan, kTies})
+  for (const CaseFeature& x : {kInvalidIds, kEmptyRows, kDuplicateIds, kNegInf, kNan, kTies, kPoisoned})
     if (key == x.key) return x.description;
   return key;
 }
 
 DeclineCause decline_cause(Backend& b, Op op, const OpCase& c, const std::vector<std::string>& unsupported) {
   DeclineCause r;
-  if (op != Op::Topk && op != Op::SparseMlaFwd && op != Op::SparseMlaBwd) {
+  if (op == Op::IndexerScoresBackward) {
     r.not_shown = "no twin for op " + std::string(to_string(op));
     return r;
   }
   const std::vector<CaseFeature> features = mandatory_features(op, c);
   for (const auto& x : features) r.held.push_back(x.key);
-  if (features.empty()) {
-    // A limit of the kernel is a shape, dtype, policy or optional input: the twin keeps them all
-    // and changes values only (top-k: fresh12 F8; sparse MLA: an id made invalid, SPEC §4,
-    // contributes nothing; fresh11 F10: a plugin declining every case whose ids are all valid
-    // and distinct passed the audit with those goldens as skips).
-    const std::optional<OpCase> twin =
-        op == Op::Topk ? twin_without_mandatory(op, c) : twin_with_an_invalid_id(op, c);
-    if (twin && runs_twin(b, op, *twin)) {
-      r.by_values = true;
-      r.twin = op == Op::Topk ? "other finite scores (same shapes, k, windows and policy)"
-                              : "one id of row 0 set to -1 (same shapes, dtypes and optional inputs)";
-      return r;
-    }
-    r.not_shown = "the case holds no SPEC-mandatory feature: a limit of the kernel (a shape, dtype or optional input)";
-    return r;
-  }
-  // One twin per feature: what each twin the backend runs no longer holds (fresh-user F6: a
-  // draw with NaN and -inf declined for its -inf was laid to both, and --unsupported
-  // neg_inf_scores left it INCOMPLETE as NaN).
   auto held_by = [&](const OpCase& twin) {
     std::set<std::string> keys;
     for (const auto& x : mandatory_features(op, twin)) keys.insert(x.key);
@@ -562,33 +936,80 @@ DeclineCause decline_cause(Backend& b, Op op, const OpCase& c, const std::vector
   };
   std::vector<std::vector<std::string>> ran;  // per twin run: the features it took out
   std::vector<std::string> ran_words;
-  for (const auto& x : features) {
-    const std::optional<OpCase> twin = twin_without(op, c, x.key);
-    if (!twin || !runs_twin(b, op, *twin)) continue;
-    const std::set<std::string> left = held_by(*twin);
-    std::vector<std::string> out;
-    for (const auto& k : r.held)
-      if (!left.count(k)) out.push_back(k);
-    if (out.empty()) continue;  // took nothing out: shows nothing
-    ran.push_back(out);
-    ran_words.push_back(std::string("without ") + x.key);
-  }
-  std::string all_words;
-  for (const auto& x : features) all_words += std::string(all_words.empty() ? "" : "; ") + x.description;
-  if (ran.empty()) {
-    const std::optional<OpCase> twin = twin_without_mandatory(op, c);
-    if (!twin) {
-      r.not_shown = "the case holds " + all_words + ", but no twin without them has its shape (k > s_kv): not shown "
-                    "to be about them";
+  // The paged and FP8 sparse MLA checks also run the case with its unread parts poisoned: when
+  // the backend runs the case as given, the run it declined was that one (poisoned_unread).
+  if (check_poisons(op, c) && runs_twin(b, op, twin_of(c))) {
+    if (std::find(r.held.begin(), r.held.end(), kPoisoned.key) == r.held.end()) r.held.push_back(kPoisoned.key);
+    ran.push_back({kPoisoned.key});
+    ran_words.push_back("as given (the check's run with its unread parts poisoned was the one declined)");
+  } else {
+    // A twin with other values that keeps every feature (fresh11 F2: a decline keyed on a value
+    // such as indices[0,0] declines every twin that keeps it, and stayed a skip): a limit of the
+    // kernel or a declined feature is in the twin too, so a kernel that runs it declined by value.
+    const std::set<std::string> held_set(r.held.begin(), r.held.end());
+    const std::optional<OpCase> moved = twin_with_other_values(op, c);
+    if (moved && held_by(*moved) == held_set && runs_twin(b, op, *moved)) {
+      r.by_values = true;
+      r.twin = op == Op::Topk
+                   ? "other finite scores (window entries reversed, scores replaced by their ranks; every "
+                     "SPEC-mandatory feature, shape, k, windows and policy kept)"
+                   : std::string("other values (") +
+                         (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd || op == Op::SparseMlaFp8Fwd
+                              ? "key rows and ids relabelled, query rows reversed"
+                          : op == Op::IndexerKlLoss ? "scores halved, heads reversed"
+                          : op == Op::PagedIndexerScores ? "cache blocks and table relabelled, heads reversed, w halved"
+                                                         : "heads reversed, w halved") +
+                         "; every SPEC-mandatory feature, shape, dtype and optional input kept)";
       return r;
     }
-    if (!runs_twin(b, op, *twin)) {
-      r.not_shown = "the case holds " + all_words + ", but the backend declined its twin without them too: a limit "
-                    "of the kernel, not about them";
+    if (features.empty()) {
+      // A limit of the kernel is a shape, dtype, policy or optional input: the twin keeps them
+      // all and changes values only (top-k: fresh12 F8; sparse MLA: an id made invalid, SPEC §4,
+      // contributes nothing; fresh11 F10: a plugin declining every case whose ids are all valid
+      // and distinct passed the audit with those goldens as skips).
+      const std::optional<OpCase> twin =
+          op == Op::Topk ? twin_without_mandatory(op, c) : twin_with_an_invalid_id(op, c);
+      if (twin && runs_twin(b, op, *twin)) {
+        r.by_values = true;
+        r.twin = op == Op::Topk ? "other finite scores (same shapes, k, windows and policy)"
+                                : "one id of row 0 set to -1 (same shapes, dtypes and optional inputs)";
+        return r;
+      }
+      r.not_shown =
+          "the case holds no SPEC-mandatory feature: a limit of the kernel (a shape, dtype or optional input)";
       return r;
     }
-    ran.push_back(r.held);
-    ran_words.push_back("without them all");
+    // One twin per feature: what each twin the backend runs no longer holds (fresh-user F6: a
+    // draw with NaN and -inf declined for its -inf was laid to both, and --unsupported
+    // neg_inf_scores left it INCOMPLETE as NaN).
+    for (const auto& x : features) {
+      const std::optional<OpCase> twin = twin_without(op, c, x.key);
+      if (!twin || !runs_twin(b, op, *twin)) continue;
+      const std::set<std::string> left = held_by(*twin);
+      std::vector<std::string> out;
+      for (const auto& k : r.held)
+        if (!left.count(k)) out.push_back(k);
+      if (out.empty()) continue;  // took nothing out: shows nothing
+      ran.push_back(out);
+      ran_words.push_back(std::string("without ") + x.key);
+    }
+    std::string all_words;
+    for (const auto& x : features) all_words += std::string(all_words.empty() ? "" : "; ") + x.description;
+    if (ran.empty()) {
+      const std::optional<OpCase> twin = twin_without_mandatory(op, c);
+      if (!twin) {
+        r.not_shown = "the case holds " + all_words +
+                      ", but no twin without them has its shape (k > s_kv): not shown to be about them";
+        return r;
+      }
+      if (!runs_twin(b, op, *twin)) {
+        r.not_shown = "the case holds " + all_words +
+                      ", but the backend declined its twin without them too: a limit of the kernel, not about them";
+        return r;
+      }
+      ran.push_back(r.held);
+      ran_words.push_back("without them all");
+    }
   }
   const bool invalid_present = std::find(r.held.begin(), r.held.end(), kInvalidIds.key) != r.held.end();
   auto covered = [&](const std::string& k) { return unsupported_covers(unsupported, k, invalid_present); };

@@ -66,8 +66,9 @@ CandidateBackend expected_candidate(const fixtures::Fixture& f);
 /// when opt.provided_outputs names none of that op's outputs. An op the backend declines
 /// (NotSupported from its call although it supports the op: OpReport::declined) is
 /// INCOMPLETE when decline_cause(candidate, op, case, opt.unsupported) proves it is about the
-/// values (the backend runs the case's twin without a SPEC-mandatory feature not named in
-/// opt.unsupported, or, with none, its twin with other values); otherwise a Skip whose reason
+/// values (the backend runs a twin with other values keeping every feature, the case's twin
+/// without a SPEC-mandatory feature not named in opt.unsupported, or, with none, its twin with
+/// other values); otherwise a Skip whose reason
 /// begins "declined: " and says why it is not INCOMPLETE (a limit declared up front, named
 /// unsupported, no mandatory feature, the twins declined too). An op the backend does not support is a Skip "op ... not supported". Throws
 /// ResourceError (with the reports of the ops judged before) when judging an op runs out of
@@ -79,19 +80,22 @@ std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& can
 std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, const OpCase& c,
                                         Backend& candidate, const CheckOptions& opt = {});
 
-/// What the twin test found about a decline of a top-k or sparse MLA case (decline_cause).
+/// What the twin test found about a decline of a case (decline_cause).
 /// Feature keys as the property suite's draw features (property_tests/src/suite.cpp kFeatures).
 struct DeclineCause {
   /// The SPEC-mandatory features the case holds: top-k k_boundary_ties, neg_inf_scores,
-  /// nan_scores (§3.1-§3.3); sparse MLA invalid_ids, empty_rows, duplicate_ids (§4, §6).
+  /// nan_scores (§3.1-§3.3); sparse MLA invalid_ids, empty_rows, duplicate_ids (§4, §6); KL loss
+  /// neg_inf_scores (§7); FP8 sparse MLA those of sparse MLA and poisoned_unread, FP8 and paged
+  /// indexer poisoned_unread (§10).
   std::vector<std::string> held;
   /// Features the decline depends on that `unsupported` does not name: the op is INCOMPLETE.
   std::vector<std::string> depends_on;
   /// Features the decline depends on that `unsupported` names (a skip naming them when
   /// depends_on is empty; beside depends_on otherwise).
   std::vector<std::string> waived;
-  /// The case holds no mandatory feature and the backend ran its twin with other values (top-k:
-  /// other finite scores; sparse MLA: one id of row 0 set to -1): INCOMPLETE, nothing to name.
+  /// The backend ran a twin with other values that keeps every feature the case holds (or, with
+  /// none, top-k's other finite scores, sparse MLA's one id of row 0 set to -1): INCOMPLETE,
+  /// nothing to name.
   bool by_values = false;
   /// The twin the backend ran, in words ("" when none ran).
   std::string twin;
@@ -103,23 +107,33 @@ struct DeclineCause {
 
 /// The twin test of a decline (NotSupported) of op on case `c` by `b`: one judgement for every
 /// route (fixtures check, replay, the audit's fixture tasks and properties; plugin, in-process,
-/// Python). op is Topk (c.scores [s_q, s_kv] f32/bf16, c.k, c.policy, c.topk_windows) or
-/// SparseMlaFwd / SparseMlaBwd (c.mla, c.dout for the backward); other ops: nothing shown.
-/// A case without mandatory features: its twin differs in values only (top-k: distinct finite
-/// scores s_kv - s; sparse MLA: the last slot of row 0 set to -1, SPEC §4); run → by_values.
-/// A case with some: one twin per feature, that feature taken out and every other kept as far as
-/// it can be (top-k: its -inf or NaN entries made distinct finite values below every finite
-/// score, or its finite entries made distinct in row order; sparse MLA: repeated ids, invalid
-/// slots or empty rows' slot 0 given ids unused in the row, of finite kv rows first (another
-/// row read has its non-finite values zeroed), topk_length widened); the features a twin the backend runs no longer holds are what the decline depends
-/// on. When no such twin runs, the twin without them all (top-k: distinct finite scores; sparse
-/// MLA: ids 0..k-1, non-finite q, kv, dout zeroed) lays it to all of them. A twin run whose
-/// features `unsupported` (--unsupported keys; empty_rows through invalid_ids as
+/// Python). Ops: Topk (c.scores [s_q, s_kv] f32/bf16, c.k, c.policy, c.topk_windows),
+/// SparseMlaFwd / SparseMlaBwd (c.mla, c.dout), SparseMlaFp8Fwd (c.mla_fp8), IndexerKlLoss
+/// (c.kl), Fp8IndexerScores, PagedIndexerScores, IndexerScores; IndexerScoresBackward: nothing
+/// shown. Twins keep shapes, dtypes, optional inputs, k, policy and windows.
+/// 1. Paged indexer and FP8 sparse MLA, whose checks also run the case with unread parts
+///    poisoned: when `b` runs the case as given, the decline is laid to poisoned_unread.
+/// 2. A twin with other values keeping every feature the case holds (top-k: window entries
+///    reversed, finite scores replaced by their ranks; sparse MLA: key rows / tokens moved by
+///    one with ids relabelled, query rows reversed; KL: scores halved, heads reversed; indexers:
+///    heads reversed, w halved, paged blocks moved by one): run → by_values (fresh11 F2).
+/// 3. No feature: the value twin (top-k: distinct finite scores s_kv - s; sparse MLA: the last
+///    slot of row 0 set to -1, SPEC §4); run → by_values; else not shown (a limit).
+/// 4. One twin per feature, that feature taken out and every other kept as far as it can be
+///    (top-k: -inf or NaN entries made distinct finite values below every finite score, or
+///    finite entries made distinct in row order; sparse MLA: repeated ids, invalid slots or
+///    empty rows' slot 0 given ids unused in the row, of finite kv rows / ordinary tokens first,
+///    topk_length widened; KL: -inf scores made finite; §10: unread parts cleaned, FP8 bytes 0,
+///    scales 1, entries past a context 0); the features a twin the backend runs no longer holds
+///    are what the decline depends on. When no such twin runs, the twin without them all (top-k:
+///    distinct finite scores; sparse MLA: ids 0..k-1, non-finite q, kv, dout zeroed) lays it to
+///    all of them.
+/// A twin run whose features `unsupported` (--unsupported keys; empty_rows through invalid_ids as
 /// unsupported_covers) covers waives the decline; else depends_on lists the features of the
-/// twins run that it does not cover. Runs `b` once per twin (not judged; a result counts as
-/// run, a decline or any other error as not run), at most one per feature plus one. Throws
+/// twins run that it does not cover. Runs `b` once per twin (not judged; a result counts as run,
+/// a decline or any other error as not run), at most one per feature plus three. Throws
 /// std::bad_alloc when a twin's run runs out of memory; nothing else. Rule:
-/// docs/what-a-pass-means.md Verdicts (fresh11 F10, fresh12 F8, F6).
+/// docs/what-a-pass-means.md Verdicts (fresh11 F10, F2, fresh12 F8, F6).
 DeclineCause decline_cause(Backend& b, Op op, const OpCase& c, const std::vector<std::string>& unsupported = {});
 
 /// The words for a mandatory feature key of DeclineCause ("-inf scores (never selected, -1
