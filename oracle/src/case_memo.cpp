@@ -1,4 +1,5 @@
 #include "dsa/oracle/case_memo.h"
+#include "dsa/oracle/scoped_case_memo.h"
 
 #include <cstdio>
 #include <cstring>
@@ -54,6 +55,19 @@ std::map<std::string, int> CaseMemo::counts() const {
   }
   return out;
 }
+
+namespace {
+thread_local CaseMemo* g_scoped_memo = nullptr;
+}  // namespace
+
+CaseMemo* scoped_case_memo() { return g_scoped_memo; }
+
+ScopedCaseMemo::ScopedCaseMemo(std::shared_ptr<CaseMemo> memo)
+    : memo_(std::move(memo)), previous_(g_scoped_memo) {
+  g_scoped_memo = memo_.get();
+}
+
+ScopedCaseMemo::~ScopedCaseMemo() { g_scoped_memo = previous_; }
 
 // Fingerprint: each 8-byte word goes through a multiply-xorshift round (the finalizer of
 // MurmurHash3 / SplitMix64 style); four lanes keep the multiplies independent.

@@ -11,6 +11,7 @@
 
 #include "dsa/contract/paged_kv.h"
 #include "dsa/oracle/local_bounds.h"
+#include "dsa/oracle/scoped_case_memo.h"
 #include "dsa/oracle/tolerances.h"
 #include "dsa/reference/fp8_indexer.h"
 #include "dsa/reference/paged_indexer.h"
@@ -92,6 +93,9 @@ OutputFloor fp8_indexer_floor(const Fp8IndexerInputs& in) {
                                in.w, in.windows)
       .at("scores");
 }
+
+// The case's memo, else the thread's scoped one (ScopedCaseMemo), else null.
+CaseMemo* memo_of(const OpCase& c) { return c.memo ? c.memo.get() : scoped_case_memo(); }
 
 // Fingerprints of the §10 inputs (memo keys, issue 13).
 Fingerprint fp_fp8_indexer(const Fp8IndexerInputs& in) {
@@ -219,7 +223,7 @@ OpReport check_fp8_indexer_scores(Backend& b, const OpCase& c, const CheckOption
   if (!run_backend(r, b, opt.check_determinism, "", [&] { return b.fp8_indexer_scores(c.fp8_indexer); },
                    bitwise_equal, cand))
     return r;
-  CaseMemo* memo = c.memo.get();
+  CaseMemo* memo = memo_of(c);
   const Fingerprint fp = fp_fp8_indexer(c.fp8_indexer);
   const auto ref = shared_result<Tensor>(memo, "fp8_indexer_scores/reference", fp,
                                          [&] { return reference::fp8_indexer_scores(c.fp8_indexer); });
@@ -295,7 +299,7 @@ OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOpti
   OpReport r = detail::start_report(b, to_string(op), op);
   const PagedIndexerInputs& in = c.paged_indexer;
   if (r.verdict == Verdict::Skip) return r;
-  CaseMemo* memo = c.memo.get();
+  CaseMemo* memo = memo_of(c);
   const reference::PagedGather g = reference::gather_paged_indexer(in);  // validates the case
   // The packed problem's floors, scattered to the logical columns of each request's rows.
   const auto packed_p = shared_result<OutputFloor>(memo, "paged_indexer_scores/floors", fp_paged(in),
@@ -404,7 +408,7 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
       return detail::settle_judged_nothing(std::move(r), opt, op);
     const Fingerprint fp = fp_mla_fp8(run.inputs);
     const auto ref_p = shared_result<SparseMlaForward>(
-        c.memo.get(), "sparse_mla_fp8_fwd/reference", fp,
+        memo_of(c), "sparse_mla_fp8_fwd/reference", fp,
         [&] { return reference::sparse_mla_fp8_forward(run.inputs); });
     // SPEC §9: the baseline runs at the candidate's precision: kv dequantized (fp8 · scale)
     // to its working dtype (its out dtype: bf16 for a FlashMLA-style kernel, which converts
@@ -416,7 +420,7 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
     Fingerprint fp_work = fp;
     fp_work.add(static_cast<int64_t>(work));
     const auto base_p = shared_result<SparseMlaForward>(
-        c.memo.get(), "sparse_mla_fp8_fwd/baseline", fp_work, [&] {
+        memo_of(c), "sparse_mla_fp8_fwd/baseline", fp_work, [&] {
           SparseMlaInputs at = reference::gather_sparse_mla_fp8(run.inputs).inputs;
           at.kv = at.kv.to(work);
           const SparseMlaForward b1 = reference::sparse_mla_forward(at, Precision::Baseline);
@@ -436,7 +440,7 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
     // floors from the dequantized valid tokens (the poisoned run reads the same ones); the
     // local rule of sparse_mla_fwd: E_row and floors per (t, h) row, WEAK rows a verdict
     const auto floors_p = shared_result<CaseFloors>(
-        c.memo.get(), std::string("sparse_mla_fp8_fwd/floors/") + dtype_name(work),
+        memo_of(c), std::string("sparse_mla_fp8_fwd/floors/") + dtype_name(work),
         fp_mla_fp8(c.mla_fp8), [&] {
           CaseFloors f = sparse_mla_floors(gathered.mla, nullptr, work);
           // the baseline dequantizes kv to a 16-bit `work` (above): a rounding it shares

@@ -12,6 +12,7 @@
 #include "dsa/contract/errors.h"
 #include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/local_bounds.h"
+#include "dsa/oracle/scoped_case_memo.h"
 #include "dsa/oracle/tolerances.h"
 #include "dsa/reference/indexer.h"
 #include "dsa/reference/kl_loss.h"
@@ -127,8 +128,9 @@ void judge(OpReport& r, const CheckOptions& opt, Op op, DType q, const std::stri
 }
 
 // Results shared through the case's memo (issue 13): each reference result, baseline and
-// floor set is computed once per case and fingerprint of the inputs it reads.
-CaseMemo* memo_of(const OpCase& c) { return c.memo.get(); }
+// floor set is computed once per case and fingerprint of the inputs it reads. A case without
+// a memo of its own uses the thread's scoped one (ScopedCaseMemo: a property draw's), if any.
+CaseMemo* memo_of(const OpCase& c) { return c.memo ? c.memo.get() : scoped_case_memo(); }
 
 Fingerprint fp_indexer(const OpCase& c) {
   Fingerprint f;
@@ -182,7 +184,8 @@ bool dout_fits(const OpCase& c) {
 // outputs' floors do not depend on dout, so one computation serves both ops).
 std::shared_ptr<const CaseFloors> shared_mla_floors(const OpCase& c, DType work, bool backward) {
   work = floor_work_dtype(work);
-  const bool with_dout = backward || (c.memo && dout_fits(c));
+  CaseMemo* memo = memo_of(c);
+  const bool with_dout = backward || (memo && dout_fits(c));
   Fingerprint f = fp_mla(c.mla);
   if (with_dout) f.add(c.dout);
   auto kind = [&](DType d) {
@@ -190,14 +193,14 @@ std::shared_ptr<const CaseFloors> shared_mla_floors(const OpCase& c, DType work,
            dtype_name(d);
   };
   const Tensor* dout = with_dout ? &c.dout : nullptr;
-  if (!c.memo || work == DType::F32)
-    return shared_result<CaseFloors>(memo_of(c), kind(work), f,
+  if (!memo || work == DType::F32)
+    return shared_result<CaseFloors>(memo, kind(work), f,
                                      [&] { return sparse_mla_floors(c.mla, dout, work); });
   // A 16-bit working dtype: the floors of fp32 work come with it at little cost, for the
   // case's other candidates (the reference backend's outputs are f64).
   CaseFloors f32;
   bool have_f32 = false;
-  auto r = shared_result<CaseFloors>(c.memo.get(), kind(work), f, [&] {
+  auto r = shared_result<CaseFloors>(memo, kind(work), f, [&] {
     std::pair<CaseFloors, CaseFloors> both = sparse_mla_floors_and_f32(c.mla, dout, work);
     f32 = std::move(both.second);
     have_f32 = true;
@@ -206,7 +209,7 @@ std::shared_ptr<const CaseFloors> shared_mla_floors(const OpCase& c, DType work,
   // Stored under the F32 key without counting a computation of its own (it was part of the
   // one above).
   if (have_f32)
-    c.memo->get<std::shared_ptr<const CaseFloors>>(kind(DType::F32) + "@" + f.hex(), [&] {
+    memo->get<std::shared_ptr<const CaseFloors>>(kind(DType::F32) + "@" + f.hex(), [&] {
       return std::make_shared<const CaseFloors>(std::move(f32));
     });
   return r;

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "dsa/oracle/case_memo.h"
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/reference_backend.h"
+#include "dsa/oracle/scoped_case_memo.h"
 
 namespace dsa::oracle {
 namespace {
@@ -211,6 +213,58 @@ TEST(CaseSharing, ACopyWithChangedInputsDoesNotShareResults) {
         << "the producer's outputs agreed with a changed q";
   });
   EXPECT_EQ(n.count("sparse_mla_fwd/reference"), 1u) << "a changed q reused the original's reference";
+}
+
+// A case without a memo of its own uses the thread's scoped one (ScopedCaseMemo, what the
+// property runner gives each draw): the forward and backward checks of the case, and a second
+// backend judged on it, compute each reference, baseline and floor set once, with the reports
+// of the memo-less judgement; outside the scope every check computes its own.
+TEST(CaseSharing, AScopedMemoServesCasesWithoutTheirOwn) {
+  const fixtures::Fixture f = golden("smla_sink");
+  OpCase c = op_case_from_fixture(f);
+  c.memo.reset();
+  auto ref = make_reference_backend();
+  auto judge_twice = [&] {
+    std::string text;
+    for (int i = 0; i < 2; ++i) {
+      const OpReport fwd = check_sparse_mla_forward(*ref, c);
+      const OpReport bwd = check_sparse_mla_backward(*ref, c);
+      EXPECT_TRUE(fwd.passed() && bwd.passed()) << format_op_report(fwd) << format_op_report(bwd);
+      text += format_op_report(fwd) + format_op_report(bwd);
+    }
+    return text;
+  };
+  EXPECT_EQ(scoped_case_memo(), nullptr);
+  std::string plain_report, scoped_report;
+  const auto plain = counted([&] { plain_report = judge_twice(); });
+  auto memo = std::make_shared<CaseMemo>();
+  std::map<std::string, int64_t> scoped;
+  {
+    const ScopedCaseMemo scope(memo);
+    EXPECT_EQ(scoped_case_memo(), memo.get());
+    {
+      const ScopedCaseMemo none(nullptr);  // nestable; null: no memo inside
+      EXPECT_EQ(scoped_case_memo(), nullptr);
+    }
+    EXPECT_EQ(scoped_case_memo(), memo.get());
+    scoped = counted([&] { scoped_report = judge_twice(); });
+  }
+  EXPECT_EQ(scoped_case_memo(), nullptr) << "the scope did not restore the previous memo";
+  for (const std::string k : {"sparse_mla_fwd/reference", "sparse_mla_fwd/baseline", "sparse_mla_bwd/reference"}) {
+    EXPECT_EQ(scoped.count(k) ? scoped.at(k) : 0, 1) << k << " under the scoped memo";
+    EXPECT_GE(plain.count(k) ? plain.at(k) : 0, 2) << k << " without a memo";
+  }
+  for (const auto& [key, n] : memo->counts()) EXPECT_EQ(n, 1) << key;
+  EXPECT_EQ(scoped_report, plain_report) << "the scoped memo changed a report";
+  // A case with a memo of its own keeps it.
+  OpCase own = op_case_from_fixture(f);
+  auto other = std::make_shared<CaseMemo>();
+  {
+    const ScopedCaseMemo scope(other);
+    EXPECT_TRUE(check_sparse_mla_forward(*ref, own).passed());
+  }
+  EXPECT_EQ(other->total_computations(), 0) << "a case with its own memo used the scoped one";
+  EXPECT_GT(own.memo->total_computations(), 0);
 }
 
 }  // namespace

@@ -8,9 +8,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <sstream>
 
+#include "dsa/oracle/scoped_case_memo.h"
 #include "fp8_props_common.h"
 #include "props_common.h"
 
@@ -298,6 +300,10 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     const int draw_index = counting ? judged + declined : failing_draw_index;
     set_draw_index(draw_index);
     clear_pending_dump();
+    // The checks of this draw share their reference results: in the caller's memo when one is
+    // in scope (run_suites), else in this draw's own.
+    std::optional<oracle::ScopedCaseMemo> draw_memo;
+    if (!oracle::scoped_case_memo()) draw_memo.emplace(std::make_shared<oracle::CaseMemo>());
     std::string why;
     try {
       p.body(b, s.block);

@@ -55,7 +55,8 @@ struct OpCase {
   /// precision and the floor inputs, shared by every backend and output judged on this case
   /// and by its copies (op_case_from_fixture gives each case one). Keys carry a fingerprint
   /// of the inputs they depend on, so a copy whose inputs were changed computes afresh.
-  /// Null: every check computes its own (as a case built field by field does).
+  /// Null: the thread's scoped memo when one is alive (ScopedCaseMemo, scoped_case_memo.h: the
+  /// property runner's, per draw), else every check computes its own.
   std::shared_ptr<CaseMemo> memo;
 };
 
