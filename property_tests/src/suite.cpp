@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "dsa/oracle/scoped_case_memo.h"
+#include "dsa/property_tests/run_suites.h"
 #include "fp8_props_common.h"
 #include "props_common.h"
 
@@ -482,7 +483,9 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   return r;
 }
 
-std::vector<PropertyResult> run_suite(const Subject& s, const SuiteOptions& o) {
+namespace {
+// The properties run_suite runs for s, in its order: o.only's, the subject's focus first.
+std::vector<const Property*> suite_order(const Subject& s, const SuiteOptions& o) {
   std::vector<const Property*> order;
   for (const auto& p : all_properties())
     if (o.only.empty() || std::any_of(o.only.begin(), o.only.end(), [&](const std::string& e) {
@@ -492,10 +495,37 @@ std::vector<PropertyResult> run_suite(const Subject& s, const SuiteOptions& o) {
   if (!s.focus.empty())
     std::stable_partition(order.begin(), order.end(),
                           [&](const Property* p) { return p->name.rfind(s.focus, 0) == 0; });
+  return order;
+}
+}  // namespace
+
+std::vector<PropertyResult> run_suite(const Subject& s, const SuiteOptions& o) {
   std::vector<PropertyResult> out;
-  for (const Property* p : order) {
+  for (const Property* p : suite_order(s, o)) {
     out.push_back(run_property(s, *p, o));
     if (o.stop_at_first_failure && out.back().verdict == Verdict::Fail) break;
+  }
+  return out;
+}
+
+std::vector<std::vector<PropertyResult>> run_suites(const std::vector<Subject>& subjects, const SuiteOptions& o) {
+  if (o.stop_at_first_failure)
+    throw std::invalid_argument("run_suites: stop_at_first_failure is not supported (use run_suite)");
+  // Each subject's rows in run_suite's order; the properties run in all_properties() order,
+  // each for every subject that runs it, on one memo.
+  std::vector<std::vector<PropertyResult>> out(subjects.size());
+  std::vector<std::map<const Property*, size_t>> position(subjects.size());
+  for (size_t i = 0; i < subjects.size(); ++i) {
+    const auto order = suite_order(subjects[i], o);
+    out[i].resize(order.size());
+    for (size_t j = 0; j < order.size(); ++j) position[i][order[j]] = j;
+  }
+  for (const auto& p : all_properties()) {
+    const oracle::ScopedCaseMemo memo(std::make_shared<oracle::CaseMemo>());  // p's draws, every subject's
+    for (size_t i = 0; i < subjects.size(); ++i) {
+      const auto at = position[i].find(&p);
+      if (at != position[i].end()) out[i][at->second] = run_property(subjects[i], p, o);
+    }
   }
   return out;
 }
