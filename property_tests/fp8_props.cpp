@@ -314,7 +314,7 @@ void fp8_indexer_ratio(Backend& b, const BlockFactory&) {
   RC_ASSERT(!all_zero(c.in.q_idx));
   RC_ASSERT(!all_zero(c.in.w));
   judge_poisoned(
-      poisoned(c.in), [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_fp8_indexer_scores(b, op_case(c.in))); },
+      poisoned(c.in), [&] { DSA_PROP_JUDGE_DETECTABLE(b, Op::Fp8IndexerScores, op_case(c.in), oracle::check_fp8_indexer_scores); },
       [&] { b.fp8_indexer_scores(clean_twin(c.in)); });
 }
 
@@ -325,7 +325,7 @@ void fp8_indexer_exact_tier(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
   const Tensor ref = reference::fp8_indexer_scores(c.in);
   Tensor got;
-  judge_poisoned(poisoned(c.in), [&] { got = b.fp8_indexer_scores(c.in); },
+  judge_poisoned(poisoned(c.in), [&] { got = call_twin_tested(b, Op::Fp8IndexerScores, op_case(c.in), [&] { return b.fp8_indexer_scores(c.in); }); },
                  [&] { b.fp8_indexer_scores(clean_twin(c.in)); });
   const auto m = oracle::compare_tensors(got, ref);
   RC_ASSERT(m.shape_ok);
@@ -353,7 +353,7 @@ void paged_indexer_ratio(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
   // The check re-runs the draw with entries past every context poisoned: always poisoned.
   judge_poisoned(
-      true, [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_paged_indexer_scores(b, op_case(c.in))); },
+      true, [&] { DSA_PROP_JUDGE_DETECTABLE(b, Op::PagedIndexerScores, op_case(c.in), oracle::check_paged_indexer_scores); },
       [&] { b.paged_indexer_scores(clean_twin(c.in)); });
 }
 
@@ -363,7 +363,7 @@ void paged_mtp_window_exact_at_ke(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
   const reference::PagedGather g = reference::gather_paged_indexer(c.in);
   Tensor got;
-  judge_poisoned(true, [&] { got = b.paged_indexer_scores(c.in); }, [&] { b.paged_indexer_scores(clean_twin(c.in)); });
+  judge_poisoned(true, [&] { got = call_twin_tested(b, Op::PagedIndexerScores, op_case(c.in), [&] { return b.paged_indexer_scores(c.in); }); }, [&] { b.paged_indexer_scores(clean_twin(c.in)); });
   const int64_t rows = g.windows.s_q(), width = g.max_context;
   RC_ASSERT(got.shape() == std::vector<int64_t>({rows, width}));
   for (int64_t r = 0; r < rows; ++r) {
@@ -372,7 +372,7 @@ void paged_mtp_window_exact_at_ke(Backend& b, const BlockFactory&) {
     if (ke < width) RC_ASSERT(got.get(r * width + ke) == -INFINITY);
   }
   judge_poisoned(
-      true, [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_paged_indexer_scores(b, op_case(c.in))); },
+      true, [&] { DSA_PROP_JUDGE_DETECTABLE(b, Op::PagedIndexerScores, op_case(c.in), oracle::check_paged_indexer_scores); },
       [&] { b.paged_indexer_scores(clean_twin(c.in)); });
 }
 
@@ -427,7 +427,7 @@ void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
   // draw whose every token is read judges no poisoned unread part, so it does not count as one
   // that did: with it counted, declining every poisoned draw got a skip, not INCOMPLETE).
   const bool unread = has_unread_tokens(c.in);
-  judge_poisoned(unread, [&] { f = b.sparse_mla_fp8_forward(c.in); }, [&] { b.sparse_mla_fp8_forward(clean_twin(c.in)); });
+  judge_poisoned(unread, [&] { f = call_twin_tested(b, Op::SparseMlaFp8Fwd, op_case(c.in), [&] { return b.sparse_mla_fp8_forward(c.in); }); }, [&] { b.sparse_mla_fp8_forward(clean_twin(c.in)); });
   // Empty rows (SPEC §6): out 0, lse +inf, max_logits -inf, no NaN.
   const int64_t s_q = c.in.q.size(0), h = c.in.q.size(1), k = c.in.indices.size(-1);
   const int64_t tokens = c.in.kv_cache.numel() / kMlaFp8TokenBytes;
@@ -452,7 +452,7 @@ void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
     }
   }
   judge_poisoned(
-      unread, [&] { DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_fp8_forward(b, op_case(c.in))); },
+      unread, [&] { DSA_PROP_JUDGE_DETECTABLE(b, Op::SparseMlaFp8Fwd, op_case(c.in), oracle::check_sparse_mla_fp8_forward); },
       [&] { b.sparse_mla_fp8_forward(clean_twin(c.in)); });
 }
 
@@ -496,21 +496,21 @@ void fp8_indexer_judged(Backend& b, const Fp8IndexerCase& c) {
   DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
   RC_ASSERT(!all_zero(c.in.q_idx));
   RC_ASSERT(!all_zero(c.in.w));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_fp8_indexer_scores(b, op_case(c.in)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::Fp8IndexerScores, op_case(c.in), oracle::check_fp8_indexer_scores);
 }
 void fp8_indexer_many_rows(Backend& b, const BlockFactory&) { fp8_indexer_judged(b, draw_fp8_indexer_case("many_rows")); }
 void fp8_indexer_production(Backend& b, const BlockFactory&) { fp8_indexer_judged(b, draw_fp8_indexer_case("production")); }
 
 void paged_judged(Backend& b, const PagedIndexerCase& c) {
   DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_paged_indexer_scores(b, op_case(c.in)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::PagedIndexerScores, op_case(c.in), oracle::check_paged_indexer_scores);
 }
 void paged_many_rows(Backend& b, const BlockFactory&) { paged_judged(b, draw_paged_indexer_case("many_rows")); }
 void paged_production(Backend& b, const BlockFactory&) { paged_judged(b, draw_paged_indexer_case("production")); }
 
 void smla_fp8_judged(Backend& b, const SmlaFp8Case& c) {
   DumpOnFailure dump([&] { return described([&] { return fixtures::sparse_mla_fp8_fixture(c.in, case_name()); }, c.desc); });
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_sparse_mla_fp8_forward(b, op_case(c.in)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::SparseMlaFp8Fwd, op_case(c.in), oracle::check_sparse_mla_fp8_forward);
 }
 void smla_fp8_many_rows(Backend& b, const BlockFactory&) { smla_fp8_judged(b, draw_smla_fp8_case("many_rows")); }
 void smla_fp8_production(Backend& b, const BlockFactory&) { smla_fp8_judged(b, draw_smla_fp8_case("production")); }

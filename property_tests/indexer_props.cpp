@@ -36,7 +36,8 @@ void scores_exact_tier(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
   const Tensor ref = reference::indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
-  const Tensor got = b.indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
+  const Tensor got = call_twin_tested(b, Op::IndexerScores, as_op_case(c),
+                                      [&] { return b.indexer_scores(c.q_idx, c.k_idx, c.w, c.windows); });
   const auto m = oracle::compare_tensors(got, ref);
   RC_ASSERT(m.shape_ok);
   RC_ASSERT(m.nonfinite_mismatches == 0);
@@ -48,7 +49,7 @@ void scores_ratio(Backend& b, const BlockFactory&) {
   const IndexerCase c = draw_indexer_case(Tier::Random);
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_scores(b, as_op_case(c)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::IndexerScores, as_op_case(c), oracle::check_indexer_scores);
 }
 
 // Causal windows: key ke-1 visible (finite), key ke and ks-1 masked (-inf).
@@ -56,7 +57,8 @@ void causal_window_exact_at_ke(Backend& b, const BlockFactory&) {
   const IndexerCase c = draw_indexer_case(std::nullopt, "causal");
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
-  const Tensor got = b.indexer_scores(c.q_idx, c.k_idx, c.w, c.windows);
+  const Tensor got = call_twin_tested(b, Op::IndexerScores, as_op_case(c),
+                                      [&] { return b.indexer_scores(c.q_idx, c.k_idx, c.w, c.windows); });
   const int64_t s_kv = c.k_idx.size(0);
   RC_ASSERT(got.shape() == std::vector<int64_t>({c.q_idx.size(0), s_kv}));
   for (int64_t t = 0; t < c.q_idx.size(0); ++t) {
@@ -65,7 +67,7 @@ void causal_window_exact_at_ke(Backend& b, const BlockFactory&) {
     if (ke < s_kv) RC_ASSERT(got.get(t * s_kv + ke) == -INFINITY);
     if (ks > 0) RC_ASSERT(got.get(t * s_kv + ks - 1) == -INFINITY);
   }
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_scores(b, as_op_case(c)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::IndexerScores, as_op_case(c), oracle::check_indexer_scores);
 }
 
 // Gradient parity: dq_idx, dk_idx, dw by the ratio rule for the same upstream d_scores.
@@ -74,7 +76,7 @@ void backward_parity(Backend& b, const BlockFactory&) {
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
   RC_ASSERT(!all_zero(c.d_scores));
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_backward(b, as_op_case(c)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::IndexerScoresBackward, as_op_case(c), oracle::check_indexer_backward);
 }
 
 // Many query rows (s_q 257-1100; the first draw of a run > 1024; finding 7): the scores by
@@ -84,7 +86,7 @@ void many_rows(Backend& b, const BlockFactory&) {
   const IndexerCase c = draw_indexer_many_rows_case();
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_scores(b, as_op_case(c)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::IndexerScores, as_op_case(c), oracle::check_indexer_scores);
 }
 
 // The backward alone over many query rows (fresh-user finding F7: the many-row draw of the
@@ -94,7 +96,7 @@ void backward_many_rows(Backend& b, const BlockFactory&) {
   const IndexerCase c = draw_indexer_many_rows_case(Tier::Exact);
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_backward(b, as_op_case(c)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::IndexerScoresBackward, as_op_case(c), oracle::check_indexer_backward);
 }
 
 // Production indexer shapes (H_I 64, d_I 128, keys past 128; finding F8): the scores.
@@ -102,7 +104,7 @@ void production_shapes(Backend& b, const BlockFactory&) {
   const IndexerCase c = draw_indexer_production_case();
   DumpOnFailure dump([&] { return to_fixture(c, false); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_scores(b, as_op_case(c)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::IndexerScores, as_op_case(c), oracle::check_indexer_scores);
 }
 
 // The same shapes for the backward alone (d_scores NaN/inf outside the windows as drawn).
@@ -110,7 +112,7 @@ void backward_production_shapes(Backend& b, const BlockFactory&) {
   const IndexerCase c = draw_indexer_production_case();
   DumpOnFailure dump([&] { return to_fixture(c, true); });
   check_inputs(c);
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_backward(b, as_op_case(c)));
+  DSA_PROP_JUDGE_DETECTABLE(b, Op::IndexerScoresBackward, as_op_case(c), oracle::check_indexer_backward);
 }
 
 }  // namespace

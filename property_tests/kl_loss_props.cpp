@@ -25,7 +25,7 @@ void judge_kl(oracle::Backend& b, const KlCase& c) {
   RC_ASSERT(!all_zero(c.in.kv));
   oracle::OpCase oc;
   oc.kl = c.in;
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_kl_loss(b, oc));
+  DSA_PROP_JUDGE_DETECTABLE(b, oracle::Op::IndexerKlLoss, oc, oracle::check_indexer_kl_loss);
 }
 
 void loss_and_gradient_ratio(oracle::Backend& b, const oracle::BlockFactory&) { judge_kl(b, draw_kl_case(kl_dtype())); }
@@ -55,7 +55,9 @@ void neg_inf_scores(oracle::Backend& b, const oracle::BlockFactory&) {
   RC_ASSERT(!all_zero(c.in.q));
   RC_ASSERT(!all_zero(c.in.kv));
 
-  const IndexerKlResult got = b.indexer_kl_loss(c.in);
+  oracle::OpCase oc;
+  oc.kl = c.in;
+  const IndexerKlResult got = call_twin_tested(b, oracle::Op::IndexerKlLoss, oc, [&] { return b.indexer_kl_loss(c.in); });
   RC_ASSERT(got.loss.numel() == 1);
   RC_ASSERT(got.d_scores.shape() == c.in.scores.shape());
   if (!std::isfinite(got.loss.get(0))) RC_FAIL("loss is " + std::to_string(got.loss.get(0)));
@@ -66,9 +68,7 @@ void neg_inf_scores(oracle::Backend& b, const oracle::BlockFactory&) {
               "] is " + std::to_string(g) + " for score " + std::to_string(score) +
               ", expected finite and 0 where the score is -inf (not in S_t)");
   }
-  oracle::OpCase oc;
-  oc.kl = c.in;
-  DSA_PROP_ASSERT_DETECTABLE(oracle::check_indexer_kl_loss(b, oc));
+  DSA_PROP_JUDGE_DETECTABLE(b, oracle::Op::IndexerKlLoss, oc, oracle::check_indexer_kl_loss);
 }
 
 // Many query rows (prefill; fresh-user finding F7: d_scores rows past 128 left 0 passed).

@@ -77,6 +77,10 @@ void fail_if_declined_by_value(oracle::Backend& b, oracle::Op op, const oracle::
   for (const auto& k : cause.waived) note_declined_for(k);
 }
 
+void twin_test_if_declined(oracle::Backend& b, oracle::Op op, const oracle::OpCase& oc, const oracle::OpReport& r) {
+  if (r.verdict == oracle::Verdict::Skip && r.declined) fail_if_declined_by_value(b, op, oc, r.reason);
+}
+
 namespace {
 thread_local std::optional<fixtures::Fixture> g_pending_dump;
 }  // namespace

@@ -130,6 +130,36 @@ fixtures::Fixture to_fixture(const BlockCase& c);
 /// (...GeneratedFp8IndexerCasesHaveNoWeakRows). docs/what-a-pass-means.md has the counts.
 #define DSA_PROP_ASSERT_DETECTABLE(report) DSA_PROP_ASSERT_REPORT_(report, false)
 
+/// When `r` (the report of `op` on draw `oc` by `b`) is a decline (a Skip with
+/// OpReport::declined), the twin test of the fixture routes (fail_if_declined_by_value): the draw
+/// fails as INCOMPLETE when the decline depends on its values, and the mandatory features it is
+/// laid to are noted; otherwise nothing. Every op's properties call it through
+/// DSA_PROP_JUDGE_DETECTABLE, so no property passes on draws declined for a mandatory feature
+/// (fresh15 F1: the FP8 sparse MLA properties passed a kernel declining every draw with a -1 id).
+void twin_test_if_declined(oracle::Backend& b, oracle::Op op, const oracle::OpCase& oc, const oracle::OpReport& r);
+
+/// DSA_PROP_ASSERT_DETECTABLE of `check(b, oc)` (an oracle check function of `op`, called with
+/// its default options), after twin_test_if_declined of its report.
+#define DSA_PROP_JUDGE_DETECTABLE(b, op, oc, check)                   \
+  do {                                                                \
+    const ::dsa::oracle::OpCase& dsa_oc_ = (oc);                      \
+    const ::dsa::oracle::OpReport dsa_rep_ = check((b), dsa_oc_);     \
+    ::dsa::props::twin_test_if_declined((b), (op), dsa_oc_, dsa_rep_); \
+    DSA_PROP_ASSERT_DETECTABLE(dsa_rep_);                             \
+  } while (0)
+
+/// Returns `call()`, a direct call of `b` on draw `oc` for `op`; a decline (NotSupported) gets
+/// the twin test (fail_if_declined_by_value) and is rethrown (the draw is redrawn).
+template <class Call>
+auto call_twin_tested(oracle::Backend& b, oracle::Op op, const oracle::OpCase& oc, Call call) -> decltype(call()) {
+  try {
+    return call();
+  } catch (const oracle::NotSupported& e) {
+    fail_if_declined_by_value(b, op, oc, e.what());
+    throw;
+  }
+}
+
 void add_topk_properties(std::vector<Property>& out);
 void add_indexer_properties(std::vector<Property>& out);
 void add_sparse_mla_properties(std::vector<Property>& out);

@@ -394,7 +394,8 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
   for (const auto& [key, t] : features) {
     if (!mandatory_feature(key)) continue;
     if (t.judged == 0 && ((judged > 0 && t.declined_plain > 0) || t.proven > 0))
-      missing(key, feature_description(key) + ": every one of the " + std::to_string(t.declined) +
+      // (a property that notes no draw features counts the proven draws only)
+      missing(key, feature_description(key) + ": every one of the " + std::to_string(std::max(t.declined, t.proven)) +
                        " draws that had it declined, none judged" +
                        (t.proven > 0 ? " (the backend ran " + std::to_string(t.proven) + " of them with it taken out)"
                                      : std::string()));
