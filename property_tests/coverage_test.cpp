@@ -682,5 +682,58 @@ TEST(TwinDeclines, TopkDeclinesByTheValuesFailTheProperty) {
   EXPECT_EQ(r.failed_op, "topk") << r.message;
 }
 
+// ---- the fused indexer + top-k property's declines ---------------------------------------
+
+// The reference's indexer and top-k, declining fused draws by the values (kMode 0: the indexer
+// whenever w[0,0] > 0; 1: the top-k whenever its first finite score is positive) or by a
+// parameter (2: the top-k whenever k > 8, a limit of the kernel).
+template <int kMode>
+class FusedDeclines final : public RefWrap {
+ public:
+  FusedDeclines()
+      : RefWrap(kMode == 0 ? "fused_declines_positive_w" : kMode == 1 ? "fused_declines_positive_score"
+                                                                      : "fused_declines_k_past_8") {}
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    if (kMode == 0 && w.numel() > 0 && w.get(0) > 0) throw oracle::NotSupported("w[0,0] > 0 not supported");
+    return ref_->indexer_scores(q, k, w, win);
+  }
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& win) override {
+    for (int64_t i = 0; kMode == 1 && i < s.numel(); ++i)
+      if (std::isfinite(s.get(i))) {
+        if (s.get(i) > 0) throw oracle::NotSupported("positive first score not supported");
+        break;
+      }
+    if (kMode == 2 && k > 8) throw oracle::NotSupported("k > 8 not supported");
+    return ref_->select_topk(s, k, p, win);
+  }
+};
+
+// A fused draw declined by the values of either stage fails topk.fused_indexer_topk INCOMPLETE,
+// filed under the stage that declined: the indexer's twin with other values (heads reversed, w
+// times -1/2) or top-k's twin on the backend's own scores runs. Before, the property had no twin
+// test: the declined draws were redrawn and it passed. A limit (k > 8) declines every twin and
+// keeps the pass, naming the declines.
+TEST(TwinDeclines, FusedIndexerTopkDeclinesByTheValuesFailTheProperty) {
+  const PropertyResult w = run_property(subject_of<FusedDeclines<0>>(), property_named("topk.fused_indexer_topk"),
+                                        level0(7));
+  EXPECT_EQ(w.verdict, Verdict::Fail) << w.message;
+  EXPECT_EQ(w.message.rfind("INCOMPLETE: backend declined this indexer_scores draw but ran the same draw with other "
+                            "values", 0), 0u) << w.message;
+  EXPECT_NE(w.message.find("w[0,0] > 0 not supported"), std::string::npos) << w.message;
+  EXPECT_EQ(w.failed_op, "indexer_scores") << w.message;
+  const PropertyResult s = run_property(subject_of<FusedDeclines<1>>(), property_named("topk.fused_indexer_topk"),
+                                        level0(7));
+  EXPECT_EQ(s.verdict, Verdict::Fail) << s.message;
+  EXPECT_EQ(s.message.rfind("INCOMPLETE: backend declined this topk draw but ran the same draw with other finite "
+                            "scores", 0), 0u) << s.message;
+  EXPECT_NE(s.message.find("the decline depends on the values"), std::string::npos) << s.message;
+  EXPECT_EQ(s.failed_op, "topk") << s.message;
+  const PropertyResult k = run_property(subject_of<FusedDeclines<2>>(), property_named("topk.fused_indexer_topk"),
+                                        level0(7));
+  EXPECT_NE(k.verdict, Verdict::Fail) << k.message;
+  EXPECT_GT(k.declined, 0) << k.message;
+  EXPECT_NE(k.message.find("k > 8 not supported"), std::string::npos) << k.message;
+}
+
 }  // namespace
 }  // namespace dsa::props

@@ -785,9 +785,9 @@ OpCase topk_other_values(const OpCase& c) {
 // The case's twin with other values and every feature kept (nullopt when the op has none):
 // top-k: topk_other_values; sparse MLA (FP8 cache too): key rows (tokens) moved by one, ids
 // relabelled with them, query rows (q, ids, topk_length, dout) in reverse order: the same
-// attention, rows permuted; KL loss: finite scores halved, heads of q reversed; FP8 and paged
-// indexer: heads of q and w reversed, w halved (paged: cache blocks moved by one, the table
-// relabelled with them); indexer: heads of q_idx and w reversed, w halved.
+// attention, rows permuted; KL loss: finite scores times -1/2, heads of q reversed; FP8 and paged
+// indexer: heads of q and w reversed, w times -1/2 (paged: cache blocks moved by one, the table
+// relabelled with them); indexer: heads of q_idx and w reversed, w times -1/2.
 std::optional<OpCase> twin_with_other_values(Op op, const OpCase& c) {
   OpCase twin = twin_of(c);
   switch (op) {
@@ -814,13 +814,13 @@ std::optional<OpCase> twin_with_other_values(Op op, const OpCase& c) {
       return twin;
     }
     case Op::IndexerKlLoss:
-      scale_finite(twin.kl.scores, 0.5);
+      scale_finite(twin.kl.scores, -0.5);
       reverse_heads(twin.kl.q, 1);
       return twin;
     case Op::Fp8IndexerScores:
       reverse_heads(twin.fp8_indexer.q_idx, 1);
       reverse_heads(twin.fp8_indexer.w, 1);
-      scale_finite(twin.fp8_indexer.w, 0.5);
+      scale_finite(twin.fp8_indexer.w, -0.5);
       return twin;
     case Op::PagedIndexerScores: {
       PagedIndexerInputs& in = twin.paged_indexer;
@@ -840,13 +840,13 @@ std::optional<OpCase> twin_with_other_values(Op op, const OpCase& c) {
       }
       reverse_heads(in.q_idx, 2);
       reverse_heads(in.w, 1);
-      scale_finite(in.w, 0.5);
+      scale_finite(in.w, -0.5);
       return twin;
     }
     case Op::IndexerScores:
       reverse_heads(twin.q_idx, 1);
       reverse_heads(twin.w, 1);
-      scale_finite(twin.w, 0.5);
+      scale_finite(twin.w, -0.5);
       return twin;
     default: return std::nullopt;
   }
@@ -956,9 +956,9 @@ DeclineCause decline_cause(Backend& b, Op op, const OpCase& c, const std::vector
                    : std::string("other values (") +
                          (op == Op::SparseMlaFwd || op == Op::SparseMlaBwd || op == Op::SparseMlaFp8Fwd
                               ? "key rows and ids relabelled, query rows reversed"
-                          : op == Op::IndexerKlLoss ? "scores halved, heads reversed"
-                          : op == Op::PagedIndexerScores ? "cache blocks and table relabelled, heads reversed, w halved"
-                                                         : "heads reversed, w halved") +
+                          : op == Op::IndexerKlLoss ? "finite scores times -1/2, heads reversed"
+                          : op == Op::PagedIndexerScores ? "cache blocks and table relabelled, heads reversed, w times -1/2"
+                                                         : "heads reversed, w times -1/2") +
                          "; every SPEC-mandatory feature, shape, dtype and optional input kept)";
       return r;
     }

@@ -46,17 +46,19 @@ std::vector<std::string> take_declined_for();
 void set_unsupported_names(const std::vector<std::string>& names);
 
 /// The twin test of a draw `c` that `b` declined (`why`: the decline's reason) for `op` (top-k:
-/// c.scores, c.k, c.policy, c.topk_windows; sparse MLA forward or backward: c.mla, c.dout):
+/// c.scores, c.k, c.policy, c.topk_windows; sparse MLA forward or backward: c.mla, c.dout;
+/// indexer: c.q_idx, c.k_idx, c.w, c.windows, as the fused indexer + top-k property hands it):
 /// oracle::decline_cause with the running property's --unsupported names, the judgement of the
-/// fixture routes. A draw without SPEC-mandatory features whose twin with other values `b` runs
-/// fails (RC_FAIL, filed under `op`): "INCOMPLETE: backend declined this <op> draw but ran the
-/// same draw with <twin>: the decline depends on the values", which its dump replays to. The
+/// fixture routes. A draw whose twin with other values `b` runs (one keeping every feature, or,
+/// with none, top-k's other finite scores / sparse MLA's id set to -1) fails (RC_FAIL, filed
+/// under `op`): "INCOMPLETE: backend declined this <op> draw but ran the same draw with <twin>:
+/// the decline depends on the values", which its dump replays to. The
 /// features the decline depends on (a twin without them `b` runs), named or not, are noted
 /// (note_declined_for): run_property counts the draw as declined for them alone, and INCOMPLETE
 /// for those not named. Returns otherwise (the caller goes on with the decline: the draw is
-/// redrawn); a limit declared up front (oracle::declared_limitation) and other ops: returns
-/// at once. Runs `b` once per twin (not judged, at most one per feature plus one). Rule:
-/// docs/what-a-pass-means.md Verdicts (fresh11 F10, F6).
+/// redrawn); a limit declared up front (oracle::declared_limitation): returns at once. Runs `b`
+/// once per twin (not judged, at most one per feature plus two). Rule:
+/// docs/what-a-pass-means.md Verdicts (fresh11 F10, F2, F6).
 void fail_if_declined_by_value(oracle::Backend& b, oracle::Op op, const oracle::OpCase& c, const std::string& why);
 
 /// Where a failing case of the running property is dumped ("" = off). Set by run_property.

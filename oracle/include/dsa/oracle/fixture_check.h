@@ -115,8 +115,8 @@ struct DeclineCause {
 ///    poisoned: when `b` runs the case as given, the decline is laid to poisoned_unread.
 /// 2. A twin with other values keeping every feature the case holds (top-k: window entries
 ///    reversed, finite scores replaced by their ranks; sparse MLA: key rows / tokens moved by
-///    one with ids relabelled, query rows reversed; KL: scores halved, heads reversed; indexers:
-///    heads reversed, w halved, paged blocks moved by one): run → by_values (fresh11 F2).
+///    one with ids relabelled, query rows reversed; KL: finite scores times -1/2, heads reversed; indexers:
+///    heads reversed, w times -1/2, paged blocks moved by one): run → by_values (fresh11 F2).
 /// 3. No feature: the value twin (top-k: distinct finite scores s_kv - s; sparse MLA: the last
 ///    slot of row 0 set to -1, SPEC §4); run → by_values; else not shown (a limit).
 /// 4. One twin per feature, that feature taken out and every other kept as far as it can be
