@@ -192,6 +192,32 @@ Tensor worse_rows(const Tensor& ref, const Tensor& a, const Tensor& b, int64_t r
   return out;
 }
 
+// The FP8 sparse MLA baseline at a 16-bit working dtype, with what judge_tensor needs to
+// split its out error (OutputFloor::inherited16): per out element, the exact shift of the
+// float64 reference between the exact kv and kv dequantized to 16 bits (inherited), and the
+// baseline's fp32 arithmetic error on that dequantized kv (arith), each the larger over the
+// legal dequantizations. Empty vectors for an fp32 working dtype.
+struct Fp8Baseline {
+  SparseMlaForward base;
+  std::vector<double> inherited, arith;
+};
+
+// Adds one dequantization D: ref the float64 reference on the exact kv, ref_d on kv_D,
+// base_d the baseline on kv_D (each out [s_q, h_q, d_v]). Non-finite: infinite (that row then
+// keeps E_row in judge_tensor).
+void add_inherited(Fp8Baseline& b, const Tensor& ref, const Tensor& ref_d, const Tensor& base_d) {
+  const size_t n = static_cast<size_t>(ref.numel());
+  b.inherited.resize(n, 0.0);
+  b.arith.resize(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const double r = ref.get(static_cast<int64_t>(i)), rd = ref_d.get(static_cast<int64_t>(i)),
+                 bd = base_d.get(static_cast<int64_t>(i));
+    if (!std::isfinite(r)) continue;  // judged by position only
+    b.inherited[i] = std::max(b.inherited[i], std::isfinite(rd) ? std::abs(rd - r) : INFINITY);
+    b.arith[i] = std::max(b.arith[i], std::isfinite(rd) && std::isfinite(bd) ? std::abs(bd - rd) : INFINITY);
+  }
+}
+
 }  // namespace
 
 double fp8_indexer_term_scale(const Fp8IndexerInputs& in) {
@@ -419,24 +445,30 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
     if (work != DType::BF16 && work != DType::F16) work = DType::F32;
     Fingerprint fp_work = fp;
     fp_work.add(static_cast<int64_t>(work));
-    const auto base_p = shared_result<SparseMlaForward>(
+    const auto base_p = shared_result<Fp8Baseline>(
         memo_of(c), "sparse_mla_fp8_fwd/baseline", fp_work, [&] {
           SparseMlaInputs at = reference::gather_sparse_mla_fp8(run.inputs).inputs;
           at.kv = at.kv.to(work);
+          Fp8Baseline out;
           const SparseMlaForward b1 = reference::sparse_mla_forward(at, Precision::Baseline);
+          out.base = b1;
           bool rounded = false;
-          if (work != DType::BF16 && work != DType::F16) return b1;
+          if (work != DType::BF16 && work != DType::F16) return out;
+          // the inherited shift and the arithmetic error of this dequantization (above)
+          const SparseMlaForward& r = *ref_p;
+          add_inherited(out, r.out, reference::sparse_mla_forward(at).out, b1.out);
           // a FlashMLA-style kernel's precision: the tile scales in `work` too (above)
           const SparseMlaInputs at2 = fp8_scale_rounded_problem(run.inputs, work, &rounded);
-          if (!rounded) return b1;  // every read scale exact in `work` (e.g. UE8M0)
+          if (!rounded) return out;  // every read scale exact in `work` (e.g. UE8M0)
           const SparseMlaForward b2 = reference::sparse_mla_forward(at2, Precision::Baseline);
-          const SparseMlaForward r = reference::sparse_mla_fp8_forward(run.inputs);
-          return SparseMlaForward{worse_rows(r.out, b1.out, b2.out, kMlaFp8NopeDim),
-                                  worse_rows(r.lse, b1.lse, b2.lse, 1),
-                                  worse_rows(r.max_logits, b1.max_logits, b2.max_logits, 1)};
+          add_inherited(out, r.out, reference::sparse_mla_forward(at2).out, b2.out);
+          out.base = SparseMlaForward{worse_rows(r.out, b1.out, b2.out, kMlaFp8NopeDim),
+                                      worse_rows(r.lse, b1.lse, b2.lse, 1),
+                                      worse_rows(r.max_logits, b1.max_logits, b2.max_logits, 1)};
+          return out;
         });
     const SparseMlaForward& ref = *ref_p;
-    const SparseMlaForward& base = *base_p;
+    const SparseMlaForward& base = base_p->base;
     // floors from the dequantized valid tokens (the poisoned run reads the same ones); the
     // local rule of sparse_mla_fwd: E_row and floors per (t, h) row, WEAK rows a verdict
     const auto floors_p = shared_result<CaseFloors>(
@@ -449,14 +481,18 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
           return f;
         });
     const CaseFloors& floors = *floors_p;
+    // out: the per-element inherited shift and arithmetic error of this run (judge_tensor)
+    OutputFloor out_floor = floors.at("out");
+    out_floor.inherited16 = base_p->inherited;
+    out_floor.inherited16_arith = base_p->arith;
     for (const char* name : {"out", "lse", "max_logits"}) {
       const Tensor& (*pick)(const SparseMlaForward&, const char*) =
           [](const SparseMlaForward& f, const char* n) -> const Tensor& {
         return std::string(n) == "out" ? f.out : std::string(n) == "lse" ? f.lse : f.max_logits;
       };
       detail::judge_output(r, opt, op, c.mla_fp8.q.dtype(), to_string(op), name, run.label,
-                           pick(cand, name), pick(ref, name),
-                           pick(base, name), floors.at(name));
+                           pick(cand, name), pick(ref, name), pick(base, name),
+                           std::string(name) == "out" ? out_floor : floors.at(name));
     }
     detail::wider_out_hint(r, run.label, cand.out, c.mla_fp8.q.dtype());
     first = false;

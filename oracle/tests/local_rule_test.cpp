@@ -11,6 +11,7 @@
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/fp8_check.h"
 #include "dsa/contract/fp8.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/tolerances.h"
@@ -666,6 +667,113 @@ TEST(LocalRuleHugeColumn, Fp8SparseMlaOut) {
   const SparseMlaForward ref = reference::sparse_mla_fp8_forward(c.mla_fp8);
   expect_huge_column_caught(Op::SparseMlaFp8Fwd, c, {fwd_outputs(ref)}, "out",
                             /*row (t 1, h 0)=*/2, [](int64_t x) { return x >= kMlaFp8TileSize; });
+}
+
+// FP8 sparse MLA with a bf16 out (fresh-user finding F3). Every token's NoPE tile 0 is
+// multiplied by `tile0` before encoding (its amax scale grows by as much); q's tile-0 columns
+// are multiplied by `q_tile0` (0: the tile leaves the logits alone; 1/tile0: it adds ordinary
+// amounts to them). 12 tokens, 3 query rows, 2 heads, 8 slots a row, kv on [-0.5, 1.5).
+SparseMlaFp8Inputs huge_tile_case(double tile0, double q_tile0) {
+  const int64_t tokens = 12, s_q = 3, h = 2, k = 8, D = kMlaFp8Dqk;
+  std::mt19937 rng(20261202);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<double> kv(static_cast<size_t>(tokens * D)), q(static_cast<size_t>(s_q * h * D));
+  for (auto& x : kv) x = u(rng) + 0.5;
+  for (auto& x : q) x = u(rng);
+  for (int64_t s = 0; s < tokens; ++s)
+    for (int64_t x = 0; x < kMlaFp8TileSize; ++x) kv[static_cast<size_t>(s * D + x)] *= tile0;
+  for (int64_t r = 0; r < s_q * h; ++r)
+    for (int64_t x = 0; x < kMlaFp8TileSize; ++x) q[static_cast<size_t>(r * D + x)] *= q_tile0;
+  std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t j = 0; j < k; ++j) ids[static_cast<size_t>(t * k + j)] = static_cast<int32_t>((3 * t + 5 * j) % tokens);
+  SparseMlaFp8Inputs in;
+  in.q = Tensor::from_f64({s_q, h, D}, q).to(DType::BF16);
+  in.kv_cache = encode_mla_fp8_cache(Tensor::from_f64({tokens, D}, kv), Fp8ScaleRule::Amax);
+  in.indices = Tensor::from_i32({s_q, k}, ids);
+  in.sm_scale = 1.0 / std::sqrt(static_cast<double>(D));
+  return in;
+}
+
+// A FlashMLA-style bf16 decode kernel, written for this test: kv dequantized to bf16 (fp8 times
+// the tile's scale, itself rounded to bf16 when `scale16`), logits summed in fp32 over the
+// dims in reverse order, exp(P_j - max) rounded to bf16 before P·V (the max key's exactly 1),
+// P·V accumulated in fp32 over the slots in reverse order, divided by the fp32 sum of the
+// unrounded exps, out rounded to bf16 once; lse and max_logits the reference's in fp32.
+SparseMlaForward flash_style_fp8(const SparseMlaFp8Inputs& in, bool scale16) {
+  const SparseMlaInputs m = reference::gather_sparse_mla_fp8(in).inputs;
+  const std::vector<double> kv =
+      scale16 ? fp8_scale_rounded_problem(in, DType::BF16).kv.to_f64() : m.kv.to(DType::BF16).to_f64();
+  const std::vector<double> q = m.q.to_f64();
+  const int64_t s_q = m.q.size(0), h_q = m.q.size(1), d = m.q.size(2), k = m.indices.size(-1), dv = m.d_v;
+  auto bf16 = [](float x) { return static_cast<float>(Tensor::from_f64({1}, {x}).to(DType::BF16).get(0)); };
+  std::vector<double> out(static_cast<size_t>(s_q * h_q * dv), 0.0);
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t hh = 0; hh < h_q; ++hh) {
+      std::vector<float> P(static_cast<size_t>(k));
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t id = static_cast<int64_t>(m.indices.get(t * k + j));
+        float dot = 0;
+        for (int64_t x = d - 1; x >= 0; --x)
+          dot += static_cast<float>(q[static_cast<size_t>((t * h_q + hh) * d + x)]) *
+                 static_cast<float>(kv[static_cast<size_t>(id * d + x)]);
+        P[static_cast<size_t>(j)] = dot * static_cast<float>(m.sm_scale);
+      }
+      const float mx = *std::max_element(P.begin(), P.end());
+      float sum = 0;
+      for (float p : P) sum += std::exp(p - mx);
+      for (int64_t c = 0; c < dv; ++c) {
+        float acc = 0;
+        for (int64_t j = k - 1; j >= 0; --j) {
+          const int64_t id = static_cast<int64_t>(m.indices.get(t * k + j));
+          acc += bf16(std::exp(P[static_cast<size_t>(j)] - mx)) * static_cast<float>(kv[static_cast<size_t>(id * d + c)]);
+        }
+        out[static_cast<size_t>((t * h_q + hh) * dv + c)] = acc / sum;
+      }
+    }
+  const SparseMlaForward f = reference::sparse_mla_fp8_forward(in);
+  return {Tensor::from_f64({s_q, h_q, dv}, out).to(DType::BF16), f.lse.to(DType::F32), f.max_logits.to(DType::F32)};
+}
+
+// F3: one NoPE tile of every token with a scale 2^16 (or 256) times the others' made E_row of
+// every bf16 out row large (that tile's columns, ~1e4-1e5, round to bf16 with errors of
+// ~1e2), so the other 384 columns of every row 5 % off AGREED (ρ·E_row alone passes every
+// failing element: checked in expect_huge_column_caught), and zeroed too. The correct
+// outputs (the reference rounded to bf16, FlashMLA-style kernels with either dequantization)
+// must AGREE; every row with its ordinary columns 5 % off, and zeroed, must DISAGREE.
+TEST(LocalRuleHugeColumn, Fp8Bf16OutHugeScaleTile) {
+  const auto ordinary = [](int64_t x) { return x >= kMlaFp8TileSize; };
+  for (const auto& [tile0, q_tile0] : std::vector<std::pair<double, double>>{{65536.0, 0.0}, {256.0, 1.0 / 256}}) {
+    SCOPED_TRACE("tile 0 x" + std::to_string(tile0) + ", q tile 0 x" + std::to_string(q_tile0));
+    OpCase c;
+    c.mla_fp8 = huge_tile_case(tile0, q_tile0);
+    const SparseMlaForward ref = reference::sparse_mla_fp8_forward(c.mla_fp8);
+    auto named = [](const SparseMlaForward& f) {
+      return NamedOutputs{{"out", f.out.to(DType::BF16)}, {"lse", f.lse.to(DType::F32)},
+                          {"max_logits", f.max_logits.to(DType::F32)}};
+    };
+    const std::vector<NamedOutputs> correct{named(ref), named(flash_style_fp8(c.mla_fp8, false)),
+                                            named(flash_style_fp8(c.mla_fp8, true))};
+    // the worst of the correct outputs, for the record (each must pass)
+    for (const auto& good : correct) {
+      const OpReport ok = judge_outputs(Op::SparseMlaFp8Fwd, c, good);
+      const TensorCheck* t = output_named(ok, "out");
+      ASSERT_NE(t, nullptr);
+      EXPECT_EQ(ok.verdict, Verdict::Pass) << format_op_report(ok);
+      EXPECT_GT(t->own_term_elements, 0) << "the per-element term never applied";
+    }
+    expect_huge_column_caught(Op::SparseMlaFp8Fwd, c, correct, "out", /*row (t 1, h 1)=*/3, ordinary);
+    const int64_t rows = c.mla_fp8.q.size(0) * c.mla_fp8.q.size(1), dv = kMlaFp8NopeDim;
+    for (const double factor : {kFivePercent, 0.0})
+      for (int64_t row = 0; row < rows; ++row) {
+        NamedOutputs bad = correct.front();
+        Tensor o = bad.at("out").to(DType::F64);
+        for (int64_t x = kMlaFp8TileSize; x < dv; ++x) o.set(row * dv + x, o.get(row * dv + x) * factor);
+        bad["out"] = o.to(DType::BF16);
+        const OpReport r = judge_outputs(Op::SparseMlaFp8Fwd, c, bad);
+        EXPECT_EQ(r.verdict, Verdict::Fail) << "row " << row << " x" << factor << "\n" << format_op_report(r);
+      }
+  }
 }
 
 }  // namespace

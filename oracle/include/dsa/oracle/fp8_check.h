@@ -25,7 +25,11 @@ OpReport check_paged_indexer_scores(Backend& b, const OpCase& c, const CheckOpti
 /// dequantizes kv (fp8 · scale) to the candidate's working dtype (its out dtype: bf16 for a
 /// FlashMLA-style kernel, else fp32), SPEC §9; with a 16-bit working dtype and tile scales
 /// not exact in it, also with the scales rounded to it (fp8_scale_rounded_problem), and E_row
-/// per (t, h) is the larger of the two baselines' errors. opt.rounding (RoundingModel:
+/// per (t, h) is the larger of the two baselines' errors. A 16-bit out's baseline term is
+/// min(E_row, inherited16_e + κ_row·s_e): the exact shift of the float64 reference under
+/// either 16-bit dequantization, plus the baseline's arithmetic error on that kv measured in
+/// each element's own scale (OutputFloor::inherited16; one huge tile no longer loosens the
+/// other columns). opt.rounding (RoundingModel:
 /// --normalized-p, --sink-after-rounding) adds its rounding to a 16-bit out's bound as for
 /// check_sparse_mla_forward (judge_tensor; the same floors). §10, §4-§6, §9.
 OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOptions& opt = {});

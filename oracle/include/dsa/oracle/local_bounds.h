@@ -66,8 +66,21 @@ struct OutputFloor {
   /// The baseline's error holds a 16-bit rounding of an input the candidate inherits (FP8 kv
   /// dequantized to the 16-bit working dtype, with its tile scales): such an error spreads
   /// over the row through the logits, not by each element's own scale, so a 16-bit
-  /// candidate keeps ρ·E_row (judge_tensor). False: the baseline's error is fp32 arithmetic.
+  /// candidate keeps ρ·E_row (judge_tensor) unless inherited16 below splits that rounding off.
+  /// False: the baseline's error is fp32 arithmetic.
   bool e_row_inherited16 = false;
+  /// FP8 sparse MLA 16-bit `out` (SPEC §10): per element, the error the candidate inherits
+  /// from kv dequantized to its working dtype, measured exactly: max over the legal
+  /// dequantizations D (fl16(fp8·scale), fl16(fp8·fl16(scale))) of |R(kv_D)_e - R(kv)_e|, R the
+  /// float64 reference. It is the element's own quantity (its column's rounded values, and
+  /// the logit shifts weighted by |v_jc - out_c|), so a huge tile's rounding stays on its own
+  /// columns. With it the judge takes the per-element term inherited16_e + κ_row·s_e in
+  /// place of E_row where smaller (judge_tensor). Empty: not applicable.
+  std::vector<double> inherited16;
+  /// With inherited16: per element, the baseline's fp32 arithmetic error on those same
+  /// inputs, max over D of |B(kv_D)_e - R(kv_D)_e| (B the baseline): what κ_row is measured
+  /// from, as in the 16-bit sparse MLA classes whose inputs are already 16-bit.
+  std::vector<double> inherited16_arith;
   /// Sparse MLA `out` with attn_sink: per row (t, h), the sink factor r = exp(lse) /
   /// (exp(lse) + exp(sink[h])) = 1 - p_sink of a row with a finite sink and a valid key, else 0
   /// (SPEC §4). A kernel that rounds out to its 16-bit dtype before applying the sink
