@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dsa/fixtures/fp8_fixture.h"
+#include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/metrics.h"
 #include "dsa/property_tests/fp8_generators.h"
@@ -35,66 +36,9 @@ Tensor copy_of(const Tensor& t) {
   if (t.nbytes() > 0) std::memcpy(out.raw(), t.raw(), t.nbytes());
   return out;
 }
-bool same_bytes(const Tensor& a, const Tensor& x) {
-  return a.nbytes() == x.nbytes() && (a.nbytes() == 0 || std::memcmp(a.raw(), x.raw(), a.nbytes()) == 0);
-}
-}  // namespace
-
-Fp8IndexerInputs clean_twin(const Fp8IndexerInputs& in) {
-  Fp8IndexerInputs out = in;
-  out.k_idx = copy_of(in.k_idx);
-  out.k_scale = copy_of(in.k_scale);
-  const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.size(1);
-  std::vector<char> read(static_cast<size_t>(s_kv), 0);
-  for (size_t t = 0; t < in.windows.ks.size(); ++t)
-    for (int64_t s = std::max<int64_t>(0, in.windows.ks[t]); s < std::min<int64_t>(s_kv, in.windows.ke[t]); ++s)
-      read[static_cast<size_t>(s)] = 1;
-  for (int64_t s = 0; s < s_kv; ++s)
-    if (!read[static_cast<size_t>(s)]) {
-      std::memset(out.k_idx.data<uint8_t>() + s * d, 0, static_cast<size_t>(d));
-      out.k_scale.data<float>()[s] = 1.0f;
-    }
-  return out;
-}
-bool poisoned(const Fp8IndexerInputs& in) {
-  const Fp8IndexerInputs t = clean_twin(in);
-  return !same_bytes(t.k_idx, in.k_idx) || !same_bytes(t.k_scale, in.k_scale);
-}
-
-PagedIndexerInputs clean_twin(const PagedIndexerInputs& in) {
-  PagedIndexerInputs out = in;
-  out.k_cache = copy_of(in.k_cache);
-  out.k_scale_cache = copy_of(in.k_scale_cache);
-  out.block_table = copy_of(in.block_table);
-  const int64_t num_blocks = in.k_cache.size(0), bs = in.k_cache.size(1), d = in.k_cache.size(2);
-  const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
-  std::vector<char> read(static_cast<size_t>(num_blocks * bs), 0);
-  int32_t* table = out.block_table.data<int32_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t L = in.context_lens.get(b);
-    for (int64_t p = 0; p < std::min(L, max_blocks * bs); ++p) {
-      const int64_t blk = table[b * max_blocks + p / bs];
-      if (blk >= 0 && blk < num_blocks) read[static_cast<size_t>(blk * bs + p % bs)] = 1;
-    }
-    for (int64_t i = std::max<int64_t>(0, (L + bs - 1) / bs); i < max_blocks; ++i)
-      if (num_blocks > 0) table[b * max_blocks + i] = 0;
-  }
-  for (int64_t slot = 0; slot < num_blocks * bs; ++slot)
-    if (!read[static_cast<size_t>(slot)]) {
-      std::memset(out.k_cache.data<uint8_t>() + slot * d, 0, static_cast<size_t>(d));
-      out.k_scale_cache.data<float>()[slot] = 1.0f;
-    }
-  return out;
-}
-bool poisoned(const PagedIndexerInputs& in) {
-  const PagedIndexerInputs t = clean_twin(in);
-  return !same_bytes(t.k_cache, in.k_cache) || !same_bytes(t.k_scale_cache, in.k_scale_cache) ||
-         !same_bytes(t.block_table, in.block_table);
-}
-
-namespace {
-// Which kv_cache tokens a valid slot reads (SPEC §10: slot j < topk_length, id in range).
-std::vector<char> tokens_read(const SparseMlaFp8Inputs& in) {
+// The oracle's check re-runs a draw with its unread tokens poisoned: the draw has poisoned
+// unread parts exactly when some token is unread (slot j < topk_length, id in range; SPEC §10).
+bool has_unread_tokens(const SparseMlaFp8Inputs& in) {
   const int64_t tokens = in.kv_cache.numel() / kMlaFp8TokenBytes;
   const int64_t s_q = in.indices.size(0), k = in.indices.size(-1);
   std::vector<char> read(static_cast<size_t>(tokens), 0);
@@ -105,32 +49,18 @@ std::vector<char> tokens_read(const SparseMlaFp8Inputs& in) {
       if (id >= 0 && id < static_cast<double>(tokens)) read[static_cast<size_t>(id)] = 1;
     }
   }
-  return read;
-}
-// The oracle's check re-runs a draw with its unread tokens poisoned: the draw has poisoned
-// unread parts exactly when some token is unread (a draw whose every token is read has none).
-bool has_unread_tokens(const SparseMlaFp8Inputs& in) {
-  const std::vector<char> read = tokens_read(in);
   return std::find(read.begin(), read.end(), 0) != read.end();
 }
 }  // namespace
 
-SparseMlaFp8Inputs clean_twin(const SparseMlaFp8Inputs& in) {
-  SparseMlaFp8Inputs out = in;
-  out.kv_cache = copy_of(in.kv_cache);
-  const int64_t tokens = in.kv_cache.numel() / kMlaFp8TokenBytes;
-  const std::vector<char> read = tokens_read(in);
-  for (int64_t s = 0; s < tokens; ++s)
-    if (!read[static_cast<size_t>(s)]) {
-      uint8_t* tok = out.kv_cache.data<uint8_t>() + s * kMlaFp8TokenBytes;
-      std::memset(tok, 0, static_cast<size_t>(kMlaFp8TokenBytes));  // NoPE 0, RoPE bf16 0
-      const float one = 1.0f;
-      for (int64_t tile = 0; tile < kMlaFp8NumTiles; ++tile)
-        std::memcpy(tok + kMlaFp8ScalesOffset + 4 * tile, &one, sizeof one);
-    }
-  return out;
-}
-bool poisoned(const SparseMlaFp8Inputs& in) { return !same_bytes(clean_twin(in).kv_cache, in.kv_cache); }
+// The clean twins and the poisoned_unread test are the oracle's (oracle::clean_unread,
+// oracle::holds_poisoned_unread), the twin test of every route.
+Fp8IndexerInputs clean_twin(const Fp8IndexerInputs& in) { return oracle::clean_unread(in); }
+PagedIndexerInputs clean_twin(const PagedIndexerInputs& in) { return oracle::clean_unread(in); }
+SparseMlaFp8Inputs clean_twin(const SparseMlaFp8Inputs& in) { return oracle::clean_unread(in); }
+bool poisoned(const Fp8IndexerInputs& in) { return oracle::holds_poisoned_unread(in); }
+bool poisoned(const PagedIndexerInputs& in) { return oracle::holds_poisoned_unread(in); }
+bool poisoned(const SparseMlaFp8Inputs& in) { return oracle::holds_poisoned_unread(in); }
 
 namespace {
 // Valid twins (the rejection properties): the clean twin with every bad value a read uses made

@@ -265,48 +265,6 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
          (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
 }
 
-// ---- SPEC §10 clean twins: every part no valid read uses made ordinary (FP8 bytes 0, scales 1,
-// table entries past a context block 0), the parts read kept, as the §10 properties' clean twins
-// (property_tests/fp8_props.cpp). A case differing from its clean twin holds poisoned_unread.
-
-Fp8IndexerInputs clean_unread(const Fp8IndexerInputs& in) {
-  Fp8IndexerInputs out = in;
-  const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.numel() / std::max<int64_t>(1, s_kv);
-  std::vector<char> read(static_cast<size_t>(s_kv), 0);
-  for (size_t t = 0; t < in.windows.ks.size() && t < in.windows.ke.size(); ++t)
-    for (int64_t s = std::max<int64_t>(0, in.windows.ks[t]); s < std::min<int64_t>(s_kv, in.windows.ke[t]); ++s)
-      read[static_cast<size_t>(s)] = 1;
-  for (int64_t s = 0; s < s_kv; ++s)
-    if (!read[static_cast<size_t>(s)]) {
-      std::memset(out.k_idx.raw() + s * d, 0, static_cast<size_t>(d));
-      if (s < out.k_scale.numel()) out.k_scale.set(s, 1.0);
-    }
-  return out;
-}
-
-PagedIndexerInputs clean_unread(const PagedIndexerInputs& in) {
-  PagedIndexerInputs out = in;
-  const int64_t num_blocks = in.k_cache.size(0), bs = in.k_cache.size(1);
-  const int64_t slots = num_blocks * bs, d = in.k_cache.numel() / std::max<int64_t>(1, slots);
-  const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
-  std::vector<char> read(static_cast<size_t>(slots), 0);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t L = b < in.context_lens.numel() ? static_cast<int64_t>(in.context_lens.get(b)) : 0;
-    for (int64_t p = 0; p < std::min(L, max_blocks * bs); ++p) {
-      const int64_t blk = static_cast<int64_t>(in.block_table.get(b * max_blocks + p / bs));
-      if (blk >= 0 && blk < num_blocks) read[static_cast<size_t>(blk * bs + p % bs)] = 1;
-    }
-    for (int64_t i = std::max<int64_t>(0, (L + bs - 1) / std::max<int64_t>(1, bs)); i < max_blocks; ++i)
-      if (num_blocks > 0) out.block_table.set(b * max_blocks + i, 0.0);
-  }
-  for (int64_t slot = 0; slot < slots; ++slot)
-    if (!read[static_cast<size_t>(slot)]) {
-      std::memset(out.k_cache.raw() + slot * d, 0, static_cast<size_t>(d));
-      if (slot < out.k_scale_cache.numel()) out.k_scale_cache.set(slot, 1.0);
-    }
-  return out;
-}
-
 int64_t fp8_cache_tokens(const SparseMlaFp8Inputs& in) { return in.kv_cache.numel() / kMlaFp8TokenBytes; }
 
 // Token `s` of the FP8 cache made ordinary: NoPE and RoPE bytes 0, tile scales 1.
@@ -347,6 +305,48 @@ SparseMlaInputs fp8_slots(const SparseMlaFp8Inputs& in) {
   return s;
 }
 
+}  // namespace
+
+// ---- SPEC §10 clean twins (declared in fixture_check.h) ----------------------------------
+
+Fp8IndexerInputs clean_unread(const Fp8IndexerInputs& in) {
+  Fp8IndexerInputs out = in;
+  const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.numel() / std::max<int64_t>(1, s_kv);
+  std::vector<char> read(static_cast<size_t>(s_kv), 0);
+  for (size_t t = 0; t < in.windows.ks.size() && t < in.windows.ke.size(); ++t)
+    for (int64_t s = std::max<int64_t>(0, in.windows.ks[t]); s < std::min<int64_t>(s_kv, in.windows.ke[t]); ++s)
+      read[static_cast<size_t>(s)] = 1;
+  for (int64_t s = 0; s < s_kv; ++s)
+    if (!read[static_cast<size_t>(s)]) {
+      std::memset(out.k_idx.raw() + s * d, 0, static_cast<size_t>(d));
+      if (s < out.k_scale.numel()) out.k_scale.set(s, 1.0);
+    }
+  return out;
+}
+
+PagedIndexerInputs clean_unread(const PagedIndexerInputs& in) {
+  PagedIndexerInputs out = in;
+  const int64_t num_blocks = in.k_cache.size(0), bs = in.k_cache.size(1);
+  const int64_t slots = num_blocks * bs, d = in.k_cache.numel() / std::max<int64_t>(1, slots);
+  const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
+  std::vector<char> read(static_cast<size_t>(slots), 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t L = b < in.context_lens.numel() ? static_cast<int64_t>(in.context_lens.get(b)) : 0;
+    for (int64_t p = 0; p < std::min(L, max_blocks * bs); ++p) {
+      const int64_t blk = static_cast<int64_t>(in.block_table.get(b * max_blocks + p / bs));
+      if (blk >= 0 && blk < num_blocks) read[static_cast<size_t>(blk * bs + p % bs)] = 1;
+    }
+    for (int64_t i = std::max<int64_t>(0, (L + bs - 1) / std::max<int64_t>(1, bs)); i < max_blocks; ++i)
+      if (num_blocks > 0) out.block_table.set(b * max_blocks + i, 0.0);
+  }
+  for (int64_t slot = 0; slot < slots; ++slot)
+    if (!read[static_cast<size_t>(slot)]) {
+      std::memset(out.k_cache.raw() + slot * d, 0, static_cast<size_t>(d));
+      if (slot < out.k_scale_cache.numel()) out.k_scale_cache.set(slot, 1.0);
+    }
+  return out;
+}
+
 SparseMlaFp8Inputs clean_unread(const SparseMlaFp8Inputs& in) {
   SparseMlaFp8Inputs out = in;
   const int64_t tokens = fp8_cache_tokens(in), s_q = in.indices.size(0), k = in.indices.size(-1);
@@ -362,6 +362,21 @@ SparseMlaFp8Inputs clean_unread(const SparseMlaFp8Inputs& in) {
     if (!read[static_cast<size_t>(s)]) clean_token(out, s);
   return out;
 }
+
+bool holds_poisoned_unread(const Fp8IndexerInputs& in) {
+  const Fp8IndexerInputs clean = clean_unread(in);
+  return !same_bytes(clean.k_idx, in.k_idx) || !same_bytes(clean.k_scale, in.k_scale);
+}
+
+bool holds_poisoned_unread(const PagedIndexerInputs& in) {
+  const PagedIndexerInputs clean = clean_unread(in);
+  return !same_bytes(clean.k_cache, in.k_cache) || !same_bytes(clean.k_scale_cache, in.k_scale_cache) ||
+         !same_bytes(clean.block_table, in.block_table);
+}
+
+bool holds_poisoned_unread(const SparseMlaFp8Inputs& in) { return !same_bytes(clean_unread(in).kv_cache, in.kv_cache); }
+
+namespace {
 
 // True when the op's check also runs the case with its unread parts poisoned (check_paged_
 // indexer_scores: table entries past a context and unread slots; check_sparse_mla_fp8_forward:
@@ -406,7 +421,7 @@ std::vector<CaseFeature> mandatory_features(Op op, const OpCase& c) {
     if (f.invalid) out.push_back(kInvalidIds);
     if (f.empty) out.push_back(kEmptyRows);
     if (f.duplicates) out.push_back(kDuplicateIds);
-    if (op == Op::SparseMlaFp8Fwd && !same_bytes(clean_unread(c.mla_fp8).kv_cache, c.mla_fp8.kv_cache))
+    if (op == Op::SparseMlaFp8Fwd && holds_poisoned_unread(c.mla_fp8))
       out.push_back(kPoisoned);
   } else if (op == Op::IndexerKlLoss) {
     // SPEC §7: a -inf score takes its key out of S_t; wherever it is, as top-k's (§2 writes
@@ -417,15 +432,9 @@ std::vector<CaseFeature> mandatory_features(Op op, const OpCase& c) {
         break;
       }
   } else if (op == Op::Fp8IndexerScores) {
-    const Fp8IndexerInputs clean = clean_unread(c.fp8_indexer);
-    if (!same_bytes(clean.k_idx, c.fp8_indexer.k_idx) || !same_bytes(clean.k_scale, c.fp8_indexer.k_scale))
-      out.push_back(kPoisoned);
+    if (holds_poisoned_unread(c.fp8_indexer)) out.push_back(kPoisoned);
   } else if (op == Op::PagedIndexerScores) {
-    const PagedIndexerInputs clean = clean_unread(c.paged_indexer);
-    if (!same_bytes(clean.k_cache, c.paged_indexer.k_cache) ||
-        !same_bytes(clean.k_scale_cache, c.paged_indexer.k_scale_cache) ||
-        !same_bytes(clean.block_table, c.paged_indexer.block_table))
-      out.push_back(kPoisoned);
+    if (holds_poisoned_unread(c.paged_indexer)) out.push_back(kPoisoned);
   }
   // The indexer ops have no SPEC-mandatory feature here (their declines get the value twins).
   return out;

@@ -80,6 +80,23 @@ std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, Backend& can
 std::vector<OpReport> judge_fixture_ops(const fixtures::Fixture& f, const OpCase& c,
                                         Backend& candidate, const CheckOptions& opt = {});
 
+/// SPEC §10 clean twins: `in` with every part no valid read uses made ordinary, the parts read
+/// kept bit for bit. FP8 indexer: keys outside every window (k_idx bytes 0, k_scale 1); paged
+/// indexer: slots no context reads (k_cache bytes 0, k_scale_cache 1) and table entries past a
+/// context (block 0); FP8 sparse MLA: cache tokens no valid slot reads (slot j < topk_length,
+/// id in [0, tokens)), NoPE and RoPE bytes 0, tile scales 1. Shapes and dtypes as `in` (SPEC
+/// §10 layouts; the inputs are assumed validated). No errors. The twin of the poisoned_unread
+/// feature in decline_cause, and of the §10 properties' draws (property_tests/fp8_props.cpp).
+Fp8IndexerInputs clean_unread(const Fp8IndexerInputs& in);
+PagedIndexerInputs clean_unread(const PagedIndexerInputs& in);
+SparseMlaFp8Inputs clean_unread(const SparseMlaFp8Inputs& in);
+
+/// True when `in` differs from clean_unread(in) in some byte: its unread parts hold anything
+/// but the ordinary values (SPEC §10 lets them hold anything; the feature poisoned_unread).
+bool holds_poisoned_unread(const Fp8IndexerInputs& in);
+bool holds_poisoned_unread(const PagedIndexerInputs& in);
+bool holds_poisoned_unread(const SparseMlaFp8Inputs& in);
+
 /// What the twin test found about a decline of a case (decline_cause).
 /// Feature keys as the property suite's draw features (property_tests/src/suite.cpp kFeatures).
 struct DeclineCause {
