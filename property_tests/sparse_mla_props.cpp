@@ -27,26 +27,16 @@ void judge(Backend& b, Op op, const SmlaCase& c) {
   const oracle::OpCase oc = as_op_case(c);
   const oracle::OpReport r = op == Op::SparseMlaFwd ? oracle::check_sparse_mla_forward(b, oc)
                                                     : oracle::check_sparse_mla_backward(b, oc);
-  if (r.verdict == oracle::Verdict::Skip && r.declined) fail_if_declined_by_value(b, op, oc, r.reason);
+  twin_test_if_declined(b, op, oc, r);
   DSA_PROP_ASSERT_DETECTABLE(r);
 }
 
 // b's forward / backward of draw c, called directly; a decline as judge's.
 SparseMlaForward run_forward(Backend& b, const SmlaCase& c) {
-  try {
-    return b.sparse_mla_forward(c.in);
-  } catch (const oracle::NotSupported& e) {
-    fail_if_declined_by_value(b, Op::SparseMlaFwd, as_op_case(c), e.what());
-    throw;
-  }
+  return call_twin_tested(b, Op::SparseMlaFwd, as_op_case(c), [&] { return b.sparse_mla_forward(c.in); });
 }
 SparseMlaGrads run_backward(Backend& b, const SmlaCase& c) {
-  try {
-    return b.sparse_mla_backward(c.in, c.dout);
-  } catch (const oracle::NotSupported& e) {
-    fail_if_declined_by_value(b, Op::SparseMlaBwd, as_op_case(c), e.what());
-    throw;
-  }
+  return call_twin_tested(b, Op::SparseMlaBwd, as_op_case(c), [&] { return b.sparse_mla_backward(c.in, c.dout); });
 }
 
 bool has_nan(const Tensor& t) {

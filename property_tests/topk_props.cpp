@@ -56,12 +56,7 @@ void note_boundary_ties(const TopkCase& c) {
 // (fail_if_declined_by_value: one twin per NaN, -inf, tie feature; other finite scores for a
 // draw with none) before it is redrawn.
 Tensor run_topk(Backend& b, const TopkCase& c) {
-  try {
-    return b.select_topk(c.scores, c.k, c.policy, c.windows);
-  } catch (const oracle::NotSupported& e) {
-    fail_if_declined_by_value(b, Op::Topk, as_op_case(c), e.what());
-    throw;
-  }
+  return call_twin_tested(b, Op::Topk, as_op_case(c), [&] { return b.select_topk(c.scores, c.k, c.policy, c.windows); });
 }
 
 // The exact §3 check of `c` on `b`; a failing case is dumped as a fixture. A declined draw as
@@ -71,7 +66,7 @@ void assert_exact(Backend& b, const TopkCase& c) {
   DumpOnFailure dump([&] { return to_fixture(c); });
   const oracle::OpCase oc = as_op_case(c);
   const oracle::OpReport r = oracle::check_topk_op(b, oc);
-  if (r.verdict == oracle::Verdict::Skip && r.declined) fail_if_declined_by_value(b, Op::Topk, oc, r.reason);
+  twin_test_if_declined(b, Op::Topk, oc, r);
   DSA_PROP_ASSERT_PASSED(r);
 }
 
