@@ -194,13 +194,16 @@ void bench_indexer(std::ostringstream& table) {
       {BK::Wgmma, "dsa cuda wgmma (S m64n64, G·k / Gᵀ·q m64n128 with G as register A, 3 bf16 parts)"},
       {BK::ProbeDqOnly, "probe: wgmma, dq/dw kernel only (dk not written)"},
       {BK::ProbeDkOnly, "probe: wgmma, dk kernel only (dq/dw not written)"},
-      {BK::ProbeNoGradProducts, "probe: wgmma without the G products (not valid gradients)"}};
-  torch::Tensor mma_dq, mma_dk, mma_dw;
+      {BK::ProbeNoGradProducts, "probe: wgmma without the G products (not valid gradients)"},
+      {BK::WgmmaFactored, "dsa cuda wgmma, w factored out of dq's key sum, split on bf16x2 pairs"},
+      {BK::ProbeFactoredDqOnly, "probe: wgmma factored, dq/dw kernel only (dk not written)"},
+      {BK::ProbeFactoredDkOnly, "probe: wgmma factored, dk kernel only (dq/dw not written)"}};
+  torch::Tensor mma_dq, mma_dk, mma_dw, wg_dq, wg_dk, wg_dw;
   for (const auto& [kern, name] : bwd_kernels) {
     bwd_kernel = kern;
     const double tb = median_ms(mine_bwd, 2, 7);
     std::string note = "timing probe";
-    if (kern == BK::Mma || kern == BK::Wgmma) {
+    if (kern == BK::Mma || kern == BK::Wgmma || kern == BK::WgmmaFactored) {
       dq.fill_(0);
       dk.fill_(0);
       dw.fill_(0);
@@ -210,7 +213,15 @@ void bench_indexer(std::ostringstream& table) {
              fmt("%.2e", rel(dk, pdk)) + ", dw " + fmt("%.2e", rel(dw, pdw));
       if (kern == BK::Mma) {
         mma_dq = dq.clone(), mma_dk = dk.clone(), mma_dw = dw.clone();
+      } else if (kern == BK::WgmmaFactored) {
+        note += "; vs wgmma: dq " + fmt("%.2e", rel(dq, wg_dq)) + ", dk " +
+                fmt("%.2e", rel(dk, wg_dk)) + ", dw " + fmt("%.2e", rel(dw, wg_dw)) +
+                " (dk, dw max |diff| " +
+                fmt("%.1e", std::max((dk.to(torch::kFloat32) - wg_dk.to(torch::kFloat32)).abs().max().item<double>(),
+                                     (dw - wg_dw).abs().max().item<double>())) +
+                "); peer / this " + fmt("%.2f", tbp / tb) + "x";
       } else {
+        wg_dq = dq.clone(), wg_dk = dk.clone(), wg_dw = dw.clone();
         note += "; vs mma.sync: dq " + fmt("%.2e", rel(dq, mma_dq)) + ", dk " +
                 fmt("%.2e", rel(dk, mma_dk)) + ", dw " + fmt("%.2e", rel(dw, mma_dw)) +
                 "; peer / this " + fmt("%.2f", tbp / tb) + "x";

@@ -13,8 +13,9 @@
 // the current one executes), `Wgmma` (q_idx as register A fragments, 2 rows per block) and
 // `Mma` (mma.sync.m16n8k16 + ldmatrix, same layout, 2 rows per block).
 //
-// Backward (IndexerBwdKernel::Wgmma, the default): the wgmma kernels below ("backward on
-// wgmma"). Backward (IndexerBwdKernel::Mma, the mma.sync kernels):
+// Backward (IndexerBwdKernel::WgmmaFactored, the default: the wgmma kernels with a cheaper
+// epilogue, w factored out of dq's key sum; IndexerBwdKernel::Wgmma): the wgmma kernels below
+// ("backward on wgmma"). Backward (IndexerBwdKernel::Mma, the mma.sync kernels):
 // two kernels, no atomics on values. dq/dw: per pair of query rows, tiles of 64 keys;
 // S = Q K^T recomputed, G = dI w 1[S>0] (0 outside the window: dI there is never read into a
 // sum), dw += dI ReLU(S) in registers, dq += G K with G split into three bf16 parts hi + mid + lo
@@ -129,6 +130,26 @@ __device__ __forceinline__ void c_to_a_split3(const float* c0, const float* c1,
   for (int part = 0; part < 3; ++part)
 #pragma unroll
     for (int r = 0; r < 4; ++r) a[part][r] = pack_bf16(p[part][2 * r], p[part][2 * r + 1]);
+}
+
+// The split of c_to_a_split3 on a pair of values at once (cvt.rn.bf16x2.f32 rounds each half
+// to nearest even, as __float2bfloat16_rn): hi + mid + lo of (x0, x1) as three bf16x2 words
+// (x0 in the low half), bitwise the same parts in 11 instructions instead of 15.
+__device__ __forceinline__ void split3_x2(float x0, float x1, uint32_t& hi, uint32_t& mid,
+                                          uint32_t& lo) {
+  hi = pack_bf16(x0, x1);
+  const float r0 = x0 - __uint_as_float(hi << 16), r1 = x1 - __uint_as_float(hi & 0xffff0000u);
+  mid = pack_bf16(r0, r1);
+  lo = pack_bf16(r0 - __uint_as_float(mid << 16), r1 - __uint_as_float(mid & 0xffff0000u));
+}
+
+// c_to_a_split3 with split3_x2: the same fragments.
+__device__ __forceinline__ void c_to_a_split3_x2(const float* c0, const float* c1,
+                                                 uint32_t (&a)[3][4]) {
+  split3_x2(c0[0], c0[1], a[0][0], a[1][0], a[2][0]);
+  split3_x2(c0[2], c0[3], a[0][1], a[1][1], a[2][1]);
+  split3_x2(c1[0], c1[1], a[0][2], a[1][2], a[2][2]);
+  split3_x2(c1[2], c1[3], a[0][3], a[1][3], a[2][3]);
 }
 
 // ---------------------------------------------------------------- forward
@@ -590,7 +611,17 @@ constexpr int kDkCluster = 2;                  // dk: CTAs per 64-key block (one
 constexpr int kDkStreams = 2 * kDkCluster;     // dk: query-row streams per key block
 
 // Timing probe (benchmark only): kProbeNoGrad leaves out the G T products.
-template <bool kDk, bool kProbeNoGrad>
+// kV2 (IndexerBwdKernel::WgmmaFactored): the three-part split on bf16x2 pairs (split3_x2, the
+// same parts) in both kernels and, in dq/dw, w factored out of the key sum:
+//   dq[t,h,:] = w[t,h] · Σ_s (dI[t,s] 1[S>0]) k_idx[s,:],
+// so the A fragments are the three parts of dI[t,s] (split once per key, shared by the 32
+// heads of a thread's two rows... per thread: its 16 keys) masked by 1[S>0] with a bitwise AND,
+// and w multiplies the fp32 sum once at the end. The sum Σ_s |dI k| may exceed FLT_MAX where
+// SPEC §2's Σ_s |dI w k| does not (|w| < 1): a block whose factored sums are not all finite
+// (or whose w has a value that is not finite or above 2^16 in magnitude, where the parts of
+// dI would sit 16 binades below those of dI·w) runs its tiles again with G = dI·w·1[S>0] as
+// the Wgmma kernel does, so every valid input gets the Wgmma kernel's range.
+template <bool kDk, bool kProbeNoGrad, bool kV2 = false>
 __device__ __forceinline__ void indexer_bwd_wgmma(const bf16* __restrict__ q,
                                                   const bf16* __restrict__ k,
                                                   const float* __restrict__ w,
@@ -713,12 +744,54 @@ __device__ __forceinline__ void indexer_bwd_wgmma(const bf16* __restrict__ q,
 #pragma unroll
       for (int r = 0; r < 4; ++r) a[kk][p][r] = 0u;
   float dw0 = 0.f, dw1 = 0.f;
+  // kV2, dq/dw: w factored out of the key sum (block-uniform; false on the retry).
+  bool fact = false;
+  if constexpr (kV2 && !kDk) {
+    const bool ok = fabsf(w0) <= 65536.f && fabsf(w1) <= 65536.f;  // false for NaN
+    fact = __syncthreads_and(ok ? 1 : 0) != 0;
+  }
   // Tile i's epilogue (S in s, complete) and its G T products.
   auto finish = [&](const float(&s)[32], int i) {
     float gv[32];  // G (S itself is not redefined: wgmma accumulators stay wgmma-only)
     const float* side = reinterpret_cast<const float*>(smem + ring_off +
                                                        (i % kWgStages) * kWgStage + kWgTile);
-    if constexpr (!kDk) {  // rows: heads; columns: keys
+    bool parts_done = false;
+    if constexpr (kV2 && !kDk) {
+      if (fact) {  // A = parts of dI[t,s] masked by 1[S>0]; w applied after the sum
+        const float* dis = side + wg * kWgRows;
+        const int key0 = (kt0 + i) * kWgRows;
+        uint32_t pr[8][3][2];  // [n8 tile][part][row h0, h1]
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const int kl = nt * 8 + 2 * t4, key = key0 + kl;
+          const bool in0 = key >= win.lo && key < win.hi, in1 = key + 1 >= win.lo && key + 1 < win.hi;
+          const float g0 = in0 ? dis[kl] : 0.f, g1 = in1 ? dis[kl + 1] : 0.f;
+          const float x0 = s[nt * 4], x1 = s[nt * 4 + 1], x2 = s[nt * 4 + 2], x3 = s[nt * 4 + 3];
+          dw0 += in0 ? g0 * relu(x0) : 0.f;
+          dw0 += in1 ? g1 * relu(x1) : 0.f;
+          dw1 += in0 ? g0 * relu(x2) : 0.f;
+          dw1 += in1 ? g1 * relu(x3) : 0.f;
+          uint32_t p3[3];
+          split3_x2(g0, g1, p3[0], p3[1], p3[2]);
+          const uint32_t m0 = (x0 > 0.f ? 0x0000ffffu : 0u) | (x1 > 0.f ? 0xffff0000u : 0u);
+          const uint32_t m1 = (x2 > 0.f ? 0x0000ffffu : 0u) | (x3 > 0.f ? 0xffff0000u : 0u);
+#pragma unroll
+          for (int p = 0; p < 3; ++p) pr[nt][p][0] = p3[p] & m0, pr[nt][p][1] = p3[p] & m1;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int p = 0; p < 3; ++p) {
+            a[kk][p][0] = pr[2 * kk][p][0];
+            a[kk][p][1] = pr[2 * kk][p][1];
+            a[kk][p][2] = pr[2 * kk + 1][p][0];
+            a[kk][p][3] = pr[2 * kk + 1][p][1];
+          }
+        parts_done = true;
+      }
+    }
+    if (parts_done) {
+    } else if constexpr (!kDk) {  // rows: heads; columns: keys
       const float* dis = side + wg * kWgRows;
       const int key0 = (kt0 + i) * kWgRows;
 #pragma unroll
@@ -749,8 +822,17 @@ __device__ __forceinline__ void indexer_bwd_wgmma(const bf16* __restrict__ q,
           gv[nt * 4 + c] = in ? ((c & 2) ? g1 : g0) * ws[h] * (x > 0.f ? 1.f : 0.f) : 0.f;
         }
     }
+    if (!parts_done) {
+      if constexpr (kV2) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) c_to_a_split3(&gv[(2 * kk) * 4], &gv[(2 * kk + 1) * 4], a[kk]);
+        for (int kk = 0; kk < 4; ++kk)
+          c_to_a_split3_x2(&gv[(2 * kk) * 4], &gv[(2 * kk + 1) * 4], a[kk]);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          c_to_a_split3(&gv[(2 * kk) * 4], &gv[(2 * kk + 1) * 4], a[kk]);
+      }
+    }
     if constexpr (!kProbeNoGrad) {
       const uint32_t sb = ring + (i % kWgStages) * kWgStage;
       wgmma_fence();
@@ -802,33 +884,57 @@ __device__ __forceinline__ void indexer_bwd_wgmma(const bf16* __restrict__ q,
     reg_fence(cur);
     finish(cur, i);
   };
+  // All tiles: acc (and dw0 / dw1) complete, every cp.async landed. Straight-line twice at most
+  // (kV2 dq/dw: a second, unfactored pass when the first overflowed; a loop around the
+  // pipeline made ptxas serialise the wgmma chain, C7515).
+  auto run_tiles = [&] {
 #pragma unroll
-  for (int i = 0; i < kWgStages - 2; ++i) load_tile(i);  // F joins the first group
-  cp_async_wait<kWgStages - 3>();
-  fence_proxy_async();
-  __syncthreads();  // F and tile 0 visible
-  if (n > 0) {
-    float s_a[32], s_b[32];
-    issue_s(s_a, 0);
-    int i = 0;
-    for (; i + 2 < n; i += 2) {  // straight-line pairs: S(i) is in flight in s_a at the head
-      step(i, s_a, s_b);
-      step(i + 1, s_b, s_a);
-    }
-    if (n - i == 2) {
-      step(i, s_a, s_b);
-      last(i + 1, s_b);
+    for (int i = 0; i < kWgStages - 2; ++i) load_tile(i);  // F joins the first group
+    cp_async_wait<kWgStages - 3>();
+    fence_proxy_async();
+    __syncthreads();  // F and tile 0 visible
+    if (n > 0) {
+      float s_a[32], s_b[32];
+      issue_s(s_a, 0);
+      int i = 0;
+      for (; i + 2 < n; i += 2) {  // straight-line pairs: S(i) is in flight in s_a at the head
+        step(i, s_a, s_b);
+        step(i + 1, s_b, s_a);
+      }
+      if (n - i == 2) {
+        step(i, s_a, s_b);
+        last(i + 1, s_b);
+      } else {
+        last(i, s_a);
+      }
+      wgmma_wait<0>();
+      reg_fence(acc);
+      keep_a();
     } else {
-      last(i, s_a);
-    }
-    wgmma_wait<0>();
-    reg_fence(acc);
-    keep_a();
-  } else {
 #pragma unroll
-    for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+      for (int j = 0; j < 64; ++j) acc[j] = 0.f;
+    }
+    cp_async_wait_all();
+  };
+  run_tiles();
+  if constexpr (kV2 && !kDk) {
+    if (fact) {
+      bool bad = false;
+#pragma unroll
+      for (int j = 0; j < 64; ++j) {
+        const float y = acc[j] * ((j & 2) ? w1 : w0);
+        bad |= !isfinite(acc[j]) || !isfinite(y);
+      }
+      if (__syncthreads_or(bad ? 1 : 0) != 0) {  // also: every thread is done with the ring
+        fact = false;
+        dw0 = dw1 = 0.f;
+        run_tiles();
+      } else {
+#pragma unroll
+        for (int j = 0; j < 64; ++j) acc[j] *= (j & 2) ? w1 : w0;
+      }
+    }
   }
-  cp_async_wait_all();
 
   if constexpr (!kDk) {
     if (my_t >= s_q) return;
@@ -908,24 +1014,24 @@ __device__ __forceinline__ void indexer_bwd_wgmma(const bf16* __restrict__ q,
   }
 }
 
-template <bool kProbeNoGrad>
+template <bool kProbeNoGrad, bool kV2 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_bwd_dq_wgmma_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                 const float* __restrict__ w, const int64_t* __restrict__ ks,
                                 const int64_t* __restrict__ ke, const float* __restrict__ d_scores,
                                 int s_q, int H, int d, int s_kv, bf16* __restrict__ dq,
                                 float* __restrict__ dw) {
-  indexer_bwd_wgmma<false, kProbeNoGrad>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dq, dw);
+  indexer_bwd_wgmma<false, kProbeNoGrad, kV2>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dq, dw);
 }
 
-template <bool kProbeNoGrad>
+template <bool kProbeNoGrad, bool kV2 = false>
 __global__ void __cluster_dims__(kDkCluster, 1, 1) __launch_bounds__(kThreads, 1)
     indexer_bwd_dk_wgmma_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                 const float* __restrict__ w, const int64_t* __restrict__ ks,
                                 const int64_t* __restrict__ ke, const float* __restrict__ d_scores,
                                 int s_q, int H, int d, int s_kv, bf16* __restrict__ dk,
                                 float* __restrict__ dw) {
-  indexer_bwd_wgmma<true, kProbeNoGrad>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dk, dw);
+  indexer_bwd_wgmma<true, kProbeNoGrad, kV2>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dk, dw);
 }
 
 void check_indexer_sizes(const char* where, int64_t s_q, int64_t H, int64_t d, int64_t s_kv) {
@@ -1018,12 +1124,21 @@ void indexer_scores_backward_device(const uint16_t* q_idx, const uint16_t* k_idx
   }
   const bool probe = kernel == IndexerBwdKernel::ProbeNoGradProducts;
   const unsigned dk_blocks = static_cast<unsigned>((s_kv + kWgRows - 1) / kWgRows * kDkCluster);
-  if (s_q > 0 && kernel != IndexerBwdKernel::ProbeDkOnly) {
+  const bool v2 = kernel == IndexerBwdKernel::WgmmaFactored ||
+                  kernel == IndexerBwdKernel::ProbeFactoredDqOnly ||
+                  kernel == IndexerBwdKernel::ProbeFactoredDkOnly;
+  const bool dq_on = kernel != IndexerBwdKernel::ProbeDkOnly &&
+                     kernel != IndexerBwdKernel::ProbeFactoredDkOnly;
+  const bool dk_on = kernel != IndexerBwdKernel::ProbeDqOnly &&
+                     kernel != IndexerBwdKernel::ProbeFactoredDqOnly;
+  if (s_q > 0 && dq_on) {
     if (probe) launch(indexer_bwd_dq_wgmma_kernel<true>, dq_blocks, kWgSmemDq, dq, dw);
+    else if (v2) launch(indexer_bwd_dq_wgmma_kernel<false, true>, dq_blocks, kWgSmemDq, dq, dw);
     else launch(indexer_bwd_dq_wgmma_kernel<false>, dq_blocks, kWgSmemDq, dq, dw);
   }
-  if (s_kv > 0 && kernel != IndexerBwdKernel::ProbeDqOnly) {
+  if (s_kv > 0 && dk_on) {
     if (probe) launch(indexer_bwd_dk_wgmma_kernel<true>, dk_blocks, kWgSmemDk, dk, nullptr);
+    else if (v2) launch(indexer_bwd_dk_wgmma_kernel<false, true>, dk_blocks, kWgSmemDk, dk, nullptr);
     else launch(indexer_bwd_dk_wgmma_kernel<false>, dk_blocks, kWgSmemDk, dk, nullptr);
   }
 }

@@ -48,10 +48,15 @@ std::unique_ptr<dsa::oracle::Backend> make_backend(IndexerKernel k,
   return dsa::cuda::make_cuda_backend(o);
 }
 
-// The backward kernels (wgmma, the default; mma.sync).
-const IndexerBwdKernel kBwdKernels[] = {IndexerBwdKernel::Wgmma, IndexerBwdKernel::Mma};
+// The backward kernels (wgmma with w factored out of dq, the default; wgmma; mma.sync).
+const IndexerBwdKernel kBwdKernels[] = {IndexerBwdKernel::WgmmaFactored, IndexerBwdKernel::Wgmma,
+                                        IndexerBwdKernel::Mma};
 
-const char* bwd_name(IndexerBwdKernel k) { return k == IndexerBwdKernel::Wgmma ? "wgmma" : "mma"; }
+const char* bwd_name(IndexerBwdKernel k) {
+  return k == IndexerBwdKernel::WgmmaFactored ? "wgmma-factored"
+         : k == IndexerBwdKernel::Wgmma       ? "wgmma"
+                                              : "mma";
+}
 
 class CudaIndexerTest : public dsa::cuda::test::CudaDeviceTest {};
 
@@ -174,8 +179,8 @@ TEST_F(CudaIndexerTest, BackwardExactTierBitExact) {
   const Tensor ref_dq = ref.dq_idx.to(DType::BF16), ref_dk = ref.dk_idx.to(DType::BF16);
   ASSERT_GT(dsa::oracle::compare_tensors(ref_dq, Tensor(DType::BF16, ref_dq.shape())).max_abs, 0.0);
   ASSERT_GT(dsa::oracle::compare_tensors(ref_dk, Tensor(DType::BF16, ref_dk.shape())).max_abs, 0.0);
-  for (IndexerBwdKernel bk :
-       {IndexerBwdKernel::Wgmma, IndexerBwdKernel::Mma, IndexerBwdKernel::ProbeNoGradProducts}) {
+  for (IndexerBwdKernel bk : {IndexerBwdKernel::WgmmaFactored, IndexerBwdKernel::Wgmma,
+                              IndexerBwdKernel::Mma, IndexerBwdKernel::ProbeNoGradProducts}) {
     const dsa::IndexerGrads got = make_backend(IndexerKernel::Wgmma, bk)
                                       ->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows,
                                                                 c.d_scores);
@@ -194,6 +199,38 @@ TEST_F(CudaIndexerTest, BackwardExactTierBitExact) {
       }
     }
   }
+}
+
+// WgmmaFactored sums dI·1[S>0]·k_idx before multiplying by w: with d_scores near 2^125 and
+// |w| = 2^-10 that sum passes FLT_MAX where SPEC §2's terms |dI·w·k| (the Wgmma kernel's) do
+// not. Its blocks must notice and run their tiles again unfactored: dq then equals the Wgmma
+// kernel's bit for bit (without the retry every dq entry of these rows would be ±inf), and the
+// oracle passes it. dk and dw are bitwise the Wgmma kernel's in every case.
+TEST_F(CudaIndexerTest, BackwardFactoredSumOverflowFallsBack) {
+  const int64_t s_q = 4, s_kv = 96, h = 16, d = 64;
+  OpCase c = make_case(s_q, s_kv, h, d, KeyWindows::causal(s_q, s_kv), 21, 2);
+  // q = 2^-20: every S > 0 and small, so dw's terms |dI| ReLU(S) stay far below FLT_MAX.
+  for (int64_t i = 0; i < c.q_idx.numel(); ++i) c.q_idx.set(i, std::ldexp(1.0, -20));
+  for (int64_t i = 0; i < c.k_idx.numel(); ++i) c.k_idx.set(i, 1.0 + (i % 3));
+  for (int64_t i = 0; i < c.w.numel(); ++i) c.w.set(i, (i % 2 ? 1.0 : -1.0) * std::ldexp(1.0, -10));
+  for (int64_t i = 0; i < c.d_scores.numel(); ++i) c.d_scores.set(i, std::ldexp(1.0, 125));
+  // Rows see 93-96 keys: Σ_s dI k >= 93 · 2^125 > FLT_MAX in every dq column of every block,
+  // while Σ_s |dI w k| <= 3 · 96 · 2^115 < FLT_MAX.
+  const auto old_g = make_backend(IndexerKernel::Wgmma, IndexerBwdKernel::Wgmma)
+                         ->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+  auto b = make_backend(IndexerKernel::Wgmma, IndexerBwdKernel::WgmmaFactored);
+  const auto g = b->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+  const std::pair<const Tensor*, const Tensor*> outs[] = {
+      {&g.dq_idx, &old_g.dq_idx}, {&g.dk_idx, &old_g.dk_idx}, {&g.dw, &old_g.dw}};
+  for (int o = 0; o < 3; ++o) {
+    const auto m = dsa::oracle::compare_tensors(*outs[o].first, *outs[o].second);
+    EXPECT_TRUE(m.shape_ok) << "output " << o;
+    EXPECT_EQ(m.nonfinite_mismatches, 0) << "output " << o;
+    EXPECT_EQ(m.max_abs, 0.0) << "output " << o;
+  }
+  for (int64_t i = 0; i < g.dq_idx.numel(); ++i) ASSERT_TRUE(std::isfinite(g.dq_idx.get(i))) << i;
+  const auto r = dsa::oracle::check_indexer_backward(*b, c);
+  EXPECT_EQ(r.verdict, Verdict::Pass) << r.reason;
 }
 
 TEST_F(CudaIndexerTest, EmptyWindowsGiveMinusInfAndZeroGradients) {

@@ -174,15 +174,32 @@ void indexer_scores_device(const uint16_t* q_idx, const uint16_t* k_idx, const f
                            IndexerKernel kernel = IndexerKernel::Wgmma3);
 
 /// Which indexer backward kernels run (same results up to fp32 summation order, SPEC §2).
-/// Wgmma (the default; about 3x faster than Mma at s_q = s_kv 8192 causal on the H200,
+/// Wgmma (the default until session 14; about 3x faster than Mma at s_q = s_kv 8192 causal on the H200,
 /// bench/results/2026-12-02-gpu-session13.md): sm_90a wgmma, S = q·k recomputed per 64x64 tile
 /// and G·k / Gᵀ·q with G as register A fragments; dq/dw per pair of query rows, dk per 64 keys
 /// on a cluster of two CTAs whose four warpgroups take every fourth row, summed in a fixed
 /// order. Mma: the mma.sync kernels of bench/results/2026-11-30-gpu-indexer.md (dq/dw per pair
 /// of rows, dk per 128 keys).
-/// ProbeDqOnly / ProbeDkOnly / ProbeNoGradProducts: timing probes of Wgmma for the benchmark
-/// (only the dq/dw kernel, only the dk kernel, no G products): their outputs are NOT valid.
-enum class IndexerBwdKernel { Wgmma, Mma, ProbeDqOnly, ProbeDkOnly, ProbeNoGradProducts };
+/// WgmmaFactored (the default): Wgmma with a cheaper epilogue, the same products and fp32
+/// precision: G's three bf16 parts split on pairs, and in dq/dw w[t,h] taken out of the key
+/// sum (dq = w · Σ_s dI 1[S>0] k_idx: the parts of dI per key, masked by 1[S>0], w multiplying
+/// the fp32 sum once); a block whose factored sum overflows (or whose |w| exceeds 2^16) runs
+/// its tiles again unfactored, so its range is Wgmma's. dk and dw bitwise equal to Wgmma's;
+/// dq differs by the rounding of one fp32 product per element
+/// (bench/results/2026-12-02-gpu-session14.md).
+/// ProbeDqOnly / ProbeDkOnly / ProbeNoGradProducts (of Wgmma), ProbeFactoredDqOnly /
+/// ProbeFactoredDkOnly (of WgmmaFactored): timing probes for the benchmark (only the dq/dw
+/// kernel, only the dk kernel, no G products): their outputs are NOT valid.
+enum class IndexerBwdKernel {
+  Wgmma,
+  Mma,
+  ProbeDqOnly,
+  ProbeDkOnly,
+  ProbeNoGradProducts,
+  WgmmaFactored,
+  ProbeFactoredDqOnly,
+  ProbeFactoredDkOnly
+};
 
 /// Backward of indexer_scores (SPEC §2) for upstream d_scores [s_q,s_kv] fp32 (entries outside
 /// the windows are never read into a sum, NaN included; ReLU'(0) = 0): dq_idx [s_q,H,d] and
@@ -194,7 +211,7 @@ void indexer_scores_backward_device(const uint16_t* q_idx, const uint16_t* k_idx
                                     int64_t s_q, int64_t H, int64_t d, int64_t s_kv,
                                     uint16_t* dq_idx, uint16_t* dk_idx, float* dw,
                                     cudaStream_t stream,
-                                    IndexerBwdKernel kernel = IndexerBwdKernel::Wgmma);
+                                    IndexerBwdKernel kernel = IndexerBwdKernel::WgmmaFactored);
 
 /// Number of CUDA devices, 0 when cudaGetDeviceCount fails (no driver, no device).
 int device_count();
