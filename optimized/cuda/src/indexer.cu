@@ -614,9 +614,9 @@ constexpr int kDkStreams = 2 * kDkCluster;     // dk: query-row streams per key 
 // kV2 (IndexerBwdKernel::WgmmaFactored): the three-part split on bf16x2 pairs (split3_x2, the
 // same parts) in both kernels and, in dq/dw, w factored out of the key sum:
 //   dq[t,h,:] = w[t,h] · Σ_s (dI[t,s] 1[S>0]) k_idx[s,:],
-// so the A fragments are the three parts of dI[t,s] (split once per key, shared by the 32
-// heads of a thread's two rows... per thread: its 16 keys) masked by 1[S>0] with a bitwise AND,
-// and w multiplies the fp32 sum once at the end. The sum Σ_s |dI k| may exceed FLT_MAX where
+// so the A fragments are the three parts of dI[t,s] (a thread splits its 16 keys once per
+// tile and uses them for both of its heads) masked by 1[S>0] with a bitwise AND, and w
+// multiplies the fp32 sum once at the end. The sum Σ_s |dI k| may exceed FLT_MAX where
 // SPEC §2's Σ_s |dI w k| does not (|w| < 1): a block whose factored sums are not all finite
 // (or whose w has a value that is not finite or above 2^16 in magnitude, where the parts of
 // dI would sit 16 binades below those of dI·w) runs its tiles again with G = dI·w·1[S>0] as
