@@ -197,13 +197,17 @@ void bench_indexer(std::ostringstream& table) {
       {BK::ProbeNoGradProducts, "probe: wgmma without the G products (not valid gradients)"},
       {BK::WgmmaFactored, "dsa cuda wgmma, w factored out of dq's key sum, split on bf16x2 pairs"},
       {BK::ProbeFactoredDqOnly, "probe: wgmma factored, dq/dw kernel only (dk not written)"},
-      {BK::ProbeFactoredDkOnly, "probe: wgmma factored, dk kernel only (dq/dw not written)"}};
-  torch::Tensor mma_dq, mma_dk, mma_dw, wg_dq, wg_dk, wg_dw;
+      {BK::ProbeFactoredDkOnly, "probe: wgmma factored, dk kernel only (dq/dw not written)"},
+      {BK::WgmmaOverlap, "dsa cuda wgmma factored, epilogue per k16 step overlapping the previous tile's G products"},
+      {BK::ProbeOverlapDqOnly, "probe: wgmma overlap, dq/dw kernel only (dk not written)"},
+      {BK::ProbeOverlapDkOnly, "probe: wgmma overlap, dk kernel only (dq/dw not written)"}};
+  torch::Tensor mma_dq, mma_dk, mma_dw, wg_dq, wg_dk, wg_dw, fa_dq, fa_dk, fa_dw;
   for (const auto& [kern, name] : bwd_kernels) {
     bwd_kernel = kern;
     const double tb = median_ms(mine_bwd, 2, 7);
     std::string note = "timing probe";
-    if (kern == BK::Mma || kern == BK::Wgmma || kern == BK::WgmmaFactored) {
+    if (kern == BK::Mma || kern == BK::Wgmma || kern == BK::WgmmaFactored ||
+        kern == BK::WgmmaOverlap) {
       dq.fill_(0);
       dk.fill_(0);
       dw.fill_(0);
@@ -213,7 +217,15 @@ void bench_indexer(std::ostringstream& table) {
              fmt("%.2e", rel(dk, pdk)) + ", dw " + fmt("%.2e", rel(dw, pdw));
       if (kern == BK::Mma) {
         mma_dq = dq.clone(), mma_dk = dk.clone(), mma_dw = dw.clone();
+      } else if (kern == BK::WgmmaOverlap) {
+        note += "; vs wgmma factored: max |diff| dq " +
+                fmt("%.1e", (dq.to(torch::kFloat32) - fa_dq.to(torch::kFloat32)).abs().max().item<double>()) +
+                ", dk " +
+                fmt("%.1e", (dk.to(torch::kFloat32) - fa_dk.to(torch::kFloat32)).abs().max().item<double>()) +
+                ", dw " + fmt("%.1e", (dw - fa_dw).abs().max().item<double>()) + "; peer / this " +
+                fmt("%.2f", tbp / tb) + "x";
       } else if (kern == BK::WgmmaFactored) {
+        fa_dq = dq.clone(), fa_dk = dk.clone(), fa_dw = dw.clone();
         note += "; vs wgmma: dq " + fmt("%.2e", rel(dq, wg_dq)) + ", dk " +
                 fmt("%.2e", rel(dk, wg_dk)) + ", dw " + fmt("%.2e", rel(dw, wg_dw)) +
                 " (dk, dw max |diff| " +

@@ -13,9 +13,10 @@
 // the current one executes), `Wgmma` (q_idx as register A fragments, 2 rows per block) and
 // `Mma` (mma.sync.m16n8k16 + ldmatrix, same layout, 2 rows per block).
 //
-// Backward (IndexerBwdKernel::WgmmaFactored, the default: the wgmma kernels with a cheaper
-// epilogue, w factored out of dq's key sum; IndexerBwdKernel::Wgmma): the wgmma kernels below
-// ("backward on wgmma"). Backward (IndexerBwdKernel::Mma, the mma.sync kernels):
+// Backward (IndexerBwdKernel::WgmmaOverlap, the default, and WgmmaFactored: the wgmma kernels
+// with a cheaper epilogue, w factored out of dq's key sum, Overlap also running each tile's
+// epilogue under the previous tile's products; IndexerBwdKernel::Wgmma): the wgmma kernels
+// below ("backward on wgmma"). Backward (IndexerBwdKernel::Mma, the mma.sync kernels):
 // two kernels, no atomics on values. dq/dw: per pair of query rows, tiles of 64 keys;
 // S = Q K^T recomputed, G = dI w 1[S>0] (0 outside the window: dI there is never read into a
 // sum), dw += dI ReLU(S) in registers, dq += G K with G split into three bf16 parts hi + mid + lo
@@ -621,7 +622,12 @@ constexpr int kDkStreams = 2 * kDkCluster;     // dk: query-row streams per key 
 // (or whose w has a value that is not finite or above 2^16 in magnitude, where the parts of
 // dI would sit 16 binades below those of dI·w) runs its tiles again with G = dI·w·1[S>0] as
 // the Wgmma kernel does, so every valid input gets the Wgmma kernel's range.
-template <bool kDk, bool kProbeNoGrad, bool kV2 = false>
+// kV3 (IndexerBwdKernel::WgmmaOverlap; implies kV2): the epilogue of tile i is issued one
+// k16 step at a time (4 commit groups per tile), each step waiting only until the previous
+// tile's products of that step have read their A fragments, so the epilogue of tile i runs
+// while tile i-1's G T products of the later steps (and S(i+1)) execute. The same products in
+// the same order on the same fragments: results bitwise equal to kV2's.
+template <bool kDk, bool kProbeNoGrad, bool kV2 = false, bool kV3 = false>
 __device__ __forceinline__ void indexer_bwd_wgmma(const bf16* __restrict__ q,
                                                   const bf16* __restrict__ k,
                                                   const float* __restrict__ w,
@@ -864,25 +870,142 @@ __device__ __forceinline__ void indexer_bwd_wgmma(const bf16* __restrict__ q,
 #pragma unroll
         for (int r = 0; r < 4; ++r) reg_fence(a[kk][p][r]);
   };
+  // kV3: tile i's epilogue and products one k16 step kk at a time. Commit groups in order:
+  // ... S(i), G(i-1, kk 0..3), S(i+1), G(i, 0..kk-1). Before a[kk] is rewritten, G(i-1, kk)
+  // (and with it S(i)) must be complete: at most 4 later groups pending (3 on the last tile,
+  // which issues no S(i+1)); tile 0 has no G(-1): its first step waits for S(0) alone.
+  auto finish3 = [&](float(&s)[32], int i, bool last_tile) {
+    static_assert(!kV3 || (kV2 && !kProbeNoGrad), "kV3 is kV2 with the products");
+    const float* side = reinterpret_cast<const float*>(smem + ring_off +
+                                                       (i % kWgStages) * kWgStage + kWgTile);
+    const uint32_t sb = ring + (i % kWgStages) * kWgStage;
+    const float* dis = side + wg * kWgRows;  // dq: dI of this warpgroup's row
+    const int key0 = (kt0 + i) * kWgRows;
+    bool in0 = false, in1 = false;  // dk: keys k0, k1 in row t's window
+    float g0 = 0.f, g1 = 0.f;
+    if constexpr (kDk) {
+      const int t = tmin + stream + kDkStreams * i;
+      const Window wt = row_window(ks, ke, t, s_q, s_kv);
+      const int k0 = s0 + warp * 16 + gid, k1 = k0 + 8;
+      in0 = k0 >= wt.lo && k0 < wt.hi, in1 = k1 >= wt.lo && k1 < wt.hi;
+      g0 = in0 ? side[k0 - s0] : 0.f, g1 = in1 ? side[k1 - s0] : 0.f;
+    }
+    const float* ws = side + kWgRows;
+    (void)dis, (void)key0, (void)ws;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if (kk == 0 && i == 0) {
+        if (last_tile) wgmma_wait<0>();
+        else wgmma_wait<1>();
+      } else if (last_tile) {
+        wgmma_wait<3>();
+      } else {
+        wgmma_wait<4>();
+      }
+      if (kk == 0) reg_fence(s);
+#pragma unroll
+      for (int p = 0; p < 3; ++p)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) reg_fence(a[kk][p][r]);
+      if constexpr (!kDk) {
+        if (fact) {
+          uint32_t pr[2][3][2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int nt = 2 * kk + u;
+            const int kl = nt * 8 + 2 * t4, key = key0 + kl;
+            const bool i0 = key >= win.lo && key < win.hi;
+            const bool i1 = key + 1 >= win.lo && key + 1 < win.hi;
+            const float h0v = i0 ? dis[kl] : 0.f, h1v = i1 ? dis[kl + 1] : 0.f;
+            const float x0 = s[nt * 4], x1 = s[nt * 4 + 1], x2 = s[nt * 4 + 2], x3 = s[nt * 4 + 3];
+            dw0 += i0 ? h0v * relu(x0) : 0.f;
+            dw0 += i1 ? h1v * relu(x1) : 0.f;
+            dw1 += i0 ? h0v * relu(x2) : 0.f;
+            dw1 += i1 ? h1v * relu(x3) : 0.f;
+            uint32_t p3[3];
+            split3_x2(h0v, h1v, p3[0], p3[1], p3[2]);
+            const uint32_t m0 = (x0 > 0.f ? 0x0000ffffu : 0u) | (x1 > 0.f ? 0xffff0000u : 0u);
+            const uint32_t m1 = (x2 > 0.f ? 0x0000ffffu : 0u) | (x3 > 0.f ? 0xffff0000u : 0u);
+#pragma unroll
+            for (int p = 0; p < 3; ++p) pr[u][p][0] = p3[p] & m0, pr[u][p][1] = p3[p] & m1;
+          }
+#pragma unroll
+          for (int p = 0; p < 3; ++p) {
+            a[kk][p][0] = pr[0][p][0];
+            a[kk][p][1] = pr[0][p][1];
+            a[kk][p][2] = pr[1][p][0];
+            a[kk][p][3] = pr[1][p][1];
+          }
+        } else {
+          float gv[8];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int nt = 2 * kk + u;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int kl = nt * 8 + 2 * t4 + (c & 1), key = key0 + kl;
+              const bool in = key >= win.lo && key < win.hi;
+              const float g = in ? dis[kl] : 0.f, x = s[nt * 4 + c];
+              if (c & 2) dw1 += in ? g * relu(x) : 0.f;
+              else dw0 += in ? g * relu(x) : 0.f;
+              gv[u * 4 + c] = in ? g * ((c & 2) ? w1 : w0) * (x > 0.f ? 1.f : 0.f) : 0.f;
+            }
+          }
+          c_to_a_split3_x2(&gv[0], &gv[4], a[kk]);
+        }
+      } else {
+        float gv[8];
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int nt = 2 * kk + u;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int h = nt * 8 + 2 * t4 + (c & 1);
+            const bool in = (c & 2) ? in1 : in0;
+            const float x = s[nt * 4 + c];
+            gv[u * 4 + c] = in ? ((c & 2) ? g1 : g0) * ws[h] * (x > 0.f ? 1.f : 0.f) : 0.f;
+          }
+        }
+        c_to_a_split3_x2(&gv[0], &gv[4], a[kk]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int p = 2; p >= 0; --p)  // smallest part first
+        wgmma_m64n128k16_rs</*kTransB=*/1>(acc, a[kk][p],
+                                           sw128_desc(sb + kk * 16 * 128, kWgRows * 128, 1024),
+                                           i > 0 || kk > 0 || p < 2);
+      wgmma_commit();
+    }
+  };
   // Iteration i < n-1: tile i+1 made visible (and the stage of tile i-2, whose products completed
   // before iteration i-1's wait, refilled with tile i+3); S(i+1) issued; wait until only S(i+1)
   // may be pending (S(i) and the G T products of tile i-1 done); tile i's epilogue and products.
+  // kV3: the waits are finish3's (G(i-2) completed before iteration i-1 ended: its last step
+  // waited for G(i-2, 3)).
   auto step = [&](int i, float(&cur)[32], float(&nxt)[32]) {
     cp_async_wait<kWgStages - 4>();
     fence_proxy_async();
     __syncthreads();
     load_tile(i + kWgStages - 2);
     issue_s(nxt, i + 1);
-    wgmma_wait<1>();
-    keep_a();
-    reg_fence(cur);
-    finish(cur, i);
+    if constexpr (kV3) {
+      finish3(cur, i, false);
+    } else {
+      wgmma_wait<1>();
+      keep_a();
+      reg_fence(cur);
+      finish(cur, i);
+    }
   };
   auto last = [&](int i, float(&cur)[32]) {  // tile n-1: nothing left to load or issue
-    wgmma_wait<0>();
-    keep_a();
-    reg_fence(cur);
-    finish(cur, i);
+    if constexpr (kV3) {
+      finish3(cur, i, true);
+    } else {
+      wgmma_wait<0>();
+      keep_a();
+      reg_fence(cur);
+      finish(cur, i);
+    }
   };
   // All tiles: acc (and dw0 / dw1) complete, every cp.async landed. Straight-line twice at most
   // (kV2 dq/dw: a second, unfactored pass when the first overflowed; a loop around the
@@ -1014,24 +1137,26 @@ __device__ __forceinline__ void indexer_bwd_wgmma(const bf16* __restrict__ q,
   }
 }
 
-template <bool kProbeNoGrad, bool kV2 = false>
+template <bool kProbeNoGrad, bool kV2 = false, bool kV3 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     indexer_bwd_dq_wgmma_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                 const float* __restrict__ w, const int64_t* __restrict__ ks,
                                 const int64_t* __restrict__ ke, const float* __restrict__ d_scores,
                                 int s_q, int H, int d, int s_kv, bf16* __restrict__ dq,
                                 float* __restrict__ dw) {
-  indexer_bwd_wgmma<false, kProbeNoGrad, kV2>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dq, dw);
+  indexer_bwd_wgmma<false, kProbeNoGrad, kV2, kV3>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dq,
+                                                   dw);
 }
 
-template <bool kProbeNoGrad, bool kV2 = false>
+template <bool kProbeNoGrad, bool kV2 = false, bool kV3 = false>
 __global__ void __cluster_dims__(kDkCluster, 1, 1) __launch_bounds__(kThreads, 1)
     indexer_bwd_dk_wgmma_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
                                 const float* __restrict__ w, const int64_t* __restrict__ ks,
                                 const int64_t* __restrict__ ke, const float* __restrict__ d_scores,
                                 int s_q, int H, int d, int s_kv, bf16* __restrict__ dk,
                                 float* __restrict__ dw) {
-  indexer_bwd_wgmma<true, kProbeNoGrad, kV2>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dk, dw);
+  indexer_bwd_wgmma<true, kProbeNoGrad, kV2, kV3>(q, k, w, ks, ke, d_scores, s_q, H, d, s_kv, dk,
+                                                  dw);
 }
 
 void check_indexer_sizes(const char* where, int64_t s_q, int64_t H, int64_t d, int64_t s_kv) {
@@ -1127,17 +1252,26 @@ void indexer_scores_backward_device(const uint16_t* q_idx, const uint16_t* k_idx
   const bool v2 = kernel == IndexerBwdKernel::WgmmaFactored ||
                   kernel == IndexerBwdKernel::ProbeFactoredDqOnly ||
                   kernel == IndexerBwdKernel::ProbeFactoredDkOnly;
+  const bool v3 = kernel == IndexerBwdKernel::WgmmaOverlap ||
+                  kernel == IndexerBwdKernel::ProbeOverlapDqOnly ||
+                  kernel == IndexerBwdKernel::ProbeOverlapDkOnly;
   const bool dq_on = kernel != IndexerBwdKernel::ProbeDkOnly &&
-                     kernel != IndexerBwdKernel::ProbeFactoredDkOnly;
+                     kernel != IndexerBwdKernel::ProbeFactoredDkOnly &&
+                     kernel != IndexerBwdKernel::ProbeOverlapDkOnly;
   const bool dk_on = kernel != IndexerBwdKernel::ProbeDqOnly &&
-                     kernel != IndexerBwdKernel::ProbeFactoredDqOnly;
+                     kernel != IndexerBwdKernel::ProbeFactoredDqOnly &&
+                     kernel != IndexerBwdKernel::ProbeOverlapDqOnly;
   if (s_q > 0 && dq_on) {
     if (probe) launch(indexer_bwd_dq_wgmma_kernel<true>, dq_blocks, kWgSmemDq, dq, dw);
+    else if (v3)
+      launch(indexer_bwd_dq_wgmma_kernel<false, true, true>, dq_blocks, kWgSmemDq, dq, dw);
     else if (v2) launch(indexer_bwd_dq_wgmma_kernel<false, true>, dq_blocks, kWgSmemDq, dq, dw);
     else launch(indexer_bwd_dq_wgmma_kernel<false>, dq_blocks, kWgSmemDq, dq, dw);
   }
   if (s_kv > 0 && dk_on) {
     if (probe) launch(indexer_bwd_dk_wgmma_kernel<true>, dk_blocks, kWgSmemDk, dk, nullptr);
+    else if (v3)
+      launch(indexer_bwd_dk_wgmma_kernel<false, true, true>, dk_blocks, kWgSmemDk, dk, nullptr);
     else if (v2) launch(indexer_bwd_dk_wgmma_kernel<false, true>, dk_blocks, kWgSmemDk, dk, nullptr);
     else launch(indexer_bwd_dk_wgmma_kernel<false>, dk_blocks, kWgSmemDk, dk, nullptr);
   }

@@ -48,14 +48,17 @@ std::unique_ptr<dsa::oracle::Backend> make_backend(IndexerKernel k,
   return dsa::cuda::make_cuda_backend(o);
 }
 
-// The backward kernels (wgmma with w factored out of dq, the default; wgmma; mma.sync).
-const IndexerBwdKernel kBwdKernels[] = {IndexerBwdKernel::WgmmaFactored, IndexerBwdKernel::Wgmma,
+// The backward kernels (wgmma with w factored out of dq and the epilogue overlapping the
+// previous tile's products, the default; the same without the overlap; wgmma; mma.sync).
+const IndexerBwdKernel kBwdKernels[] = {IndexerBwdKernel::WgmmaOverlap,
+                                        IndexerBwdKernel::WgmmaFactored, IndexerBwdKernel::Wgmma,
                                         IndexerBwdKernel::Mma};
 
 const char* bwd_name(IndexerBwdKernel k) {
-  return k == IndexerBwdKernel::WgmmaFactored ? "wgmma-factored"
-         : k == IndexerBwdKernel::Wgmma       ? "wgmma"
-                                              : "mma";
+  return k == IndexerBwdKernel::WgmmaOverlap    ? "wgmma-overlap"
+         : k == IndexerBwdKernel::WgmmaFactored ? "wgmma-factored"
+         : k == IndexerBwdKernel::Wgmma         ? "wgmma"
+                                                : "mma";
 }
 
 class CudaIndexerTest : public dsa::cuda::test::CudaDeviceTest {};
@@ -179,8 +182,9 @@ TEST_F(CudaIndexerTest, BackwardExactTierBitExact) {
   const Tensor ref_dq = ref.dq_idx.to(DType::BF16), ref_dk = ref.dk_idx.to(DType::BF16);
   ASSERT_GT(dsa::oracle::compare_tensors(ref_dq, Tensor(DType::BF16, ref_dq.shape())).max_abs, 0.0);
   ASSERT_GT(dsa::oracle::compare_tensors(ref_dk, Tensor(DType::BF16, ref_dk.shape())).max_abs, 0.0);
-  for (IndexerBwdKernel bk : {IndexerBwdKernel::WgmmaFactored, IndexerBwdKernel::Wgmma,
-                              IndexerBwdKernel::Mma, IndexerBwdKernel::ProbeNoGradProducts}) {
+  for (IndexerBwdKernel bk :
+       {IndexerBwdKernel::WgmmaOverlap, IndexerBwdKernel::WgmmaFactored, IndexerBwdKernel::Wgmma,
+        IndexerBwdKernel::Mma, IndexerBwdKernel::ProbeNoGradProducts}) {
     const dsa::IndexerGrads got = make_backend(IndexerKernel::Wgmma, bk)
                                       ->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows,
                                                                 c.d_scores);
@@ -218,19 +222,45 @@ TEST_F(CudaIndexerTest, BackwardFactoredSumOverflowFallsBack) {
   // while Σ_s |dI w k| <= 3 · 96 · 2^115 < FLT_MAX.
   const auto old_g = make_backend(IndexerKernel::Wgmma, IndexerBwdKernel::Wgmma)
                          ->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
-  auto b = make_backend(IndexerKernel::Wgmma, IndexerBwdKernel::WgmmaFactored);
-  const auto g = b->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
-  const std::pair<const Tensor*, const Tensor*> outs[] = {
-      {&g.dq_idx, &old_g.dq_idx}, {&g.dk_idx, &old_g.dk_idx}, {&g.dw, &old_g.dw}};
-  for (int o = 0; o < 3; ++o) {
-    const auto m = dsa::oracle::compare_tensors(*outs[o].first, *outs[o].second);
-    EXPECT_TRUE(m.shape_ok) << "output " << o;
-    EXPECT_EQ(m.nonfinite_mismatches, 0) << "output " << o;
-    EXPECT_EQ(m.max_abs, 0.0) << "output " << o;
+  for (IndexerBwdKernel bk : {IndexerBwdKernel::WgmmaFactored, IndexerBwdKernel::WgmmaOverlap}) {
+    auto b = make_backend(IndexerKernel::Wgmma, bk);
+    const auto g = b->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+    const std::pair<const Tensor*, const Tensor*> outs[] = {
+        {&g.dq_idx, &old_g.dq_idx}, {&g.dk_idx, &old_g.dk_idx}, {&g.dw, &old_g.dw}};
+    for (int o = 0; o < 3; ++o) {
+      const auto m = dsa::oracle::compare_tensors(*outs[o].first, *outs[o].second);
+      EXPECT_TRUE(m.shape_ok) << bwd_name(bk) << " output " << o;
+      EXPECT_EQ(m.nonfinite_mismatches, 0) << bwd_name(bk) << " output " << o;
+      EXPECT_EQ(m.max_abs, 0.0) << bwd_name(bk) << " output " << o;
+    }
+    for (int64_t i = 0; i < g.dq_idx.numel(); ++i)
+      ASSERT_TRUE(std::isfinite(g.dq_idx.get(i))) << bwd_name(bk) << " " << i;
+    const auto r = dsa::oracle::check_indexer_backward(*b, c);
+    EXPECT_EQ(r.verdict, Verdict::Pass) << bwd_name(bk) << ": " << r.reason;
   }
-  for (int64_t i = 0; i < g.dq_idx.numel(); ++i) ASSERT_TRUE(std::isfinite(g.dq_idx.get(i))) << i;
-  const auto r = dsa::oracle::check_indexer_backward(*b, c);
-  EXPECT_EQ(r.verdict, Verdict::Pass) << r.reason;
+}
+
+// WgmmaOverlap runs WgmmaFactored's products in the same order on the same fragments (only
+// the waits differ): its gradients equal WgmmaFactored's bit for bit, on windows that leave
+// tiles partly or wholly masked, single-tile rows and rows of many tiles.
+TEST_F(CudaIndexerTest, BackwardOverlapBitwiseEqualsFactored) {
+  uint64_t seed = 300;
+  for (const Shape& s : kShapes) {
+    const OpCase c = make_case(s.s_q, s.s_kv, s.h, s.d, windows_for(s, seed), seed);
+    ++seed;
+    const auto f = make_backend(IndexerKernel::Wgmma, IndexerBwdKernel::WgmmaFactored)
+                       ->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+    const auto o = make_backend(IndexerKernel::Wgmma, IndexerBwdKernel::WgmmaOverlap)
+                       ->indexer_scores_backward(c.q_idx, c.k_idx, c.w, c.windows, c.d_scores);
+    const std::pair<const Tensor*, const Tensor*> outs[] = {
+        {&o.dq_idx, &f.dq_idx}, {&o.dk_idx, &f.dk_idx}, {&o.dw, &f.dw}};
+    for (int k = 0; k < 3; ++k) {
+      const auto m = dsa::oracle::compare_tensors(*outs[k].first, *outs[k].second);
+      EXPECT_TRUE(m.shape_ok) << label(s, IndexerKernel::Wgmma) << " output " << k;
+      EXPECT_EQ(m.nonfinite_mismatches, 0) << label(s, IndexerKernel::Wgmma) << " output " << k;
+      EXPECT_EQ(m.max_abs, 0.0) << label(s, IndexerKernel::Wgmma) << " output " << k;
+    }
+  }
 }
 
 TEST_F(CudaIndexerTest, EmptyWindowsGiveMinusInfAndZeroGradients) {

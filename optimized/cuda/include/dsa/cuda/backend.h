@@ -58,7 +58,7 @@ struct CudaBackendOptions {
   TopkKernel topk_kernel = topk_kernel_from_env();
   SparseMlaKernel mla_kernel = sparse_mla_kernel_from_env();
   IndexerKernel indexer_kernel = IndexerKernel::Wgmma3;
-  IndexerBwdKernel indexer_bwd_kernel = IndexerBwdKernel::WgmmaFactored;
+  IndexerBwdKernel indexer_bwd_kernel = IndexerBwdKernel::WgmmaOverlap;
   SparseMlaBwdPath mla_bwd = sparse_mla_bwd_path_from_env();
   SparseMlaBwdRounding mla_bwd_rounding = sparse_mla_bwd_rounding_from_env();
 };

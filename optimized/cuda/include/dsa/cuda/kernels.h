@@ -180,15 +180,18 @@ void indexer_scores_device(const uint16_t* q_idx, const uint16_t* k_idx, const f
 /// on a cluster of two CTAs whose four warpgroups take every fourth row, summed in a fixed
 /// order. Mma: the mma.sync kernels of bench/results/2026-11-30-gpu-indexer.md (dq/dw per pair
 /// of rows, dk per 128 keys).
-/// WgmmaFactored (the default): Wgmma with a cheaper epilogue, the same products and fp32
-/// precision: G's three bf16 parts split on pairs, and in dq/dw w[t,h] taken out of the key
-/// sum (dq = w · Σ_s dI 1[S>0] k_idx: the parts of dI per key, masked by 1[S>0], w multiplying
+/// WgmmaFactored: Wgmma with a cheaper epilogue, the same products and fp32 precision: G's
+/// three bf16 parts split on pairs, and in dq/dw w[t,h] taken out of the key sum
+/// (dq = w · Σ_s dI 1[S>0] k_idx: the parts of dI per key, masked by 1[S>0], w multiplying
 /// the fp32 sum once); a block whose factored sum overflows (or whose |w| exceeds 2^16) runs
 /// its tiles again unfactored, so its range is Wgmma's. dk and dw bitwise equal to Wgmma's;
 /// dq differs by the rounding of one fp32 product per element
 /// (bench/results/2026-12-02-gpu-session14.md).
+/// WgmmaOverlap (the default): WgmmaFactored with the epilogue of each tile issued one k16
+/// step at a time, overlapping the previous tile's G products; bitwise equal to WgmmaFactored.
 /// ProbeDqOnly / ProbeDkOnly / ProbeNoGradProducts (of Wgmma), ProbeFactoredDqOnly /
-/// ProbeFactoredDkOnly (of WgmmaFactored): timing probes for the benchmark (only the dq/dw
+/// ProbeFactoredDkOnly (of WgmmaFactored), ProbeOverlapDqOnly / ProbeOverlapDkOnly (of
+/// WgmmaOverlap): timing probes for the benchmark (only the dq/dw
 /// kernel, only the dk kernel, no G products): their outputs are NOT valid.
 enum class IndexerBwdKernel {
   Wgmma,
@@ -198,7 +201,10 @@ enum class IndexerBwdKernel {
   ProbeNoGradProducts,
   WgmmaFactored,
   ProbeFactoredDqOnly,
-  ProbeFactoredDkOnly
+  ProbeFactoredDkOnly,
+  WgmmaOverlap,
+  ProbeOverlapDqOnly,
+  ProbeOverlapDkOnly
 };
 
 /// Backward of indexer_scores (SPEC §2) for upstream d_scores [s_q,s_kv] fp32 (entries outside
@@ -211,7 +217,7 @@ void indexer_scores_backward_device(const uint16_t* q_idx, const uint16_t* k_idx
                                     int64_t s_q, int64_t H, int64_t d, int64_t s_kv,
                                     uint16_t* dq_idx, uint16_t* dk_idx, float* dw,
                                     cudaStream_t stream,
-                                    IndexerBwdKernel kernel = IndexerBwdKernel::WgmmaFactored);
+                                    IndexerBwdKernel kernel = IndexerBwdKernel::WgmmaOverlap);
 
 /// Number of CUDA devices, 0 when cudaGetDeviceCount fails (no driver, no device).
 int device_count();
