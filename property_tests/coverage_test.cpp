@@ -625,6 +625,82 @@ TEST(TwinDeclines, EveryOpsPropertiesHandDeclinesToTheTwinTest) {
 }
 
 
+// The reference's indexer ops and KL loss, declining legal inputs that were no twin feature
+// (fresh15 F2). kMode 0: a query row with an empty window (§1; the paged indexer: a context
+// shorter than next_n, §10); 1: a negative head weight (§2; not the KL loss, which has none).
+template <int kMode>
+class DeclinesLegalIndexerInputs final : public RefWrap {
+ public:
+  DeclinesLegalIndexerInputs() : RefWrap(kMode == 0 ? "declines_empty_windows" : "declines_negative_w") {}
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    decline(w, win);
+    return ref_->indexer_scores(q, k, w, win);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win,
+                                       const Tensor& d) override {
+    decline(w, win);
+    return ref_->indexer_scores_backward(q, k, w, win, d);
+  }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    decline(in.w, in.windows);
+    return ref_->fp8_indexer_scores(in);
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    for (int64_t b = 0; kMode == 0 && b < in.context_lens.numel(); ++b)
+      if (in.context_lens.get(b) < static_cast<double>(in.q_idx.size(1)))
+        throw oracle::NotSupported("contexts shorter than next_n not supported");
+    decline(in.w, KeyWindows{});
+    return ref_->paged_indexer_scores(in);
+  }
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    if (kMode == 0) decline(Tensor(), in.windows);
+    return ref_->indexer_kl_loss(in);
+  }
+
+ private:
+  static void decline(const Tensor& w, const KeyWindows& win) {
+    for (int64_t t = 0; kMode == 0 && t < win.s_q(); ++t)
+      if (win.length(t) == 0) throw oracle::NotSupported("empty windows not supported");
+    for (int64_t i = 0; kMode == 1 && i < w.numel(); ++i)
+      if (w.get(i) < 0) throw oracle::NotSupported("negative head weights not supported");
+  }
+};
+
+// Each property run on a kernel declining them fails INCOMPLETE naming the feature, with the
+// count of draws the kernel ran with it taken out; named with --unsupported, not a failure.
+// Before: no twin feature, so the declined draws were redrawn and the properties passed
+// ("declined 8 of 33 draws: ... empty windows"), or were skips when every draw held them.
+template <int kMode>
+void expect_declined_legal_inputs_incomplete(const std::vector<std::pair<const char*, const char*>>& props) {
+  for (const auto& [prop, key] : props) {
+    const PropertyResult r = run_property(subject_of<DeclinesLegalIndexerInputs<kMode>>(), property_named(prop), level0(7));
+    std::cout << "  " << prop << ": " << oracle::to_string(r.verdict) << " " << r.message.substr(0, 200) << "\n";
+    EXPECT_EQ(r.verdict, Verdict::Fail) << prop << ": " << r.message;
+    EXPECT_EQ(r.message.rfind("INCOMPLETE: backend declined mandatory cases: ", 0), 0u) << prop << ": " << r.message;
+    EXPECT_EQ(r.mandatory_declined, std::vector<std::string>{key}) << prop << ": " << r.message;
+    SuiteOptions named = level0(7);
+    named.unsupported = {key};
+    const PropertyResult w = run_property(subject_of<DeclinesLegalIndexerInputs<kMode>>(), property_named(prop), named);
+    EXPECT_NE(w.verdict, Verdict::Fail) << prop << ": " << w.message;
+    EXPECT_TRUE(w.mandatory_declined.empty()) << prop << ": " << w.message;
+  }
+}
+
+TEST(TwinDeclines, DecliningEmptyWindowsOrShortContextsFailsTheProperties) {
+  expect_declined_legal_inputs_incomplete<0>({{"indexer.scores_exact_tier", "empty_windows"},
+                                              {"indexer.backward_parity", "empty_windows"},
+                                              {"fp8.indexer_ratio", "empty_windows"},
+                                              {"kl.loss_and_gradient_ratio", "empty_windows"},
+                                              {"paged.indexer_ratio", "short_context"}});
+}
+
+TEST(TwinDeclines, DecliningNegativeHeadWeightsFailsTheProperties) {
+  expect_declined_legal_inputs_incomplete<1>({{"indexer.scores_ratio", "negative_weights"},
+                                              {"indexer.backward_parity", "negative_weights"},
+                                              {"fp8.indexer_ratio", "negative_weights"},
+                                              {"paged.indexer_ratio", "negative_weights"}});
+}
+
 // The long- and many-row draws hold NaN and -inf together: a kernel declining -inf only was
 // INCOMPLETE there as NaN with --unsupported neg_inf_scores (F6), as each declined draw was
 // counted for all its features. One twin per feature lays each decline to -inf alone: named,

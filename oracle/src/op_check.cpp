@@ -648,6 +648,7 @@ SlotFeatures sparse_mla_slot_features(const SparseMlaInputs& in) {
 bool unsupported_covers(const std::vector<std::string>& names, const std::string& key, bool invalid_present) {
   auto named = [&](const char* k) { return std::find(names.begin(), names.end(), k) != names.end(); };
   if (std::find(names.begin(), names.end(), key) != names.end()) return true;
+  if (key == "short_context" && named("empty_windows")) return true;
   return key == "empty_rows" && invalid_present && named("invalid_ids");
 }
 

@@ -7,6 +7,8 @@
 //   holds the case's value (indices[0,0] == 0, scores[0,0] > 0) declined the twins that keep it
 //   too, and the decline stayed a skip. The twin with other values keeps every feature and
 //   moves the values (rows relabelled, ranks), so such a kernel runs it: INCOMPLETE.
+// - fresh15 F2: empty indexer and KL windows, negative head weights and paged contexts shorter
+//   than next_n were no feature, and the indexer backward had no twin: declining them was a skip.
 // A kernel declining a feature the user named, or a shape, stays a skip.
 #include <gtest/gtest.h>
 
@@ -34,7 +36,8 @@ class RuleDecliner final : public Backend {
   std::function<bool(const Fp8IndexerInputs&)> fp8_indexer;
   std::function<bool(const PagedIndexerInputs&)> paged;
   std::function<bool(const SparseMlaFp8Inputs&)> mla_fp8;
-  std::function<bool(const Tensor& q_idx, const Tensor& w)> indexer;
+  std::function<bool(const Tensor& q_idx, const Tensor& w, const KeyWindows& windows)> indexer;
+  std::function<bool(const Tensor& q_idx, const Tensor& w, const KeyWindows& windows)> indexer_bwd;
 
   std::string name() const override { return "rule-decliner"; }
   bool supports(Op op) const override {
@@ -47,6 +50,7 @@ class RuleDecliner final : public Backend {
       case Op::PagedIndexerScores: return bool(paged);
       case Op::SparseMlaFp8Fwd: return bool(mla_fp8);
       case Op::IndexerScores: return bool(indexer);
+      case Op::IndexerScoresBackward: return bool(indexer_bwd);
       default: return false;
     }
   }
@@ -79,8 +83,13 @@ class RuleDecliner final : public Backend {
     return ref_->sparse_mla_fp8_forward(in);
   }
   Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
-    if (indexer(q, w)) throw NotSupported("declined by rule");
+    if (indexer(q, w, win)) throw NotSupported("declined by rule");
     return ref_->indexer_scores(q, k, w, win);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win,
+                                       const Tensor& d_scores) override {
+    if (indexer_bwd(q, w, win)) throw NotSupported("declined by rule");
+    return ref_->indexer_scores_backward(q, k, w, win, d_scores);
   }
 
  private:
@@ -260,10 +269,12 @@ TEST(TwinDeclines, DecliningTheCasesOwnValueIsIncompleteOnEveryOp) {
   {
     const double v0 = golden("idx_causal").inputs.at("w").get(0);
     RuleDecliner b;
-    b.indexer = [v0](const Tensor&, const Tensor& w) { return w.get(0) == v0; };
-    for (const OpReport& r : reports(b, "idx_causal")) {
-      if (r.op != "indexer_scores") continue;
-      EXPECT_EQ(r.verdict, Verdict::Incomplete) << r.reason;
+    b.indexer = [v0](const Tensor&, const Tensor& w, const KeyWindows&) { return w.get(0) == v0; };
+    b.indexer_bwd = b.indexer;  // the backward had no twin: a skip "no twin for op" (fresh15 F2)
+    const std::vector<OpReport> rs = reports(b, "idx_causal");
+    EXPECT_EQ(rs.size(), 2u);
+    for (const OpReport& r : rs) {
+      EXPECT_EQ(r.verdict, Verdict::Incomplete) << r.op << ": " << r.reason;
       EXPECT_TRUE(has(r.reason, "the decline depends on the values")) << r.reason;
     }
   }
@@ -279,13 +290,13 @@ TEST(TwinDeclines, DecliningEveryCallStaysASkipOnEveryOp) {
   b.fp8_indexer = [](const Fp8IndexerInputs&) { return true; };
   b.paged = [](const PagedIndexerInputs&) { return true; };
   b.mla_fp8 = [](const SparseMlaFp8Inputs&) { return true; };
-  b.indexer = [](const Tensor&, const Tensor&) { return true; };
+  b.indexer = [](const Tensor&, const Tensor&, const KeyWindows&) { return true; };
+  b.indexer_bwd = b.indexer;
   for (const char* name : {"topk_distinct_causal", "topk_plateau_small_sorted", "smla_basic", "smla_invalid_mix",
-                           "kl_dense_causal", "fp8_idx_prefix_amax", "paged_idx_mtp2", "smla_fp8_decode",
-                           "idx_causal"}) {
+                           "kl_dense_causal", "kl_sparse_empty_windows", "fp8_idx_prefix_amax", "paged_idx_mtp2",
+                           "smla_fp8_decode", "idx_causal", "idx_empty_windows"}) {
     SCOPED_TRACE(name);
     for (const OpReport& r : reports(b, name)) {
-      if (r.op == "indexer_scores_backward") continue;  // not supported: "op ... not supported"
       EXPECT_EQ(r.verdict, Verdict::Skip) << r.op << ": " << r.reason;
       EXPECT_EQ(r.reason.rfind("declined: declined by rule (", 0), 0u) << r.reason;
     }
@@ -310,6 +321,133 @@ TEST(TwinDeclines, TheValueTwinKeepsEveryFeature) {
       EXPECT_EQ(r.verdict, Verdict::Skip) << r.op << ": " << r.reason;
       EXPECT_TRUE(has(r.reason, "named unsupported: " + key)) << r.reason;
     }
+  }
+}
+
+
+// ---- (c) empty windows, negative head weights, short paged contexts (fresh15 F2) ----------
+// Legal inputs every kernel must take (SPEC §1: an empty window is legal; §2: w may be
+// negative; §10: MTP windows of a context shorter than next_n are clamped, empty) were no twin
+// feature: a kernel declining exactly them got "declined: ... (no twin for op ...)" or "the
+// case holds no SPEC-mandatory feature" skips, exit 0. Each now has a twin without it.
+
+bool empty_window(const KeyWindows& w) {
+  for (int64_t t = 0; t < w.s_q(); ++t)
+    if (w.length(t) == 0) return true;
+  return false;
+}
+
+bool negative(const Tensor& w) {
+  for (int64_t i = 0; i < w.numel(); ++i)
+    if (w.get(i) < 0) return true;
+  return false;
+}
+
+// The golden `name` with row `row`'s window emptied (ke = ks).
+fixtures::Fixture with_empty_row(const std::string& name, int64_t row) {
+  fixtures::Fixture f = golden(name);
+  f.inputs.at("ke").set(row, f.inputs.at("ks").get(row));
+  return f;
+}
+
+// The §2 indexer and its backward (before: no twin for the backward; the forward's decline
+// "no SPEC-mandatory feature": skips).
+TEST(TwinDeclines, IndexerDecliningEmptyWindowsOrNegativeWeightsIsIncomplete) {
+  RuleDecliner empty;
+  empty.indexer = [](const Tensor&, const Tensor&, const KeyWindows& w) { return empty_window(w); };
+  empty.indexer_bwd = empty.indexer;
+  expect_laid_to(empty, "idx_empty_windows", "empty_windows", "empty key windows");
+  RuleDecliner neg;
+  neg.indexer = [](const Tensor&, const Tensor& w, const KeyWindows&) { return negative(w); };
+  neg.indexer_bwd = neg.indexer;
+  for (const char* name : {"idx_causal", "idx_empty_windows", "idx_varlen"})
+    expect_laid_to(neg, name, "negative_weights", "negative head weights");
+  // Declining both: the twin without both runs; INCOMPLETE for both.
+  RuleDecliner both;
+  both.indexer = [](const Tensor&, const Tensor& w, const KeyWindows& win) { return negative(w) || empty_window(win); };
+  both.indexer_bwd = both.indexer;
+  for (const OpReport& r : reports(both, "idx_empty_windows")) {
+    EXPECT_EQ(r.verdict, Verdict::Incomplete) << r.op << ": " << r.reason;
+    EXPECT_TRUE(has(r.reason, "--unsupported empty_windows,negative_weights")) << r.reason;
+  }
+  for (const OpReport& r : reports(both, "idx_empty_windows", {"empty_windows", "negative_weights"}))
+    EXPECT_EQ(r.verdict, Verdict::Skip) << r.op << ": " << r.reason;
+}
+
+// SPEC §1, §7: a KL loss declining empty windows (kl_sparse_empty_windows' rows 0..5); its twin
+// widens each to one key whose score is -inf (the row still has no term).
+TEST(TwinDeclines, KlLossDecliningEmptyWindowsIsIncomplete) {
+  RuleDecliner b;
+  b.kl = [](const IndexerKlInputs& in) { return empty_window(in.windows); };
+  expect_laid_to(b, "kl_sparse_empty_windows", "empty_windows", "empty key windows");
+  fixtures::Fixture dense = with_empty_row("kl_dense_causal", 3);
+  for (const OpReport& r : judge_fixture_ops(dense, b)) {
+    EXPECT_EQ(r.verdict, Verdict::Incomplete) << r.reason;
+    EXPECT_TRUE(has(r.reason, "--unsupported empty_windows")) << r.reason;
+  }
+}
+
+// SPEC §10 + §1, §2: the FP8 indexer declining negative w (its goldens hold some) or an empty
+// window (the golden with row 2 emptied).
+TEST(TwinDeclines, Fp8IndexerDecliningEmptyWindowsOrNegativeWeightsIsIncomplete) {
+  RuleDecliner neg;
+  neg.fp8_indexer = [](const Fp8IndexerInputs& in) { return negative(in.w); };
+  for (const char* name : {"fp8_idx_prefix_amax", "fp8_idx_prefix_pow2"})
+    expect_laid_to(neg, name, "negative_weights", "negative head weights");
+  RuleDecliner empty;
+  empty.fp8_indexer = [](const Fp8IndexerInputs& in) { return empty_window(in.windows); };
+  const fixtures::Fixture f = with_empty_row("fp8_idx_prefix_amax", 2);
+  for (const OpReport& r : judge_fixture_ops(f, empty)) {
+    EXPECT_EQ(r.verdict, Verdict::Incomplete) << r.reason;
+    EXPECT_TRUE(has(r.reason, "holds empty key windows")) << r.reason;
+    EXPECT_TRUE(has(r.reason, "--unsupported empty_windows")) << r.reason;
+    EXPECT_FALSE(has(r.reason, "unread parts")) << r.reason;  // the twin keeps the poisoned keys
+  }
+  CheckOptions named;
+  named.unsupported = {"empty_windows"};
+  for (const OpReport& r : judge_fixture_ops(f, empty, named)) EXPECT_EQ(r.verdict, Verdict::Skip) << r.reason;
+}
+
+// SPEC §10: the paged indexer declining contexts shorter than next_n (paged_idx_mtp2: contexts
+// 0 and 1, next_n 2) or negative w. --unsupported empty_windows covers short contexts.
+TEST(TwinDeclines, PagedIndexerDecliningShortContextsOrNegativeWeightsIsIncomplete) {
+  RuleDecliner short_ctx;
+  short_ctx.paged = [](const PagedIndexerInputs& in) {
+    for (int64_t b = 0; b < in.context_lens.numel(); ++b)
+      if (in.context_lens.get(b) < static_cast<double>(in.q_idx.size(1))) return true;
+    return false;
+  };
+  expect_laid_to(short_ctx, "paged_idx_mtp2", "short_context", "paged contexts shorter than next_n");
+  for (const OpReport& r : reports(short_ctx, "paged_idx_mtp2")) EXPECT_FALSE(has(r.reason, "unread parts")) << r.reason;
+  for (const OpReport& r : reports(short_ctx, "paged_idx_mtp2", {"empty_windows"}))
+    EXPECT_EQ(r.verdict, Verdict::Skip) << r.reason;
+  RuleDecliner neg;
+  neg.paged = [](const PagedIndexerInputs& in) { return negative(in.w); };
+  expect_laid_to(neg, "paged_idx_mtp2", "negative_weights", "negative head weights");
+}
+
+// The value twin keeps negative_weights: a w of both signs stays so (times -1/2), a w >= 0
+// stays so (times 1/2; times -1/2 made it negative, a twin holding a feature the case does
+// not, which the test may not run). So a kernel declining negative w is never handed one by
+// the value twin (named, a skip), and one declining by a value of w >= 0 runs it: INCOMPLETE.
+TEST(TwinDeclines, TheIndexerValueTwinKeepsTheSignsOfW) {
+  RuleDecliner neg;
+  neg.indexer = [](const Tensor&, const Tensor& w, const KeyWindows&) { return negative(w); };
+  neg.indexer_bwd = neg.indexer;
+  for (const OpReport& r : reports(neg, "idx_causal", {"negative_weights"})) {
+    EXPECT_EQ(r.verdict, Verdict::Skip) << r.op << ": " << r.reason;
+    EXPECT_TRUE(has(r.reason, "named unsupported: negative_weights")) << r.reason;
+  }
+  fixtures::Fixture f = golden("idx_causal");
+  Tensor& w = f.inputs.at("w");
+  for (int64_t i = 0; i < w.numel(); ++i) w.set(i, std::abs(w.get(i)));
+  const double v0 = w.get(0);
+  RuleDecliner by_value;
+  by_value.indexer = [v0](const Tensor&, const Tensor& x, const KeyWindows&) { return x.get(0) == v0; };
+  by_value.indexer_bwd = by_value.indexer;
+  for (const OpReport& r : judge_fixture_ops(f, by_value)) {
+    EXPECT_EQ(r.verdict, Verdict::Incomplete) << r.op << ": " << r.reason;
+    EXPECT_TRUE(has(r.reason, "the decline depends on the values")) << r.reason;
   }
 }
 

@@ -111,7 +111,7 @@ struct FeatureInfo {
   bool mandatory;
   const char* description;
 };
-// SPEC §3, §4 and §6: what every kernel must handle, then the optional inputs.
+// SPEC §1-§4, §6, §7 and §10: what every kernel must handle, then the optional inputs.
 const FeatureInfo kFeatures[] = {
     {"invalid_ids", true, "invalid ids (-1, negative, >= s_kv or past topk_length: contribute nothing; SPEC §4)"},
     {"empty_rows", true, "empty rows (no valid slot: out 0, lse +inf; SPEC §6)"},
@@ -124,6 +124,12 @@ const FeatureInfo kFeatures[] = {
     {"poisoned_unread", true,
      "unread §10 parts holding anything (table entries past a context out of range or -1, cache "
      "slots and tokens no valid read uses full of NaN bytes and invalid scales; SPEC §10)"},
+    {"empty_windows", true,
+     "empty key windows (a query row with ks >= ke: an indexer row all -inf, a KL row with no term; "
+     "SPEC §1, §6, §7)"},
+    {"negative_weights", true, "negative head weights w (SPEC §2: w may be negative)"},
+    {"short_context", true,
+     "paged contexts shorter than next_n (the first queries' MTP windows empty; SPEC §1, §10)"},
     {"attn_sink", false, "attention sinks (optional input; SPEC §4)"},
     {"topk_length", false, "topk_length (optional input; SPEC §4)"},
     {"indices_view", false, "[s_q, 1, k] ids view (SPEC §4)"},

@@ -102,8 +102,10 @@ bool holds_poisoned_unread(const SparseMlaFp8Inputs& in);
 struct DeclineCause {
   /// The SPEC-mandatory features the case holds: top-k k_boundary_ties, neg_inf_scores,
   /// nan_scores (§3.1-§3.3); sparse MLA invalid_ids, empty_rows, duplicate_ids (§4, §6); KL loss
-  /// neg_inf_scores (§7); FP8 sparse MLA those of sparse MLA and poisoned_unread, FP8 and paged
-  /// indexer poisoned_unread (§10).
+  /// neg_inf_scores, empty_windows (§1, §7); indexer and its backward empty_windows,
+  /// negative_weights (§1, §2); FP8 indexer those and poisoned_unread; paged indexer
+  /// short_context (a context shorter than next_n, §1, §10), negative_weights, poisoned_unread;
+  /// FP8 sparse MLA those of sparse MLA and poisoned_unread (§10).
   std::vector<std::string> held;
   /// Features the decline depends on that `unsupported` does not name: the op is INCOMPLETE.
   std::vector<std::string> depends_on;
@@ -126,14 +128,17 @@ struct DeclineCause {
 /// route (fixtures check, replay, the audit's fixture tasks and properties; plugin, in-process,
 /// Python). Ops: Topk (c.scores [s_q, s_kv] f32/bf16, c.k, c.policy, c.topk_windows),
 /// SparseMlaFwd / SparseMlaBwd (c.mla, c.dout), SparseMlaFp8Fwd (c.mla_fp8), IndexerKlLoss
-/// (c.kl), Fp8IndexerScores, PagedIndexerScores, IndexerScores; IndexerScoresBackward: nothing
-/// shown. Twins keep shapes, dtypes, optional inputs, k, policy and windows.
+/// (c.kl), Fp8IndexerScores, PagedIndexerScores, IndexerScores and IndexerScoresBackward
+/// (c.q_idx, c.k_idx, c.w, c.windows, c.d_scores). Twins keep shapes, dtypes, optional inputs,
+/// k, policy and (but for the empty_windows / short_context twins) windows.
 /// 1. Paged indexer and FP8 sparse MLA, whose checks also run the case with unread parts
 ///    poisoned: when `b` runs the case as given, the decline is laid to poisoned_unread.
 /// 2. A twin with other values keeping every feature the case holds (top-k: window entries
 ///    reversed, finite scores replaced by their ranks; sparse MLA: key rows / tokens moved by
 ///    one with ids relabelled, query rows reversed; KL: finite scores times -1/2, heads reversed; indexers:
-///    heads reversed, w times -1/2, paged blocks moved by one): run → by_values (fresh11 F2).
+///    heads reversed, w times -1/2 when it holds both signs else 1/2 (negative_weights
+///    kept), paged blocks moved by one, the backward's d_scores times -1/2): run → by_values
+///    (fresh11 F2).
 /// 3. No feature: the value twin (top-k: distinct finite scores s_kv - s; sparse MLA: the last
 ///    slot of row 0 set to -1, SPEC §4); run → by_values; else not shown (a limit).
 /// 4. One twin per feature, that feature taken out and every other kept as far as it can be
@@ -141,10 +146,15 @@ struct DeclineCause {
 ///    finite entries made distinct in row order; sparse MLA: repeated ids, invalid slots or
 ///    empty rows' slot 0 given ids unused in the row, of finite kv rows / ordinary tokens first,
 ///    topk_length widened; KL: -inf scores made finite; §10: unread parts cleaned, FP8 bytes 0,
-///    scales 1, entries past a context 0); the features a twin the backend runs no longer holds
-///    are what the decline depends on. When no such twin runs, the twin without them all (top-k:
-///    distinct finite scores; sparse MLA: ids 0..k-1, non-finite q, kv, dout zeroed) lays it to
-///    all of them.
+///    scales 1, entries past a context 0; negative_weights: w made |w|; empty_windows: each
+///    empty window widened to one key (KL: its score -inf, the row still without a term; FP8: a
+///    key another window reads, else one made ordinary); short_context: each context shorter
+///    than next_n lengthened to next_n, the added positions reading ordinary slots; fresh15
+///    F2); the features a twin the backend runs no longer holds
+///    are what the decline depends on (indexer and KL ops: but for another feature such a twin
+///    had to take out with its own whose own twin the backend declined). When no such twin runs, the twin without them all (top-k:
+///    distinct finite scores; sparse MLA: ids 0..k-1, non-finite q, kv, dout zeroed; indexers
+///    and KL: each feature's change in turn) lays it to all of them.
 /// A twin run whose features `unsupported` (--unsupported keys; empty_rows through invalid_ids as
 /// unsupported_covers) covers waives the decline; else depends_on lists the features of the
 /// twins run that it does not cover. Runs `b` once per twin (not judged; a result counts as run,

@@ -102,11 +102,11 @@ SlotFeatures sparse_mla_slot_features(const SparseMlaInputs& in);
 
 /// True when the --unsupported names `names` cover the SPEC-mandatory feature `key` of a case
 /// (or a property's draws) whose slots include invalid ones (`invalid_present`): `key` itself,
-/// or "empty_rows" when "invalid_ids" is named and invalid slots are present. A row of k >= 1
-/// slots is empty only through invalid slots (ids out of range or past topk_length, §4/§6),
-/// so a kernel that takes no invalid ids is never handed such an empty row (fresh11 F3b:
-/// --unsupported invalid_ids left the goldens' -1 rows INCOMPLETE as "empty rows"). Used by
-/// the fixture declines and the property suite alike; throws nothing.
+/// "empty_rows" when "invalid_ids" is named and invalid slots are present (a row of k >= 1 slots
+/// is empty only through invalid slots, §4/§6: fresh11 F3b), or "short_context" when
+/// "empty_windows" is named (a paged context shorter than next_n is how a paged indexer's window
+/// is empty, §1/§10). Used by the fixture declines and the property suite alike; throws
+/// nothing.
 bool unsupported_covers(const std::vector<std::string>& names, const std::string& key, bool invalid_present);
 
 /// The one rule of --outputs (every route: compare, replay, audit, fixtures check, Python):

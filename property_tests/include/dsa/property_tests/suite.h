@@ -43,9 +43,9 @@ struct Property {
 
 /// The draw feature keys (note_draw_feature) in a fixed order, mandatory ones first.
 const std::vector<std::string>& draw_feature_keys();
-/// True for SPEC behaviour every kernel must handle (invalid_ids, empty_rows, duplicate_ids:
-/// SPEC §4/§6; neg_inf_scores, nan_scores: SPEC §3.1; k_boundary_ties: §3.3; poisoned_unread:
-/// §10); false for optional inputs.
+/// True for SPEC behaviour every kernel must handle (invalid_ids, empty_rows, duplicate_ids: §4/§6;
+/// neg_inf_scores, nan_scores: §3.1; k_boundary_ties: §3.3; poisoned_unread: §10; empty_windows:
+/// §1/§6/§7; negative_weights: §2; short_context: §1/§10); false for optional inputs.
 bool mandatory_feature(const std::string& key);
 /// One line naming the feature and its SPEC rule, e.g. "invalid ids (-1, negative, >= s_kv;
 /// SPEC §4)". Throws std::invalid_argument naming an unknown key.
