@@ -437,3 +437,28 @@ class RecordsCalls(TorchBackend):
         self.calls.append("paged_indexer_scores")
         return super().paged_indexer_scores(q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
                                             max_context, fp8_format)
+
+
+class IndexerDeclinesLegalInputs(TorchBackend):
+    """The §2 indexer (forward and backward) declining negative head weights, and the paged
+    indexer declining contexts shorter than next_n: legal inputs (SPEC §2: w may be negative;
+    §1, §10: an MTP window of a short context is empty), no twin feature before fresh15 F2."""
+    name = "declines-legal-indexer-inputs"
+    topk = sparse_mla_fwd = sparse_mla_bwd = indexer_kl_loss = sparse_mla_fp8_fwd = fp8_indexer_scores = None
+
+    def indexer_scores(self, q_idx, k_idx, w, ks, ke):
+        if bool((w < 0).any()):
+            raise NotImplementedError("negative head weights")
+        return super().indexer_scores(q_idx, k_idx, w, ks, ke)
+
+    def indexer_scores_backward(self, q_idx, k_idx, w, ks, ke, d_scores):
+        if bool((w < 0).any()):
+            raise NotImplementedError("negative head weights")
+        return super().indexer_scores_backward(q_idx, k_idx, w, ks, ke, d_scores)
+
+    def paged_indexer_scores(self, q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
+                             max_context, fp8_format):
+        if bool((context_lens < q_idx.shape[1]).any()):
+            raise NotImplementedError("context shorter than next_n")
+        return super().paged_indexer_scores(q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
+                                            max_context, fp8_format)

@@ -602,3 +602,29 @@ def test_a_module_spec_without_op_functions_names_its_classes(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     assert dsa_verify.load_backend("f14_funcs").__name__ == "f14_funcs"
     assert type(dsa_verify.load_backend("f14_onlyclass:MyKernel")).__name__ == "MyKernel"
+
+
+def test_declining_negative_weights_or_short_contexts_is_incomplete_not_a_skip():
+    # fresh15 F2: negative head weights (SPEC §2) and paged contexts shorter than next_n (§1, §10)
+    # were no twin feature, and the indexer backward had no twin: a kernel declining them got
+    # skips ("no twin for op ...") and redrawn draws, exit 0. Named, they are skips saying so.
+    ops = ["indexer_scores_backward", "paged_indexer_scores"]
+    rep = dsa_verify.audit(backends.IndexerDeclinesLegalInputs(), ops=ops, fixtures=True, seed=7, progress=False)
+    by = {(c.op, c.property): c for c in rep.cases}
+    for key, words, feature in [(("indexer_scores_backward", "golden:idx_causal"), "holds negative head weights",
+                                 "negative_weights"),
+                                (("paged_indexer_scores", "golden:paged_idx_mtp2"),
+                                 "holds paged contexts shorter than next_n", "short_context")]:
+        c = by[key]
+        assert c.status == "fail" and c.message.startswith("INCOMPLETE: backend declined a SPEC-mandatory case"), c.message
+        assert words in c.message and "--unsupported " + feature in c.message, c.message
+    for key, words in [(("indexer_scores_backward", "property:indexer.backward_parity"), "negative head weights"),
+                       (("paged_indexer_scores", "property:paged.indexer_ratio"), "paged contexts shorter than next_n")]:
+        c = by[key]
+        assert c.status == "fail" and c.message.startswith("INCOMPLETE: backend declined mandatory cases: " + words), c.message
+    named = dsa_verify.audit(backends.IndexerDeclinesLegalInputs(), ops=ops, fixtures=True, seed=7, progress=False,
+                             unsupported=["negative_weights", "empty_windows"])
+    by = {(c.op, c.property): c for c in named.cases}
+    for key in [("indexer_scores_backward", "golden:idx_causal"), ("paged_indexer_scores", "golden:paged_idx_mtp2")]:
+        assert by[key].status == "skip" and "named unsupported: " in by[key].message, by[key].message
+    assert not [c for c in named.cases if c.status == "fail"], named.summary()
