@@ -485,6 +485,9 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
     OutputFloor out_floor = floors.at("out");
     out_floor.inherited16 = base_p->inherited;
     out_floor.inherited16_arith = base_p->arith;
+    out_floor.inherited16_source =
+        "the exact shift of the float64 reference when kv is dequantized to the 16-bit working "
+        "dtype (larger of the two legal dequantizations)";
     for (const char* name : {"out", "lse", "max_logits"}) {
       const Tensor& (*pick)(const SparseMlaForward&, const char*) =
           [](const SparseMlaForward& f, const char* n) -> const Tensor& {

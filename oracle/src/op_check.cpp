@@ -494,7 +494,54 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     }
   };
   if (!delta_shared) {
-    judge_grads(r, *shared_ref(), *base_p, false);
+    if (!delta_out) {
+      judge_grads(r, *shared_ref(), *base_p, false);
+      return detail::settle_judged_nothing(std::move(r), opt, op);
+    }
+    // A 16-bit Δ the candidate's own out does not share: the baseline's error holds the shift
+    // its 16-bit Δ makes, sm·δΔ·Σ_j p_j kv_jc in dq_c (δΔ·p_j·q_c summed in dkv), a rounding
+    // every such kernel inherits that reaches a huge column in full. Split it off exactly
+    // (OutputFloor::inherited16, judge_tensor): per element, |R(Δ16) - R(Δ)| (R the float64
+    // reference, Δ16 from the baseline's out rounded to out_dtype) and the baseline's
+    // arithmetic error |B(Δ16) - R(Δ16)|; the distance between the candidate's 16-bit Δ and
+    // Δ16 stays in the floor (δΔ16). With E_row alone, one huge kv column let a dq row's
+    // other columns 5 % off AGREE (LocalRuleHugeColumn.Bf16BackwardWithoutOwnOut).
+    const auto ref16_p = shared_result<SparseMlaGrads>(
+        memo_of(c), std::string("sparse_mla_bwd/reference/delta from out ") + dtype_name(out_dtype), fp,
+        [&] { return reference::sparse_mla_backward(c.mla, c.dout, Precision::Reference, delta_out); });
+    const auto ref_p = shared_ref();
+    const SparseMlaGrads& ref = *ref_p;
+    CaseFloors split = floors;
+    auto add_split = [&](const char* name, const Tensor& r0, const Tensor& r16, const Tensor& b16) {
+      auto it = split.find(name);
+      if (it == split.end() || !r0.defined() || !r16.defined() || !b16.defined() || r0.numel() != r16.numel() ||
+          r0.numel() != b16.numel())
+        return;
+      const size_t n = static_cast<size_t>(r0.numel());
+      OutputFloor& f = it->second;
+      f.inherited16.assign(n, 0.0);
+      f.inherited16_arith.assign(n, 0.0);
+      for (size_t i = 0; i < n; ++i) {
+        const int64_t k = static_cast<int64_t>(i);
+        const double x = r0.get(k), x16 = r16.get(k), b = b16.get(k);
+        if (!std::isfinite(x)) continue;  // judged by position only
+        f.inherited16[i] = std::isfinite(x16) ? std::abs(x16 - x) : INFINITY;
+        f.inherited16_arith[i] = std::isfinite(x16) && std::isfinite(b) ? std::abs(b - x16) : INFINITY;
+      }
+      f.inherited16_source = std::string("the exact shift of the float64 reference when Δ is taken from the "
+                                         "baseline's out rounded to ") +
+                             dtype_name(out_dtype) + " (the candidate's own out not handed over)";
+    };
+    add_split("dq", ref.dq, ref16_p->dq, base_p->dq);
+    add_split("dkv", ref.dkv, ref16_p->dkv, base_p->dkv);
+    if (ref.dsink && ref16_p->dsink && base_p->dsink) add_split("dsink", *ref.dsink, *ref16_p->dsink, *base_p->dsink);
+    judge(r, opt, op, c.mla.q.dtype(), "dq", cand.dq, ref.dq, base_p->dq, split, false);
+    judge(r, opt, op, c.mla.q.dtype(), "dkv", cand.dkv, ref.dkv, base_p->dkv, split, false);
+    if (c.mla.attn_sink && ref.dsink && base_p->dsink) {
+      const Tensor none;
+      judge(r, opt, op, c.mla.q.dtype(), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink, *base_p->dsink,
+            split, false);
+    }
     return detail::settle_judged_nothing(std::move(r), opt, op);
   }
   // Δ from the candidate's own 16-bit out. Its gradients are judged against the float64

@@ -237,18 +237,26 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
   // κ_row is raised where needed so the baseline passes its own bound at every element.
   // Before it, one tile of huge scale made E_row large for every column of the row
   // (fresh15 F3: the other 384 columns 5 % off AGREED; LocalRuleHugeColumn.Fp8Bf16Out).
-  const bool inherited_split = floor.e_row_inherited16 &&
-                               static_cast<int64_t>(floor.inherited16.size()) == numel &&
+  // A 16-bit Δ from another out, split the same way (OutputFloor::inherited16, sparse MLA
+  // dq/dkv/dsink judged without the candidate's own out): cand - R(Δ) = (cand - R(Δc)) +
+  // (R(Δc) - R(Δ16)) + (R(Δ16) - R(Δ)), Δc the candidate's 16-bit Δ, Δ16 the baseline's. The
+  // last part is inherited16_e exactly; the middle one, the distance between two 16-bit Δs
+  // through the element's own sum, is the floor's δΔ16 (narrow_delta, kept in the floor);
+  // the first is arithmetic on the candidate's own Δ, judged as with a shared Δ: κ_row from
+  // the baseline's arithmetic error on Δ16 (inherited16_arith) and s_e without the δΔ16
+  // parts (the scale of the shared-Δ judge). Before it, one huge kv column made E_row of a dq
+  // row (a huge q column: of a dkv row) large for every column and the others 5 % off AGREED
+  // (LocalRuleHugeColumn.Bf16BackwardWithoutOwnOut).
+  const bool inherited_split = static_cast<int64_t>(floor.inherited16.size()) == numel &&
                                floor.inherited16_arith.size() == floor.inherited16.size();
   const bool out16_class = c.precision == DType::BF16 || c.precision == DType::F16;
+  const bool split16 = inherited_split && out16_class;
   const bool own_term_applies =
-      !out16_class ||
-      ((!floor.e_row_inherited16 || inherited_split) && (delta_shared || floor.narrow_delta.empty()));
-  auto inherited_e = [&](int64_t i) {
-    return inherited_split && out16_class ? floor.inherited16[static_cast<size_t>(i)] : 0.0;
-  };
+      !out16_class || split16 || (!floor.e_row_inherited16 && (delta_shared || floor.narrow_delta.empty()));
+  auto inherited_e = [&](int64_t i) { return split16 ? floor.inherited16[static_cast<size_t>(i)] : 0.0; };
   c.own_term_applies = own_term_applies;
-  c.inherited16 = own_term_applies && inherited_split && out16_class;
+  c.inherited16 = split16;
+  c.inherited16_source = split16 ? floor.inherited16_source : std::string();
   const double eta_f = tol.eta;
   // narrow_e: without its δΔ16 part when the baseline shares the candidate's Δ (delta_shared)
   const bool drop_delta = delta_shared && !floor.narrow_delta.empty();
@@ -266,9 +274,13 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
     c.floor_source += " + declared --sink-after-rounding in δΔ16: min(Σ_c, 3.5 sqrt(Σ_c (.)^2)) of "
                       "|dout_c| r u16 b(out_c/r) and out's flips within its wider window (Δ from the "
                       "kernel's own out, not handed over)";
+  // s_e; split16: without the δΔ16 parts (the floor keeps them; the shared-Δ judge's scale)
   auto own_scale = [&](int64_t i, double r) {
     const size_t k = static_cast<size_t>(i);
-    return tol.lambda * floor.acc[k] + tol.lambda16 * narrow_e(k) +
+    const double nar = !split16 ? narrow_e(k)
+                       : floor.narrow.empty() ? 0.0
+                       : std::max(0.0, floor.narrow[k] - (floor.narrow_delta.empty() ? 0.0 : floor.narrow_delta[k]));
+    return tol.lambda * floor.acc[k] + tol.lambda16 * nar +
            (floor.underflow.empty() ? 0.0 : eta_f * floor.underflow[k]) + half_ulp(std::abs(r), DType::F32);
   };
   std::vector<double> kappa(e_row.size(), own_term_applies ? 0.0 : INFINITY);
@@ -279,7 +291,7 @@ TensorCheck judge_tensor(const std::string& op, const std::string& name, const T
     const double b = base.get(i);
     const double err = std::isfinite(b) ? std::abs(b - r) : INFINITY;
     const double s = own_scale(i, r);
-    if (inherited_split && out16_class) {
+    if (split16) {
       const double inh = inherited_e(i), arith = floor.inherited16_arith[static_cast<size_t>(i)];
       // the arithmetic error on the dequantized inputs, and what of the baseline's own error
       // the exact inherited part leaves (the baseline passes its own bound)
@@ -510,11 +522,11 @@ std::string format_tensor_checks(const std::vector<TensorCheck>& checks) {
       os << "    underflow source (eta 2^-126 each, Higham eq. 2.8 with flush-to-zero): "
          << c.underflow_source << "\n";
     if (c.own_term_applies && c.inherited16)
-      os << "    baseline term: min(E_row, inherited16 + kappa_row x s_e), inherited16 = the exact "
-            "shift of the float64 reference when kv is dequantized to the 16-bit working dtype "
-            "(larger of the two legal dequantizations), s_e = the element's own floor parts + "
-            "half an fp32 ulp at |ref|, kappa_row = max over the row of the baseline's arithmetic "
-            "error on that kv / s_e; per-element term on "
+      os << "    baseline term: min(E_row, inherited16 + kappa_row x s_e), inherited16 = "
+         << c.inherited16_source
+         << ", s_e = the element's own floor parts (without δΔ16) + half an fp32 ulp at |ref|, "
+            "kappa_row = max over the row of the baseline's arithmetic error on those 16-bit "
+            "values / s_e; per-element term on "
          << c.own_term_elements << " element(s), E_row on the others\n";
     else if (c.own_term_applies)
       os << "    baseline term: min(E_row, kappa_row x s_e), s_e = the element's own floor parts + "

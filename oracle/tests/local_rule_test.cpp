@@ -776,6 +776,56 @@ TEST(LocalRuleHugeColumn, Fp8Bf16OutHugeScaleTile) {
   }
 }
 
+// A bf16 sparse MLA backward judged without the candidate's own out (a backward-only kernel,
+// a file or plugin without a forward): the baseline takes Δ from its own out rounded to bf16,
+// the reference from the exact out, and the baseline's error holds that 16-bit Δ's shift,
+// sm·δΔ·Σ_j p_j kv_jc in dq (δΔ·p_j·q_c summed in dkv): huge in the huge column, ordinary in
+// the others. With E_row, the ordinary columns of a dq row (kv column 0 huge) or a dkv row (q
+// column 0 huge) 5 % off AGREED. Correct kernels (Δ from their own bf16 out or from a precise
+// one; dS and P rounded to bf16 FlashMLA-style; the sums in another order) must AGREE; those
+// rows 5 % off must DISAGREE by the per-element term (the exact shift of the float64 reference
+// under the baseline's 16-bit Δ plus κ_row·s_e).
+OpCase bf16_case(bool kv_column) {
+  OpCase c = huge_column_mla_case(kv_column);
+  c.mla.q = c.mla.q.to(DType::BF16);
+  c.mla.kv = c.mla.kv.to(DType::BF16);
+  c.dout = c.dout.to(DType::BF16);
+  return c;
+}
+
+std::vector<NamedOutputs> correct_bf16_grads_without_out(const OpCase& c) {
+  const SparseMlaInputs rev = reversed_slots(c.mla);
+  const SparseMlaForward ref = reference::sparse_mla_forward(c.mla);
+  const SparseMlaForward other = reference::sparse_mla_forward(rev, Precision::Baseline);
+  const Tensor out16 = ref.out.to(DType::BF16);
+  const SparseMlaGrads own = reference::sparse_mla_backward(c.mla, c.dout, Precision::Reference, out16);
+  const SparseMlaGrads exact = reference::sparse_mla_backward(c.mla, c.dout);
+  const SparseMlaGrads go = reference::sparse_mla_backward(rev, c.dout, Precision::Baseline, other.out.to(DType::BF16));
+  const FlashStyleGrads fs = flash_style_backward(c, out16, ref.lse, /*round_p=*/true);
+  const Tensor& q = c.mla.q;
+  auto grads = [](const Tensor& dq, const Tensor& dkv) {
+    return NamedOutputs{{"dq", dq.to(DType::BF16)}, {"dkv", dkv.to(DType::F32)}};
+  };
+  return {grads(own.dq, own.dkv), grads(exact.dq, exact.dkv), grads(go.dq, go.dkv),
+          grads(Tensor::from_f64(q.shape(), fs.dq), Tensor::from_f64(c.mla.kv.shape(), fs.dkv))};
+}
+
+TEST(LocalRuleHugeColumn, Bf16BackwardWithoutOwnOut) {
+  CheckOptions allow_weak = default_check_options();
+  allow_weak.allow_weak = true;  // the huge column's own dq / dkv rows: bound ~1 % of their scale
+  const auto not_col0 = [](int64_t j) { return j != 0; };
+  {
+    const OpCase c = bf16_case(/*kv_column=*/true);
+    expect_huge_column_caught(Op::SparseMlaBwd, c, correct_bf16_grads_without_out(c), "dq",
+                              /*row (t 2, h 0)=*/4, not_col0, allow_weak);
+  }
+  {
+    const OpCase c = bf16_case(/*kv_column=*/false);
+    expect_huge_column_caught(Op::SparseMlaBwd, c, correct_bf16_grads_without_out(c), "dkv",
+                              /*key row=*/10, not_col0, allow_weak);
+  }
+}
+
 }  // namespace
 }  // namespace dsa::oracle
 

@@ -69,18 +69,27 @@ struct OutputFloor {
   /// candidate keeps ρ·E_row (judge_tensor) unless inherited16 below splits that rounding off.
   /// False: the baseline's error is fp32 arithmetic.
   bool e_row_inherited16 = false;
-  /// FP8 sparse MLA 16-bit `out` (SPEC §10): per element, the error the candidate inherits
-  /// from kv dequantized to its working dtype, measured exactly: max over the legal
-  /// dequantizations D (fl16(fp8·scale), fl16(fp8·fl16(scale))) of |R(kv_D)_e - R(kv)_e|, R the
-  /// float64 reference. It is the element's own quantity (its column's rounded values, and
-  /// the logit shifts weighted by |v_jc - out_c|), so a huge tile's rounding stays on its own
-  /// columns. With it the judge takes the per-element term inherited16_e + κ_row·s_e in
-  /// place of E_row where smaller (judge_tensor). Empty: not applicable.
+  /// Per element, the part of the baseline's error that is a 16-bit rounding the candidate
+  /// inherits, measured exactly on the float64 reference R (judge_tensor then takes the
+  /// per-element term inherited16_e + κ_row·s_e in place of E_row where smaller, and own term
+  /// applies in the 16-bit classes). Empty: not applicable. Two uses:
+  /// - FP8 sparse MLA 16-bit `out` (SPEC §10): kv dequantized to the working dtype, max over
+  ///   the legal dequantizations D (fl16(fp8·scale), fl16(fp8·fl16(scale))) of
+  ///   |R(kv_D)_e - R(kv)_e|: the element's own column values and the logit shifts weighted by
+  ///   |v_jc - out_c|, so a huge tile's rounding stays on its own columns.
+  /// - Sparse MLA dq, dkv, dsink of a 16-bit kernel judged without its own out (SPEC §5, §9:
+  ///   the baseline's Δ from its own out rounded to 16 bits, the reference's from the exact
+  ///   out): |R(Δ16)_e - R(Δ)_e|, linear in δΔ = Δ16 - Δ per row (t, h): sm·δΔ·Σ_j p_j kv_jc
+  ///   for dq_c, Σ over (t,h,j→s) of sm·δΔ·p_j·q_c for dkv_c, Σ_t p_sink·δΔ for dsink, so a
+  ///   huge column's share stays in that column.
   std::vector<double> inherited16;
   /// With inherited16: per element, the baseline's fp32 arithmetic error on those same
-  /// inputs, max over D of |B(kv_D)_e - R(kv_D)_e| (B the baseline): what κ_row is measured
-  /// from, as in the 16-bit sparse MLA classes whose inputs are already 16-bit.
+  /// inputs (|B(kv_D)_e - R(kv_D)_e| max over D; |B(Δ16)_e - R(Δ16)_e|, B the baseline): what
+  /// κ_row is measured from, as in the 16-bit sparse MLA classes whose inputs are already
+  /// 16-bit (and whose Δ the baseline shares).
   std::vector<double> inherited16_arith;
+  /// With inherited16: what it measures (printed with the bound).
+  std::string inherited16_source;
   /// Sparse MLA `out` with attn_sink: per row (t, h), the sink factor r = exp(lse) /
   /// (exp(lse) + exp(sink[h])) = 1 - p_sink of a row with a finite sink and a valid key, else 0
   /// (SPEC §4). A kernel that rounds out to its 16-bit dtype before applying the sink

@@ -17,7 +17,8 @@ namespace dsa::oracle {
 /// The bound of one element and its parts (SPEC §9, with the per-element baseline term):
 /// bound = rho_e_row + floor_acc + floor_underflow + floor_round + floor_presink,
 /// rho_e_row = ρ · min(E_row, inherited + kappa_row · own_scale) (judge_tensor; inherited 0
-/// except for the FP8 sparse MLA 16-bit out).
+/// except for the FP8 sparse MLA 16-bit out and the 16-bit sparse MLA gradients judged
+/// without the candidate's own out).
 struct ElementBound {
   int64_t flat = -1;
   std::string where;        ///< multi-index, e.g. "[3, 0, 17]"
@@ -34,8 +35,10 @@ struct ElementBound {
   /// ratio above: any common factor cancels)
   double own_scale = 0.0;
   bool own_term = false;    ///< true: kappa_row · own_scale < E_row was used (stricter)
-  /// FP8 sparse MLA 16-bit out: the exact inherited shift of kv's 16-bit dequantization
-  /// (OutputFloor::inherited16) added to kappa_row · own_scale in the per-element term; else 0
+  /// FP8 sparse MLA 16-bit out, sparse MLA gradients of a 16-bit kernel judged without its
+  /// own out: the exact shift of the float64 reference under the 16-bit rounding the
+  /// candidate inherits (kv's dequantization; the baseline's 16-bit Δ), OutputFloor::
+  /// inherited16, added to kappa_row · own_scale in the per-element term; else 0
   double inherited = 0.0;
   double floor_acc = 0.0;   ///< λ·acc + λ16·narrow (local_bounds.h; source in TensorCheck)
   double floor_underflow = 0.0;  ///< eta · underflow count (Higham eq. 2.8, flush-to-zero)
@@ -62,8 +65,11 @@ struct TensorCheck {
   /// false in the 16-bit classes (precision BF16/F16): E_row everywhere (judge_tensor)
   bool own_term_applies = true;
   /// the per-element term is inherited16_e + kappa_row · own_scale (FP8 kv dequantized to the
-  /// 16-bit working dtype, OutputFloor::inherited16), not kappa_row · own_scale alone
+  /// 16-bit working dtype, or the baseline's 16-bit Δ: OutputFloor::inherited16), not
+  /// kappa_row · own_scale alone
   bool inherited16 = false;
+  /// with inherited16: what it measures (OutputFloor::inherited16_source)
+  std::string inherited16_source;
   double rho = 0.0, lambda = 0.0, theta = 0.0;  ///< tolerance(op, name, dtype)
   double ratio = 0.0;         ///< max abs error / baseline_err (inf if the baseline is exact)
   double worst = 0.0;         ///< max over elements of err / bound (> 1 fails; inf if bound 0)
