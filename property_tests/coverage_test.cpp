@@ -518,9 +518,10 @@ class DeclinesAnyBadValue final : public RefWrap {
 };
 
 const char* const kSection10Properties[] = {
-    "fp8.indexer_ratio",       "fp8.indexer_exact_tier",       "fp8.invalid_scale_rejected",
-    "paged.indexer_ratio",     "paged.mtp_window_exact_at_ke", "paged.bad_table_rejected",
-    "paged.invalid_scale_rejected", "smla_fp8.forward_ratio",  "smla_fp8.invalid_scale_rejected"};
+    "fp8.indexer_ratio",        "fp8.indexer_exact_tier",       "fp8.invalid_scale_rejected",
+    "paged.indexer_ratio",      "paged.indexer_exact_tier",     "paged.mtp_window_exact_at_ke",
+    "paged.bad_table_rejected", "paged.invalid_scale_rejected", "smla_fp8.forward_ratio",
+    "smla_fp8.invalid_scale_rejected"};
 
 // F4b: declining every draw whose unread parts are poisoned (SPEC §10: they may hold anything)
 // is INCOMPLETE on every §10 property, even where every draw was declined: the backend ran each

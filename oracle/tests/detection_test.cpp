@@ -39,6 +39,7 @@
 #include "dsa/property_tests/flash_style_kernel.h"
 #include "dsa/property_tests/fp8_generators.h"
 #include "dsa/property_tests/generators.h"
+#include "dsa/property_tests/suite.h"
 #include "dsa/reference/fp8_indexer.h"
 #include "dsa/reference/paged_indexer.h"
 #include "dsa/reference/sparse_mla_fp8.h"
@@ -1127,6 +1128,105 @@ TEST(Detection, Fp8DeclaredTensorCoreWeakRowFailsUnlessAllowed) {
     Tensor s_;
   } plain(reference::fp8_indexer_scores(in).to(DType::F32));
   EXPECT_EQ(check_fp8_indexer_scores(plain, c).verdict, Verdict::Pass);
+}
+
+// ---------------------------------------------------------------- the declaration's exact tiers
+// fresh-user F4: a backend declaring fp8_reduced_accumulation is judged by a 1024x looser bound
+// (θ 4e-3 of a row's scale) on both FP8 indexer ops, so a kernel wrong by less hides under the
+// declaration in the ratio rule. The exact tiers (fp8.indexer_exact_tier,
+// paged.indexer_exact_tier: integer grids with power-of-two scales, exact in a 14-bit
+// accumulator too) are not loosened and check the claim on every route (the audit runs the
+// properties). The kernel here declares the model and accumulates each q·k dot at 14
+// significant bits (fp8_scores_narrow_accumulator; the paged op on the dense problem it gathers
+// to, reference::gather_paged_indexer, scattered back as the reference does); `Lie` makes it
+// wrong: every score x(1 + 1e-3) (both ops), or key 0 of every request of >= 2 keys read from
+// slot 1 of its block (paged).
+enum class Lie { None, Scaled, WrongSlot };
+template <Lie kLie>
+class NarrowAccumulatorKernel final : public Backend {
+ public:
+  std::string name() const override {
+    return kLie == Lie::None ? "declared-14bit-accumulator" : kLie == Lie::Scaled ? "declared-14bit-scaled-liar"
+                                                                                 : "declared-14bit-wrong-slot-liar";
+  }
+  bool supports(Op op) const override { return op == Op::Fp8IndexerScores || op == Op::PagedIndexerScores; }
+  bool fp8_reduced_accumulation() const override { return true; }
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    reference::fp8_indexer_scores(in);  // the reference's argument checks (bad read scales rejected)
+    return lie(fp8_scores_narrow_accumulator(in, 14));
+  }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& given) override {
+    PagedIndexerInputs in = given;
+    const int64_t bs = in.k_cache.size(1), d = in.k_cache.size(2), max_blocks = in.block_table.size(1);
+    if (kLie == Lie::WrongSlot && bs >= 2) {
+      in.k_cache = given.k_cache.to(DType::U8);  // copies
+      in.k_scale_cache = given.k_scale_cache.to(DType::F32);  // copies
+      for (int64_t b = 0; b < in.context_lens.numel(); ++b) {
+        const int64_t blk = in.block_table.get(b * max_blocks);
+        if (in.context_lens.get(b) < 2 || blk < 0 || blk >= in.k_cache.size(0)) continue;
+        std::memcpy(in.k_cache.data<uint8_t>() + blk * bs * d, in.k_cache.data<uint8_t>() + (blk * bs + 1) * d,
+                    static_cast<size_t>(d));
+        in.k_scale_cache.set(blk * bs, in.k_scale_cache.get(blk * bs + 1));
+      }
+    }
+    const reference::PagedGather g = reference::gather_paged_indexer(in);
+    const Tensor packed = fp8_scores_narrow_accumulator(g.packed, 14);
+    const int64_t rows = g.packed.q_idx.size(0), total = g.packed.k_idx.size(0);
+    const int64_t next_n = in.q_idx.size(1), width = g.max_context;
+    Tensor out(DType::F32, {rows, width});
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t p = 0; p < width; ++p)
+        out.set(r * width + p, p < g.windows.ke[r] ? packed.get(r * total + g.offsets[r / next_n] + p) : -INFINITY);
+    return lie(out);
+  }
+
+ private:
+  static Tensor lie(Tensor s) {
+    if (kLie == Lie::Scaled)
+      for (int64_t i = 0; i < s.numel(); ++i)
+        if (std::isfinite(s.get(i))) s.set(i, static_cast<float>(s.get(i) * (1 + 1e-3)));
+    return s;
+  }
+};
+
+props::PropertyResult run_named(const props::Subject& s, const std::string& name, uint64_t seed) {
+  props::SuiteOptions o;
+  o.level = 0;
+  o.seed = seed;
+  o.shrink = false;
+  o.dump = false;
+  o.quiet = true;
+  for (const auto& p : props::all_properties())
+    if (p.name == name) return props::run_property(s, p, o);
+  throw std::invalid_argument("no property " + name);
+}
+
+// The honest 14-bit kernel passes both exact tiers and both ratio properties; the x(1 + 1e-3)
+// liar fails both exact tiers (the message names the declaration) and the wrong-slot liar the
+// paged one. Without the exact tiers' bit-exact assertion (judge_exact_tier returning at once)
+// the liars pass and this test fails.
+TEST(Detection, Fp8DeclaredReducedAccumulationExactTiers) {
+  const props::Subject honest = props::subject_of<NarrowAccumulatorKernel<Lie::None>>();
+  const props::Subject scaled = props::subject_of<NarrowAccumulatorKernel<Lie::Scaled>>();
+  const props::Subject slot = props::subject_of<NarrowAccumulatorKernel<Lie::WrongSlot>>();
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    for (const char* p : {"fp8.indexer_exact_tier", "paged.indexer_exact_tier", "fp8.indexer_ratio", "paged.indexer_ratio"}) {
+      const props::PropertyResult r = run_named(honest, p, seed);
+      EXPECT_EQ(r.verdict, Verdict::Pass) << p << " seed " << seed << ": " << r.message;
+    }
+    for (const char* p : {"fp8.indexer_exact_tier", "paged.indexer_exact_tier"}) {
+      const props::PropertyResult r = run_named(scaled, p, seed);
+      EXPECT_EQ(r.verdict, Verdict::Fail) << p << " seed " << seed << ": " << r.message;
+      EXPECT_NE(r.message.find("declares fp8_reduced_accumulation"), std::string::npos) << r.message;
+    }
+    const props::PropertyResult w = run_named(slot, "paged.indexer_exact_tier", seed);
+    EXPECT_EQ(w.verdict, Verdict::Fail) << "seed " << seed << ": " << w.message;
+    // what the declaration alone lets through (printed, not asserted: θ may change)
+    const props::PropertyResult ratio = run_named(scaled, "paged.indexer_ratio", seed);
+    std::printf("detection: seed %llu declared x(1 + 1e-3) liar: paged.indexer_ratio %s, "
+                "paged.indexer_exact_tier fails\n",
+                static_cast<unsigned long long>(seed), to_string(ratio.verdict));
+  }
 }
 
 class PrintStats : public ::testing::Environment {

@@ -81,6 +81,29 @@ Tensor draw_weights(int64_t rows, int64_t h, bool exact, Rng& r) {
   return w;
 }
 
+// The number format and scale rule of a draw. The exact tier ("exact" flavors of both FP8
+// indexer ops): e4m3fn with power-of-two scales, so every decoded value, product and sum of
+// the integer rows fill_row draws is exact in fp32 (and in a ~14-bit FP8 tensor-core
+// accumulator: |q·k| <= 9·d_I <= 1152 < 2^14).
+struct Fp8Grid {
+  Fp8Format format;
+  ScaleKind kind;
+};
+Fp8Format draw_grid_format(bool exact) { return exact ? Fp8Format::E4M3FN : draw_format(); }
+ScaleKind draw_grid_kind(bool exact) { return exact ? ScaleKind::Pow2 : draw_scale_kind(); }
+
+// Head weights `w` [rows, h] (draw_weights) and the FP8 query rows `q` [rows, h, d] (fill_row),
+// in that order from `r`. Outside the exact tier w carries q's per-(row, head) scale (SPEC §10);
+// in it w stays a small integer and q's scale is dropped (the integer q row is the value).
+Tensor fill_queries(uint8_t* q, int64_t rows, int64_t h, int64_t d, const Fp8Grid& g, bool exact, Rng& r) {
+  Tensor w = draw_weights(rows, h, exact, r);
+  for (int64_t i = 0; i < rows * h; ++i) {
+    const float qs = fill_row(q + i * d, d, g.format, g.kind, exact, r);
+    if (!exact) w.set(i, w.get(i) * qs);
+  }
+  return w;
+}
+
 // s_kv of a production-shape draw: keys past 128 (DeepSeek-V3.2 contexts are far longer;
 // fresh-user finding F8: a kernel scoring keys past 128 as 0 passed): 129, 257 or 1025 at
 // level 0, up to 4097 above; the run's first draw 1025.
@@ -141,21 +164,19 @@ Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
                               : *rc::gen::weightedOneOf<int64_t>(
                                     {{4, rc::gen::inRange<int64_t>(1, 24)}, {1, rc::gen::element<int64_t>(63, 64, 65)}});
   Fp8IndexerInputs& in = c.in;
-  in.format = exact ? Fp8Format::E4M3FN : draw_format();
+  const Fp8Format format = draw_grid_format(exact);
   std::string wkind;
   if (many) in.windows = draw_row_windows(s_q, s_kv, &wkind);
   else if (prod) in.windows = draw_long_windows(s_q, s_kv, &wkind);
   else in.windows = draw_windows(s_q, s_kv, flavor == "bad_scale" ? "causal" : nullptr, &wkind);
-  const ScaleKind kind = exact ? ScaleKind::Pow2 : draw_scale_kind();
+  const Fp8Grid grid{format, draw_grid_kind(exact)};  // drawn after the windows (reproducible draws)
+  const ScaleKind kind = grid.kind;
+  in.format = format;
   Rng r = draw_rng();
   in.q_idx = Tensor(DType::U8, {s_q, h, d});
   in.k_idx = Tensor(DType::U8, {s_kv, d});
   in.k_scale = Tensor(DType::F32, {s_kv});
-  in.w = draw_weights(s_q, h, exact, r);
-  for (int64_t i = 0; i < s_q * h; ++i) {
-    const float qs = fill_row(in.q_idx.data<uint8_t>() + i * d, d, in.format, kind, exact, r);
-    if (!exact) in.w.set(i, in.w.get(i) * qs);  // w carries q's scale (SPEC §10)
-  }
+  in.w = fill_queries(in.q_idx.data<uint8_t>(), s_q, h, d, grid, exact, r);
   for (int64_t s = 0; s < s_kv; ++s)
     in.k_scale.data<float>()[s] = fill_row(in.k_idx.data<uint8_t>() + s * d, d, in.format, kind, exact, r);
   if (many)  // each limit row: head 0 scores its first window key > 0 (q row = that key's bytes)
@@ -192,9 +213,10 @@ Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
 PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
   PagedIndexerCase c;
   PagedIndexerInputs& in = c.in;
-  if (!flavor.empty() && flavor != "mtp" && flavor != "bad_table" && flavor != "many_rows" && flavor != "production")
+  if (!flavor.empty() && flavor != "mtp" && flavor != "bad_table" && flavor != "many_rows" && flavor != "production" &&
+      flavor != "exact")
     throw std::invalid_argument("draw_paged_indexer_case: unknown flavor \"" + flavor + "\"");
-  const bool many = flavor == "many_rows", prod = flavor == "production";
+  const bool many = flavor == "many_rows", prod = flavor == "production", exact = flavor == "exact";
   const int level = generation_level();
   // Many rows: batch · next_n >= 257 query rows (finding F8: rows past 64 returned 0 passed);
   // production: H_I 64, d_I 128, contexts past 192 keys (up to 1100 at level 0, 4097 above).
@@ -218,8 +240,9 @@ PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
            {4, rc::gen::inRange<int64_t>(1, std::min<int64_t>(3 * bs, 130) + 1)},
            {1, rc::gen::just<int64_t>(int64_t{bs})}})));
   }
-  in.format = draw_format();
-  const ScaleKind kind = draw_scale_kind();
+  const Fp8Grid grid{draw_grid_format(exact), draw_grid_kind(exact)};
+  in.format = grid.format;
+  const ScaleKind kind = grid.kind;
   Rng r = draw_rng();
   int64_t max_blocks = 1, used = 0;
   for (int32_t L : lens) {
@@ -252,12 +275,10 @@ PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
     for (int64_t p = 0; p < lens[b]; ++p) {
       const int64_t row = static_cast<int64_t>(tab[b * max_blocks + p / bs]) * bs + p % bs;
       in.k_scale_cache.data<float>()[row] =
-          fill_row(in.k_cache.data<uint8_t>() + row * d, d, in.format, kind, false, r);
+          fill_row(in.k_cache.data<uint8_t>() + row * d, d, in.format, kind, exact, r);
     }
   in.q_idx = Tensor(DType::U8, {batch, next_n, h, d});
-  in.w = draw_weights(batch * next_n, h, false, r);
-  for (int64_t i = 0; i < batch * next_n * h; ++i)
-    in.w.set(i, in.w.get(i) * fill_row(in.q_idx.data<uint8_t>() + i * d, d, in.format, kind, false, r));
+  in.w = fill_queries(in.q_idx.data<uint8_t>(), batch * next_n, h, d, grid, exact, r);
   if (many)  // each limit row: head 0 scores logical key 0 of its request > 0
     for (const int64_t row : many_row_limit_rows(batch * next_n)) {
       const int64_t b = row / next_n, key = static_cast<int64_t>(tab[b * max_blocks]) * bs;

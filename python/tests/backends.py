@@ -187,6 +187,22 @@ class PagedWrongWidth(Fp8Only):
         return s[:, :-1].contiguous() if s.shape[1] else s
 
 
+class PagedDeclaredReduced(Fp8Only):
+    """Declares FP8 tensor-core accumulation (fp8_reduced_accumulation: the FP8 and paged indexer
+    scores are judged by the 1024x looser ":fp8_tensor_core" rows) and computes them correctly."""
+    name = "paged-declared-reduced"
+    fp8_reduced_accumulation = True
+
+
+class PagedDeclaredReducedLiar(PagedDeclaredReduced):
+    """The same declaration, paged scores x(1 + 1e-3): under the declared bound's theta (4e-3 of a
+    row's scale), so only the paged exact tier can catch it (fresh-user F4)."""
+    name = "paged-declared-reduced-liar"
+
+    def paged_indexer_scores(self, *a, **kw):
+        return super().paged_indexer_scores(*a, **kw) * (1 + 1e-3)
+
+
 class E5m2Only(Fp8Only):
     """Declares the FP8 format it decodes: e4m3fn cases are skipped, never sent."""
     name = "e5m2-only"

@@ -397,6 +397,22 @@ def test_fp8_reduced_accumulation_attribute_selects_the_tensor_core_row():
     assert "judged by table row fp8_indexer_scores:fp8_tensor_core" in reduced["report"], reduced["report"]
 
 
+def test_declared_reduced_accumulation_is_checked_by_the_paged_exact_tier():
+    # fresh-user F4: the declaration loosens the paged bound 1024-fold; a kernel x(1 + 1e-3) passed
+    # every paged property and golden behind it. The exact tier (integer grids, exact in a 14-bit
+    # accumulator too) is not loosened: the liar fails it, the honest declared kernel passes.
+    only = ["paged.indexer_exact_tier"]
+    liar = dsa_verify.audit(backends.PagedDeclaredReducedLiar(), ops=["paged_indexer_scores"], only=only, seed=7,
+                            progress=False)
+    assert not liar.passed and [c.property for c in liar.failures] == ["property:paged.indexer_exact_tier"], \
+        liar.summary()
+    msg = liar.failures[0].message
+    assert "exact tier" in msg and "not bit-exact" in msg and "declares fp8_reduced_accumulation" in msg, msg
+    honest = dsa_verify.audit(backends.PagedDeclaredReduced(), ops=["paged_indexer_scores"], only=only, seed=7,
+                              progress=False)
+    assert honest.passed and {c.status for c in honest.cases} == {"pass"}, honest.summary()
+
+
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -5, 0, 0.0001, 1e16, "10", True])
 def test_timeout_out_of_range_is_a_usage_error(timeout):
     # fresh-user F7/F8: these made every isolated case "timed out" (blaming the kernel) or raised

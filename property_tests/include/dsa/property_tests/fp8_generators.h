@@ -30,8 +30,10 @@ Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor = "");
 /// entry out of range, or a context longer than the table holds), "many_rows" (batch · next_n
 /// >= 257 rows, contexts next_n .. next_n + 40, H_I 1-2; each limit row scores key 0 of its
 /// request > 0), "production" (H_I 64, d_I 128, block_size 64, batch 1-2, next_n 1-2, contexts
-/// 193-1100 keys (up to 4097 above; the first draw's first request 1025)). Throws
-/// std::invalid_argument naming an unknown flavor.
+/// 193-1100 keys (up to 4097 above; the first draw's first request 1025)), "exact" (the
+/// regular draw's shapes and tables with the FP8 indexer's exact grid: e4m3fn, power-of-two
+/// scales, small integer values and weights, so every product and sum is exact in fp32).
+/// Throws std::invalid_argument naming an unknown flavor.
 struct PagedIndexerCase {
   PagedIndexerInputs in;
   std::string desc;
