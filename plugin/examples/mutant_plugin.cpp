@@ -1,7 +1,8 @@
 // dsa_mutant_plugin_<i>: mutant number DSA_MUTANT_INDEX of the property suite
 // (property_tests/mutants/, each imitating a fault the field has shipped) served through the
 // plugin ABI, so the mutation score is also measured through the external path: dlopen →
-// ABI → loader checks → child-process isolation. Outputs as the reference's (F64; ids I32).
+// ABI → loader checks → child-process isolation. Outputs as the reference's (F64; ids I32); a
+// mutant declaring fp8_reduced_accumulation declares it in fp8_caps too.
 #include "dsa/backend_abi.h"
 #include "dsa/plugin/abi_adapter.h"
 #include "dsa/property_tests/suite.h"
@@ -12,8 +13,8 @@
 extern "C" DSA_BACKEND_EXPORT const dsa_backend_v1* dsa_backend_get_v1(uint32_t loader_abi_version) {
   if (loader_abi_version != DSA_BACKEND_ABI_VERSION) return nullptr;
   const dsa_capabilities caps = dsa::plugin::reference_like_capabilities();
+  auto make = [] { return dsa::props::mutant_subjects().at(DSA_MUTANT_INDEX).make(); };
+  const uint32_t fp8 = make()->fp8_reduced_accumulation() ? DSA_FP8_REDUCED_ACCUMULATION : 0u;
   return dsa::plugin::make_adapter_table("mutant_" DSA_STR(DSA_MUTANT_INDEX),
-                                         "dsa-verify " DSA_CONTRACT_VERSION, caps, [] {
-    return dsa::props::mutant_subjects().at(DSA_MUTANT_INDEX).make();
-  });
+                                         "dsa-verify " DSA_CONTRACT_VERSION, caps, make, 0, 0, fp8);
 }

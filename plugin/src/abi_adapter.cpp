@@ -278,7 +278,8 @@ dsa_capabilities reference_like_capabilities() {
 const dsa_backend_v1* make_adapter_table(const char* name, const char* version,
                                          const dsa_capabilities& caps,
                                          std::function<std::unique_ptr<Backend>()> factory,
-                                         uint32_t provided_outputs, uint32_t rounding_models) {
+                                         uint32_t provided_outputs, uint32_t rounding_models,
+                                         uint32_t fp8_declarations) {
   static std::once_flag built;
   std::call_once(built, [&] {
     AdapterState& s = state();
@@ -299,7 +300,7 @@ const dsa_backend_v1* make_adapter_table(const char* name, const char* version,
     t.sparse_mla_fwd = (ops & DSA_OP_SPARSE_MLA_FWD) ? &sparse_mla_fwd : nullptr;
     t.sparse_mla_bwd = (ops & DSA_OP_SPARSE_MLA_BWD) ? &sparse_mla_bwd : nullptr;
     t.indexer_kl_loss = (ops & DSA_OP_INDEXER_KL_LOSS) ? &indexer_kl_loss : nullptr;
-    t.fp8_caps = (ops & ~DSA_OP_ALL_V1) ? (DSA_FP8_CAP_E4M3FN | DSA_FP8_CAP_E5M2) : 0u;
+    t.fp8_caps = (ops & ~DSA_OP_ALL_V1) ? (DSA_FP8_CAP_E4M3FN | DSA_FP8_CAP_E5M2 | fp8_declarations) : 0u;
     t.fp8_indexer_scores = (ops & DSA_OP_FP8_INDEXER_SCORES) ? &fp8_indexer_scores : nullptr;
     t.paged_indexer_scores = (ops & DSA_OP_PAGED_INDEXER_SCORES) ? &paged_indexer_scores : nullptr;
     t.sparse_mla_fp8_fwd = (ops & DSA_OP_SPARSE_MLA_FP8_FWD) ? &sparse_mla_fp8_fwd : nullptr;

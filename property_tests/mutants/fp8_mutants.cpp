@@ -170,6 +170,23 @@ class PagedScaleNotValidated : public Fp8Wrap {
   }
 };
 
+// Paged indexer hiding behind fp8_reduced_accumulation (fresh-user F4): it declares FP8
+// tensor-core accumulation, which judges the paged scores by a 1024x looser bound (the
+// ":fp8_tensor_core" row, θ 4e-3 of a row's scale), and returns every score x(1 + 1e-3), an
+// error under that θ that the ratio rule alone does not catch. The exact tier (integer grids,
+// exact in a 14-bit accumulator too) is not loosened and fails it.
+class PagedDeclaredReducedScaled : public Fp8Wrap {
+ public:
+  PagedDeclaredReducedScaled() : Fp8Wrap("paged_declared_reduced_accumulation_scaled") {}
+  bool fp8_reduced_accumulation() const override { return true; }
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    Tensor s = Fp8Wrap::paged_indexer_scores(in);
+    for (int64_t i = 0; i < s.numel(); ++i)
+      if (std::isfinite(s.get(i))) s.set(i, static_cast<float>(s.get(i) * (1 + 1e-3)));
+    return s;
+  }
+};
+
 // Sparse MLA FP8: the cache's tile scales never validated (fresh-user F2): a read tile
 // scale <= 0, NaN or inf is used as if it were valid, no error.
 class SmlaFp8ScaleNotValidated : public Fp8Wrap {
@@ -312,6 +329,9 @@ std::vector<Subject> fp8_mutant_subjects() {
                                          "paged.invalid_scale_rejected"),
       subject_of<SmlaFp8ScaleNotValidated>("FP8 KV cache: tile scales not validated (used as given)",
                                            "smla_fp8.invalid_scale_rejected"),
+      subject_of<PagedDeclaredReducedScaled>(
+          "paged indexer: declares fp8_reduced_accumulation, scores x(1 + 1e-3) (under its looser bound)",
+          "paged.indexer_exact_tier"),
   };
 }
 

@@ -28,9 +28,12 @@ dsa_capabilities reference_like_capabilities();
 /// `provided_outputs`: the table's DSA_OUTPUT_* bits (0: every output); outputs the loader
 /// passes as NULL (not provided) are not written. `rounding_models`: the table's DSA_ROUNDING_*
 /// bits (ABI 1.2; 0: neither model), what the wrapped kernel does, for the loader to validate.
+/// `fp8_declarations`: fp8_caps bits added to the table's formats (DSA_FP8_REDUCED_ACCUMULATION
+/// for a kernel whose FP8 products accumulate in ~14 bits: Backend::fp8_reduced_accumulation);
+/// used only when the table declares a §10 op.
 const dsa_backend_v1* make_adapter_table(
     const char* name, const char* version, const dsa_capabilities& caps,
     std::function<std::unique_ptr<dsa::oracle::Backend>()> factory,
-    uint32_t provided_outputs = 0, uint32_t rounding_models = 0);
+    uint32_t provided_outputs = 0, uint32_t rounding_models = 0, uint32_t fp8_declarations = 0);
 
 }  // namespace dsa::plugin
