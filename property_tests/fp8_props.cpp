@@ -39,16 +39,7 @@ Tensor copy_of(const Tensor& t) {
 // The oracle's check re-runs a draw with its unread tokens poisoned: the draw has poisoned
 // unread parts exactly when some token is unread (slot j < topk_length, id in range; SPEC §10).
 bool has_unread_tokens(const SparseMlaFp8Inputs& in) {
-  const int64_t tokens = in.kv_cache.numel() / kMlaFp8TokenBytes;
-  const int64_t s_q = in.indices.size(0), k = in.indices.size(-1);
-  std::vector<char> read(static_cast<size_t>(tokens), 0);
-  for (int64_t t = 0; t < s_q; ++t) {
-    const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
-    for (int64_t j = 0; j < std::min(k, len); ++j) {
-      const double id = in.indices.get(t * k + j);
-      if (id >= 0 && id < static_cast<double>(tokens)) read[static_cast<size_t>(id)] = 1;
-    }
-  }
+  const std::vector<char> read = read_mask(in);
   return std::find(read.begin(), read.end(), 0) != read.end();
 }
 }  // namespace

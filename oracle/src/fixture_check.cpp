@@ -319,10 +319,7 @@ SparseMlaInputs fp8_slots(const SparseMlaFp8Inputs& in) {
 Fp8IndexerInputs clean_unread(const Fp8IndexerInputs& in) {
   Fp8IndexerInputs out = in;
   const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.numel() / std::max<int64_t>(1, s_kv);
-  std::vector<char> read(static_cast<size_t>(s_kv), 0);
-  for (size_t t = 0; t < in.windows.ks.size() && t < in.windows.ke.size(); ++t)
-    for (int64_t s = std::max<int64_t>(0, in.windows.ks[t]); s < std::min<int64_t>(s_kv, in.windows.ke[t]); ++s)
-      read[static_cast<size_t>(s)] = 1;
+  const std::vector<char> read = read_mask(in);
   for (int64_t s = 0; s < s_kv; ++s)
     if (!read[static_cast<size_t>(s)]) {
       std::memset(out.k_idx.raw() + s * d, 0, static_cast<size_t>(d));
@@ -336,13 +333,9 @@ PagedIndexerInputs clean_unread(const PagedIndexerInputs& in) {
   const int64_t num_blocks = in.k_cache.size(0), bs = in.k_cache.size(1);
   const int64_t slots = num_blocks * bs, d = in.k_cache.numel() / std::max<int64_t>(1, slots);
   const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
-  std::vector<char> read(static_cast<size_t>(slots), 0);
+  const std::vector<char> read = read_mask(in);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t L = b < in.context_lens.numel() ? static_cast<int64_t>(in.context_lens.get(b)) : 0;
-    for (int64_t p = 0; p < std::min(L, max_blocks * bs); ++p) {
-      const int64_t blk = static_cast<int64_t>(in.block_table.get(b * max_blocks + p / bs));
-      if (blk >= 0 && blk < num_blocks) read[static_cast<size_t>(blk * bs + p % bs)] = 1;
-    }
     for (int64_t i = std::max<int64_t>(0, (L + bs - 1) / std::max<int64_t>(1, bs)); i < max_blocks; ++i)
       if (num_blocks > 0) out.block_table.set(b * max_blocks + i, 0.0);
   }
@@ -356,15 +349,8 @@ PagedIndexerInputs clean_unread(const PagedIndexerInputs& in) {
 
 SparseMlaFp8Inputs clean_unread(const SparseMlaFp8Inputs& in) {
   SparseMlaFp8Inputs out = in;
-  const int64_t tokens = fp8_cache_tokens(in), s_q = in.indices.size(0), k = in.indices.size(-1);
-  std::vector<char> read(static_cast<size_t>(tokens), 0);
-  for (int64_t t = 0; t < s_q; ++t) {
-    const int64_t len = in.topk_length ? static_cast<int64_t>(in.topk_length->get(t)) : k;
-    for (int64_t j = 0; j < std::min(k, len); ++j) {
-      const double id = in.indices.get(t * k + j);
-      if (id >= 0 && id < static_cast<double>(tokens)) read[static_cast<size_t>(id)] = 1;
-    }
-  }
+  const int64_t tokens = fp8_cache_tokens(in);
+  const std::vector<char> read = read_mask(in);
   for (int64_t s = 0; s < tokens; ++s)
     if (!read[static_cast<size_t>(s)]) clean_token(out, s);
   return out;

@@ -222,9 +222,7 @@ void add_inherited(Fp8Baseline& b, const Tensor& ref, const Tensor& ref_d, const
 
 double fp8_indexer_term_scale(const Fp8IndexerInputs& in) {
   const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.size(1);
-  std::vector<char> read(static_cast<size_t>(s_kv), 0);
-  for (int64_t t = 0; t < in.windows.s_q(); ++t)
-    for (int64_t s = in.windows.ks[t]; s < in.windows.ke[t]; ++s) read[static_cast<size_t>(s)] = 1;
+  const std::vector<char> read = read_mask(in);
   double q = 0, k = 0;
   for (int64_t i = 0; i < in.q_idx.numel(); ++i) {
     const double v = std::abs(fp8_to_double(in.q_idx.data<uint8_t>()[i], in.format));
@@ -299,13 +297,7 @@ PagedIndexerInputs poison_paged_nan_blocks(const PagedIndexerInputs& in) {
   out.block_table = Tensor(DType::I32, in.block_table.shape());
   std::memcpy(out.block_table.raw(), in.block_table.raw(), in.block_table.nbytes());
   // Slots some request reads keep their bytes; every other slot of the cache becomes NaN.
-  std::vector<char> read(static_cast<size_t>(slots), 0);
-  const int32_t* table = in.block_table.data<int32_t>();
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t p = 0; p < in.context_lens.get(b); ++p) {
-      const int64_t blk = table[b * max_blocks + p / block_size];
-      if (blk >= 0 && blk < num_blocks) read[static_cast<size_t>(blk * block_size + p % block_size)] = 1;
-    }
+  const std::vector<char> read = read_mask(in);
   for (int64_t s = 0; s < slots; ++s)
     if (!read[static_cast<size_t>(s)]) {
       std::memset(out.k_cache.data<uint8_t>() + s * d, kNanByte, static_cast<size_t>(d));
@@ -389,13 +381,7 @@ SparseMlaFp8Inputs poison_unread_tokens(const SparseMlaFp8Inputs& in) {
   std::memcpy(out.kv_cache.raw(), in.kv_cache.raw(), in.kv_cache.nbytes());
   out.indices = Tensor(DType::I32, in.indices.shape());
   std::memcpy(out.indices.raw(), in.indices.raw(), in.indices.nbytes());
-  std::vector<char> read(static_cast<size_t>(tokens), 0);
-  const int32_t* ids = in.indices.data<int32_t>();
-  for (int64_t t = 0; t < s_q; ++t) {
-    const int64_t len = in.topk_length ? in.topk_length->get(t) : k;
-    for (int64_t j = 0; j < std::min(k, len); ++j)
-      if (ids[t * k + j] >= 0 && ids[t * k + j] < tokens) read[static_cast<size_t>(ids[t * k + j])] = 1;
-  }
+  const std::vector<char> read = read_mask(in);
   int64_t poisoned = -1;
   for (int64_t s = 0; s < tokens; ++s)
     if (!read[static_cast<size_t>(s)]) {

@@ -184,9 +184,7 @@ Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
       make_row_live(in.q_idx.data<uint8_t>() + t * h * d, in.k_idx.data<uint8_t>() + in.windows.ks[t] * d, d,
                     in.w, t * h);
   // Keys no window reads: NaN bytes and garbage scales.
-  std::vector<char> read(static_cast<size_t>(s_kv), 0);
-  for (int64_t t = 0; t < s_q; ++t)
-    for (int64_t s = in.windows.ks[t]; s < in.windows.ke[t]; ++s) read[static_cast<size_t>(s)] = 1;
+  const std::vector<char> read = read_mask(in);
   int64_t unread = 0;
   for (int64_t s = 0; s < s_kv; ++s)
     if (!read[static_cast<size_t>(s)]) {
@@ -381,7 +379,6 @@ SmlaFp8Case draw_smla_fp8_case(const std::string& flavor) {
                     .reshaped({num_blocks, bs, kMlaFp8TokenBytes});
   // Ids: valid, -1, out of range, INT32_MIN/MAX, duplicates; some rows all invalid.
   std::vector<int32_t> ids(static_cast<size_t>(s_q * k));
-  std::vector<char> read(static_cast<size_t>(tokens), 0);
   const int64_t pool = std::max<int64_t>(1, tokens - irand(r, 0, std::min<int64_t>(tokens - 1, 8)));
   for (int64_t t = 0; t < s_q; ++t) {
     const bool empty = !prod && irand(r, 0, 5) == 0;
@@ -435,13 +432,7 @@ SmlaFp8Case draw_smla_fp8_case(const std::string& flavor) {
     for (int64_t i = 0; i < h; ++i) in.attn_sink->set(i, irand(r, 0, 6) == 0 ? -INFINITY : uni(r, -2, 2));
   }
   // Tokens no valid slot reads: NaN bytes, NaN scales, NaN RoPE.
-  for (int64_t t = 0; t < s_q; ++t) {
-    const int64_t len = in.topk_length ? in.topk_length->get(t) : k;
-    for (int64_t j = 0; j < std::min(k, len); ++j) {
-      const int32_t id = ids[static_cast<size_t>(t * k + j)];
-      if (id >= 0 && id < tokens) read[static_cast<size_t>(id)] = 1;
-    }
-  }
+  const std::vector<char> read = read_mask(in);
   int64_t unread = 0;
   for (int64_t s = 0; s < tokens; ++s)
     if (!read[static_cast<size_t>(s)]) {

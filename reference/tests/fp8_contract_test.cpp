@@ -8,6 +8,7 @@
 #include <set>
 
 #include "dsa/contract/fp8.h"
+#include "dsa/contract/fp8_op_types.h"
 #include "dsa/contract/paged_kv.h"
 #include "test_support.h"
 
@@ -215,6 +216,43 @@ TEST(PagedKvContract, MapsLogicalKeysThroughTheTable) {
   // A context shorter than next_n: leading rows are empty.
   const PagedKv short_kv = make_paged_kv("f", table, Tensor::from_i32({2}, {1, 0}), 4, 5);
   EXPECT_EQ(paged_mtp_windows(short_kv, 3, 1).ke, (std::vector<int64_t>{0, 0, 1, 0, 0, 0}));
+}
+
+// The §10 read masks (one definition for the oracle's twins and poison runs and the generators):
+// each marks exactly the rows the contract lets a kernel read, on inputs that also hold bounds,
+// entries and ids a kernel must not follow.
+TEST(ReadMask, MarksExactlyWhatTheContractReads) {
+  Fp8IndexerInputs idx;
+  idx.k_idx = Tensor(DType::U8, {6, 4});
+  idx.windows.s_kv = 6;
+  idx.windows.ks = {1, 4, 3, 9};
+  idx.windows.ke = {3, 4, 4, 12};  // an empty window and one past s_kv (clamped)
+  EXPECT_EQ(read_mask(idx), (std::vector<char>{0, 1, 1, 1, 0, 0}));
+
+  // batch 2, block_size 4, 3 table columns, 5 blocks; request 0 reads 3 keys of block 4,
+  // request 1 five keys: block 2 (4 slots) and slot 0 of block 0. -1, 77, -5 are never read.
+  PagedIndexerInputs paged;
+  paged.k_cache = Tensor(DType::U8, {5, 4, 8});
+  paged.block_table = Tensor::from_i32({2, 3}, {4, -1, 77, 2, 0, -5});
+  paged.context_lens = Tensor::from_i32({2}, {3, 5});
+  std::vector<char> want(20, 0);
+  for (const int slot : {16, 17, 18, 8, 9, 10, 11, 0}) want[static_cast<size_t>(slot)] = 1;
+  EXPECT_EQ(read_mask(paged), want);
+  // A table entry out of range inside a context is skipped, not followed.
+  paged.block_table = Tensor::from_i32({2, 3}, {9, -1, 77, 2, 0, -5});
+  want[16] = want[17] = want[18] = 0;
+  EXPECT_EQ(read_mask(paged), want);
+
+  // 4 tokens, k 3: without topk_length every slot counts (-1 skipped); with lengths {2, 0} row 0
+  // reads slots 0-1 (ids 2, -1) and row 1 nothing.
+  SparseMlaFp8Inputs mla;
+  mla.kv_cache = Tensor(DType::U8, {4, kMlaFp8TokenBytes});
+  mla.indices = Tensor::from_i32({2, 3}, {2, -1, 3, 0, 1, 1});
+  EXPECT_EQ(read_mask(mla), (std::vector<char>{1, 1, 1, 1}));
+  mla.topk_length = Tensor::from_i32({2}, {2, 0});
+  EXPECT_EQ(read_mask(mla), (std::vector<char>{0, 0, 1, 0}));
+  mla.topk_length = Tensor::from_i32({2}, {-3, 99});  // negative: no slot; past k: all k slots
+  EXPECT_EQ(read_mask(mla), (std::vector<char>{1, 1, 0, 0}));
 }
 
 TEST(PagedKvContract, BadArgumentsNameTheArgument) {

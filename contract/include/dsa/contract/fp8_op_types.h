@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "dsa/contract/fp8.h"
 #include "dsa/contract/key_windows.h"
@@ -54,5 +55,25 @@ struct SparseMlaFp8Inputs {
   std::optional<Tensor> attn_sink;
   double sm_scale = 1.0;
 };
+
+// ---- Read masks (SPEC §10: "only window keys / keys p < context_lens[b] / valid slots are
+// read; everything else may hold anything") ---------------------------------------------------
+// The one definition of what a §10 kernel may read, shared by the oracle's clean twins and
+// poison re-runs, the property generators and the fixture generator. None of them requires
+// validated inputs: window bounds, contexts, table entries and ids are clamped or skipped, so
+// none raises an error. Each mask holds 1 for a read row, 0 for one the kernel must not read.
+
+/// Over k_idx's rows, [s_kv = k_idx.size(0)]: 1 iff some query row's window [ks[t], ke[t])
+/// holds key s.
+std::vector<char> read_mask(const Fp8IndexerInputs& in);
+
+/// Over the cache's flat slots (block · block_size + slot), [num_blocks · block_size]: 1 iff
+/// some request b reads it, i.e. a logical key p < context_lens[b] lives there through
+/// block_table[b, p / block_size] (entries outside [0, num_blocks) are skipped).
+std::vector<char> read_mask(const PagedIndexerInputs& in);
+
+/// Over the FP8 cache's token rows, [tokens = kv_cache bytes / kMlaFp8TokenBytes (656)]: 1 iff
+/// some query row t holds that id in a slot j < min(k, topk_length[t]).
+std::vector<char> read_mask(const SparseMlaFp8Inputs& in);
 
 }  // namespace dsa
