@@ -5,7 +5,10 @@
         [--timeout S] [--dump-dir D] [--fail-fast] [--no-fixtures] [--allow-weak]
     python3 -m dsa_verify replay FIXTURE mypkg.kernels:MyKernel [--device cuda] [--allow-weak]
 
-Exit code: 0 everything passed, 1 a failure, 2 usage or input errors (as dsa-verify).
+Exit code: 0 everything passed, 1 a failure, 2 usage or input errors (as dsa-verify). The
+command runs in a forked child that this process waits for (dsa_verify._supervisor): a backend
+that ends the process before the command finished (exit(0) in C or CUDA code, os._exit) makes it
+exit 1 naming the running task (a signal: 128 + signal; another status: that status).
 """
 import argparse
 import os
@@ -65,8 +68,21 @@ def main(argv=None):
     r.add_argument("--sink-after-rounding", action="store_true", help=SINK_AFTER_ROUNDING_HELP)
     r.add_argument("--normalized-p", action="store_true", help=NORMALIZED_P_HELP)
     args = p.parse_args(argv)
+    # The command runs in a forked child that the parent waits for (dsa_verify._supervisor): a
+    # kernel that ends the process (exit(0) in C or CUDA code, os._exit) fails the command with a
+    # message naming the task, instead of exiting 0 with nothing judged after it (fresh16 F2).
+    from dsa_verify import _supervisor
+    if args.command == "replay":
+        return _supervisor.supervise(lambda: _run(args), what="the replay", isolate_flag=None)
+    reports = " and ".join(f"{flag} {path}" for flag, path in (("--json", args.json), ("--junit", args.junit)) if path)
+    note = (f"The reports ({reports}) hold the cases judged before it (\"finished\": false)." if reports else "")
+    return _supervisor.supervise(lambda: _run(args), what="the audit", note=note)
 
+
+def _run(args):
+    """The audit or replay command of `args` in this process; returns its exit code."""
     import dsa_verify
+    from dsa_verify import _supervisor
     from dsa_verify import _audit, _core
     _audit._PRINT_SUMMARY_ON_HANG = True  # a hung call ends the process: its summary is printed then
     _audit._COMMAND_LINE = True  # SIGTERM as SIGINT: AuditInterrupted, handled below
@@ -74,6 +90,7 @@ def main(argv=None):
         if args.command == "replay":
             from dsa_verify._audit import normalized_p_of, provided_outputs, sink_after_rounding_of
             bridge = dsa_verify.Bridge(dsa_verify.load_backend(args.backend), args.device)
+            _supervisor.note_task(f"the replay of {args.fixture}")
             res = _core.replay_fixture(bridge, args.fixture, provided_outputs(bridge), args.allow_weak,
                                      args.sink_after_rounding or sink_after_rounding_of(bridge.backend),
                                      args.normalized_p or normalized_p_of(bridge.backend))
@@ -101,7 +118,9 @@ def main(argv=None):
         print(f"audit interrupted by {e.signame}: partial report; {e.report.tasks_not_run} task(s) not run")
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(128 + (signal.SIGTERM if e.signame == "SIGTERM" else signal.SIGINT))
+        code = 128 + (signal.SIGTERM if e.signame == "SIGTERM" else signal.SIGINT)
+        _supervisor.note_end(code)
+        os._exit(code)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"dsa_verify: error: {e}", file=sys.stderr)
         return 2

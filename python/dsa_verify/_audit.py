@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from . import _core
+from . import _core, _supervisor
 from ._bridge import Bridge
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -473,6 +473,7 @@ def _on_hung_call(what, seconds):
         sys.stderr.write(f"\ndsa_verify: {what}: a call was still running after {seconds_text(seconds)} s "
                          "(timeout, per call); the process ends without waiting for it\n")
         sys.stderr.flush()
+        _supervisor.note_end(1)  # the exit status the caller ends the process with
         return False
     if run.get("keep_process"):
         run["hung"] = (what, float(seconds))
@@ -496,12 +497,19 @@ def _on_hung_call(what, seconds):
         sys.stdout.write(report.summary())
     sys.stdout.flush()
     sys.stderr.flush()
+    _supervisor.note_end(1)  # the exit status the caller ends the process with
     return False
 
 
 def _task_label(task):
     """The property column of a task's cases: "property:<name>" or the fixture's "golden:<name>"."""
     return task["property"] if task["fixture"] else "property:" + task["property"]
+
+
+def _task_name(task):
+    """A task as messages name it: its ops and its property column, e.g. "topk
+    property:topk.contract_exact" or "sparse_mla_fwd,sparse_mla_bwd golden:smla_sink"."""
+    return f"{','.join(task.get('ops') or [task['op']])} {_task_label(task)}"
 
 
 def _task_repro(task, options):
@@ -675,6 +683,7 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
     try:
         for i, task in enumerate(tasks):
             running, not_run = task, len(tasks) - i - 1
+            _supervisor.note_task(_task_name(task), not_run)  # python3 -m dsa_verify: whose call ended it
             if isolate:
                 results = run_isolated(payload, device, options, task, timeout)
             else:

@@ -5,13 +5,17 @@ tensors on the backend's device (one bulk copy each, none on the host), the back
 is called with SPEC argument names, and its outputs are checked and handed back as capsules
 of host tensors (one bulk copy each from a device). Exceptions never cross into C++:
 NotImplementedError is reported as "not supported" (a skip); anything else as an error
-carrying the Python traceback (a failure).
+carrying the Python traceback (a failure), SystemExit and a KeyboardInterrupt the kernel
+raised itself included (fresh16 F2: sys.exit(0) in a kernel stopped the audit as if the user
+had pressed Ctrl-C); only a KeyboardInterrupt of a real SIGINT stops the audit.
 
 SPEC §10 ops (fp8_indexer_scores, paged_indexer_scores, sparse_mla_fp8_fwd): FP8 tensors are
 handed over as torch.uint8 bytes (the format in the scalar `fp8_format`, "e4m3fn" or "e5m2"),
 on every torch version: DLPack has no FP8 type code in torch 1.13, and on torch >= 2.1 a
 kernel reinterprets them for free with `t.view(torch.float8_e4m3fn)` / `torch.float8_e5m2`.
 """
+import signal
+import threading
 import traceback
 
 # torch is imported where a Bridge first needs it (constructing one), not with this module: a
@@ -50,6 +54,33 @@ class OutputError(Exception):
 
 def _dtype_name(d):
     return str(d).replace("torch.", "")
+
+
+class _SigintWatch:
+    """Tells a KeyboardInterrupt of a real SIGINT from one the kernel raised itself, during one
+    call. A signal's handler runs only in the main thread: in any other thread (the in-process
+    audit runs each task in a worker thread) a KeyboardInterrupt is always the kernel's. In the
+    main thread (replay, an isolated worker) Python's default SIGINT handler is wrapped for the
+    call, recording that the signal came (a handler someone else installed is left alone: its
+    KeyboardInterrupt counts as a signal's). received: True when the signal came, or may have."""
+
+    def __init__(self):
+        self.received, self._previous = False, None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            self.received = True  # not ours to tell: a KeyboardInterrupt stops the audit, as before
+            return
+
+        def record(signum, frame):
+            self.received = True
+            signal.default_int_handler(signum, frame)
+        self._previous = signal.signal(signal.SIGINT, record)
+
+    def restore(self):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 class Bridge:
@@ -194,6 +225,7 @@ class Bridge:
         input, SPEC §10) | ("error", text)."""
         import torch
         from torch.utils import dlpack as _dlpack
+        sigint = _SigintWatch()
         try:
             kw = self._to_torch(tensors)
             why = self._check_supported(op, kw, scalars)
@@ -230,3 +262,11 @@ class Bridge:
             return ("error", str(e))
         except Exception:  # noqa: BLE001 - every other error is the kernel's failure, with its traceback
             return ("error", "raised\n" + traceback.format_exc().rstrip())
+        except (SystemExit, KeyboardInterrupt) as e:
+            if isinstance(e, KeyboardInterrupt) and sigint.received:
+                raise  # Ctrl-C (or SIGINT) while the kernel ran: the audit stops (run_task re-raises it)
+            what = f"SystemExit({e.code!r})" if isinstance(e, SystemExit) else "KeyboardInterrupt without a SIGINT"
+            return ("error", f"raised {what}: a kernel must not end the process; a failed case, the audit goes on\n" +
+                    traceback.format_exc().rstrip())
+        finally:
+            sigint.restore()

@@ -14,6 +14,13 @@ sparse_mla_bwd, fails that property's test), and where `python3 -m dsa_verify au
 (an input error, or an audit that judged nothing: every selected case skipped) the session
 exits 4 (pytest's usage error) with the CLI's error line.
 
+Process exits: with --dsa-backend the session runs in a forked child that pytest's process waits
+for (dsa_verify._supervisor): a kernel that ends the process (exit(0) in C or CUDA code,
+os._exit) fails the session (exit 1, "dsa-verify: error: the backend ended the process (exit
+status 0) during dsa-verify::<op>::<case>; nothing after it was judged ...") instead of exiting 0
+with the later tests never run. sys.exit() or a KeyboardInterrupt raised by the kernel itself (no
+signal) fails that test; the session goes on.
+
 Timeouts: every call of the backend is watched with --dsa-timeout seconds (default 300). With
 --dsa-isolate each task runs in a worker process that is killed at it (a failed test; the
 session goes on). Without it the backend runs in this process, each task in a worker thread: a
@@ -187,8 +194,10 @@ class DsaItem(pytest.Item):
         self.add_marker(pytest.mark.dsa_verify)
 
     def runtest(self):
+        from . import _supervisor
         state = self.config.stash[_STASH]
         state.items_run += 1
+        _supervisor.note_task(self.nodeid)  # the supervisor names the test a process exit ended
         mine = owned_cases(self.task, self.op, state.run(self.task))
         fails = [c for c in mine if c.status == "fail"]
         if fails:
@@ -223,6 +232,31 @@ _STASH = pytest.StashKey[_State]()
 class DsaAudit(pytest.Collector):
     def collect(self):
         return []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """With --dsa-backend, the session runs in a forked child that this process waits for
+    (dsa_verify._supervisor): a kernel that ends the process (exit(0) in C or CUDA code,
+    os._exit) fails the session with a message naming the test that was running, instead of
+    exiting 0 with the tests after it never run (fresh16 F2). The child runs pytest's own
+    pytest_cmdline_main (this hook returns None there) and never returns to the caller."""
+    if not config.getoption("--dsa-backend", None):
+        return None
+    from . import _supervisor
+    if _supervisor.supervised():
+        return None  # the child: pytest's own main loop runs the session
+
+    def run():
+        try:
+            return int(config.hook.pytest_cmdline_main(config=config))
+        except pytest.UsageError as e:  # as pytest's own main() reports it (exit 4)
+            import sys
+            for msg in e.args:
+                sys.stderr.write(f"ERROR: {msg}\n\n")
+            return int(pytest.ExitCode.USAGE_ERROR)
+    return _supervisor.supervise(run, what="the pytest session", isolate_flag="--dsa-isolate",
+                                 prefix="dsa-verify: error: ")
 
 
 def pytest_configure(config):

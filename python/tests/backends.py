@@ -146,11 +146,29 @@ class Nondeterministic(TopkOnly):
 
 
 class Interrupts(TopkOnly):
-    """Ctrl-C inside the kernel: the audit stops with KeyboardInterrupt (not a failed case)."""
+    """Raises KeyboardInterrupt itself, no signal sent: a failed case, the audit goes on (fresh16 F2)."""
     name = "interrupts"
 
     def topk(self, scores, k, tie_break, sorted, ks=None, ke=None):
         raise KeyboardInterrupt
+
+
+class ExitsProcess(TopkOnly):
+    """Ends the process with status 0 in the kernel, as C or CUDA code calling exit(0) would
+    (fresh16 F2: the in-process audit then exited 0 with nothing judged after it)."""
+    name = "exits-process"
+
+    def topk(self, scores, k, tie_break, sorted, ks=None, ke=None):
+        os._exit(0)
+
+
+class SystemExits(TopkOnly):
+    """sys.exit(0) in the kernel: a failed case with its traceback, the audit goes on (fresh16 F2:
+    it was "audit interrupted by SIGINT", exit 130, in the CLI and a KeyboardInterrupt in pytest)."""
+    name = "system-exits"
+
+    def topk(self, scores, k, tie_break, sorted, ks=None, ke=None):
+        raise SystemExit(0)
 
 
 # ---- SPEC §10 ops: outputs that break the contract's form, declared formats ---------------

@@ -264,9 +264,51 @@ def torch_cuda_available():
     return torch.cuda.is_available()
 
 
-def test_keyboard_interrupt_stops_the_audit():
-    with pytest.raises(KeyboardInterrupt):
-        only_topk(backends.Interrupts(), only=["topk.contract_exact"])
+def test_a_keyboard_interrupt_the_kernel_raises_itself_is_a_failed_case():
+    # Before (fresh16 F2): it stopped the audit as if Ctrl-C had been pressed. No signal came: a
+    # failed case with its traceback; only a real SIGINT stops the audit (the signal tests below).
+    rep = only_topk(backends.Interrupts(), only=["topk.contract_exact"])
+    assert [c.status for c in rep.cases] == ["fail"] and rep.finished, rep.summary()
+    assert "raised KeyboardInterrupt without a SIGINT" in rep.cases[0].message, rep.cases[0].message
+
+
+def cli_audit(tmp_path, *args, timeout=600):
+    """`python3 -m dsa_verify audit ARGS` in tmp_path: its CompletedProcess."""
+    cmd = [sys.executable, "-m", "dsa_verify", *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ), capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_kernel_that_ends_the_process_fails_the_command_line_audit(tmp_path):
+    # Before (fresh16 F2): exit 0, nothing printed after the task, the JSON "finished": false; a
+    # CI job that reads the exit code read a pass. Now the command's supervisor (a forked child
+    # runs the audit) fails it naming the task, and the report keeps what was judged before.
+    out = tmp_path / "r.json"
+    p = cli_audit(tmp_path, "audit", "backends:ExitsProcess", "--ops", "topk", "--seed", "7", "--json", str(out),
+                  "--dump-dir", str(tmp_path / "d"))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert re.search(r"the backend ended the process \(exit status 0\) during topk property:topk\.\S+; nothing "
+                     r"after it was judged \(\d+ task\(s\) not run\): the audit did not finish", p.stderr), p.stderr
+    assert "--isolate" in p.stderr and f"--json {out}" in p.stderr, p.stderr
+    j = json.loads(out.read_text())
+    assert j["finished"] is False and j["cases"] == [], j
+    # The replay, too.
+    fixture = os.path.join(os.environ["DSA_FIXTURES_DIR"], "peer", "topk_zero_rows_small.safetensors")
+    p = cli_audit(tmp_path, "replay", fixture, "backends:ExitsProcess")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"the backend ended the process (exit status 0) during the replay of {fixture}" in p.stderr, p.stderr
+
+
+def test_a_kernel_raising_system_exit_fails_its_cases_and_the_audit_goes_on(tmp_path):
+    # Before (fresh16 F2): "audit interrupted by SIGINT", exit 130, with no signal sent.
+    out = tmp_path / "r.json"
+    p = cli_audit(tmp_path, "audit", "backends:SystemExits", "--ops", "topk", "--seed", "7", "--json", str(out),
+                  "--dump-dir", str(tmp_path / "d"), "--no-fixtures")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "interrupted" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "raised SystemExit(0): a kernel must not end the process" in p.stdout, p.stdout
+    j = json.loads(out.read_text())
+    assert j["finished"] is True and j["cases"] and all(c["status"] != "pass" for c in j["cases"]), j
+    assert sum(c["status"] == "fail" for c in j["cases"]) > 1, j  # every property ran, not only the first
 
 
 # ---- SPEC §10 inference ops through the Python route --------------------------------------
@@ -547,6 +589,33 @@ def test_a_signal_stops_the_audit_and_its_reports_keep_every_result(tmp_path, si
     assert j["summary"]["interrupted"] == 1
     assert "peer:hangs" in xml.read_text()
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]  # no temporary file left
+
+
+def test_a_ctrl_c_to_the_process_group_stops_the_supervised_audit_once(tmp_path):
+    # Ctrl-C reaches the command's supervisor and its child (one process group): the supervisor
+    # does not pass it on a second time (the child's signal wakeup fd says it got it).
+    root = marker_fixture_dir(tmp_path)
+    marker, out = tmp_path / "hanging", tmp_path / "r.json"
+    env = dict(os.environ, DSA_FIXTURES_DIR=str(root), DSA_TEST_HANG_MARKER=str(marker))
+    cmd = [sys.executable, "-m", "dsa_verify", "audit", "backends:HangsOnMarker", "--ops", "topk", "--seed", "7",
+           "--json", str(out), "--dump-dir", str(tmp_path / "d")]
+    p = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 600
+        while not marker.exists():
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline, "the hanging call never started"
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130, stdout + stderr
+    assert stdout.count("audit interrupted by SIGINT") == 1 and "Traceback" not in stderr, stdout + stderr
+    assert json.loads(out.read_text())["interrupted"] == "SIGINT"
 
 
 def test_a_finished_audit_says_so_and_an_unwritable_report_path_is_an_error_before_the_run(tmp_path):

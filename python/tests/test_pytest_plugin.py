@@ -256,3 +256,26 @@ def test_empty_dump_dir_is_a_usage_error(tmp_path):
     p = plugin_run(tmp_path, "--dsa-backend=backends:TopkOnly", "--dsa-dump-dir", "")
     assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
     assert "argument '--dsa-dump-dir' got \"\" (empty), expected a directory path" in p.stderr, p.stderr
+
+
+def test_a_kernel_that_ends_the_process_fails_the_session(tmp_path):
+    # Before (fresh16 F2): exit 0 and no output: the session ended inside the first test. Now the
+    # plugin's supervisor (the session runs in a forked child) fails it naming the test.
+    p = plugin_run(tmp_path, "--dsa-backend=backends:ExitsProcess", "--dsa-ops", "topk", "--dsa-seed", "7",
+                   "--dsa-dump-dir", str(tmp_path / "d"))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert re.search(r"dsa-verify: error: the backend ended the process \(exit status 0\) during "
+                     r"dsa-verify::topk::property:topk\.\S+; nothing after it was judged: the pytest session did "
+                     r"not finish", p.stderr), p.stderr
+    assert "--dsa-isolate" in p.stderr, p.stderr
+
+
+def test_a_kernel_raising_system_exit_fails_its_tests_and_the_session_goes_on(tmp_path):
+    # Before (fresh16 F2): a KeyboardInterrupt ended the session (exit 2) at the first test.
+    p = plugin_run(tmp_path, "--dsa-backend=backends:SystemExits", "--dsa-ops", "topk", "--dsa-seed", "7",
+                   "--dsa-no-fixtures", "--dsa-dump-dir", str(tmp_path / "d"))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "KeyboardInterrupt" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert "raised SystemExit(0): a kernel must not end the process" in p.stdout, p.stdout
+    failed = re.match(r"(\d+) failed", p.stdout.splitlines()[-1])
+    assert failed and int(failed.group(1)) > 1, p.stdout  # every property's test ran, not only the first
