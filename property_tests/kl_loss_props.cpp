@@ -36,7 +36,7 @@ void loss_and_gradient_ratio(oracle::Backend& b, const oracle::BlockFactory&) { 
 // the rule), the backend's own outputs must be finite with d_scores 0 on every -inf key, so a
 // NaN there fails even where the reference would also give NaN.
 void neg_inf_scores(oracle::Backend& b, const oracle::BlockFactory&) {
-  KlCase c = draw_kl_case(kl_dtype());
+  KlCase c = draw_kl_case(kl_dtype(), false);
   const int64_t s_q = c.in.scores.size(0), s_kv = c.in.scores.size(1);
   const int64_t dead_row = *rc::gen::inRange<int64_t>(0, s_q);
   const int share = *rc::gen::inRange(1, 4);  // each other key is -inf with probability share/4
@@ -51,6 +51,7 @@ void neg_inf_scores(oracle::Backend& b, const oracle::BlockFactory&) {
     }
   c.desc += " -inf: row " + std::to_string(dead_row) + " all, " + std::to_string(partial) +
             " keys elsewhere";
+  shift_kl_scores(c, draw_index() == 1);  // after the -inf keys: the shift stays detectable
   DumpOnFailure dump([&] { return to_fixture(c); });
   RC_ASSERT(!all_zero(c.in.q));
   RC_ASSERT(!all_zero(c.in.kv));

@@ -1691,9 +1691,11 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
   }
   OutputFloor fd = make(s_q * s_kv, s_kv,
                         "|coeff|/n_rows(δp_s + δq_s): teacher logits a_hs as sparse MLA, student "
-                        "u q_s(|I_s-max I| + 2 + √n)");
+                        "u q_s(|I_s-max I| + 2 + √n + c_s + |I_s-max I| + b̄ + |lse I|), c_s = "
+                        "|I_s|(1-q_s) + Σ_{i≠s} q_i|I_i| (scores scaled or shifted before the max)");
   OutputFloor fl = make(1, 1, "|coeff|/n_rows Σ_t Σ_s δp_s|ln p_s - ln q_s + 1| + p_s δln q_s "
-                              "+ u√n_rows Σ_t|KL_t|");
+                              "+ u√n_rows Σ_t|KL_t| + u(Σ_s |q_s - p_s|(|I_s| + |I_s - max I|) + "
+                              "|lse I|) (scores scaled or shifted before the max)");
   CaseFloors out;
   if (n_rows == 0) {
     out["loss"] = std::move(fl);
@@ -1765,18 +1767,37 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
       kl_row[static_cast<size_t>(t)] = k0;
     }
     double bbar = 0;  // student: Σ_i q_i b_i, b_i = |I_i - max| + 1 (subtract, exp)
+    double qabs = 0;  // Σ_i q_i |I_i|
     for (size_t j = 0; j < n; ++j) {
       const double Is = I[static_cast<size_t>(t * s_kv + S[j])];
       qs[j] = std::exp(Is - mI) / ZI;
       bbar += qs[j] * (std::abs(Is - mI) + (Is != mI ? 1 : 0));
+      qabs += qs[j] * std::abs(Is);
     }
+    // Scores rounded at their own magnitude before the max is subtracted (fresh16 F4; docs/SPEC.md
+    // §9, "the KL student floor"). ln q_s = I_s - lse(I) has ∂/∂I_i = [i = s] - q_i, so an error
+    // ε_i·|I_i| (|ε_i| <= u) in each score moves ln q_s by at most u·c_s, c_s = |I_s|(1 - q_s) +
+    // Σ_{i≠s} q_i|I_i| (0 for one key: the errors cancel), and the row's KL term (∂/∂I_i = q_i -
+    // p_i) by u Σ_i |q_i - p_i||I_i|. The exp2 form (Triton, TileLang, FlashAttention:
+    // fl(I·fl(log2e)), then the max, exp2, log2) has these ε_i and log2e's own rounding, one
+    // η for the row: a change of temperature, shift invariant, u(|I_s - max| + b̄) in ln q_s and
+    // u Σ_i |q_i - p_i||I_i - max| in the KL term. The lse form (PyTorch's log_softmax: I_s -
+    // fl(max + ln Z)) rounds lse at its magnitude once n > 1 (ln Z > 0; one key: max + 0 is
+    // exact), the same for every key: u|lse| in ln q_s and in the KL term (Σ_s p_s = 1).
+    const double lse_err = n > 1 ? std::abs(mI + std::log(ZI)) : 0.0;
+    auto shift_err = [&](double Is, double q) {
+      const double others = std::max(0.0, qabs - q * std::abs(Is));  // Σ_{i≠s} q_i|I_i|
+      return std::abs(Is) * (1 - q) + others + std::abs(Is - mI) + bbar + lse_err;
+    };
+    double kl_shift = lse_err;  // u × this enters the row's KL term
     for (size_t j = 0; j < n; ++j) {
       const double Is = I[static_cast<size_t>(t * s_kv + S[j])];
       const double lnq = Is - mI - std::log(ZI);
       const double bj = std::abs(Is - mI) + (Is != mI ? 1 : 0);  // exp(0) = 1 is exact
       // normalisations (heads, keys) of n > 1 terms; one key is exact
       dp[j] += u * p[j] * (1 - p[j]) * (2 * std::sqrt(static_cast<double>(h_q)) + sn);
-      const double dq = u * qs[j] * ((1 - qs[j]) * bj + bbar - qs[j] * bj + (n > 1 ? sn : 0.0));
+      const double sh = shift_err(Is, qs[j]);
+      const double dq = u * qs[j] * ((1 - qs[j]) * bj + bbar - qs[j] * bj + (n > 1 ? sn : 0.0) + sh);
       const size_t e = static_cast<size_t>(t * s_kv + S[j]);
       fd.acc[e] = gabs * (dp[j] + dq) + u * gabs * std::abs(qs[j] - p[j]);
       fd.terms[e] = gabs * (qs[j] + p[j]);
@@ -1785,11 +1806,13 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
                         (tiny(pmin[j] / static_cast<double>(h_q)) ? gabs * adds(static_cast<double>(h_q)) : 0.0) +
                         (tiny(qs[j]) || tiny(p[j]) || tiny(qs[j] - p[j]) ? gabs + 1 : 0.0);
       // ln q_s = (I_s - max) - ln Z: the subtraction, Z's relative error, the log, the result
-      const double dlnq = u * (std::abs(Is - mI) + bbar + (n > 1 ? sn : 0.0) +
-                               std::abs(std::log(ZI)) + std::abs(lnq));
+      // (the scores' rounding before the max enters the KL term once per row: kl_shift)
+      const double dlnq0 = u * (std::abs(Is - mI) + bbar + (n > 1 ? sn : 0.0) +
+                                std::abs(std::log(ZI)) + std::abs(lnq));
       const double lnp = p[j] > 0 ? std::log(std::max(p[j], dp[j])) : 0.0;
       // Σ_s δp_s = 0 (p is normalised), so δp_s enters with ln p_s - ln q_s - KL_t
-      kl_acc += dp[j] * std::abs(lnp - lnq - kl_row[static_cast<size_t>(t)]) + p[j] * dlnq;
+      kl_acc += dp[j] * std::abs(lnp - lnq - kl_row[static_cast<size_t>(t)]) + p[j] * dlnq0;
+      kl_shift += std::abs(qs[j] - p[j]) * (std::abs(Is) + std::abs(Is - mI));
       if (p[j] > 0) {  // underflow: p_s flushed loses p_s(ln p_s - ln q_s)
         row_uf[static_cast<size_t>(t)] += fu(p[j], std::abs(std::log(p[j]) - lnq) + 1);
         if (tiny(p[j] * (std::log(p[j]) - lnq))) row_tiny[static_cast<size_t>(t)] = 1;
@@ -1800,7 +1823,7 @@ CaseFloors kl_floors(const IndexerKlInputs& in) {
         kl_T += p[j] * (std::abs(std::log(p[j])) + std::abs(lnq));
       }
     }
-    row_acc[static_cast<size_t>(t)] = kl_acc;
+    row_acc[static_cast<size_t>(t)] = kl_acc + u * kl_shift;
     row_sum[static_cast<size_t>(t)] = std::abs(kl);
     row_T[static_cast<size_t>(t)] = kl_T;
   };

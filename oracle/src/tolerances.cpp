@@ -102,8 +102,12 @@ std::vector<Tolerance> build_table() {
        "(b(p_j) dout_c)^2)) over its (row, head, slot) terms, b = 2^floor(log2|.|)");
   rows("sparse_mla_bwd", "dsink", "-Σ_t p_sink Δ over the head's rows");
   // §7 KL loss.
-  rows("indexer_kl_loss", "loss", "teacher logits and student log-softmax of each row, row mean");
-  rows("indexer_kl_loss", "d_scores", "softmax(I) - p of the row's own key set");
+  rows("indexer_kl_loss", "loss", "teacher logits and student log-softmax of each row, row mean; "
+       "scores rounded before the max (exp2 form, lse form): u(Σ_s |q_s - p_s|(|I_s| + |I_s - max I|) "
+       "+ |lse I|) per row (docs/SPEC.md §9, the KL student floor)");
+  rows("indexer_kl_loss", "d_scores", "softmax(I) - p of the row's own key set; scores rounded before "
+       "the max: u q_s(c_s + |I_s - max I| + b + |lse I|), c_s = |I_s|(1-q_s) + sum_{i!=s} q_i|I_i| "
+       "(docs/SPEC.md §9, the KL student floor)");
 
   // §10 FP8 / paged inference ops. Baseline: exact fp8 products (8-bit significands: exact
   // in fp32), fp32 accumulation; floors from the dequantized inputs (local_bounds.h).

@@ -713,7 +713,7 @@ RC_GTEST_PROP(Detection, GeneratedIndexerCasesHaveNoWeakRows, ()) {
 RC_GTEST_PROP(Detection, GeneratedKlCasesHaveNoWeakRows, ()) {
   const int level = *rc::gen::element(0, 1);
   props::set_generation_level(level);
-  props::KlCase kc = props::draw_kl_case();
+  props::KlCase kc = props::draw_kl_case(std::nullopt, false);
   props::set_generation_level(0);
   if (*rc::gen::arbitrary<bool>()) {  // as kl.neg_inf_scores: one row all -inf, a share elsewhere
     const int64_t s_q = kc.in.scores.size(0), s_kv = kc.in.scores.size(1);
@@ -726,6 +726,7 @@ RC_GTEST_PROP(Detection, GeneratedKlCasesHaveNoWeakRows, ()) {
           kc.in.scores.set(t * s_kv + s, -INFINITY);
     kc.desc += " -inf: row " + std::to_string(dead_row) + " all, share " + std::to_string(share) + "/4";
   }
+  props::shift_kl_scores(kc, props::draw_index() == 1);  // as kl.neg_inf_scores: after the -inf keys
   OpCase c;
   c.kl = kc.in;
   CheckOptions allow;
@@ -739,6 +740,38 @@ RC_GTEST_PROP(Detection, GeneratedKlCasesHaveNoWeakRows, ()) {
   if (r.verdict != Verdict::Pass && r.verdict != Verdict::Weak) RC_FAIL(kc.desc + "\n" + format_op_report(r));
   for (const auto& t : r.tensors)
     if (t.weak_rows > 0) RC_FAIL("WEAK rows in a generated KL case: " + kc.desc + "\n" + format_op_report(r));
+}
+
+// Indexer KL loss with shifted scores (fresh16 F4): a draw_kl_case draw with every finite score
+// moved by +100, +200, +1000 or -1000 (softmax is shift invariant: the outputs do not move).
+// (b) The exp2-form control (control_flash_style: fl(I·fl(log2e)) before the max, as
+// Triton/TileLang kernels compute it) passes, WEAK allowed: before the student floor's 2u·c_s
+// and u|lse I| terms (kl_floors) it failed (fresh16: 1.46 × the bound at +100, 7.63 at +1000).
+// (a) The float64 reference rounded to fp32, perturbed by θ(1 + 2^-6) of a non-WEAK row's
+// scale in one element or one whole row, fails (require_perturbations_fail): the wider floor
+// still catches a wrong kernel.
+RC_GTEST_PROP(Detection, KlShiftedScoresExp2FormPassesPerturbationsFail, ()) {
+  props::KlCase kc = props::draw_kl_case();
+  const double shift = *rc::gen::element(100.0, 200.0, 1000.0, -1000.0);
+  for (int64_t i = 0; i < kc.in.scores.numel(); ++i)
+    if (std::isfinite(kc.in.scores.get(i))) kc.in.scores.set(i, kc.in.scores.get(i) + shift);
+  OpCase c;
+  c.kl = kc.in;
+  CheckOptions allow;
+  allow.allow_weak = true;
+  std::unique_ptr<oracle::Backend> exp2;
+  for (const auto& s : props::control_subjects())
+    if (s.name == "control_flash_style") exp2 = s.make();
+  RC_ASSERT(exp2 != nullptr);
+  const OpReport rc2 = judge_outputs(Op::IndexerKlLoss, c, named_kl(exp2->indexer_kl_loss(c.kl)), allow, "exp2-form");
+  record("false-alarm exp2-form shifted", rc2);
+  if (rc2.verdict != Verdict::Pass) RC_FAIL(kc.desc + " shift " + std::to_string(shift) + "\n" + format_op_report(rc2));
+  const IndexerKlResult ref = reference::indexer_kl_loss(c.kl);
+  const NamedOutputs n = named_kl(IndexerKlResult{ref.loss.to(DType::F32), ref.d_scores.to(DType::F32)});
+  const OpReport r = judge_outputs(Op::IndexerKlLoss, c, n, allow, "rounded-reference");
+  record("detection shifted", r);
+  if (r.verdict != Verdict::Pass) RC_FAIL(format_op_report(r));
+  require_perturbations_fail(Op::IndexerKlLoss, c, n, named_kl(ref), r, "detection");
 }
 
 // A draw_smla_fp8_case draw at generation level 0 or 1 (chosen by RapidCheck), the level

@@ -780,6 +780,20 @@ class KlMeanOverAllRows final : public Wrap {
   }
 };
 
+// Field fault (fresh16 F1): the KL loss ignores ks/ke (S_t = every key, or every valid
+// selected id, whose score is not -inf), relying on -inf scores outside the windows; SPEC §1/§7
+// exclude keys outside the window whatever their score. Caught only where a draw holds finite
+// scores outside a window (fill_kl_outside_windows, generators.cpp).
+class KlIgnoresWindows final : public Wrap {
+ public:
+  KlIgnoresWindows() : Wrap("kl_ignores_windows") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlInputs all = in;
+    all.windows = KeyWindows::full(in.windows.s_q(), in.windows.s_kv);
+    return ref_->indexer_kl_loss(all);
+  }
+};
+
 // Field fault: -inf scores stay in S_t, so a row whose keys all score -inf gives NaN
 // (log_softmax over only -inf) in its d_scores and in the loss; other rows are correct.
 class KlNegInfRowNaN final : public Wrap {
@@ -1303,12 +1317,91 @@ class Fp8OpsKeysPastTile final : public WrapAll {
   }
 };
 
+// SPEC §7 the way Triton/TileLang KL kernels compute it (fresh16 F4), all in fp32: every
+// log-softmax in the exp2 form, x2 = fl(x·fl(log2e)) before the max m is subtracted, then
+// exp2(x2 - m), lse2 = m + log2 Σ, ln q = (x2 - lse2)·fl(ln 2); teacher logits fl32 dots
+// times sm_scale, Σ_h softmax L1-normalised; q = exp(ln q); sums in key order. Correct but
+// rounded at |I| before the max: the student floor's c_s and |lse I| terms (kl_floors).
+IndexerKlResult exp2_form_kl(const IndexerKlInputs& in) {
+  const int64_t s_q = in.scores.size(0), s_kv = in.scores.size(1), h_q = in.q.size(1), d = in.q.size(2);
+  const std::vector<double> I = in.scores.to_f64(), Q = in.q.to_f64(), KV = in.kv.to_f64();
+  const float l2e = static_cast<float>(1.4426950408889634), ln2 = static_cast<float>(0.6931471805599453);
+  const float sm = static_cast<float>(in.sm_scale);
+  std::vector<std::vector<int64_t>> sets(static_cast<size_t>(s_q));
+  int64_t n_rows = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    std::vector<int64_t>& S = sets[static_cast<size_t>(t)];
+    auto keep = [&](int64_t s) { return in.windows.contains(t, s) && I[static_cast<size_t>(t * s_kv + s)] != -INFINITY; };
+    if (in.mode == KlMode::Dense) {
+      for (int64_t s = 0; s < s_kv; ++s)
+        if (keep(s)) S.push_back(s);
+    } else {
+      const int64_t k = in.indices->size(-1);
+      for (int64_t j = 0; j < k; ++j) {
+        const double id = in.indices->get(t * k + j);
+        if (id >= 0 && id < static_cast<double>(s_kv) && keep(static_cast<int64_t>(id))) S.push_back(static_cast<int64_t>(id));
+      }
+      std::sort(S.begin(), S.end());
+      S.erase(std::unique(S.begin(), S.end()), S.end());
+    }
+    n_rows += !S.empty();
+  }
+  // log-softmax over x in the exp2 form, written to lnq
+  auto log_softmax2 = [&](const std::vector<float>& x, std::vector<float>& lnq) {
+    std::vector<float> x2(x.size());
+    float m = -INFINITY;
+    for (size_t i = 0; i < x.size(); ++i) m = std::max(m, x2[i] = x[i] * l2e);
+    float z = 0.0f;
+    for (size_t i = 0; i < x.size(); ++i) z += std::exp2(x2[i] - m);
+    const float lse2 = m + std::log2(z);
+    lnq.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) lnq[i] = (x2[i] - lse2) * ln2;
+  };
+  Tensor d_scores(DType::F32, {s_q, s_kv});
+  const float g = n_rows ? static_cast<float>(in.coeff / static_cast<double>(n_rows)) : 0.0f;
+  float loss = 0.0f;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const std::vector<int64_t>& S = sets[static_cast<size_t>(t)];
+    const size_t n = S.size();
+    if (n == 0) continue;
+    std::vector<float> p(n, 0.0f), x(n), ln;
+    for (int64_t h = 0; h < h_q; ++h) {
+      for (size_t j = 0; j < n; ++j) {
+        float dot = 0.0f;
+        for (int64_t c = 0; c < d; ++c)
+          dot += static_cast<float>(Q[static_cast<size_t>((t * h_q + h) * d + c)]) *
+                 static_cast<float>(KV[static_cast<size_t>(S[j] * d + c)]);
+        x[j] = dot * sm;
+      }
+      log_softmax2(x, ln);
+      for (size_t j = 0; j < n; ++j) p[j] += std::exp(ln[j]);
+    }
+    float psum = 0.0f;
+    for (size_t j = 0; j < n; ++j) psum += p[j];
+    for (size_t j = 0; j < n; ++j) {
+      p[j] /= psum;
+      x[j] = static_cast<float>(I[static_cast<size_t>(t * s_kv + S[j])]);
+    }
+    log_softmax2(x, ln);
+    float kl = 0.0f;
+    for (size_t j = 0; j < n; ++j) {
+      if (p[j] > 0.0f) kl += p[j] * (std::log(p[j]) - ln[j]);
+      d_scores.set(t * s_kv + S[j], (std::exp(ln[j]) - p[j]) * g);
+    }
+    loss += kl;
+  }
+  Tensor l(DType::F32, {1});
+  l.set(0, loss * g);
+  return {l, d_scores};
+}
+
 // The FlashAttention-style test kernel (flash_style_kernel.h) as a correct backend
 // (false-alarm control, F4): with 16-bit q, P rounded to q's dtype before P·V, out in q's
 // dtype, Δ from it, P and dS rounded before dq and dkv (as those kernels do; covered by the
 // bf16/fp16-work dkv floor, local_bounds.cpp); dq, dkv, dsink fp32 (SPEC §4-§5 output dtypes).
-// fp32 q: the same kernel without roundings (sums in slot order). The fp32 baseline control
-// for every other op and for q of another dtype (F64).
+// fp32 q: the same kernel without roundings (sums in slot order). The KL loss in the exp2
+// form (exp2_form_kl). The fp32 baseline control for every other op and for q of another
+// dtype (F64).
 class FlashStyleControl final : public RoundedControl {
  public:
   FlashStyleControl() : RoundedControl(true, "control_flash_style") {}
@@ -1330,6 +1423,8 @@ class FlashStyleControl final : public RoundedControl {
     if (!handles(in)) return RoundedControl::sparse_mla_backward(in, dout);
     return flash_style_sparse_mla(in, &dout, options(in)).grads;
   }
+  // The KL loss in the exp2 form of Triton/TileLang kernels (exp2_form_kl; fresh16 F4).
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override { return exp2_form_kl(in); }
 };
 
 Subject candidate_overflow_mutant(const char* name, int bits, int64_t capacity) {
@@ -1392,6 +1487,7 @@ std::vector<Subject> mutant_subjects() {
       subject_of<SmlaDkvDropsRowsFrom8>("dkv missing the contributions of query rows t >= 8", "smla."),
       subject_of<KlMeanOverAllRows>("KL mean over all rows, empty ones included", "kl."),
       subject_of<KlNegInfRowNaN>("NaN for a KL row whose scores are all -inf", "kl."),
+      subject_of<KlIgnoresWindows>("KL loss ignoring ks/ke (S_t over every key whose score is not -inf)", "kl."),
       // Row and width limits (fresh-user finding 7); the property that reaches the shape runs first.
       subject_of<TopkRowsFrom128Empty>("top-k grid covering the first 128 query rows only (rows >= 128 all -1)", "topk.many_rows"),
       subject_of<TopkKCappedAt2048>("top-k writing -1 past the first 2048 ids (k > 2048 not handled)", "topk.wide_k"),

@@ -2,6 +2,7 @@
 
 #include "dsa/oracle/op_check.h"
 #include "dsa/reference/indexer.h"
+#include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
 #include "dsa/reference/topk.h"
 #include "src/conditioning.h"
@@ -1412,9 +1413,99 @@ void set_kl_input_dtype(KlCase& c, std::optional<DType> forced) {
   }
   c.desc += std::string(" q/kv=") + dtype_name(dt);
 }
+
+// Finite scores outside the windows (fresh16 F1): SPEC §1 makes every key outside row t's
+// window invalid whatever its score, and §7's S_t holds window keys only (sparse: the valid
+// selected ids inside the window). With -inf written outside the windows, as an indexer writes
+// them, the §7 rule "a -inf key is not in S_t" hid a kernel that ignores ks/ke (it passed every
+// KL property). On `force` or one draw in two (drawn after every other draw of the generator, so
+// a seed keeps its shapes, windows, ids and scores inside the windows), every key outside a
+// window gets a score uniform(-3, 3), and in sparse mode the last slot of each row whose window
+// leaves keys out (slots 0 and 1 hold the wrap test's ids) selects one of those keys: a legal
+// id (SPEC §4) that is not in S_t. Named in `desc` (" outside=finite").
+void fill_kl_outside_windows(KlCase& c, bool force, Rng& r) {
+  if (!(force || draw_bool())) return;
+  const int64_t s_q = c.in.scores.size(0), s_kv = c.in.scores.size(1);
+  const int64_t k = c.in.indices ? c.in.indices->size(1) : 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    std::vector<int32_t> outside;
+    for (int64_t s = 0; s < s_kv; ++s)
+      if (!c.in.windows.contains(t, s)) {
+        c.in.scores.set(t * s_kv + s, uni(r, -3, 3));
+        outside.push_back(static_cast<int32_t>(s));
+      }
+    if (c.in.mode == KlMode::Sparse && k >= 3 && !outside.empty())
+      c.in.indices->set(t * k + k - 1, outside[static_cast<size_t>(irand(r, 0, static_cast<int64_t>(outside.size()) - 1))]);
+  }
+  c.desc += " outside=finite";
+}
+
 }  // namespace
 
-KlCase draw_kl_case(std::optional<DType> dtype) {
+// Scores shifted by a constant (fresh16 F4): softmax is shift invariant, so loss and d_scores
+// do not move, but a kernel that scales or shifts the scores before it subtracts the row max
+// (the exp2 form fl(I·log2e) of Triton/TileLang kernels; PyTorch's log_softmax I - fl(max +
+// ln Z)) errs by about u·|I|, which the student floor must cover (kl_floors, docs/SPEC.md §9).
+// Indexer scores reach ±106 in the project's own goldens. On `force` or one draw in three
+// (drawn after every other draw), every finite score moves by ±16, ±64, ±100 or ±200, halved
+// (to 16 at least, else 0) until the draw stays detectable: that floor part, about u(3A + 20)
+// with A = |shift| + 3, must stay below θ/4 = 2.5e-5 of each row's largest |q_s - p_s| (times
+// q_s) and of the mean KL (else the draw is WEAK for every kernel: a small KL, or q close to p,
+// cannot be checked to 1e-4 at |I| ~ 200). Named in `desc` (" scores+=-64").
+void shift_kl_scores(KlCase& c, bool force) {
+  if (!(force || *rc::gen::inRange(0, 3) == 0)) return;
+  double shift = draw_of<double>({16.0, 64.0, 100.0, 200.0}) * (draw_bool() ? 1.0 : -1.0);
+  const int64_t s_q = c.in.scores.size(0), s_kv = c.in.scores.size(1);
+  const IndexerKlResult ref = reference::indexer_kl_loss(c.in);
+  const double u = 0x1p-24, quarter_theta = 2.5e-5;
+  // Per row: the largest q_s and |q_s - p_s| over S_t (d_scores = coeff/n_rows (q - p)), and
+  // the number of rows with keys.
+  std::vector<double> qmax(static_cast<size_t>(s_q), 0.0), dmax(qmax);
+  int64_t n_rows = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    std::vector<double> x;
+    std::vector<int64_t> S;
+    for (int64_t s = 0; s < s_kv; ++s) {
+      const double v = c.in.scores.get(t * s_kv + s);
+      bool in = c.in.windows.contains(t, s) && v != -INFINITY;
+      if (in && c.in.mode == KlMode::Sparse) {
+        bool sel = false;
+        const int64_t k = c.in.indices->size(1);
+        for (int64_t j = 0; j < k && !sel; ++j) sel = c.in.indices->get(t * k + j) == static_cast<double>(s);
+        in = sel;
+      }
+      if (in) x.push_back(v), S.push_back(s);
+    }
+    if (x.empty()) continue;
+    ++n_rows;
+    const double m = *std::max_element(x.begin(), x.end());
+    double z = 0;
+    for (double v : x) z += std::exp(v - m);
+    for (size_t j = 0; j < x.size(); ++j) {
+      qmax[static_cast<size_t>(t)] = std::max(qmax[static_cast<size_t>(t)], std::exp(x[j] - m) / z);
+      dmax[static_cast<size_t>(t)] = std::max(dmax[static_cast<size_t>(t)], std::abs(ref.d_scores.get(t * s_kv + S[j])));
+    }
+  }
+  if (n_rows == 0) return;
+  const double g = std::abs(c.in.coeff) / static_cast<double>(n_rows), mean_kl = std::abs(ref.loss.get(0)) / g / static_cast<double>(n_rows);
+  auto detectable = [&](double sh) {
+    const double e = u * (3 * (std::abs(sh) + 3) + 20);
+    if (e > quarter_theta * mean_kl) return false;
+    for (int64_t t = 0; t < s_q; ++t)
+      if (qmax[static_cast<size_t>(t)] > 0 && e * qmax[static_cast<size_t>(t)] > quarter_theta * dmax[static_cast<size_t>(t)] / g)
+        return false;
+    return true;
+  };
+  while (std::abs(shift) > 16 && !detectable(shift)) shift = std::copysign(std::max(16.0, std::abs(shift) / 2), shift);
+  if (!detectable(shift)) return;
+  for (int64_t i = 0; i < c.in.scores.numel(); ++i) {
+    const double v = c.in.scores.get(i);
+    if (std::isfinite(v)) c.in.scores.set(i, v + shift);
+  }
+  c.desc += " scores+=" + std::to_string(static_cast<int>(shift));
+}
+
+KlCase draw_kl_case(std::optional<DType> dtype, bool shift) {
   KlCase c;
   // One case in four is long (issue 9): causal or MTP windows over 256 or 1024 keys. A run's
   // draw 1 is long, MTP (every row sees >= 2 keys) and sparse with k >= 2, so it holds an id
@@ -1458,6 +1549,8 @@ KlCase draw_kl_case(std::optional<DType> dtype) {
   c.desc = "kl s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " h_q=" +
            std::to_string(h) + " mode=" + to_string(c.in.mode) + " windows=" + wk;
   set_kl_input_dtype(c, dtype);
+  fill_kl_outside_windows(c, draw_index() == 2, r);  // level 0 (3 draws) always has one
+  if (shift) shift_kl_scores(c, draw_index() == 1);
   log_case(c.desc);
   return c;
 }
@@ -1549,6 +1642,7 @@ KlCase draw_kl_many_rows_case(std::optional<DType> dtype) {
            std::to_string(h) + " d=" + std::to_string(d) + " mode=" + to_string(c.in.mode) +
            (k ? " k=" + std::to_string(k) : "") + " windows=" + (per_row ? "per_row" : "full");
   set_kl_input_dtype(c, dtype);
+  fill_kl_outside_windows(c, draw_index() == 2, r);
   log_case(c.desc);
   return c;
 }
@@ -1585,6 +1679,7 @@ KlCase draw_kl_production_case(std::optional<DType> dtype) {
            std::to_string(h) + " d=" + std::to_string(d) + " mode=" + to_string(c.in.mode) +
            (c.in.mode == KlMode::Sparse ? " k=" + std::to_string(k) : "") + " windows=" + wk;
   set_kl_input_dtype(c, dtype);
+  fill_kl_outside_windows(c, draw_index() == 2, r);
   log_case(c.desc);
   return c;
 }

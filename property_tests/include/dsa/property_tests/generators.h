@@ -246,7 +246,13 @@ void condition_bf16_case(SparseMlaInputs& in, Tensor* dout, uint64_t seed);
 /// sparse (with indices) mode, coeff > 0. One case in four is long (issue 9): causal rows over
 /// 256-1024 keys, or MTP next_n 1-4 with start positions > 0. Sparse ids: three slots in four
 /// a key in [0, s_kv), the others -1, -5, INT32_MIN, s_kv, s_kv + a key, INT32_MAX (invalid,
-/// SPEC §4/§7: not in S_t; finding F14).
+/// SPEC §4/§7: not in S_t; finding F14). Every KL generator: on a run's draw 2 and one other
+/// draw in two, keys outside the windows hold finite scores uniform(-3, 3) instead of -inf, and
+/// sparse rows whose window leaves keys out select one of them in their last slot (k >= 3):
+/// legal, not in S_t (SPEC §1/§7; fresh16 F1: a kernel ignoring ks/ke passed). desc names it
+/// (" outside=finite"). draw_kl_case also shifts every finite score by ±16, ±64, ±100 or ±200
+/// (halved while the draw would be WEAK; none if 16 is) on a run's draw 1 and one other draw in three (shift invariant; fresh16 F4: an exp2-form
+/// kernel errs by about u·|I|), named in desc (" scores+=100").
 /// q and kv of every KL generator: uniform(-1, 1) in `dtype` when given (BF16, F16 or F32),
 /// else in fp32 or bf16, one draw in two (SPEC §7: the §4 attention inputs; fresh-user F17: a
 /// teacher formed from bf16 logits passed fp32-only draws). The dtype is the generator's last
@@ -256,7 +262,13 @@ struct KlCase {
   IndexerKlInputs in;
   std::string desc;
 };
-KlCase draw_kl_case(std::optional<DType> dtype = std::nullopt);
+/// `shift` false: no score shift (a caller that changes the scores first, then calls
+/// shift_kl_scores itself, as kl.neg_inf_scores does).
+KlCase draw_kl_case(std::optional<DType> dtype = std::nullopt, bool shift = true);
+/// Moves every finite score of `c` by ±16, ±64, ±100 or ±200 on `force` or one draw in three,
+/// halved while the draw would be WEAK (none if 16 is); appends " scores+=<shift>" to desc.
+/// Softmax is shift invariant: the outputs do not move, the student floor does (fresh16 F4).
+void shift_kl_scores(KlCase& c, bool force);
 /// Many query rows (prefill KL; fresh-user finding F7: a KL kernel leaving d_scores rows past
 /// 128 at 0 passed): s_q as draw_many_row_count over s_kv 2-65 keys, h_q 2-4, d 4-16; full
 /// windows or per-row windows of >= 2 keys; dense or sparse (k 2..s_kv+2, ids as draw_kl_case);
