@@ -483,19 +483,74 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
       [&] { return reference::sparse_mla_backward(c.mla, c.dout, Precision::Baseline, delta_out); });
   const auto floors_p = shared_mla_floors(c, out_dtype, /*backward=*/true);
   const CaseFloors& floors = *floors_p;
-  auto judge_grads = [&](OpReport& rr, const SparseMlaGrads& ref, const SparseMlaGrads& base,
-                         bool shared) {
-    judge(rr, opt, op, c.mla.q.dtype(), "dq", cand.dq, ref.dq, base.dq, floors, shared);
-    judge(rr, opt, op, c.mla.q.dtype(), "dkv", cand.dkv, ref.dkv, base.dkv, floors, shared);
+  auto judge_grads_with = [&](OpReport& rr, const SparseMlaGrads& ref, const SparseMlaGrads& base,
+                              bool shared, const CaseFloors& fl) {
+    judge(rr, opt, op, c.mla.q.dtype(), "dq", cand.dq, ref.dq, base.dq, fl, shared);
+    judge(rr, opt, op, c.mla.q.dtype(), "dkv", cand.dkv, ref.dkv, base.dkv, fl, shared);
     if (c.mla.attn_sink && ref.dsink && base.dsink) {
       const Tensor none;
       judge(rr, opt, op, c.mla.q.dtype(), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink,
-            *base.dsink, floors, shared);
+            *base.dsink, fl, shared);
     }
+  };
+  auto judge_grads = [&](OpReport& rr, const SparseMlaGrads& ref, const SparseMlaGrads& base,
+                         bool shared) { judge_grads_with(rr, ref, base, shared, floors); };
+  // A backward that recomputes P from its forward's fp32 lse with separately scaled fp32
+  // logits (FlashAttention-2/3, FlashMLA: exp2(s·fl(sm·log2e) - fl(L·log2e)); SPEC §5 hands it
+  // lse) errs in p_j by up to u(3|P_j| + 3|L|) more than the floors hold, also on a row with
+  // one key (local_bounds.h, sparse_mla_lse_recompute_terms; fresh16 F3: 2.1 % of dkv at
+  // |L| = 2^18). Judged only when the gradients fail: the floors plus that term, as a whole
+  // second report. It replaces the failing one only when it passes with no WEAK row: then
+  // every row's bound is still below θ·rowscale, so the published δ holds on every row (a
+  // perturbation of δ fails it too). Where the widened bound exceeds θ (|L| large) the case
+  // cannot tell such a kernel from a wrong one: the FAIL is kept, with a note saying so.
+  const OpReport r_pristine = r;
+  auto lse_recompute = [&](OpReport rep, const OpReport& pre, const SparseMlaGrads& ref,
+                           const SparseMlaGrads& base, bool shared, const CaseFloors& base_floors) {
+    if (rep.verdict != Verdict::Fail) return rep;
+    std::map<std::string, std::vector<double>> extra;
+    try {
+      extra = sparse_mla_lse_recompute_terms(c.mla, c.dout);
+    } catch (const std::exception&) {
+      return rep;  // the floors' own argument checks already judged these inputs
+    }
+    CaseFloors wide = base_floors;
+    double worst = 0;  // the largest extra term over an element's floor (λ·acc)
+    for (const auto& [name, e] : extra) {
+      auto it = wide.find(name);
+      if (it == wide.end() || it->second.acc.size() != e.size()) continue;
+      const double lam = tolerance(to_string(op), name, DType::F32).lambda;
+      for (size_t i = 0; i < e.size(); ++i) {
+        const double a = it->second.acc[i];
+        if (e[i] > 0) worst = std::max(worst, a > 0 ? e[i] / (lam * a) : INFINITY);
+        it->second.acc[i] = a + e[i] / lam;
+      }
+      it->second.source += " + P recomputed from an fp32 lse (λ x this term = Σ_j uτ_j|term_j|, "
+                           "τ_j = 3|P_j| + 3|L| (+ |L| + 1 with a sink), docs/SPEC.md §9)";
+    }
+    OpReport w = pre;  // the report as it stood before the gradients were judged
+    judge_grads_with(w, ref, base, shared, wide);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.3g", worst);
+    const std::string what =
+        "the bound widened by the first-order error of P recomputed from an fp32 lse with "
+        "separately scaled fp32 logits (FlashAttention-2/3, FlashMLA-style backward: u(3|P_j| + "
+        "3|L|) on p_j, docs/SPEC.md §9; up to " + std::string(buf) + "x an element's floor here)";
+    if (w.verdict == Verdict::Pass) {
+      w.notes.push_back("gradients fail the floors but pass " + what + " with no WEAK row: "
+                        "judged with it (the published δ holds on every row)");
+      return w;
+    }
+    if (w.verdict == Verdict::Weak)
+      rep.notes.push_back("every element lies within " + what + ", but that bound exceeds θ on "
+                          "some rows (large |lse|): there this case cannot tell such a kernel "
+                          "from a wrong one; the verdict stays FAIL (known limit, docs/SPEC.md §9)");
+    return rep;
   };
   if (!delta_shared) {
     if (!delta_out) {
       judge_grads(r, *shared_ref(), *base_p, false);
+      r = lse_recompute(std::move(r), r_pristine, *shared_ref(), *base_p, false, floors);
       return detail::settle_judged_nothing(std::move(r), opt, op);
     }
     // A 16-bit Δ the candidate's own out does not share: the baseline's error holds the shift
@@ -542,6 +597,7 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
       judge(r, opt, op, c.mla.q.dtype(), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink, *base_p->dsink,
             split, false);
     }
+    r = lse_recompute(std::move(r), r_pristine, ref, *base_p, false, split);
     return detail::settle_judged_nothing(std::move(r), opt, op);
   }
   // Δ from the candidate's own 16-bit out. Its gradients are judged against the float64
@@ -555,8 +611,9 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
       delta_from_candidate ? nullptr : memo_of(c),
       std::string("sparse_mla_bwd/reference/delta from out ") + dtype_name(out_dtype), fp,
       [&] { return reference::sparse_mla_backward(c.mla, c.dout, Precision::Reference, delta_out); });
-  OpReport own = r;
-  own.notes.push_back(own_note);
+  OpReport own_pre = r;
+  own_pre.notes.push_back(own_note);
+  OpReport own = own_pre;
   judge_grads(own, *ref_own_p, *base_p, true);
   if (own.passed()) {
     own.notes.push_back("gradients judged against the float64 reference whose Δ comes from "
@@ -580,6 +637,9 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   auto severity = [](Verdict v) {
     return v == Verdict::Fail ? 3 : v == Verdict::Incomplete ? 2 : v == Verdict::Weak ? 1 : 0;
   };
+  own = lse_recompute(std::move(own), own_pre, *ref_own_p, *base_p, true, floors);
+  precise = lse_recompute(std::move(precise), r_pristine, *shared_ref(), *base_precise_p, true, floors);
+  if (own.verdict == Verdict::Pass) return detail::settle_judged_nothing(std::move(own), opt, op);
   if (severity(precise.verdict) < severity(own.verdict)) {
     precise.notes.push_back(
         std::string("gradients ") + (own.verdict == Verdict::Fail ? "disagree" : "are WEAK") +

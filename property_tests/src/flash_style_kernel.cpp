@@ -48,6 +48,9 @@ FlashStyleResult flash_style_sparse_mla(const SparseMlaInputs& in, const Tensor*
   const std::vector<double> Q = in.q.to_f64(), KV = in.kv.to_f64();
   const std::vector<double> dO = dout ? dout->to_f64() : std::vector<double>();
   const float sm = static_cast<float>(in.sm_scale);
+  // FlashAttention-2/3's scale_softmax_log2 (one rounding of the double product) and log2e
+  constexpr double kLog2e = 1.4426950408889634;
+  const float sm_log2e = static_cast<float>(in.sm_scale * kLog2e), log2e_f = static_cast<float>(kLog2e);
   const auto kv = [&KV, d](int64_t id, int64_t x) { return static_cast<float>(KV[static_cast<size_t>(id * d + x)]); };
   std::vector<double> out(static_cast<size_t>(s_q * h_q * dv), 0.0), lse(static_cast<size_t>(s_q * h_q), INFINITY),
       mx(lse.size(), -INFINITY), dq(static_cast<size_t>(s_q * h_q * d), 0.0);
@@ -64,10 +67,12 @@ FlashStyleResult flash_style_sparse_mla(const SparseMlaInputs& in, const Tensor*
     for (int64_t h = 0; h < h_q; ++h) {
       const int64_t row = t * h_q + h;
       const double* q = &Q[static_cast<size_t>(row * d)];
-      std::vector<float> P(n), e(n);
-      for (size_t j = 0; j < n; ++j)
-        P[j] = sm * sum_of(static_cast<size_t>(d), o.order,
-                           [&](size_t x) { return static_cast<float>(q[x]) * kv(ids[j], static_cast<int64_t>(x)); });
+      std::vector<float> P(n), e(n), sraw(n);
+      for (size_t j = 0; j < n; ++j) {
+        sraw[j] = sum_of(static_cast<size_t>(d), o.order,
+                         [&](size_t x) { return static_cast<float>(q[x]) * kv(ids[j], static_cast<int64_t>(x)); });
+        P[j] = sm * sraw[j];
+      }
       const float m = *std::max_element(P.begin(), P.end());
       for (size_t j = 0; j < n; ++j) e[j] = std::exp(P[j] - m);
       const float S = sum_ordered(e, o.order);
@@ -106,7 +111,9 @@ FlashStyleResult flash_style_sparse_mla(const SparseMlaInputs& in, const Tensor*
       const float delta = sum_of(static_cast<size_t>(dv), o.order, [&](size_t c) { return o_ret[c] * static_cast<float>(g[c]); });
       std::vector<float> p(n), dS(n), dSq(n);
       for (size_t j = 0; j < n; ++j) {
-        p[j] = std::isinf(L) ? 0.0f : std::exp(P[j] - L);
+        p[j] = std::isinf(L) ? 0.0f
+               : o.p_exp2_from_lse ? std::exp2(sraw[j] * sm_log2e - L * log2e_f)
+                                   : std::exp(P[j] - L);
         const float dp = sum_of(static_cast<size_t>(dv), o.order, [&](size_t c) {
           return static_cast<float>(g[c]) * kv(ids[j], static_cast<int64_t>(c));
         });
@@ -124,7 +131,9 @@ FlashStyleResult flash_style_sparse_mla(const SparseMlaInputs& in, const Tensor*
           dkv[static_cast<size_t>(ids[j] * d + x)] += gx;
         }
       }
-      if (in.attn_sink) dsink[static_cast<size_t>(h)] -= psink * delta;
+      const float ps = o.p_exp2_from_lse && std::isfinite(L) && std::isfinite(sk)
+                           ? std::exp2(sk * log2e_f - L * log2e_f) : psink;
+      if (in.attn_sink) dsink[static_cast<size_t>(h)] -= ps * delta;
     }
   }
   FlashStyleResult res;

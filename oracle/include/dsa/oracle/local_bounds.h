@@ -148,6 +148,30 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
 /// Same argument rules as reference::sparse_mla_backward.
 CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype);
 
+/// First-order error a correct sparse MLA backward adds when it recomputes P from its
+/// forward's fp32 lse (SPEC §5 hands `lse` to the backward) with separately scaled fp32
+/// logits, as FlashAttention-2/3 and FlashMLA-style backwards do:
+/// p_j = exp2(fl(s_j·fl(sm·log2e)) - fl(L·fl(log2e))), L the row's lse (with the sink folded
+/// in, in fp32, when there is one). Each of those roundings is relative to the value it
+/// rounds (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §2.2 eq. (2.4),
+/// first order as in ch. 3): L stored in fp32 (u|L|), fl(log2e) and the product L·log2e
+/// (2u|L|), fl(log2e), fl(sm·log2e) and the product s_j·c (3u|P_j|), the sink's fold
+/// (u(|L| + 1)): the exponent errs by u·τ_j, τ_j = 3|P_j| + 3|L| (+ |L| + 1 with a finite
+/// sink), P_j = sm·q·kv_j, also on a row with one key (p = 1 in exact arithmetic: the
+/// forward's own exp(0) is exact, this recomputation is not). p_sink = exp(sink - L) errs
+/// by u·(3|sink| + 3|L| (+ |L| + 1)). Through dS_j = p_j(g_j - Δ) with Δ from out (not
+/// moved by p): |δdq_c| <= |sm| Σ_j uτ_j|dS_j kv_jc|, |δdkv_sc| <= Σ_(t,h,j→s)
+/// uτ_j(|sm dS_j q_c| + p_j|dout_c|), |δdsink_h| <= Σ_t uτ_sink p_sink|Δ|: linear sums (the
+/// roundings of one row's L and the constants are shared by its keys and by every row).
+/// Returns, for "dq", "dkv" and ("dsink" with a sink), one absolute term per element (the
+/// outputs' shapes flattened). Not part of the floors: op_check adds it to them only to judge
+/// again gradients that fail, and takes that report only when it passes with no WEAK row
+/// (else the FAIL stays, with a note; docs/SPEC.md §9). Shapes and errors as
+/// reference::sparse_mla_backward (dout [s_q,h_q,d_v]); std::invalid_argument names the
+/// argument otherwise.
+std::map<std::string, std::vector<double>> sparse_mla_lse_recompute_terms(const SparseMlaInputs& in,
+                                                                          const Tensor& dout);
+
 /// sparse_mla_floors for `work_dtype` (first) and for F32 work (second), computed together:
 /// each equal to its own sparse_mla_floors call, the parts that do not depend on the working
 /// dtype (all but the 16-bit narrow terms) computed once (issue 13: a case judged for a

@@ -38,6 +38,11 @@ struct FlashStyleOptions {
   /// --sink-after-rounding): out = fl_out(fl32(fl_out(o) · r)), o = P·V / Σ exp without the
   /// sink, r = exp(lse - L). Ignored with normalized_p (whose p already holds the sink).
   bool sink_after_rounding = false;
+  /// The backward recomputes P from the forward's fp32 lse, FlashAttention-2/3 style:
+  /// p_j = exp2(fl(s_j·fl(sm·log2e)) - fl(L·fl(log2e))), s_j = q·kv_j (fp32), L the fp32 lse
+  /// with the sink folded in; p_sink = exp2(fl(sink·fl(log2e)) - fl(L·fl(log2e))). Else
+  /// p_j = exp(logit_j - L) from the forward's own fp32 logits.
+  bool p_exp2_from_lse = false;
 };
 
 struct FlashStyleResult {
