@@ -736,14 +736,8 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   // a loop per (t, h, c) over the slots; the loops are interchanged (heads or columns
   // innermost) so they run over contiguous memory, which leaves every value unchanged.
   auto row_pass = [&](int64_t t, MlaRowData& R) {
-    R.ids.clear();
+    valid_slot_ids(in, t, R.ids);
     R.uf_slots.clear();
-    int64_t limit = k;
-    if (in.topk_length) limit = std::min<int64_t>(limit, static_cast<int64_t>(in.topk_length->get(t)));
-    for (int64_t j = 0; j < limit; ++j) {
-      const double id = in.indices.get(t * k + j);
-      if (id >= 0 && id < static_cast<double>(s_kv)) R.ids.push_back(static_cast<int64_t>(id));
-    }
     const std::vector<int64_t>& ids = R.ids;
     const size_t n = ids.size();
     R.n = static_cast<int64_t>(n);

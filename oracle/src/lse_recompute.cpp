@@ -30,13 +30,7 @@ std::map<std::string, std::vector<double>> sparse_mla_lse_recompute_terms(const 
   std::vector<int64_t> ids;
   std::vector<double> P, p, g, w;
   for (int64_t t = 0; t < s_q; ++t) {
-    ids.clear();
-    int64_t limit = k;
-    if (in.topk_length) limit = std::min<int64_t>(limit, static_cast<int64_t>(in.topk_length->get(t)));
-    for (int64_t j = 0; j < limit; ++j) {
-      const double id = in.indices.get(t * k + j);
-      if (id >= 0 && id < static_cast<double>(s_kv)) ids.push_back(static_cast<int64_t>(id));
-    }
+    valid_slot_ids(in, t, ids);
     const size_t n = ids.size();
     if (n == 0) continue;  // SPEC §6: exact zeros, nothing recomputed
     P.assign(n, 0.0);

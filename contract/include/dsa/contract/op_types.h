@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "dsa/contract/key_windows.h"
 #include "dsa/contract/policies.h"
@@ -30,6 +31,12 @@ struct SparseMlaInputs {
   double sm_scale = 1.0;
   int64_t d_v = 512;
 };
+
+/// The valid slots of query row t (SPEC §4): indices[t, j] for j < min(k, topk_length[t]) with
+/// 0 <= id < s_kv = kv.size(0), in slot order, duplicates kept (an empty result is an empty
+/// row, SPEC §6). Written into `ids`, cleared first, so a loop over rows reuses one buffer.
+/// Requires 0 <= t < s_q and indices [s_q,k] or [s_q,1,k] (not checked); no errors.
+void valid_slot_ids(const SparseMlaInputs& in, int64_t t, std::vector<int64_t>& ids);
 
 /// out [s_q,h_q,d_v]; lse, max_logits [s_q,h_q] (natural log).
 /// Empty rows: out 0, lse +inf, max_logits -inf (SPEC §6).
