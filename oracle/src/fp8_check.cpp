@@ -203,19 +203,9 @@ struct Fp8Baseline {
 };
 
 // Adds one dequantization D: ref the float64 reference on the exact kv, ref_d on kv_D,
-// base_d the baseline on kv_D (each out [s_q, h_q, d_v]). Non-finite: infinite (that row then
-// keeps E_row in judge_tensor).
+// base_d the baseline on kv_D (each out [s_q, h_q, d_v]); local_bounds.h add_inherited16.
 void add_inherited(Fp8Baseline& b, const Tensor& ref, const Tensor& ref_d, const Tensor& base_d) {
-  const size_t n = static_cast<size_t>(ref.numel());
-  b.inherited.resize(n, 0.0);
-  b.arith.resize(n, 0.0);
-  for (size_t i = 0; i < n; ++i) {
-    const double r = ref.get(static_cast<int64_t>(i)), rd = ref_d.get(static_cast<int64_t>(i)),
-                 bd = base_d.get(static_cast<int64_t>(i));
-    if (!std::isfinite(r)) continue;  // judged by position only
-    b.inherited[i] = std::max(b.inherited[i], std::isfinite(rd) ? std::abs(rd - r) : INFINITY);
-    b.arith[i] = std::max(b.arith[i], std::isfinite(rd) && std::isfinite(bd) ? std::abs(bd - rd) : INFINITY);
-  }
+  add_inherited16(b.inherited, b.arith, ref, ref_d, base_d);
 }
 
 }  // namespace

@@ -363,6 +363,25 @@ void require(bool ok, const char* where, const char* arg, const std::string& got
 
 }  // namespace
 
+void add_inherited16(std::vector<double>& inherited, std::vector<double>& arith, const Tensor& ref,
+                     const Tensor& ref16, const Tensor& base16) {
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"ref16", &ref16}, {"base16", &base16}})
+    if (t->numel() != ref.numel())
+      throw std::invalid_argument(std::string("add_inherited16: argument '") + name + "' has " +
+                                  std::to_string(t->numel()) + " elements, expected " +
+                                  std::to_string(ref.numel()) + " (those of 'ref')");
+  const size_t n = static_cast<size_t>(ref.numel());
+  inherited.resize(n, 0.0);
+  arith.resize(n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t k = static_cast<int64_t>(i);
+    const double r = ref.get(k), r16 = ref16.get(k), b16 = base16.get(k);
+    if (!std::isfinite(r)) continue;  // judged by position only
+    inherited[i] = std::max(inherited[i], std::isfinite(r16) ? std::abs(r16 - r) : INFINITY);
+    arith[i] = std::max(arith[i], std::isfinite(r16) && std::isfinite(b16) ? std::abs(b16 - r16) : INFINITY);
+  }
+}
+
 double unit_roundoff(DType dtype) {
   switch (dtype) {
     case DType::F64: return 0x1p-53;

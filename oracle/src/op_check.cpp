@@ -572,17 +572,10 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
       if (it == split.end() || !r0.defined() || !r16.defined() || !b16.defined() || r0.numel() != r16.numel() ||
           r0.numel() != b16.numel())
         return;
-      const size_t n = static_cast<size_t>(r0.numel());
       OutputFloor& f = it->second;
-      f.inherited16.assign(n, 0.0);
-      f.inherited16_arith.assign(n, 0.0);
-      for (size_t i = 0; i < n; ++i) {
-        const int64_t k = static_cast<int64_t>(i);
-        const double x = r0.get(k), x16 = r16.get(k), b = b16.get(k);
-        if (!std::isfinite(x)) continue;  // judged by position only
-        f.inherited16[i] = std::isfinite(x16) ? std::abs(x16 - x) : INFINITY;
-        f.inherited16_arith[i] = std::isfinite(x16) && std::isfinite(b) ? std::abs(b - x16) : INFINITY;
-      }
+      f.inherited16.clear();
+      f.inherited16_arith.clear();
+      add_inherited16(f.inherited16, f.inherited16_arith, r0, r16, b16);
       f.inherited16_source = std::string("the exact shift of the float64 reference when Δ is taken from the "
                                          "baseline's out rounded to ") +
                              dtype_name(out_dtype) + " (the candidate's own out not handed over)";
@@ -590,13 +583,7 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
     add_split("dq", ref.dq, ref16_p->dq, base_p->dq);
     add_split("dkv", ref.dkv, ref16_p->dkv, base_p->dkv);
     if (ref.dsink && ref16_p->dsink && base_p->dsink) add_split("dsink", *ref.dsink, *ref16_p->dsink, *base_p->dsink);
-    judge(r, opt, op, c.mla.q.dtype(), "dq", cand.dq, ref.dq, base_p->dq, split, false);
-    judge(r, opt, op, c.mla.q.dtype(), "dkv", cand.dkv, ref.dkv, base_p->dkv, split, false);
-    if (c.mla.attn_sink && ref.dsink && base_p->dsink) {
-      const Tensor none;
-      judge(r, opt, op, c.mla.q.dtype(), "dsink", cand.dsink ? *cand.dsink : none, *ref.dsink, *base_p->dsink,
-            split, false);
-    }
+    judge_grads_with(r, ref, *base_p, false, split);
     r = lse_recompute(std::move(r), r_pristine, ref, *base_p, false, split);
     return detail::settle_judged_nothing(std::move(r), opt, op);
   }

@@ -113,6 +113,19 @@ struct OutputFloor {
 /// Floor inputs of every output of one op on one case, by output name.
 using CaseFloors = std::map<std::string, OutputFloor>;
 
+/// Adds one inherited 16-bit rounding to OutputFloor::inherited16 / inherited16_arith (both
+/// resized to ref.numel(), 0-filled, and raised elementwise to the larger value, so several
+/// legal roundings combine by max). ref: the float64 reference on the exact inputs; ref16: the
+/// float64 reference on the rounded inputs (kv dequantized to 16 bits, or Δ from an out
+/// rounded to 16 bits); base16: the baseline on those rounded inputs; any dtype, same numel,
+/// same element order (dimensionless output units). Per element: inherited = |ref16 - ref|,
+/// arith = |base16 - ref16|; a non-finite ref leaves 0 (judged by position only), a non-finite
+/// ref16 or base16 gives +inf (the row then keeps E_row in judge_tensor). Throws
+/// std::invalid_argument naming 'ref16' / 'base16' when a numel differs. Rule: SPEC §9, the
+/// per-element split min(E_row, I_e + κ_row·s_e) (docs/SPEC.md §9).
+void add_inherited16(std::vector<double>& inherited, std::vector<double>& arith, const Tensor& ref,
+                     const Tensor& ref16, const Tensor& base16);
+
 /// Unit roundoff u of a floating dtype: 2^-53 (F64), 2^-24 (F32), 2^-11 (F16), 2^-8 (BF16).
 /// Throws std::invalid_argument for integer dtypes.
 double unit_roundoff(DType dtype);
