@@ -312,26 +312,33 @@ SparseMlaInputs fp8_slots(const SparseMlaFp8Inputs& in) {
   return s;
 }
 
+// Clean twin of an FP8 cache: zeroes the fp8 bytes of every row the contract does not read
+// (read[r] == 0) and sets that row's scale to 1. `bytes` is a U8 tensor of read.size() rows of
+// equal width, `scales` one fp32 scale per row (rows past its end keep no scale). Rule: SPEC §10
+// (a kernel never reads those rows, so their content may not change its outputs).
+void zero_unread_rows(Tensor& bytes, Tensor& scales, const std::vector<char>& read) {
+  const int64_t rows = static_cast<int64_t>(read.size());
+  const int64_t width = bytes.numel() / std::max<int64_t>(1, rows);
+  for (int64_t r = 0; r < rows; ++r)
+    if (!read[static_cast<size_t>(r)]) {
+      std::memset(bytes.raw() + r * width, 0, static_cast<size_t>(width));
+      if (r < scales.numel()) scales.set(r, 1.0);
+    }
+}
+
 }  // namespace
 
 // ---- SPEC §10 clean twins (declared in fixture_check.h) ----------------------------------
 
 Fp8IndexerInputs clean_unread(const Fp8IndexerInputs& in) {
   Fp8IndexerInputs out = in;
-  const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.numel() / std::max<int64_t>(1, s_kv);
-  const std::vector<char> read = read_mask(in);
-  for (int64_t s = 0; s < s_kv; ++s)
-    if (!read[static_cast<size_t>(s)]) {
-      std::memset(out.k_idx.raw() + s * d, 0, static_cast<size_t>(d));
-      if (s < out.k_scale.numel()) out.k_scale.set(s, 1.0);
-    }
+  zero_unread_rows(out.k_idx, out.k_scale, read_mask(in));
   return out;
 }
 
 PagedIndexerInputs clean_unread(const PagedIndexerInputs& in) {
   PagedIndexerInputs out = in;
   const int64_t num_blocks = in.k_cache.size(0), bs = in.k_cache.size(1);
-  const int64_t slots = num_blocks * bs, d = in.k_cache.numel() / std::max<int64_t>(1, slots);
   const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
   const std::vector<char> read = read_mask(in);
   for (int64_t b = 0; b < batch; ++b) {
@@ -339,11 +346,7 @@ PagedIndexerInputs clean_unread(const PagedIndexerInputs& in) {
     for (int64_t i = std::max<int64_t>(0, (L + bs - 1) / std::max<int64_t>(1, bs)); i < max_blocks; ++i)
       if (num_blocks > 0) out.block_table.set(b * max_blocks + i, 0.0);
   }
-  for (int64_t slot = 0; slot < slots; ++slot)
-    if (!read[static_cast<size_t>(slot)]) {
-      std::memset(out.k_cache.raw() + slot * d, 0, static_cast<size_t>(d));
-      if (slot < out.k_scale_cache.numel()) out.k_scale_cache.set(slot, 1.0);
-    }
+  zero_unread_rows(out.k_cache, out.k_scale_cache, read);
   return out;
 }
 
