@@ -21,6 +21,7 @@ packages=(
   libxml2-utils          # xmllint: JUnit report validation in the CLI tests
   python3-dev pybind11-dev  # the dsa_verify Python module (python/)
   python3-torch python3-pytest  # its tests and example backends (CPU PyTorch 1.13)
+  python3-pytest-xdist   # python.pytest_plugin checks that the plugin refuses -n N (xdist)
 )
 
 missing=()

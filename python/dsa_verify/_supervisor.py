@@ -49,6 +49,14 @@ def note_task(what, not_run=0):
     _tell(f"task {int(not_run)} {what}")
 
 
+def note_record(text):
+    """Gives the supervisor one line of `text` (newlines become spaces) that it hands, with the
+    others, to supervise()'s on_abnormal_end when the child ends without noting an end (e.g. the
+    pytest plugin's test reports, from which it writes the JUnit XML file the child could not).
+    No-op when not supervised."""
+    _tell(f"rec {text}")
+
+
 def note_end(code):
     """Tells the supervisor that the command decided its exit code `code` (int): the parent exits
     with it, whatever ends the child afterwards. No-op when not supervised."""
@@ -77,7 +85,8 @@ def _die_with_parent():
         pass
 
 
-def supervise(run, what="the audit", isolate_flag="--isolate", prefix="dsa_verify: error: ", note=""):
+def supervise(run, what="the audit", isolate_flag="--isolate", prefix="dsa_verify: error: ", note="",
+              on_abnormal_end=None):
     """Runs `run()` (a function returning the command's exit code, an int) in a forked child and
     returns the exit code of the command for the parent: the code the child noted (note_end;
     supervise notes run()'s return value itself), or, when the child ended without noting one,
@@ -85,7 +94,10 @@ def supervise(run, what="the audit", isolate_flag="--isolate", prefix="dsa_verif
     to stderr what ended it and during which task (note_task). `what` names the command in that
     message ("the audit", "the pytest session", "the replay"), `isolate_flag` the option that runs
     each task in a worker process (None: none), `prefix` starts the message, `note` (e.g. where
-    the partial reports are) ends it. The child never returns: it ends with os._exit after running
+    the partial reports are) ends it. `on_abnormal_end(records, message)`, when given, is called in
+    the parent after that message when the child ended without noting an end: `records` the
+    child's note_record lines in order (str), `message` the message's text without the prefix; an
+    exception it raises is printed as a warning and changes nothing else. The child never returns: it ends with os._exit after running
     the atexit functions (when run() returned) and flushing stdout and stderr. Without os.fork, or
     outside the main thread (signal handlers), returns run() unsupervised. Raises OSError when the
     temporary file or the pipe cannot be made or fork fails."""
@@ -189,8 +201,16 @@ def supervise(run, what="the audit", isolate_flag="--isolate", prefix="dsa_verif
     if isolate_flag:
         advice += (f"; {isolate_flag} runs each task in a worker process, where {isolated} is a failed case and "
                    "the audit goes on")
+    message = (f"{cause}; {after}: {what} did not finish, which is never a pass (exit {result}). "
+               f"{advice[0].upper()}{advice[1:]}.{(' ' + note) if note else ''}")
     sys.stdout.flush()
-    sys.stderr.write(f"\n{prefix}{cause}; {after}: {what} did not finish, which is never a pass (exit {result}). "
-                     f"{advice[0].upper()}{advice[1:]}.{(' ' + note) if note else ''}\n")
+    sys.stderr.write(f"\n{prefix}{message}\n")
     sys.stderr.flush()
+    if on_abnormal_end is not None:
+        records = [ln[4:] for ln in lines if ln.startswith("rec ")]
+        try:
+            on_abnormal_end(records, message)
+        except Exception as e:  # noqa: BLE001 - the exit code above stands; say what was not written
+            sys.stderr.write(f"{prefix.replace('error', 'warning')}{type(e).__name__}: {e}\n")
+            sys.stderr.flush()
     return result

@@ -19,7 +19,13 @@ for (dsa_verify._supervisor): a kernel that ends the process (exit(0) in C or CU
 os._exit) fails the session (exit 1, "dsa-verify: error: the backend ended the process (exit
 status 0) during dsa-verify::<op>::<case>; nothing after it was judged ...") instead of exiting 0
 with the later tests never run. sys.exit() or a KeyboardInterrupt raised by the kernel itself (no
-signal) fails that test; the session goes on.
+signal) fails that test; the session goes on. With --junitxml the child hands every test report to
+the supervisor, which writes the JUnit file when the child ends before pytest does: the tests
+reported before, the running one as a failure (the error line), the ones never run as skipped.
+
+pytest-xdist: with --dsa-backend, -n N (N > 0), --dist or --tx is a usage error (exit 4) naming the
+flag: xdist workers would each run part of the audit in a process of their own, unsupervised, and
+decide the session's no-verdict exit where the controller does not read it.
 
 Timeouts: every call of the backend is watched with --dsa-timeout seconds (default 300). With
 --dsa-isolate each task runs in a worker process that is killed at it (a failed test; the
@@ -247,6 +253,16 @@ def pytest_cmdline_main(config):
     if _supervisor.supervised():
         return None  # the child: pytest's own main loop runs the session
 
+    flag = _distributing_flag(config)
+    if flag:
+        raise pytest.UsageError(
+            f"dsa-verify: --dsa-backend does not run under pytest-xdist ({flag} given): each xdist worker would "
+            "load the backend and audit in a process of its own (the tests of one fixture or property split "
+            "over workers, each drawing its own cases), the session's no-verdict exit (4: an input error, or "
+            "nothing judged) and notes are decided in a worker that the controller does not read, and a kernel "
+            "that ends a worker's process is outside dsa-verify's supervisor; run the dsa-verify tests without "
+            "-n (or with -n 0, or -p no:xdist). --dsa-isolate runs each task in a worker process of its own")
+
     def run():
         try:
             return int(config.hook.pytest_cmdline_main(config=config))
@@ -256,11 +272,126 @@ def pytest_cmdline_main(config):
                 sys.stderr.write(f"ERROR: {msg}\n\n")
             return int(pytest.ExitCode.USAGE_ERROR)
     return _supervisor.supervise(run, what="the pytest session", isolate_flag="--dsa-isolate",
-                                 prefix="dsa-verify: error: ")
+                                 prefix="dsa-verify: error: ",
+                                 on_abnormal_end=(lambda records, message: _write_junit(config, records, message))
+                                 if _junit_path(config) else None)
+
+
+def _distributing_flag(config):
+    """The pytest-xdist option that distributes this session over worker processes, as given
+    ("-n 2", "--dist load", "--tx popen"), or "" when it runs in one process (no xdist, -n 0)."""
+    n = getattr(config.option, "numprocesses", None)
+    if n:  # an int, or "auto" / "logical" (xdist resolves those later)
+        return f"-n {n}"
+    dist = getattr(config.option, "dist", "no")
+    if dist and dist != "no":
+        return f"--dist {dist}"
+    if getattr(config.option, "tx", None):
+        return "--tx " + " ".join(config.option.tx)
+    if hasattr(config, "workerinput"):
+        return "an xdist worker"
+    return ""
+
+
+def _junit_path(config):
+    """--junitxml's path where pytest's junitxml plugin writes one in this process, else None."""
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller writes the file
+        return None
+    return getattr(config.option, "xmlpath", None) or None
+
+
+class _JunitRelay:
+    """In the supervised child of a session with --junitxml: gives the supervisor (note_record,
+    one JSON object a line) the session's start time, its tests, each test's start and every
+    report pytest's junitxml plugin records, so that the parent can write the JUnit XML file when
+    the child ends before pytest writes it (_write_junit)."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def _send(self, **record):
+        import json
+        from . import _supervisor
+        _supervisor.note_record(json.dumps(record))
+
+    def pytest_sessionstart(self):
+        import time
+        self._send(kind="session", time=time.time())
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session):
+        self._send(kind="items", items=[[item.nodeid, list(item.location)] for item in session.items])
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        import time
+        self._send(kind="start", nodeid=nodeid, location=list(location), time=time.time())
+
+    def pytest_runtest_logreport(self, report):
+        self._send(kind="report", report=self.config.hook.pytest_report_to_serializable(config=self.config,
+                                                                                         report=report))
+
+    def pytest_collectreport(self, report):
+        if not report.passed:  # what junitxml records of collection
+            self._send(kind="report", report=self.config.hook.pytest_report_to_serializable(config=self.config,
+                                                                                             report=report))
+
+
+def _write_junit(config, records, message):
+    """Writes --junitxml's file, as pytest's junitxml plugin would have at the end of the session,
+    from the child's records (_JunitRelay) after the child ended without finishing the session
+    (a kernel's os._exit, a signal): every test reported before it as reported; the test that was
+    running (started, no teardown report) a failure whose message is `message` (the supervisor's);
+    the tests that never started skipped ("not run: ..."). Without a running test (the end came
+    while loading the backend, or after the last test) the failure is a test of its own,
+    dsa-verify::session. Uses pytest's own writer (_pytest.junitxml.LogXML) with the session's
+    junit_* ini options; raises OSError when the file cannot be written."""
+    import json
+    import sys
+    import time
+    from _pytest.junitxml import LogXML
+    from _pytest.reports import TestReport
+    xml = LogXML(config.option.xmlpath, config.option.junitprefix, config.getini("junit_suite_name"),
+                 config.getini("junit_logging"), config.getini("junit_duration_report"),
+                 config.getini("junit_family"), config.getini("junit_log_passing_tests"))
+    xml.pytest_sessionstart()
+    items, started, finished = [], {}, set()
+    for line in records:
+        rec = json.loads(line)
+        if rec["kind"] == "session":
+            xml.suite_start_time = rec["time"]
+        elif rec["kind"] == "items":
+            items = [(nodeid, tuple(location)) for nodeid, location in rec["items"]]
+        elif rec["kind"] == "start":
+            started[rec["nodeid"]] = (tuple(rec["location"]), rec["time"])
+        elif rec["kind"] == "report":
+            report = config.hook.pytest_report_from_serializable(config=config, data=rec["report"])
+            if isinstance(report, TestReport):
+                xml.pytest_runtest_logreport(report)
+                if report.when == "teardown":
+                    finished.add(report.nodeid)
+            else:
+                xml.pytest_collectreport(report)
+    running = [nodeid for nodeid in started if nodeid not in finished]
+    killed = running[-1] if running else "dsa-verify::session"
+    location, t0 = started.get(killed, (("dsa-verify", None, "dsa-verify session"), xml.suite_start_time))
+
+    def one(nodeid, location, outcome, longrepr, when, duration=0.0):
+        xml.pytest_runtest_logreport(TestReport(nodeid, location, {}, outcome, longrepr, when, duration=duration))
+        xml.pytest_runtest_logreport(TestReport(nodeid, location, {}, "passed", None, "teardown"))
+    one(killed, location, "failed", f"dsa-verify: error: {message}", "call", duration=max(0.0, time.time() - t0))
+    why = f"not run: the pytest session ended during {killed} (dsa-verify's supervisor)"
+    for nodeid, location in items:
+        if nodeid not in started:
+            one(nodeid, location, "skipped", (str(location[0]), location[1], why), "setup")
+    xml.pytest_sessionfinish()
+    sys.stderr.write(f"dsa-verify: note: wrote {xml.logfile} from the tests' reports ({killed} failed)\n")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "dsa_verify: a case of a dsa-verify audit")
+    from . import _supervisor
+    if _supervisor.supervised() and _junit_path(config):
+        config.pluginmanager.register(_JunitRelay(config), "dsa-verify-junit-relay")
 
 
 @pytest.hookimpl(tryfirst=True)

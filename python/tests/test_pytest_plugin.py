@@ -279,3 +279,55 @@ def test_a_kernel_raising_system_exit_fails_its_tests_and_the_session_goes_on(tm
     assert "raised SystemExit(0): a kernel must not end the process" in p.stdout, p.stdout
     failed = re.match(r"(\d+) failed", p.stdout.splitlines()[-1])
     assert failed and int(failed.group(1)) > 1, p.stdout  # every property's test ran, not only the first
+
+
+@pytest.mark.parametrize("backend, code, cause", [
+    ("ExitsOnLongRows", 1, "the backend ended the process (exit status 0)"),
+    ("SegfaultsOnLongRows", 128 + 11, "the process was killed by SIGSEGV"),
+])
+def test_a_session_a_kernel_ended_still_writes_its_junit_file(tmp_path, backend, code, cause):
+    # Before: pytest writes --junitxml at the end of the session, which a kernel's os._exit or a
+    # signal never reaches: no file at all, so a CI reading the JUnit report saw nothing failed.
+    # Now the supervisor writes it: the tests judged before, the ended one as a failure, the
+    # ones never run as skipped "not run".
+    (tmp_path / "test_user.py").write_text("def test_user():\n    pass\n")
+    cmd = [sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider", "-q",
+           f"--junitxml={tmp_path / 'junit.xml'}", "--dsa-dump-dir", str(tmp_path / "dumps"),
+           f"--dsa-backend=backends:{backend}", "--dsa-ops", "topk", "--dsa-only",
+           "topk.contract_exact,topk.long_rows", "--dsa-seed", "7", "test_user.py"]
+    p = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600)
+    assert p.returncode == code, p.stdout + p.stderr
+    ended = "dsa-verify::topk::property:topk.long_rows"
+    assert f"dsa-verify: error: {cause} during {ended}" in p.stderr, p.stderr
+    assert (tmp_path / "junit.xml").exists(), p.stdout + p.stderr
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    suite = root.find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped"), suite.get("errors")) == \
+        ("3", "1", "1", "0"), ET.tostring(root, encoding="unicode")
+    by_name = {c.get("classname") + "::" + c.get("name"): c for c in cases(root)}
+    judged = by_name["dsa-verify.topk::property:topk.contract_exact"]
+    assert list(judged) == [], ET.tostring(judged, encoding="unicode")  # passed: no failure, no skip
+    failure = by_name["dsa-verify.topk::property:topk.long_rows"].find("failure")
+    assert failure is not None and f"{cause} during {ended}" in failure.get("message"), \
+        ET.tostring(root, encoding="unicode")
+    skipped = by_name["test_user::test_user"].find("skipped")
+    assert skipped is not None and skipped.get("message").startswith(f"not run: the pytest session ended during {ended}")
+
+
+def test_xdist_is_refused_with_an_error_naming_the_flag(tmp_path):
+    # Before: with -n 2 each xdist worker forked under the supervisor and the session hung at
+    # "bringing up nodes..." (killed by a 600 s timeout, nothing judged). Now a usage error.
+    import importlib.util
+    assert importlib.util.find_spec("xdist"), "python3-pytest-xdist is missing (ci/install-deps.sh installs it)"
+    base = ["--dsa-backend=backends:TopkOnly", "--dsa-ops", "topk", "--dsa-only", "topk.contract_exact",
+            "--dsa-seed", "7", "--dsa-dump-dir", str(tmp_path / "d")]
+    for flag in (["-n", "2"], ["--dist", "load"]):
+        cmd = [sys.executable, "-m", "pytest", "-p", "dsa_verify.pytest_plugin", "-p", "no:cacheprovider", "-q",
+               *base, *flag]
+        p = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=120)
+        assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
+        assert (f"dsa-verify: --dsa-backend does not run under pytest-xdist ({' '.join(flag)} given)" in p.stderr
+                and "without -n (or with -n 0" in p.stderr), p.stdout + p.stderr
+    # -n 0 (xdist installed, no workers) runs the session in this process as without xdist
+    p = plugin_run(tmp_path, *base, "-n", "0")
+    assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
