@@ -20,6 +20,7 @@
 #include "dsa/reference/sparse_mla.h"
 #include "dsa/reference/sparse_mla_fp8.h"
 #include "bf16_out_kernel.h"
+#include "flash_bwd_f32.h"
 #include "fp8_rounding_kernels.h"
 #include "dsa/property_tests/suite.h"
 #include "judge.h"
@@ -397,6 +398,92 @@ TEST(RouteIdentity, Fp8DeclaredRoundingModelsAreJudgedAlikeOnEveryRoute) {
         }
       }
   }
+}
+
+// fresh16's FlashBwdF32 (oracle/tests/flash_bwd_f32.h: an fp32 backward recomputing P = exp2(...)
+// from its forward's fp32 lse) on the extreme draws' layout with fp32 inputs: its gradients fail
+// the floors and lie within the bound widened by that recompute's first-order error, which
+// exceeds θ on the 2^18-logit rows (SPEC §9). Every route gives the same WEAK verdict, bounds,
+// reason (naming the cause) and notes, exit 1; with --allow-weak AGREES, exit 0: in process
+// (check_op, as the audit's fixture tasks judge a backend), a candidate backend of the stored
+// outputs, `compare`, `replay --candidate`, `fixtures check` (expected.*). The CLI audit of the
+// same kernel in process (dsa_verify_test_backends, test:flash-bwd-exp2-f32) on
+// smla.backward_parity, seeds 1 and 2 (fresh16: DISAGREES there, dkv 2.2 % off at |L| = 2^18),
+// fails as WEAK, never as DISAGREES, and passes with --allow-weak. Before 2026-12-02 every
+// route said DISAGREES. No plugin build of this kernel: the plugin route hands the same outputs
+// to the same check_sparse_mla_backward (RouteIdentity.Bf16OutTakingDeltaFromItsOwnOutIsJudgedAlikeOnEveryRoute).
+TEST(RouteIdentity, LseRecomputeWeakRowsAreJudgedAlikeOnEveryRoute) {
+  Scratch dir("route_identity_lse_weak");
+  const fixtures::Fixture f = dsa::test::lse_extreme_draw_fixture(false);
+  const std::string golden = dir.file("golden.safetensors");
+  fixtures::save_fixture(golden, f);
+  dsa::test::FlashBwdF32Kernel k;
+  const auto outputs = outputs_of(k, f);
+  const std::string cand = dir.file("candidate.safetensors");
+  test::write_outputs(cand, outputs);
+  fixtures::Fixture as_expected = f;
+  as_expected.expected = outputs;
+  const std::string stored = dir.file("stored.safetensors");
+  fixtures::save_fixture(stored, as_expected);
+  auto notes = [](const nlohmann::json& j) {
+    std::vector<std::string> n;
+    for (const auto& op : j.at("ops"))
+      for (const auto& line : op.at("notes")) n.push_back(line.get<std::string>());
+    return n;
+  };
+  auto reasons = [](const nlohmann::json& j) {
+    std::vector<std::string> r;
+    for (const auto& op : j.at("ops")) r.push_back(op.at("reason").get<std::string>());
+    return r;
+  };
+  for (const bool allow : {false, true}) {
+    SCOPED_TRACE(allow ? "--allow-weak" : "plain");
+    JudgeOptions judge;
+    judge.allow_weak = allow;
+    const oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
+    const std::string flag = allow ? " --allow-weak" : "";
+    const nlohmann::json a = reports_json(oracle::judge_fixture_ops(f, k, opt));
+    oracle::CandidateBackend stored_outputs(outputs, "flash-bwd-exp2-f32 outputs", {});
+    const nlohmann::json b = reports_json(oracle::judge_fixture_ops(f, stored_outputs, opt));
+    const int compare_rc = run_cli("compare --golden " + golden + " --candidate " + cand + flag + " --json " +
+                                   dir.file("compare.json"));
+    const int replay_rc = run_cli("replay " + golden + " --candidate " + cand + flag + " --json " + dir.file("replay.json"));
+    const int check_rc =
+        run_cli("fixtures check " + stored + " --backend reference" + flag + " --json " + dir.file("check.json"));
+    const nlohmann::json c = test::read_json(dir.file("compare.json")), e = test::read_json(dir.file("replay.json"));
+    const nlohmann::json d = test::read_json(dir.file("check.json")).at("files").at(0).at("producer");
+    EXPECT_EQ(a.at("verdict"), allow ? "AGREES" : "WEAK") << a.dump(1);
+    const nlohmann::json want = judged_part(a);
+    for (const auto* j : {&b, &c, &d, &e}) {
+      EXPECT_EQ(judged_part(*j), want) << j->dump(1);
+      EXPECT_EQ(j->at("verdict"), a.at("verdict"));
+      EXPECT_EQ(reasons(*j), reasons(a)) << j->dump(1);
+      EXPECT_EQ(notes(*j), notes(a)) << j->dump(1);
+    }
+    for (int rc : {compare_rc, replay_rc, check_rc}) EXPECT_EQ(rc, allow ? 0 : 1);
+    bool named = false;
+    for (const auto& n : notes(a))
+      named |= n.find("dkv 2 of 12 rows: 10 (|L| 2.621e+05) 11 (|L| 2.621e+05): WEAK there (cause: P recomputed "
+                      "from the forward's fp32 lse") != std::string::npos;
+    EXPECT_TRUE(named) << a.dump(1);
+  }
+  // The audit, in process: the tester's seeds.
+  for (const char* seed : {"1", "2"})
+    for (const bool allow : {false, true}) {
+      SCOPED_TRACE(std::string("audit seed ") + seed + (allow ? " --allow-weak" : ""));
+      const std::string json = dir.file("audit.json"), log = dir.file("audit.txt");
+      const std::string cmd = std::string(DSA_VERIFY_TEST_BACKENDS) +
+                              " audit --backend test:flash-bwd-exp2-f32 --only smla.backward_parity --seed " + seed +
+                              " --dump-dir " + dir.file("d") + " --json " + json + (allow ? " --allow-weak" : "") +
+                              " > " + log + " 2>&1";
+      const int status = std::system(cmd.c_str());
+      const std::string text = test::read_text(log);
+      ASSERT_TRUE(WIFEXITED(status)) << text;
+      EXPECT_EQ(WEXITSTATUS(status), allow ? 0 : 1) << text;
+      EXPECT_EQ(text.find("DISAGREES"), std::string::npos) << text;
+      if (!allow) EXPECT_FALSE(test::lines_with(text, {"WEAK"}).empty()) << text;
+      std::cout << text;
+    }
 }
 
 // A KL kernel whose loss has the shape `shape` (the float64 reference's values otherwise).

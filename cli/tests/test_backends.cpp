@@ -10,6 +10,10 @@
 //  - "test:slow-topk": the float64 reference's top-k, 0.3 s a call, each call appending one
 //    line to the file $DSA_TEST_CALL_LOG names (if set) before it sleeps: a slow in-process
 //    kernel whose calls a test can count (an interrupted audit stops after the running call).
+//  - "test:flash-bwd-exp2-f32": fresh16's FlashBwdF32 (oracle/tests/flash_bwd_f32.h), a correct
+//    FlashAttention-2/3-style sparse MLA whose fp32 backward recomputes P = exp2(...) from its
+//    forward's fp32 lse: WEAK (not DISAGREES) on the extreme draws' 2^18-logit rows with fp32
+//    inputs (SPEC §9, "P recomputed from the forward's lse").
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -19,6 +23,7 @@
 
 #include "dsa/oracle/backend.h"
 #include "dsa/oracle/reference_backend.h"
+#include "flash_bwd_f32.h"
 
 namespace {
 
@@ -71,6 +76,7 @@ class SlowTopk final : public oracle::Backend {
 };
 
 const bool registered = [] {
+  oracle::register_backend("test:flash-bwd-exp2-f32", [] { return std::make_unique<test::FlashBwdF32Kernel>(); });
   oracle::register_backend("test:slow-topk", [] { return std::make_unique<SlowTopk>(); });
   oracle::register_backend("test:declines-neg-inf", [] { return std::make_unique<DeclinesNegInf>(); });
   oracle::register_backend("test:hangs-on-marker", [] { return std::make_unique<HangsOnMarker>(); });

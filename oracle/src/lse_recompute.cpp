@@ -10,8 +10,8 @@
 
 namespace dsa::oracle {
 
-std::map<std::string, std::vector<double>> sparse_mla_lse_recompute_terms(const SparseMlaInputs& in,
-                                                                          const Tensor& dout) {
+std::map<std::string, std::vector<double>> sparse_mla_lse_recompute_terms(
+    const SparseMlaInputs& in, const Tensor& dout, std::map<std::string, std::vector<double>>* row_lse) {
   const char* where = "sparse_mla_lse_recompute_terms";
   check_arg(in.q.dim() == 3 && in.kv.dim() == 2 && in.kv.size(1) == in.q.size(2), where, "q/kv",
             shape_str(in.q.shape()) + " " + shape_str(in.kv.shape()), "[s_q,h_q,d_qk], [s_kv,d_qk]");
@@ -27,6 +27,9 @@ std::map<std::string, std::vector<double>> sparse_mla_lse_recompute_terms(const 
   const double sm = in.sm_scale, asm_ = std::abs(sm);
   std::vector<double> edq(static_cast<size_t>(s_q * h_q * dqk), 0.0),
       edkv(static_cast<size_t>(s_kv * dqk), 0.0), eds(static_cast<size_t>(in.attn_sink ? h_q : 0), 0.0);
+  // per output row, the largest |L| among the query rows (t, h) that feed it
+  std::vector<double> ldq(static_cast<size_t>(s_q * h_q), 0.0), ldkv(static_cast<size_t>(s_kv), 0.0),
+      lds(eds.size(), 0.0);
   std::vector<int64_t> ids;
   std::vector<double> P, p, g, w;
   for (int64_t t = 0; t < s_q; ++t) {
@@ -65,6 +68,10 @@ std::map<std::string, std::vector<double>> sparse_mla_lse_recompute_terms(const 
       }
       if (!std::isfinite(L)) continue;
       if (sink_finite) fold = std::abs(L) + 1;
+      const double aL = std::abs(L);
+      ldq[static_cast<size_t>(t * h_q + h)] = aL;
+      for (size_t j = 0; j < n; ++j) ldkv[static_cast<size_t>(ids[j])] = std::max(ldkv[static_cast<size_t>(ids[j])], aL);
+      if (sink_finite) lds[static_cast<size_t>(h)] = std::max(lds[static_cast<size_t>(h)], aL);
       double delta = 0;
       for (size_t j = 0; j < n; ++j) {
         p[j] = std::exp(P[j] - L);
@@ -91,6 +98,12 @@ std::map<std::string, std::vector<double>> sparse_mla_lse_recompute_terms(const 
   out["dq"] = std::move(edq);
   out["dkv"] = std::move(edkv);
   if (in.attn_sink) out["dsink"] = std::move(eds);
+  if (row_lse) {
+    row_lse->clear();
+    (*row_lse)["dq"] = std::move(ldq);
+    (*row_lse)["dkv"] = std::move(ldkv);
+    if (in.attn_sink) (*row_lse)["dsink"] = std::move(lds);
+  }
   return out;
 }
 

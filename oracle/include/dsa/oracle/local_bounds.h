@@ -178,12 +178,16 @@ CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DTyp
 /// roundings of one row's L and the constants are shared by its keys and by every row).
 /// Returns, for "dq", "dkv" and ("dsink" with a sink), one absolute term per element (the
 /// outputs' shapes flattened). Not part of the floors: op_check adds it to them only to judge
-/// again gradients that fail, and takes that report only when it passes with no WEAK row
-/// (else the FAIL stays, with a note; docs/SPEC.md §9). Shapes and errors as
+/// again gradients that fail; when every element passes that bound the report is taken, WEAK
+/// on the rows where it exceeds θ · row scale (named with their |L|), and a gradient over it
+/// keeps the FAIL (docs/SPEC.md §9). `row_lse` (optional): filled with, per output row ("dq":
+/// (t, h); "dkv": key row s; "dsink": head h), the largest |L| (natural log, float64) among
+/// the query rows that feed it (0 where none does). Shapes and errors as
 /// reference::sparse_mla_backward (dout [s_q,h_q,d_v]); std::invalid_argument names the
 /// argument otherwise.
-std::map<std::string, std::vector<double>> sparse_mla_lse_recompute_terms(const SparseMlaInputs& in,
-                                                                          const Tensor& dout);
+std::map<std::string, std::vector<double>> sparse_mla_lse_recompute_terms(
+    const SparseMlaInputs& in, const Tensor& dout,
+    std::map<std::string, std::vector<double>>* row_lse = nullptr);
 
 /// sparse_mla_floors for `work_dtype` (first) and for F32 work (second), computed together:
 /// each equal to its own sparse_mla_floors call, the parts that do not depend on the working
