@@ -506,16 +506,34 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   // correct exp2 backward and a wrong one within the bound cannot be told apart there; SPEC §9,
   // fails unless --allow-weak), each such row named with its |L|. Rows below θ keep their
   // detection: a perturbation of δ there fails the widened report as it fails the floors.
+  //
+  // Why two judgements and not one pass choosing a model per element: the widened report is
+  // not the floors' report plus a term. The term enters floor_e, hence s_e, κ_row and the
+  // per-element baseline term min(E_row, κ_row·s_e), and the WEAK test (bound / row scale),
+  // so each element's bound under either model needs its row's model first; and the model is
+  // one claim about the kernel, chosen for the whole report (a row that passes the floors is
+  // still accepted up to the widened bound once the widened model is taken, so its WEAK status
+  // must be the widened one). The term itself is computed once per case and inputs (the
+  // case's memo, as the floors), and only on the failing path.
   const OpReport r_pristine = r;
+  struct LseTerms {  // sparse_mla_lse_recompute_terms and its per-row |L|; empty: not computable
+    std::map<std::string, std::vector<double>> extra, row_lse;
+  };
   auto lse_recompute = [&](OpReport rep, const OpReport& pre, const SparseMlaGrads& ref,
                            const SparseMlaGrads& base, bool shared, const CaseFloors& base_floors) {
     if (rep.verdict != Verdict::Fail) return rep;
-    std::map<std::string, std::vector<double>> extra, row_lse;
-    try {
-      extra = sparse_mla_lse_recompute_terms(c.mla, c.dout, &row_lse);
-    } catch (const std::exception&) {
-      return rep;  // the floors' own argument checks already judged these inputs
-    }
+    const auto terms = shared_result<LseTerms>(memo_of(c), "sparse_mla_bwd/lse_recompute_terms", fp, [&] {
+      LseTerms t;
+      try {
+        t.extra = sparse_mla_lse_recompute_terms(c.mla, c.dout, &t.row_lse);
+      } catch (const std::exception&) {
+        t = LseTerms{};  // the floors' own argument checks already judged these inputs
+      }
+      return t;
+    });
+    if (terms->extra.empty()) return rep;
+    const std::map<std::string, std::vector<double>>& extra = terms->extra;
+    const std::map<std::string, std::vector<double>>& row_lse = terms->row_lse;
     CaseFloors wide = base_floors;
     double worst = 0;  // the largest extra term over an element's floor (λ·acc)
     for (const auto& [name, e] : extra) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "dsa/oracle/case_memo.h"
 #include "dsa/oracle/fixture_check.h"
 #include "dsa/oracle/local_bounds.h"
 #include "dsa/property_tests/flash_style_kernel.h"
@@ -237,6 +238,36 @@ TEST(LseRecompute, FlashBwdF32IsWeakOnTheHugeLogitRowsNotDisagreeing) {
         EXPECT_TRUE(has_note(mr, "the FAIL stands")) << format_op_report(mr);
       }
   }
+}
+
+// The lse term is computed only on the failing path and once per case and inputs (the case's
+// memo, computation_counts): three judgements of the exp2 kernel's gradients (plain, with
+// --allow-weak, one perturbed) compute it once; the control, which passes the floors, never.
+// Before, each failing judgement recomputed it (and the shared-Δ route twice per judgement).
+TEST(LseRecompute, TermIsComputedOncePerCaseOnTheFailingPathOnly) {
+  const std::string kind = "sparse_mla_bwd/lse_recompute_terms";
+  auto count = [&] {
+    const auto all = computation_counts();
+    const auto it = all.find(kind);
+    return it == all.end() ? int64_t{0} : it->second;
+  };
+  const OpCase c = extreme_draw_case(false);
+  ASSERT_TRUE(c.memo);
+  test::FlashBwdF32Kernel kernel, control(false);
+  const SparseMlaGrads gn = control.sparse_mla_backward(c.mla, c.dout), gk = kernel.sparse_mla_backward(c.mla, c.dout);
+  const int64_t before = count();
+  EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, {{"dq", gn.dq}, {"dkv", gn.dkv}}).verdict, Verdict::Pass);
+  EXPECT_EQ(count(), before);
+  CheckOptions allow = default_check_options();
+  allow.allow_weak = true;
+  EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, {{"dq", gk.dq}, {"dkv", gk.dkv}}).verdict, Verdict::Weak);
+  EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, {{"dq", gk.dq}, {"dkv", gk.dkv}}, allow).verdict, Verdict::Pass);
+  std::vector<double> x = gk.dkv.to_f64();
+  x[10 * 32] *= 2;
+  EXPECT_EQ(judge_outputs(Op::SparseMlaBwd, c, {{"dq", gk.dq}, {"dkv", Tensor::from_f64(gk.dkv.shape(), x).to(DType::F32)}})
+                .verdict,
+            Verdict::Fail);
+  EXPECT_EQ(count(), before + 1);
 }
 
 // The term itself: zero on an ordinary row's dq where dS = 0, positive on a one-key row's dkv,
