@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <stdexcept>
 
 #include "dsa/contract/errors.h"
@@ -85,6 +86,17 @@ double binade16(double x, bool f16) {
   std::frexp(std::abs(x) * (1 + 0x1p-6), &e);
   const double b = std::ldexp(1.0, e - 1);
   return f16 ? std::max(b, 0x1p-14) : b;
+}
+
+// True when x (>= 0) is a value of the 16-bit dtype (bf16: 8 significant bits; fp16: 11, with
+// subnormals below 2^-14 on a 2^-24 grid): rounding it to that dtype is exact.
+bool on_grid16(double x, bool f16) {
+  if (x == 0) return true;
+  if (f16 && x < 0x1p-14) return std::ldexp(x, 24) == std::nearbyint(std::ldexp(x, 24));
+  int e = 0;
+  std::frexp(x, &e);
+  const double m = std::ldexp(x, (f16 ? 11 : 8) - e);
+  return m == std::nearbyint(m);
 }
 
 // The column loops of sparse_mla_floors, as functions of their own so that the compiler
@@ -1484,6 +1496,23 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     }
   };
 
+  // dkv's P roundings shared by tied rows (the loop below): per (key s, p to 16 significant
+  // bits), the rows' P parts m·b(p)|dout_c| summed before squaring, Σ and Σ of squares per column.
+  struct TieGroup {
+    int64_t count = 0;
+    size_t first_row = 0;
+    double first_a = 0;
+    std::vector<double> s1, s2;
+  };
+  std::map<std::pair<int64_t, int64_t>, TieGroup> dkv_ties;
+  auto add_tie = [&](TieGroup& tg, size_t row, double a) {
+    for (size_t c = 0; c < DV; ++c) {
+      const double x = a * std::abs(dO[row * DV + c]);
+      tg.s1[c] += x;
+      tg.s2[c] += x * x;
+    }
+  };
+
   // Rows in blocks: a block's rows in parallel (each writes only its own rows), then the
   // block's dkv columns in parallel, each column summing in row order; the sink sums per head
   // in row order. Bytes do not depend on the block size or the thread count (issue 13).
@@ -1507,6 +1536,41 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           while (g1 < n && R.ids[R.order[g1]] == R.ids[R.order[g0]]) ++g1;
           kv_n[static_cast<size_t>(R.ids[R.order[g0]])] += static_cast<int64_t>(g1 - g0);
           g0 = g1;
+        }
+        // A tied row (every valid logit equal: one key, its duplicates, equal logits): every
+        // slot's p = exp(P - L) depends only on the row's slot count and its sink's offset, so
+        // other heads and queries tied alike round the same p to 16 bits before dkv
+        // (dkv_ties): one rounding, coherent over those rows, not independent. A p on the
+        // 16-bit grid (1, 1/2, ...) rounds exactly and stays out.
+        if (un > 0) {
+          const double* ph = &R.p[h * n];
+          bool tied = ph[0] > 0 && !on_grid16(ph[0], work_f16);
+          for (size_t j = 1; j < n && tied; ++j) tied = ph[j] == ph[0];
+          if (tied) {
+            int e = 0;
+            const double fr = std::frexp(ph[0], &e);
+            const int64_t bucket = static_cast<int64_t>(e) * (int64_t{1} << 20) + std::llround(std::ldexp(fr, 16));
+            const double bp = binade16(ph[0], work_f16);
+            const size_t row = static_cast<size_t>(t0 + static_cast<int64_t>(b)) * H + h;
+            for (size_t g0 = 0; g0 < n;) {
+              size_t g1 = g0;
+              while (g1 < n && R.ids[R.order[g1]] == R.ids[R.order[g0]]) ++g1;
+              TieGroup& tg = dkv_ties[{R.ids[R.order[g0]], bucket}];
+              const double a = static_cast<double>(g1 - g0) * bp;  // × |dout_c|: the slots' nr2
+              if (++tg.count == 2) {
+                tg.s1.assign(DV, 0.0);
+                tg.s2.assign(DV, 0.0);
+                add_tie(tg, tg.first_row, tg.first_a);
+              }
+              if (tg.count == 1) {
+                tg.first_row = row;
+                tg.first_a = a;
+              } else {
+                add_tie(tg, row, a);
+              }
+              g0 = g1;
+            }
+          }
         }
         if (!R.sink_on[h]) continue;
         fds.underflow[h] += R.uf_ds[h];
@@ -1583,6 +1647,16 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     if (fb) {
       fdkv_nb.assign(fdkv.narrow.size(), 0.0);
       fds_nb.assign(fds.narrow.size(), 0.0);
+    }
+    // Tied rows' P roundings (above): the rows of one group round the same p, so their P parts
+    // add linearly, (Σ a)^2 in place of Σ a^2 in the quadrature (a group of one is unchanged).
+    // Found by the false-alarm run at level 2, seed 11, smla.duplicates_accumulate_in_dkv: one key in 3 slots,
+    // 128 heads, p = 1/3 on the 48 heads whose sink lies far below, dout's column of one sign:
+    // dkv 1.007x its bound (PRoundingTail.*).
+    for (const auto& [key, tg] : dkv_ties) {
+      if (tg.count < 2) continue;
+      const size_t s = static_cast<size_t>(key.first);
+      for (size_t c = 0; c < DV; ++c) kv_nsq[s * DQK + c] += tg.s1[c] * tg.s1[c] - tg.s2[c];
     }
     for (int64_t s = 0; s < s_kv; ++s) {
       const double sm_n = std::sqrt(static_cast<double>(kv_n[static_cast<size_t>(s)]));

@@ -99,7 +99,9 @@ std::vector<Tolerance> build_table() {
   rows("sparse_mla_bwd", "dq", "dS_j = p_j(dout·v_j - Δ) propagated with absolute values");
   rows("sparse_mla_bwd", "dkv", "every (query, head, slot) adding into the key row, √m of them; "
        "16-bit work: u16 min(Σ b(dS_j)|sm q_c| + b(p_j)|dout_c|, 3.5 sqrt(Σ (b(dS_j) sm q_c)^2 + "
-       "(b(p_j) dout_c)^2)) over its (row, head, slot) terms, b = 2^floor(log2|.|)");
+       "(b(p_j) dout_c)^2)) over its (row, head, slot) terms, b = 2^floor(log2|.|); tied rows (every "
+       "valid logit equal, p off the 16-bit grid) round the same p alike: their P terms add linearly "
+       "per (key, p) before squaring");
   rows("sparse_mla_bwd", "dsink", "-Σ_t p_sink Δ over the head's rows");
   // Gradients that fail are judged again with P recomputed from the forward's fp32 lse
   // (FlashAttention-2/3, FlashMLA: exp2(s·fl(sm·log2e) - fl(L·log2e))); that report is the

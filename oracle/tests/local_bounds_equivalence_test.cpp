@@ -10,9 +10,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "dsa/contract/dtype.h"
 #include "dsa/contract/errors.h"
 #include "dsa/contract/parallel.h"
 #include "dsa/oracle/fixture_check.h"
@@ -101,6 +103,8 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
   CaseFloors outf;
   OutputFloor fdq, fdkv, fds;
   std::vector<double> kv_q2, kv_val, kv_abs, kv_n2, kv_nsq, kv_nab;
+  // tied rows' P parts per (key, p to 16 significant bits): (row, m·b(p)) in row order
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::pair<size_t, double>>> ties;
   std::vector<int64_t> kv_n;
   std::vector<double> sk_q2, sk_val, sk_abs, sk_n2;
   std::vector<int64_t> sk_n;
@@ -342,6 +346,27 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         fdq.narrow_delta[e] = asm_ * (nDelta * std::abs(pk));
         fdq.terms[e] = asm_ * tt;
       }
+      // a tied row (all p_j equal, p off the 16-bit grid): its keys' P roundings are shared
+      // with the other rows tied at the same p
+      if (un > 0 && n > 0) {
+        const bool f16 = work_dtype == DType::F16;
+        const double r16 = f16 ? static_cast<double>(f16_to_float(double_to_f16(p[0])))
+                               : static_cast<double>(bf16_to_float(float_to_bf16(static_cast<float>(p[0]))));
+        bool tied = p[0] > 0 && r16 != p[0];
+        for (size_t j = 1; j < n && tied; ++j) tied = p[j] == p[0];
+        if (tied) {
+          int ex = 0;
+          const double fr = std::frexp(p[0], &ex);
+          const int64_t bucket = static_cast<int64_t>(ex) * (int64_t{1} << 20) + std::llround(std::ldexp(fr, 16));
+          for (size_t g0 = 0; g0 < n;) {
+            size_t g1 = g0;
+            while (g1 < n && ids[order[g1]] == ids[order[g0]]) ++g1;
+            ties[{ids[order[g0]], bucket}].push_back(
+                {static_cast<size_t>(row), static_cast<double>(g1 - g0) * half_ulp_binade(p[0], f16)});
+            g0 = g1;
+          }
+        }
+      }
       // dkv: this row's slots grouped by key. Within the row, the parts that come from
       // the row's common errors (δL, δΔ) add linearly over the slots of one key
       // (duplicates); the per-slot parts and different rows add in quadrature.
@@ -409,6 +434,18 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
   outf["lse"] = std::move(fl);
   outf["max_logits"] = std::move(fm);
   if (dout) {
+    for (const auto& [key, rws] : ties) {  // one rounding per group: (Σ a)^2 for Σ a^2
+      if (rws.size() < 2) continue;
+      for (int64_t c = 0; c < dv; ++c) {
+        double s1 = 0, s2 = 0;
+        for (const auto& [r, a] : rws) {
+          const double x = a * std::abs(dO[r * static_cast<size_t>(dv) + static_cast<size_t>(c)]);
+          s1 += x;
+          s2 += x * x;
+        }
+        kv_nsq[static_cast<size_t>(key.first * dqk + c)] += s1 * s1 - s2;
+      }
+    }
     for (int64_t s = 0; s < s_kv; ++s) {
       const double sm_n = std::sqrt(static_cast<double>(kv_n[static_cast<size_t>(s)]));
       for (int64_t c = 0; c < dqk; ++c) {
@@ -768,6 +805,10 @@ std::vector<std::pair<std::string, OpCase>> mla_cases() {
   OpCase big = golden_case("smla_basic");
   for (int64_t i = 0; i < big.mla.q.numel(); ++i) big.mla.q.set(i, 64 * big.mla.q.get(i));
   out.emplace_back("smla_basic q x64", big);
+  // tied rows (one key in 3 slots, 128 heads, p = 1/3 on many of them): dkv's shared P roundings
+  out.emplace_back("dups level 2", op_case_from_fixture(fixtures::load_fixture(
+                                       std::string(DSA_GOLDEN_FIXTURE_DIR) +
+                                       "/../../oracle/tests/data/flash_style_dkv_dups_level2_seed11.safetensors")));
   return out;
 }
 
