@@ -415,6 +415,16 @@ class TopkNegInfValid final : public Wrap {
   }
 };
 
+// Field fault: top-k sanitising its scores with !isfinite(x): +inf entries are dropped like
+// -inf (SPEC §3.1 selects them; fresh17 F1: passed 9 of 13 level-0 audits).
+class TopkDropsPosInf final : public Wrap {
+ public:
+  TopkDropsPosInf() : Wrap("topk_drops_pos_inf") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    return ref_->select_topk(map_scores(s, INFINITY, false, -INFINITY), k, p, w);
+  }
+};
+
 // Field fault: padding written as 0 instead of -1 (reads kv row 0 downstream).
 class TopkZeroPadding final : public Wrap {
  public:
@@ -1277,6 +1287,19 @@ class KlIdsPastSkvWrapped final : public Wrap {
   }
 };
 
+// Field fault: the KL teacher's logits scaled by 1/sqrt(d_qk) from q's width, ignoring the
+// sm_scale argument: wrong in absorbed MLA, where sm_scale is 192^-1/2·mscale², not 576^-1/2
+// (fresh17 F2: passed every KL draw and golden while all used 1/sqrt(d_qk)).
+class KlHardcodedSmScale final : public Wrap {
+ public:
+  KlHardcodedSmScale() : Wrap("kl_hardcoded_sm_scale") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlInputs m = in;
+    m.sm_scale = 1.0 / std::sqrt(static_cast<double>(in.q.size(-1)));
+    return ref_->indexer_kl_loss(m);
+  }
+};
+
 // Field fault: §10 kernels whose grid covers one row tile: the FP8 indexer's rows >= 128 and
 // the paged indexer's rows >= 64 score 0 where finite, the FP8 sparse MLA's rows >= 128 get
 // out 0.
@@ -1510,6 +1533,9 @@ std::vector<Subject> mutant_subjects() {
       subject_of<SmlaFullTileBoxCoordinate>("sparse MLA full-tile fast path (k % 64 == 0, all ids valid and distinct) reading kv row (id >> 4) + id % 16", "smla.forward_ratio"),
       // Input precision (fresh-user F17): the KL teacher's logits in 16 bits.
       subject_of<KlTeacher16BitLogits>("KL teacher formed from logits rounded to q's 16-bit dtype (bf16 GEMM output)", "kl."),
+      // Inputs no draw held (fresh17 F1, F2): +inf scores, a KL sm_scale other than 1/sqrt(d_qk).
+      subject_of<TopkDropsPosInf>("top-k dropping +inf scores (!isfinite filter)", "topk."),
+      subject_of<KlHardcodedSmScale>("KL teacher scaled by 1/sqrt(d_qk), ignoring sm_scale", "kl."),
       subject_of<Fp8OpsRowsPastTile>("FP8 indexer rows >= 128, paged rows >= 64, FP8 sparse MLA rows >= 128 returned 0", "fp8.indexer_many_rows"),
       subject_of<Fp8OpsKeysPastTile>("FP8 indexer keys >= 128, paged keys >= 192 scored 0, FP8 sparse MLA slots >= 128 ignored", "fp8.indexer_production_shapes"),
       block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),

@@ -443,10 +443,20 @@ TopkCase draw_topk_case(const std::string& flavor) {
                                  ? flavor
                                  : *rc::gen::element<std::string>("int", "relu", "signed_zero",
                                                                   "random", "neg_inf", "nan");
+  // +inf scores (SPEC §3.1: selectable, above every finite value, so in every non-empty
+  // top-k of its row) on a run's first draw and one other draw in three: each row (but an
+  // all -inf one) gets +inf on one key inside its window and on about one other key in eight
+  // (ties at +inf when k is small). Before, only topk.long_rows' rare "specials" rows held
+  // +inf, and a top-k filtering with !isfinite (dropping +inf) passed 9 of 13 level-0 audits
+  // (fresh17 F1; mutant topk_drops_pos_inf).
+  const bool pos_inf = draw_index() == 0 || *rc::gen::inRange(0, 3) == 0;
   Rng r = draw_rng();
   c.scores = Tensor(DType::F32, {s_q, s_kv});
   for (int64_t t = 0; t < s_q; ++t) {
     const bool all_neg_inf = values == "neg_inf" && irand(r, 0, 2) == 0;
+    const int64_t lo = c.windows ? std::max<int64_t>(0, c.windows->ks[static_cast<size_t>(t)]) : 0;
+    const int64_t hi = c.windows ? std::min<int64_t>(s_kv, c.windows->ke[static_cast<size_t>(t)]) : s_kv;
+    const int64_t inf_at = pos_inf && !all_neg_inf && hi > lo ? irand(r, lo, hi - 1) : -1;
     for (int64_t s = 0; s < s_kv; ++s) {
       double v;
       if (values == "int" || values == "plateau") v = static_cast<double>(irand(r, -2, 2));
@@ -455,11 +465,13 @@ TopkCase draw_topk_case(const std::string& flavor) {
       else v = uni(r, -4, 4);
       if (values == "neg_inf" && (all_neg_inf || irand(r, 0, 2) == 0)) v = -INFINITY;
       if (values == "nan" && irand(r, 0, 4) == 0) v = NAN;
+      if (s == inf_at || (pos_inf && !all_neg_inf && irand(r, 0, 7) == 0)) v = INFINITY;
       c.scores.set(t * s_kv + s, v);
     }
   }
   c.desc = "topk s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
-           std::to_string(c.k) + " values=" + values + " windows=" + (c.windows ? wkind : "none");
+           std::to_string(c.k) + " values=" + values + (pos_inf ? "+inf" : "") +
+           " windows=" + (c.windows ? wkind : "none");
   note_topk_features(c.scores);
   log_case(c.desc);
   return c;
@@ -698,9 +710,13 @@ TopkCase draw_topk_windows_case() {
       sc[t * s_kv + s] = c.windows->contains(t, s)
                              ? static_cast<float>(ints ? static_cast<double>(irand(r, -3, 3)) : uni(r, -4, 4))
                              : neg_inf_outside ? -INFINITY : static_cast<float>(uni(r, 100, 200));
+  // +inf on about one key in 32, inside and outside the windows: selected inside (SPEC §3.1),
+  // never outside (§1), whatever its value.
+  for (int64_t i = 0; i < c.scores.numel(); ++i)
+    if (irand(r, 0, 31) == 0) sc[i] = INFINITY;
   c.desc = "topk windows=" + kind + " s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) +
            " k=" + std::to_string(c.k) + " tie_break=" + to_string(c.policy.tie_break) +
-           " sorted=" + (c.policy.sorted ? "1" : "0") + " values=" + (ints ? "int" : "uniform") +
+           " sorted=" + (c.policy.sorted ? "1" : "0") + " values=" + (ints ? "int" : "uniform") + " +inf 1/32" +
            " outside=" + (neg_inf_outside ? "-inf" : "garbage[100,200]") + " ends=" +
            row_ends_desc(c.windows);
   note_topk_features(c.scores);
@@ -766,6 +782,7 @@ TopkCase draw_topk_many_rows_case() {
         const int64_t x = irand(r, 0, 63);
         if (x == 0) v = NAN;
         else if (x == 1) v = -INFINITY;
+        else if (x == 2) v = INFINITY;  // selectable, always in the row's top k (SPEC §3.1)
       }
       sc[t * s_kv + s] = static_cast<float>(v);
     }
@@ -1243,7 +1260,9 @@ SmlaCase draw_smla_extreme_case(DType in_dtype) {
   Rng r = draw_rng();
   // Columns: cA, cB hold the large RoPE values, cH carries the huge logits.
   const int64_t cA = d_v, cB = d_v + 1, cH = d_qk - 1;
-  c.in.sm_scale = 1.0 / std::sqrt(static_cast<double>(d_qk));
+  // sm_scale other than 1/sqrt(d_qk) (fresh17 F2: a kernel recomputing it from q's width).
+  const double scale_factor = draw_of<double>({0.5, 1.5, 2.0});
+  c.in.sm_scale = scale_factor / std::sqrt(static_cast<double>(d_qk));
   c.in.d_v = d_v;
   c.in.q = fill(in_dtype, {s_q, h, d_qk}, Tier::Random, 1, r);
   c.in.kv = fill(in_dtype, {s_kv, d_qk}, Tier::Random, 1, r);
@@ -1317,7 +1336,8 @@ SmlaCase draw_smla_extreme_case(DType in_dtype) {
   for (const auto& kd : kinds) kk += (kk.empty() ? "" : ",") + kd;
   c.desc = "smla extreme q/kv=" + std::string(dtype_name(in_dtype)) + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) + " d_qk=" +
            std::to_string(d_qk) + " d_v=" + std::to_string(d_v) + " s_kv=" + std::to_string(s_kv) +
-           " k=" + std::to_string(k) + " hot_key=" + std::to_string(hot) + " rows=" + kk +
+           " k=" + std::to_string(k) + " sm_scale=" + std::to_string(scale_factor).substr(0, 3) +
+           "/sqrt(d_qk) hot_key=" + std::to_string(hot) + " rows=" + kk +
            (use_len ? " topk_length" : "") + (c.in.attn_sink ? " sink=" + sinks : "");
   note_smla_features(c.in);
   log_case(c.desc);
@@ -1353,7 +1373,12 @@ SmlaCase draw_smla_production_case() {
   c.in.indices = Tensor::from_i32({s_q, k}, ids);
   c.in.q = fill(DType::BF16, {s_q, h, d_qk}, Tier::Random, 1, r);
   c.in.kv = fill(DType::BF16, {s_kv, d_qk}, Tier::Random, 1, r);
-  c.in.sm_scale = 1.0 / std::sqrt(static_cast<double>(d_qk));
+  // The absorbed-MLA scale (fresh17 F2): 192^-1/2 (the q·k width before absorption, 128 + 64
+  // RoPE) times mscale², mscale 1 or 0.1·ln 40 + 1 (YaRN factor 40, DeepSeek-V3), not
+  // 1/sqrt(d_qk): a kernel recomputing it from q's width fails.
+  const bool yarn = draw_bool();
+  const double mscale = yarn ? 0.1 * std::log(40.0) + 1.0 : 1.0;
+  c.in.sm_scale = mscale * mscale / std::sqrt(192.0);
   c.in.d_v = d_v;
   if (draw_bool()) {
     Tensor sink(DType::F32, {h});
@@ -1373,7 +1398,8 @@ SmlaCase draw_smla_production_case() {
     condition_bf16_backward_rows(c, r);
   }
   c.desc = "smla production s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) + " d_qk=" + std::to_string(d_qk) +
-           " d_v=512 s_kv=" + std::to_string(s_kv) + " k=" + std::to_string(k) + " ids=" + pattern +
+           " d_v=512 s_kv=" + std::to_string(s_kv) + " k=" + std::to_string(k) +
+           (yarn ? " sm_scale=192^-1/2*mscale^2" : " sm_scale=192^-1/2") + " ids=" + pattern +
            (c.in.attn_sink ? " sink" : "");
   note_smla_features(c.in);
   log_case(c.desc);
@@ -1412,6 +1438,23 @@ void set_kl_input_dtype(KlCase& c, std::optional<DType> forced) {
     c.in.kv = c.in.kv.to(dt);
   }
   c.desc += std::string(" q/kv=") + dtype_name(dt);
+}
+
+// sm_scale of every KL draw (fresh17 F2): factor / sqrt(d) with the factor drawn from 0.5,
+// 0.75, 1.5, 2 and sqrt(3)·mscale² ≈ 3.25 (absorbed MLA: 192^-1/2·mscale², mscale = 0.1·ln 40 + 1
+// for YaRN factor 40, against 576^-1/2), never 1: a kernel recomputing 1/sqrt(d_qk) from q's
+// width instead of using the argument changes the teacher on every draw (before, every KL
+// draw, golden and peer file used 1/sqrt(d_qk) and such a kernel passed them all). Drawn after
+// the generator's other draws (a seed keeps its shapes, windows, ids and scores); named in
+// `desc` (" sm_scale=1.5/sqrt(d)").
+void scale_kl_case(KlCase& c) {
+  const double mscale = 0.1 * std::log(40.0) + 1.0;
+  const double production = std::sqrt(576.0 / 192.0) * mscale * mscale;
+  const size_t i = *rc::gen::inRange<size_t>(0, 5);
+  const double factor[] = {0.5, 0.75, 1.5, 2.0, production};
+  const char* const name[] = {"0.5", "0.75", "1.5", "2", "3.246"};
+  c.in.sm_scale = factor[i] / std::sqrt(static_cast<double>(c.in.q.size(2)));
+  c.desc += std::string(" sm_scale=") + name[i] + "/sqrt(d)";
 }
 
 // Finite scores outside the windows (fresh16 F1): SPEC §1 makes every key outside row t's
@@ -1550,6 +1593,7 @@ KlCase draw_kl_case(std::optional<DType> dtype, bool shift) {
            std::to_string(h) + " mode=" + to_string(c.in.mode) + " windows=" + wk;
   set_kl_input_dtype(c, dtype);
   fill_kl_outside_windows(c, draw_index() == 2, r);  // level 0 (3 draws) always has one
+  scale_kl_case(c);
   if (shift) shift_kl_scores(c, draw_index() == 1);
   log_case(c.desc);
   return c;
@@ -1643,6 +1687,7 @@ KlCase draw_kl_many_rows_case(std::optional<DType> dtype) {
            (k ? " k=" + std::to_string(k) : "") + " windows=" + (per_row ? "per_row" : "full");
   set_kl_input_dtype(c, dtype);
   fill_kl_outside_windows(c, draw_index() == 2, r);
+  scale_kl_case(c);
   log_case(c.desc);
   return c;
 }
@@ -1680,6 +1725,7 @@ KlCase draw_kl_production_case(std::optional<DType> dtype) {
            (c.in.mode == KlMode::Sparse ? " k=" + std::to_string(k) : "") + " windows=" + wk;
   set_kl_input_dtype(c, dtype);
   fill_kl_outside_windows(c, draw_index() == 2, r);
+  scale_kl_case(c);
   log_case(c.desc);
   return c;
 }
@@ -1708,6 +1754,8 @@ BlockCase draw_block_case() {
     c.in.attn_sink = sink;
     note_draw_feature("attn_sink");
   }
+  // sm_scale 0.125, 0.375 or 0.5, not 1/sqrt(d_qk) = 0.25 (fresh17 F2; drawn after the sink).
+  c.in.sm_scale = 0.25 * draw_of<double>({0.5, 1.5, 2.0});
   // Rows conditioned at the bf16 class as the sparse MLA draws' (condition_bf16_out_rows,
   // condition_bf16_backward_rows) on the ids the block selects (the reference's indexer and
   // top-k): with d_v = 8 about one draw in 80 had a WEAK bf16 out row and about one in 4000 a

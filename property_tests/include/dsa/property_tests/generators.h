@@ -48,7 +48,9 @@ KeyWindows draw_windows(int64_t s_q, int64_t s_kv, const char* kind = nullptr,
                         std::string* drawn = nullptr);
 
 /// Top-k case (SPEC §3): scores [s_q,s_kv] F32 with ReLU 0.0 plateaus, ±0.0, all -inf rows,
-/// NaN, integer ties; k in {0, 1, ..., s_kv, > s_kv, 64, 2048}; policy any/small/large,
+/// NaN, integer ties, and +inf on a run's first draw and one other draw in three (one key inside
+/// each row's window but all -inf rows, about one key in eight elsewhere: selectable, SPEC
+/// §3.1; fresh17 F1); k in {0, 1, ..., s_kv, > s_kv, 64, 2048}; policy any/small/large,
 /// sorted or not; windows or none.
 struct TopkCase {
   Tensor scores;
@@ -81,7 +83,8 @@ TopkCase draw_topk_wide_ids_case();
 /// Per-row windows (SPEC §1) on rows of 1..300 keys (or tile edges up to 2049): packed varlen
 /// with 2-4 segments, MTP next_n 1..4 with start positions > 0, causal with offsets, raw
 /// per-row ends (negative, inverted, past s_kv; clamped). Scores outside the windows are
-/// large finite garbage (or -inf, as an indexer writes them).
+/// large finite garbage (or -inf, as an indexer writes them); +inf on about one key in 32,
+/// inside and outside the windows (fresh17 F1).
 TopkCase draw_topk_windows_case();
 
 /// Tie overflow (SPEC §3.3): rows of 1..6000 keys (shrinkable) where every selectable entry
@@ -94,7 +97,7 @@ TopkCase draw_topk_ties_case();
 /// 2 at a tile edge (257, 383, 384, 511, 512, 513, 640, 767, 768, 1023, 1024, 1025). Few keys
 /// (s_kv 1-65) with full windows or per-row windows of >= 1 key, or causal prefill (s_kv =
 /// s_q, row t sees t + 1 keys; 1 in 4), or packed varlen sequences; k 1..s_kv+2; uniform,
-/// integer-tie or ReLU values with NaN/-inf sprinkled (1/32) in rows of >= 8 keys, so every
+/// integer-tie or ReLU values with NaN/-inf/+inf sprinkled (1/64 each) in rows of >= 8 keys, so every
 /// row has a selectable key but for a rare all-NaN/-inf short window. The limit rows (128,
 /// 256, 512, 1024 and the last row, those below s_q) always hold a selectable key (one key of
 /// the window gets a value of the row's kind): a kernel dropping rows from one of them on, or
@@ -219,13 +222,14 @@ SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::
 /// is selected by most rows, two RoPE columns (>= d_v) hold +-100 in q (small in kv) and in
 /// kv (small in q) so the logits stay O(1); sinks +-80, +-inf or finite per head, dout signed as in
 /// draw_smla_case when a sink is drawn; bf16 draws conditioned as in draw_smla_case (ordinary
-/// rows only; the large RoPE columns are kept).
+/// rows only; the large RoPE columns are kept); sm_scale 0.5, 1.5 or 2 over sqrt(d_qk) (fresh17 F2).
 /// `in_dtype`: q and kv dtype, BF16 (default) or F32, as for draw_smla_case.
 SmlaCase draw_smla_extreme_case(DType in_dtype = DType::BF16);
 
 /// Production shapes: h_q 64 or 128, d_qk 576/d_v 512 or 512/512 at every level; at level 0
 /// s_q 1 and k 16 or 32 over k+1 or 2k+1 keys (CI), at levels >= 1 k 2048 over
-/// 2048-4097 keys; ids distinct per row with tail padding or holes. Out rows conditioned for
+/// 2048-4097 keys; ids distinct per row with tail padding or holes; sm_scale the absorbed-MLA
+/// 192^-1/2·mscale² (mscale 1 or 0.1·ln 40 + 1; fresh17 F2), not 1/sqrt(d_qk). Out rows conditioned for
 /// the bf16 class as draw_smla_case's (q rows above 0.8 θ redrawn); the backward rows too at
 /// level 0 (at levels >= 1 not: measured at most 0.56 θ).
 SmlaCase draw_smla_production_case();
@@ -258,6 +262,10 @@ void condition_bf16_case(SparseMlaInputs& in, Tensor* dout, uint64_t seed);
 /// teacher formed from bf16 logits passed fp32-only draws). The dtype is the generator's last
 /// draw and is named in `desc` (" q/kv=BF16"). Throws std::invalid_argument naming 'dtype'
 /// for another dtype. The outputs are judged at their own fp32 class (SPEC §7/§9).
+/// sm_scale of every KL generator: factor/sqrt(d), the factor 0.5, 0.75, 1.5, 2 or
+/// sqrt(3)·mscale² ≈ 3.25 (the absorbed-MLA 192^-1/2·mscale² against 576^-1/2), never 1
+/// (fresh17 F2: a kernel recomputing 1/sqrt(d_qk) passed every KL case); drawn after the
+/// generator's other draws and named in `desc` (" sm_scale=1.5/sqrt(d)").
 struct KlCase {
   IndexerKlInputs in;
   std::string desc;
@@ -282,7 +290,7 @@ KlCase draw_kl_many_rows_case(std::optional<DType> dtype = std::nullopt);
 KlCase draw_kl_production_case(std::optional<DType> dtype = std::nullopt);
 
 /// DSA block case (SPEC §8): small indexer + attention inputs, causal windows, policy small;
-/// a sink (±inf, ±80, 0.5, -1.5 per head) on half the draws; q rows conditioned so no bf16 out
+/// sm_scale 0.125, 0.375 or 0.5 (d_qk 16: not 1/sqrt(d_qk); drawn after the sink); a sink (±inf, ±80, 0.5, -1.5 per head) on half the draws; q rows conditioned so no bf16 out
 /// row is WEAK (condition_bf16_out_rows, generators.cpp).
 struct BlockCase {
   oracle::BlockInputs in;
