@@ -690,7 +690,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   if (un > 0) fo.narrow_pmax.assign(static_cast<size_t>(s_q * h_q * dv), 0.0);
   const std::string fo_source_b = fo.source;
   if (un > 0)
-    fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 3 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
+    fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 2 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
                  "the 16-bit working dtype)";
   OutputFloor fl = make(s_q * h_q, 1,
                         "u(sqrt(Σ_j (p~_j(e_j+c_j))^2) + √n + |max| + |ln Σ exp(P-max)|)");
@@ -1013,7 +1013,8 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
                          psink * std::abs(o[hc]) * sink_c) +
                     kEta32 * wabsv[hc];
           // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
-          // independent roundings (uniform, σ <= u16/√3 each), within 3 sqrt(Σ(.)^2) (5 σ)
+          // independent roundings, within 2 sqrt(Σ(.)^2): about 4.7 σ, not the 6 σ of dq's and
+          // dkv's 16-bit sums (docs/what-a-pass-means.md, Limits: out's P-rounding tail)
           narh[c] = un * std::min(zsv[hc], 2 * std::sqrt(zv[hc]));
           const size_t e = static_cast<size_t>(row) * DV + c;
           fo.acc[e] = acch[c];

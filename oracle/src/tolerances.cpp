@@ -14,8 +14,8 @@ constexpr double kRhoNarrow = 1.0;  // 16-bit outputs or working dtype: the base
 constexpr double kLambda = 3.0;    // the floors use Higham & Mary's √n·u with constant 1;
                                    // 3 covers reversed/blocked orders, duplicated terms (measured)
 constexpr double kLambda16 = 1.0;  // out: P rounded to 16 bits before P·V, one rounding per key:
-                                   // min(Σ|.|, 3 sqrt(Σ(.)^2)) (local_bounds.cpp; measured on
-                                   // the FlashMLA-style kernel)
+                                   // min(Σ|.|, 2 sqrt(Σ(.)^2)) (local_bounds.cpp; about 4.7 σ:
+                                   // docs/what-a-pass-means.md, Limits, out's P-rounding tail)
 constexpr double kLambda16Grad = 1.0;  // gradients: dS in the working dtype, the same
                                        // quadrature with constant 1 (Higham & Mary 2019); dq's
                                        // dS·K sum carries kQuadrature16 inside its min(Σ|.|, ·)

@@ -95,7 +95,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
                         "u(sqrt(Σ_j (p_j|v_jc-out_c|(e_j+c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|), "
                         "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
   if (un > 0)
-    fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 3 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
+    fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 2 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
                  "the 16-bit working dtype)";
   OutputFloor fl = make(s_q * h_q, 1,
                         "u(sqrt(Σ_j (p~_j(e_j+c_j))^2) + √n + |max| + |ln Σ exp(P-max)|)");
@@ -243,7 +243,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         accout[c_] = u * (std::sqrt(x2) + sn * std::abs(o) + (1 + dupf) * w + psink * std::abs(o) * sink_c) +
                      kEta32 * wabs;
         // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
-        // independent roundings (uniform, σ <= u16/√3 each), within 3 sqrt(Σ(.)^2) (5 σ)
+        // independent roundings, within 2 sqrt(Σ(.)^2) (about 4.7 σ)
         narout[c_] = un * std::min(zs, 2 * std::sqrt(z));
         const size_t e = static_cast<size_t>(row * dv + c);
         fo.acc[e] = accout[c_];
