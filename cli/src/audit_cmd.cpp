@@ -157,6 +157,9 @@ int run_audit(const AuditOptions& options) {
   int interrupted = 0;      // the signal that stopped the audit, else 0
   size_t tasks_not_run = 0;  // of the backend that was interrupted
   std::vector<std::string> ran_nothing;  // backends of which no case passed or failed
+  // "backend/op" for each op named in --ops of which a backend judged no case (fresh17 F6: a
+  // misnamed or missing backward was all skips and the audit exited 0). Exit 2, as ran_nothing.
+  std::vector<std::string> ops_ran_nothing;
   // The rounding models each backend is judged with and who declared them (flags, capabilities).
   std::vector<std::string> rounding_lines;
   nlohmann::json rounding_models = nlohmann::json::array();
@@ -177,6 +180,7 @@ int run_audit(const AuditOptions& options) {
       j["backends_not_run"] = backends_not_run;
       // Backends of which every selected case was skipped: the audit then exits 2 (no pass).
       j["backends_that_ran_no_case"] = ran_nothing;
+      j["ops_that_ran_no_case"] = ops_ran_nothing;  // "backend/op" named in --ops, all skipped
       j["notes"] = notes;  // e.g. a fixture directory holding no fixture
       j["rounding_models"] = rounding_models;  // per backend: judged, by flag, by the backend
       j["finished"] = finished;  // false: a partial report (the audit still ran, or stopped early)
@@ -313,6 +317,7 @@ int run_audit(const AuditOptions& options) {
     // results are emitted in task order, so the report does not depend on the thread count.
     outcomes.resize(tasks.size());
     size_t emitted = 0, judged = 0;  // judged: cases that passed or failed (not skipped)
+    std::set<std::string> judged_ops;  // ops with a case that passed or failed (--ops check)
     bool last_stops = false;  // the last emitted task stops the audit (fail-fast, interrupt)
     auto work = [&](int64_t i) {
       const AuditTask& task = tasks[static_cast<size_t>(i)];
@@ -385,6 +390,7 @@ int run_audit(const AuditOptions& options) {
       for (const auto& r : o.results)
         if (r.status == "skip") skipped_ops += (skipped_ops.empty() ? "" : ", ") + r.op;
       for (auto& r : o.results) {
+        if (r.status == "pass" || r.status == "fail") judged_ops.insert(r.op);
         r.seconds = o.secs / std::max<size_t>(o.results.size(), 1);
         if (names.size() > 1) r.op = name + "/" + r.op;
         judged += r.status == "pass" || r.status == "fail";
@@ -409,6 +415,9 @@ int run_audit(const AuditOptions& options) {
     if (interrupted) tasks_not_run = tasks.size() - emitted;
     progress.finish();
     if (judged == 0 && !stop && !interrupted) ran_nothing.push_back(name);
+    else if (!stop && !interrupted)
+      for (const auto& op : opts.ops)
+        if (!judged_ops.count(op)) ops_ran_nothing.push_back(name + "/" + op);
     if (stop || interrupted) break;
   }
   const size_t backends_not_run = interrupted ? names.size() - 1 - std::count(label.begin(), label.end(), ',') : 0;
@@ -423,7 +432,13 @@ int run_audit(const AuditOptions& options) {
     std::fprintf(stderr, "dsa-verify: error: audit: backend %s ran no case: every selected property and "
                  "fixture was skipped (reasons in the table; check --ops, --only and what the backend "
                  "supports)\n", n.c_str());
-  return ran_nothing.empty() ? kExitOk : kExitUsage;
+  for (const auto& n : ops_ran_nothing) {
+    const size_t slash = n.rfind('/');
+    std::fprintf(stderr, "dsa-verify: error: audit: --ops names %s but backend %s judged no case of it: every "
+                 "one was skipped (reasons in the table; does the backend provide that op?)\n",
+                 n.substr(slash + 1).c_str(), n.substr(0, slash).c_str());
+  }
+  return ran_nothing.empty() && ops_ran_nothing.empty() ? kExitOk : kExitUsage;
 }
 
 }  // namespace dsa::cli

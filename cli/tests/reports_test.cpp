@@ -39,6 +39,30 @@ TEST(AuditRanNothing, OnlyAPropertyTheKernelCannotRunExitsTwo) {
   EXPECT_NE(out.find("audit: 0 passed, 0 failed"), std::string::npos);
 }
 
+// fresh17 F6: an op named in --ops of which every case was skipped (the plugin lacks it) is not
+// audited; a judged other op must not turn that into exit 0. Exit 2 naming the op.
+TEST(AuditRanNothing, AnOpNamedInOpsThatJudgedNothingExitsTwo) {
+  Scratch dir("op_ran_nothing");
+  std::string out;
+  const int rc = run_cli_capture(std::string("audit --plugin ") + DSA_EXAMPLE_PLUGIN +
+                                     " --ops topk,indexer_kl_loss --seed 7"
+                                     " --only topk.contract_exact,kl.loss_and_gradient_ratio --json " +
+                                     dir.file("r.json"), &out);
+  EXPECT_EQ(rc, 2) << out;
+  const nlohmann::json j = test::read_json(dir.file("r.json"));
+  EXPECT_EQ(j.value("ops_that_ran_no_case", nlohmann::json()), nlohmann::json::array({"plugin:example/indexer_kl_loss"}));
+  EXPECT_EQ(j.value("backends_that_ran_no_case", nlohmann::json()), nlohmann::json::array());
+  EXPECT_NE(out.find("--ops names indexer_kl_loss but backend plugin:example judged no case of it"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("audit: 1 passed, 0 failed, 1 skipped"), std::string::npos) << out;
+  // Naming only the op the plugin runs passes.
+  EXPECT_EQ(run_cli_capture(std::string("audit --plugin ") + DSA_EXAMPLE_PLUGIN +
+                                " --ops topk --seed 7 --only topk.contract_exact",
+                            &out),
+            0)
+      << out;
+}
+
 // A typo in --only or --ops is a usage error naming the flag and what it expects (exit 2),
 // never an empty green audit.
 TEST(AuditRanNothing, ATypoInOnlyOrOpsIsAUsageError) {

@@ -127,8 +127,13 @@ def _run(args):
     sys.stdout.write(report.summary())
     if report.ran_nothing and report.passed and not report.input_error:
         print(f"dsa_verify: error: audit: backend {report.backend} ran no case: every selected property and "
-              "fixture was skipped (reasons in the table; check --ops, --only and what the backend supports)",
-              file=sys.stderr)
+              "fixture was skipped (reasons in the table; check --ops, --only and what the backend supports"
+              f"{''.join(report.op_hints.values())})", file=sys.stderr)
+    elif report.passed and not report.input_error:
+        for op in report.ops_that_ran_no_case:
+            print(f"dsa_verify: error: audit: --ops names {op} but backend {report.backend} judged no case of it: "
+                  f"every one was skipped (reasons in the table; does the backend provide that op?"
+                  f"{report.op_hints.get(op, '')})", file=sys.stderr)
     return report.exit_code()
 
 

@@ -15,7 +15,7 @@ import signal
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from . import _core, _supervisor
 from ._bridge import Bridge
@@ -130,6 +130,10 @@ class Report:
     # False while the audit runs (the reports written after each task say so) and when it stopped
     # early (interrupted, a hung call); True once every task ran.
     finished: bool = False
+    # The ops named by `ops=` (empty: every op). An op named there of which no case passed or
+    # failed (all skipped: a misnamed or missing method) is not a pass (fresh17 F6).
+    ops_named: List[str] = field(default_factory=list)
+    op_hints: Dict[str, str] = field(default_factory=dict)  # near_miss_hint of each named op
 
     @property
     def passed(self):
@@ -156,7 +160,8 @@ class Report:
         """The JSON report (format dsa-verify-audit/1) as text."""
         extra = {"level": self.level, "seed": self.seed, "plugin": "", "python_backend": self.spec,
                  "device": self.device, "version": _core.version, "notes": list(self.notes),
-                 "interrupted": self.interrupted, "tasks_not_run": self.tasks_not_run, "finished": self.finished}
+                 "interrupted": self.interrupted, "tasks_not_run": self.tasks_not_run, "finished": self.finished,
+                 "ops_that_ran_no_case": [f"{self.backend}/{op}" for op in self.ops_that_ran_no_case]}
         return _core.to_json(self.backend, [c.as_dict() for c in self.cases], _json.dumps(extra))
 
     def to_junit(self):
@@ -168,13 +173,33 @@ class Report:
         """True when no case passed or failed (every one skipped): not a pass."""
         return not any(c.status in ("pass", "fail") for c in self.cases)
 
+    @property
+    def ops_that_ran_no_case(self):
+        """The ops named by `ops=` of which no case passed or failed (every one skipped)."""
+        judged = {c.op for c in self.cases if c.status in ("pass", "fail")}
+        return [op for op in self.ops_named if op not in judged]
+
     def exit_code(self):
-        """0 all passed, 1 a failure, 2 an input error or no case ran (as dsa-verify audit)."""
+        """0 all passed, 1 a failure, 2 an input error, no case ran, or an op named by `ops=` ran
+        no case (as dsa-verify audit)."""
         if self.input_error:
             return 2
         if not self.passed:
             return 1
-        return 2 if self.ran_nothing else 0
+        return 2 if self.ran_nothing or self.ops_that_ran_no_case else 0
+
+
+def near_miss_hint(backend, op):
+    """A hint for an op the backend object `backend` does not provide: "; it has a method
+    <name>, but the op's method is named <op>" when one of its public callables is a close
+    spelling of `op` and not another op's name (difflib, cutoff 0.6: e.g. sparse_mla_backward for
+    sparse_mla_bwd), else "".
+    Used by the error line of an op named by `ops=` that judged no case (fresh17 F6)."""
+    import difflib
+    from ._bridge import OPS  # another op's method is not a misspelling of this one
+    names = [n for n in dir(backend) if not n.startswith("_") and n not in OPS and callable(getattr(backend, n, None))]
+    close = difflib.get_close_matches(op, names, n=1, cutoff=0.6)
+    return f"; it has a method {close[0]}, but the op's method is named {op}" if close else ""
 
 
 def write_atomically(path, text):
@@ -651,7 +676,8 @@ def audit(backend, ops=None, level=0, seed=None, device="cpu", json=None, junit=
         # Every call of the backend in this process is watched: one still running at `timeout`
         # ends the audit with the report written (_on_hung_call) and exit 1 (CallWatchdog).
         options["call_timeout"] = timeout
-    report = Report(backend=bridge.name, level=int(level), seed=int(seed or 0), device=device, spec=spec)
+    report = Report(backend=bridge.name, level=int(level), seed=int(seed or 0), device=device, spec=spec,
+                    ops_named=list(ops or []), op_hints={op: near_miss_hint(obj, op) for op in ops or []})
     # The report paths are checked before the run, and hold a valid report from now on: this
     # one ("finished": false), then one after each task, so that whatever ends the process, the
     # results already computed are on disk (write_atomically: never a truncated file).

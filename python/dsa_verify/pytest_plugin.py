@@ -123,6 +123,9 @@ class _State:
         self.results = {}
         self.items_run = 0  # dsa-verify tests that ran
         self.judged = 0  # cases that passed or failed (not skipped), over the tasks run
+        self.ops_named = list(ops)  # --dsa-ops; each must judge a case (fresh17 F6)
+        self.judged_ops = set()  # ops with a case that passed or failed
+        self.ops_run = set()  # ops of the tasks run (-k may deselect an op's tests)
         self.input_error = False  # an unreadable fixture or out of memory: the CLI exits 2
 
     def run(self, task):
@@ -141,6 +144,8 @@ class _State:
                 self.results[key] = self._run_in_process(task)
             cases = self.results[key]
             self.judged += sum(c.status in ("pass", "fail") for c in cases)
+            self.judged_ops.update(c.op for c in cases if c.status in ("pass", "fail"))
+            self.ops_run.update(_task_ops(task))
             self.input_error |= any(c.input_error for c in cases)
         return self.results[key]
 
@@ -425,6 +430,12 @@ def _no_verdict(config):
         return (f"dsa-verify: error: audit: backend {state.bridge.name} ran no case: every selected property and "
                 "fixture was skipped (reasons in the skip messages, -rs; check --dsa-ops, --dsa-only, -k and what "
                 "the backend supports)")
+    missing = [op for op in state.ops_named if op in state.ops_run and op not in state.judged_ops]
+    if missing:
+        from . import _audit
+        return "\n".join(f"dsa-verify: error: audit: --dsa-ops names {op} but backend {state.bridge.name} judged no "
+                         f"case of it: every one was skipped (reasons in the skip messages, -rs; does the backend "
+                         f"provide that op?{_audit.near_miss_hint(state.bridge.backend, op)})" for op in missing)
     return ""
 
 

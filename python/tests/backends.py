@@ -519,3 +519,12 @@ class IndexerDeclinesLegalInputs(TorchBackend):
             raise NotImplementedError("context shorter than next_n")
         return super().paged_indexer_scores(q_idx, k_cache, k_scale_cache, w, block_table, context_lens, block_size,
                                             max_context, fp8_format)
+
+
+class MisnamedTopk(TopkOnly):
+    """Top-k under a misspelt method name (top_k): the audit judges no top-k case (fresh17 F6)."""
+    name = "misnamed-topk"
+    topk = None
+
+    def top_k(self, *args, **kwargs):
+        return TorchBackend.topk(self, *args, **kwargs)

@@ -348,3 +348,26 @@ def test_xdist_is_refused_with_an_error_naming_the_flag(tmp_path):
     # -n 0 (xdist installed, no workers) runs the session in this process as without xdist
     p = plugin_run(tmp_path, *base, "-n", "0")
     assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
+
+def test_an_op_named_in_ops_that_judged_nothing_fails_as_the_cli(tmp_path):
+    # fresh17 F6: --ops topk,indexer_scores on a top-k-only backend judged top-k and skipped every
+    # indexer case, and both routes exited 0 as if the indexer had been audited.
+    sel = ("--dsa-only", "topk.contract_exact,indexer.scores_exact_tier", "--dsa-seed", "7", "--dsa-no-fixtures")
+    rc, js, text = cli_run(tmp_path, "backends:TopkOnly", "--ops", "topk,indexer_scores",
+                           *(a.replace("--dsa-", "--") for a in sel))
+    assert rc == 2 and "--ops names indexer_scores but backend topk-only judged no case of it" in text, text
+    assert js["ops_that_ran_no_case"] == ["topk-only/indexer_scores"], js
+    p, _ = pytest_run(tmp_path, "--dsa-backend=backends:TopkOnly", "--dsa-ops", "topk,indexer_scores", *sel)
+    assert p.returncode == pytest.ExitCode.USAGE_ERROR, p.stdout + p.stderr
+    assert "--dsa-ops names indexer_scores but backend topk-only judged no case of it" in p.stdout, p.stdout
+    # Naming only what the backend provides still passes (the check is per named op).
+    p, _ = pytest_run(tmp_path, "--dsa-backend=backends:TopkOnly", "--dsa-ops", "topk", "--dsa-only",
+                      "topk.contract_exact", *sel[2:])
+    assert p.returncode == 0 and "judged no case" not in p.stdout, p.stdout + p.stderr
+
+
+def test_a_misspelt_op_method_is_named_in_the_error(tmp_path):
+    # The error names a close spelling among the backend's methods (not another op's method).
+    rc, _, text = cli_run(tmp_path, "backends:MisnamedTopk", "--ops", "topk", "--only", "topk.contract_exact",
+                          "--seed", "7", "--no-fixtures")
+    assert rc == 2 and "it has a method top_k, but the op's method is named topk" in text, text
