@@ -349,6 +349,7 @@ def test_xdist_is_refused_with_an_error_naming_the_flag(tmp_path):
     p = plugin_run(tmp_path, *base, "-n", "0")
     assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
 
+
 def test_an_op_named_in_ops_that_judged_nothing_fails_as_the_cli(tmp_path):
     # fresh17 F6: --ops topk,indexer_scores on a top-k-only backend judged top-k and skipped every
     # indexer case, and both routes exited 0 as if the indexer had been audited.
