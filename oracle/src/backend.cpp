@@ -1,5 +1,6 @@
 // Registry of named backends and the NotSupported defaults of dsa::oracle::Backend.
 #include "dsa/oracle/backend.h"
+#include "dsa/oracle/second_run.h"
 
 #include <map>
 #include <mutex>
@@ -86,6 +87,18 @@ Tensor Backend::paged_indexer_scores(const PagedIndexerInputs&) {
 SparseMlaForward Backend::sparse_mla_fp8_forward(const SparseMlaFp8Inputs&) {
   not_supported(*this, Op::SparseMlaFp8Fwd);
 }
+
+namespace {
+thread_local SecondRunScope* current_second_run = nullptr;
+}  // namespace
+
+SecondRunScope::SecondRunScope() : previous_(current_second_run) { current_second_run = this; }
+SecondRunScope::~SecondRunScope() { current_second_run = previous_; }
+bool SecondRunScope::active() { return current_second_run != nullptr; }
+void SecondRunScope::note(const std::string& how) {
+  if (current_second_run != nullptr) current_second_run->how_ = how;
+}
+const std::string& SecondRunScope::how() const { return how_; }
 
 void register_backend(const std::string& name, BackendFactory factory) {
   auto& r = registry();

@@ -12,6 +12,7 @@
 #include "dsa/contract/dtype.h"
 #include "dsa/contract/errors.h"
 #include "dsa/oracle/backend.h"
+#include "dsa/oracle/second_run.h"
 #include "dsa/oracle/local_bounds.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
@@ -51,6 +52,9 @@ bool run_backend(OpReport& r, Backend& b, bool twice, const std::string& what, C
       // first outputs are still judged (fresh11 F10: a kernel x1.5 wrong on the first call
       // that declined the re-run was never judged, exit 0).
       R again;
+      // The re-run is marked (SecondRunScope): the plugin route makes it the second call in one
+      // child process, after a call on other values of the same shapes (plugin_backend.cpp).
+      SecondRunScope second_run;
       try {
         again = call();
       } catch (const NotSupported& e) {
@@ -73,7 +77,8 @@ bool run_backend(OpReport& r, Backend& b, bool twice, const std::string& what, C
         // Which rows / ids differed between the two runs (every route: one judgement).
         const std::string where = run_difference(out, again);
         r.fail("deterministic backend returned different bytes on a second run" +
-               (where.empty() ? std::string() : ": " + where));
+               (where.empty() ? std::string() : ": " + where) +
+               (second_run.how().empty() ? std::string() : " (" + second_run.how() + ")"));
       }
     }
   } catch (const NotSupported& e) {

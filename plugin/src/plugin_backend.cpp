@@ -14,6 +14,7 @@
 
 #include "dsa/contract/checks.h"
 #include "dsa/contract/errors.h"
+#include "dsa/oracle/second_run.h"
 #include "dsa/plugin/dlpack_tensor.h"
 #include "dsa/reference/fp8_indexer.h"
 #include "dsa/reference/paged_indexer.h"
@@ -437,6 +438,28 @@ const char* status_name(dsa_status s) {
 
 constexpr size_t kErrBytes = 4096;
 
+// True on this thread while PluginBackend::Impl::run makes the decoy call of a determinism
+// re-run (see there): Call::in then passes every floating input rolled by one element.
+thread_local bool decoy_call = false;
+
+// `t` with its elements rolled by one position (row-major: element i goes to i+1, the last to
+// 0): the same shape, dtype and multiset of values, so every per-element rule of an input
+// (finite or not, -inf masks, positive scales) still holds, but values sit at other places.
+Tensor rolled_by_one(const Tensor& t) {
+  Tensor r(t.dtype(), t.shape());
+  const size_t n = static_cast<size_t>(t.numel()), bytes = t.nbytes();
+  if (n < 2) {
+    if (bytes) std::memcpy(r.raw(), t.raw(), bytes);
+    return r;
+  }
+  const size_t e = bytes / n;
+  const std::byte* src = t.raw();
+  std::byte* dst = r.raw();
+  std::memcpy(dst + e, src, bytes - e);
+  std::memcpy(dst, src + bytes - e, e);
+  return r;
+}
+
 // One call into the plugin: owns the buffers, checks the rules afterwards.
 class Call {
  public:
@@ -446,6 +469,11 @@ class Call {
   }
 
   const DLTensor* in(const char* name, const Tensor& t) {
+    if (decoy_call && is_floating(t.dtype())) {  // integer inputs (ids, windows) stay as given
+      decoys_.push_back(std::make_unique<Tensor>(rolled_by_one(t)));
+      inputs_.push_back(GuardedBuffer::input(name, *decoys_.back()));
+      return inputs_.back()->dl();
+    }
     inputs_.push_back(GuardedBuffer::input(name, t));
     return inputs_.back()->dl();
   }
@@ -504,6 +532,7 @@ class Call {
   uint32_t provided_bits_ = 0;
   std::string context_;
   std::vector<char> err_;
+  std::vector<std::unique_ptr<Tensor>> decoys_;  // the decoy call's inputs (stable addresses)
   std::vector<std::unique_ptr<GuardedBuffer>> inputs_;
   std::vector<std::unique_ptr<GuardedBuffer>> outputs_;
 };
@@ -530,10 +559,36 @@ struct PluginBackend::Impl {
     return "plugin '" + info.name + "' (" + info.path + "): " + op;
   }
 
-  // Runs fn directly or in a child, per options.
+  // Runs fn directly or in a child, per options. Under the oracle's determinism re-run
+  // (oracle::SecondRunScope, SPEC §3.5) fn runs twice in that one process: first as a decoy
+  // call (every floating input rolled by one element: same shapes and dtypes, other values at
+  // each place; its result and any error are discarded), then as given. A kernel whose result
+  // depends on an earlier call in its process (a CUDA graph captured on the first call and
+  // replayed with a stale input buffer, a plan or output cached by shape) returns the decoy's
+  // result, or another one, on the second call, and the re-run's bytes differ from the first
+  // run's (made alone in a fresh child): the determinism check fails, saying so. Every op
+  // goes through here (the §2-§7 ops and the §10 FP8/paged ops). A crash or hang of the decoy
+  // call is the re-run's failure (one child).
   std::vector<Tensor> run(const char* op, const std::function<std::vector<Tensor>()>& fn) const {
-    if (!options.isolate) return fn();
-    IsolatedResult r = run_isolated(fn, options.timeout);
+    const bool second_run = dsa::oracle::SecondRunScope::active();
+    const std::function<std::vector<Tensor>()> twice = [&fn]() {
+      decoy_call = true;
+      try {
+        fn();
+      } catch (...) {  // the decoy's outcome is not judged
+      }
+      decoy_call = false;
+      return fn();
+    };
+    if (second_run)
+      dsa::oracle::SecondRunScope::note(
+          std::string("the plugin route made this run the second call in one ") +
+          (options.isolate ? "child process" : "process") +
+          ", after a call on the same shapes with every floating input rolled by one element: a kernel "
+          "whose result differs there carries state between calls, e.g. a CUDA graph or a cache "
+          "replayed for a later call of the same shape");
+    if (!options.isolate) return second_run ? twice() : fn();
+    IsolatedResult r = run_isolated(second_run ? twice : fn, options.timeout);
     rethrow_in_parent(r, context(op));
     return std::move(r.outputs);
   }

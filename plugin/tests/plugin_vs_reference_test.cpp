@@ -240,5 +240,42 @@ TEST_F(ExamplePluginTest, UnsupportedOpsAreSkippedByTheOracle) {
   EXPECT_EQ(dsa::oracle::check_op(*b, Op::SparseMlaBwd, c).verdict, Verdict::Skip);
 }
 
+// A kernel whose result depends on an earlier call in its process (dsa_stale_plugin: the first
+// result of each op replayed for later calls of the same shapes, as a stale CUDA graph) is
+// correct alone in a fresh child; the determinism re-run, made as a second call in one child
+// after a call on other values of the same shapes, returns the replayed result and fails, naming
+// the state carried between calls (fresh17 F5). The example plugin passes the same cases.
+using StalePluginTest = Fixture;
+
+TEST_F(StalePluginTest, TheDeterminismRerunFailsStateCarriedBetweenCallsOnEveryOp) {
+  dsa::oracle::OpCase c;
+  c.q_idx = random_f32({kSq, kHi, kDi}, rng);
+  c.k_idx = random_f32({kSkv, kDi}, rng);
+  c.w = random_f32({kSq, kHi}, rng);
+  c.windows = windows;
+  c.scores = random_f32({kSq, kSkv}, rng);
+  c.k = kK;
+  c.policy = TopkPolicy{TieBreak::Small, true};
+  c.topk_windows = windows;
+  c.mla = mla_inputs(true, false, false);
+  auto stale = load_plugin(DSA_STALE_PLUGIN);
+  auto example = load_plugin(DSA_EXAMPLE_PLUGIN);
+  for (Op op : {Op::IndexerScores, Op::Topk, Op::SparseMlaFwd}) {
+    const dsa::oracle::OpReport ok = dsa::oracle::check_op(*example, op, c);
+    EXPECT_EQ(ok.verdict, Verdict::Pass) << dsa::oracle::format_op_report(ok);
+    EXPECT_TRUE(ok.determinism_checked && ok.determinism_ok) << to_string(op);
+    const dsa::oracle::OpReport r = dsa::oracle::check_op(*stale, op, c);
+    EXPECT_EQ(r.verdict, Verdict::Fail) << dsa::oracle::format_op_report(r);
+    EXPECT_TRUE(r.determinism_checked) << to_string(op);
+    EXPECT_FALSE(r.determinism_ok) << to_string(op);
+    EXPECT_NE(r.reason.find("deterministic backend returned different bytes on a second run"), std::string::npos)
+        << r.reason;
+    EXPECT_NE(r.reason.find("the second call in one child process"), std::string::npos) << r.reason;
+    EXPECT_NE(r.reason.find("carries state between calls"), std::string::npos) << r.reason;
+    // The first run (alone in its child) is correct: only the re-run fails.
+    for (const auto& t : r.tensors) EXPECT_TRUE(t.passed) << to_string(op) << " " << t.name;
+  }
+}
+
 }  // namespace
 }  // namespace dsa::plugin
