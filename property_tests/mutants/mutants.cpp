@@ -1450,6 +1450,51 @@ class FlashStyleControl final : public RoundedControl {
   IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override { return exp2_form_kl(in); }
 };
 
+// Declared-model liars (docs/what-a-pass-means.md, Limits): the FlashAttention-style control
+// (FlashMLA's roundings: P = exp(P - max) rounded to q's 16-bit dtype, the max key exactly 1; the
+// sink applied in fp32 before out's one rounding) declaring a rounding model it does not follow,
+// with a hidden error inside the slack that declaration adds to out's bound. kNormalizedP:
+// declares normalized_p (the max key's rounding, u16 b(p_max) |v_max| in out) and weights the
+// max key by (1 + u16/2) (u16/2 p_max |v_max| < u16 b(p_max) |v_max|; u16 = 2^-8 bf16, 2^-11
+// fp16); else declares sink_after_rounding (r half-ulp16(o)) and scales o by (1 + u16/2) before
+// the sink on sink rows (u16/2 |o| r <= r half-ulp16(o)). 16-bit q only; fp32 q as the control. Before the exact tiers
+// of the declared models (declared_model_props.cpp) both passed every sparse MLA property
+// declared (DeclaredModelTier.*).
+template <bool kNormalizedP>
+class DeclaredModelLiar final : public RoundedControl {
+ public:
+  DeclaredModelLiar()
+      : RoundedControl(true, kNormalizedP ? "smla_declares_normalized_p_max_key_biased"
+                                          : "smla_declares_sink_after_rounding_presink_biased") {}
+  oracle::RoundingModel rounding_model() const override {
+    oracle::RoundingModel m;
+    (kNormalizedP ? m.normalized_p : m.sink_after_rounding) = true;
+    return m;
+  }
+  static FlashStyleOptions options(const SparseMlaInputs& in) {
+    FlashStyleOptions o;
+    o.work = o.out_dtype = in.q.dtype();
+    o.round_p_before_pv = o.round_ds_before_dq = o.round_before_dkv = true;
+    if (in.q.dtype() == DType::BF16 || in.q.dtype() == DType::F16)  // half of u16: 2^-9, fp16 2^-12
+      (kNormalizedP ? o.liar_pmax_factor : o.liar_presink_factor) = in.q.dtype() == DType::BF16 ? 1.0f + 0x1p-9f
+                                                                                                : 1.0f + 0x1p-12f;
+    return o;
+  }
+  static bool handles(const SparseMlaInputs& in) {
+    const DType d = in.q.dtype();
+    return (d == DType::BF16 || d == DType::F16 || d == DType::F32) && in.kv.dtype() == d;
+  }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    if (!handles(in)) return RoundedControl::sparse_mla_forward(in);
+    return flash_style_sparse_mla(in, nullptr, options(in)).fwd;
+  }
+  SparseMlaGrads sparse_mla_backward(const SparseMlaInputs& in, const Tensor& dout) override {
+    if (!handles(in)) return RoundedControl::sparse_mla_backward(in, dout);
+    return flash_style_sparse_mla(in, &dout, options(in)).grads;
+  }
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override { return exp2_form_kl(in); }
+};
+
 Subject candidate_overflow_mutant(const char* name, int bits, int64_t capacity) {
   Subject s;
   s.make = [=] { return std::unique_ptr<Backend>(new TopkCandidateOverflow(name, bits, capacity)); };
@@ -1538,6 +1583,13 @@ std::vector<Subject> mutant_subjects() {
       subject_of<KlHardcodedSmScale>("KL teacher scaled by 1/sqrt(d_qk), ignoring sm_scale", "kl."),
       subject_of<Fp8OpsRowsPastTile>("FP8 indexer rows >= 128, paged rows >= 64, FP8 sparse MLA rows >= 128 returned 0", "fp8.indexer_many_rows"),
       subject_of<Fp8OpsKeysPastTile>("FP8 indexer keys >= 128, paged keys >= 192 scored 0, FP8 sparse MLA slots >= 128 ignored", "fp8.indexer_production_shapes"),
+      // Declared rounding models (checked by their exact tiers, declared_model_props.cpp).
+      subject_of<DeclaredModelLiar<true>>(
+          "sparse MLA declaring normalized_p while rounding exp(P - max) (max key exact), max key weighted x(1 + 2^-9) in bf16 (inside the declared slack)",
+          "smla.normalized_p_exact_tier"),
+      subject_of<DeclaredModelLiar<false>>(
+          "sparse MLA declaring sink_after_rounding while applying the sink before out's one rounding, o x(1 + 2^-9) in bf16 on sink rows (inside the declared slack)",
+          "smla.sink_after_rounding_exact_tier"),
       block_mutant<ReplayRerunsTopk>("block_replay_reruns_topk", "replay re-running top-k under save_dsa_indexer"),
       block_mutant<SharedIdsAcrossMicrobatches>("block_ids_shared_across_microbatches",
                                                 "ids shared across micro-batches"),

@@ -96,12 +96,14 @@ FlashStyleResult flash_style_sparse_mla(const SparseMlaInputs& in, const Tensor*
       for (size_t j = 0; j < n; ++j)
         pv[j] = o.normalized_p ? round_to(std::isinf(L) ? 0.0f : std::exp(P[j] - L), o.work)
                                : rounded_if(o.round_p_before_pv, e[j]);
+      if (o.liar_pmax_factor != 1.0f) pv[static_cast<size_t>(std::max_element(P.begin(), P.end()) - P.begin())] *= o.liar_pmax_factor;
+      const float presink = r != 1.0f ? o.liar_presink_factor : 1.0f;
       for (int64_t c = 0; c < dv; ++c) {
         const float acc = sum_of(n, o.order, [&](size_t j) { return pv[j] * kv(ids[j], c); });
         // normalized P: out is the sum itself; the sink after rounding: o rounded first
         const float oc = o.normalized_p ? acc
                          : o.sink_after_rounding && r != 1.0f ? round_to(acc / S, o.out_dtype) * r
-                                                              : acc / S * r;
+                                                              : acc / S * presink * r;
         out[static_cast<size_t>(row * dv + c)] = oc;
         o_ret[static_cast<size_t>(c)] = round_to(oc, o.out_dtype);
       }

@@ -167,5 +167,8 @@ void add_indexer_properties(std::vector<Property>& out);
 void add_sparse_mla_properties(std::vector<Property>& out);
 void add_kl_loss_properties(std::vector<Property>& out);
 void add_block_properties(std::vector<Property>& out);
+/// smla.normalized_p_exact_tier, smla.sink_after_rounding_exact_tier (declared_model_props.cpp):
+/// a declared rounding model checked bit for bit where it is exactly known.
+void add_declared_model_properties(std::vector<Property>& out);
 
 }  // namespace dsa::props

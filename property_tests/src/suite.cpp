@@ -30,9 +30,18 @@ const std::vector<Property>& all_properties() {
     add_kl_loss_properties(p);
     add_block_properties(p);
     add_fp8_properties(p);
+    add_declared_model_properties(p);
     return p;
   }();
   return props;
+}
+
+bool declares(const oracle::RoundingModel& m, const std::string& name) {
+  if (name.empty()) return true;
+  if (name == "normalized_p") return m.normalized_p;
+  if (name == "sink_after_rounding") return m.sink_after_rounding;
+  throw std::invalid_argument("declares: unknown rounding model \"" + name +
+                              "\"; expected \"normalized_p\" or \"sink_after_rounding\"");
 }
 
 int cases_for_level(int level, int cost) {
@@ -224,6 +233,18 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
       r.message = std::string("op ") + oracle::to_string(op) + " not supported";
       return r;
     }
+  // The checks judge with the rounding models the run or the backend declares, as the audit's
+  // property tasks do (cli/src/audit_tasks.cpp), so a declaring subject is judged alike on every
+  // route (mutation runs call run_property directly).
+  oracle::CheckOptions check = o.check;
+  check.rounding = oracle::either(check.rounding, backend->rounding_model());
+  if (!declares(check.rounding, p.declared_model)) {
+    r.verdict = Verdict::Skip;
+    r.message = "checks the rounding model " + p.declared_model +
+                ", which the backend does not declare (--normalized-p / --sink-after-rounding, a plugin's "
+                "rounding_models, a Python backend attribute): nothing to check";
+    return r;
+  }
 
   rc::detail::TestParams params = rc::detail::configuration().testParams;
   if (o.seed != 0) params.seed = o.seed;
@@ -352,7 +373,7 @@ PropertyResult run_property(const Subject& s, const Property& p, const SuiteOpti
     tally(false);
   });
   NullListener quiet;
-  const oracle::ScopedCheckDefaults check_defaults(o.check);
+  const oracle::ScopedCheckDefaults check_defaults(check);
   const auto result = o.quiet ? rc::detail::checkProperty(property, md, params, quiet)
                               : rc::detail::checkProperty(property, md, params);
   clear_pending_dump();

@@ -444,6 +444,14 @@ class SinkAfterRounding(Bf16OwnRounding):
         return out.contiguous(), lse.float(), max_logits.float()
 
 
+class NormalizedPLiar(Bf16OwnRounding):
+    """Declares normalized_p (softmax(P) rounded to bf16 before P.V) but returns the exact out
+    rounded its own way (Bf16OwnRounding): the declared model's exact tier
+    (smla.normalized_p_exact_tier) must fail it."""
+    name = "normalized-p-liar"
+    normalized_p = True
+
+
 class DsinkOnly(TorchBackend):
     """Declares only dsink of the backward and returns zeros as dq and dkv (never judged): on a
     case without attn_sink it provides nothing the case defines."""

@@ -455,6 +455,24 @@ def test_declared_reduced_accumulation_is_checked_by_the_paged_exact_tier():
     assert honest.passed and {c.status for c in honest.cases} == {"pass"}, honest.summary()
 
 
+def test_declared_rounding_models_are_checked_by_their_exact_tiers():
+    # A declared rounding model loosens out's bound by one bf16 rounding; its exact tier (rows of
+    # equal logits and integer values, where the model's bf16 out is one known value) is not: a
+    # backend declaring normalized_p that computes otherwise fails it, the honest
+    # sink-after-rounding kernel passes its tier, and a backend declaring nothing gets no task.
+    liar = dsa_verify.audit(backends.NormalizedPLiar(), ops=["sparse_mla_fwd"],
+                            only=["smla.normalized_p_exact_tier"], seed=7, progress=False)
+    assert not liar.passed and [c.property for c in liar.failures] == ["property:smla.normalized_p_exact_tier"], \
+        liar.summary()
+    assert "declared rounding model normalized_p not followed" in liar.failures[0].message, liar.failures[0].message
+    honest = dsa_verify.audit(backends.SinkAfterRounding(), ops=["sparse_mla_fwd"],
+                              only=["smla.sink_after_rounding_exact_tier"], seed=7, progress=False)
+    assert honest.passed and {c.status for c in honest.cases} == {"pass"}, honest.summary()
+    plain = dsa_verify.audit(backends.Bf16OwnRounding(), ops=["sparse_mla_fwd"], only=["smla.forward_ratio"],
+                             seed=7, progress=False)
+    assert not any("exact_tier" in c.property for c in plain.cases), plain.summary()
+
+
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -5, 0, 0.0001, 1e16, "10", True])
 def test_timeout_out_of_range_is_a_usage_error(timeout):
     # fresh-user F7/F8: these made every isolated case "timed out" (blaming the kernel) or raised

@@ -43,6 +43,12 @@ struct FlashStyleOptions {
   /// with the sink folded in; p_sink = exp2(fl(sink·fl(log2e)) - fl(L·fl(log2e))). Else
   /// p_j = exp(logit_j - L) from the forward's own fp32 logits.
   bool p_exp2_from_lse = false;
+  /// Mutants only (the declared-model liars, mutants.cpp): the first max key's P, as used in
+  /// P·V, times this factor (1: none; the sum Σ exp is left alone), and on rows with a finite
+  /// sink o = P·V / Σ exp times this factor before the sink (1: none). Not with normalized_p
+  /// nor sink_after_rounding.
+  float liar_pmax_factor = 1.0f;
+  float liar_presink_factor = 1.0f;
 };
 
 struct FlashStyleResult {

@@ -39,7 +39,15 @@ struct Property {
   /// that stops before it ({name, ops, cost, body}) leaves no member without an initialiser
   /// (-Wmissing-field-initializers).
   std::string needs{};
+  /// A rounding model (oracle::RoundingModel field name: "normalized_p", "sink_after_rounding")
+  /// the property checks: it runs only for a subject that declares it (Backend::rounding_model
+  /// or SuiteOptions::check.rounding), else it is a skip saying so. Empty: runs for every subject.
+  std::string declared_model{};
 };
+
+/// True when `m` declares the model named `name` ("normalized_p", "sink_after_rounding"); an
+/// empty name is declared by every model. Throws std::invalid_argument naming an unknown name.
+bool declares(const oracle::RoundingModel& m, const std::string& name);
 
 /// The draw feature keys (note_draw_feature) in a fixed order, mandatory ones first.
 const std::vector<std::string>& draw_feature_keys();
@@ -124,7 +132,10 @@ struct PropertyResult {
   bool stopped = false;
 };
 
-/// Runs one property against a subject (skip when unavailable / op not supported).
+/// Runs one property against a subject (skip when unavailable / op not supported / a rounding
+/// model the property checks not declared). Its checks judge with the models either
+/// SuiteOptions::check.rounding or the subject's backend declares (Backend::rounding_model), as
+/// the audit does.
 PropertyResult run_property(const Subject& s, const Property& p, const SuiteOptions& o);
 /// Runs every property (the subject's focus prefix first when stop_at_first_failure).
 std::vector<PropertyResult> run_suite(const Subject& s, const SuiteOptions& o);
