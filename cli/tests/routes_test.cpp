@@ -279,22 +279,31 @@ TEST(RouteIdentity, Bf16FlashStylePluginPassesTheAudit) {
   EXPECT_FALSE(test::lines_with(out, {"audit: 3 passed, 0 failed, 0 skipped"}).empty()) << out;
 }
 
-// Declaring a rounding model never turns a passing kernel's audit into a failure (fresh11 F7):
-// with θ = 1e-2 on the declared bound, ordinary generated rows went WEAK (1.007-1.13e-2 of the
-// row scale) and the example plugin went from 25 passed to 16 passed, 9 failed under
-// --sink-after-rounding. The declared models' own θ (theta_declared_rounding16, 2e-2) keeps
-// every sparse MLA forward property passing, without --allow-weak.
+// Declaring a rounding model loosens no passing property into a failure (fresh11 F7): with
+// θ = 1e-2 on the declared bound, ordinary generated rows went WEAK (1.007-1.13e-2 of the row
+// scale) and the example plugin went from 25 passed to 16 passed, 9 failed under
+// --sink-after-rounding; the declared models' own θ (theta_declared_rounding16, 2e-2) keeps every
+// sparse MLA forward property passing, without WEAK rows. Since 45d6629 a declaration is also
+// checked: the example plugin does not round the declared way, so exactly the model's exact tier
+// fails (exit 1), naming the declaration; every other property still passes.
 TEST(RouteIdentity, DeclaredRoundingModelsKeepAPassingPluginPassing) {
   Scratch dir("declared_models_audit");
-  for (const char* flag : {"--sink-after-rounding", "--normalized-p"}) {
+  for (const auto& [flag, tier] : {std::pair<const char*, const char*>{"--sink-after-rounding",
+                                                                       "smla.sink_after_rounding_exact_tier"},
+                                   {"--normalized-p", "smla.normalized_p_exact_tier"}}) {
     std::string out;
     EXPECT_EQ(test::run_cli_capture(std::string("audit --plugin ") + DSA_EXAMPLE_PLUGIN + " " + flag +
                                         " --ops sparse_mla_fwd --level 0 --seed 1 --dump-dir " +
                                         dir.file("d"),
                                     &out),
-              0)
+              1)
         << flag << "\n" << out;
     EXPECT_TRUE(test::lines_with(out, {"WEAK"}).empty()) << flag << "\n" << out;
+    const auto failed = test::lines_with(out, {"] fail "});
+    ASSERT_FALSE(failed.empty()) << flag << "\n" << out;
+    for (const auto& line : failed) EXPECT_NE(line.find(tier), std::string::npos) << line;
+    EXPECT_NE(out.find(" passed, 1 failed, "), std::string::npos) << out;
+    EXPECT_NE(out.find("not followed on its exact tier"), std::string::npos) << out;
   }
 }
 
