@@ -11,7 +11,9 @@
 // gathered attention composed from ATen ops (index_select + bmm + logsumexp + exp + bmm, bf16
 // operands, fp32 accumulation inside cuBLAS). CUDA events on the default stream, warm-up,
 // medians, inputs rotated so each timed call reads data not left in the 60 MB L2, random
-// (never zero) inputs; (c) the indexer (bench_indexer). DSA_BENCH_INDEXER_ONLY=1 runs (c) alone.
+// (never zero) inputs; (c) the indexer (bench_indexer). DSA_BENCH_INDEXER_ONLY=1 runs (c) alone;
+// (d) the sparse MLA backward (bench_mla_backward). DSA_BENCH_SMLA_BWD_ONLY=1 runs (d) alone
+// (the cheapest device call that times the backward against its same-run peer).
 // Prints a table; writes it to $OUT/gpu_bench.md when OUT is set.
 // Roofline figures (measured on this card, shared/GPU.md): 790 TFLOP/s bf16, 4.3 TB/s copy.
 #include <algorithm>
@@ -436,8 +438,9 @@ int main() {
   const int64_t k = 2048;
   const int64_t shapes[][2] = {{128, 131072}, {4096, 32768}, {4096, 131072}, {4096, 4096}};
   const bool indexer_only = std::getenv("DSA_BENCH_INDEXER_ONLY") != nullptr;  // (c) alone
+  const bool bwd_only = std::getenv("DSA_BENCH_SMLA_BWD_ONLY") != nullptr;     // (d) alone
   for (const auto& sh : shapes) {
-    if (std::getenv("DSA_BENCH_MLA_ONLY") || indexer_only) break;  // (b) or (c) alone
+    if (std::getenv("DSA_BENCH_MLA_ONLY") || indexer_only || bwd_only) break;  // not (a)
     const int64_t s_q = sh[0], s_kv = sh[1];
     const double in_bytes = 4.0 * s_q * s_kv;
     const int r = rotations(in_bytes);
@@ -556,7 +559,7 @@ int main() {
   // (b) sparse MLA forward, every slot valid (the peer has no masking), at h_q 64 and 128,
   // s_kv 8192 and 32768. DSA_BENCH_TOPK_ONLY=1 leaves it out; DSA_BENCH_MLA_CUDA_CORE=1 adds
   // the CUDA-core kernel (slow).
-  if (!std::getenv("DSA_BENCH_TOPK_ONLY") && !indexer_only) {
+  if (!std::getenv("DSA_BENCH_TOPK_ONLY") && !indexer_only && !bwd_only) {
     const int64_t shapes_mla[][2] = {{64, 8192}, {128, 8192}, {128, 32768}};  // {h_q, s_kv}
     for (const auto& sh : shapes_mla) {
       const int64_t s_q = 4096, h_q = sh[0], d_qk = 576, d_v = 512, s_kv = sh[1];
@@ -654,7 +657,8 @@ int main() {
       row("ATen gathered (index_select+bmm+logsumexp+bmm, bf16 logits)", t_peer, "peer");
     }
   }
-  if (!std::getenv("DSA_BENCH_TOPK_ONLY") && !std::getenv("DSA_BENCH_MLA_ONLY")) bench_indexer(table);
+  if (!std::getenv("DSA_BENCH_TOPK_ONLY") && !std::getenv("DSA_BENCH_MLA_ONLY") && !bwd_only)
+    bench_indexer(table);
   auto write_table = [&table] {
     if (const char* o = std::getenv("OUT")) {
       std::ofstream f(std::string(o) + "/gpu_bench.md");

@@ -10,6 +10,9 @@
 # PROP_FILTER: the property filter (default the cuda backend's top-k and indexer properties);
 # DSA_BENCH_INDEXER_ONLY=1 (read by the benchmark) times the indexer alone.
 # GPU_DEPS=DIR names the carried .gpu-deps when the tree was staged elsewhere.
+# BENCH_ONLY=1: build dsa_gpu_bench alone and run only the benchmark (no tests, sanitizers,
+# properties or Python check: a timing call, never a gate); with DSA_BENCH_SMLA_BWD_ONLY=1 the
+# benchmark times the sparse MLA backward section alone.
 # Filters for short runs: CUDA_TEST_FILTER / TORCH_OPS_FILTER (gtest filters of dsa_cuda_tests /
 # dsa_torch_ops_tests), SAN_FILTER (the sanitizer case's gtest filter), SKIP_PY=1 (no Python
 # check); DSA_BENCH_MLA_ONLY=1 / DSA_BENCH_TOPK_ONLY=1 and DSA_MLA_ONEPASS_ONLY=1 reach the
@@ -28,8 +31,9 @@ bd=${BUILD_DIR:-/tmp/dsa-gpu-build}
 . ci/gpu/configure.sh
 : >"$out/build.txt"
 gpu_configure "$bd" "$out/build.txt" -DDSA_BUILD_BENCH=$([ "${REF_BENCH:-0}" = 1 ] && echo ON || echo OFF) \
-  && cmake --build "$bd/main" -j 16 --target dsa_cuda_tests dsa_gpu_bench dsa_torch_ops dsa_torch_ops_tests \
-    $([ "${SKIP_PROPS:-0}" = 1 ] || echo dsa_prop_tests) $([ "${REF_BENCH:-0}" = 1 ] && echo dsa_reference_bench) \
+  && cmake --build "$bd/main" -j 16 --target dsa_gpu_bench \
+    $([ "${BENCH_ONLY:-0}" = 1 ] || echo dsa_cuda_tests dsa_torch_ops dsa_torch_ops_tests) \
+    $([ "${SKIP_PROPS:-0}" = 1 ] || [ "${BENCH_ONLY:-0}" = 1 ] || echo dsa_prop_tests) $([ "${REF_BENCH:-0}" = 1 ] && echo dsa_reference_bench) \
     $([ -n "${AUDIT_OPS:-}" ] && echo dsa-verify) \
     >>"$out/build.txt" 2>&1
 rc=$?
@@ -39,8 +43,9 @@ grep -A2 "topk_cluster_kernel" "$out/build.txt" | grep -E "registers|spill" | he
 grep -A2 -E "sparse_mla_fwd_(onepass|wgmma)_kernel" "$out/build.txt" | grep -E "registers|spill" | head -6; grep -E "C75[0-9][0-9]" "$out/build.txt" | head -3
 grep -A3 "Compiling entry function.*indexer_" "$out/build.txt" | grep -E "entry|registers|spill" | sed 's/_ZN3dsa4cuda[^ ]*_\(indexer_[a-z_]*\)[^ ]*/\1/' | head -8
 cuobj=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-[ -x "$cuobj" ] && echo "SASS of dsa_cuda_tests: $("$cuobj" -sass "$bd/main/optimized/cuda/dsa_cuda_tests" 2>/dev/null | grep -c HGMMA) HGMMA, $("$cuobj" -sass "$bd/main/optimized/cuda/dsa_cuda_tests" 2>/dev/null | grep -c HMMA) HMMA instructions" | tee -a "$out/summary.txt"
+[ -x "$cuobj" ] && [ "${BENCH_ONLY:-0}" != 1 ] && echo "SASS of dsa_cuda_tests: $("$cuobj" -sass "$bd/main/optimized/cuda/dsa_cuda_tests" 2>/dev/null | grep -c HGMMA) HGMMA, $("$cuobj" -sass "$bd/main/optimized/cuda/dsa_cuda_tests" 2>/dev/null | grep -c HMMA) HMMA instructions" | tee -a "$out/summary.txt"
 bin=$bd/main/optimized/cuda
+if [ "${BENCH_ONLY:-0}" != 1 ]; then
 SECONDS=0
 timeout 170 "$bin/dsa_cuda_tests" --gtest_filter="${CUDA_TEST_FILTER:-*}" >"$out/tests.txt" 2>&1
 echo "dsa_cuda_tests rc=$? (${SECONDS}s)" | tee -a "$out/summary.txt"
@@ -70,6 +75,7 @@ if [ "${SKIP_PROPS:-0}" != 1 ]; then
   echo "dsa_prop_tests ${PROP_FILTER:-Prop_cuda.topk*:Prop_cuda.indexer*} rc=$? (${SECONDS}s): $(grep -E '^\[  PASSED|^\[  FAILED' "$out/props.txt" | tr '\n' ' ')" | tee -a "$out/summary.txt"
   grep -E "^\[  FAILED|repro" "$out/props.txt" | head -10
 fi
+fi  # BENCH_ONLY
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   SECONDS=0
   OUT=$out timeout 150 "$bin/dsa_gpu_bench" >"$out/bench.txt" 2>&1
