@@ -157,8 +157,9 @@ int run_audit(const AuditOptions& options) {
   int interrupted = 0;      // the signal that stopped the audit, else 0
   size_t tasks_not_run = 0;  // of the backend that was interrupted
   std::vector<std::string> ran_nothing;  // backends of which no case passed or failed
-  // "backend/op" for each op named in --ops of which a backend judged no case (fresh17 F6: a
-  // misnamed or missing backward was all skips and the audit exited 0). Exit 2, as ran_nothing.
+  // "backend/op" for each op named in --ops of which a backend judged no case although some
+  // were selected (fresh17 F6: a misnamed or missing backward was all skips and the audit
+  // exited 0). Exit 2, as ran_nothing. An op --only left without a case is not listed.
   std::vector<std::string> ops_ran_nothing;
   // The rounding models each backend is judged with and who declared them (flags, capabilities).
   std::vector<std::string> rounding_lines;
@@ -318,6 +319,9 @@ int run_audit(const AuditOptions& options) {
     outcomes.resize(tasks.size());
     size_t emitted = 0, judged = 0;  // judged: cases that passed or failed (not skipped)
     std::set<std::string> judged_ops;  // ops with a case that passed or failed (--ops check)
+    // ops with any case, skipped ones included: an op of --ops that --only left without a
+    // task is the user's own selection, not an op the backend failed to provide
+    std::set<std::string> selected_ops;
     bool last_stops = false;  // the last emitted task stops the audit (fail-fast, interrupt)
     auto work = [&](int64_t i) {
       const AuditTask& task = tasks[static_cast<size_t>(i)];
@@ -391,6 +395,7 @@ int run_audit(const AuditOptions& options) {
         if (r.status == "skip") skipped_ops += (skipped_ops.empty() ? "" : ", ") + r.op;
       for (auto& r : o.results) {
         if (r.status == "pass" || r.status == "fail") judged_ops.insert(r.op);
+        selected_ops.insert(r.op);
         r.seconds = o.secs / std::max<size_t>(o.results.size(), 1);
         if (names.size() > 1) r.op = name + "/" + r.op;
         judged += r.status == "pass" || r.status == "fail";
@@ -417,7 +422,7 @@ int run_audit(const AuditOptions& options) {
     if (judged == 0 && !stop && !interrupted) ran_nothing.push_back(name);
     else if (!stop && !interrupted)
       for (const auto& op : opts.ops)
-        if (!judged_ops.count(op)) ops_ran_nothing.push_back(name + "/" + op);
+        if (selected_ops.count(op) && !judged_ops.count(op)) ops_ran_nothing.push_back(name + "/" + op);
     if (stop || interrupted) break;
   }
   const size_t backends_not_run = interrupted ? names.size() - 1 - std::count(label.begin(), label.end(), ',') : 0;

@@ -102,7 +102,8 @@ TEST(AuditPartial, TableProgressJunitAndJsonSayWhatWasNotJudged) {
 }
 
 // A fixture task whose backward the kernel cannot run: the progress line of its passing
-// forward names the skipped op, and the table has a skip row (0 cases) for it.
+// forward names the skipped op, and the table has a skip row (0 cases) for it. --ops names
+// that backward, so the audit exits 2 naming it (fresh17 F6), after the full table.
 TEST(AuditPartial, ProgressOfAFixtureNamesTheOpsThatDidNotRun) {
   Scratch dir("audit_fixture_skip");
   std::filesystem::create_directories(dir.file("golden"));
@@ -112,7 +113,9 @@ TEST(AuditPartial, ProgressOfAFixtureNamesTheOpsThatDidNotRun) {
   const int rc = run_cli_capture("audit --plugin " + std::string(DSA_PARTIAL_PLUGIN) +
                                      " --ops sparse_mla_fwd,sparse_mla_bwd --dump-dir " + dir.file("dump"),
                                  &out, "DSA_FIXTURES_DIR=" + dir.file(""));
-  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(rc, 2);
+  EXPECT_EQ(lines_with(out, {"--ops names sparse_mla_bwd but backend plugin:partial_outputs judged no case"}).size(), 1u)
+      << out;
   EXPECT_EQ(lines_with(out, {"] pass fixture golden:smla_sink", "skip: sparse_mla_bwd"}).size(), 1u);
   const auto skip_row = lines_with(out, {"sparse_mla_bwd ", "golden:smla_sink", " skip "});
   ASSERT_EQ(skip_row.size(), 1u);
@@ -406,6 +409,23 @@ TEST(InputErrors, WrongRankNamesTheTensor) {
   fixtures::save_fixture(path, f);
   expect_cli("fixtures check " + path + " --backend reference", 2,
              {path + ": tensor 'ks' has shape", "expected 1 dimension [s_q]"});
+}
+
+// The top-k property that re-runs a call itself (topk.int32_contiguous_deterministic, three
+// runs of one call) marks its re-runs as the oracle's determinism re-run is marked, so the
+// plugin route makes each a second call in one child after a decoy: a top-k that replays its
+// first result for later calls of the same shapes (dsa_stale_plugin) fails it, naming how the
+// re-run was made; the example plugin passes it (fresh17 F5, the property's own re-runs).
+TEST(StaleState, TopkPropertyReRunsAreSecondCallsOnThePluginRoute) {
+  Scratch dir("stale_topk_property");
+  const std::string only = " --ops topk --only topk.int32_contiguous_deterministic --seed 3 --dump-dir ";
+  std::string out;
+  EXPECT_EQ(run_cli_capture(std::string("audit --plugin ") + DSA_EXAMPLE_PLUGIN + only + dir.file("a"), &out), 0)
+      << out;
+  EXPECT_EQ(run_cli_capture(std::string("audit --plugin ") + DSA_STALE_PLUGIN + only + dir.file("b"), &out), 1)
+      << out;
+  EXPECT_FALSE(lines_with(out, {"deterministic backend returned different bytes on run 2"}).empty()) << out;
+  EXPECT_FALSE(lines_with(out, {"the second call in one child process"}).empty()) << out;
 }
 
 // `dsa-verify mutants --list` maps every plugin number to its mutant and fault, from the

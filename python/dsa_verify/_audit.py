@@ -175,9 +175,11 @@ class Report:
 
     @property
     def ops_that_ran_no_case(self):
-        """The ops named by `ops=` of which no case passed or failed (every one skipped)."""
+        """The ops named by `ops=` of which some case was selected and none passed or failed
+        (every one skipped). An op that `only=` left without a case is not listed."""
         judged = {c.op for c in self.cases if c.status in ("pass", "fail")}
-        return [op for op in self.ops_named if op not in judged]
+        selected = {c.op for c in self.cases}
+        return [op for op in self.ops_named if op in selected and op not in judged]
 
     def exit_code(self):
         """0 all passed, 1 a failure, 2 an input error, no case ran, or an op named by `ops=` ran
