@@ -179,13 +179,26 @@ bool dout_fits(const OpCase& c) {
          c.dout.numel() == c.mla.q.size(0) * c.mla.q.size(1) * c.mla.d_v;
 }
 
+// True when the backward's per-key-row floor arrays (dkv: s_kv x d_qk) are small (<= 2^20
+// elements) or no larger than the per-slot work (s_q x h_q x k slots of d_qk columns): a
+// forward then computes them along with its own floors, for the backward a memoized case may
+// judge next. A draw over 65537+ kv rows of which a few are selected (the wide-id draws,
+// outside tester F3) does not: its forward computes its own floors alone (a previous attempt
+// doubled the CPU time of the sparse MLA properties computing 65537 x 512 dkv floors for
+// forward-only checks), and a backward, when judged, computes the floors with dkv's.
+bool dkv_floors_cheap(const SparseMlaInputs& in) {
+  const int64_t s_kv = in.kv.size(0), dqk = in.q.size(2);
+  return s_kv * dqk <= (int64_t{1} << 20) || s_kv <= in.q.size(0) * in.q.size(1) * in.indices.size(-1);
+}
+
 // Floor inputs of sparse MLA at the working dtype `work`: with the backward outputs when
-// `backward`; for the forward of a memoized case with a usable dout as well (the forward
-// outputs' floors do not depend on dout, so one computation serves both ops).
+// `backward`; for the forward of a memoized case with a usable dout as well when the dkv
+// floors are cheap (dkv_floors_cheap; the forward outputs' floors do not depend on dout, so
+// one computation serves both ops).
 std::shared_ptr<const CaseFloors> shared_mla_floors(const OpCase& c, DType work, bool backward) {
   work = floor_work_dtype(work);
   CaseMemo* memo = memo_of(c);
-  const bool with_dout = backward || (memo && dout_fits(c));
+  const bool with_dout = backward || (memo && dout_fits(c) && dkv_floors_cheap(c.mla));
   Fingerprint f = fp_mla(c.mla);
   if (with_dout) f.add(c.dout);
   auto kind = [&](DType d) {
