@@ -368,7 +368,8 @@ void paged_invalid_scale_rejected(Backend& b, const BlockFactory&) {
 // ---- sparse MLA over the FP8 cache --------------------------------------------------------
 
 void smla_fp8_forward_ratio(Backend& b, const BlockFactory&) {
-  const SmlaFp8Case c = draw_smla_fp8_case();
+  // The regular draws; draw 3 of a run with its tokens past 65535 (outside tester F3).
+  const SmlaFp8Case c = draw_smla_fp8_case("wide_ids");
   DumpOnFailure dump([&] { return described([&] { return fixtures::sparse_mla_fp8_fixture(c.in, case_name()); }, c.desc); });
   SparseMlaForward f;
   // The check re-runs the draw with its unread tokens poisoned: poisoned when it has any (a

@@ -39,5 +39,28 @@ TEST(SpecialInputs, KlHardcodedSmScaleFailsEveryKlProperty) {
                                               "kl.many_rows", "kl.production_shapes"});
 }
 
+// Ids past 16 bits and indexer dtypes (outside tester F3, F4): each mutant is caught first on
+// the draw that holds its input (draw 3: keys past 65535; draw 1: fp32 indexer inputs), so the
+// draws before it, which held none, passed it. On every other draw of these properties (as on
+// every draw before, main 996ea09) ids stay below 65536 and the indexer's inputs are bf16 or
+// fp16, where each mutant computes the reference's own bits for ids < 65536 / bf16 inputs.
+TEST(SpecialInputs, WideIdAndDtypeMutantsAreCaughtOnTheirDraw) {
+  struct Case {
+    const char* mutant;
+    const char* property;
+    int draw;  // the failing draw's index (draw_index()); r.drawn counts it too
+  };
+  for (const Case& c : {Case{"smla_ids_16bit", "smla.forward_ratio", 3},
+                        Case{"smla_ids_16bit", "smla.duplicates_accumulate_in_dkv", 3},
+                        Case{"smla_fp8_token_ids_16bit", "smla_fp8.forward_ratio", 3},
+                        Case{"indexer_keys_16bit", "indexer.scores_ratio", 3},
+                        Case{"indexer_rounds_inputs_to_bf16", "indexer.scores_ratio", 1}})
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      const PropertyResult r = run_property(test::mutant_named(c.mutant), test::property_named(c.property), level0(seed));
+      EXPECT_EQ(r.verdict, oracle::Verdict::Fail) << c.mutant << " passed " << c.property << " at seed " << seed;
+      EXPECT_EQ(r.drawn, c.draw + 1) << c.mutant << " on " << c.property << " at seed " << seed << ": " << r.message;
+    }
+}
+
 }  // namespace
 }  // namespace dsa::props

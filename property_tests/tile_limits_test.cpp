@@ -67,6 +67,14 @@ const Catch kCatches[] = {
     // and two fresh seeds).
     {"smla_full_tile_box_coordinate",
      {"smla.forward_ratio", "smla.invalid_slots_never_read", "smla.empty_rows", "smla.topk_length_respected"}},
+    // Ids past 16 bits and indexer input dtypes (outside tester F3, F4): draw 3 of these
+    // properties selects keys past 65535 (its kv rows / tokens moved there, the rows id &
+    // 0xFFFF reads NaN, or for the indexer the key negated), draw 1 of the indexer's is fp32;
+    // before, no draw held either and each mutant computed the reference's bits on every draw.
+    {"smla_ids_16bit", {"smla.forward_ratio", "smla.invalid_slots_never_read", "smla.duplicates_accumulate_in_dkv"}},
+    {"smla_fp8_token_ids_16bit", {"smla_fp8.forward_ratio"}},
+    {"indexer_keys_16bit", {"indexer.scores_ratio"}},
+    {"indexer_rounds_inputs_to_bf16", {"indexer.scores_ratio"}},
 };
 
 // Level 0 without shrinking, as an audit of a plugin runs: seed 1, a seed at which a mutant

@@ -386,6 +386,34 @@ class SmlaFullTileBoxCoordinate final : public IndexRewrite {
   }
 };
 
+// Field fault (outside tester F3): kv row ids kept in 16 bits (uint16 row offsets, ids &
+// 0xFFFF): a valid id past 65535 reads row id & 0xFFFF, forward and backward.
+class SmlaIds16Bit final : public IndexRewrite {
+ public:
+  SmlaIds16Bit() : IndexRewrite("smla_ids_16bit") {}
+  SparseMlaInputs rewrite(const SparseMlaInputs& in) const override {
+    const int64_t s_kv = in.kv.size(0);
+    return remap(in, [&](int64_t, int64_t, int64_t id) { return id >= 0 && id < s_kv ? id & 0xFFFF : id; });
+  }
+};
+
+// Field fault (outside tester F3): FP8 sparse MLA token ids kept in 16 bits: a valid token id
+// past 65535 reads token id & 0xFFFF of the cache.
+class SmlaFp8TokenIds16Bit final : public WrapAll {
+ public:
+  SmlaFp8TokenIds16Bit() : WrapAll("smla_fp8_token_ids_16bit") {}
+  SparseMlaForward sparse_mla_fp8_forward(const SparseMlaFp8Inputs& in) override {
+    SparseMlaFp8Inputs m = in;
+    m.indices = Tensor(in.indices.dtype(), in.indices.shape());
+    const int64_t tokens = in.kv_cache.numel() / kMlaFp8TokenBytes;
+    for (int64_t i = 0; i < in.indices.numel(); ++i) {
+      const int64_t id = static_cast<int64_t>(in.indices.get(i));
+      m.indices.set(i, static_cast<double>(id >= 0 && id < tokens ? id & 0xFFFF : id));
+    }
+    return ref_->sparse_mla_fp8_forward(m);
+  }
+};
+
 // ---- top-k -----------------------------------------------------------------------------
 
 Tensor map_scores(const Tensor& s, double from_nan_or_value, bool nan, double to) {
@@ -728,6 +756,42 @@ class Bf16Accumulation final : public Wrap {
   Bf16Accumulation() : Wrap("indexer_bf16_accumulation") {}
   Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
     return indexer_loop(q, k, w, win, false, true);
+  }
+};
+
+// Field fault (outside tester F3): indexer key rows addressed in 16 bits: key s past 65535
+// is scored (and its gradients formed) with k_idx row s & 0xFFFF.
+class IndexerKeys16Bit final : public Wrap {
+ public:
+  IndexerKeys16Bit() : Wrap("indexer_keys_16bit") {}
+  static Tensor alias_keys(const Tensor& k) {
+    Tensor out = k;
+    const int64_t s_kv = k.size(0), d = k.size(1);
+    for (int64_t s = 0x10000; s < s_kv; ++s)
+      for (int64_t x = 0; x < d; ++x) out.set(s * d + x, k.get((s & 0xFFFF) * d + x));
+    return out;
+  }
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return ref_->indexer_scores(q, alias_keys(k), w, win);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    return ref_->indexer_scores_backward(q, alias_keys(k), w, win, d);
+  }
+};
+
+// Field fault (outside tester F4): the indexer converts q_idx and k_idx to bf16 before its
+// GEMM whatever their dtype (fp16 and fp32 inputs lose their low bits), forward and backward.
+class IndexerRoundsInputsToBf16 final : public Wrap {
+ public:
+  IndexerRoundsInputsToBf16() : Wrap("indexer_rounds_inputs_to_bf16") {}
+  static Tensor bf16(const Tensor& t) { return t.to(DType::BF16).to(t.dtype()); }
+  Tensor indexer_scores(const Tensor& q, const Tensor& k, const Tensor& w, const KeyWindows& win) override {
+    return ref_->indexer_scores(bf16(q), bf16(k), w, win);
+  }
+  IndexerGrads indexer_scores_backward(const Tensor& q, const Tensor& k, const Tensor& w,
+                                       const KeyWindows& win, const Tensor& d) override {
+    return ref_->indexer_scores_backward(bf16(q), bf16(k), w, win, d);
   }
 };
 
@@ -1582,6 +1646,15 @@ std::vector<Subject> mutant_subjects() {
       subject_of<TopkDropsPosInf>("top-k dropping +inf scores (!isfinite filter)", "topk."),
       subject_of<KlHardcodedSmScale>("KL teacher scaled by 1/sqrt(d_qk), ignoring sm_scale", "kl."),
       subject_of<Fp8OpsRowsPastTile>("FP8 indexer rows >= 128, paged rows >= 64, FP8 sparse MLA rows >= 128 returned 0", "fp8.indexer_many_rows"),
+      // Ids and dtypes no draw held (outside tester F3, F4): key ids past 65535 on a run's draw
+      // 3, indexer q_idx/k_idx fp32 on draw 1 and fp16 on draw 2.
+      subject_of<SmlaIds16Bit>("sparse MLA reading kv row id & 0xFFFF (ids kept in 16 bits)", "smla.forward_ratio"),
+      subject_of<SmlaFp8TokenIds16Bit>("FP8 sparse MLA reading cache token id & 0xFFFF (token ids kept in 16 bits)",
+                                       "smla_fp8.forward_ratio"),
+      subject_of<IndexerKeys16Bit>("indexer scoring key s with k_idx row s & 0xFFFF (key rows addressed in 16 bits)",
+                                   "indexer.scores_exact_tier"),
+      subject_of<IndexerRoundsInputsToBf16>("indexer rounding q_idx and k_idx to bf16 whatever their dtype",
+                                            "indexer.scores_ratio"),
       subject_of<Fp8OpsKeysPastTile>("FP8 indexer keys >= 128, paged keys >= 192 scored 0, FP8 sparse MLA slots >= 128 ignored", "fp8.indexer_production_shapes"),
       // Declared rounding models (checked by their exact tiers, declared_model_props.cpp).
       subject_of<DeclaredModelLiar<true>>(

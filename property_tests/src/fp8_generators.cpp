@@ -15,6 +15,7 @@
 #include "dsa/property_tests/generators.h"
 #include "dsa/reference/sparse_mla_fp8.h"
 #include "src/conditioning.h"
+#include "src/relocate.h"
 
 namespace dsa::props {
 namespace {
@@ -309,7 +310,7 @@ PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
 SmlaFp8Case draw_smla_fp8_case(const std::string& flavor) {
   SmlaFp8Case c;
   SparseMlaFp8Inputs& in = c.in;
-  if (!flavor.empty() && flavor != "many_rows" && flavor != "production")
+  if (!flavor.empty() && flavor != "many_rows" && flavor != "production" && flavor != "wide_ids")
     throw std::invalid_argument("draw_smla_fp8_case: unknown flavor \"" + flavor + "\"");
   const bool many = flavor == "many_rows", prod = flavor == "production";
   const int level = generation_level();
@@ -425,6 +426,20 @@ SmlaFp8Case draw_smla_fp8_case(const std::string& flavor) {
       for (int64_t j = 0; j < n && !valid; ++j) valid = ids[static_cast<size_t>(t * k + j)] >= 0 && ids[static_cast<size_t>(t * k + j)] < tokens;
       if (!valid) ids[static_cast<size_t>(t * k)] = static_cast<int32_t>(irand(r, 0, pool - 1));
     }
+  // The wide-id draw (a run's draw detail::kWideIdsDraw of the "wide_ids" flavor; the tokens move
+  // past 65535 below) selects a token: the first row without a negative length (row 0 when
+  // every length is negative: its length becomes 1) holds a valid slot before its length.
+  const bool wide = flavor == "wide_ids" && draw_index() == detail::kWideIdsDraw;
+  if (wide) {
+    int64_t t = 0;
+    while (!lengths.empty() && t + 1 < s_q && lengths[static_cast<size_t>(t)] < 0) ++t;
+    if (!lengths.empty() && lengths[static_cast<size_t>(t)] < 1) lengths[static_cast<size_t>(t)] = 1;
+    const int64_t n = lengths.empty() ? k : std::min<int64_t>(k, lengths[static_cast<size_t>(t)]);
+    bool valid = false;
+    for (int64_t j = 0; j < n && !valid; ++j)
+      valid = ids[static_cast<size_t>(t * k + j)] >= 0 && ids[static_cast<size_t>(t * k + j)] < tokens;
+    if (!valid) ids[static_cast<size_t>(t * k + irand(r, 0, n - 1))] = static_cast<int32_t>(irand(r, 0, pool - 1));
+  }
   in.indices = Tensor::from_i32({s_q, k}, ids);
   if (!lengths.empty()) in.topk_length = Tensor::from_i32({s_q}, lengths);
   if (*rc::gen::arbitrary<bool>()) {
@@ -516,11 +531,40 @@ SmlaFp8Case draw_smla_fp8_case(const std::string& flavor) {
       detail::condition_bf16_out_rows(in.q, std::vector<uint8_t>(static_cast<size_t>(s_q * h), 1), {}, r, judge);
     }
   }
+  // Token ids past 16 bits (outside tester F3: no FP8 sparse MLA draw selected a token >=
+  // 65536, so a kernel keeping token ids in 16 bits passed): the cache's token rows [0, tokens)
+  // move to [off, off + tokens), off = 65536 - m with m drawn in [0, the largest selected id],
+  // so that id (and every selected id >= m) lands past 65535; the cache grows to whole blocks
+  // and every new token holds 0xFF bytes (NaN values, scales and RoPE, as the unread ones), so
+  // id & 0xFFFF reads a NaN token. Every id follows its token (detail::relocated_id). Only
+  // where the tokens sit changes: every output and rounding is the drawn case's.
+  std::string wide_desc;
+  if (wide) {
+    int64_t top = -1;
+    for (int64_t t = 0; t < s_q; ++t) {
+      const int64_t len = in.topk_length ? std::min<int64_t>(k, static_cast<int64_t>(in.topk_length->get(t))) : k;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t id = in.indices.data<int32_t>()[t * k + j];
+        if (id >= 0 && id < tokens) top = std::max(top, id);
+      }
+    }
+    const int64_t m = top >= 0 ? irand(r, 0, top) : 0;
+    const int64_t off = detail::kIds16 - m, blocks2 = (tokens + off + bs - 1) / bs, n2 = blocks2 * bs;
+    Tensor cache = detail::relocate_rows(in.kv_cache.reshaped({tokens, kMlaFp8TokenBytes}), off, n2);
+    std::memset(cache.raw(), 0xFF, static_cast<size_t>(off * kMlaFp8TokenBytes));
+    std::memset(cache.raw() + (off + tokens) * kMlaFp8TokenBytes, 0xFF,
+                static_cast<size_t>((n2 - off - tokens) * kMlaFp8TokenBytes));
+    in.kv_cache = cache.reshaped({blocks2, bs, kMlaFp8TokenBytes});
+    detail::relocate_ids(in.indices, tokens, off, n2);
+    wide_desc = " ids_past_16_bits(tokens moved by " + std::to_string(off) + " to " + std::to_string(n2) +
+                " tokens, largest selected id " + std::to_string(top >= 0 ? top + off : -1) + ")";
+  }
   c.desc = "sparse mla fp8 s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
            " block_size=" + std::to_string(bs) + " tokens=" + std::to_string(tokens) + " k=" +
            std::to_string(k) + (pow2 ? " pow2" : " amax") + " scales topk_length=" +
            (in.topk_length ? "yes" : "no") + " sink=" + (in.attn_sink ? "yes" : "no") +
-           " unread_nan_tokens=" + std::to_string(unread) + (flavor.empty() ? "" : " flavor=" + flavor) + (prod ? " kind=" + prod_kind : "");
+           " unread_nan_tokens=" + std::to_string(unread) + (flavor.empty() || flavor == "wide_ids" ? "" : " flavor=" + flavor) +
+           (prod ? " kind=" + prod_kind : "") + wide_desc;
   return c;
 }
 

@@ -6,6 +6,7 @@
 #include "dsa/reference/sparse_mla.h"
 #include "dsa/reference/topk.h"
 #include "src/conditioning.h"
+#include "src/relocate.h"
 
 #include <rapidcheck.h>
 
@@ -883,19 +884,67 @@ void keep_indexer_logits_off_zero(const Tensor& q_idx, Tensor& k_idx, const KeyW
   k_idx = c.k_idx;
 }
 
-IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind) {
+namespace {
+// Indexer keys past 2^16 or 2^17 (`base`; outside tester F3: no indexer draw had a key >=
+// 65536, so a kernel indexing k_idx rows in 16 bits passed). The key rows [0, s_kv) move to
+// [off, off + s_kv), off = base - m with m drawn in [0, the largest key a window shows], and
+// the windows with them (ks + off, ke + off), so that key (and every window key >= m) lies
+// past base while the others stay below. The new row s - off - m (= s & 0xFFFF, or s &
+// 0x1FFFF past 2^17) of each key s >= base holds -k_idx[s] (finite: a correct kernel may
+// multiply keys outside its windows by 0, as a dense matmul does; negated: a nonzero logit
+// changes sign, so a kernel reading it changes the key's score, ReLU or not); the other new
+// rows are 0. d_scores keeps its rows at the moved columns; its new columns lie outside every
+// window: finite garbage when `finite_outside`, else NaN. Returns the description.
+std::string widen_indexer_keys(IndexerCase& c, int64_t base, bool finite_outside, Rng& r) {
+  const int64_t s_q = c.q_idx.size(0), s_kv = c.k_idx.size(0), d = c.k_idx.size(1);
+  int64_t top = -1;  // the largest key a window shows
+  for (int64_t t = 0; t < s_q; ++t)
+    if (c.windows.ke[static_cast<size_t>(t)] > c.windows.ks[static_cast<size_t>(t)])
+      top = std::max(top, c.windows.ke[static_cast<size_t>(t)] - 1);
+  const int64_t m = top >= 0 ? irand(r, 0, top) : 0;
+  const int64_t off = base - m, n2 = s_kv + off;
+  c.k_idx = detail::relocate_rows(c.k_idx, off, n2);
+  for (int64_t i = 0; i < (s_kv - m) * d; ++i) c.k_idx.set(i, -c.k_idx.get(i + (off + m) * d));
+  Tensor ds(DType::F32, {s_q, n2});
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t s = 0; s < n2; ++s)
+      ds.set(t * n2 + s, s >= off && s < off + s_kv ? c.d_scores.get(t * s_kv + s - off)
+                         : finite_outside           ? uni(r, 100, 200)
+                                                    : NAN);
+  c.d_scores = ds;
+  std::vector<int64_t> ks = c.windows.ks, ke = c.windows.ke;
+  for (auto& x : ks) x += off;
+  for (auto& x : ke) x += off;
+  c.windows = KeyWindows::explicit_windows(ks, ke, n2);
+  return " keys_past_" + std::to_string(base) + "(k_idx rows moved by " + std::to_string(off) +
+         " to s_kv=" + std::to_string(n2) + ", largest window key " + std::to_string(top >= 0 ? top + off : -1) + ")";
+}
+}  // namespace
+
+IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind, bool keys_past_2_17) {
   IndexerCase c;
   c.tier = tier ? *tier : (draw_bool() ? Tier::Exact : Tier::Random);
+  // Keys past 2^16 on a run's draw detail::kWideIdsDraw, past 2^17 on draw kWideIds17Draw when
+  // `keys_past_2_17` (widen_indexer_keys, below); such a draw has no s_q tile edge and d_I <= 8
+  // (case cost: a backward's dk and its floors span every key row).
+  const int64_t wide_base = draw_index() == detail::kWideIdsDraw                         ? detail::kIds16
+                            : draw_index() == detail::kWideIds17Draw && keys_past_2_17 ? 2 * detail::kIds16
+                                                                                       : 0;
   // One case in six at tile edges of s_q, one in six long (issue 9): causal rows or MTP
   // (next_n 1-4, start positions > 0) over 256-2049 keys.
   const int roll = *rc::gen::inRange(0, 6);
-  const bool edge = roll == 0, long_rows = roll == 1;
+  const bool edge = roll == 0 && wide_base == 0, long_rows = roll == 1;
   const int64_t s_q = edge ? draw_of<int64_t>({63, 64, 65}) : long_rows ? draw_in(1, 4) : draw_in(1, 8);
   const int64_t s_kv = edge ? draw_in(1, 8)
                        : long_rows ? draw_of<int64_t>({256, 1000, 2049})
                                    : draw_of<int64_t>({1, 2, 3, 5, 8, 13, 63, 64, 65});
   const int64_t h = draw_in(1, 4);
-  const int64_t d = draw_of<int64_t>({1, 2, 8, 16, 64});
+  const int64_t d_drawn = draw_of<int64_t>({1, 2, 8, 16, 64});
+  const int64_t d = wide_base ? std::min<int64_t>(d_drawn, 8) : d_drawn;
+  // q_idx and k_idx (SPEC §2: bf16, fp16 or fp32): fp32 on a run's draw 1, fp16 on draw 2,
+  // bf16 on the others (outside tester F4: every draw was bf16, so a kernel rounding its
+  // inputs to bf16 passed).
+  const DType in_dtype = draw_index() == 1 ? DType::F32 : draw_index() == 2 ? DType::F16 : DType::BF16;
   std::string wk;
   const char* kind = window_kind;
   std::string long_kind;
@@ -904,17 +953,28 @@ IndexerCase draw_indexer_case(std::optional<Tier> tier, const char* window_kind)
     kind = long_kind.c_str();
   }
   c.windows = draw_windows(s_q, s_kv, kind, &wk);
+  // The wide-key draw shows a key: when every window is empty, row 0's becomes [0, s_kv).
+  bool any_key = false;
+  for (int64_t t = 0; t < s_q; ++t) any_key = any_key || c.windows.length(t) > 0;
+  if (wide_base && !any_key) {
+    std::vector<int64_t> ks = c.windows.ks, ke = c.windows.ke;
+    ks[0] = 0;
+    ke[0] = s_kv;
+    c.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
+    wk += "+row0_full";
+  }
   Rng r = draw_rng();
   const bool exact = c.tier == Tier::Exact;
-  c.q_idx = fill(DType::BF16, {s_q, h, d}, c.tier, exact ? 3 : 1, r);
-  c.k_idx = fill(DType::BF16, {s_kv, d}, c.tier, exact ? 3 : 1, r);
+  c.q_idx = fill(in_dtype, {s_q, h, d}, c.tier, exact ? 3 : 1, r);
+  c.k_idx = fill(in_dtype, {s_kv, d}, c.tier, exact ? 3 : 1, r);
   c.w = fill(DType::F32, {s_q, h}, c.tier, exact ? 2 : 1, r);
   c.d_scores = fill(DType::F32, {s_q, s_kv}, c.tier, exact ? 2 : 1, r);
   const std::string outside = poison_d_scores_outside_windows(c.d_scores, c.windows, r);
   if (!exact) keep_logits_off_zero(c, r);
-  c.desc = std::string("indexer ") + (exact ? "exact" : "random") + " s_q=" + std::to_string(s_q) +
-           " s_kv=" + std::to_string(s_kv) + " H_I=" + std::to_string(h) + " d_I=" +
-           std::to_string(d) + " windows=" + wk + " d_scores_outside=" + outside;
+  const std::string wide_desc = wide_base ? widen_indexer_keys(c, wide_base, outside == "finite", r) : "";
+  c.desc = std::string("indexer ") + (exact ? "exact" : "random") + " q/k=" + dtype_name(in_dtype) +
+           " s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " H_I=" + std::to_string(h) +
+           " d_I=" + std::to_string(d) + " windows=" + wk + " d_scores_outside=" + outside + wide_desc;
   log_case(c.desc);
   return c;
 }
@@ -1009,6 +1069,37 @@ IndexerCase draw_indexer_many_rows_case(std::optional<Tier> tier) {
   return c;
 }
 
+namespace {
+// Key ids past 16 bits (outside tester F3: no sparse MLA draw selected a kv row >= 65536, so a
+// kernel keeping ids in 16 bits, id & 0xFFFF or uint16 row offsets, passed every property).
+// The kv rows [0, s_kv) move to [off, off + s_kv) with off = 65536 - m, m drawn in [0, the
+// largest selected id], so that id (and every selected id >= m) lands past 65535 while the
+// others stay below; every id follows its row (detail::relocated_id: invalid ids stay
+// invalid). The new rows [0, s_kv - m), which id & 0xFFFF reads for each id past 65535, hold
+// NaN (row 0 among them; the "poison" layout's NaN row s_kv - 1 stays the last row); no valid
+// slot selects them. The other new rows are 0. Only where the rows sit changes: every output
+// and rounding is the drawn case's. Returns the description.
+std::string widen_smla_ids(SparseMlaInputs& in, Rng& r) {
+  const int64_t s_q = in.q.size(0), s_kv = in.kv.size(0), d_qk = in.kv.size(1), k = in.indices.size(-1);
+  int64_t top = -1;  // the largest selected id
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t len = in.topk_length ? std::min<int64_t>(k, static_cast<int64_t>(in.topk_length->get(t))) : k;
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t id = static_cast<int64_t>(in.indices.get(t * k + j));
+      if (id >= 0 && id < s_kv) top = std::max(top, id);
+    }
+  }
+  const int64_t m = top >= 0 ? irand(r, 0, top) : 0;
+  const int64_t off = detail::kIds16 - m, n2 = s_kv + off;
+  in.kv = detail::relocate_rows(in.kv, off, n2);
+  for (int64_t row = 0; row < s_kv - m; ++row)
+    for (int64_t col = 0; col < d_qk; ++col) in.kv.set(row * d_qk + col, NAN);
+  detail::relocate_ids(in.indices, s_kv, off, n2);
+  return " ids_past_16_bits(kv rows moved by " + std::to_string(off) + " to s_kv=" + std::to_string(n2) +
+         ", largest selected id " + std::to_string(top >= 0 ? top + off : -1) + ")";
+}
+}  // namespace
+
 SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std::string& regime_in) {
   if (in_dtype != DType::BF16 && in_dtype != DType::F32)
     throw std::invalid_argument(std::string("draw_smla_case: in_dtype must be BF16 or F32, got ") + dtype_name(in_dtype));
@@ -1037,6 +1128,14 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
   // others keep their padding, holes, repeats and empty rows.
   const bool full_ok = layout == "mixed" || layout == "poison" || layout == "empty" || layout == "topk_length";
   const bool full = full_ok && regime != "many_rows" && (fixed_full || *rc::gen::inRange(0, 6) == 0);
+  // A run's draw detail::kWideIdsDraw selects kv rows past 65535 (widen_smla_ids, below) in the
+  // draws of the properties that judge one direction on bf16: any layout (smla.forward_ratio),
+  // "poison", "leading_block" (forward) and "dups" (smla.duplicates_accumulate_in_dkv,
+  // backward). The properties judging both directions ("empty", "topk_length", backward_parity's
+  // draws, fp32 q/kv) keep ids below 65536: a backward judged over 65537+ kv rows costs ~1.5 s
+  // CPU a draw (its dkv and dkv floors span every kv row).
+  const bool wide_ids = regime_in.empty() && draw_index() == detail::kWideIdsDraw && in_dtype == DType::BF16 &&
+                        (layout_in.empty() || layout_in == "poison" || layout_in == "leading_block" || layout_in == "dups");
   int64_t s_q = draw_in(1, 6), h = draw_in(1, 4);
   if (regime == "heads") {
     s_q = draw_in(1, 4);
@@ -1054,7 +1153,8 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
     s_q = draw_many_rows();
     h = draw_in(1, 2);
   }
-  const bool big = regime == "small" && *rc::gen::inRange(0, 10) == 0;
+  // (not on the wide-id draw: 65537 kv rows of 576 columns cost ~0.3 GB in float64)
+  const bool big = regime == "small" && *rc::gen::inRange(0, 10) == 0 && !wide_ids;
   // Head dims 24 or 32 and d_v = d_qk or d_qk - 8 (>= 16 value columns): a bf16-output
   // kernel's own roundings (bf16 out, P and dS in bf16) exceeded θ = 1e-2 of the row scale
   // in about one draw in five with d_qk 8 / d_v 4 and often with 8-12 value columns (SPEC §9
@@ -1165,6 +1265,23 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
     for (int64_t j = 0; j < k && !valid; ++j) valid = ids[t * k + j] >= lo && ids[t * k + j] <= hi;
     if (!valid) ids[t * k] = static_cast<int32_t>(lo);
   }
+  // The wide-id draw selects a key: the first row without a negative length (row 0 when every
+  // length is negative: its length becomes 1) holds a valid slot before its length (the last
+  // slot for "leading_block", whose first 64 slots are invalid).
+  if (wide_ids) {
+    int64_t t = 0;
+    while (use_len && t + 1 < s_q && lengths[static_cast<size_t>(t)] < 0) ++t;
+    if (use_len && lengths[static_cast<size_t>(t)] < 1) lengths[static_cast<size_t>(t)] = 1;
+    const int64_t len = use_len ? std::min<int64_t>(k, lengths[static_cast<size_t>(t)]) : k;
+    bool valid = false;
+    for (int64_t j = 0; j < len && !valid; ++j) {
+      const int64_t id = ids[static_cast<size_t>(t * k + j)];
+      valid = id >= lo && id <= hi;
+    }
+    if (!valid)
+      ids[static_cast<size_t>(t * k + (layout == "leading_block" ? len - 1 : irand(r, 0, len - 1)))] =
+          static_cast<int32_t>(irand(r, lo, hi));
+  }
   // Each limit row of a many-row draw holds a valid slot (an id in [lo, hi] before
   // topk_length): an empty row is empty whether the kernel computes it or drops it.
   if (regime == "many_rows")
@@ -1226,10 +1343,11 @@ SmlaCase draw_smla_case(const std::string& layout_in, DType in_dtype, const std:
   }
   if (c.in.attn_sink) align_dout_signs(c);
   if (in_dtype == DType::BF16) condition_bf16_backward_rows(c, r);
+  const std::string wide_desc = wide_ids ? widen_smla_ids(c.in, r) : "";
   c.desc = "smla regime=" + regime + " layout=" + layout + " q/kv=" + dtype_name(in_dtype) + " s_q=" + std::to_string(s_q) + " h_q=" + std::to_string(h) +
            " d_qk=" + std::to_string(d_qk) + " d_v=" + std::to_string(d_v) + " s_kv=" +
            std::to_string(s_kv) + " k=" + std::to_string(k) + (full ? " full_rows" : "") + (use_len ? " topk_length" : "") + (view3 ? " indices[s_q,1,k]" : "") +
-           (c.in.attn_sink ? " sink" : "");
+           (c.in.attn_sink ? " sink" : "") + wide_desc;
   note_smla_features(c.in);
   log_case(c.desc);
   return c;

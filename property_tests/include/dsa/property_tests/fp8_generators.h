@@ -52,8 +52,11 @@ struct SmlaFp8Case {
 /// row holds a valid slot), "production" (s_q 1; "heads" draws h_q 128 with k 16 or 32, 64
 /// above level 0; "slots" draws h_q 1-2 with k 129 or 256 (512 or 2048 above level 0);
 /// the first draw heads, the second slots; over k + 1 .. 2k + 1 tokens in 64-token blocks;
-/// most slots valid). topk_length (half the draws) is negative in one row in eight (SPEC §4: no
-/// valid slot). Throws std::invalid_argument naming an unknown flavor.
+/// most slots valid), "wide_ids" (the regular draws; a run's draw 3 holds a valid slot and
+/// then has its cache tokens moved past 65535, every added token 0xFF bytes (NaN): a kernel
+/// keeping token ids in 16 bits reads NaN; outside tester F3). topk_length (half the draws) is
+/// negative in one row in eight (SPEC §4: no valid slot). Throws std::invalid_argument naming
+/// an unknown flavor.
 SmlaFp8Case draw_smla_fp8_case(const std::string& flavor = "");
 
 /// A correct FlashMLA-style FP8 sparse decode kernel (a control, mutants/fp8_mutants.cpp):

@@ -124,8 +124,16 @@ struct IndexerCase {
   Tier tier = Tier::Random;
   std::string desc;
 };
+/// q_idx and k_idx are fp32 on a run's draw 1, fp16 on draw 2, bf16 on the others (outside
+/// tester F4). Keys past 2^16 on draw 3 and, when `keys_past_2_17`, past 2^17 on draw 5
+/// (outside tester F3): the key
+/// rows and windows move by 2^16 - m (2^17 - m), m in [0, the largest window key], so that key
+/// and every window key >= m lie past the power of two; the row s & 0xFFFF of each such key s
+/// holds -k_idx[s], the other added rows 0; d_scores' added columns (outside every window) NaN
+/// or finite garbage as the draw's; such a draw has no s_q tile edge, d_I <= 8, and row 0's
+/// window over all keys when every window was empty.
 IndexerCase draw_indexer_case(std::optional<Tier> tier = std::nullopt,
-                              const char* window_kind = nullptr);
+                              const char* window_kind = nullptr, bool keys_past_2_17 = true);
 
 /// Many query rows (prefill, as draw_topk_many_rows_case): s_q in [257, 1100] on every draw,
 /// the run's first draw in [1025, 1100] (shrinkable toward 1); s_kv 1-65, H_I 1-2,
@@ -213,6 +221,12 @@ struct SmlaCase {
 /// under topk_length, with topk_length >= 1, else a drawn slot), so a kernel emptying rows
 /// from one of them on changes the draw (fresh-user finding: row 1024 of an s_q = 1025 draw
 /// with topk_length 0 let a kernel emptying rows >= 1024 pass 2 seeds in 30).
+/// Ids past 16 bits (outside tester F3): a run's draw 3 with `regime` "", bf16 q/kv and
+/// `layout` "", "poison", "leading_block" or "dups" holds a valid slot (the first row without
+/// a negative length; d_qk 24/32), then has its kv rows moved by 65536 - m, m in [0, the
+/// largest selected id]: that id and every selected id >= m lie past 65535; ids follow their
+/// rows (invalid ones stay invalid: s_kv, s_kv + 7 past the new end); the rows id & 0xFFFF
+/// reads hold NaN, the other added rows 0; values and roundings are unchanged.
 SmlaCase draw_smla_case(const std::string& layout = "", DType in_dtype = DType::BF16,
                         const std::string& regime = "");
 
