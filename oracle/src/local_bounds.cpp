@@ -669,6 +669,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   const std::vector<double> sink = in.attn_sink ? in.attn_sink->to_f64() : std::vector<double>{};
   const double u = kU32, un = is_narrow(work_dtype) ? unit_roundoff(work_dtype) : 0.0;
   const double hq = quadrature16();  // λ of the 16-bit rounding sums (tolerances.cpp)
+  const double hp = quadrature_p16();  // λ of out's P-rounding sum (tolerances.cpp)
   const bool work_f16 = work_dtype == DType::F16;
   const bool fb = also_f32 && un > 0;  // also the fp32-work variant
   const double sm = in.sm_scale, asm_ = std::abs(in.sm_scale);
@@ -690,8 +691,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
   if (un > 0) fo.narrow_pmax.assign(static_cast<size_t>(s_q * h_q * dv), 0.0);
   const std::string fo_source_b = fo.source;
   if (un > 0)
-    fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 2 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
-                 "the 16-bit working dtype)";
+    fo.source += " + u16 min(Σ_(j not max) f_j|p_j v_jc|, sqrt(Σ_(j not max) (w_j p_j v_jc)^2)) (P in "
+                 "the 16-bit working dtype; f_j = min(1, 1/(2 exp(P_j - M'))) bounds b(e_j)/e_j, "
+                 "w_j = min(2.574, 3.5 f_j): sub-Gaussian tail 2.1e-8, tolerances.cpp)";
   OutputFloor fl = make(s_q * h_q, 1,
                         "u(sqrt(Σ_j (p~_j(e_j+c_j))^2) + √n + |max| + |ln Σ exp(P-max)|)");
   OutputFloor fm = make(s_q * h_q, 1, "u·e_j of the keys within their error of the max");
@@ -831,7 +833,10 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     std::vector<HeadState> hs(H);
     std::vector<double> Cm(H * n), pm(H * n), ptm(H * n), dpjm, indm, dSm;
     std::vector<double> o(H * DV), x2v(H * DV), zv(H * DV), zsv(H * DV), wv(H * DV), wabsv(H * DV),
-        outc(H * DV), accout(H * DV), narout(H * DV);
+        outc(H * DV), accout(H * DV), narout(H * DV), zwv(H * DV), zfv(H * DV);
+    // out's P rounding per (head, slot) below the max: f = min(1, 1/(2 exp(P_j - M'))) bounds
+    // b(e_j)/e_j and w = min(hp, hq f) weighs the key in the quadrature (see narh below)
+    std::vector<double> ftm(H * n), wtm(H * n);
     std::vector<double> x2c, val, ab, pk, nsq, tt, eta, nab;
     if (dout) {
       dpjm.resize(H * n);
@@ -890,6 +895,12 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       st.sink_c = sink_c;
       st.abar2 = abar2;
       st.abar = abar;
+      // M' = max(m, sink): a kernel may take the sink into its running max
+      const double mr = sink_finite ? std::max(m, sinkv) : m;
+      for (size_t j = 0; j < n; ++j) {
+        ftm[h * n + j] = std::min(1.0, 0.5 * std::exp(mr - P[j]));
+        wtm[h * n + j] = std::min(hp, hq * ftm[h * n + j]);
+      }
     }
     for (size_t h0 = 0; h0 < H; h0 += HB) {
       const size_t h1 = std::min(H, h0 + HB);
@@ -918,16 +929,23 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           if (b0 && b1) {
             out_z2(DV, kvrow(j2), kvrow(j2 + 1), wq[j2] * pm[x0], pm[x0], wq[j2 + 1] * pm[x1],
                    pm[x1], &zv[h * DV], &zsv[h * DV]);
+            out_z2(DV, kvrow(j2), kvrow(j2 + 1), wtm[x0] * (wq[j2] * pm[x0]), ftm[x0] * pm[x0],
+                   wtm[x1] * (wq[j2 + 1] * pm[x1]), ftm[x1] * pm[x1], &zwv[h * DV], &zfv[h * DV]);
           } else {
             for (size_t j = j2; j < j2 + 2; ++j) {
               if (!(PH[h * n + j] < hs[h].m)) continue;
               const double* v = kvrow(j);
               const double pj = pm[h * n + j], wp = wq[j] * pm[h * n + j];
+              const double ww = wtm[h * n + j] * wp, pf = ftm[h * n + j] * pj;
               double* zh = &zv[h * DV];
               double* zsh = &zsv[h * DV];
+              double* zwh = &zwv[h * DV];
+              double* zfh = &zfv[h * DV];
               for (size_t c = 0; c < DV; ++c) {
                 zh[c] += (wp * v[c]) * (wp * v[c]);
                 zsh[c] += std::abs(pj * v[c]);
+                zwh[c] += (ww * v[c]) * (ww * v[c]);
+                zfh[c] += std::abs(pf * v[c]);
               }
             }
           }
@@ -959,11 +977,16 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
             wh[c] += pj * std::abs(v[c]);
           }
           if (PH[h * n + j] < hs[h].m) {
+            const double ww = wtm[h * n + j] * wp, pf = ftm[h * n + j] * pj;
             double* zh = &zv[h * DV];
             double* zsh = &zsv[h * DV];
+            double* zwh = &zwv[h * DV];
+            double* zfh = &zfv[h * DV];
             for (size_t c = 0; c < DV; ++c) {
               zh[c] += (wp * v[c]) * (wp * v[c]);
               zsh[c] += std::abs(pj * v[c]);
+              zwh[c] += (ww * v[c]) * (ww * v[c]);
+              zfh[c] += std::abs(pf * v[c]);
             }
           }
         }
@@ -1012,16 +1035,24 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           acch[c] = u * (std::sqrt(x2v[hc]) + sn * std::abs(o[hc]) + (1 + dupf) * wv[hc] +
                          psink * std::abs(o[hc]) * sink_c) +
                     kEta32 * wabsv[hc];
-          // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
-          // independent roundings, within 2 sqrt(Σ(.)^2): about 4.7 σ, not the 6 σ of dq's and
-          // dkv's 16-bit sums (docs/what-a-pass-means.md, Limits: out's P-rounding tail)
-          narh[c] = un * std::min(zsv[hc], 2 * std::sqrt(zv[hc]));
+          // P rounded to 16 bits: the kernel's e_j = exp(P_j - m_j), m_j its running max when
+          // it exponentiates key j (P_j <= m_j <= M' = max(max logit, sink)), errs by half an
+          // ulp, u16 b(e_j), b(e_j) = 2^floor(log2 e_j); in out_c that is t_j u16 p_j|v_jc| with
+          // t_j = b(e_j)/e_j <= 1, and as e_j < 1 (e_j = 1 is exact), b(e_j) <= 1/2 and e_j >=
+          // exp(P_j - M'), t_j <= f_j = min(1, 1/(2 exp(P_j - M'))) (f_j < 1 within ln 2 of the
+          // max). Their sum is at most Σ f_j u16 p_j|v_jc| and, independent roundings, within
+          // sqrt(Σ (w_j u16 p_j v_jc)^2), w_j = min(hp, hq f_j), but with probability 2.1e-8 per
+          // element: the tail of dq's and dkv's 16-bit sums, a term's variance proxy the smaller
+          // of t_j's log-uniform model's (hp) and its bound f_j's (hq) (tolerances.cpp). m_j
+          // unknown here (the kernel's key blocks) is why f_j, not t_j itself.
+          narh[c] = un * std::min(zfv[hc], std::sqrt(zwv[hc]));
           const size_t e = static_cast<size_t>(row) * DV + c;
           fo.acc[e] = acch[c];
           fo.narrow[e] = narh[c];
           if (!zmax.empty())
-            fo.narrow_pmax[e] = un * std::min(zsv[hc] + zsmax[c], 2 * std::sqrt(zv[hc] + zmax[c])) - narh[c];
-          if (fb) fo_nb[e] = 0.0 * std::min(zsv[hc], 2 * std::sqrt(zv[hc]));
+            // the max key's rounding: b(p_j) known, so dq's λ on it (tolerances.cpp)
+            fo.narrow_pmax[e] = un * std::min(zsv[hc] + zsmax[c], std::sqrt(hp * hp * zv[hc] + hq * hq * zmax[c])) - narh[c];
+          if (fb) fo_nb[e] = 0.0 * std::min(zsv[hc], hp * std::sqrt(zv[hc]));
           fo.terms[e] = wv[hc];
         }
         if (!fo.sink_rescale.empty())

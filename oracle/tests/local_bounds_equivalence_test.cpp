@@ -95,8 +95,9 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
                         "u(sqrt(Σ_j (p_j|v_jc-out_c|(e_j+c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|), "
                         "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
   if (un > 0)
-    fo.source += " + u16 min(Σ_(j not max)|p_j v_jc|, 2 sqrt(Σ_(j not max) (p_j v_jc)^2)) (P in "
-                 "the 16-bit working dtype)";
+    fo.source += " + u16 min(Σ_(j not max) f_j|p_j v_jc|, sqrt(Σ_(j not max) (w_j p_j v_jc)^2)) (P in "
+                 "the 16-bit working dtype; f_j = min(1, 1/(2 exp(P_j - M'))) bounds b(e_j)/e_j, "
+                 "w_j = min(2.574, 3.5 f_j): sub-Gaussian tail 2.1e-8, tolerances.cpp)";
   OutputFloor fl = make(s_q * h_q, 1,
                         "u(sqrt(Σ_j (p~_j(e_j+c_j))^2) + √n + |max| + |ln Σ exp(P-max)|)");
   OutputFloor fm = make(s_q * h_q, 1, "u·e_j of the keys within their error of the max");
@@ -222,11 +223,19 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         abar2 += (wq[j] * p[j] * (E[j] + C[j])) * (wq[j] * p[j] * (E[j] + C[j]));
       }
       const double abar = std::sqrt(abar2) + (n > 1 ? sn : 0.0) + psink * sink_c;
+      // out's P rounding: f_j bounds b(e_j)/e_j (e_j >= exp(P_j - M'), M' = max(m, sink)), w_j
+      // the key's weight in the quadrature
+      const double mr = sink_finite ? std::max(m, sinkv) : m;
+      std::vector<double> fj(n), wj(n);
+      for (size_t j = 0; j < n; ++j) {
+        fj[j] = std::min(1.0, 0.5 * std::exp(mr - P[j]));
+        wj[j] = std::min(quadrature_p16(), quadrature16() * fj[j]);
+      }
       // out
       for (int64_t c = 0; c < dv; ++c) {
         double o = 0;
         for (size_t j = 0; j < n; ++j) o += p[j] * KV[static_cast<size_t>(ids[j] * dqk + c)];
-        double x2 = 0, z = 0, zs = 0, w = 0, wabs = 0;
+        double x2 = 0, z = 0, zs = 0, w = 0, wabs = 0, zw = 0, zf = 0;
         for (size_t j = 0; j < n; ++j) {
           const double v = KV[static_cast<size_t>(ids[j] * dqk + c)];
           if (p[j] > 0 && p[j] < kTiny32) wabs += std::abs(v);
@@ -236,15 +245,20 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
           if (P[j] < m) {
             z += (wq[j] * p[j] * v) * (wq[j] * p[j] * v);
             zs += std::abs(p[j] * v);
+            const double ww = wj[j] * (wq[j] * p[j]);
+            zw += (ww * v) * (ww * v);
+            zf += std::abs(fj[j] * p[j] * v);
           }
         }
         const size_t c_ = static_cast<size_t>(c);
         outc[c_] = o;
         accout[c_] = u * (std::sqrt(x2) + sn * std::abs(o) + (1 + dupf) * w + psink * std::abs(o) * sink_c) +
                      kEta32 * wabs;
-        // P rounded to 16 bits: at most u16 each; their sum is at most Σ|.| and, as
-        // independent roundings, within 2 sqrt(Σ(.)^2) (about 4.7 σ)
-        narout[c_] = un * std::min(zs, 2 * std::sqrt(z));
+        // P rounded to 16 bits: at most f_j u16 p_j|v_jc| each; their sum is at most Σ|.| and,
+        // as independent roundings, within sqrt(Σ (w_j .)^2) (tail 2.1e-8)
+        (void)z;
+        (void)zs;
+        narout[c_] = un * std::min(zf, std::sqrt(zw));
         const size_t e = static_cast<size_t>(row * dv + c);
         fo.acc[e] = accout[c_];
         fo.narrow[e] = narout[c_];

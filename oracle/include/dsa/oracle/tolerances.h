@@ -41,6 +41,13 @@ struct Tolerance {
 /// 2019 model). Unitless; defined with its derivation in oracle/src/tolerances.cpp.
 double quadrature16();
 
+/// λ of the 16-bit P-rounding sum of the sparse MLA `out` floor (a FlashMLA-style kernel rounds
+/// e_j = exp(P_j - m), m its running max, before P·V): min(u16 Σ_j p_j|v_jc|, λ u16
+/// sqrt(Σ_j (p_j v_jc)^2)) over the non-max keys. quadrature16() times sqrt(3/(8 ln 2)), the rms
+/// of b(e_j)/e_j with e_j's place in its binade log-uniform: the same sub-Gaussian tail, 2.1e-8
+/// per element (derivation and what it assumes: oracle/src/tolerances.cpp). Unitless.
+double quadrature_p16();
+
 /// θ of a 16-bit sparse MLA `out` judged under a declared rounding model (--sink-after-rounding,
 /// --normalized-p; oracle::RoundingModel), and of that kernel's gradients judged without its own
 /// out (their Δ comes from that out): such a kernel rounds twice, so its own error
