@@ -51,6 +51,7 @@ void neg_inf_scores(oracle::Backend& b, const oracle::BlockFactory&) {
     }
   c.desc += " -inf: row " + std::to_string(dead_row) + " all, " + std::to_string(partial) +
             " keys elsewhere";
+  put_kl_finite_sentinels(c, draw_index() == 0);  // in the rows the -inf keys left (fresh18 F2)
   shift_kl_scores(c, draw_index() == 1);  // after the -inf keys: the shift stays detectable
   DumpOnFailure dump([&] { return to_fixture(c); });
   RC_ASSERT(!all_zero(c.in.q));

@@ -62,5 +62,17 @@ TEST(SpecialInputs, WideIdAndDtypeMutantsAreCaughtOnTheirDraw) {
     }
 }
 
+// fresh18 F1, F2: subnormal top-k scores (a run's first draw and one in three: a boundary row
+// decided by subnormals against +0/-0) and finite in-window KL scores of -65504, -1e5, -1e30.
+TEST(SpecialInputs, TopkFlushingSubnormalsFailsTheSmallTopkProperties) {
+  expect_fails_each("topk_flushes_subnormals", {"topk.contract_exact", "topk.neg_inf_to_minus_one",
+                                                "topk.ties_resolved_bitwise", "topk.nan_never_selected"});
+}
+
+TEST(SpecialInputs, KlFiniteSentinelMaskedFailsEveryKlProperty) {
+  expect_fails_each("kl_finite_sentinel_masked", {"kl.loss_and_gradient_ratio", "kl.neg_inf_scores",
+                                                  "kl.many_rows", "kl.production_shapes"});
+}
+
 }  // namespace
 }  // namespace dsa::props

@@ -453,6 +453,21 @@ class TopkDropsPosInf final : public Wrap {
   }
 };
 
+// Field fault: top-k comparing with subnormal scores flushed to +0 (fast-math / FTZ comparison,
+// SPEC §3 selects on the exact fp32 values; fresh18 F1: passed 5 of 11 level-0 audits).
+class TopkFlushesSubnormals final : public Wrap {
+ public:
+  TopkFlushesSubnormals() : Wrap("topk_flushes_subnormals") {}
+  Tensor select_topk(const Tensor& s, int64_t k, const TopkPolicy& p, const std::optional<KeyWindows>& w) override {
+    Tensor c = s;
+    for (int64_t i = 0; i < c.numel(); ++i) {
+      const double v = c.get(i);
+      if (v != 0 && std::abs(v) < static_cast<double>(FLT_MIN)) c.set(i, 0.0);
+    }
+    return ref_->select_topk(c, k, p, w);
+  }
+};
+
 // Field fault: padding written as 0 instead of -1 (reads kv row 0 downstream).
 class TopkZeroPadding final : public Wrap {
  public:
@@ -1364,6 +1379,19 @@ class KlHardcodedSmScale final : public Wrap {
   }
 };
 
+// Field fault: the KL loss treating in-window scores <= -1e30 as masked (a finite sentinel read
+// as -inf; SPEC §7 takes only -inf keys out of S_t; fresh18 F2: passed every KL draw).
+class KlFiniteSentinelMasked final : public Wrap {
+ public:
+  KlFiniteSentinelMasked() : Wrap("kl_finite_sentinel_masked") {}
+  IndexerKlResult indexer_kl_loss(const IndexerKlInputs& in) override {
+    IndexerKlInputs m = in;
+    for (int64_t i = 0; i < m.scores.numel(); ++i)
+      if (m.scores.get(i) <= -1e30) m.scores.set(i, -INFINITY);
+    return ref_->indexer_kl_loss(m);
+  }
+};
+
 // Field fault: §10 kernels whose grid covers one row tile: the FP8 indexer's rows >= 128 and
 // the paged indexer's rows >= 64 score 0 where finite, the FP8 sparse MLA's rows >= 128 get
 // out 0.
@@ -1645,6 +1673,9 @@ std::vector<Subject> mutant_subjects() {
       // Inputs no draw held (fresh17 F1, F2): +inf scores, a KL sm_scale other than 1/sqrt(d_qk).
       subject_of<TopkDropsPosInf>("top-k dropping +inf scores (!isfinite filter)", "topk."),
       subject_of<KlHardcodedSmScale>("KL teacher scaled by 1/sqrt(d_qk), ignoring sm_scale", "kl."),
+      // Inputs no draw held (fresh18 F1, F2): subnormal top-k scores, finite KL scores <= -1e30.
+      subject_of<TopkFlushesSubnormals>("top-k comparing with subnormal scores flushed to 0 (FTZ)", "topk."),
+      subject_of<KlFiniteSentinelMasked>("KL treating in-window scores <= -1e30 as masked (like -inf)", "kl."),
       subject_of<Fp8OpsRowsPastTile>("FP8 indexer rows >= 128, paged rows >= 64, FP8 sparse MLA rows >= 128 returned 0", "fp8.indexer_many_rows"),
       // Ids and dtypes no draw held (outside tester F3, F4): key ids past 65535 on a run's draw
       // 3, indexer q_idx/k_idx fp32 on draw 1 and fp16 on draw 2.

@@ -470,8 +470,71 @@ TopkCase draw_topk_case(const std::string& flavor) {
       c.scores.set(t * s_kv + s, v);
     }
   }
+  // Subnormal scores (fresh18 F1; SPEC §3: selection exact on the given fp32 values) on a run's
+  // first draw and one other draw in three: one key in four elsewhere becomes a subnormal of
+  // either sign or ±0 (next to the rows' 0.0 plateaus and ±0), and one boundary row (the widest
+  // window with 1 <= min(k, n) < n, n >= 3 keys; on the first draw k is redrawn in [1, n) when
+  // no row has one) holds only distinct positive subnormals above the boundary and +0/-0 and
+  // negative subnormals below it, the excluded keys at both ends of the window (or, one
+  // excluded, at its second key): a kernel flushing subnormals to 0 sees one tie over the
+  // window and, by lowest or highest index, selects a wrong key. Before, only topk.wide_k drew
+  // subnormals and a flushing top-k passed 5 of 11 level-0 audits (mutant
+  // topk_flushes_subnormals).
+  const bool subnormal = draw_index() == 0 || *rc::gen::inRange(0, 3) == 0;
+  if (subnormal) {
+    auto sub = [&](bool neg) {  // m·2^-149, m in [1, 2^23): a subnormal
+      return (neg ? -1.0 : 1.0) * std::ldexp(static_cast<double>(irand(r, 1, (1 << 23) - 1)), -149);
+    };
+    for (int64_t i = 0; i < c.scores.numel(); ++i) {
+      const double v = c.scores.get(i);
+      if (std::isfinite(v) && irand(r, 0, 3) == 0)
+        c.scores.set(i, irand(r, 0, 2) == 0 ? (irand(r, 0, 1) ? 0.0 : -0.0) : sub(irand(r, 0, 1) == 1));
+    }
+    auto width = [&](int64_t t) {
+      const int64_t lo = c.windows ? std::max<int64_t>(0, c.windows->ks[static_cast<size_t>(t)]) : 0;
+      const int64_t hi = c.windows ? std::min<int64_t>(s_kv, c.windows->ke[static_cast<size_t>(t)]) : s_kv;
+      return std::make_pair(lo, std::max(lo, hi));
+    };
+    int64_t row = -1, n_max = 0, row_max = -1;
+    for (int64_t t = 0; t < s_q; ++t) {
+      const auto [lo, hi] = width(t);
+      const int64_t n = hi - lo, kk = std::min(c.k, n);
+      if (n > n_max) n_max = n, row_max = t;
+      if (n >= 3 && kk >= 1 && kk < n && (row < 0 || n > width(row).second - width(row).first)) row = t;
+    }
+    if (row < 0 && draw_index() == 0 && n_max >= 3) {
+      c.k = irand(r, 1, n_max - 1);
+      row = row_max;
+    }
+    if (row >= 0) {
+      const auto [lo, hi] = width(row);
+      const int64_t n = hi - lo, kk = std::min(c.k, n);
+      std::vector<int64_t> pos;
+      for (int64_t s = lo; s < hi; ++s) pos.push_back(s);
+      std::vector<int64_t> excluded;
+      if (n - kk == 1) {
+        excluded.push_back(lo + 1);
+      } else {
+        std::shuffle(pos.begin() + 1, pos.end() - 1, r);
+        excluded.push_back(lo);
+        excluded.push_back(hi - 1);
+        for (int64_t j = 1; static_cast<int64_t>(excluded.size()) < n - kk; ++j) excluded.push_back(pos[static_cast<size_t>(j)]);
+      }
+      // distinct values: selected m_i·2^-149 for m_i = 2^22 + 1999 i (distinct, positive);
+      // excluded: the first +0 or -0, the rest distinct negative subnormals
+      int64_t i_sel = 0, i_exc = 0;
+      for (int64_t s = lo; s < hi; ++s) {
+        const bool exc = std::find(excluded.begin(), excluded.end(), s) != excluded.end();
+        double v;
+        if (!exc) v = std::ldexp(static_cast<double>((1 << 22) + 1999 * (i_sel++)), -149);
+        else if (i_exc++ == 0) v = irand(r, 0, 1) ? 0.0 : -0.0;
+        else v = -std::ldexp(static_cast<double>(1 + 1999 * i_exc), -149);
+        c.scores.set(row * s_kv + s, v);
+      }
+    }
+  }
   c.desc = "topk s_q=" + std::to_string(s_q) + " s_kv=" + std::to_string(s_kv) + " k=" +
-           std::to_string(c.k) + " values=" + values + (pos_inf ? "+inf" : "") +
+           std::to_string(c.k) + " values=" + values + (pos_inf ? "+inf" : "") + (subnormal ? "+subnormal" : "") +
            " windows=" + (c.windows ? wkind : "none");
   note_topk_features(c.scores);
   log_case(c.desc);
@@ -1603,6 +1666,51 @@ void fill_kl_outside_windows(KlCase& c, bool force, Rng& r) {
 
 }  // namespace
 
+// Large-magnitude finite scores inside the windows (fresh18 F2): SPEC §7 takes only -inf keys
+// out of S_t; a finite score, however low, stays in (its student probability is 0 in fp32, its
+// ln q_s = I_s - lse finite, so the row's KL grows by about p_s·|I_s|). No draw held one, and a
+// kernel treating scores <= -1e30 (or <= -65504, an fp16 mask value) as masked passed every KL
+// draw. On `force` (a run's first draw) or one draw in three, one key of each row's S_t with
+// >= 2 keys (not the row's largest score) gets -65504, -1e5 or -1e30, the first such row -1e30
+// (below both thresholds). Not -1e37 or -3.0e38: the loss sums about p_s·|I_s| over up to 2k
+// rows (times coeff 3) and a correct fp32 kernel summing rows before the mean overflows to inf
+// (measured: -1e37 on 458 rows made the fp32 baseline inf and the reference's loss WEAK).
+// Named in `desc` (" sentinels=3").
+void put_kl_finite_sentinels(KlCase& c, bool force) {
+  if (!(force || *rc::gen::inRange(0, 3) == 0)) return;
+  Rng r = draw_rng();
+  const double values[] = {-65504.0, -1e5, -1e30};
+  const int64_t s_q = c.in.scores.size(0), s_kv = c.in.scores.size(1);
+  const int64_t k = c.in.mode == KlMode::Sparse && c.in.indices ? c.in.indices->size(1) : 0;
+  int64_t placed = 0;
+  for (int64_t t = 0; t < s_q; ++t) {
+    const int64_t ks = std::max<int64_t>(0, c.in.windows.ks[static_cast<size_t>(t)]);
+    const int64_t ke = std::min(s_kv, c.in.windows.ke[static_cast<size_t>(t)]);
+    std::vector<int64_t> S;
+    if (c.in.mode == KlMode::Dense) {
+      for (int64_t s = ks; s < ke; ++s) S.push_back(s);
+    } else {
+      for (int64_t j = 0; j < k; ++j) {
+        const double id = c.in.indices->get(t * k + j);
+        if (id >= static_cast<double>(ks) && id < static_cast<double>(ke)) S.push_back(static_cast<int64_t>(id));
+      }
+      std::sort(S.begin(), S.end());
+      S.erase(std::unique(S.begin(), S.end()), S.end());
+    }
+    S.erase(std::remove_if(S.begin(), S.end(), [&](int64_t s) { return c.in.scores.get(t * s_kv + s) == -INFINITY; }),
+            S.end());
+    if (S.size() < 2) continue;
+    size_t top = 0;
+    for (size_t j = 1; j < S.size(); ++j)
+      if (c.in.scores.get(t * s_kv + S[j]) > c.in.scores.get(t * s_kv + S[top])) top = j;
+    size_t pick = static_cast<size_t>(irand(r, 0, static_cast<int64_t>(S.size()) - 2));
+    if (pick >= top) ++pick;
+    c.in.scores.set(t * s_kv + S[pick], placed == 0 ? -1e30 : values[irand(r, 0, 2)]);
+    ++placed;
+  }
+  if (placed) c.desc += " sentinels=" + std::to_string(placed);
+}
+
 // Scores shifted by a constant (fresh16 F4): softmax is shift invariant, so loss and d_scores
 // do not move, but a kernel that scales or shifts the scores before it subtracts the row max
 // (the exp2 form fl(I·log2e) of Triton/TileLang kernels; PyTorch's log_softmax I - fl(max +
@@ -1712,6 +1820,7 @@ KlCase draw_kl_case(std::optional<DType> dtype, bool shift) {
   set_kl_input_dtype(c, dtype);
   fill_kl_outside_windows(c, draw_index() == 2, r);  // level 0 (3 draws) always has one
   scale_kl_case(c);
+  put_kl_finite_sentinels(c, draw_index() == 0);
   if (shift) shift_kl_scores(c, draw_index() == 1);
   log_case(c.desc);
   return c;
@@ -1806,6 +1915,7 @@ KlCase draw_kl_many_rows_case(std::optional<DType> dtype) {
   set_kl_input_dtype(c, dtype);
   fill_kl_outside_windows(c, draw_index() == 2, r);
   scale_kl_case(c);
+  put_kl_finite_sentinels(c, draw_index() == 0);
   log_case(c.desc);
   return c;
 }
@@ -1844,6 +1954,7 @@ KlCase draw_kl_production_case(std::optional<DType> dtype) {
   set_kl_input_dtype(c, dtype);
   fill_kl_outside_windows(c, draw_index() == 2, r);
   scale_kl_case(c);
+  put_kl_finite_sentinels(c, draw_index() == 0);
   log_case(c.desc);
   return c;
 }

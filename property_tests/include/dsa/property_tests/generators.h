@@ -50,7 +50,10 @@ KeyWindows draw_windows(int64_t s_q, int64_t s_kv, const char* kind = nullptr,
 /// Top-k case (SPEC §3): scores [s_q,s_kv] F32 with ReLU 0.0 plateaus, ±0.0, all -inf rows,
 /// NaN, integer ties, and +inf on a run's first draw and one other draw in three (one key inside
 /// each row's window but all -inf rows, about one key in eight elsewhere: selectable, SPEC
-/// §3.1; fresh17 F1); k in {0, 1, ..., s_kv, > s_kv, 64, 2048}; policy any/small/large,
+/// §3.1; fresh17 F1), and subnormals on a run's first draw and one other in three (one finite
+/// key in four a subnormal of either sign or ±0; a boundary row decided by distinct positive
+/// subnormals against +0/-0 and negative subnormals, k redrawn in [1, n) on a first draw that has
+/// no such row; fresh18 F1); k in {0, 1, ..., s_kv, > s_kv, 64, 2048}; policy any/small/large,
 /// sorted or not; windows or none.
 struct TopkCase {
   Tensor scores;
@@ -291,6 +294,13 @@ KlCase draw_kl_case(std::optional<DType> dtype = std::nullopt, bool shift = true
 /// halved while the draw would be WEAK (none if 16 is); appends " scores+=<shift>" to desc.
 /// Softmax is shift invariant: the outputs do not move, the student floor does (fresh16 F4).
 void shift_kl_scores(KlCase& c, bool force);
+
+/// Large-magnitude finite scores in S_t (fresh18 F2; SPEC §7: only -inf keys leave S_t): on
+/// `force` or one call in three, one key of each row's S_t with >= 2 keys (not its largest
+/// score) gets -65504, -1e5 or -1e30 (the first such row -1e30). Every KL generator calls
+/// it after its other draws with force on a run's first draw (kl.neg_inf_scores again after its
+/// -inf keys). Named in `desc` (" sentinels=N").
+void put_kl_finite_sentinels(KlCase& c, bool force);
 /// Many query rows (prefill KL; fresh-user finding F7: a KL kernel leaving d_scores rows past
 /// 128 at 0 passed): s_q as draw_many_row_count over s_kv 2-65 keys, h_q 2-4, d 4-16; full
 /// windows or per-row windows of >= 2 keys; dense or sparse (k 2..s_kv+2, ids as draw_kl_case);
