@@ -227,6 +227,15 @@ CheckOptions allow_weak() {
 // a non-deterministic backend's judgement), and, under full and save_dsa_indexer, with the
 // bytes compared against policy none.
 // Every output the block returns (dsink with a sink) must be among the judged tensors.
+// True when the judgement of `name` in j marks `row` WEAK.
+bool row_is_weak(const BlockJudgement& j, const std::string& name, int64_t row) {
+  for (const OpReport* rep : {&j.fwd, &j.bwd})
+    for (const auto& t : rep->tensors)
+      if (t.name == name && static_cast<size_t>(row) < t.row_weak.size() && t.row_weak[static_cast<size_t>(row)])
+        return true;
+  return false;
+}
+
 void require_perturbations_fail(const OpCase& oc, const std::vector<BlockRun>& runs, const BlockJudgement& j,
                                 const NamedOutputs& exact) {
   for (const auto& [name, ref] : exact) {
@@ -267,8 +276,17 @@ void require_perturbations_fail(const OpCase& oc, const std::vector<BlockRun>& r
         output_of(bad, t.name) = p;
         const std::string key = "perturbed " + t.name + " " + dtype_name(t.precision);
         const BlockJudgement local = props::judge_block_run(oc, bad, nullptr, allow_weak());
-        count(key, !local.passed());
-        if (local.passed())
+        // A row not WEAK in the correct run can become WEAK in the perturbed one: the sparse MLA
+        // backward's re-judge with P recomputed from the fp32 lse (op_check.cpp, lse_recompute)
+        // runs only for gradients failing the floors, and declares WEAK the rows where its
+        // widened bound exceeds θ x row scale (a dsink row of scale 1e-29 at |L| 80, seed
+        // 3950245462267561795). Such a perturbation passes only under --allow-weak, named WEAK
+        // on that row; without it the verdict is not a pass. Anything else that passes fails.
+        const bool weak_on_rejudge =
+            local.passed() && row_is_weak(local, t.name, row) &&
+            !props::judge_block_run(oc, bad, nullptr, CheckOptions{}).passed();
+        count(key, !local.passed() || weak_on_rejudge);
+        if (local.passed() && !weak_on_rejudge)
           RC_FAIL("perturbed " + t.name + (whole ? " row " : " element in row ") + std::to_string(row) + " by " +
                   std::to_string(amount) + " under policy " + to_string(bad.policy) +
                   " passed the local rule\n" + format_op_report(local.fwd) + format_op_report(local.bwd));

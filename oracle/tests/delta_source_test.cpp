@@ -117,6 +117,31 @@ TEST_F(DeltaSource, ABiasedOutCannotWidenTheBound) {
   EXPECT_TRUE(has_note(r, "fit neither Δ source")) << format_op_report(r);
 }
 
+// Both readings fail: the report headlines the one under which fewer outputs fail, so it names
+// the output wrong under both (fresh18 F3). Exact dq and dsink with a dkv whose largest key row
+// is halved: with Δ from the biased out, the exact gradients fail besides dkv; with Δ from a
+// precise out only dkv fails, and that reading is reported (the other named in a note).
+TEST_F(DeltaSource, BothReadingsFailingHeadlineTheOutputWrongUnderBoth) {
+  ASSERT_TRUE(judge(grads_with(out, exact)).passed());  // premise: exact gradients pass (precise reading)
+  SparseMlaGrads g = exact;
+  std::vector<double> dkv = g.dkv.to_f64();
+  const int64_t d = g.dkv.size(g.dkv.dim() - 1);
+  size_t worst = 0;
+  double worst_norm = -1;
+  for (size_t s = 0; s * d < dkv.size(); ++s) {
+    double n = 0;
+    for (int64_t c2 = 0; c2 < d; ++c2) n += std::abs(dkv[s * d + c2]);
+    if (n > worst_norm) worst_norm = n, worst = s;
+  }
+  for (int64_t c2 = 0; c2 < d; ++c2) dkv[worst * d + c2] *= 0.5;
+  g.dkv = Tensor::from_f64(g.dkv.shape(), dkv);
+  const OpReport r = judge(grads_with(out, g));
+  ASSERT_EQ(r.verdict, Verdict::Fail) << format_op_report(r);
+  for (const auto& t : r.tensors) EXPECT_EQ(t.passed, t.name != "dkv") << t.name << "\n" << format_op_report(r);
+  EXPECT_TRUE(has_note(r, "fit neither Δ source: reported with Δ from a precise out")) << format_op_report(r);
+  EXPECT_TRUE(has_note(r, "under which fewer outputs fail (dkv)")) << format_op_report(r);
+}
+
 // Gradients from two Δ sources at once (dq and dkv from one, dsink from the other) fit
 // neither: the shift the biased out makes is far above either bound.
 TEST_F(DeltaSource, MixedSourcesFail) {
