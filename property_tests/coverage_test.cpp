@@ -261,9 +261,17 @@ struct PlainReference : RefWrap {
 };
 
 TEST(DeclinedDraws, DrawsThatJudgedNothingAreRedrawnNotDeclined) {
-  const PropertyResult r = run_property(subject_of<PlainReference>(), property_named("topk.contract_exact"), level0(7));
-  EXPECT_EQ(r.verdict, Verdict::Pass) << r.message;
-  EXPECT_GT(r.judged_nothing, 0) << "seed 7 drew no k = 0 case: the test shows nothing";
+  // The first seed from 7 on whose draws hold a k = 0 case (the generators' draw order changes
+  // with their reach: seed 7 stopped drawing one when the first draws got subnormal boundary
+  // rows, ccb80cd); each seed's draws are asserted as they come.
+  PropertyResult r;
+  for (uint64_t seed = 7; seed < 64; ++seed) {
+    r = run_property(subject_of<PlainReference>(), property_named("topk.contract_exact"), level0(seed));
+    EXPECT_EQ(r.verdict, Verdict::Pass) << "seed " << seed << ": " << r.message;
+    EXPECT_EQ(r.declined, 0) << "seed " << seed << ": " << r.message;
+    if (r.judged_nothing > 0) break;
+  }
+  EXPECT_GT(r.judged_nothing, 0) << "no seed in 7..63 drew a k = 0 case: the test shows nothing";
   EXPECT_EQ(r.declined, 0) << r.message;
   EXPECT_EQ(r.drawn, r.cases);
   EXPECT_EQ(r.message.find("judged nothing"), std::string::npos) << r.message;
