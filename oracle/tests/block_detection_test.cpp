@@ -53,16 +53,18 @@ const RecomputePolicy kPolicies[] = {RecomputePolicy::None, RecomputePolicy::Ful
 // ---------------------------------------------------------------- measured figures
 using detection::push;
 using detection::record;
+using detection::row_weak_in;
 using detection::Stat;
 using detection::stats;
 
 void print_stats() {
   for (const auto& [k, s] : stats())
     std::printf("block detection: %-48s rows %6lld weak %5lld  max bound/rowscale (non-weak) %.3g  "
-                "worst err/bound %.3g  caught %lld/%lld\n",
+                "worst err/bound %.3g  caught %lld/%lld%s\n",
                 k.c_str(), static_cast<long long>(s.rows), static_cast<long long>(s.weak_rows),
                 s.max_rel_bound, s.worst_ratio, static_cast<long long>(s.caught),
-                static_cast<long long>(s.perturbations));
+                static_cast<long long>(s.perturbations),
+                s.weak_on_rejudge ? ("  WEAK on the lse re-judge " + std::to_string(s.weak_on_rejudge)).c_str() : "");
   stats().clear();
 }
 void count(const std::string& key, bool caught) {
@@ -227,15 +229,6 @@ CheckOptions allow_weak() {
 // a non-deterministic backend's judgement), and, under full and save_dsa_indexer, with the
 // bytes compared against policy none.
 // Every output the block returns (dsink with a sink) must be among the judged tensors.
-// True when the judgement of `name` in j marks `row` WEAK.
-bool row_is_weak(const BlockJudgement& j, const std::string& name, int64_t row) {
-  for (const OpReport* rep : {&j.fwd, &j.bwd})
-    for (const auto& t : rep->tensors)
-      if (t.name == name && static_cast<size_t>(row) < t.row_weak.size() && t.row_weak[static_cast<size_t>(row)])
-        return true;
-  return false;
-}
-
 void require_perturbations_fail(const OpCase& oc, const std::vector<BlockRun>& runs, const BlockJudgement& j,
                                 const NamedOutputs& exact) {
   for (const auto& [name, ref] : exact) {
@@ -283,9 +276,10 @@ void require_perturbations_fail(const OpCase& oc, const std::vector<BlockRun>& r
         // 3950245462267561795). Such a perturbation passes only under --allow-weak, named WEAK
         // on that row; without it the verdict is not a pass. Anything else that passes fails.
         const bool weak_on_rejudge =
-            local.passed() && row_is_weak(local, t.name, row) &&
+            local.passed() && (row_weak_in(local.fwd, t.name, row) || row_weak_in(local.bwd, t.name, row)) &&
             !props::judge_block_run(oc, bad, nullptr, CheckOptions{}).passed();
-        count(key, !local.passed() || weak_on_rejudge);
+        if (weak_on_rejudge) ++stats()[key].weak_on_rejudge;  // never counted as caught
+        else count(key, !local.passed());
         if (local.passed() && !weak_on_rejudge)
           RC_FAIL("perturbed " + t.name + (whole ? " row " : " element in row ") + std::to_string(row) + " by " +
                   std::to_string(amount) + " under policy " + to_string(bad.policy) +

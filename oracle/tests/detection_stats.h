@@ -18,6 +18,10 @@ struct Stat {
   int64_t rows = 0, weak_rows = 0;
   double worst_ratio = 0;  // max err/bound of correct outputs (computed another way, a correct run)
   int64_t perturbations = 0, caught = 0;
+  // perturbations that passed only under --allow-weak because the sparse MLA backward's
+  // lse-recompute re-judge declared their row WEAK (the row was not WEAK in the correct run);
+  // without --allow-weak their verdict is not a pass (row_weak_in)
+  int64_t weak_on_rejudge = 0;
 };
 using StatTable = std::map<std::string, Stat>;
 
@@ -47,6 +51,15 @@ inline StatTable& stats() {
 /// record_into(stats(), key, r).
 inline void record(const std::string& key, const OpReport& r) { record_into(stats(), key, r); }
 }  // namespace
+
+/// True when report `r` marks row `row` of output `name` WEAK.
+inline bool row_weak_in(const OpReport& r, const std::string& name, int64_t row) {
+  for (const auto& t : r.tensors)
+    if (t.name == name && row >= 0 && static_cast<size_t>(row) < t.row_weak.size() &&
+        t.row_weak[static_cast<size_t>(row)])
+      return true;
+  return false;
+}
 
 /// Moves `t` at flat i outward by at least |amount| from `ref` (rounded away from the
 /// reference, so the error after rounding to t's dtype is >= |amount|).

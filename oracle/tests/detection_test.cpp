@@ -55,6 +55,7 @@ namespace {
 // ---------------------------------------------------------------- measured figures
 using detection::push;
 using detection::record;
+using detection::row_weak_in;
 using detection::Stat;
 using detection::stats;
 
@@ -177,6 +178,12 @@ props::FlashStyleResult other_kernel(const OpCase& c, Order order, Style style, 
   return props::flash_style_sparse_mla(c.mla, &c.dout, o);
 }
 
+// `o` without --allow-weak (the same declared models and outputs).
+CheckOptions strict_options(CheckOptions o) {
+  o.allow_weak = false;
+  return o;
+}
+
 // ---------------------------------------------------------------- perturbation
 // For each output of `r` (judged on `cand`), perturbs one element of a non-WEAK row, then
 // that whole row, by θ·rowscale; each must make the op FAIL.
@@ -217,6 +224,17 @@ void require_perturbations_fail(Op op, const OpCase& c, const NamedOutputs& cand
       Stat& s = stats()[key + " " + t.name + " " + dtype_name(t.precision)];
       ++s.perturbations;
       s.caught += rb.verdict == Verdict::Fail;
+      // A row not WEAK in the correct output can become WEAK in the perturbed one: the sparse
+      // MLA backward's re-judge with P recomputed from the fp32 lse (op_check.cpp,
+      // lse_recompute) runs only for gradients failing the floors, and declares WEAK the rows
+      // where its widened bound exceeds θ x row scale (a dsink row of scale 4e-30 at |L| 80,
+      // level 2, seed 12002). Such a perturbation passes only under --allow-weak, named WEAK on
+      // that row; without it the verdict is not a pass. Counted apart, never as caught.
+      if (rb.verdict == Verdict::Pass && row_weak_in(rb, t.name, row) &&
+          judge_outputs(op, c, bad, strict_options(allow), "perturbed").verdict != Verdict::Pass) {
+        ++s.weak_on_rejudge;
+        continue;
+      }
       if (rb.verdict != Verdict::Fail)
         RC_FAIL("perturbed " + t.name + (whole ? " row " : " element in row ") + std::to_string(row) +
                 " by " + std::to_string(amount) + " was not caught\n" + format_op_report(rb));
@@ -1267,10 +1285,11 @@ class PrintStats : public ::testing::Environment {
   void TearDown() override {
     for (const auto& [k, s] : stats())
       std::printf("detection: %-40s rows %6lld weak %5lld  max bound/rowscale (non-weak) %.3g  "
-                  "worst err/bound %.3g  perturbations caught %lld/%lld\n",
+                  "worst err/bound %.3g  perturbations caught %lld/%lld%s\n",
                   k.c_str(), static_cast<long long>(s.rows), static_cast<long long>(s.weak_rows),
                   s.max_rel_bound, s.worst_ratio, static_cast<long long>(s.caught),
-                  static_cast<long long>(s.perturbations));
+                  static_cast<long long>(s.perturbations),
+                  s.weak_on_rejudge ? ("  WEAK on the lse re-judge " + std::to_string(s.weak_on_rejudge)).c_str() : "");
   }
 };
 
