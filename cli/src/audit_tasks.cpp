@@ -39,6 +39,19 @@ double worst_err_over_bound(const oracle::OpReport& r) {
   return w;
 }
 
+int64_t nonfinite_mismatches(const oracle::OpReport& r) {
+  int64_t n = 0;
+  for (const auto& t : r.tensors) n += t.metrics.nonfinite_mismatches;
+  return n;
+}
+
+void set_measured(CaseResult& c, const oracle::OpReport& r) {
+  c.worst_ratio = worst_ratio(r);
+  c.worst_err_over_bound = worst_err_over_bound(r);
+  c.nonfinite_mismatches = nonfinite_mismatches(r);
+  c.has_ratio = !r.tensors.empty();
+}
+
 std::vector<std::string> not_judged_outputs(const props::Property& p,
                                             const std::optional<std::set<std::string>>& provided) {
   std::vector<std::string> out;
@@ -192,9 +205,7 @@ void add_fixture_tasks(std::vector<AuditTask>& tasks, const std::string& dir, co
       for (const auto& op : r.backend_vs_reference) {
         if (!op_selected(opts, op.op)) continue;
         CaseResult c = make_case(op.op, kind + ":" + stem, status_of(op.verdict));
-        c.worst_ratio = worst_ratio(op);
-        c.worst_err_over_bound = worst_err_over_bound(op);
-        c.has_ratio = !op.tensors.empty();
+        set_measured(c, op);
         c.cases = op.verdict == oracle::Verdict::Skip ? 0 : 1;  // a skip judged nothing
         c.message = op.verdict == oracle::Verdict::Pass ? "" : op.reason;
         if (op.verdict == oracle::Verdict::Pass) c.not_judged = op.not_judged;  // partial

@@ -50,6 +50,12 @@ std::string status_of(oracle::Verdict v);
 double worst_ratio(const oracle::OpReport& r);
 /// Largest err / bound over the judged tensors' elements (TensorCheck::worst; 0 when none).
 double worst_err_over_bound(const oracle::OpReport& r);
+/// Non-finite position mismatches over the judged tensors (TensorMetrics::nonfinite_mismatches
+/// summed; SPEC §9: a pass needs 0). 0 when none or no tensor was judged.
+int64_t nonfinite_mismatches(const oracle::OpReport& r);
+/// Sets the measured columns of `c` from the judged op `r`: worst_ratio, worst_err_over_bound,
+/// nonfinite_mismatches, and has_ratio (true when r judged a tensor). Throws nothing.
+void set_measured(CaseResult& c, const oracle::OpReport& r);
 /// Outputs of `p`'s ops that `provided` (--outputs, a plugin's declaration) leaves out, in
 /// op_output_names order: what a passing property did not judge. Empty when `provided` is unset;
 /// an op none of whose outputs it names adds nothing (judged in full: oracle::provided_outputs_for).

@@ -61,6 +61,8 @@ void print_summary(std::FILE* out, const std::string& backend, const std::vector
   std::fprintf(out, "\ndsa-verify audit: backend %s\n", backend.c_str());
   // err/base: worst max|c - r| / the fp32 baseline's error (SPEC §9 "measured ratio");
   // err/bound: worst |c - r| / the element's bound (> 1 fails). "-": not measured (properties).
+  // "nonfinite": NaN/±inf where the reference differs (no finite error; the FAIL's message
+  // below counts them and names the first), never the 0 measured over the other positions.
   std::fprintf(out, "%-24s %-44s %-7s %9s %9s %7s\n", "op", "property", "result", "err/base",
                "err/bound", "cases");
   for (const auto& c : cases) {
@@ -68,6 +70,10 @@ void print_summary(std::FILE* out, const std::string& backend, const std::vector
     if (c.has_ratio) {
       std::snprintf(ratio, sizeof ratio, "%.3g", c.worst_ratio);
       std::snprintf(over, sizeof over, "%.3g", c.worst_err_over_bound);
+    }
+    if (c.nonfinite_mismatches > 0) {
+      std::snprintf(ratio, sizeof ratio, "%s", "nonfinite");
+      std::snprintf(over, sizeof over, "%s", "nonfinite");
     }
     const bool is_partial = !partial_note(c).empty();
     std::fprintf(out, "%-24s %-44s %-7s %9s %9s %7lld\n", c.op.c_str(), c.property.c_str(),
@@ -122,6 +128,7 @@ nlohmann::json to_json(const std::string& backend, const std::vector<CaseResult>
                    {"partial", !note.empty()}, {"not_judged", c.not_judged},
                    {"worst_ratio", c.has_ratio ? nlohmann::json(c.worst_ratio) : nlohmann::json(nullptr)},
                    {"worst_err_over_bound", c.has_ratio ? nlohmann::json(c.worst_err_over_bound) : nlohmann::json(nullptr)},
+                   {"nonfinite_mismatches", c.nonfinite_mismatches},
                    {"cases", c.cases}, {"message", c.message},
                    {"repro", c.repro}, {"fixture", c.fixture}, {"seconds", c.seconds}});
     (c.status == "pass" ? pass : c.status == "fail" ? fail : c.status == "interrupted" ? interrupted : skip)++;

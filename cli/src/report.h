@@ -25,6 +25,11 @@ struct CaseResult {
   bool has_ratio = false;    ///< false when the case measures no ratio (properties)
   /// Worst err / bound over the judged tensors' elements (SPEC §9; > 1 fails); valid with has_ratio.
   double worst_err_over_bound = 0.0;
+  /// Positions of the judged tensors whose NaN/+inf/-inf class differs from the reference's
+  /// (TensorMetrics::nonfinite_mismatches summed; SPEC §9: must be 0). When > 0 the ratio and
+  /// err/bound above, measured over the positions that match, do not show the failure: the
+  /// table prints "nonfinite" in their columns (fresh18 F4).
+  int64_t nonfinite_mismatches = 0;
   int64_t cases = 0;     ///< generated cases (properties) or tensors (fixtures)
   std::string message;   ///< failure or skip reason
   std::string repro;     ///< one-line reproduction command
@@ -53,9 +58,10 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
-/// Summary table (op × property → result, worst err/base_err ratio, cases; result "partial"
-/// for a pass with outputs not judged), the skip and partial reasons, then every failure with
-/// its reproduction and dumped fixture. Written to `out`.
+/// Summary table (op × property → result, worst err/base_err ratio, worst err/bound, cases;
+/// result "partial" for a pass with outputs not judged; "nonfinite" in both error columns of a
+/// case with non-finite position mismatches), the skip and partial reasons, then every failure
+/// with its reproduction and dumped fixture. Written to `out`.
 void print_summary(std::FILE* out, const std::string& backend, const std::vector<CaseResult>& cases);
 /// The full report as JSON.
 nlohmann::json to_json(const std::string& backend, const std::vector<CaseResult>& cases);

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cmath>
 #include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <utility>
 
 #include "audit_tasks.h"
 #include "dsa/fixtures/fixture.h"
@@ -449,6 +453,115 @@ TEST(MutantsList, EveryPluginNumberMapsToItsMutant) {
   }
   EXPECT_FALSE(test::mutant_plugin(plugins - 1).empty()) << "every listed plugin is built";
   EXPECT_TRUE(test::mutant_plugin(plugins).empty()) << "no plugin beyond the list";
+}
+
+}  // namespace
+}  // namespace dsa::cli
+
+namespace dsa::cli {
+namespace {
+
+using test::golden;
+using test::lines_with;
+using test::run_cli_capture;
+using test::Scratch;
+
+// The two whitespace-separated words before "FAIL" on `row` (the ratio and err/bound columns of
+// format_tensor_checks' table; err/base and err/bound of the audit's), or "" when absent.
+std::pair<std::string, std::string> columns_before_fail(const std::string& row) {
+  std::stringstream in(row);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  for (size_t i = 2; i < words.size(); ++i)
+    if (words[i] == "FAIL" || words[i] == "fail") return {words[i - 2], words[i - 1]};
+  return {"", ""};
+}
+
+// fresh18 F4: an output that fails only on non-finite positions (NaN or +inf where the
+// reference is finite, finite where it is -inf) has no finite error; its row in the
+// per-output table (fixtures check, compare, replay) said "0 0 FAIL". It names the mismatch.
+TEST(ReportFormat, ANonFiniteMismatchIsNamedNeverAZeroError) {
+  Scratch dir("nonfinite_row");
+  struct Edit {
+    const char* fixture;
+    const char* output;
+    double value;  // NaN: put at flat 3; else at the first element of the other class
+  };
+  for (const Edit& e : {Edit{"smla_basic", "out", NAN}, Edit{"smla_basic", "out", INFINITY},
+                        Edit{"smla_empty_rows", "lse", 0.0}}) {
+    fixtures::Fixture f = fixtures::load_fixture(golden(e.fixture));
+    Tensor& t = f.expected.at(e.output);
+    int64_t at = -1;
+    for (int64_t i = 0; i < t.numel() && at < 0; ++i)
+      if (std::isfinite(t.get(i)) != std::isfinite(e.value)) at = i;
+    ASSERT_GE(at, 0) << e.fixture << " " << e.output << " holds no element of the other class";
+    t.set(at, e.value);
+    const std::string path = dir.file(std::string(e.fixture) + "_" + e.output + ".safetensors");
+    fixtures::save_fixture(path, f);
+    std::string out;
+    EXPECT_EQ(run_cli_capture("fixtures check " + path + " --backend reference", &out), 1);  // the verdict: FAIL
+    const auto rows = lines_with(out, {std::string("  ") + e.output + " ", "FAIL"});
+    ASSERT_EQ(rows.size(), 1u) << out;
+    EXPECT_NE(rows[0].find("1 non-finite position mismatch"), std::string::npos) << rows[0];
+    EXPECT_EQ(columns_before_fail(rows[0]), std::make_pair(std::string("nonfinite"), std::string("nonfinite")))
+        << rows[0];
+    EXPECT_EQ(lines_with(out, {"-> 1 non-finite position mismatch(es), first flat " + std::to_string(at)}).size(), 1u)
+        << out;
+  }
+}
+
+// The reference's sparse MLA forward with out's flat 3 NaN: a kernel whose only fault is a
+// non-finite value where the reference is finite.
+class NanOutBackend final : public oracle::Backend {
+ public:
+  std::string name() const override { return "test:nan-out"; }
+  bool supports(oracle::Op op) const override { return op == oracle::Op::SparseMlaFwd; }
+  SparseMlaForward sparse_mla_forward(const SparseMlaInputs& in) override {
+    SparseMlaForward r = ref_->sparse_mla_forward(in);
+    r.out.set(3, NAN);
+    return r;
+  }
+
+ private:
+  std::unique_ptr<oracle::Backend> ref_ = oracle::make_reference_backend();
+};
+
+// The audit's table (dsa-verify audit, dsa_verify.audit's summary through the same
+// print_summary): a golden case that fails only on a NaN prints "nonfinite" in its err/base
+// and err/bound columns, never "fail 0 0"; the JSON counts the mismatch.
+TEST(ReportFormat, AuditTableNamesANonFiniteMismatch) {
+  Scratch dir("nonfinite_audit");
+  std::filesystem::copy_file(golden("smla_basic"), dir.file("smla_basic.safetensors"));
+  NanOutBackend backend;
+  AuditOptions o;
+  ReproCommands repro{"dsa-verify audit", [](const std::string& f) { return "dsa-verify replay " + f; }};
+  std::vector<AuditTask> tasks;
+  add_fixture_tasks(tasks, dir.file(""), "golden", backend, o, repro);
+  ASSERT_EQ(tasks.size(), 1u);
+  std::vector<CaseResult> cases;
+  for (const auto& c : tasks[0].run())
+    if (c.op == "sparse_mla_fwd") cases.push_back(c);
+  ASSERT_EQ(cases.size(), 1u);
+  EXPECT_EQ(cases[0].status, "fail") << cases[0].message;  // the verdict is unchanged
+  EXPECT_EQ(cases[0].nonfinite_mismatches, 1);
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* f = open_memstream(&buf, &len);
+  print_summary(f, "test:nan-out", cases);
+  std::fclose(f);
+  const std::string table(buf, len);
+  std::free(buf);
+  std::cout << table;
+  const auto rows = lines_with(table, {"sparse_mla_fwd", "golden:smla_basic", " fail "});
+  ASSERT_EQ(rows.size(), 1u) << table;
+  // the columns after the result: err/base, err/bound
+  std::stringstream in(rows[0].substr(rows[0].find(" fail ") + 6));
+  std::string base, bound;
+  in >> base >> bound;
+  EXPECT_EQ(base, "nonfinite") << rows[0];
+  EXPECT_EQ(bound, "nonfinite") << rows[0];
+  EXPECT_NE(table.find("1 non-finite position mismatch(es), first flat 3"), std::string::npos) << table;
+  EXPECT_EQ(to_json("test:nan-out", cases).at("cases").at(0).value("nonfinite_mismatches", -1), 1);
 }
 
 }  // namespace

@@ -475,7 +475,20 @@ std::string format_tensor_checks(const std::vector<TensorCheck>& checks) {
       std::snprintf(ratio, sizeof ratio, "%.3g", c.ratio);
       std::snprintf(worst, sizeof worst, "%.3g", c.worst);
     }
-    const char* verdict = !c.passed ? "FAIL"
+    // NaN/±inf where the reference differs (SPEC §9: must match) has no finite error: the
+    // ratio and err/bound, measured over the positions that match, would read 0 on a FAIL
+    // (fresh18 F4). The error columns say "nonfinite" and the verdict counts them; the
+    // line below names the first position.
+    const int64_t nonfinite = measured ? c.metrics.nonfinite_mismatches : 0;
+    if (nonfinite > 0) {
+      std::snprintf(ratio, sizeof ratio, "%s", "nonfinite");
+      std::snprintf(worst, sizeof worst, "%s", "nonfinite");
+    }
+    char failed[96] = "FAIL";
+    if (nonfinite > 0)
+      std::snprintf(failed, sizeof failed, "FAIL (%lld non-finite position mismatch(es))",
+                    static_cast<long long>(nonfinite));
+    const char* verdict = !c.passed ? failed
                           : metrics_only ? "pass (non-finite positions only)"
                           : c.weak_rows > 0 ? "pass, WEAK rows"
                                             : "pass";

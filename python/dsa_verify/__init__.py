@@ -84,7 +84,7 @@ class CompareResult:
     passed: bool  # the verdict line is AGREES (possibly "partial")
     verdict_line: str  # "AGREES", "AGREES (partial: max_logits not judged)", "DISAGREES", "INCOMPLETE", ...
     report: str  # the op reports: per-output table, bounds, notes
-    ops: list  # one dict per op judged: op, verdict, reason, worst_ratio, notes, details
+    ops: list  # one dict per op judged: op, verdict, reason, worst_ratio, nonfinite_mismatches, notes, details
     conventions_applied: list
 
     def __bool__(self):

@@ -99,6 +99,9 @@ class CaseResult:
     status: str  # "pass" | "fail" | "skip"
     worst_ratio: Optional[float] = None  # worst err(candidate)/err(baseline); None: not measured
     worst_err_over_bound: Optional[float] = None  # worst err/bound (> 1 fails); None: not measured
+    # NaN/±inf positions whose class differs from the reference's (SPEC §9: must be 0); when > 0
+    # the two ratios above (over the matching positions) miss the failure: the table says "nonfinite"
+    nonfinite_mismatches: int = 0
     not_judged: List[str] = field(default_factory=list)  # outputs not judged: a pass is partial
     cases: int = 0  # generated cases (properties) or 1 (fixtures)
     message: str = ""  # failure or skip reason (oracle report, Python traceback)
@@ -109,7 +112,7 @@ class CaseResult:
 
     def as_dict(self):
         return {k: getattr(self, k) for k in ("op", "property", "status", "worst_ratio", "worst_err_over_bound",
-                                              "not_judged", "cases", "message", "repro", "fixture",
+                                              "nonfinite_mismatches", "not_judged", "cases", "message", "repro", "fixture",
                                               "seconds")}
 
 

@@ -38,6 +38,7 @@ py::dict case_to_dict(const cli::CaseResult& c) {
   d["status"] = c.status;
   d["worst_ratio"] = c.has_ratio ? py::object(py::float_(c.worst_ratio)) : py::object(py::none());
   d["worst_err_over_bound"] = c.has_ratio ? py::object(py::float_(c.worst_err_over_bound)) : py::object(py::none());
+  d["nonfinite_mismatches"] = c.nonfinite_mismatches;
   d["not_judged"] = c.not_judged;
   d["cases"] = c.cases;
   d["message"] = c.message;
@@ -57,6 +58,7 @@ cli::CaseResult case_from_dict(py::handle h) {
   }
   if (d.contains("worst_err_over_bound") && !d["worst_err_over_bound"].is_none())
     c.worst_err_over_bound = d["worst_err_over_bound"].cast<double>();
+  if (d.contains("nonfinite_mismatches")) c.nonfinite_mismatches = d["nonfinite_mismatches"].cast<int64_t>();
   if (d.contains("not_judged")) c.not_judged = d["not_judged"].cast<std::vector<std::string>>();
   if (d.contains("cases")) c.cases = d["cases"].cast<int64_t>();
   if (d.contains("message")) c.message = d["message"].cast<std::string>();
@@ -282,7 +284,8 @@ py::dict load_fixture(const std::string& path) {
 // The judgement of every route (judge_fixture_ops with the CLI's check_options) as a dict:
 // verdict (pass/fail/skip, as the audit's status), verdict_line ("AGREES", "DISAGREES", ...),
 // exit (0 agrees, 1 not), report (the op reports as printed by compare/replay) and one dict per
-// op (op, verdict, reason, worst_ratio, notes, details).
+// op (op, verdict, reason, worst_ratio, nonfinite_mismatches, notes, details; worst_ratio is
+// measured over the positions whose NaN/±inf class matches the reference's).
 py::dict judged(const std::vector<oracle::OpReport>& reports) {
   py::dict d;
   d["verdict"] = cli::status_of(oracle::overall_verdict(reports));
@@ -297,6 +300,7 @@ py::dict judged(const std::vector<oracle::OpReport>& reports) {
     o["verdict"] = oracle::to_string(op.verdict);
     o["reason"] = op.reason;
     o["worst_ratio"] = op.tensors.empty() ? py::object(py::none()) : py::object(py::float_(cli::worst_ratio(op)));
+    o["nonfinite_mismatches"] = cli::nonfinite_mismatches(op);
     o["notes"] = op.notes;
     o["details"] = oracle::format_op_report(op);
     ops.append(o);

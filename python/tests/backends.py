@@ -536,3 +536,18 @@ class MisnamedTopk(TopkOnly):
 
     def top_k(self, *args, **kwargs):
         return TorchBackend.topk(self, *args, **kwargs)
+
+
+class NanOutForward(TorchBackend):
+    """The example's sparse MLA forward with out's flat element 3 NaN (the reference's is finite):
+    a kernel whose only fault is a non-finite value (fresh18 F4). Forward only."""
+    name = "nan-out-fwd"
+    sparse_mla_bwd = None
+    sparse_mla_fp8_fwd = None
+
+    def sparse_mla_fwd(self, *a, **kw):
+        out, lse, max_logits = super().sparse_mla_fwd(*a, **kw)
+        out = out.clone()
+        if out.numel() > 3:
+            out.view(-1)[3] = float("nan")
+        return out, lse, max_logits

@@ -731,3 +731,20 @@ def test_declining_negative_weights_or_short_contexts_is_incomplete_not_a_skip()
     for key in [("indexer_scores_backward", "golden:idx_causal"), ("paged_indexer_scores", "golden:paged_idx_mtp2")]:
         assert by[key].status == "skip" and "named unsupported: " in by[key].message, by[key].message
     assert not [c for c in named.cases if c.status == "fail"], named.summary()
+
+
+def test_a_non_finite_mismatch_is_named_in_the_table_never_a_zero_error(tmp_path):
+    # fresh18 F4: a golden case whose only fault is a NaN where the reference is finite showed
+    # "fail 0 0" in the summary (err/base and err/bound are measured over the positions that
+    # match). The Python route prints the same table through the C++ core: "nonfinite" there.
+    rep = dsa_verify.audit(backends.NanOutForward(), ops=["sparse_mla_fwd"], progress=False,
+                           dump_dir=str(tmp_path), json=str(tmp_path / "r.json"))
+    golden = [c for c in rep.cases if c.property == "golden:smla_basic"]
+    assert [c.status for c in golden] == ["fail"], rep.summary()  # the verdict stands
+    assert golden[0].nonfinite_mismatches == 1, rep.summary()
+    row = [line for line in rep.summary().splitlines() if "golden:smla_basic" in line and " fail " in line]
+    assert len(row) == 1, rep.summary()
+    assert row[0].split()[3:5] == ["nonfinite", "nonfinite"], row[0]
+    assert "1 non-finite position mismatch(es), first flat 3" in golden[0].message
+    cases = json.load(open(tmp_path / "r.json"))["cases"]
+    assert [c["nonfinite_mismatches"] for c in cases if c["property"] == "golden:smla_basic"] == [1]

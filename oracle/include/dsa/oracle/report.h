@@ -211,6 +211,9 @@ std::string verdict_line(const std::vector<OpReport>& reports);
 /// Compact table of judged tensors: name, dtype, max_abs, rel_fro, cosine, base_err, ratio,
 /// err/bound, verdict (one line each), then per tensor the bound at its worst element with
 /// its parts (ρ·E_row, floor and its source, one rounding), failing elements, weak rows.
+/// max_abs, rel_fro, cosine, ratio and err/bound are measured over the positions whose
+/// NaN/±inf class matches the reference's; a tensor with mismatched positions shows
+/// "nonfinite" as its ratio and err/bound and "FAIL (N non-finite position mismatch(es))".
 std::string format_tensor_checks(const std::vector<TensorCheck>& checks);
 /// Violations one per line ("rule row=r slot=j: detail"), at most `limit` then a count.
 std::string format_violations(const std::vector<TopkViolation>& v, size_t limit = 20);
