@@ -230,7 +230,8 @@ void judge_poisoned(bool poisoned, Body body, Twin run_twin) {
 // ---- FP8 indexer --------------------------------------------------------------------------
 
 void fp8_indexer_ratio(Backend& b, const BlockFactory&) {
-  const Fp8IndexerCase c = draw_fp8_indexer_case();
+  // Draw 3 of a run with its keys past 65535 (outside tester F3).
+  const Fp8IndexerCase c = draw_fp8_indexer_case("", true);
   DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
   RC_ASSERT(!all_zero(c.in.q_idx));
   RC_ASSERT(!all_zero(c.in.w));
@@ -268,14 +269,15 @@ void judge_exact_tier(Backend& b, Op op, const Inputs& in, const Tensor& ref, Ru
 }
 
 void fp8_indexer_exact_tier(Backend& b, const BlockFactory&) {
-  const Fp8IndexerCase c = draw_fp8_indexer_case("exact");
+  const Fp8IndexerCase c = draw_fp8_indexer_case("exact", true);  // draw 3: keys past 65535
   DumpOnFailure dump([&] { return described([&] { return fixtures::fp8_indexer_fixture(c.in, case_name()); }, c.desc); });
   judge_exact_tier(b, Op::Fp8IndexerScores, c.in, reference::fp8_indexer_scores(c.in),
                    [&](const Fp8IndexerInputs& in) { return b.fp8_indexer_scores(in); });
 }
 
 void paged_indexer_exact_tier(Backend& b, const BlockFactory&) {
-  const PagedIndexerCase c = draw_paged_indexer_case("exact");
+  // draw 3: blocks past 65535; draw 5: a context past 65536 keys
+  const PagedIndexerCase c = draw_paged_indexer_case("exact", true);
   DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
   judge_exact_tier(b, Op::PagedIndexerScores, c.in, reference::paged_indexer_scores(c.in),
                    [&](const PagedIndexerInputs& in) { return b.paged_indexer_scores(in); });
@@ -297,7 +299,9 @@ void fp8_invalid_scale_rejected(Backend& b, const BlockFactory&) {
 // ---- paged FP8 indexer --------------------------------------------------------------------
 
 void paged_indexer_ratio(Backend& b, const BlockFactory&) {
-  const PagedIndexerCase c = draw_paged_indexer_case();
+  // Draw 3 of a run with its physical blocks past 65535 (outside tester F3; the context past
+  // 65536 keys is paged.indexer_exact_tier's draw 5: three runs of it here cost ~1.5 s CPU).
+  const PagedIndexerCase c = draw_paged_indexer_case("", true);
   DumpOnFailure dump([&] { return described([&] { return fixtures::paged_indexer_fixture(c.in, case_name()); }, c.desc); });
   // The check re-runs the draw with entries past every context poisoned: always poisoned.
   judge_poisoned(

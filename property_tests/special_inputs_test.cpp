@@ -54,7 +54,15 @@ TEST(SpecialInputs, WideIdAndDtypeMutantsAreCaughtOnTheirDraw) {
                         Case{"smla_ids_16bit", "smla.duplicates_accumulate_in_dkv", 3},
                         Case{"smla_fp8_token_ids_16bit", "smla_fp8.forward_ratio", 3},
                         Case{"indexer_keys_16bit", "indexer.scores_ratio", 3},
-                        Case{"indexer_rounds_inputs_to_bf16", "indexer.scores_ratio", 1}})
+                        Case{"indexer_rounds_inputs_to_bf16", "indexer.scores_ratio", 1},
+                        // FP8 indexer keys / paged blocks past 65535 on draw 3; a paged context
+                        // past 65536 keys on draw 5 of the exact tier (draw 3's contexts hold
+                        // <= 5 keys: the positions mutant passes it)
+                        Case{"fp8_indexer_keys_16bit", "fp8.indexer_ratio", 3},
+                        Case{"fp8_indexer_keys_16bit", "fp8.indexer_exact_tier", 3},
+                        Case{"paged_block_ids_16bit", "paged.indexer_ratio", 3},
+                        Case{"paged_block_ids_16bit", "paged.indexer_exact_tier", 3},
+                        Case{"paged_positions_16bit", "paged.indexer_exact_tier", 5}})
     for (uint64_t seed : {1u, 2u, 3u}) {
       const PropertyResult r = run_property(test::mutant_named(c.mutant), test::property_named(c.property), level0(seed));
       EXPECT_EQ(r.verdict, oracle::Verdict::Fail) << c.mutant << " passed " << c.property << " at seed " << seed;

@@ -75,6 +75,14 @@ const Catch kCatches[] = {
     {"smla_fp8_token_ids_16bit", {"smla_fp8.forward_ratio"}},
     {"indexer_keys_16bit", {"indexer.scores_ratio"}},
     {"indexer_rounds_inputs_to_bf16", {"indexer.scores_ratio"}},
+    // FP8 indexer keys and paged physical blocks past 65535 (draw 3: each such key's / block's
+    // 16-bit alias holds it with its sign bits flipped), a paged context past 65536 keys (draw
+    // 5 of the exact tier: key p >= 65536 is key p - 65536 sign-flipped); before, no FP8 or
+    // paged draw held a key or block id past 4097 and each mutant computed the reference's bits
+    // on every draw.
+    {"fp8_indexer_keys_16bit", {"fp8.indexer_ratio", "fp8.indexer_exact_tier"}},
+    {"paged_block_ids_16bit", {"paged.indexer_ratio", "paged.indexer_exact_tier"}},
+    {"paged_positions_16bit", {"paged.indexer_exact_tier"}},
 };
 
 // Level 0 without shrinking, as an audit of a plugin runs: seed 1, a seed at which a mutant

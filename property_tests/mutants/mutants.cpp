@@ -795,6 +795,56 @@ class IndexerKeys16Bit final : public Wrap {
   }
 };
 
+// Field fault (outside tester F3): FP8 indexer key rows addressed in 16 bits: key s past
+// 65535 is scored with k_idx row s & 0xFFFF and its k_scale.
+class Fp8IndexerKeys16Bit final : public WrapAll {
+ public:
+  Fp8IndexerKeys16Bit() : WrapAll("fp8_indexer_keys_16bit") {}
+  Tensor fp8_indexer_scores(const Fp8IndexerInputs& in) override {
+    Fp8IndexerInputs m = in;
+    const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.size(1);
+    for (int64_t s = 0x10000; s < s_kv; ++s) {
+      std::memcpy(m.k_idx.data<uint8_t>() + s * d, in.k_idx.data<uint8_t>() + (s & 0xFFFF) * d, static_cast<size_t>(d));
+      m.k_scale.data<float>()[s] = in.k_scale.data<float>()[s & 0xFFFF];
+    }
+    return ref_->fp8_indexer_scores(m);
+  }
+};
+
+// Field fault (outside tester F3): paged indexer block_table entries kept in 16 bits (uint16
+// physical block ids): a read block id past 65535 reads block id & 0xFFFF.
+class PagedBlockIds16Bit final : public WrapAll {
+ public:
+  PagedBlockIds16Bit() : WrapAll("paged_block_ids_16bit") {}
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    PagedIndexerInputs m = in;
+    const int64_t num_blocks = in.k_cache.size(0);
+    int32_t* tab = m.block_table.data<int32_t>();
+    for (int64_t i = 0; i < m.block_table.numel(); ++i)
+      if (tab[i] >= 0 && tab[i] < num_blocks) tab[i] &= 0xFFFF;
+    return ref_->paged_indexer_scores(m);
+  }
+};
+
+// Field fault (outside tester F3): paged indexer key positions kept in 16 bits (with block
+// size 1 that is the logical block index into block_table): key p past 65535 of a request is
+// read at position p & 0xFFFF, so row r's score of key p is its score of key p & 0xFFFF
+// (inside r's window, which starts at 0: SPEC §10).
+class PagedPositions16Bit final : public WrapAll {
+ public:
+  PagedPositions16Bit() : WrapAll("paged_positions_16bit") {}
+  Tensor paged_indexer_scores(const PagedIndexerInputs& in) override {
+    Tensor out = ref_->paged_indexer_scores(in);
+    const int64_t rows = out.size(0), width = out.size(1);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t p = 0x10000; p < width; ++p) {
+        const double v = out.get(r * width + p);
+        if (v != -INFINITY) out.set(r * width + p, out.get(r * width + (p & 0xFFFF)));
+      }
+    return out;
+  }
+};
+
 // Field fault (outside tester F4): the indexer converts q_idx and k_idx to bf16 before its
 // GEMM whatever their dtype (fp16 and fp32 inputs lose their low bits), forward and backward.
 class IndexerRoundsInputsToBf16 final : public Wrap {
@@ -1687,6 +1737,15 @@ std::vector<Subject> mutant_subjects() {
       subject_of<IndexerRoundsInputsToBf16>("indexer rounding q_idx and k_idx to bf16 whatever their dtype",
                                             "indexer.scores_ratio"),
       subject_of<Fp8OpsKeysPastTile>("FP8 indexer keys >= 128, paged keys >= 192 scored 0, FP8 sparse MLA slots >= 128 ignored", "fp8.indexer_production_shapes"),
+      // Keys and blocks past 65535 on a run's draw 3 (FP8 indexer keys, paged physical blocks) and
+      // 5 (a paged context past 65536 keys); outside tester F3.
+      subject_of<Fp8IndexerKeys16Bit>("FP8 indexer scoring key s with k_idx row s & 0xFFFF (key rows addressed in 16 bits)",
+                                      "fp8.indexer_ratio"),
+      subject_of<PagedBlockIds16Bit>("paged indexer reading block id & 0xFFFF (block_table entries kept in 16 bits)",
+                                     "paged.indexer_ratio"),
+      subject_of<PagedPositions16Bit>("paged indexer reading key p at position p & 0xFFFF (positions / logical block "
+                                      "indices kept in 16 bits)",
+                                      "paged.indexer_exact_tier"),
       // Declared rounding models (checked by their exact tiers, declared_model_props.cpp).
       subject_of<DeclaredModelLiar<true>>(
           "sparse MLA declaring normalized_p while rounding exp(P - max) (max key exact), max key weighted x(1 + 2^-9) in bf16 (inside the declared slack)",

@@ -151,15 +151,58 @@ double bad_scale(Rng& r) {
 
 }  // namespace
 
-Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
+namespace {
+// FP8 indexer keys past 2^16 (outside tester F3, as the bf16 indexer's widen_indexer_keys in
+// generators.cpp: no FP8 indexer draw had a key >= 65536, so a kernel addressing k_idx /
+// k_scale rows in 16 bits passed). The key rows [0, s_kv) move to [off, off + s_kv), off =
+// 65536 - m with m drawn in [0, the largest key a window shows], and the windows with them, so
+// that key (and every window key >= m) lies past 65535 while the others stay below. The new
+// row s & 0xFFFF = s - 65536 of each key s past 65535 holds that key's bytes with their sign
+// bits flipped (0x80; NaN bytes stay NaN) and its scale: a kernel reading it scores
+// Σ_j w_j·scale·ReLU(-x_j) for Σ_j w_j·scale·ReLU(x_j) (x_j = q_j·k), which differs whenever
+// Σ_j w_j x_j != 0 (a NaN row would not do: ReLU as max(x, 0) maps NaN to 0). The other new
+// rows hold NaN bytes and scale 0 (unread: SPEC §10 lets them hold anything). Returns the
+// description.
+std::string widen_fp8_indexer_keys(Fp8IndexerInputs& in, Rng& r) {
+  const int64_t s_q = in.q_idx.size(0), s_kv = in.k_idx.size(0), d = in.k_idx.size(1);
+  int64_t top = -1;  // the largest key a window shows
+  for (int64_t t = 0; t < s_q; ++t)
+    if (in.windows.ke[static_cast<size_t>(t)] > in.windows.ks[static_cast<size_t>(t)])
+      top = std::max(top, in.windows.ke[static_cast<size_t>(t)] - 1);
+  const int64_t m = top >= 0 ? irand(r, 0, top) : 0;
+  const int64_t off = detail::kIds16 - m, n2 = s_kv + off;
+  Tensor k = detail::relocate_rows(in.k_idx, off, n2);
+  Tensor scale = detail::relocate_rows(in.k_scale, off, n2);
+  uint8_t* kb = k.data<uint8_t>();
+  std::memset(kb, kNanByte, static_cast<size_t>(off * d));
+  for (int64_t s = m; s < s_kv; ++s) {  // key s sits at s + off >= 65536; its alias row s - m
+    for (int64_t c = 0; c < d; ++c) kb[(s - m) * d + c] = static_cast<uint8_t>(kb[(s + off) * d + c] ^ 0x80);
+    scale.data<float>()[s - m] = scale.data<float>()[s + off];
+  }
+  in.k_idx = k;
+  in.k_scale = scale;
+  std::vector<int64_t> ks = in.windows.ks, ke = in.windows.ke;
+  for (auto& x : ks) x += off;
+  for (auto& x : ke) x += off;
+  in.windows = KeyWindows::explicit_windows(ks, ke, n2);
+  return " keys_past_65536(k_idx rows moved by " + std::to_string(off) + " to s_kv=" + std::to_string(n2) +
+         ", largest window key " + std::to_string(top >= 0 ? top + off : -1) + ")";
+}
+}  // namespace
+
+Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor, bool wide_keys) {
   Fp8IndexerCase c;
   if (!flavor.empty() && flavor != "exact" && flavor != "bad_scale" && flavor != "many_rows" && flavor != "production")
     throw std::invalid_argument("draw_fp8_indexer_case: unknown flavor \"" + flavor + "\"");
   const bool exact = flavor == "exact", many = flavor == "many_rows", prod = flavor == "production";
+  // Keys past 65535 on a run's draw detail::kWideIdsDraw (widen_fp8_indexer_keys), "" and
+  // "exact" only; such a draw has d_I 16 (case cost: every decode spans 65537+ key rows).
+  const bool wide = wide_keys && (flavor.empty() || exact) && draw_index() == detail::kWideIdsDraw;
   const int level = generation_level();
   const int64_t s_q = many ? draw_many_row_count() : prod ? draw_in(1, level == 0 ? 2 : 4) : draw_in(1, 6);
   const int64_t h = prod ? 64 : many ? *rc::gen::element<int64_t>(1, 2) : *rc::gen::element<int64_t>(1, 2, 4, 8);
-  const int64_t d = prod ? 128 : many ? *rc::gen::element<int64_t>(16, 32) : *rc::gen::element<int64_t>(16, 32, 64, 128);
+  const int64_t d_drawn = prod ? 128 : many ? *rc::gen::element<int64_t>(16, 32) : *rc::gen::element<int64_t>(16, 32, 64, 128);
+  const int64_t d = wide ? 16 : d_drawn;
   const int64_t s_kv = many ? *rc::gen::element<int64_t>(1, 2, 5, 8, 13, 64, 65)
                        : prod ? production_keys(level)
                               : *rc::gen::weightedOneOf<int64_t>(
@@ -170,6 +213,17 @@ Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
   if (many) in.windows = draw_row_windows(s_q, s_kv, &wkind);
   else if (prod) in.windows = draw_long_windows(s_q, s_kv, &wkind);
   else in.windows = draw_windows(s_q, s_kv, flavor == "bad_scale" ? "causal" : nullptr, &wkind);
+  if (wide) {  // the wide draw shows a key: when every window is empty, row 0's becomes [0, s_kv)
+    bool any_key = false;
+    for (int64_t t = 0; t < s_q; ++t) any_key = any_key || in.windows.length(t) > 0;
+    if (!any_key) {
+      std::vector<int64_t> ks = in.windows.ks, ke = in.windows.ke;
+      ks[0] = 0;
+      ke[0] = s_kv;
+      in.windows = KeyWindows::explicit_windows(ks, ke, s_kv);
+      wkind += "+row0_full";
+    }
+  }
   const Fp8Grid grid{format, draw_grid_kind(exact)};  // drawn after the windows (reproducible draws)
   const ScaleKind kind = grid.kind;
   in.format = format;
@@ -201,29 +255,85 @@ Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor) {
     c.bad_key = keys[static_cast<size_t>(irand(r, 0, static_cast<int64_t>(keys.size()) - 1))];
     in.k_scale.set(c.bad_key, bad_scale(r));
   }
+  const std::string wide_desc = wide ? widen_fp8_indexer_keys(in, r) : "";
   c.desc = "fp8 indexer s_q=" + std::to_string(s_q) + " H_I=" + std::to_string(h) + " d_I=" +
            std::to_string(d) + " s_kv=" + std::to_string(s_kv) + " " + to_string(in.format) +
            " scales=" + to_string(kind) + " windows=" + wkind + " unread_nan_keys=" + std::to_string(unread) +
            (c.bad_key >= 0 ? " bad_scale_key=" + std::to_string(c.bad_key) : "") +
-           (many || prod ? " flavor=" + flavor : "");
+           (many || prod ? " flavor=" + flavor : "") + wide_desc;
   return c;
 }
 
-PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
+namespace {
+// Physical pages past 2^16 (outside tester F3: no paged draw had a block id >= 65536, so a
+// kernel keeping block_table entries in 16 bits passed). Block size 1 (so the cache grows by
+// 65536 - m rows, not blocks of 16 or 64). The cache's blocks [0, nb) move to [off, off + nb),
+// off = 65536 - m with m drawn in [0, the largest block id a read entry holds], so that block
+// (and every read block >= m) lies past 65535 while the others stay below; every table entry
+// follows its block (detail::relocated_id: -1 stays -1, an id past the end keeps its distance
+// past the new end, a stale valid id moves). The new block e & 0xFFFF = e - 65536 of each
+// block e past 65535 holds e's keys with their sign bits flipped and e's scales: a kernel
+// reading it scores Σ_j w_j·scale·ReLU(-x_j) for Σ_j w_j·scale·ReLU(x_j), different whenever
+// Σ_j w_j x_j != 0 (see widen_fp8_indexer_keys). The other new blocks hold NaN bytes and scale
+// 0, as unread slots do. Returns the description.
+std::string widen_paged_blocks(PagedIndexerInputs& in, Rng& r) {
+  const int64_t nb = in.k_cache.size(0), bs = in.k_cache.size(1), d = in.k_cache.size(2);
+  const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
+  const int32_t* tab = in.block_table.data<int32_t>();
+  const int32_t* lens = in.context_lens.data<int32_t>();
+  int64_t top = -1;  // the largest block id a read entry holds
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < (lens[b] + bs - 1) / bs; ++i) top = std::max<int64_t>(top, tab[b * max_blocks + i]);
+  const int64_t m = top >= 0 ? irand(r, 0, top) : 0;
+  const int64_t off = detail::kIds16 - m, nb2 = nb + off, row = bs * d;
+  Tensor cache = detail::relocate_rows(in.k_cache, off, nb2);
+  Tensor scales = detail::relocate_rows(in.k_scale_cache, off, nb2);
+  uint8_t* cb = cache.data<uint8_t>();
+  float* sc = scales.data<float>();
+  std::memset(cb, kNanByte, static_cast<size_t>(off * row));
+  for (int64_t e = m; e < nb; ++e) {  // block e sits at e + off >= 65536; its alias block e - m
+    for (int64_t x = 0; x < row; ++x) cb[(e - m) * row + x] = static_cast<uint8_t>(cb[(e + off) * row + x] ^ 0x80);
+    for (int64_t x = 0; x < bs; ++x) sc[(e - m) * bs + x] = sc[(e + off) * bs + x];
+  }
+  in.k_cache = cache;
+  in.k_scale_cache = scales;
+  detail::relocate_ids(in.block_table, nb, off, nb2);
+  return " blocks_past_65536(cache blocks moved by " + std::to_string(off) + " to num_blocks=" + std::to_string(nb2) +
+         ", largest read block " + std::to_string(top >= 0 ? top + off : -1) + ")";
+}
+}  // namespace
+
+PagedIndexerCase draw_paged_indexer_case(const std::string& flavor, bool wide_keys) {
   PagedIndexerCase c;
   PagedIndexerInputs& in = c.in;
   if (!flavor.empty() && flavor != "mtp" && flavor != "bad_table" && flavor != "many_rows" && flavor != "production" &&
       flavor != "exact")
     throw std::invalid_argument("draw_paged_indexer_case: unknown flavor \"" + flavor + "\"");
   const bool many = flavor == "many_rows", prod = flavor == "production", exact = flavor == "exact";
+  // Past 16 bits (with `wide_keys`; outside tester F3): a run's draw detail::kWideIdsDraw of
+  // the "" and "exact" flavors has its physical blocks past 65535 (widen_paged_blocks), draw
+  // detail::kLongContextDraw of "exact" one request's context past 65536 keys. Both use block
+  // size 1 (the long context's logical block index is its key position) and d_I <= 32; the long
+  // context d_I 16, batch, next_n and H_I <= 2. Case cost: every call scores 65537+ keys per row
+  // of that request; the ratio check calls the kernel and the two references on three runs
+  // (poisoned twins), ~1.5 s CPU a draw, the exact tier once (~0.3 s), so "" does not draw it.
+  const bool wide_blocks = wide_keys && (flavor.empty() || exact) && draw_index() == detail::kWideIdsDraw;
+  const bool long_ctx = wide_keys && exact && draw_index() == detail::kLongContextDraw;
   const int level = generation_level();
   // Many rows: batch · next_n >= 257 query rows (finding F8: rows past 64 returned 0 passed);
   // production: H_I 64, d_I 128, contexts past 192 keys (up to 1100 at level 0, 4097 above).
-  const int64_t next_n = flavor == "mtp" ? draw_in(2, 4) : prod ? draw_in(1, 2) : draw_in(1, 4);
-  const int64_t batch = many ? (draw_many_row_count() + next_n - 1) / next_n : prod ? draw_in(1, 2) : draw_in(1, 4);
-  const int64_t bs = prod ? 64 : *rc::gen::element<int64_t>(1, 16, 64);
-  const int64_t h = prod ? 64 : many ? *rc::gen::element<int64_t>(1, 2) : *rc::gen::element<int64_t>(1, 2, 4);
-  const int64_t d = prod ? 128 : *rc::gen::element<int64_t>(16, 32, 64);
+  const int64_t next_n_drawn = flavor == "mtp" ? draw_in(2, 4) : prod ? draw_in(1, 2) : draw_in(1, 4);
+  const int64_t batch_drawn =
+      many ? (draw_many_row_count() + next_n_drawn - 1) / next_n_drawn : prod ? draw_in(1, 2) : draw_in(1, 4);
+  // (the long context: batch and next_n <= 2, every row's floors and outputs span 65537+ columns)
+  const int64_t next_n = long_ctx ? std::min<int64_t>(next_n_drawn, 2) : next_n_drawn;
+  const int64_t batch = long_ctx ? std::min<int64_t>(batch_drawn, 2) : batch_drawn;
+  const int64_t bs_drawn = prod ? 64 : *rc::gen::element<int64_t>(1, 16, 64);
+  const int64_t h_drawn = prod ? 64 : many ? *rc::gen::element<int64_t>(1, 2) : *rc::gen::element<int64_t>(1, 2, 4);
+  const int64_t d_drawn = prod ? 128 : *rc::gen::element<int64_t>(16, 32, 64);
+  const int64_t bs = wide_blocks || long_ctx ? 1 : bs_drawn;
+  const int64_t h = long_ctx ? std::min<int64_t>(h_drawn, 2) : h_drawn;
+  const int64_t d = long_ctx ? 16 : wide_blocks ? std::min<int64_t>(d_drawn, 32) : d_drawn;
   std::vector<int32_t> lens;
   if (many || prod) {
     Rng lr = draw_rng();
@@ -239,6 +349,14 @@ PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
            {4, rc::gen::inRange<int64_t>(1, std::min<int64_t>(3 * bs, 130) + 1)},
            {1, rc::gen::just<int64_t>(int64_t{bs})}})));
   }
+  // The long-context draw: request long_b's context holds 65536 + x keys (x in [1, 48]); the
+  // blocks-past-16-bits draw reads at least one key.
+  int64_t long_b = -1;
+  if (long_ctx) {
+    long_b = draw_in(0, batch - 1);
+    lens[static_cast<size_t>(long_b)] = static_cast<int32_t>(detail::kIds16 + draw_in(1, 48));
+  }
+  if (wide_blocks && std::all_of(lens.begin(), lens.end(), [](int32_t L) { return L == 0; })) lens[0] = 1;
   const Fp8Grid grid{draw_grid_format(exact), draw_grid_kind(exact)};
   in.format = grid.format;
   const ScaleKind kind = grid.kind;
@@ -276,6 +394,20 @@ PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
       in.k_scale_cache.data<float>()[row] =
           fill_row(in.k_cache.data<uint8_t>() + row * d, d, in.format, kind, exact, r);
     }
+  // Logical keys past 65535 (outside tester F3: no paged draw had a context past 4097 keys, so a
+  // kernel keeping key positions, or with block size 1 logical block indices, in 16 bits
+  // passed): key p >= 65536 of the long request holds key p - 65536's bytes with their sign bits
+  // flipped and its scale, so a kernel reading position p & 0xFFFF for p scores
+  // Σ_j w_j·scale·ReLU(x_j) for Σ_j w_j·scale·ReLU(-x_j) (different whenever Σ_j w_j x_j != 0).
+  if (long_ctx) {
+    uint8_t* cb = in.k_cache.data<uint8_t>();
+    float* sc = in.k_scale_cache.data<float>();
+    for (int64_t p = detail::kIds16; p < lens[static_cast<size_t>(long_b)]; ++p) {
+      const int64_t to = static_cast<int64_t>(tab[long_b * max_blocks + p]), from = tab[long_b * max_blocks + p - detail::kIds16];
+      for (int64_t x = 0; x < d; ++x) cb[to * d + x] = static_cast<uint8_t>(cb[from * d + x] ^ 0x80);
+      sc[to] = sc[from];
+    }
+  }
   in.q_idx = Tensor(DType::U8, {batch, next_n, h, d});
   in.w = fill_queries(in.q_idx.data<uint8_t>(), batch * next_n, h, d, grid, exact, r);
   if (many)  // each limit row: head 0 scores logical key 0 of its request > 0
@@ -297,13 +429,16 @@ PagedIndexerCase draw_paged_indexer_case(const std::string& flavor) {
       in.max_context = -1;
     }
   }
+  const std::string wide_desc = wide_blocks ? widen_paged_blocks(in, r)
+                                : long_ctx  ? " context_past_65536(request " + std::to_string(long_b) + ")"
+                                            : "";
   std::string ls;
   for (int32_t L : lens) ls += (ls.empty() ? "" : ",") + std::to_string(L);
   c.desc = "paged indexer batch=" + std::to_string(batch) + " next_n=" + std::to_string(next_n) +
            " block_size=" + std::to_string(bs) + " context_lens=[" + ls + "] max_blocks=" +
            std::to_string(max_blocks) + " num_blocks=" + std::to_string(num_blocks) + " H_I=" +
            std::to_string(h) + " d_I=" + std::to_string(d) + " " + to_string(in.format) +
-           " scales=" + to_string(kind) + (flavor.empty() ? "" : " flavor=" + flavor);
+           " scales=" + to_string(kind) + (flavor.empty() ? "" : " flavor=" + flavor) + wide_desc;
   return c;
 }
 

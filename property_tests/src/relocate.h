@@ -1,5 +1,5 @@
 // Moving a drawn case's key rows past 16 bits (outside tester F3: no sparse MLA, FP8 sparse
-// MLA or indexer draw had a key id >= 65536, so a kernel keeping ids in 16 bits passed). The
+// MLA, indexer, FP8 or paged indexer draw had a key id >= 65536, so a kernel keeping ids in 16 bits passed). The
 // rows [0, n) of a key tensor move to [off, off + n) of a taller one and every id follows its
 // row, so values, sums and roundings are those of the drawn case; only where the rows sit
 // changes. Shared by generators.cpp and fp8_generators.cpp.
@@ -15,10 +15,13 @@
 
 namespace dsa::props::detail {
 
-/// The draw of a run (draw_index()) whose sparse MLA, FP8 sparse MLA and indexer cases select
-/// keys past 65535, and the indexer draw whose keys lie past 2^17.
+/// The draw of a run (draw_index()) whose sparse MLA, FP8 sparse MLA, indexer and FP8 indexer
+/// cases select keys past 65535 (the paged indexer's: physical blocks past 65535), and the
+/// indexer draw whose keys lie past 2^17.
 constexpr int kWideIdsDraw = 3;
 constexpr int kWideIds17Draw = 5;
+/// The paged indexer draw of a run with one request's context past 65536 keys.
+constexpr int kLongContextDraw = 5;
 constexpr int64_t kIds16 = int64_t{1} << 16;
 
 /// Id `id` of a table over `n` rows after the rows moved to [off, off + n) of `n2` rows: a row

@@ -17,14 +17,19 @@ namespace dsa::props {
 /// scale <= 0, NaN or inf; `bad_key` names it), "many_rows" (s_q as draw_many_row_count over
 /// 1-65 keys, H_I 1-2, full or per-row windows; each limit row scores a key > 0),
 /// "production" (H_I 64, d_I 128, s_q 1-2 (1-4 at levels >= 1) over 129, 257 or 1025 keys (up
-/// to 4097 above; the first draw 1025); windows full, a prefix or MTP). Throws
-/// std::invalid_argument naming an unknown flavor.
+/// to 4097 above; the first draw 1025); windows full, a prefix or MTP). With `wide_keys` a
+/// run's draw 3 of the "" and "exact" flavors (d_I 16; row 0's window over all keys when
+/// every window was empty) has its key rows and windows moved by 65536 - m, m in [0, the largest
+/// window key], so that key and every window key >= m lie past 65535; the row s & 0xFFFF of
+/// each such key s holds s's bytes with their sign bits flipped and s's scale (a kernel
+/// addressing keys in 16 bits scores ReLU(-x) for ReLU(x)), the other added rows NaN bytes
+/// and scale 0 (outside tester F3). Throws std::invalid_argument naming an unknown flavor.
 struct Fp8IndexerCase {
   Fp8IndexerInputs in;
   int64_t bad_key = -1;
   std::string desc;
 };
-Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor = "");
+Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor = "", bool wide_keys = false);
 
 /// Paged FP8 indexer case. `flavor`: "" (any), "mtp" (next_n >= 2), "bad_table" (a read table
 /// entry out of range, or a context longer than the table holds), "many_rows" (batch · next_n
@@ -33,12 +38,20 @@ Fp8IndexerCase draw_fp8_indexer_case(const std::string& flavor = "");
 /// 193-1100 keys (up to 4097 above; the first draw's first request 1025)), "exact" (the
 /// regular draw's shapes and tables with the FP8 indexer's exact grid: e4m3fn, power-of-two
 /// scales, small integer values and weights, so every product and sum is exact in fp32).
-/// Throws std::invalid_argument naming an unknown flavor.
+/// With `wide_keys` (outside tester F3), block size 1 and d_I <= 32 on two draws of a run:
+/// draw 3 of the "" and "exact" flavors moves the cache's blocks by 65536 - m, m in [0, the largest
+/// read block id], table entries following them (-1 and ids past the end stay invalid), so
+/// that block and every read block >= m lie past 65535; block e & 0xFFFF of each such block e
+/// holds e's keys with their sign bits flipped and e's scales, the other added blocks NaN
+/// bytes and scale 0. Draw 5 of "exact" gives one request a context of 65537-65584 keys (batch, next_n, H_I <= 2, d_I 16): key p
+/// >= 65536 holds key p - 65536's bytes with their sign bits flipped and its scale, so a kernel
+/// keeping positions (or, block size 1, logical block indices) in 16 bits scores ReLU(-x) for
+/// ReLU(x). Throws std::invalid_argument naming an unknown flavor.
 struct PagedIndexerCase {
   PagedIndexerInputs in;
   std::string desc;
 };
-PagedIndexerCase draw_paged_indexer_case(const std::string& flavor = "");
+PagedIndexerCase draw_paged_indexer_case(const std::string& flavor = "", bool wide_keys = false);
 
 /// Sparse MLA over the FP8 cache: q BF16 [s_q,h_q,576], cache [num_blocks,block_size,656]
 /// with block sizes 1/16/64; ids with -1, out-of-range ids, duplicates, all-invalid rows,
