@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <new>
 #include <string>
 
@@ -236,6 +238,74 @@ TEST(InputLimits, FixturesCheckNamesWhatItSkips) {
   EXPECT_EQ(lines_with(out, {"not judged: UPPER.SAFETENSORS (the extension is not lower-case"}).size(), 1u) << out;
   EXPECT_EQ(lines_with(out, {"2 entries of", "not judged"}).size(), 1u) << out;
   EXPECT_EQ(test::read_json(json.file("r.json")).at("not_judged").size(), 2u);
+}
+
+// JSON nested 100,000 deep in a file (in a header field, or in a metadata string: params,
+// conventions of a golden or a candidate) crashed every route with SIGSEGV (a recursive
+// dump/copy overflowed the stack; fresh19), and `fixtures check DIR` lost the good files'
+// results. Now the parser stops at fixtures::kMaxJsonDepth: exit 2 naming the file and the
+// limit, and the directory check keeps judging the other files.
+TEST(InputLimits, DeeplyNestedJsonIsAFileErrorOnEveryRoute) {
+  Scratch dir("deep_json");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string want = "nests arrays/objects more than 64 levels deep (the limit)";
+  const std::string good = golden("topk_mtp");
+  // a metadata string of the golden (conventions) and one of params
+  for (const char* key : {"conventions", "params"}) {
+    fixtures::SafetensorsFile file = fixtures::read_safetensors(good);
+    file.metadata[key] = key == std::string("params") ? "{\"k\":" + deep + "}" : deep;
+    const std::string path = dir.file(std::string("deep_") + key + ".safetensors");
+    fixtures::write_safetensors(path, file);
+    expect_cli("compare --golden " + path + " --candidate " + good, 2, {path, want});
+    expect_cli("replay " + path + " --candidate " + good, 2, {path, want});
+    expect_cli("fixtures check " + path + " --backend reference", 2, {path, want});
+  }
+  // a header field: data_offsets nested in the strict safetensors reader
+  {
+    std::ifstream in(good, std::ios::binary);
+    const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_GT(bytes.size(), 8u);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<size_t>(i)];
+    std::string header(bytes.begin() + 8, bytes.begin() + 8 + static_cast<long>(n));
+    // the first tensor's "data_offsets":[b,e] becomes "data_offsets":[[[...]]] (100,000 deep)
+    const std::string field = "\"data_offsets\":";
+    const size_t at = header.find(field);
+    ASSERT_NE(at, std::string::npos);
+    const size_t close = header.find(']', at);
+    header = header.substr(0, at + field.size()) + deep + header.substr(close + 1);
+    std::vector<uint8_t> out(8);
+    for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<uint8_t>(header.size() >> (8 * i));
+    out.insert(out.end(), header.begin(), header.end());
+    out.insert(out.end(), bytes.begin() + 8 + static_cast<long>(n), bytes.end());
+    const std::string path = dir.file("deep_offsets.safetensors");
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(out.data()),
+                                                 static_cast<std::streamsize>(out.size()));
+    expect_cli("compare --golden " + path + " --candidate " + good, 2, {path, want});
+    expect_cli("compare --golden " + good + " --candidate " + path, 2, {path, want});
+  }
+  // the conventions of a candidate file
+  {
+    fixtures::SafetensorsFile cand;
+    for (auto& [name, t] : fixtures::load_fixture(good).expected) cand.tensors.emplace(name, t);
+    cand.metadata["conventions"] = deep;
+    const std::string path = dir.file("deep_cand.safetensors");
+    fixtures::write_safetensors(path, cand);
+    expect_cli("compare --golden " + good + " --candidate " + path, 2, {path, want});
+  }
+  // one such file among good ones: the good ones are still judged and reported in the JSON
+  Scratch fx("deep_json_dir");
+  std::filesystem::copy_file(good, fx.file("a.safetensors"));
+  std::filesystem::copy_file(dir.file("deep_params.safetensors"), fx.file("b.safetensors"));
+  std::filesystem::copy_file(good, fx.file("c.safetensors"));
+  Scratch json("deep_json_out");
+  std::string out;
+  EXPECT_EQ(run_cli_capture("fixtures check " + fx.file("") + " --backend reference --json " +
+                                json.file("r.json"), &out), 2);
+  EXPECT_FALSE(lines_with(out, {"b.safetensors", want}).empty()) << out;
+  const nlohmann::json r = test::read_json(json.file("r.json"));
+  EXPECT_NE(r.dump().find("a.safetensors"), std::string::npos) << r.dump();
+  EXPECT_NE(r.dump().find("c.safetensors"), std::string::npos) << r.dump();
 }
 
 // A backend run that runs out of memory is no verdict: judge_fixture_ops throws ResourceError

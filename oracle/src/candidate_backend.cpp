@@ -166,7 +166,12 @@ std::unique_ptr<CandidateBackend> load_candidate_file(const std::string& path,
   fixtures::SafetensorsFile file = fixtures::read_safetensors(path);
   std::vector<Convention> conv = conventions;
   if (auto it = file.metadata.find("conventions"); it != file.metadata.end()) {
-    nlohmann::json j = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+    // Text that is not JSON is ignored here, as before (accept() builds no value); JSON goes
+    // through the file-JSON limits, so a deeply nested value is a FileError, never built.
+    nlohmann::json j;
+    if (nlohmann::json::accept(it->second))
+      j = fixtures::parse_file_json(it->second, path, "metadata 'conventions'",
+                                    /*reject_duplicate_keys=*/false);
     if (j.is_array()) {
       std::vector<std::string> names;
       for (const auto& n : j)
