@@ -3,11 +3,13 @@
 // op is judged by the same code (SPEC §9: local bounds, WEAK, complete outputs).
 #pragma once
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dsa/contract/dtype.h"
 #include "dsa/contract/errors.h"
@@ -198,9 +200,8 @@ inline void wider_out_hint(OpReport& r, const std::string& label, const Tensor& 
   if (!out.defined() || (q != DType::BF16 && q != DType::F16) ||
       precision_rank(out.dtype()) <= precision_rank(q))
     return;
-  bool failed = false;
-  for (const auto& t : r.tensors) failed |= t.name == "out" + label && !t.passed;
-  if (!failed) return;
+  const std::vector<std::string> failed = r.failed_outputs();
+  if (std::find(failed.begin(), failed.end(), "out" + label) == failed.end()) return;
   const std::string od = dtype_name(out.dtype()), qd = dtype_name(q);
   const std::string note =
       "out is " + od + ", wider than q (" + qd + "), so it is judged at the " + od +

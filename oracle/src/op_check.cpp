@@ -83,6 +83,13 @@ std::string run_difference(const std::string& name, const Tensor& a, const Tenso
 }
 
 namespace {
+/// "a, b, c" (empty for none).
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
 std::string join_differences(std::initializer_list<std::string> parts) {
   std::string s;
   for (const auto& p : parts)
@@ -704,19 +711,12 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   // which fewer outputs fail, so that it names the outputs that are wrong under every reading
   // (fresh18 F3: a dkv missing one row's terms, dq and dsink exact, was headlined by dq and
   // dsink, which fail only with Δ from the 16-bit out on rows of logits in the thousands).
-  auto failing = [](const OpReport& x) {
-    std::string names;
-    size_t n = 0;
-    for (const auto& t : x.tensors)
-      if (!t.passed) names += (n++ ? ", " : "") + t.name;
-    return std::make_pair(n, names);
-  };
-  const auto own_failing = failing(own), precise_failing = failing(precise);
-  if (own.verdict == Verdict::Fail && precise.verdict == Verdict::Fail && precise_failing.first > 0 &&
-      precise_failing.first < own_failing.first) {
+  const std::vector<std::string> own_failing = own.failed_outputs(), precise_failing = precise.failed_outputs();
+  if (own.verdict == Verdict::Fail && precise.verdict == Verdict::Fail && !precise_failing.empty() &&
+      precise_failing.size() < own_failing.size()) {
     precise.notes.push_back("the gradients fit neither Δ source: reported with Δ from a precise out (fp32 or "
-                            "wider), under which fewer outputs fail (" + precise_failing.second +
-                            "); with Δ from the candidate's own out (SPEC §5) " + own_failing.second +
+                            "wider), under which fewer outputs fail (" + joined(precise_failing) +
+                            "); with Δ from the candidate's own out (SPEC §5) " + joined(own_failing) +
                             " fail (" + own.reason + ")");
     return detail::settle_judged_nothing(std::move(precise), opt, op);
   }
@@ -863,14 +863,6 @@ std::optional<std::set<std::string>> provided_outputs_for(Op op,
     if (provided->count(n)) return provided;
   return std::nullopt;
 }
-
-namespace {
-std::string joined(const std::vector<std::string>& names) {
-  std::string s;
-  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
-}  // namespace
 
 std::string judged_in_full_note(Op op, const std::optional<std::set<std::string>>& provided) {
   if (!provided || provided_outputs_for(op, provided)) return "";

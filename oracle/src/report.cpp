@@ -46,6 +46,13 @@ void OpReport::mark(Verdict v, const std::string& why) {
 
 std::string OpReport::verdict_line() const { return dsa::oracle::verdict_line({*this}); }
 
+std::vector<std::string> OpReport::failed_outputs() const {
+  std::vector<std::string> names;
+  for (const auto& t : tensors)
+    if (!t.passed) names.push_back(t.name);
+  return names;
+}
+
 std::string verdict_line(const std::vector<OpReport>& reports) {
   Verdict worst = Verdict::Skip;
   std::vector<std::string> not_judged;

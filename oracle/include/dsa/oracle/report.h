@@ -202,6 +202,12 @@ struct OpReport {
   /// One verdict word for a user: "AGREES", "AGREES (partial: max_logits not judged)",
   /// "DISAGREES", "WEAK", "INCOMPLETE", "SKIPPED".
   std::string verdict_line() const;
+  /// Names of the judged tensors whose check failed (TensorCheck::passed false: over a bound,
+  /// a non-finite position mismatch, a wrong shape or dtype), in the order they were judged.
+  /// Empty when every judged tensor passed: a Fail from a top-k rule or a determinism
+  /// difference, a Weak or an Incomplete verdict may name none. Throws nothing else than
+  /// std::bad_alloc.
+  std::vector<std::string> failed_outputs() const;
 };
 
 /// The verdict line of several reports (e.g. the forward and backward of one fixture): the
