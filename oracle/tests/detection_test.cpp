@@ -55,7 +55,7 @@ namespace {
 // ---------------------------------------------------------------- measured figures
 using detection::push;
 using detection::record;
-using detection::row_weak_in;
+using detection::passes_only_as_weak_on_rejudge;
 using detection::Stat;
 using detection::stats;
 
@@ -224,14 +224,10 @@ void require_perturbations_fail(Op op, const OpCase& c, const NamedOutputs& cand
       Stat& s = stats()[key + " " + t.name + " " + dtype_name(t.precision)];
       ++s.perturbations;
       s.caught += rb.verdict == Verdict::Fail;
-      // A row not WEAK in the correct output can become WEAK in the perturbed one: the sparse
-      // MLA backward's re-judge with P recomputed from the fp32 lse (op_check.cpp,
-      // lse_recompute) runs only for gradients failing the floors, and declares WEAK the rows
-      // where its widened bound exceeds θ x row scale (a dsink row of scale 4e-30 at |L| 80,
-      // level 2, seed 12002). Such a perturbation passes only under --allow-weak, named WEAK on
-      // that row; without it the verdict is not a pass. Counted apart, never as caught.
-      if (rb.verdict == Verdict::Pass && row_weak_in(rb, t.name, row) &&
-          judge_outputs(op, c, bad, strict_options(allow), "perturbed").verdict != Verdict::Pass) {
+      // WEAK on the lse-recompute re-judge (detection_stats.h): counted apart, never as caught.
+      if (passes_only_as_weak_on_rejudge(rb.verdict == Verdict::Pass, {&rb}, t.name, row, [&] {
+            return judge_outputs(op, c, bad, strict_options(allow), "perturbed").verdict == Verdict::Pass;
+          })) {
         ++s.weak_on_rejudge;
         continue;
       }
@@ -897,6 +893,35 @@ RC_GTEST_PROP(Detection, Fp8SmlaDeclaredRoundingModelsPass, ()) {
   record("false-alarm sink-after-rounding-fp8 declared" + scales, rs);
   if (rs.verdict != Verdict::Pass) RC_FAIL(fc.desc + "\n" + format_op_report(rs));
   require_perturbations_fail(Op::SparseMlaFp8Fwd, c, sr, exact, rs, "declared sink-after-rounding-fp8" + scales, s);
+}
+
+// The accept condition both detection properties share (detection_stats.h) on a made-up
+// report: only a pass under --allow-weak, with the perturbed row named WEAK, whose strict
+// re-judge does not pass, is counted apart; the strict re-judge runs only in that case.
+TEST(Detection, WeakOnRejudgeConditionNeedsAllThree) {
+  OpReport r, other;
+  TensorCheck t;
+  t.name = "dsink";
+  t.row_weak = {0, 1};
+  r.tensors.push_back(t);
+  int strict_calls = 0;
+  auto strict = [&strict_calls](bool passes) {
+    return [&strict_calls, passes] {
+      ++strict_calls;
+      return passes;
+    };
+  };
+  EXPECT_TRUE(passes_only_as_weak_on_rejudge(true, {&r}, "dsink", 1, strict(false)));
+  EXPECT_TRUE(passes_only_as_weak_on_rejudge(true, {&other, &r}, "dsink", 1, strict(false)));  // either report
+  EXPECT_EQ(strict_calls, 2);
+  EXPECT_FALSE(passes_only_as_weak_on_rejudge(true, {&r}, "dsink", 1, strict(true)));  // passes strictly too
+  EXPECT_EQ(strict_calls, 3);
+  EXPECT_FALSE(passes_only_as_weak_on_rejudge(false, {&r}, "dsink", 1, strict(false)));  // a FAIL: caught
+  EXPECT_FALSE(passes_only_as_weak_on_rejudge(true, {&r}, "dsink", 0, strict(false)));   // row not WEAK
+  EXPECT_FALSE(passes_only_as_weak_on_rejudge(true, {&r}, "dq", 1, strict(false)));      // another output
+  EXPECT_FALSE(passes_only_as_weak_on_rejudge(true, {&r}, "dsink", 2, strict(false)));   // no such row
+  EXPECT_FALSE(passes_only_as_weak_on_rejudge(true, {&other}, "dsink", 1, strict(false)));
+  EXPECT_EQ(strict_calls, 3);  // never judged again when the first two do not hold
 }
 
 // The smla_fp8_decode golden (amax tile scales): both FlashMLA-style controls AGREE without
