@@ -450,7 +450,11 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
     const auto floors_p = shared_result<CaseFloors>(
         memo_of(c), std::string("sparse_mla_fp8_fwd/floors/") + dtype_name(work),
         fp_mla_fp8(c.mla_fp8), [&] {
-          CaseFloors f = sparse_mla_floors(gathered.mla, nullptr, work);
+          // kv as a 16-bit kernel reads it: fp8 · scale rounded once, the scale itself maybe
+          // rounded too (fp8_scale_rounded_problem): 2·u16 relative, which can reorder
+          // near-equal logits (sparse_mla_floors' kv_rel_shift)
+          const double shift = work == DType::F32 ? 0.0 : 2 * unit_roundoff(work);
+          CaseFloors f = sparse_mla_floors(gathered.mla, nullptr, work, shift);
           // the baseline dequantizes kv to a 16-bit `work` (above): a rounding it shares
           // with the candidate, common to each key's logit
           for (auto& kv : f) kv.second.e_row_inherited16 = work != DType::F32;

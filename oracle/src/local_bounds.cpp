@@ -653,13 +653,15 @@ struct MlaRowData {
 // The floors for work_dtype and, when `also_f32` and work_dtype is 16-bit, for fp32 work too
 // (second element): the same acc and terms, its own narrow parts (those with u16 = 0).
 std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor* dout,
-                                        DType work_dtype, bool also_f32) {
+                                        DType work_dtype, bool also_f32, double kv_rel_shift) {
   const char* where = "sparse_mla_floors";
   require(in.q.dim() == 3 && in.kv.dim() == 2 && in.kv.size(1) == in.q.size(2), where, "q/kv",
           shape_str(in.q.shape()) + " " + shape_str(in.kv.shape()), "[s_q,h_q,d_qk], [s_kv,d_qk]");
   const int64_t s_q = in.q.size(0), h_q = in.q.size(1), dqk = in.q.size(2), dv = in.d_v,
                 s_kv = in.kv.size(0), k = in.indices.size(-1);
   require(dv > 0 && dv <= dqk, where, "d_v", std::to_string(dv), "0 < d_v <= d_qk");
+  require(std::isfinite(kv_rel_shift) && kv_rel_shift >= 0 && kv_rel_shift < 1, where, "kv_rel_shift",
+          std::to_string(kv_rel_shift), "a relative error in [0, 1)");
   require(in.indices.size(0) == s_q, where, "indices", shape_str(in.indices.shape()), "[s_q, k]");
   if (dout)
     require(dout->numel() == s_q * h_q * dv, where, "dout", shape_str(dout->shape()),
@@ -895,11 +897,46 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       st.sink_c = sink_c;
       st.abar2 = abar2;
       st.abar = abar;
-      // M' = max(m, sink): a kernel may take the sink into its running max
-      const double mr = sink_finite ? std::max(m, sinkv) : m;
+      // The kernel exponentiates its own logits, which lie within a margin of P_j: 16u·e_j (as
+      // max_logits' "within their error of the max") plus kv_rel_shift·|sm|Σ|q kv_j| (kv as
+      // the kernel reads it, FP8 dequantized to 16 bits, against the floors' kv). So its running max may exceed
+      // m, and may sit on another key than the float64 max: P_j's exp then lies in
+      // [exp(P_j - margin_j - M'), 1], M' = max(P_k + margin_k, sink) (a kernel may take the sink
+      // into its running max), and t_j <= f_j = min(1, exp(...)/2). A max key's exp(0) = 1 is
+      // exact only where no other key (another id: duplicates compute alike) nor the sink can
+      // reach it: otherwise its exp lies in [exp(-gap_j), 1], gap_j = max(P_k + margin_k, sink)
+      // - (P_j - margin_j), and rounds by at most min(u16 b, 1 - exp(-gap_j)) (1 is on the grid):
+      // f_j = min(1, exp(gap_j)/2, expm1(gap_j)/u16) (per p_j, as e_j >= exp(-gap_j)). Level 2,
+      // seed 12003: FP8 kv dequantized to bf16 moved a key 5e-3 above the float64 max key (two
+      // slots, logit 0.7084 vs 0.7038), whose exp 0.99976 the FlashMLA-style control rounded
+      // to 1: out 1.03x its bound.
+      // margin of key j: 16u e_j + kv_rel_shift |sm|Σ|q kv_j| (e_j - √d_qk|P_j|: the products)
+      auto margin = [&](size_t j) { return 16 * u * E[j] + kv_rel_shift * (E[j] - sdqk * std::abs(P[j])); };
+      double top1 = -std::numeric_limits<double>::infinity(), top2 = top1;  // best, best of another id
+      int64_t top1_id = -1;
       for (size_t j = 0; j < n; ++j) {
-        ftm[h * n + j] = std::min(1.0, 0.5 * std::exp(mr - P[j]));
-        wtm[h * n + j] = std::min(hp, hq * ftm[h * n + j]);
+        const double hi = P[j] + margin(j);
+        if (hi > top1) {
+          if (ids[j] != top1_id) top2 = top1;
+          top1 = hi;
+          top1_id = ids[j];
+        } else if (ids[j] != top1_id && hi > top2) {
+          top2 = hi;
+        }
+      }
+      const double mr = sink_finite ? std::max(top1, sinkv) : top1;
+      const double sink_top = sink_finite && sinkv - m <= 87 ? sinkv : -std::numeric_limits<double>::infinity();
+      for (size_t j = 0; j < n; ++j) {
+        const double lo = P[j] - margin(j);
+        double f;
+        if (P[j] < m) {
+          f = std::min(1.0, 0.5 * std::exp(mr - lo));
+        } else {
+          const double gap = std::max(ids[j] == top1_id ? top2 : top1, sink_top) - lo;
+          f = gap > 0 && un > 0 ? std::min({1.0, 0.5 * std::exp(gap), std::expm1(gap) / un}) : 0.0;
+        }
+        ftm[h * n + j] = f;
+        wtm[h * n + j] = std::min(hp, hq * f);
       }
     }
     for (size_t h0 = 0; h0 < H; h0 += HB) {
@@ -991,6 +1028,21 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           }
         }
       }
+      // the max keys that another key or the sink may displace as the kernel's max (f_j > 0
+      // above): their exp rounds too
+      for (size_t h = h0; h < h1; ++h)
+        for (size_t j = 0; j < n; ++j) {
+          const size_t x = h * n + j;
+          if (PH[x] < hs[h].m || !(ftm[x] > 0)) continue;
+          const double* v = kvrow(j);
+          const double ww = wtm[x] * (wq[j] * pm[x]), pf = ftm[x] * pm[x];
+          double* zwh = &zwv[h * DV];
+          double* zfh = &zfv[h * DV];
+          for (size_t c = 0; c < DV; ++c) {
+            zwh[c] += (ww * v[c]) * (ww * v[c]);
+            zfh[c] += std::abs(pf * v[c]);
+          }
+        }
       for (size_t h = h0; h < h1; ++h) {
         HeadState& st = hs[h];
         const int64_t row = t * h_q + static_cast<int64_t>(h);
@@ -1051,7 +1103,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           fo.narrow[e] = narh[c];
           if (!zmax.empty())
             // the max key's rounding: b(p_j) known, so dq's λ on it (tolerances.cpp)
-            fo.narrow_pmax[e] = un * std::min(zsv[hc] + zsmax[c], std::sqrt(hp * hp * zv[hc] + hq * hq * zmax[c])) - narh[c];
+            fo.narrow_pmax[e] = std::max(0.0, un * std::min(zsv[hc] + zsmax[c], std::sqrt(hp * hp * zv[hc] + hq * hq * zmax[c])) - narh[c]);
           if (fb) fo_nb[e] = 0.0 * std::min(zsv[hc], hp * std::sqrt(zv[hc]));
           fo.terms[e] = wv[hc];
         }
@@ -1143,6 +1195,10 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           dl2 += (wq[j] * le) * (wq[j] * le);
           if (P[j] < m) {
             const double pg = wq[j] * p[j] * gj;
+            pg1 += std::abs(pg);
+            pg2 += pg * pg;
+          } else if (ftm[h * n + j] > 0) {  // a max key the kernel's max may displace (above)
+            const double pg = ftm[h * n + j] * wq[j] * p[j] * gj;
             pg1 += std::abs(pg);
             pg2 += pg * pg;
           }
@@ -1758,13 +1814,14 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
 
 }  // namespace
 
-CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype) {
-  return std::move(mla_floors_impl(in, dout, work_dtype, false)[0]);
+CaseFloors sparse_mla_floors(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype,
+                             double kv_rel_shift) {
+  return std::move(mla_floors_impl(in, dout, work_dtype, false, kv_rel_shift)[0]);
 }
 
 std::pair<CaseFloors, CaseFloors> sparse_mla_floors_and_f32(const SparseMlaInputs& in,
                                                             const Tensor* dout, DType work_dtype) {
-  std::vector<CaseFloors> r = mla_floors_impl(in, dout, work_dtype, true);
+  std::vector<CaseFloors> r = mla_floors_impl(in, dout, work_dtype, true, 0.0);
   if (r.size() == 1) r.push_back(r[0]);  // work_dtype is not 16-bit: the same floors
   return {std::move(r[0]), std::move(r[1])};
 }

@@ -19,9 +19,12 @@
 
 #include "dsa/fixtures/fixture.h"
 #include "dsa/oracle/fixture_check.h"
+#include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/op_check.h"
 #include "dsa/oracle/report.h"
 #include "dsa/property_tests/flash_style_kernel.h"
+#include "dsa/property_tests/fp8_generators.h"
+#include "dsa/reference/sparse_mla_fp8.h"
 
 namespace dsa::oracle {
 namespace {
@@ -90,6 +93,63 @@ TEST(PRoundingTail, FlashStyleBf16DkvOfTiedDuplicateRowsPasses) {
   for (const auto& t : r.tensors) EXPECT_EQ(t.weak_rows, 0) << t.name;
   // dkv [0, 19] of dkv [1, 32]: the element that exceeded its bound, and its row
   expect_moves_fail(Op::SparseMlaBwd, c, bwd_of(k), r, "dkv", 19);
+}
+
+// The max key out's P rounding may skip is the kernel's, not the float64 reference's. A
+// FlashMLA-style FP8 decode kernel (props::flashmla_fp8_forward: kv = fp8 · scale rounded to
+// bf16, P = exp(logit - max) rounded to bf16 before P·V) on the draw of
+// Detection.Fp8SmlaPerturbationsFailFlashMlaControlsPass that failed at DSA_TEST_LEVEL=2, seed
+// 12003 (s_q 2, h_q 16, 25 tokens, k 5, amax scales; dumped from that run): in row (t 0, h 15)
+// token 5 (two slots) has the largest exact logit, 0.7084, and token 4 the next, 0.7038; kv
+// dequantized to bf16 moves them to 0.7032 and 0.7035, so the kernel's max is token 4 and
+// token 5's exp, 0.99976, is rounded to 1 (P in bf16). The floor held token 5's exp(0) exact,
+// and out [0, 15, 135] (token 5's value 12.56 there, token 4's -0.29) was 1.03x its bound. The
+// floor now counts a max key's rounding wherever another key or the sink may be the kernel's
+// max (sparse_mla_floors' margin; kv_rel_shift 2·u16 for FP8 kv dequantized to 16 bits).
+// Both scale roundings must pass, the flip must be there, and that element moved by θ(1 +
+// 2^-6) of its row's scale, alone or with its row, must fail.
+TEST(PRoundingTail, Fp8MaxKeyDisplacedByTheKernelsDequantizationPasses) {
+  const std::string file = "flashmla_fp8_max_key_displaced_level2_seed12003.safetensors";
+  const OpCase c = load_case(file);
+  const SparseMlaFp8Inputs& in = c.mla_fp8;
+  ASSERT_EQ(in.q.dim(), 3) << file << " is not a sparse_mla_fp8_fwd case";
+  // the flip: per (t, h) row, the slot of the largest logit over the exact kv, over kv
+  // dequantized to bf16 with the fp32 scale, and with the scale rounded to bf16
+  const SparseMlaInputs exact = reference::gather_sparse_mla_fp8(in).inputs;
+  SparseMlaInputs fp32_scale = exact;
+  fp32_scale.kv = exact.kv.to(DType::BF16);
+  const SparseMlaInputs bf16_scale = fp8_scale_rounded_problem(in, DType::BF16);
+  const int64_t s_q = in.q.size(0), h_q = in.q.size(1), d = in.q.size(2), k = exact.indices.size(1);
+  auto argmax_row = [&](const SparseMlaInputs& x, int64_t t, int64_t h) {
+    double best = -INFINITY;
+    int64_t at = -1;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t id = static_cast<int64_t>(x.indices.get(t * k + j));
+      if (id < 0 || id >= x.kv.size(0)) continue;
+      double dot = 0;
+      for (int64_t col = 0; col < d; ++col) dot += x.q.get((t * h_q + h) * d + col) * x.kv.get(id * d + col);
+      if (dot > best) best = dot, at = id;
+    }
+    return at;
+  };
+  int flips = 0;
+  for (int64_t t = 0; t < s_q; ++t)
+    for (int64_t h = 0; h < h_q; ++h) {
+      const int64_t e = argmax_row(exact, t, h);
+      flips += argmax_row(fp32_scale, t, h) != e || argmax_row(bf16_scale, t, h) != e;
+    }
+  EXPECT_GT(flips, 0) << "no row whose max key the bf16 dequantization displaces: the case no longer tests it";
+  for (bool scale_in_bf16 : {true, false}) {
+    SCOPED_TRACE(scale_in_bf16 ? "tile scale rounded to bf16" : "fp32 tile scale");
+    const SparseMlaForward f = props::flashmla_fp8_forward(in, scale_in_bf16);
+    const NamedOutputs outs{{"out", f.out}, {"lse", f.lse}, {"max_logits", f.max_logits}};
+    const OpReport r = judge_outputs(Op::SparseMlaFp8Fwd, c, outs);
+    const TensorCheck& out = tensor(r, "out");
+    std::printf("fp8 %s scale: out worst err/bound %.4f\n", scale_in_bf16 ? "bf16" : "fp32", out.worst);
+    EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);  // 1.03 before (bf16 scale)
+    // out [0, 15, 135], the element that exceeded its bound, and its row
+    expect_moves_fail(Op::SparseMlaFp8Fwd, c, outs, r, "out", (0 * h_q + 15) * kMlaFp8NopeDim + 135);
+  }
 }
 
 }  // namespace
