@@ -897,19 +897,22 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       st.sink_c = sink_c;
       st.abar2 = abar2;
       st.abar = abar;
-      // The kernel exponentiates its own logits, which lie within a margin of P_j: 16u·e_j (as
+      // The kernel exponentiates its own logits, which lie within margin_j of P_j: 16u·e_j (as
       // max_logits' "within their error of the max") plus kv_rel_shift·|sm|Σ|q kv_j| (kv as
-      // the kernel reads it, FP8 dequantized to 16 bits, against the floors' kv). So its running max may exceed
-      // m, and may sit on another key than the float64 max: P_j's exp then lies in
-      // [exp(P_j - margin_j - M'), 1], M' = max(P_k + margin_k, sink) (a kernel may take the sink
-      // into its running max), and t_j <= f_j = min(1, exp(...)/2). A max key's exp(0) = 1 is
-      // exact only where no other key (another id: duplicates compute alike) nor the sink can
-      // reach it: otherwise its exp lies in [exp(-gap_j), 1], gap_j = max(P_k + margin_k, sink)
-      // - (P_j - margin_j), and rounds by at most min(u16 b, 1 - exp(-gap_j)) (1 is on the grid):
-      // f_j = min(1, exp(gap_j)/2, expm1(gap_j)/u16) (per p_j, as e_j >= exp(-gap_j)). Level 2,
-      // seed 12003: FP8 kv dequantized to bf16 moved a key 5e-3 above the float64 max key (two
-      // slots, logit 0.7084 vs 0.7038), whose exp 0.99976 the FlashMLA-style control rounded
-      // to 1: out 1.03x its bound.
+      // the kernel reads it, FP8 dequantized to 16 bits, against the floors' kv). So its running
+      // max may exceed m, and may sit on another key than the float64 max. A key below the max:
+      // its exp lies in [exp(P_j - margin_j - M'), 1], M' = max(P_k + margin_k, sink) (a kernel
+      // may take the sink into its running max), so t_j <= f_j = min(1, exp(M' - P_j +
+      // margin_j)/2). A max key's exp(0) = 1 is exact only where no key of another id
+      // (duplicates compute alike) can reach it: otherwise its exp lies in [exp(-gap_j), 1],
+      // gap_j = max(P_k + margin_k) - (P_j - margin_j), and rounds by at most min(u16 b,
+      // 1 - exp(-gap_j)) (1 is on the grid): f_j = min(1, exp(gap_j)/2, expm1(gap_j)/u16) (per
+      // p_j, as e_j >= exp(-gap_j)). Level 2, seed 12003: FP8 kv dequantized to bf16 moved a key
+      // above the float64 max key (two slots; exact logits 0.7084 and 0.7038, as the kernel read
+      // them 0.7032 and 0.7035), whose exp 0.99976 the FlashMLA-style control rounded to 1: out
+      // 1.03x its bound. Not modelled: a kernel that also takes the sink into that running max
+      // rounds the max key's exp(P_j - sink) (FlashMLA applies the sink after P·V, SPEC §4;
+      // counting it made a correct golden's sink row WEAK).
       // margin of key j: 16u e_j + kv_rel_shift |sm|Σ|q kv_j| (e_j - √d_qk|P_j|: the products)
       auto margin = [&](size_t j) { return 16 * u * E[j] + kv_rel_shift * (E[j] - sdqk * std::abs(P[j])); };
       double top1 = -std::numeric_limits<double>::infinity(), top2 = top1;  // best, best of another id
@@ -925,14 +928,13 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         }
       }
       const double mr = sink_finite ? std::max(top1, sinkv) : top1;
-      const double sink_top = sink_finite && sinkv - m <= 87 ? sinkv : -std::numeric_limits<double>::infinity();
       for (size_t j = 0; j < n; ++j) {
         const double lo = P[j] - margin(j);
         double f;
         if (P[j] < m) {
           f = std::min(1.0, 0.5 * std::exp(mr - lo));
         } else {
-          const double gap = std::max(ids[j] == top1_id ? top2 : top1, sink_top) - lo;
+          const double gap = (ids[j] == top1_id ? top2 : top1) - lo;
           f = gap > 0 && un > 0 ? std::min({1.0, 0.5 * std::exp(gap), std::expm1(gap) / un}) : 0.0;
         }
         ftm[h * n + j] = f;

@@ -225,10 +225,25 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       const double abar = std::sqrt(abar2) + (n > 1 ? sn : 0.0) + psink * sink_c;
       // out's P rounding: f_j bounds b(e_j)/e_j (e_j >= exp(P_j - M'), M' = max(m, sink)), w_j
       // the key's weight in the quadrature
-      const double mr = sink_finite ? std::max(m, sinkv) : m;
-      std::vector<double> fj(n), wj(n);
+      // The kernel's logits lie within margin_j = 16u e_j (kv_rel_shift 0 here) of P_j: a max
+      // key is rounded too where a key of another id may reach it (gap_j > 0)
+      std::vector<double> fj(n), wj(n), margin(n);
+      double top = -std::numeric_limits<double>::infinity();
       for (size_t j = 0; j < n; ++j) {
-        fj[j] = std::min(1.0, 0.5 * std::exp(mr - P[j]));
+        margin[j] = 16 * u * E[j];
+        top = std::max(top, P[j] + margin[j]);
+      }
+      const double mr = sink_finite ? std::max(top, sinkv) : top;
+      for (size_t j = 0; j < n; ++j) {
+        if (P[j] < m) {
+          fj[j] = std::min(1.0, 0.5 * std::exp(mr - (P[j] - margin[j])));
+        } else {
+          double other = -std::numeric_limits<double>::infinity();
+          for (size_t k2 = 0; k2 < n; ++k2)
+            if (ids[k2] != ids[j]) other = std::max(other, P[k2] + margin[k2]);
+          const double gap = other - (P[j] - margin[j]);
+          fj[j] = gap > 0 && un > 0 ? std::min({1.0, 0.5 * std::exp(gap), std::expm1(gap) / un}) : 0.0;
+        }
         wj[j] = std::min(quadrature_p16(), quadrature16() * fj[j]);
       }
       // out
@@ -249,6 +264,13 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
             zw += (ww * v) * (ww * v);
             zf += std::abs(fj[j] * p[j] * v);
           }
+        }
+        for (size_t j = 0; j < n; ++j) {  // the max keys another key may displace, after the others
+          if (P[j] < m || !(fj[j] > 0)) continue;
+          const double v = KV[static_cast<size_t>(ids[j] * dqk + c)];
+          const double ww = wj[j] * (wq[j] * p[j]);
+          zw += (ww * v) * (ww * v);
+          zf += std::abs(fj[j] * p[j] * v);
         }
         const size_t c_ = static_cast<size_t>(c);
         outc[c_] = o;
@@ -326,6 +348,10 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         dl2 += (wq[j] * le) * (wq[j] * le);
         if (P[j] < m) {
           const double pg = wq[j] * p[j] * gj;
+          pg1 += std::abs(pg);
+          pg2 += pg * pg;
+        } else if (fj[j] > 0) {
+          const double pg = fj[j] * wq[j] * p[j] * gj;
           pg1 += std::abs(pg);
           pg2 += pg * pg;
         }

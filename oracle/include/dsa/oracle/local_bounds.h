@@ -158,8 +158,8 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
 /// below 2^-120 the magnitude of the factors after it; n + 1 for a sum with a term below 2^-97;
 /// out's underflow carried into Δ (columns in quadrature) and Δ's into dsink (rows in quadrature).
 /// fp16 work_dtype: p_j and dS_j below 2^-14 add 2^-25 (fp16's gradual underflow) × the factors after them.
-/// out's 16-bit P rounding skips a max key's exp(0) = 1 only where no other key (another id)
-/// nor the sink can be the kernel's running max: the kernel's logits lie within
+/// out's 16-bit P rounding skips a max key's exp(0) = 1 only where no key of another id can
+/// be the kernel's running max (the sink in that max is not modelled): the kernel's logits lie within
 /// 16u·e_j + kv_rel_shift·|sm|Σ|q kv_j| of P_j, so a key within that of the max makes the max key's exp
 /// < 1 and rounded (min(u16 b, 1 - exp(-gap)) per p_j); the same in δΔ16's P part.
 /// `kv_rel_shift` (dimensionless, default 0): the relative error of each kv element as the
