@@ -39,24 +39,9 @@ std::vector<std::string> split_list_option(const std::vector<std::string>& value
 
 void check_conventions_apply(const std::vector<fixtures::Convention>& conventions,
                              const std::vector<oracle::Op>& ops, const std::string& flag) {
-  using fixtures::Convention;
-  for (Convention c : conventions) {
-    const std::vector<oracle::Op> converts =
-        c == Convention::LseBase2 ? std::vector<oracle::Op>{oracle::Op::SparseMlaFwd, oracle::Op::SparseMlaFp8Fwd}
-                                  : std::vector<oracle::Op>{oracle::Op::Topk};
-    bool applies = false;
-    for (oracle::Op op : ops) applies |= std::find(converts.begin(), converts.end(), op) != converts.end();
-    if (applies) continue;
-    std::string theirs, ours;
-    for (oracle::Op op : converts) theirs += (theirs.empty() ? "" : " or ") + std::string(oracle::to_string(op));
-    for (oracle::Op op : ops) ours += (ours.empty() ? "" : ", ") + std::string(oracle::to_string(op));
-    // A flag is named as an argument; a file's field ("metadata 'conventions'") as it is.
-    const std::string who = flag.rfind("--", 0) == 0 ? "argument '" + flag + "'" : flag;
-    throw std::invalid_argument(who + " names " + fixtures::to_string(c) +
-                                ", which converts outputs of " + theirs + " only, not of the selected op" +
-                                (ops.size() == 1 ? " " : "s ") + ours +
-                                "; name only conventions of these ops (docs/fixtures.md conventions)");
-  }
+  std::vector<std::string> names;
+  for (oracle::Op op : ops) names.emplace_back(oracle::to_string(op));
+  fixtures::check_conventions_apply(conventions, names, flag);  // the one rule (fixtures)
 }
 
 std::vector<std::string> parse_output_names(const std::vector<std::string>& names,

@@ -30,7 +30,8 @@ std::vector<std::string> split_list_option(const std::vector<std::string>& value
 /// sparse MLA forward's lse/max_logits, int64_ids, ids_s_q_1_k and topk_width_min_k_s_kv the
 /// top-k ids (docs/fixtures.md conventions). One that applies to none is a usage error naming
 /// `flag`, the convention and the op it applies to (std::invalid_argument), as --outputs treats
-/// a name of no selected op.
+/// a name of no selected op. The rule and message are fixtures::check_conventions_apply's
+/// (load_fixture applies it to a golden's own field).
 void check_conventions_apply(const std::vector<fixtures::Convention>& conventions,
                              const std::vector<oracle::Op>& ops, const std::string& flag);
 

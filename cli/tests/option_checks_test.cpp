@@ -4,6 +4,8 @@
 // kernel) nor a self-contradictory range. Label golden.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -117,6 +119,16 @@ TEST(ConventionsMetadata, AreHeldToTheFlagsRules) {
              {twice, "names convention 'lse_base2' twice"});
   // A fixture file's conventions alike, on fixtures check.
   expect_cli("fixtures check " + smla + " --backend reference", 2, {smla, "metadata 'conventions' names int64_ids"});
+  // The same files as goldens: every route refuses them alike (load_fixture applies the rule;
+  // fresh19: compare and replay took lse_base2 on a topk golden and agreed, exit 0).
+  for (const auto& [bad, good, want] :
+       {std::tuple<std::string, std::string, std::string>{topk, golden("topk_mtp"), "metadata 'conventions' names lse_base2, which converts outputs of sparse_mla_fwd or sparse_mla_fp8_fwd only, not of the selected op topk"},
+        {smla, golden("smla_sink"), "metadata 'conventions' names int64_ids, which converts outputs of topk only, not of the selected ops sparse_mla_fwd, sparse_mla_bwd"}}) {
+    expect_cli("compare --golden " + bad + " --candidate " + good, 2, {bad, want});
+    expect_cli("replay " + bad + " --candidate " + good, 2, {bad, want});
+    expect_cli("replay " + bad + " --backend reference", 2, {bad, want});
+    expect_cli("fixtures check " + bad + " --backend reference", 2, {bad, want});
+  }
   // A convention of the op still applies (the shipped peer topk_short_rows names topk_width_min_k_s_kv).
   std::string out;
   EXPECT_EQ(run_cli_capture("fixtures check " + std::string(DSA_PEER_FIXTURE_DIR) + "/topk_short_rows.safetensors" + " --backend reference", &out), 0) << out;

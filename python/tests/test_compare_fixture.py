@@ -377,3 +377,40 @@ def test_compare_without_an_output_of_the_golden_op_raises():
     # One output of the op is enough to be judged (the others are INCOMPLETE, as before).
     r = dsa_verify.compare(golden("smla_sink"), {"out": outputs["out"]})
     assert not r.passed and "INCOMPLETE" in r.verdict_line, r.verdict_line
+
+
+def with_metadata(src, dst, **metadata):
+    """`src` (a safetensors file) written to `dst` with metadata entries set (data unchanged)."""
+    import json
+    import struct
+    raw = open(src, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.setdefault("__metadata__", {}).update(metadata)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+    return dst
+
+
+def test_load_fixture_refuses_a_convention_of_another_op(tmp_path):
+    # fresh19: lse_base2 on a topk golden was taken by load_fixture (and compare, replay), refused
+    # only by `fixtures check`; one rule now, the same message on every route.
+    bad = with_metadata(golden("topk_mtp"), str(tmp_path / "lse2_on_topk.safetensors"), conventions='["lse_base2"]')
+    want = (bad + ": metadata 'conventions' names lse_base2, which converts outputs of sparse_mla_fwd or "
+            "sparse_mla_fp8_fwd only, not of the selected op topk")
+    with pytest.raises(RuntimeError, match=re.escape(want)):
+        dsa_verify.load_fixture(bad)
+    ok = with_metadata(golden("topk_mtp"), str(tmp_path / "ids_on_topk.safetensors"), conventions='["int64_ids"]')
+    assert dsa_verify.load_fixture(ok).op == "topk"
+
+
+def test_load_fixture_refuses_deeply_nested_json(tmp_path):
+    # fresh19: 100,000 nested arrays in a metadata string killed the interpreter (SIGSEGV).
+    deep = "[" * 100000 + "]" * 100000
+    for key, value in (("conventions", deep), ("params", '{"k":' + deep + "}")):
+        bad = with_metadata(golden("topk_mtp"), str(tmp_path / f"deep_{key}.safetensors"), **{key: value})
+        with pytest.raises(RuntimeError, match=re.escape(
+                bad + f": metadata '{key}' JSON nests arrays/objects more than 64 levels deep (the limit)")):
+            dsa_verify.load_fixture(bad)
