@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <tuple>
 
 #include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/op_check.h"
@@ -143,6 +144,28 @@ void make_row_live(uint8_t* q_head0, const uint8_t* key, int64_t d, Tensor& w, i
   w.set(w_at, wv > 0 ? wv : 1.0);
 }
 
+// Query row `q_row` (h heads of d FP8 bytes; weights w[w_at, w_at + h)) scores the key of bytes
+// `key` through head 0 with q_0 = k (x_0 = q_0·k = Σ_c k_c² > 0 for a nonzero key) and w_0 > 0
+// (make_row_live), then |Σ_j w_j x_j| >= |w_0 x_0|/2: a row whose heads cancel on that key gets
+// w_0 x4 (|4a + b| >= 2.5|a| when |a + b| < |a|/2; exact-tier weights stay small integers). The
+// key's score then depends on its bytes' signs: Σ_j w_j ReLU(x_j) - Σ_j w_j ReLU(-x_j) =
+// Σ_j w_j x_j != 0 (times its scale > 0), so a kernel reading the key's sign-flipped alias row
+// (the draws past 16 bits) is wrong on this row. Without it a draw whose weights or products
+// cancelled passed such a kernel (paged positions, level 1 seed 2; FP8 keys, exact tier, level
+// 1 seeds 3 and 8).
+void make_row_score_key(uint8_t* q_row, int64_t h, const uint8_t* key, int64_t d, Fp8Format f, Tensor& w,
+                        int64_t w_at) {
+  make_row_live(q_row, key, d, w, w_at);
+  double sum = 0, head0 = 0;
+  for (int64_t j = 0; j < h; ++j) {
+    double x = 0;
+    for (int64_t c = 0; c < d; ++c) x += fp8_to_double(q_row[j * d + c], f) * fp8_to_double(key[c], f);
+    sum += w.get(w_at + j) * x;
+    if (j == 0) head0 = w.get(w_at) * x;
+  }
+  if (std::abs(sum) < 0.5 * std::abs(head0)) w.set(w_at, 4 * w.get(w_at));
+}
+
 double bad_scale(Rng& r) {
   const double v[] = {0.0, -1.0, -0.25, std::numeric_limits<double>::quiet_NaN(),
                       std::numeric_limits<double>::infinity(), -0.0};
@@ -164,11 +187,13 @@ namespace {
 // rows hold NaN bytes and scale 0 (unread: SPEC §10 lets them hold anything). Returns the
 // description.
 std::string widen_fp8_indexer_keys(Fp8IndexerInputs& in, Rng& r) {
-  const int64_t s_q = in.q_idx.size(0), s_kv = in.k_idx.size(0), d = in.k_idx.size(1);
-  int64_t top = -1;  // the largest key a window shows
-  for (int64_t t = 0; t < s_q; ++t)
-    if (in.windows.ke[static_cast<size_t>(t)] > in.windows.ks[static_cast<size_t>(t)])
-      top = std::max(top, in.windows.ke[static_cast<size_t>(t)] - 1);
+  const int64_t s_kv = in.k_idx.size(0), d = in.k_idx.size(1), h = in.q_idx.size(1);
+  const int64_t top = detail::largest_window_key(in.windows);
+  if (top >= 0) {  // a row showing key `top` (moved past 65535 whatever m is) scores it nonzero
+    const int64_t t = detail::row_showing(in.windows, top);
+    make_row_score_key(in.q_idx.data<uint8_t>() + t * h * d, h, in.k_idx.data<uint8_t>() + top * d, d, in.format,
+                       in.w, t * h);
+  }
   const int64_t m = top >= 0 ? irand(r, 0, top) : 0;
   const int64_t off = detail::kIds16 - m, n2 = s_kv + off;
   Tensor k = detail::relocate_rows(in.k_idx, off, n2);
@@ -281,9 +306,17 @@ std::string widen_paged_blocks(PagedIndexerInputs& in, Rng& r) {
   const int64_t batch = in.block_table.size(0), max_blocks = in.block_table.size(1);
   const int32_t* tab = in.block_table.data<int32_t>();
   const int32_t* lens = in.context_lens.data<int32_t>();
-  int64_t top = -1;  // the largest block id a read entry holds
+  const int64_t next_n = in.q_idx.size(1), h = in.q_idx.size(2);
+  int64_t top = -1, top_b = -1, top_i = 0;  // the largest block id a read entry holds, its entry
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i = 0; i < (lens[b] + bs - 1) / bs; ++i) top = std::max<int64_t>(top, tab[b * max_blocks + i]);
+    for (int64_t i = 0; i < (lens[b] + bs - 1) / bs; ++i)
+      if (tab[b * max_blocks + i] > top) std::tie(top, top_b, top_i) = std::make_tuple(tab[b * max_blocks + i], b, i);
+  if (top >= 0) {  // the request's last row (its window holds the whole context) scores the
+    // block's first key nonzero: that key moves past 65535 whatever m is
+    const int64_t row = top_b * next_n + next_n - 1;
+    make_row_score_key(in.q_idx.data<uint8_t>() + row * h * d, h, in.k_cache.data<uint8_t>() + top * bs * d, d,
+                       in.format, in.w, row * h);
+  }
   const int64_t m = top >= 0 ? irand(r, 0, top) : 0;
   const int64_t off = detail::kIds16 - m, nb2 = nb + off, row = bs * d;
   Tensor cache = detail::relocate_rows(in.k_cache, off, nb2);
@@ -415,6 +448,14 @@ PagedIndexerCase draw_paged_indexer_case(const std::string& flavor, bool wide_ke
       const int64_t b = row / next_n, key = static_cast<int64_t>(tab[b * max_blocks]) * bs;
       make_row_live(in.q_idx.data<uint8_t>() + row * h * d, in.k_cache.data<uint8_t>() + key * d, d, in.w, row * h);
     }
+  // The long request's last row (its window holds every key, 65536 included) scores key 65536
+  // nonzero (make_row_score_key): key 0's bytes are its own with their signs flipped.
+  if (long_ctx) {
+    const int64_t row = long_b * next_n + next_n - 1;
+    make_row_score_key(in.q_idx.data<uint8_t>() + row * h * d, h,
+                       in.k_cache.data<uint8_t>() + static_cast<int64_t>(tab[long_b * max_blocks + detail::kIds16]) * d,
+                       d, in.format, in.w, row * h);
+  }
   const int64_t max_len = *std::max_element(lens.begin(), lens.end());
   in.max_context = draw_in(0, 1) ? -1 : max_len + irand(r, 0, 5);
   if (flavor == "bad_table") {

@@ -959,11 +959,25 @@ namespace {
 // rows are 0. d_scores keeps its rows at the moved columns; its new columns lie outside every
 // window: finite garbage when `finite_outside`, else NaN. Returns the description.
 std::string widen_indexer_keys(IndexerCase& c, int64_t base, bool finite_outside, Rng& r) {
-  const int64_t s_q = c.q_idx.size(0), s_kv = c.k_idx.size(0), d = c.k_idx.size(1);
-  int64_t top = -1;  // the largest key a window shows
-  for (int64_t t = 0; t < s_q; ++t)
-    if (c.windows.ke[static_cast<size_t>(t)] > c.windows.ks[static_cast<size_t>(t)])
-      top = std::max(top, c.windows.ke[static_cast<size_t>(t)] - 1);
+  const int64_t s_q = c.q_idx.size(0), s_kv = c.k_idx.size(0), d = c.k_idx.size(1), h = c.q_idx.size(1);
+  const int64_t top = detail::largest_window_key(c.windows);
+  // A row showing key `top` (moved past base whatever m is) scores it through head 0 with
+  // q_0 = k_top (x_0 = |k_top|² > 0), w_0 > 0, and |Σ_j w_j x_j| >= |w_0 x_0|/2 (w_0 x4 where
+  // the heads cancel): the key's score Σ_j w_j ReLU(x_j) then differs from its negated alias
+  // row's Σ_j w_j ReLU(-x_j) by Σ_j w_j x_j != 0, so a kernel reading the alias is wrong on this
+  // row (as make_row_score_key in fp8_generators.cpp; exact-tier values stay small integers).
+  if (const int64_t t = detail::row_showing(c.windows, top); top >= 0 && t >= 0) {
+    for (int64_t x = 0; x < d; ++x) c.q_idx.set(t * h * d + x, c.k_idx.get(top * d + x));
+    c.w.set(t * h, std::abs(c.w.get(t * h)) > 0 ? std::abs(c.w.get(t * h)) : 1.0);
+    double sum = 0, head0 = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      double dot = 0;
+      for (int64_t x = 0; x < d; ++x) dot += c.q_idx.get((t * h + j) * d + x) * c.k_idx.get(top * d + x);
+      sum += c.w.get(t * h + j) * dot;
+      if (j == 0) head0 = c.w.get(t * h) * dot;
+    }
+    if (std::abs(sum) < 0.5 * std::abs(head0)) c.w.set(t * h, 4 * c.w.get(t * h));
+  }
   const int64_t m = top >= 0 ? irand(r, 0, top) : 0;
   const int64_t off = base - m, n2 = s_kv + off;
   c.k_idx = detail::relocate_rows(c.k_idx, off, n2);

@@ -5,12 +5,14 @@
 // changes. Shared by generators.cpp and fp8_generators.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "dsa/contract/key_windows.h"
 #include "dsa/contract/tensor.h"
 
 namespace dsa::props::detail {
@@ -46,6 +48,22 @@ inline Tensor relocate_rows(const Tensor& t, int64_t off, int64_t n2) {
   const size_t row_bytes = t.nbytes() / static_cast<size_t>(n);
   std::memcpy(out.raw() + static_cast<size_t>(off) * row_bytes, t.raw(), t.nbytes());
   return out;
+}
+
+/// The largest key id a window of `w` shows (ke - 1 of its non-empty windows), -1 when every
+/// window is empty. The draw moving keys past 16 bits picks its first moved key at or below it.
+inline int64_t largest_window_key(const KeyWindows& w) {
+  int64_t top = -1;
+  for (size_t t = 0; t < w.ks.size(); ++t)
+    if (w.ke[t] > w.ks[t]) top = std::max(top, w.ke[t] - 1);
+  return top;
+}
+
+/// A query row whose window shows key `top` (the largest key some window shows), -1 when none.
+inline int64_t row_showing(const KeyWindows& w, int64_t top) {
+  for (size_t t = 0; t < w.ks.size(); ++t)
+    if (w.ks[t] <= top && top < w.ke[t]) return static_cast<int64_t>(t);
+  return -1;
 }
 
 /// Rewrites every element of the int32 id tensor `ids` with relocated_id.
