@@ -453,7 +453,7 @@ OpReport check_sparse_mla_fp8_forward(Backend& b, const OpCase& c, const CheckOp
           // kv as a 16-bit kernel reads it: fp8 · scale rounded once, the scale itself maybe
           // rounded too (fp8_scale_rounded_problem): 2·u16 relative, which can reorder
           // near-equal logits (sparse_mla_floors' kv_rel_shift)
-          const double shift = work == DType::F32 ? 0.0 : 2 * unit_roundoff(work);
+          const double shift = fp8_dequantized_kv_rel_shift(work);
           CaseFloors f = sparse_mla_floors(gathered.mla, nullptr, work, shift);
           // the baseline dequantizes kv to a 16-bit `work` (above): a rounding it shares
           // with the candidate, common to each key's logit

@@ -913,8 +913,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       // 1.03x its bound. Not modelled: a kernel that also takes the sink into that running max
       // rounds the max key's exp(P_j - sink) (FlashMLA applies the sink after P·V, SPEC §4;
       // counting it made a correct golden's sink row WEAK).
-      // margin of key j: 16u e_j + kv_rel_shift |sm|Σ|q kv_j| (e_j - √d_qk|P_j|: the products)
-      auto margin = [&](size_t j) { return 16 * u * E[j] + kv_rel_shift * (E[j] - sdqk * std::abs(P[j])); };
+      // margin of key j: 16u e_j (logit_max_margin_u) + kv_rel_shift |sm|Σ|q kv_j| (e_j - √d_qk|P_j|: the products)
+      const double mu = logit_max_margin_u() * u;
+      auto margin = [&](size_t j) { return mu * E[j] + kv_rel_shift * (E[j] - sdqk * std::abs(P[j])); };
       double top1 = -std::numeric_limits<double>::infinity(), top2 = top1;  // best, best of another id
       int64_t top1_id = -1;
       for (size_t j = 0; j < n; ++j) {
@@ -1030,8 +1031,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           }
         }
       }
-      // the max keys that another key or the sink may displace as the kernel's max (f_j > 0
-      // above): their exp rounds too
+      // the max keys that a key of another id may displace as the kernel's max (f_j > 0
+      // above; not the sink): their exp rounds too. The scan is H·n compares against the
+      // H·n·d_v of the sums above; the column loop runs for those keys alone.
       for (size_t h = h0; h < h1; ++h)
         for (size_t j = 0; j < n; ++j) {
           const size_t x = h * n + j;
@@ -1124,7 +1126,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         for (size_t j = 0; j < n; ++j) {
           const double cf = std::max(std::abs(P[j] - m), std::abs(P[j] - mfwd)) + (P[j] != m || mfwd != m ? 1 : 0);
           x2 += (wq[j] * pt[j] * (E[j] + cf)) * (wq[j] * pt[j] * (E[j] + cf));
-          if (P[j] + 16 * u * E[j] >= m) {
+          if (P[j] + logit_max_margin_u() * u * E[j] >= m) {
             emax = std::max(emax, E[j]);
             tmax = std::max(tmax, E[j] / (sdqk + 1));
           }

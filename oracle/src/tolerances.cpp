@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "dsa/oracle/local_bounds.h"
+
 namespace dsa::oracle {
 namespace {
 
@@ -74,6 +76,8 @@ constexpr double kThetaTensorCore = 4e-3;  // measured largest bound / row scale
 // golden; fresh11 F7: a kernel doing exactly what it declared failed 9 of 25 properties).
 // Its own detection δ: 2e-2 (measured maxima 1.28e-2 plus the margin kThetaTensorCore keeps).
 constexpr double kThetaDeclared16 = 2e-2;
+// logit_max_margin_u() (tolerances.h): a logit within 16·u·e_j of the max may be the max
+constexpr double kLogitMaxMargin = 16.0;
 std::string theta_name(double x) {
   char b[32];
   std::snprintf(b, sizeof b, "%g", x);
@@ -193,6 +197,8 @@ double quadrature16() { return kQuadrature16; }
 // E[t^2] = ∫_(1/2)^1 t^2 dt/(t ln 2) = 3/(8 ln 2): the derivation above kQuadrature16
 double quadrature_p16() { return kQuadrature16 * std::sqrt(3.0 / (8.0 * std::log(2.0))); }
 double theta_declared_rounding16() { return kThetaDeclared16; }
+double logit_max_margin_u() { return kLogitMaxMargin; }
+double fp8_dequantized_kv_rel_shift(DType work) { return work == DType::F32 ? 0.0 : 2 * unit_roundoff(work); }
 
 const std::vector<Tolerance>& tolerance_table() {
   static const std::vector<Tolerance> table = build_table();

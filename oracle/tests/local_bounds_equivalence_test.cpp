@@ -225,12 +225,12 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       const double abar = std::sqrt(abar2) + (n > 1 ? sn : 0.0) + psink * sink_c;
       // out's P rounding: f_j bounds b(e_j)/e_j (e_j >= exp(P_j - M'), M' = max(m, sink)), w_j
       // the key's weight in the quadrature
-      // The kernel's logits lie within margin_j = 16u e_j (kv_rel_shift 0 here) of P_j: a max
+      // The kernel's logits lie within margin_j = 16u e_j (logit_max_margin_u; kv_rel_shift 0 here) of P_j: a max
       // key is rounded too where a key of another id may reach it (gap_j > 0)
       std::vector<double> fj(n), wj(n), margin(n);
       double top = -std::numeric_limits<double>::infinity();
       for (size_t j = 0; j < n; ++j) {
-        margin[j] = 16 * u * E[j];
+        margin[j] = logit_max_margin_u() * u * E[j];
         top = std::max(top, P[j] + margin[j]);
       }
       const double mr = sink_finite ? std::max(top, sinkv) : top;
@@ -292,7 +292,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       for (size_t j = 0; j < n; ++j) {
         const double cf = std::max(std::abs(P[j] - m), std::abs(P[j] - mfwd)) + (P[j] != m || mfwd != m ? 1 : 0);
         x2 += (wq[j] * pt[j] * (E[j] + cf)) * (wq[j] * pt[j] * (E[j] + cf));
-        if (P[j] + 16 * u * E[j] >= m) {
+        if (P[j] + logit_max_margin_u() * u * E[j] >= m) {
           emax = std::max(emax, E[j]);
           tmax = std::max(tmax, E[j] / (sdqk + 1));
         }

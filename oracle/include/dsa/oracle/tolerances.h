@@ -48,6 +48,21 @@ double quadrature16();
 /// per element (derivation and what it assumes: oracle/src/tolerances.cpp). Unitless.
 double quadrature_p16();
 
+/// Margin of a logit's "at the max" test in the sparse MLA floors, in units of u·e_j (u the
+/// accumulation unit roundoff, e_j = Σ_d|q_d kv_jd| + √d_qk|P_j| the key's dot-product error
+/// scale, oracle/src/local_bounds.cpp): a key within margin_j of the max may be the kernel's max
+/// (max_logits' error floor; the out floor's max-key P rounding). u·e_j already bounds a
+/// logit's probabilistic rounding error (λ u sqrt(Σ_d (q_d kv_jd)^2) <= λ u Σ_d|q_d kv_jd|, Higham
+/// & Mary 2019, λ = 3 in the floors); 16 leaves a wide margin over it, so no key a kernel may
+/// take for the max is missed (a larger margin only loosens bounds). Unitless.
+double logit_max_margin_u();
+
+/// Relative error of each kv element as a kernel reads FP8 kv dequantized to the working
+/// dtype `work` (fp8 · scale rounded once, the scale itself maybe rounded once more,
+/// fp8_scale_rounded_problem): 2·unit_roundoff(work) for a 16-bit `work`, 0 for fp32 (the
+/// products fp8 · scale are exact there). The `kv_rel_shift` of sparse_mla_floors. Unitless.
+double fp8_dequantized_kv_rel_shift(DType work);
+
 /// θ of a 16-bit sparse MLA `out` judged under a declared rounding model (--sink-after-rounding,
 /// --normalized-p; oracle::RoundingModel), and of that kernel's gradients judged without its own
 /// out (their Δ comes from that out): such a kernel rounds twice, so its own error
