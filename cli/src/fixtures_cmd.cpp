@@ -208,12 +208,7 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     oracle::OpCase c;  // built once: the producer and every backend share its reference results
     oracle::FixtureReport r;
     try {
-      f = fixtures::load_fixture(file);
-      try {  // a fixture's own conventions follow the --convention flag's rule (fresh14 F4)
-        check_conventions_apply(f.conventions, oracle::fixture_ops(f), "metadata 'conventions'");
-      } catch (const std::invalid_argument& e) {
-        throw fixtures::FileError(file, e.what());
-      }
+      f = fixtures::load_fixture(file);  // refuses conventions of another op (fresh14 F4, fresh19)
       c = oracle::op_case_from_fixture(f);
       check_fixture_inputs(f, c, oracle::fixture_ops(f));  // an input error: one row, before any candidate
       r = oracle::check_fixture(f, c, nullptr, opt);
