@@ -711,13 +711,25 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
   // which fewer outputs fail, so that it names the outputs that are wrong under every reading
   // (fresh18 F3: a dkv missing one row's terms, dq and dsink exact, was headlined by dq and
   // dsink, which fail only with Δ from the 16-bit out on rows of logits in the thousands).
+  // Equal counts (e.g. dsink alone under both): the reading with fewer failing elements
+  // (fresh19: a dsink wrong on one head was headlined by the reading that also failed the
+  // heads whose only error was the 16-bit Δ).
   const std::vector<std::string> own_failing = own.failed_outputs(), precise_failing = precise.failed_outputs();
+  auto failing_elements = [](const OpReport& x) {
+    int64_t n = 0;
+    for (const auto& t : x.tensors) n += t.passed ? 0 : std::max<int64_t>(1, t.failed_elements);
+    return n;
+  };
+  const int64_t own_elements = failing_elements(own), precise_elements = failing_elements(precise);
   if (own.verdict == Verdict::Fail && precise.verdict == Verdict::Fail && !precise_failing.empty() &&
-      precise_failing.size() < own_failing.size()) {
+      (precise_failing.size() < own_failing.size() ||
+       (precise_failing.size() == own_failing.size() && precise_elements < own_elements))) {
+    const bool fewer_outputs = precise_failing.size() < own_failing.size();
     precise.notes.push_back("the gradients fit neither Δ source: reported with Δ from a precise out (fp32 or "
-                            "wider), under which fewer outputs fail (" + joined(precise_failing) +
-                            "); with Δ from the candidate's own out (SPEC §5) " + joined(own_failing) +
-                            " fail (" + own.reason + ")");
+                            "wider), under which fewer " + std::string(fewer_outputs ? "outputs" : "elements") +
+                            " fail (" + joined(precise_failing) + ", " + std::to_string(precise_elements) +
+                            " element(s)); with Δ from the candidate's own out (SPEC §5) " + joined(own_failing) +
+                            " fail, " + std::to_string(own_elements) + " element(s) (" + own.reason + ")");
     return detail::settle_judged_nothing(std::move(precise), opt, op);
   }
   if (own.verdict == Verdict::Fail)

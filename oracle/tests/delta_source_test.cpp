@@ -139,7 +139,7 @@ TEST_F(DeltaSource, BothReadingsFailingHeadlineTheOutputWrongUnderBoth) {
   ASSERT_EQ(r.verdict, Verdict::Fail) << format_op_report(r);
   for (const auto& t : r.tensors) EXPECT_EQ(t.passed, t.name != "dkv") << t.name << "\n" << format_op_report(r);
   EXPECT_TRUE(has_note(r, "fit neither Δ source: reported with Δ from a precise out")) << format_op_report(r);
-  EXPECT_TRUE(has_note(r, "under which fewer outputs fail (dkv)")) << format_op_report(r);
+  EXPECT_TRUE(has_note(r, "under which fewer outputs fail (dkv")) << format_op_report(r);
 }
 
 // Gradients from two Δ sources at once (dq and dkv from one, dsink from the other) fit
@@ -168,6 +168,37 @@ TEST_F(DeltaSource, EachDsinkHeadOnePercentOffFails) {
       const OpReport r = judge(grads_with(out, g));
       EXPECT_EQ(r.verdict, Verdict::Fail) << "head " << h << (src == &own ? " own Δ" : " exact Δ");
     }
+  }
+}
+
+// Both readings fail dsink alone (fresh19): the report headlines the reading under which fewer
+// elements fail, so it names the head that is wrong under both. An out biased by up to 0.5 ulp
+// (dq and dkv then fit either Δ source) and dsink from one source with head 0 15 % off: under
+// the other source 7 heads' dsink fail; under its own only head 0. Before, the
+// gradients whose dsink came from the precise Δ were reported with Δ from the candidate's
+// out, 7 failing heads.
+TEST(DeltaSourceTie, DsinkAloneFailingHeadlinesTheReadingWithFewerFailingElements) {
+  const OpCase c = op_case_from_fixture(golden("smla_sink"));
+  const SparseMlaForward f = reference::sparse_mla_forward(c.mla);
+  const Tensor out = biased_out(f.out, c.dout, 0.5);
+  const SparseMlaGrads exact = reference::sparse_mla_backward(c.mla, c.dout);
+  const SparseMlaGrads own = reference::sparse_mla_backward(c.mla, c.dout, reference::Precision::Reference, out);
+  for (const SparseMlaGrads* src : {&exact, &own}) {
+    SparseMlaGrads g = exact;  // dq and dkv: exact (they fit either source here)
+    std::vector<double> ds = src->dsink->to_f64();
+    ds[0] *= 0.85;
+    g.dsink = Tensor::from_f64(src->dsink->shape(), ds);
+    const OpReport r = judge_outputs(Op::SparseMlaBwd, c, grads_with(out, g));
+    const char* from = src == &own ? "dsink with Δ from the candidate's out" : "dsink with Δ from a precise out";
+    ASSERT_EQ(r.verdict, Verdict::Fail) << from << "\n" << format_op_report(r);
+    for (const auto& t : r.tensors) {
+      EXPECT_EQ(t.passed, t.name != "dsink") << from << ": " << t.name << "\n" << format_op_report(r);
+      if (t.name != "dsink") continue;
+      EXPECT_EQ(t.failed_elements, 1) << from << "\n" << format_op_report(r);
+      ASSERT_FALSE(t.failures.empty());
+      EXPECT_EQ(t.failures[0].flat, 0) << from << "\n" << format_op_report(r);
+    }
+    EXPECT_TRUE(has_note(r, "fit neither Δ source")) << from << "\n" << format_op_report(r);
   }
 }
 
