@@ -145,16 +145,18 @@ void make_row_live(uint8_t* q_head0, const uint8_t* key, int64_t d, Tensor& w, i
 }
 
 // Query row `q_row` (h heads of d FP8 bytes; weights w[w_at, w_at + h)) scores the key of bytes
-// `key` through head 0 with q_0 = k (x_0 = q_0·k = Σ_c k_c² > 0 for a nonzero key) and w_0 > 0
-// (make_row_live), then |Σ_j w_j x_j| >= |w_0 x_0|/2: a row whose heads cancel on that key gets
-// w_0 x4 (|4a + b| >= 2.5|a| when |a + b| < |a|/2; exact-tier weights stay small integers). The
-// key's score then depends on its bytes' signs: Σ_j w_j ReLU(x_j) - Σ_j w_j ReLU(-x_j) =
-// Σ_j w_j x_j != 0 (times its scale > 0), so a kernel reading the key's sign-flipped alias row
-// (the draws past 16 bits) is wrong on this row. Without it a draw whose weights or products
-// cancelled passed such a kernel (paged positions, level 1 seed 2; FP8 keys, exact tier, level
-// 1 seeds 3 and 8).
-void make_row_score_key(uint8_t* q_row, int64_t h, const uint8_t* key, int64_t d, Fp8Format f, Tensor& w,
+// `key` (an all-zero key gets its first byte 1.0) through head 0 with q_0 = k (x_0 = q_0·k =
+// Σ_c k_c² > 0) and w_0 > 0 (make_row_live), then |Σ_j w_j x_j| >= |w_0 x_0|/2: a row whose
+// heads cancel on that key gets w_0 x4 (|4a + b| >= 2.5|a| when |a + b| < |a|/2; exact-tier
+// weights stay small integers). The key's score then depends on its bytes' signs:
+// Σ_j w_j ReLU(x_j) - Σ_j w_j ReLU(-x_j) = Σ_j w_j x_j != 0 (times its scale > 0), so a kernel
+// reading the key's sign-flipped alias row (the draws past 16 bits) is wrong on this row.
+// Without it a draw whose weights or products cancelled passed such a kernel (paged positions,
+// level 1 seed 2; FP8 keys, exact tier, level 1 seeds 3 and 8).
+void make_row_score_key(uint8_t* q_row, int64_t h, uint8_t* key, int64_t d, Fp8Format f, Tensor& w,
                         int64_t w_at) {
+  // an all-zero key (±0 bytes) scores 0 read either way: its first byte becomes 1.0
+  if (std::all_of(key, key + d, [](uint8_t b) { return (b & 0x7F) == 0; })) key[0] = double_to_fp8(1.0, f);
   make_row_live(q_row, key, d, w, w_at);
   double sum = 0, head0 = 0;
   for (int64_t j = 0; j < h; ++j) {

@@ -967,6 +967,9 @@ std::string widen_indexer_keys(IndexerCase& c, int64_t base, bool finite_outside
   // row's Σ_j w_j ReLU(-x_j) by Σ_j w_j x_j != 0, so a kernel reading the alias is wrong on this
   // row (as make_row_score_key in fp8_generators.cpp; exact-tier values stay small integers).
   if (const int64_t t = detail::row_showing(c.windows, top); top >= 0 && t >= 0) {
+    bool zero_key = true;  // an all-zero key scores 0 read either way: k_top[0] = 1 (exact in every tier)
+    for (int64_t x = 0; x < d; ++x) zero_key = zero_key && c.k_idx.get(top * d + x) == 0;
+    if (zero_key) c.k_idx.set(top * d, 1.0);
     for (int64_t x = 0; x < d; ++x) c.q_idx.set(t * h * d + x, c.k_idx.get(top * d + x));
     c.w.set(t * h, std::abs(c.w.get(t * h)) > 0 ? std::abs(c.w.get(t * h)) : 1.0);
     double sum = 0, head0 = 0;
