@@ -236,9 +236,12 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     const bool producer_ok = r.passed();
     if (verbose || !producer_ok) out.text += oracle::format_fixture_report(r) + "\n";
     rows("producer", r.producer_vs_reference, true);
+    for (const auto& n : r.not_outputs)
+      out.text += "note: " + file + ": tensor 'expected." + n + "' is not an output of op " + f.op + "; not judged\n";
     nlohmann::json jf = {{"path", file}, {"file", shown}, {"case", f.case_name},
                          {"producer", reports_json(r.producer_vs_reference)},
                          {"backends", nlohmann::json::object()}};
+    if (!r.not_outputs.empty()) jf["not_outputs"] = r.not_outputs;
     for (auto& b : backends) {
       std::vector<oracle::OpReport> reports;
       try {

@@ -134,6 +134,50 @@ TEST(ConventionsMetadata, AreHeldToTheFlagsRules) {
   EXPECT_EQ(run_cli_capture("fixtures check " + std::string(DSA_PEER_FIXTURE_DIR) + "/topk_short_rows.safetensors" + " --backend reference", &out), 0) << out;
 }
 
+// A candidate file's conventions field follows the golden's rule (fresh20 F1): text that is not
+// JSON, a JSON string or number is an input error naming the file and the field (exit 2), on
+// compare and replay; before, a candidate file ignored it silently and a correct base-2 lse
+// DISAGREED with no word on the field. A JSON object stays free text, never applied.
+TEST(ConventionsMetadata, AMalformedCandidateFieldIsAFileError) {
+  Scratch dir("conventions_candidate");
+  const std::string g = golden("smla_sink");
+  auto with = [&](const std::string& conventions, const std::string& tag) {
+    fixtures::SafetensorsFile f = fixtures::read_safetensors(g);
+    f.metadata["conventions"] = conventions;
+    const std::string path = dir.file("cand_" + tag + ".safetensors");
+    fixtures::write_safetensors(path, f);
+    return path;
+  };
+  for (const auto& [text, tag, want] :
+       {std::tuple<std::string, std::string, std::string>{"lse_base2", "bare", "metadata 'conventions'"},
+        {"[lse_base2", "broken", "metadata 'conventions'"},
+        {"\"lse_base2\"", "string", "must be a JSON array of convention names"},
+        {"5", "number", "must be a JSON array of convention names"}}) {
+    const std::string c = with(text, tag);
+    expect_cli("compare --golden " + g + " --candidate " + c, 2, {c, want});
+    expect_cli("replay " + g + " --candidate " + c, 2, {c, want});
+  }
+  // Free text (a JSON object) is kept and never applied: the golden's own outputs agree.
+  const std::string notes = with("{\"lse\": \"base 2\"}", "object");
+  std::string out;
+  EXPECT_EQ(run_cli_capture("compare --golden " + g + " --candidate " + notes, &out), 0) << out;
+}
+
+// A stored expected.* that is no output of the fixture's op is said, never silently dropped
+// (fresh20 F2: the peer smla_basic's expected.out_bf16 halved read "agree" with no word).
+TEST(FixturesCheck, StoredTensorsThatAreNoOutputAreNamedNotJudged) {
+  Scratch dir("not_outputs");
+  fixtures::Fixture f = fixtures::load_fixture(golden("smla_sink"));
+  f.expected["out_bf16"] = f.expected.at("out");
+  const std::string path = dir.file("extra.safetensors");
+  fixtures::save_fixture(path, f);
+  expect_cli("fixtures check " + path + " --backend reference", 0,
+             {path, "tensor 'expected.out_bf16' is not an output of op sparse_mla_fwd+bwd; not judged"});
+  std::string out;
+  ASSERT_EQ(run_cli_capture("fixtures check " + path + " --backend reference -v", &out), 0) << out;
+  EXPECT_FALSE(lines_with(out, {"expected.out_bf16: not an output of op sparse_mla_fwd+bwd", "not judged"}).empty()) << out;
+}
+
 // A valid value still runs (the checks reject only what is out of range).
 TEST(NumericOptions, ValidValuesRun) {
   std::string out;

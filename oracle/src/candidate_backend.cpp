@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dsa/contract/errors.h"
+#include "dsa/fixtures/fixture.h"
 #include "dsa/fixtures/safetensors.h"
 
 namespace dsa::oracle {
@@ -165,26 +166,13 @@ std::unique_ptr<CandidateBackend> load_candidate_file(const std::string& path,
                                                       std::vector<std::string>* ignored) {
   fixtures::SafetensorsFile file = fixtures::read_safetensors(path);
   std::vector<Convention> conv = conventions;
-  if (auto it = file.metadata.find("conventions"); it != file.metadata.end()) {
-    // Text that is not JSON is ignored here, as before (accept() builds no value); JSON goes
-    // through the file-JSON limits, so a deeply nested value is a FileError, never built.
-    nlohmann::json j;
-    if (nlohmann::json::accept(it->second))
-      j = fixtures::parse_file_json(it->second, path, "metadata 'conventions'",
-                                    /*reject_duplicate_keys=*/false);
-    if (j.is_array()) {
-      std::vector<std::string> names;
-      for (const auto& n : j)
-        if (n.is_string()) names.push_back(n.get<std::string>());
-        else throw fixtures::FileError(path, "metadata 'conventions' must list names as strings");
-      try {
-        for (Convention c : fixtures::parse_conventions(names, "metadata 'conventions'"))
-          if (std::find(conv.begin(), conv.end(), c) == conv.end()) conv.push_back(c);
-      } catch (const std::invalid_argument& e) {
-        throw fixtures::FileError(path, e.what());
-      }
-    }
-  }
+  // The golden's rule (fixtures::parse_conventions_field): names applied, a JSON object kept
+  // as free text and never applied, anything else a FileError. Before, text that was not a
+  // JSON array was ignored silently here (fresh20 F1: a bare `lse_base2` made a correct base-2
+  // lse DISAGREE with no word on the field).
+  if (auto it = file.metadata.find("conventions"); it != file.metadata.end())
+    for (Convention c : fixtures::parse_conventions_field(it->second, path).names)
+      if (std::find(conv.begin(), conv.end(), c) == conv.end()) conv.push_back(c);
   const auto& known = all_output_names();
   std::map<std::string, Tensor> outputs;
   for (auto& [name, t] : file.tensors) {

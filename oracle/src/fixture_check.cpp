@@ -1426,6 +1426,21 @@ FixtureReport check_fixture(const Fixture& f, const OpCase& c, Backend* backend,
   popt.provided_outputs.emplace();
   for (const auto& [name, t] : f.expected) popt.provided_outputs->insert(name);
   rep.producer_vs_reference = judge_fixture_ops(f, c, producer, popt);
+  // Stored tensors that are no output of the ops: said, never silently dropped (fresh20: a
+  // peer's expected.out_bf16 halved read "agree")
+  std::set<std::string> outputs;
+  std::string listed;
+  for (Op op : fixture_ops(f))
+    for (const auto& n : op_output_names(op))
+      if (outputs.insert(n).second) listed += (listed.empty() ? "" : ", ") + n;
+  for (const auto& [name, t] : f.expected)
+    if (!outputs.count(name)) rep.not_outputs.push_back(name);
+  if (!rep.not_outputs.empty() && !rep.producer_vs_reference.empty()) {
+    std::string names;
+    for (const auto& n : rep.not_outputs) names += (names.empty() ? "expected." : ", expected.") + n;
+    rep.producer_vs_reference.front().notes.push_back(names + ": not an output of op " + f.op + " (its outputs: " +
+                                                      listed + "); not judged");
+  }
   for (auto& r : rep.producer_vs_reference)
     for (const auto& n : producer.adapter_notes()) r.notes.push_back("convention " + n);
   if (backend) rep.backend_vs_reference = judge_fixture_ops(f, c, *backend, opt);

@@ -35,6 +35,10 @@ struct FixtureReport {
   std::string case_name, op, producer;
   std::string path;                  ///< the fixture file ("" when built in memory)
   std::vector<std::string> conventions;  ///< convention names applied to expected.*
+  /// expected.* tensors that are no output of the fixture's ops (op_output_names), e.g. a
+  /// peer's `out_bf16`: never judged, so every route says so (a note on the first producer
+  /// report; `fixtures check` a note line and JSON "not_outputs")
+  std::vector<std::string> not_outputs;
   /// The producer's expected.* judged as a candidate by check_op, one report per op (the
   /// same rule as every backend); only the outputs it stores are judged.
   std::vector<OpReport> producer_vs_reference;
