@@ -149,6 +149,10 @@ TEST(ValueLimits, NonFiniteValuesEveryOpReadsAreAnInputErrorOnEveryRoute) {
        {"sparse_mla_fp8_fwd inputs: argument 'kv_cache' got token row", "column 0 (NoPE tile 0, e4m3 value x scale) = nan"}},
       {"paged_idx_mtp2", "k_cache", 1 * 16 * 32, 0x7F,
        {"paged_indexer_scores inputs: argument 'k_cache' got k_cache[1, 0, 0] = nan (key 0 of request 0)"}},
+      // named in q_idx's own [batch, next_n, H_I, d_I] index (fresh20: "at [7, 2, 5]", the
+      // packed [batch·next_n, H_I, d_I] one)
+      {"paged_idx_mtp2", "q_idx", ((3 * 2 + 1) * 4 + 2) * 32 + 5, 0x7F,
+       {"paged_indexer_scores inputs: argument 'q_idx' got nan at [3, 1, 2, 5]"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.golden) + " " + c.tensor);

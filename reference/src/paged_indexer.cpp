@@ -9,6 +9,7 @@
 #include "dsa/contract/paged_kv.h"
 #include "dsa/reference/fp8_indexer.h"
 #include "internal.h"
+#include "value_limits.h"
 
 namespace dsa::reference {
 
@@ -37,6 +38,12 @@ PagedGather gather_paged_indexer(const PagedIndexerInputs& in) {
   for (int64_t b = 0; b < batch; ++b) off[b + 1] = off[b] + kv.context_lens[static_cast<size_t>(b)];
   const int64_t total = off[static_cast<size_t>(batch)];
   Fp8IndexerInputs f;
+  // q_idx finite (SPEC §6), named in its own [batch, next_n, H_I, d_I] index: the scores'
+  // check sees the [batch·next_n, H_I, d_I] reshape (fresh20: q_idx[3, 1, 2, 5] was reported
+  // "at [7, 2, 5]")
+  const Tensor q_decoded = fp8_decode(in.q_idx, in.format);
+  detail::check_range_values(where, "q_idx", q_decoded, 0, q_decoded.numel(),
+                     [] { return std::string("fp8 queries, SPEC §6 and §10"); });
   f.q_idx = in.q_idx.reshaped({batch * next_n, h_i, d_i});
   f.k_idx = Tensor(DType::U8, {total, d_i});
   f.k_scale = Tensor(DType::F32, {total});
