@@ -17,7 +17,8 @@
 // The rule of --outputs on every route (oracle::provided_outputs_for, check_provided_outputs).
 static const char* const kOutputsRule =
     "each name must be an output of a selected op (else a usage error); an op's outputs not named are "
-    "not judged (partial); an op none of whose outputs is named is judged in full";
+    "not judged (partial); an op none of whose outputs is named is judged in full, except on the file "
+    "routes an op of which the candidate file holds no output (not judged)";
 // --sink-after-rounding on every judging route (oracle::CheckOptions::sink_after_rounding).
 static const char* const kSinkAfterRoundingHelp =
     "The kernel rounds sparse MLA's out to its 16-bit dtype before applying attn_sink "

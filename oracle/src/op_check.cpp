@@ -484,7 +484,8 @@ OpReport check_sparse_mla_backward(Backend& b, const OpCase& c, const CheckOptio
                  dtype_name(out_dtype) + " out (" + own_source + ")";
     } else {
       r.notes.push_back(std::string("the candidate's own ") + dtype_name(out_dtype) + " out (" +
-                        own_source + ") fails the forward rule; baseline Δ from its own out");
+                        own_source + ") fails the forward rule, so the baseline does not take Δ from it "
+                        "(below: from the baseline's own out)");
     }
   }
   if (!delta_out && out16) {
