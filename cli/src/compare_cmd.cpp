@@ -15,40 +15,6 @@
 
 namespace dsa::cli {
 
-/// Says which outputs the candidate file holds that this comparison will not judge: outputs
-/// of an op the golden does not define (e.g. dkv beside a forward-only golden) and outputs that
-/// --outputs leaves out. Silence there read as "judged" (fresh-user report, session 4).
-/// Prints one `note:` line per tensor to stdout; throws nothing.
-static void print_unjudged_stored_outputs(const fixtures::Fixture& f,
-                                          const oracle::CandidateBackend& backend,
-                                          const oracle::CheckOptions& opt,
-                                          const std::string& candidate) {
-  const std::vector<oracle::Op> judged = oracle::fixture_ops(f);
-  std::set<std::string> judged_names;
-  for (oracle::Op op : judged)
-    for (const auto& n : backend.stored_outputs(op)) judged_names.insert(n);
-  std::set<std::string> said;
-  for (oracle::Op op : oracle::all_ops()) {
-    if (std::find(judged.begin(), judged.end(), op) != judged.end()) continue;
-    for (const auto& n : backend.stored_outputs(op))
-      if (!judged_names.count(n) && said.insert(n).second)
-        std::printf("note: %s: tensor '%s' is an output of %s, which golden op '%s' does not "
-                    "define; not judged\n", candidate.c_str(), n.c_str(), oracle::to_string(op),
-                    f.op.c_str());
-  }
-  // dsink is an output of the backward only for a case with attn_sink (SPEC §5).
-  if (backend.stored("dsink") && !f.inputs.count("attn_sink") && said.insert("dsink").second)
-    std::printf("note: %s: tensor 'dsink' is in the file but golden '%s' has no attn_sink, so the case "
-                "defines no dsink; not judged\n", candidate.c_str(), f.case_name.c_str());
-  // Per op, as check_op applies --outputs (oracle::provided_outputs_for): an op none of whose
-  // outputs is named is judged in full, so none of its tensors is "not judged".
-  for (oracle::Op op : judged)
-    for (const auto& n : oracle::not_judged_outputs(op, opt.provided_outputs))
-      if (backend.stored(n) && said.insert(n).second)
-        std::printf("note: %s: tensor '%s' is in the file but not named by --outputs; not judged\n",
-                    candidate.c_str(), n.c_str());
-}
-
 int run_compare(const std::string& golden, const std::string& candidate,
                 const std::vector<fixtures::Convention>& conventions, const JudgeOptions& judge) {
   const fixtures::Fixture f = fixtures::load_fixture(golden);
@@ -62,8 +28,6 @@ int run_compare(const std::string& golden, const std::string& candidate,
   } catch (const std::invalid_argument& e) {
     throw fixtures::FileError(candidate, e.what());
   }
-  for (const auto& n : ignored)
-    std::printf("note: %s: tensor '%s' is not an output name; ignored\n", candidate.c_str(), n.c_str());
   for (fixtures::Convention c : backend->conventions())
     std::printf("convention: %s (converts the candidate's representation; no check is loosened)\n",
                 fixtures::to_string(c));
@@ -75,7 +39,7 @@ int run_compare(const std::string& golden, const std::string& candidate,
   const nlohmann::json rounding =
       announce_rounding("candidate " + candidate, {rounding_flags_of(judge), backend->rounding_model()});
   const oracle::CheckOptions opt = check_options(judge, /*file_route=*/true);
-  print_unjudged_stored_outputs(f, *backend, opt, candidate);
+  print_candidate_file_notes(f, *backend, ignored, opt, candidate);
   const oracle::OpCase c = oracle::op_case_from_fixture(f);
   std::vector<oracle::OpReport> reports;
   try {

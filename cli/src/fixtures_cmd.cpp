@@ -238,10 +238,13 @@ int run_fixtures_check(const std::string& path, const std::vector<std::string>& 
     rows("producer", r.producer_vs_reference, true);
     for (const auto& n : r.not_outputs)
       out.text += "note: " + file + ": tensor 'expected." + n + "' is not an output of op " + f.op + "; not judged\n";
+    for (const auto& n : r.not_inputs)
+      out.text += "note: " + file + ": tensor '" + n + "' is not an input of op " + f.op + " nor expected.*; not read\n";
     nlohmann::json jf = {{"path", file}, {"file", shown}, {"case", f.case_name},
                          {"producer", reports_json(r.producer_vs_reference)},
                          {"backends", nlohmann::json::object()}};
     if (!r.not_outputs.empty()) jf["not_outputs"] = r.not_outputs;
+    if (!r.not_inputs.empty()) jf["not_inputs"] = r.not_inputs;
     for (auto& b : backends) {
       std::vector<oracle::OpReport> reports;
       try {
@@ -329,12 +332,14 @@ int run_replay(const std::string& file, const std::string& backend_arg, const st
   const oracle::CandidateBackend* stored = nullptr;  // --candidate: for convention hints
   bool file_route = false;
   if (!candidate.empty()) {
-    auto cb = oracle::load_candidate_file(candidate, conventions);
+    std::vector<std::string> ignored;
+    auto cb = oracle::load_candidate_file(candidate, conventions, &ignored);
     try {  // the file's own conventions follow the flag's rule (fresh14 F4)
       check_conventions_apply(cb->conventions(), oracle::fixture_ops(f), "metadata 'conventions'");
     } catch (const std::invalid_argument& e) {
       throw fixtures::FileError(candidate, e.what());
     }
+    print_candidate_file_notes(f, *cb, ignored, check_options(judge, true), candidate);
     stored = cb.get();
     b = std::move(cb);
     file_route = true;

@@ -288,4 +288,37 @@ void check_fixture_inputs(const fixtures::Fixture& f, const oracle::OpCase& c, c
   }
 }
 
+// compare and replay --candidate alike (fresh21: replay said nothing of stray tensors).
+void print_candidate_file_notes(const fixtures::Fixture& f, const oracle::CandidateBackend& backend,
+                                const std::vector<std::string>& ignored, const oracle::CheckOptions& opt,
+                                const std::string& candidate) {
+  for (const auto& n : ignored)
+    std::printf("note: %s: tensor '%s' is not an output name; ignored\n", candidate.c_str(), n.c_str());
+  const std::vector<oracle::Op> judged = oracle::fixture_ops(f);
+  std::set<std::string> judged_names;
+  for (oracle::Op op : judged)
+    for (const auto& n : backend.stored_outputs(op)) judged_names.insert(n);
+  std::set<std::string> said;
+  for (oracle::Op op : oracle::all_ops()) {
+    if (std::find(judged.begin(), judged.end(), op) != judged.end()) continue;
+    for (const auto& n : backend.stored_outputs(op))
+      if (!judged_names.count(n) && said.insert(n).second)
+        std::printf("note: %s: tensor '%s' is an output of %s, which golden op '%s' does not "
+                    "define; not judged\n", candidate.c_str(), n.c_str(), oracle::to_string(op),
+                    f.op.c_str());
+  }
+  // dsink is an output of the backward only for a case with attn_sink (SPEC §5).
+  if (backend.stored("dsink") && !f.inputs.count("attn_sink") && said.insert("dsink").second)
+    std::printf("note: %s: tensor 'dsink' is in the file but golden '%s' has no attn_sink, so the case "
+                "defines no dsink; not judged\n", candidate.c_str(), f.case_name.c_str());
+  // Per op, as check_op applies --outputs (oracle::provided_outputs_for): an op none of whose
+  // outputs is named is judged in full, so none of its tensors is "not judged".
+  for (oracle::Op op : judged)
+    for (const auto& n : oracle::not_judged_outputs(op, opt.provided_outputs))
+      if (backend.stored(n) && said.insert(n).second)
+        std::printf("note: %s: tensor '%s' is in the file but not named by --outputs; not judged\n",
+                    candidate.c_str(), n.c_str());
+}
+
+
 }  // namespace dsa::cli

@@ -116,4 +116,14 @@ int exit_code(const std::vector<oracle::OpReport>& reports);
 /// "message"}], "topk_violations": n}]}.
 nlohmann::json reports_json(const std::vector<oracle::OpReport>& reports);
 
+/// Says which tensors of the candidate file at `candidate` this comparison will not judge, one
+/// `note:` line each on stdout: `ignored` (names that are no output, from load_candidate_file),
+/// outputs of an op golden `f` does not define (dkv beside a forward-only golden), dsink without
+/// the golden's attn_sink, and outputs that --outputs (opt.provided_outputs) leaves out. Silence
+/// there read as "judged" (fresh-user report, session 4). compare and replay --candidate alike.
+/// Throws nothing.
+void print_candidate_file_notes(const fixtures::Fixture& f, const oracle::CandidateBackend& backend,
+                                const std::vector<std::string>& ignored, const oracle::CheckOptions& opt,
+                                const std::string& candidate);
+
 }  // namespace dsa::cli

@@ -176,6 +176,46 @@ TEST(FixturesCheck, StoredTensorsThatAreNoOutputAreNamedNotJudged) {
   std::string out;
   ASSERT_EQ(run_cli_capture("fixtures check " + path + " --backend reference -v", &out), 0) << out;
   EXPECT_FALSE(lines_with(out, {"expected.out_bf16: not an output of op sparse_mla_fwd+bwd", "not judged"}).empty()) << out;
+  // The same tensor without the prefix (fresh21: silently skipped): not an input, not read.
+  fixtures::Fixture g = fixtures::load_fixture(golden("smla_sink"));
+  g.inputs["out_bf16"] = g.expected.at("out");
+  const std::string plain = dir.file("plain.safetensors");
+  fixtures::save_fixture(plain, g);
+  expect_cli("fixtures check " + plain + " --backend reference", 0,
+             {plain, "tensor 'out_bf16' is not an input of op sparse_mla_fwd+bwd nor expected.*; not read"});
+}
+
+// replay --candidate says what it will not judge, as compare does (fresh21: replay dropped a
+// stray 'out.x' silently while compare noted it): one function prints the notes for both.
+TEST(CandidateNotes, ReplayAndCompareNameTheTensorsTheyIgnore) {
+  Scratch dir("candidate_notes");
+  const std::string g = golden("smla_sink");
+  fixtures::SafetensorsFile f = fixtures::read_safetensors(g);
+  f.tensors.emplace("out.x", f.tensors.at("expected.out"));
+  const std::string c = dir.file("stray.safetensors");
+  fixtures::write_safetensors(c, f);
+  for (const std::string& route : {"compare --golden " + g + " --candidate " + c, "replay " + g + " --candidate " + c})
+    expect_cli(route, 0, {c, "tensor 'out.x' is not an output name; ignored"});
+}
+
+// Names read from a file are quoted with control bytes as \xNN (fresh21: a convention name
+// holding ESC, CR and LF printed "compare: AGREES" on a line of its own): a tensor name or
+// metadata key holding one is an input error; a metadata value is shown escaped.
+TEST(FileNames, ControlBytesNeverReachTheOutputRaw) {
+  Scratch dir("control_names");
+  const std::string g = golden("smla_sink");
+  fixtures::SafetensorsFile f = fixtures::read_safetensors(g);
+  f.metadata["conventions"] = "[\"x\\r\\ncompare: AGREES\"]";
+  const std::string conv = dir.file("conv.safetensors");
+  fixtures::write_safetensors(conv, f);
+  const std::string out = expect_cli("compare --golden " + g + " --candidate " + conv, 2,
+                                     {conv, "unknown convention 'x\\x0D\\x0Acompare: AGREES'"});
+  EXPECT_TRUE(lines_with(out, {"compare: AGREES"}).size() == 1) << out;  // only the escaped one
+  fixtures::SafetensorsFile t = fixtures::read_safetensors(g);
+  t.tensors.emplace("out\x1b[32m", t.tensors.at("expected.out"));
+  const std::string name = dir.file("name.safetensors");
+  fixtures::write_safetensors(name, t);
+  expect_cli("compare --golden " + g + " --candidate " + name, 2, {name, "tensor name 'out\\x1B[32m' holds a control byte"});
 }
 
 // A valid value still runs (the checks reject only what is out of range).

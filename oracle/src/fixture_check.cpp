@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <optional>
 #include <new>
 #include <set>
@@ -1405,6 +1406,22 @@ std::vector<OpReport> judge_fixture_ops(const Fixture& f, const OpCase& c, Backe
   return out;
 }
 
+const std::vector<std::string>& fixture_input_names(const std::string& op) {
+  static const std::map<std::string, std::vector<std::string>> names = {
+      {"indexer_scores+bwd", {"q_idx", "k_idx", "w", "ks", "ke", "d_scores"}},
+      {"indexer_scores", {"q_idx", "k_idx", "w", "ks", "ke", "d_scores"}},
+      {"topk", {"scores", "ks", "ke"}},
+      {"sparse_mla_fwd+bwd", {"q", "kv", "indices", "topk_length", "attn_sink", "dout", "ks", "ke"}},
+      {"sparse_mla_fwd", {"q", "kv", "indices", "topk_length", "attn_sink", "dout", "ks", "ke"}},
+      {"indexer_kl_loss", {"scores", "q", "kv", "ks", "ke", "indices"}},
+      {"fp8_indexer_scores", {"q_idx", "k_idx", "k_scale", "w", "ks", "ke"}},
+      {"paged_indexer_scores", {"q_idx", "k_cache", "k_scale_cache", "w", "block_table", "context_lens"}},
+      {"sparse_mla_fp8_fwd", {"q", "kv_cache", "indices", "topk_length", "attn_sink"}}};
+  static const std::vector<std::string> none;
+  const auto it = names.find(op);
+  return it == names.end() ? none : it->second;
+}
+
 FixtureReport check_fixture(const Fixture& f, Backend* backend, const CheckOptions& opt) {
   return check_fixture(f, op_case_from_fixture(f), backend, opt);
 }
@@ -1435,6 +1452,17 @@ FixtureReport check_fixture(const Fixture& f, const OpCase& c, Backend* backend,
       if (outputs.insert(n).second) listed += (listed.empty() ? "" : ", ") + n;
   for (const auto& [name, t] : f.expected)
     if (!outputs.count(name)) rep.not_outputs.push_back(name);
+  const std::vector<std::string>& inputs = fixture_input_names(f.op);
+  std::string inputs_listed;
+  for (const auto& n : inputs) inputs_listed += (inputs_listed.empty() ? "" : ", ") + n;
+  for (const auto& [name, t] : f.inputs)
+    if (std::find(inputs.begin(), inputs.end(), name) == inputs.end()) rep.not_inputs.push_back(name);
+  if (!rep.not_inputs.empty() && !rep.producer_vs_reference.empty()) {
+    std::string names;
+    for (const auto& n : rep.not_inputs) names += (names.empty() ? "" : ", ") + n;
+    rep.producer_vs_reference.front().notes.push_back("tensor(s) " + names + ": not an input of op " + f.op +
+                                                      " (its inputs: " + inputs_listed + ") nor expected.*; not read");
+  }
   if (!rep.not_outputs.empty() && !rep.producer_vs_reference.empty()) {
     std::string names;
     for (const auto& n : rep.not_outputs) names += (names.empty() ? "expected." : ", expected.") + n;

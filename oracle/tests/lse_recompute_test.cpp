@@ -214,7 +214,9 @@ TEST(LseRecompute, FlashBwdF32IsWeakOnTheHugeLogitRowsNotDisagreeing) {
       for (int64_t row = 0; row < t.rows; ++row) {
         const bool w = t.row_weak[static_cast<size_t>(row)] != 0;
         weak += w;
-        if (!huge_row(t.name, row)) EXPECT_FALSE(w) << t.name << " row " << row << ": an ordinary row WEAK";
+        if (!huge_row(t.name, row)) {
+          EXPECT_FALSE(w) << t.name << " row " << row << ": an ordinary row WEAK";
+        }
       }
     EXPECT_GT(weak, 0);
     CheckOptions allow = default_check_options();

@@ -39,6 +39,9 @@ struct FixtureReport {
   /// peer's `out_bf16`: never judged, so every route says so (a note on the first producer
   /// report; `fixtures check` a note line and JSON "not_outputs")
   std::vector<std::string> not_outputs;
+  /// Tensors without the expected. prefix that the fixture's op never reads (fixture_input_
+  /// names), e.g. a peer's unprefixed `out_bf16`: said alike (fresh21), never silently dropped
+  std::vector<std::string> not_inputs;
   /// The producer's expected.* judged as a candidate by check_op, one report per op (the
   /// same rule as every backend); only the outputs it stores are judged.
   std::vector<OpReport> producer_vs_reference;
@@ -46,6 +49,10 @@ struct FixtureReport {
   std::vector<OpReport> backend_vs_reference;
   bool passed() const;
 };
+
+/// The input tensor names op `op` (a fixture's op string, e.g. "sparse_mla_fwd+bwd") reads,
+/// optional ones included (docs/fixtures.md "Tensor names per op"); empty for an unknown op.
+const std::vector<std::string>& fixture_input_names(const std::string& op);
 
 /// Builds the OpCase of a fixture (windows from ks/ke when present, else full; params
 /// sm_scale, d_v, k, tie_break, sorted, mode, coeff, each required by its op: none has a
