@@ -304,7 +304,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       if (!dout) continue;
       // backward
       const double* dorow = &dO[static_cast<size_t>(row * dv)];
-      double delta = 0, D = 0, dD2 = 0, nflip2 = 0, nshift = 0;
+      double delta = 0, D = 0, dD2 = 0, nflip1 = 0, nflip2 = 0, nshift = 0;
       for (int64_t c = 0; c < dv; ++c) {
         const size_t c_ = static_cast<size_t>(c);
         delta += outc[c_] * dorow[c];
@@ -317,7 +317,8 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         // baseline's (both are within their errors of out): one ulp of Δ's term
         const double fl = std::abs(dorow[c]) *
                           flip_ulp(outc[c_], 2 * kFlipLambda * accout[c_] + 2 * narout[c_], un);
-        nflip2 += fl * fl;  // flips of different columns are independent
+        nflip1 += fl;
+        nflip2 += fl * fl;
         // rounding out_c to 16 bits moves Δ by up to |dout_c| half an ulp of out_c
         if (un > 0) nshift += std::abs(dorow[c]) * un * half_ulp_binade(outc[c_], work_dtype == DType::F16);
       }
@@ -360,8 +361,10 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       const double dDelta = u * (std::sqrt(dl2) + sdv * std::abs(delta) + D) + dD;
       // Δ from a 16-bit out: the baseline rounds its own out to the same dtype (SPEC §9), so
       // only the candidate's P rounding (one per key, shared by the columns) moves its out, and
-      // Δ, further; and its columns may round the other way (flips).
-      const double nDelta = un > 0 ? un * std::min(pg1, quadrature16() * std::sqrt(pg2)) + std::sqrt(nflip2) : 0.0;
+      // Δ, further; and its columns may round the other way (flips: a flip follows the
+      // candidate's shift, so their hard sum, the quadrature only beyond about 12 equal ones).
+      const double nflip = std::min(nflip1, quadrature16() * std::sqrt(nflip2));
+      const double nDelta = un > 0 ? un * std::min(pg1, quadrature16() * std::sqrt(pg2)) + nflip : 0.0;
       // a 16-bit Δ lies within dshift of the exact one: dS_j's binade at |dS_j| + p_j dshift
       const double dshift = nshift + nDelta;
       for (int64_t c = 0; c < dqk; ++c) {
