@@ -78,11 +78,11 @@ double flip_ulp(double x, double r, double un) {
 }
 
 // How far flips (flip_ulp terms t_c, one per column of out) move Δ = Σ_c out_c dout_c:
-// min(Σ t_c, hq sqrt(Σ t_c^2)), s1 = Σ t_c, s2 = Σ t_c^2. A flip's sign follows the
-// candidate's shift of out_c, not an independent draw, so a few flips may add up coherently:
-// the hard sum holds them; only beyond hq^2 (about 12) equal flips does the quadrature with
-// the 16-bit rounding sums' λ (tolerances.cpp quadrature16) take over.
-double flip_sum(double s1, double s2, double hq) { return std::min(s1, hq * std::sqrt(s2)); }
+// min(Σ t_c, hq sqrt(Σ t_c^2)), s1 = Σ t_c, s2 = Σ t_c^2, hq = quadrature16() (the 16-bit
+// rounding sums' λ, tolerances.cpp). A flip's sign follows the candidate's shift of out_c, not
+// an independent draw, so a few flips may add up coherently: the hard sum holds them; only
+// beyond hq^2 (about 12) equal flips does the quadrature take over.
+double flip_sum(double s1, double s2) { return std::min(s1, quadrature16() * std::sqrt(s2)); }
 
 // A 16-bit rounding of x errs by at most half an ulp, u16·2^floor(log2|x|) (<= u16|x|): this
 // returns 2^floor(log2|x|) (the binade of |x| grown by 2^-6, for a candidate value a little
@@ -1161,11 +1161,10 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           dD2 += sv * sv + se * se;
           // the candidate's 16-bit out may round this column the other way than the
           // baseline's (both are within their errors of out): one ulp of Δ's term
-          const double fl_ = std::abs(dorow[c]) *
-                             flip_ulp(outh[c], 2 * kFlipLambda * acch[c] + 2 * narh[c], un);
+          const double win = 2 * kFlipLambda * acch[c] + 2 * narh[c];
+          const double fl_ = std::abs(dorow[c]) * flip_ulp(outh[c], win, un);
           nflip1 += fl_;
           nflip2 += fl_ * fl_;
-          const double win = 2 * kFlipLambda * acch[c] + 2 * narh[c];
           if (model_p) {
             const double fp = std::abs(dorow[c]) * flip_ulp(outh[c], win + fo.narrow_pmax[static_cast<size_t>(row) * DV + c], un);
             mflip1p += fp;
@@ -1239,20 +1238,21 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         //   1.11x its bound; oracle/tests/coherent_flips_test.cpp).
         // Left out of the bound when the candidate's backward shares the baseline's Δ
         // (judge_tensor's delta_shared).
-        const double nflip = flip_sum(nflip1, nflip2, hq);
+        const double nflip = flip_sum(nflip1, nflip2);
         st.nDelta = un > 0 ? un * std::min(pg1, hq * std::sqrt(pg2)) + nflip : 0.0;
         // A declared model's extra δΔ16 (added by the judge only when declared and Δ not
         // shared), each plus the flips its wider window adds (one ulp where a rounding midpoint
-        // lies within the window grown by the model's distance; flip_sum as nflip). Normalized P: Δ = Σ_j p_j g_j moves by δp_max g_max, coherent
-        // over the columns: u16 Σ_(max j) b(p_j)|g_j| (first order, a hard bound). The sink
-        // after rounding: Σ_c dout_c ε_c, |ε_c| <= r u16 b(out_c/r), independent uniform
-        // roundings over the columns: min(Σ, quadrature16() sqrt(Σ (.)^2)) as the other 16-bit
-        // rounding sums (2.1e-8 tail; constant 1, as δΔ16's own terms, left the declared kernel
-        // failing dsink at up to 1.3x on extreme generated cases, 2 a few of them).
+        // lies within the window grown by the model's distance; flip_sum as nflip). Normalized
+        // P: Δ = Σ_j p_j g_j moves by δp_max g_max, coherent over the columns:
+        // u16 Σ_(max j) b(p_j)|g_j| (first order, a hard bound). The sink after rounding:
+        // Σ_c dout_c ε_c, |ε_c| <= r u16 b(out_c/r), independent uniform roundings over the
+        // columns: min(Σ, quadrature16() sqrt(Σ (.)^2)) as the other 16-bit rounding sums
+        // (2.1e-8 tail; constant 1 there left the declared kernel failing dsink at up to 1.3x
+        // on extreme generated cases, 2 a few of them).
         // Measured without these terms: dsink 386-508x, dq 2.4-5.2x, dkv 1.8-5.6x its bound
         // (normalized P, generated cases); without the flips, dq 1.3x and dsink 1.02x.
-        st.mP = model_p ? un * pmax_g + std::max(0.0, flip_sum(mflip1p, mflip2p, hq) - nflip) : 0.0;
-        st.mS = model_s ? std::min(ms1, hq * std::sqrt(ms2)) + std::max(0.0, flip_sum(mflip1s, mflip2s, hq) - nflip) : 0.0;
+        st.mP = model_p ? un * pmax_g + std::max(0.0, flip_sum(mflip1p, mflip2p) - nflip) : 0.0;
+        st.mS = model_s ? std::min(ms1, hq * std::sqrt(ms2)) + std::max(0.0, flip_sum(mflip1s, mflip2s) - nflip) : 0.0;
         // how far a 16-bit Δ (the baseline's, the candidate's) may lie from the exact Δ: dS_j's
         // binade is taken at |dS_j| + p_j·dshift, the largest |dS_j| such a kernel rounds
         st.dshift = nshift + st.nDelta;

@@ -156,8 +156,8 @@ using props::sum_ordered;
 // TileLang backward; F4, tolerances.cpp quadrature16), dq in the out dtype. Returned in fp32
 // instead, dq failed by 1.0009x at RC seed 12002, level 2: the candidate's Δ differs from the
 // baseline's by one-ulp flips of the bf16 out, then a term in quadrature with constant 1 (now
-// their hard sum: coherent_flips_test.cpp). FlashBwd: the whole FlashAttention-style kernel (F4): P rounded before P·V, bf16 out,
-// Δ from it, dS rounded before dq and dkv, P (exp(P - L), fp32) rounded before dkv += Pᵀ·dout;
+// their hard sum: coherent_flips_test.cpp). FlashBwd: the whole FlashAttention-style kernel
+// (F4): P rounded before P·V, bf16 out, Δ from it, dS rounded before dq and dkv, P (exp(P - L), fp32) rounded before dkv += Pᵀ·dout;
 // dq in the out dtype (as FlashDq), dkv and dsink fp32. Its dkv failed by 1.001x at RC seed
 // 12002, level 2, while dS's binade was taken at the exact |dS_j|: the kernel rounds
 // p_j(g_j - Δ16), Δ16 from the 16-bit out, which is larger where g_j - Δ cancels
