@@ -256,20 +256,45 @@ inline V2 vload(const double* p) {
   return v;
 }
 
+// The first-order error of an fp32 sum of n terms t_i is Σ_i δ_i s_i over its partial sums s_i,
+// |δ_i| <= u (Higham, eq. (3.2)); with independent δ_i it exceeds λu sqrt(Σ_i s_i²) with
+// probability <= 2 exp(-λ²/2) (Higham & Mary 2019). sum_error_scale bounds sqrt(Σ_i s_i² +
+// Σ_i t_i²) (the t_i² for the rounding of products, when the terms are products):
+// - In any order, every partial sum lies in [-N, P] (P, N: the sums of the positive terms and
+//   of the magnitudes of the negative ones), so Σ_i s_i² <= n max(P, N)², max(P, N) =
+//   (Σ|t_i| + |sum|)/2.
+// - In an order unrelated to the terms' values, drift and random walk: E Σ_i s_i² is about
+//   n(sum²/3 + ||t||₂²/6) <= n(|sum| + ||t||₂)².
+// Before 2026-12-03 the floors took √n|sum| + Σ|t_i|, which holds for terms of one magnitude
+// but not for a few dominant terms of opposite signs: they keep the partial sums near their
+// size for up to n steps. A random-seed sweep found two correct kernels failing so: the
+// LibTorch CPU paged indexer (an fp32 dot of e5m2 terms: partial sums of 2.9e5 over 28 adds
+// to a dot of 4.4, sqrt(Σ s_i²) 2.65 Σ|t_i|; scores 1.00009x the bound) and a 14-bit
+// accumulator of e4m3 terms (sqrt(Σ s_i²) 4.3 Σ|t_i|; 1.21x). DominantTerms.* holds both.
+double sum_error_scale(double n, double sum, double abs_sum, double sq_sum) {
+  const double walk = std::min(0.5 * (abs_sum + std::abs(sum)), std::abs(sum) + std::sqrt(sq_sum));
+  return std::sqrt(n * walk * walk + sq_sum);
+}
+
 // dot[h·n + j] = Σ_c q_hc kv_jc and ad[h·n + j] = Σ_c |q_hc kv_jc| for the H rows of q (row
 // stride qs, first `len` columns) and the n key rows kv_j = kv + key_j·ks (key_j = ids[j], or
-// first + j when ids is null). Each sum runs over c in ascending order, exactly as a plain
-// loop per (h, j) does; heads are innermost, 8 at a time in registers.
-void head_dots(const double* q, size_t H, size_t qs, size_t len, const double* kv, size_t ks,
-               const int64_t* ids, int64_t first, size_t n, double* dot, double* ad) {
+// first + j when ids is null); when rw is not null also rw[h·n + j] = sum_error_scale of the
+// dot's len products, the scale of its fp32 rounding error. Each sum runs over
+// c in ascending order, exactly as a plain loop per (h, j) does; heads are innermost, 8 at a
+// time in registers.
+template <bool kRw>
+void head_dots_impl(const double* q, size_t H, size_t qs, size_t len, const double* kv, size_t ks,
+                    const int64_t* ids, int64_t first, size_t n, double* dot, double* ad, double* rw) {
   std::vector<double> Qt(len * H);
   for (size_t h = 0; h < H; ++h)
     for (size_t c = 0; c < len; ++c) Qt[c * H + h] = q[h * qs + c];
+  const double nl = static_cast<double>(len);
   for (size_t j = 0; j < n; ++j) {
     const double* k = kv + static_cast<size_t>(ids ? ids[j] : first + static_cast<int64_t>(j)) * ks;
     size_t h0 = 0;
     for (; h0 + 8 <= H; h0 += 8) {
       V2 d0 = {0, 0}, d1 = d0, d2 = d0, d3 = d0, a0 = d0, a1 = d0, a2 = d0, a3 = d0;
+      V2 s0 = d0, s1 = d0, s2 = d0, s3 = d0;
       const double* qc = &Qt[h0];
       for (size_t c = 0; c < len; ++c, qc += H) {
         const V2 x = {k[c], k[c]};
@@ -283,24 +308,40 @@ void head_dots(const double* q, size_t H, size_t qs, size_t len, const double* k
         a1 += vabs(p1);
         a2 += vabs(p2);
         a3 += vabs(p3);
+        if (kRw) {
+          s0 += p0 * p0;
+          s1 += p1 * p1;
+          s2 += p2 * p2;
+          s3 += p3 * p3;
+        }
       }
-      const V2 dd[4] = {d0, d1, d2, d3}, aa[4] = {a0, a1, a2, a3};
+      const V2 dd[4] = {d0, d1, d2, d3}, aa[4] = {a0, a1, a2, a3}, ss[4] = {s0, s1, s2, s3};
       for (size_t l = 0; l < 8; ++l) {
         dot[(h0 + l) * n + j] = dd[l / 2][l % 2];
         ad[(h0 + l) * n + j] = aa[l / 2][l % 2];
+        if (kRw) rw[(h0 + l) * n + j] = sum_error_scale(nl, dd[l / 2][l % 2], aa[l / 2][l % 2], ss[l / 2][l % 2]);
       }
     }
     for (; h0 < H; ++h0) {
-      double dd = 0, aa = 0;
+      double dd = 0, aa = 0, ss = 0;
       for (size_t c = 0; c < len; ++c) {
         const double pr = Qt[c * H + h0] * k[c];
         dd += pr;
         aa += std::abs(pr);
+        if (kRw) ss += pr * pr;
       }
       dot[h0 * n + j] = dd;
       ad[h0 * n + j] = aa;
+      if (kRw) rw[h0 * n + j] = sum_error_scale(nl, dd, aa, ss);
     }
   }
+}
+
+void head_dots(const double* q, size_t H, size_t qs, size_t len, const double* kv, size_t ks,
+               const int64_t* ids, int64_t first, size_t n, double* dot, double* ad,
+               double* rw = nullptr) {
+  if (rw) return head_dots_impl<true>(q, H, qs, len, kv, ks, ids, first, n, dot, ad, rw);
+  head_dots_impl<false>(q, H, qs, len, kv, ks, ids, first, n, dot, ad, nullptr);
 }
 
 // dkv for a key with a single slot in the row, NH heads at once (NH = 1 or 2): each head's
@@ -432,8 +473,7 @@ CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const
   const int64_t s_q = q_idx.size(0), H = q_idx.size(1), d = q_idx.size(2), s_kv = k_idx.size(0);
   const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64();
   OutputFloor f = make(s_q * s_kv, s_kv,
-                       "u(sqrt(Σ_j (w_j(√d_I|q_j·k| + Σ_d|q_jd k_d|))^2) + √H_I|I| + Σ_j|w_j r_j|)");
-  const double sd = std::sqrt(static_cast<double>(d)), sh = std::sqrt(static_cast<double>(H));
+                       "u(sqrt(Σ_j (w_j R(q_j∘k))^2) + R(w∘r)), R = sum_error_scale: sqrt(n min(max(P,N), |sum| + ||t||₂)² + ||t||₂²)");
   const std::vector<double> qmin = row_min_nonzero(Q, s_q * H, d), kmin = row_min_nonzero(K, s_kv, d);
   f.underflow_source = "tiny dots (2d_I + 1)|w_j|, w_j r_j, H_I + 1 adds if a term is tiny";
   // Rows in parallel (each writes its own row); the dots of every head over the row's window
@@ -444,17 +484,17 @@ CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const
     const int64_t ks = std::max<int64_t>(0, windows.ks[t]), ke = std::min(s_kv, windows.ke[t]);
     if (ke <= ks) continue;
     const size_t nw = static_cast<size_t>(ke - ks), HH = static_cast<size_t>(H);
-    std::vector<double> dotH(HH * nw), adH(HH * nw);
+    std::vector<double> dotH(HH * nw), adH(HH * nw), rwH(HH * nw);
     head_dots(&Q[static_cast<size_t>(t * H * d)], HH, static_cast<size_t>(d), static_cast<size_t>(d),
-              K.data(), static_cast<size_t>(d), nullptr, ks, nw, dotH.data(), adH.data());
+              K.data(), static_cast<size_t>(d), nullptr, ks, nw, dotH.data(), adH.data(), rwH.data());
     for (int64_t s = ks; s < ke; ++s) {
-      double dots2 = 0, val = 0, abs_sum = 0, terms = 0, uf = 0;
+      double dots2 = 0, val = 0, abs_sum = 0, sq_sum = 0, terms = 0, uf = 0;
       bool tiny_sum = false;
       for (int64_t j = 0; j < H; ++j) {
         const size_t x = static_cast<size_t>(j) * nw + static_cast<size_t>(s - ks);
         const double dot = dotH[x], ad = adH[x];
         const double r = std::max(dot, 0.0), wj = W[static_cast<size_t>(t * H + j)];
-        const double de = std::abs(wj) * (sd * std::abs(dot) + ad);
+        const double de = std::abs(wj) * rwH[x];
         // underflow: the dot's products and sums when one may be tiny (× |w_j|), w_j r_j
         if (qmin[static_cast<size_t>(t * H + j)] * kmin[static_cast<size_t>(s)] < kSumTiny)
           uf += dot_ops(d) * std::abs(wj);
@@ -463,10 +503,11 @@ CaseFloors indexer_scores_floors(const Tensor& q_idx, const Tensor& k_idx, const
         dots2 += de * de;
         val += wj * r;
         abs_sum += std::abs(wj * r);
+        sq_sum += (wj * r) * (wj * r);
         terms += std::abs(wj) * ad;
       }
       const size_t e = static_cast<size_t>(t * s_kv + s);
-      f.acc[e] = kU32 * (std::sqrt(dots2) + sh * std::abs(val) + abs_sum);
+      f.acc[e] = kU32 * (std::sqrt(dots2) + sum_error_scale(static_cast<double>(H), val, abs_sum, sq_sum));
       f.terms[e] = terms;
       f.underflow[e] = uf + (tiny_sum ? adds(static_cast<double>(H)) : 0.0);
     }
@@ -488,17 +529,16 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
           "d_scores", shape_str(d_scores.shape()), "[s_q, s_kv]");
   const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64(),
                             G = d_scores.to_f64();
-  const double sd = std::sqrt(static_cast<double>(d));
-  // Sums of n terms: u(√n|sum| + Σ|terms|) (recursive summation: drift and random walk of
-  // the partial sums; Higham & Mary 2019); independent dot errors add in quadrature.
+  // Sums of n terms: u sum_error_scale (the partial sums' walk; Higham & Mary 2019);
+  // independent dot errors add in quadrature.
   OutputFloor dq = make(s_q * H * d, H * d,
-                        "u(√n|dq_idx| + Σ_s|dI w k_s|) over active s (+ whole terms whose q·k may flip sign)");
+                        "u R(dI w k_s) over active s, R = sum_error_scale (+ whole terms whose q·k may flip sign)");
   OutputFloor dk = make(s_kv * d, d,
-                        "u(√m|dk_idx| + Σ|dI w q|) over active (t,j) (+ whole terms whose q·k may flip sign)");
+                        "u R(dI w q) over active (t,j), R = sum_error_scale (+ whole terms whose q·k may flip sign)");
   OutputFloor dw = make(s_q * H, H,
-                        "u(sqrt(Σ_s (dI(√d_I|q·k_s| + Σ_d|q_d k_sd|))^2) + √n|dw| + Σ_s|dI r_s|)");
+                        "u(sqrt(Σ_s (dI R(q∘k_s))^2) + R(dI r)), R = sum_error_scale");
   std::vector<double> dk_t(static_cast<size_t>(s_kv * d), 0.0), dk_amb(dk_t.size(), 0.0),
-      dk_v(dk_t.size(), 0.0), dk_uf(dk_t.size(), 0.0);
+      dk_v(dk_t.size(), 0.0), dk_uf(dk_t.size(), 0.0), dk_q2(dk_t.size(), 0.0);
   std::vector<char> dk_tiny(dk_t.size(), 0), dq_tiny(static_cast<size_t>(d));
   std::vector<double> dq_uf(static_cast<size_t>(d));
   const std::vector<double> qmin = row_min_nonzero(Q, s_q * H, d), kmin = row_min_nonzero(K, s_kv, d);
@@ -506,11 +546,11 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
     f->underflow_source = "dI (DAZ), dI·w, dI·k, each term below 2^-120, n + 1 adds if a term is tiny";
   std::vector<int64_t> dk_n(static_cast<size_t>(s_kv), 0);
   std::vector<double> dq_t(static_cast<size_t>(d)), dq_amb(static_cast<size_t>(d)),
-      dq_v(static_cast<size_t>(d));
+      dq_v(static_cast<size_t>(d)), dq_q2(static_cast<size_t>(d));
   // The dots of every head over each row's window, for a block of rows in parallel (heads
   // innermost, each sum in c order); then the sums in the serial (t, j, s) order.
   const int64_t block = std::max<int64_t>(1, std::min<int64_t>(s_q, 4 * max_threads()));
-  std::vector<std::vector<double>> dotB(static_cast<size_t>(block)), adB(dotB);
+  std::vector<std::vector<double>> dotB(static_cast<size_t>(block)), adB(dotB), rwB(dotB);
   const size_t HH = static_cast<size_t>(H), DD = static_cast<size_t>(d);
   for (int64_t t = 0; t < s_q; ++t) {
     const int64_t ks = std::max<int64_t>(0, windows.ks[t]), ke = std::min(s_kv, windows.ke[t]);
@@ -526,46 +566,51 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
                        const size_t n_ = ke_ > ks_ ? static_cast<size_t>(ke_ - ks_) : 0;
                        std::vector<double>& dt = dotB[static_cast<size_t>(b)];
                        std::vector<double>& at = adB[static_cast<size_t>(b)];
+                       std::vector<double>& rt = rwB[static_cast<size_t>(b)];
                        dt.resize(HH * n_);
                        at.resize(HH * n_);
+                       rt.resize(HH * n_);
                        if (n_ > 0)
                          head_dots(&Q[static_cast<size_t>(tb) * HH * DD], HH, DD, DD, K.data(), DD,
-                                   nullptr, ks_, n_, dt.data(), at.data());
+                                   nullptr, ks_, n_, dt.data(), at.data(), rt.data());
                      }
                    });
     }
     const std::vector<double>& dotT = dotB[static_cast<size_t>(t % block)];
     const std::vector<double>& adT = adB[static_cast<size_t>(t % block)];
+    const std::vector<double>& rwT = rwB[static_cast<size_t>(t % block)];
     for (int64_t j = 0; j < H; ++j) {
       const double* q = &Q[static_cast<size_t>((t * H + j) * d)];
       const double wj = W[static_cast<size_t>(t * H + j)];
       std::fill(dq_t.begin(), dq_t.end(), 0.0);
       std::fill(dq_amb.begin(), dq_amb.end(), 0.0);
       std::fill(dq_v.begin(), dq_v.end(), 0.0);
+      std::fill(dq_q2.begin(), dq_q2.end(), 0.0);
       std::fill(dq_uf.begin(), dq_uf.end(), 0.0);
       std::fill(dq_tiny.begin(), dq_tiny.end(), 0);
       const double qm = qmin[static_cast<size_t>(t * H + j)];
       int64_t n_active = 0, n = 0;
-      double w_dots2 = 0, w_val = 0, w_abs = 0, w_terms = 0, w_uf = 0;
+      double w_dots2 = 0, w_val = 0, w_abs = 0, w_sq = 0, w_terms = 0, w_uf = 0;
       bool w_tiny = false;
       for (int64_t s = ks; s < ke; ++s) {
         const double g = G[static_cast<size_t>(t * s_kv + s)];
         if (!std::isfinite(g) || g == 0) continue;
         const double* k = &K[static_cast<size_t>(s * d)];
         const size_t x = static_cast<size_t>(j) * nw + static_cast<size_t>(s - ks);
-        const double dot = dotT[x], ad = adT[x];
+        const double dot = dotT[x], ad = adT[x], dot_err = rwT[x];
         ++n;
-        const double de = std::abs(g) * (sd * std::abs(dot) + ad);
+        const double de = std::abs(g) * dot_err;
         w_dots2 += de * de;
         w_val += g * std::max(dot, 0.0);
         w_abs += std::abs(g * std::max(dot, 0.0));
+        w_sq += (g * std::max(dot, 0.0)) * (g * std::max(dot, 0.0));
         w_terms += std::abs(g) * ad;
         // underflow of dw: the dot when a product may be tiny (× |dI|), dI (DAZ), dI·r
         if (qm * kmin[static_cast<size_t>(s)] < kSumTiny) w_uf += dot_ops(d) * std::abs(g);
         w_uf += fu(g, std::max(dot, 0.0)) + fu(g * std::max(dot, 0.0), 1.0);
         w_tiny = w_tiny || tiny(g * std::max(dot, 0.0));
         // An exact zero dot means grid inputs, where fp32 is exact too (ReLU'(0) = 0, §2).
-        const bool amb = dot != 0 && std::abs(dot) <= 8 * kU32 * (sd * std::abs(dot) + ad);
+        const bool amb = dot != 0 && std::abs(dot) <= 8 * kU32 * dot_err;
         if (!(dot > 0) && !amb) continue;
         ++n_active;
         ++dk_n[static_cast<size_t>(s)];
@@ -575,6 +620,8 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
           const size_t cc = static_cast<size_t>(c), se = static_cast<size_t>(s * d + c);
           dq_t[cc] += std::abs(tk);
           dk_t[se] += std::abs(tq);
+          dq_q2[cc] += tk * tk;
+          dk_q2[se] += tq * tq;
           if (dot > 0) {
             dq_v[cc] += tk;
             dk_v[se] += tq;
@@ -597,15 +644,15 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
             dk_tiny[se] = dk_tiny[se] || tiny(coef * q[c]);
           }
       }
-      const double sn = std::sqrt(static_cast<double>(n_active));
+      const double na = static_cast<double>(n_active);
       for (int64_t c = 0; c < d; ++c) {
         const size_t e = static_cast<size_t>((t * H + j) * d + c), cc = static_cast<size_t>(c);
-        dq.acc[e] = kU32 * (sn * std::abs(dq_v[cc]) + dq_t[cc]) + dq_amb[cc];
+        dq.acc[e] = kU32 * sum_error_scale(na, dq_v[cc], dq_t[cc], dq_q2[cc]) + dq_amb[cc];
         dq.terms[e] = dq_t[cc];
         dq.underflow[e] = dq_uf[cc] + (dq_tiny[cc] ? adds(static_cast<double>(n_active)) : 0.0);
       }
       const size_t e = static_cast<size_t>(t * H + j);
-      dw.acc[e] = kU32 * (std::sqrt(w_dots2) + std::sqrt(static_cast<double>(n)) * std::abs(w_val) + w_abs);
+      dw.acc[e] = kU32 * (std::sqrt(w_dots2) + sum_error_scale(static_cast<double>(n), w_val, w_abs, w_sq));
       dw.terms[e] = w_terms;
       dw.underflow[e] = w_uf + (w_tiny ? adds(static_cast<double>(n)) : 0.0);
     }
@@ -613,8 +660,8 @@ CaseFloors indexer_backward_floors(const Tensor& q_idx, const Tensor& k_idx, con
   for (int64_t s = 0; s < s_kv; ++s)
     for (int64_t c = 0; c < d; ++c) {
       const size_t e = static_cast<size_t>(s * d + c);
-      const double sm = std::sqrt(static_cast<double>(dk_n[static_cast<size_t>(s)]));
-      dk.acc[e] = kU32 * (sm * std::abs(dk_v[e]) + dk_t[e]) + dk_amb[e];
+      dk.acc[e] = kU32 * sum_error_scale(static_cast<double>(dk_n[static_cast<size_t>(s)]), dk_v[e], dk_t[e], dk_q2[e]) +
+                  dk_amb[e];
       dk.terms[e] = dk_t[e];
       dk.underflow[e] = dk_uf[e] + (dk_tiny[e] ? adds(static_cast<double>(dk_n[static_cast<size_t>(s)])) : 0.0);
     }

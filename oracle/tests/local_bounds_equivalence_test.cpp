@@ -69,6 +69,13 @@ double half_ulp_binade(double x, bool f16) {
   return f16 ? std::max(b, 0x1p-14) : b;
 }
 
+// sum_error_scale, written again: sqrt(n·min(max(P, N), |sum| + ||t||₂)² + ||t||₂²).
+double walk_scale(double n, double sum, double abs_sum, double sq_sum) {
+  const double pos = 0.5 * (abs_sum + sum), neg = 0.5 * (abs_sum - sum);
+  const double w = std::min(std::max(pos, neg), std::abs(sum) + std::sqrt(sq_sum));
+  return std::sqrt(n * w * w + sq_sum);
+}
+
 CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype) {
   const char* where = "sparse_mla_floors";
   require(in.q.dim() == 3 && in.kv.dim() == 2 && in.kv.size(1) == in.q.size(2), where, "q/kv",
@@ -522,28 +529,29 @@ CaseFloors indexer_scores_floors_scalar(const Tensor& q_idx, const Tensor& k_idx
           std::to_string(windows.s_q()) + " rows", std::to_string(s_q) + " rows");
   const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64();
   OutputFloor f = make(s_q * s_kv, s_kv,
-                       "u(sqrt(Σ_j (w_j(√d_I|q_j·k| + Σ_d|q_jd k_d|))^2) + √H_I|I| + Σ_j|w_j r_j|)");
-  const double sd = std::sqrt(static_cast<double>(d)), sh = std::sqrt(static_cast<double>(H));
+                       "u(sqrt(Σ_j (w_j R(q_j∘k))^2) + R(w∘r)), R = sum_error_scale: sqrt(n min(max(P,N), |sum| + ||t||₂)² + ||t||₂²)");
   for (int64_t t = 0; t < s_q; ++t)
     for (int64_t s = std::max<int64_t>(0, windows.ks[t]); s < std::min(s_kv, windows.ke[t]); ++s) {
-      double dots2 = 0, val = 0, abs_sum = 0, terms = 0;
+      double dots2 = 0, val = 0, abs_sum = 0, sq_sum = 0, terms = 0;
       for (int64_t j = 0; j < H; ++j) {
         const double* q = &Q[static_cast<size_t>((t * H + j) * d)];
         const double* k = &K[static_cast<size_t>(s * d)];
-        double dot = 0, ad = 0;
+        double dot = 0, ad = 0, sq = 0;
         for (int64_t c = 0; c < d; ++c) {
           dot += q[c] * k[c];
           ad += std::abs(q[c] * k[c]);
+          sq += (q[c] * k[c]) * (q[c] * k[c]);
         }
         const double r = std::max(dot, 0.0), wj = W[static_cast<size_t>(t * H + j)];
-        const double de = std::abs(wj) * (sd * std::abs(dot) + ad);
+        const double de = std::abs(wj) * walk_scale(static_cast<double>(d), dot, ad, sq);
         dots2 += de * de;
         val += wj * r;
         abs_sum += std::abs(wj * r);
+        sq_sum += (wj * r) * (wj * r);
         terms += std::abs(wj) * ad;
       }
       const size_t e = static_cast<size_t>(t * s_kv + s);
-      f.acc[e] = kU32 * (std::sqrt(dots2) + sh * std::abs(val) + abs_sum);
+      f.acc[e] = kU32 * (std::sqrt(dots2) + walk_scale(static_cast<double>(H), val, abs_sum, sq_sum));
       f.terms[e] = terms;
     }
   f.logit_scale = true;
@@ -562,20 +570,16 @@ CaseFloors indexer_backward_floors_scalar(const Tensor& q_idx, const Tensor& k_i
           "d_scores", shape_str(d_scores.shape()), "[s_q, s_kv]");
   const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64(),
                             G = d_scores.to_f64();
-  const double sd = std::sqrt(static_cast<double>(d));
-  // Sums of n terms: u(√n|sum| + Σ|terms|) (recursive summation: drift and random walk of
-  // the partial sums; Higham & Mary 2019); independent dot errors add in quadrature.
   OutputFloor dq = make(s_q * H * d, H * d,
-                        "u(√n|dq_idx| + Σ_s|dI w k_s|) over active s (+ whole terms whose q·k may flip sign)");
+                        "u R(dI w k_s) over active s, R = sum_error_scale (+ whole terms whose q·k may flip sign)");
   OutputFloor dk = make(s_kv * d, d,
-                        "u(√m|dk_idx| + Σ|dI w q|) over active (t,j) (+ whole terms whose q·k may flip sign)");
-  OutputFloor dw = make(s_q * H, H,
-                        "u(sqrt(Σ_s (dI(√d_I|q·k_s| + Σ_d|q_d k_sd|))^2) + √n|dw| + Σ_s|dI r_s|)");
+                        "u R(dI w q) over active (t,j), R = sum_error_scale (+ whole terms whose q·k may flip sign)");
+  OutputFloor dw = make(s_q * H, H, "u(sqrt(Σ_s (dI R(q∘k_s))^2) + R(dI r)), R = sum_error_scale");
   std::vector<double> dk_t(static_cast<size_t>(s_kv * d), 0.0), dk_amb(dk_t.size(), 0.0),
-      dk_v(dk_t.size(), 0.0);
+      dk_v(dk_t.size(), 0.0), dk_q2(dk_t.size(), 0.0);
   std::vector<int64_t> dk_n(static_cast<size_t>(s_kv), 0);
   std::vector<double> dq_t(static_cast<size_t>(d)), dq_amb(static_cast<size_t>(d)),
-      dq_v(static_cast<size_t>(d));
+      dq_v(static_cast<size_t>(d)), dq_q2(static_cast<size_t>(d));
   for (int64_t t = 0; t < s_q; ++t) {
     const int64_t ks = std::max<int64_t>(0, windows.ks[t]), ke = std::min(s_kv, windows.ke[t]);
     for (int64_t j = 0; j < H; ++j) {
@@ -584,25 +588,29 @@ CaseFloors indexer_backward_floors_scalar(const Tensor& q_idx, const Tensor& k_i
       std::fill(dq_t.begin(), dq_t.end(), 0.0);
       std::fill(dq_amb.begin(), dq_amb.end(), 0.0);
       std::fill(dq_v.begin(), dq_v.end(), 0.0);
+      std::fill(dq_q2.begin(), dq_q2.end(), 0.0);
       int64_t n_active = 0, n = 0;
-      double w_dots2 = 0, w_val = 0, w_abs = 0, w_terms = 0;
+      double w_dots2 = 0, w_val = 0, w_abs = 0, w_sq = 0, w_terms = 0;
       for (int64_t s = ks; s < ke; ++s) {
         const double g = G[static_cast<size_t>(t * s_kv + s)];
         if (!std::isfinite(g) || g == 0) continue;
         const double* k = &K[static_cast<size_t>(s * d)];
-        double dot = 0, ad = 0;
+        double dot = 0, ad = 0, sq = 0;
         for (int64_t c = 0; c < d; ++c) {
           dot += q[c] * k[c];
           ad += std::abs(q[c] * k[c]);
+          sq += (q[c] * k[c]) * (q[c] * k[c]);
         }
         ++n;
-        const double de = std::abs(g) * (sd * std::abs(dot) + ad);
+        const double dot_err = walk_scale(static_cast<double>(d), dot, ad, sq);
+        const double de = std::abs(g) * dot_err;
         w_dots2 += de * de;
         w_val += g * std::max(dot, 0.0);
         w_abs += std::abs(g * std::max(dot, 0.0));
+        w_sq += (g * std::max(dot, 0.0)) * (g * std::max(dot, 0.0));
         w_terms += std::abs(g) * ad;
         // An exact zero dot means grid inputs, where fp32 is exact too (ReLU'(0) = 0, §2).
-        const bool amb = dot != 0 && std::abs(dot) <= 8 * kU32 * (sd * std::abs(dot) + ad);
+        const bool amb = dot != 0 && std::abs(dot) <= 8 * kU32 * dot_err;
         if (!(dot > 0) && !amb) continue;
         ++n_active;
         ++dk_n[static_cast<size_t>(s)];
@@ -612,6 +620,8 @@ CaseFloors indexer_backward_floors_scalar(const Tensor& q_idx, const Tensor& k_i
           const size_t cc = static_cast<size_t>(c), se = static_cast<size_t>(s * d + c);
           dq_t[cc] += std::abs(tk);
           dk_t[se] += std::abs(tq);
+          dq_q2[cc] += tk * tk;
+          dk_q2[se] += tq * tq;
           if (dot > 0) {
             dq_v[cc] += tk;
             dk_v[se] += tq;
@@ -622,22 +632,21 @@ CaseFloors indexer_backward_floors_scalar(const Tensor& q_idx, const Tensor& k_i
           }
         }
       }
-      const double sn = std::sqrt(static_cast<double>(n_active));
       for (int64_t c = 0; c < d; ++c) {
         const size_t e = static_cast<size_t>((t * H + j) * d + c), cc = static_cast<size_t>(c);
-        dq.acc[e] = kU32 * (sn * std::abs(dq_v[cc]) + dq_t[cc]) + dq_amb[cc];
+        dq.acc[e] = kU32 * walk_scale(static_cast<double>(n_active), dq_v[cc], dq_t[cc], dq_q2[cc]) + dq_amb[cc];
         dq.terms[e] = dq_t[cc];
       }
       const size_t e = static_cast<size_t>(t * H + j);
-      dw.acc[e] = kU32 * (std::sqrt(w_dots2) + std::sqrt(static_cast<double>(n)) * std::abs(w_val) + w_abs);
+      dw.acc[e] = kU32 * (std::sqrt(w_dots2) + walk_scale(static_cast<double>(n), w_val, w_abs, w_sq));
       dw.terms[e] = w_terms;
     }
   }
   for (int64_t s = 0; s < s_kv; ++s)
     for (int64_t c = 0; c < d; ++c) {
       const size_t e = static_cast<size_t>(s * d + c);
-      const double sm = std::sqrt(static_cast<double>(dk_n[static_cast<size_t>(s)]));
-      dk.acc[e] = kU32 * (sm * std::abs(dk_v[e]) + dk_t[e]) + dk_amb[e];
+      dk.acc[e] = kU32 * walk_scale(static_cast<double>(dk_n[static_cast<size_t>(s)]), dk_v[e], dk_t[e], dk_q2[e]) +
+                  dk_amb[e];
       dk.terms[e] = dk_t[e];
     }
   out["dq_idx"] = std::move(dq);
