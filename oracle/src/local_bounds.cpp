@@ -854,21 +854,24 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     }
     R.dupf = dupf;
     const double sn = std::sqrt(static_cast<double>(n));
-    // Logits of every head (heads innermost): P = sm·q·kv_j, E = √d_qk|P| + |sm|Σ|q kv_j|;
-    // with dout also g_j = dout·v_j and Σ|dout v_j|.
-    std::vector<double> PH(H * n), EH(H * n), gH, GH;
+    // Logits of every head (heads innermost): P = sm·q·kv_j, AH = |sm|Σ|q kv_j| (the products),
+    // E = max(√d_qk|P| + AH, |sm| R), R the dot's sum_error_scale (a few large products that
+    // cancel); with dout also g_j = dout·v_j, Σ|dout v_j| and its R.
+    std::vector<double> PH(H * n), EH(H * n), AH(H * n), gH, GH, RG;
     head_dots(&Q[static_cast<size_t>(t) * H * DQK], H, DQK, DQK, KV.data(), DQK, ids.data(), 0, n,
-              PH.data(), EH.data());
+              PH.data(), AH.data(), EH.data());
     for (size_t x = 0; x < H * n; ++x) {
       const double P = sm * PH[x];
-      EH[x] = sdqk * std::abs(P) + asm_ * EH[x];
+      AH[x] *= asm_;
+      EH[x] = std::max(sdqk * std::abs(P) + AH[x], asm_ * EH[x]);
       PH[x] = P;
     }
     if (dout) {
       gH.resize(H * n);
       GH.resize(H * n);
+      RG.resize(H * n);
       head_dots(&dO[static_cast<size_t>(t) * H * DV], H, DV, DV, KV.data(), DQK, ids.data(), 0, n,
-                gH.data(), GH.data());
+                gH.data(), GH.data(), RG.data());
     }
     if (dout) {
       for (auto* v : {&R.ind, &R.p, &R.own, &R.Gv, &R.g, &R.dpj, &R.dS}) v->resize(H * n);
@@ -905,6 +908,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       HeadState& st = hs[h];
       const double* P = &PH[h * n];
       const double* E = &EH[h * n];
+      const double* A = &AH[h * n];
       double* p = &pm[h * n];
       double* pt = &ptm[h * n];
       double* C = &Cm[h * n];
@@ -967,9 +971,9 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
       // 1.03x its bound. Not modelled: a kernel that also takes the sink into that running max
       // rounds the max key's exp(P_j - sink) (FlashMLA applies the sink after P·V, SPEC §4;
       // counting it made a correct golden's sink row WEAK).
-      // margin of key j: 16u e_j (logit_max_margin_u) + kv_rel_shift |sm|Σ|q kv_j| (e_j - √d_qk|P_j|: the products)
+      // margin of key j: 16u e_j (logit_max_margin_u) + kv_rel_shift |sm|Σ|q kv_j| (the products)
       const double mu = logit_max_margin_u() * u;
-      auto margin = [&](size_t j) { return mu * E[j] + kv_rel_shift * (E[j] - sdqk * std::abs(P[j])); };
+      auto margin = [&](size_t j) { return mu * E[j] + kv_rel_shift * A[j]; };
       double top1 = -std::numeric_limits<double>::infinity(), top2 = top1;  // best, best of another id
       int64_t top1_id = -1;
       for (size_t j = 0; j < n; ++j) {
@@ -1106,6 +1110,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         const int64_t row = t * h_q + static_cast<int64_t>(h);
         const double* P = &PH[h * n];
         const double* E = &EH[h * n];
+        const double* A = &AH[h * n];
         const double* p = &pm[h * n];
         const double* pt = &ptm[h * n];
         const double* C = &Cm[h * n];
@@ -1182,7 +1187,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           x2 += (wq[j] * pt[j] * (E[j] + cf)) * (wq[j] * pt[j] * (E[j] + cf));
           if (P[j] + logit_max_margin_u() * u * E[j] >= m) {
             emax = std::max(emax, E[j]);
-            tmax = std::max(tmax, E[j] / (sdqk + 1));
+            tmax = std::max(tmax, (sdqk * std::abs(P[j]) + A[j]) / (sdqk + 1));
           }
         }
         fl.acc[static_cast<size_t>(row)] = u * (std::sqrt(x2) + sn + dupf + std::abs(m) + std::abs(std::log(st.S)));
@@ -1236,6 +1241,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         double pg1 = 0, pg2 = 0;
         const double* g = &gH[h * n];
         const double* Gv = &GH[h * n];
+        const double* Rg = &RG[h * n];
         double* dS = &dSm[h * n];
         double* ind = &indm[h * n];
         double* dpj = &dpjm[h * n];
@@ -1244,7 +1250,7 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
           const double gj = g[j], Gj = Gv[j];
           dS[j] = p[j] * (gj - delta);
           // independent per key: its logit/exp error times |g_j - Δ| and its g_j dot error
-          ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + sdv * std::abs(gj) + Gj);
+          ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + std::max(sdv * std::abs(gj) + Gj, Rg[j]));
           // δp_j = p_j(δP_j - δL): key j's own error enters with weight 1 - p_j (a row with
           // one key, p = 1, has an exact softmax)
           const double own = km[j] * p[j] * (E[j] + C[j]);

@@ -11,15 +11,18 @@
 // - the LibTorch CPU paged indexer (fp32, the dot in c order): scores[960, 9] 1.00009x;
 // - a declared 14-bit accumulator (fp8_reduced_accumulation) of e4m3 terms: scores[0, 27]
 //   1.21x.
+// The same kind in a sparse MLA logit q·kv (bf16 inputs, fp32 kernel) is built here too.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "dsa/contract/fp8.h"
 #include "dsa/oracle/fp8_check.h"
 #include "dsa/oracle/op_check.h"
+#include "dsa/property_tests/flash_style_kernel.h"
 #include "dsa/reference/fp8_indexer.h"
 
 namespace dsa::oracle {
@@ -187,6 +190,63 @@ TEST(DominantTerms, DeclaredFourteenBitAccumulatorWhoseLargeTermsCancelPassesAnd
   DeclaredNarrowAccumulator moved(one_score(mine - 4.1e-3 * row_scale));
   const OpReport bad = check_fp8_indexer_scores(moved, c);
   EXPECT_EQ(bad.verdict, Verdict::Fail) << format_op_report(bad);
+}
+
+// A sparse MLA row (bf16 q and kv, d_qk 576, d_v 512, two keys) whose first key's logit
+// holds +65536 and -65536 at columns 0 and 560 among small products: the fp32 partial sum
+// sits at 65536 for 560 adds, each small product rounded at its ulp. A FlashAttention-style
+// fp32 kernel (products and sums in column order) passes; out moved fails. Under the former
+// floors it failed out (508 of 512 columns), lse and max_logits, each at 1.18x.
+TEST(DominantTerms, Fp32SparseMlaLogitWhoseLargeTermsCancelPassesAndAMovedOutFails) {
+  constexpr int64_t kD = 576, kDv = 512, kFar = 560;
+  std::mt19937_64 rng(20261211);  // a draw whose walk errs 4x the former logit floor
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> q(kD), kv(2 * kD);
+  for (double& x : q) x = normal(rng);
+  for (double& x : kv) x = normal(rng);
+  q[0] = 256;
+  q[kFar] = -256;
+  kv[0] = kv[kFar] = 256;         // key 0: +65536 and -65536
+  kv[kD] = kv[kD + kFar] = 0;     // key 1: no large product
+  OpCase c;
+  c.mla.q = Tensor::from_f64({1, 1, kD}, q).to(DType::BF16);
+  c.mla.kv = Tensor::from_f64({2, kD}, kv).to(DType::BF16);
+  c.mla.indices = Tensor::from_f64({1, 2}, {0, 1}).to(DType::I32);
+  c.mla.sm_scale = 1.0 / std::sqrt(static_cast<double>(kD));
+  c.mla.d_v = kDv;
+  // The premise: key 0's fp32 logit errs past the former logit floor λu(√d|q·kv| + Σ|q_c kv_c|).
+  const std::vector<double> qb = c.mla.q.to_f64(), kb = c.mla.kv.to_f64();
+  double dot = 0, ad = 0;
+  float dot32 = 0;
+  for (int64_t x = 0; x < kD; ++x) {
+    dot += qb[static_cast<size_t>(x)] * kb[static_cast<size_t>(x)];
+    ad += std::abs(qb[static_cast<size_t>(x)] * kb[static_cast<size_t>(x)]);
+    dot32 += static_cast<float>(qb[static_cast<size_t>(x)]) * static_cast<float>(kb[static_cast<size_t>(x)]);
+  }
+  ASSERT_GT(std::abs(dot32 - dot), 3.0 * 0x1p-24 * (std::sqrt(static_cast<double>(kD)) * std::abs(dot) + ad))
+      << dot32 << " vs " << dot;
+  props::FlashStyleOptions o;  // fp32 throughout, products and sums in column/slot order
+  const props::FlashStyleResult k = props::flash_style_sparse_mla(c.mla, nullptr, o);
+  const NamedOutputs fwd{{"out", k.fwd.out}, {"lse", k.fwd.lse}, {"max_logits", k.fwd.max_logits}};
+  // The row is WEAK (its bound is 0.3% of its scale: a logit of ±65536 products is ill-
+  // conditioned), so it is judged under --allow-weak.
+  CheckOptions opt = default_check_options();
+  opt.allow_weak = true;
+  const OpReport r = judge_outputs(Op::SparseMlaFwd, c, fwd, opt);
+  EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
+  // Able to fail: out[0] moved by its own bound beyond the error it has.
+  const TensorCheck* t = nullptr;
+  for (const TensorCheck& x : r.tensors)
+    if (x.name == "out") t = &x;
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->at_worst.flat, 0) << "the worst element is not column 0";
+  std::vector<double> moved = k.fwd.out.to_f64();
+  const double ref0 = t->at_worst.reference;
+  moved[0] = ref0 + 1.05 * (moved[0] > ref0 ? 1 : -1) * t->bound;
+  NamedOutputs bad = fwd;
+  bad["out"] = Tensor::from_f64(k.fwd.out.shape(), moved).to(k.fwd.out.dtype());
+  const OpReport rb = judge_outputs(Op::SparseMlaFwd, c, bad, opt);
+  EXPECT_EQ(rb.verdict, Verdict::Fail) << format_op_report(rb);
 }
 
 }  // namespace

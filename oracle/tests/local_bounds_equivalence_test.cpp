@@ -147,7 +147,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
   }
 
   std::vector<int64_t> ids;
-  std::vector<double> P, E, C, p, pt, g, dS, ind, dpj, outc, accout, narout, G_;
+  std::vector<double> P, E, A, C, p, pt, g, dS, ind, dpj, outc, accout, narout, G_;
   std::vector<size_t> order;
   std::vector<double> wq, km;
   for (int64_t t = 0; t < s_q; ++t) {
@@ -182,7 +182,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       g0 = g1;
     }
     const double sn = std::sqrt(static_cast<double>(n));
-    for (auto* v : {&P, &E, &C, &p, &pt, &g, &dS, &ind, &dpj}) v->resize(n);
+    for (auto* v : {&P, &E, &A, &C, &p, &pt, &g, &dS, &ind, &dpj}) v->resize(n);
     for (auto* v : {&outc, &accout, &narout}) v->resize(static_cast<size_t>(dv));
     for (int64_t h = 0; h < h_q; ++h) {
       const int64_t row = t * h_q + h;
@@ -190,13 +190,15 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       double m = -std::numeric_limits<double>::infinity();
       for (size_t j = 0; j < n; ++j) {
         const double* kv = &KV[static_cast<size_t>(ids[j] * dqk)];
-        double dot = 0, ad = 0;
+        double dot = 0, ad = 0, sq = 0;
         for (int64_t c = 0; c < dqk; ++c) {
           dot += q[c] * kv[c];
           ad += std::abs(q[c] * kv[c]);
+          sq += (q[c] * kv[c]) * (q[c] * kv[c]);
         }
         P[j] = sm * dot;
-        E[j] = sdqk * std::abs(P[j]) + asm_ * ad;
+        A[j] = asm_ * ad;
+        E[j] = std::max(sdqk * std::abs(P[j]) + A[j], asm_ * walk_scale(static_cast<double>(dqk), dot, ad, sq));
         m = std::max(m, P[j]);
       }
       double S = 0;
@@ -301,7 +303,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         x2 += (wq[j] * pt[j] * (E[j] + cf)) * (wq[j] * pt[j] * (E[j] + cf));
         if (P[j] + logit_max_margin_u() * u * E[j] >= m) {
           emax = std::max(emax, E[j]);
-          tmax = std::max(tmax, E[j] / (sdqk + 1));
+          tmax = std::max(tmax, (sdqk * std::abs(P[j]) + A[j]) / (sdqk + 1));
         }
       }
       fl.acc[static_cast<size_t>(row)] = u * (std::sqrt(x2) + sn + dupf + std::abs(m) + std::abs(std::log(S)));
@@ -336,16 +338,18 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
       Gv.resize(n);
       for (size_t j = 0; j < n; ++j) {
         const double* v = &KV[static_cast<size_t>(ids[j] * dqk)];
-        double gj = 0, Gj = 0;
+        double gj = 0, Gj = 0, gsq = 0;
         for (int64_t c = 0; c < dv; ++c) {
           gj += dorow[c] * v[c];
           Gj += std::abs(dorow[c] * v[c]);
+          gsq += (dorow[c] * v[c]) * (dorow[c] * v[c]);
         }
         g[j] = gj;
         Gv[j] = Gj;
         dS[j] = p[j] * (gj - delta);
         // independent per key: its logit/exp error times |g_j - Δ| and its g_j dot error
-        ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + sdv * std::abs(gj) + Gj);
+        ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) +
+                             std::max(sdv * std::abs(gj) + Gj, walk_scale(static_cast<double>(dv), gj, Gj, gsq)));
         // δp_j = p_j(δP_j - δL): key j's own error enters with weight 1 - p_j (a row with
         // one key, p = 1, has an exact softmax)
         const double own = km[j] * p[j] * (E[j] + C[j]);
