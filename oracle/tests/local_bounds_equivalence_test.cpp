@@ -69,11 +69,12 @@ double half_ulp_binade(double x, bool f16) {
   return f16 ? std::max(b, 0x1p-14) : b;
 }
 
-// sum_error_scale, written again: sqrt(n·min(max(P, N), |sum| + ||t||₂)² + ||t||₂²).
+// sum_error_scale, written again: max(√n|sum| + Σ|t|, sqrt(n·min(max(P, N), sqrt(sum² +
+// ||t||₂²/2))² + ||t||₂²)).
 double walk_scale(double n, double sum, double abs_sum, double sq_sum) {
   const double pos = 0.5 * (abs_sum + sum), neg = 0.5 * (abs_sum - sum);
-  const double w = std::min(std::max(pos, neg), std::abs(sum) + std::sqrt(sq_sum));
-  return std::sqrt(n * w * w + sq_sum);
+  const double w = std::min(std::max(pos, neg), std::sqrt(sum * sum + 0.5 * sq_sum));
+  return std::max(std::sqrt(n) * std::abs(sum) + abs_sum, std::sqrt(n * w * w + sq_sum));
 }
 
 CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dout, DType work_dtype) {
@@ -533,7 +534,7 @@ CaseFloors indexer_scores_floors_scalar(const Tensor& q_idx, const Tensor& k_idx
           std::to_string(windows.s_q()) + " rows", std::to_string(s_q) + " rows");
   const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64();
   OutputFloor f = make(s_q * s_kv, s_kv,
-                       "u(sqrt(Σ_j (w_j R(q_j∘k))^2) + R(w∘r)), R = sum_error_scale: sqrt(n min(max(P,N), |sum| + ||t||₂)² + ||t||₂²)");
+                       "u(sqrt(Σ_j (w_j S(q_j∘k))^2) + S(w∘r)), S = sum_error_scale: max(√n|sum| + Σ|t|, sqrt(n min(max(P,N), sqrt(sum² + ||t||₂²/2))² + ||t||₂²))");
   for (int64_t t = 0; t < s_q; ++t)
     for (int64_t s = std::max<int64_t>(0, windows.ks[t]); s < std::min(s_kv, windows.ke[t]); ++s) {
       double dots2 = 0, val = 0, abs_sum = 0, sq_sum = 0, terms = 0;
@@ -575,10 +576,10 @@ CaseFloors indexer_backward_floors_scalar(const Tensor& q_idx, const Tensor& k_i
   const std::vector<double> Q = q_idx.to_f64(), K = k_idx.to_f64(), W = w.to_f64(),
                             G = d_scores.to_f64();
   OutputFloor dq = make(s_q * H * d, H * d,
-                        "u R(dI w k_s) over active s, R = sum_error_scale (+ whole terms whose q·k may flip sign)");
+                        "u S(dI w k_s) over active s, S = sum_error_scale (+ whole terms whose q·k may flip sign)");
   OutputFloor dk = make(s_kv * d, d,
-                        "u R(dI w q) over active (t,j), R = sum_error_scale (+ whole terms whose q·k may flip sign)");
-  OutputFloor dw = make(s_q * H, H, "u(sqrt(Σ_s (dI R(q∘k_s))^2) + R(dI r)), R = sum_error_scale");
+                        "u S(dI w q) over active (t,j), S = sum_error_scale (+ whole terms whose q·k may flip sign)");
+  OutputFloor dw = make(s_q * H, H, "u(sqrt(Σ_s (dI S(q∘k_s))^2) + S(dI r)), S = sum_error_scale");
   std::vector<double> dk_t(static_cast<size_t>(s_kv * d), 0.0), dk_amb(dk_t.size(), 0.0),
       dk_v(dk_t.size(), 0.0), dk_q2(dk_t.size(), 0.0);
   std::vector<int64_t> dk_n(static_cast<size_t>(s_kv), 0);
