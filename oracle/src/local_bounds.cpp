@@ -738,13 +738,13 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
                             kvmin = row_min_nonzero(KV, s_kv, dqk),
                             dmin = dout ? row_min_nonzero(dO, s_q * h_q, dv) : std::vector<double>{};
 
-  // Per key j of row (t,h): e_j = √d_qk|P_j| + |sm|Σ_d|q_d kv_jd| is the rounding scale of its
+  // Per key j of row (t,h): e_j = |sm| sum_error_scale(q·kv_j) is the rounding scale of its
   // own fp32 logit (independent across keys: added in quadrature), c_j = |P_j - m| + 1 that
   // of the max-subtraction and exp (added linearly). Softmax is shift invariant, so only
   // differences v_j - out enter (a row whose logits are all equal or that has one key is tight).
   OutputFloor fo = make(s_q * h_q * dv, dv,
                         "u(sqrt(Σ_j (p_j|v_jc-out_c|(e_j+c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|), "
-                        "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
+                        "e_j = |sm| S(q∘kv_j) >= √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
   fo.underflow_source = "p_j < 2^-120 × |v_jc|, p_j v_jc, n + 1 adds if a term is tiny";
   if (in.attn_sink) fo.sink_rescale.assign(static_cast<size_t>(s_q * h_q), 0.0);
   if (un > 0) fo.narrow_pmax.assign(static_cast<size_t>(s_q * h_q * dv), 0.0);
@@ -858,15 +858,15 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
     R.dupf = dupf;
     const double sn = std::sqrt(static_cast<double>(n));
     // Logits of every head (heads innermost): P = sm·q·kv_j, AH = |sm|Σ|q kv_j| (the products),
-    // E = max(√d_qk|P| + AH, |sm| R), R the dot's sum_error_scale (a few large products that
-    // cancel); with dout also g_j = dout·v_j, Σ|dout v_j| and its R.
+    // E = |sm| sum_error_scale of q·kv_j (at least √d_qk|P| + AH); with dout also g_j = dout·v_j,
+    // Σ|dout v_j| and its sum_error_scale RG.
     std::vector<double> PH(H * n), EH(H * n), AH(H * n), gH, GH, RG;
     head_dots(&Q[static_cast<size_t>(t) * H * DQK], H, DQK, DQK, KV.data(), DQK, ids.data(), 0, n,
               PH.data(), AH.data(), EH.data());
     for (size_t x = 0; x < H * n; ++x) {
       const double P = sm * PH[x];
       AH[x] *= asm_;
-      EH[x] = std::max(sdqk * std::abs(P) + AH[x], asm_ * EH[x]);
+      EH[x] *= asm_;
       PH[x] = P;
     }
     if (dout) {
@@ -1243,17 +1243,16 @@ std::vector<CaseFloors> mla_floors_impl(const SparseMlaInputs& in, const Tensor*
         // Δ's shift by the candidate's P rounding, Σ_(j not max) δp_j g_j: hard sum, squares
         double pg1 = 0, pg2 = 0;
         const double* g = &gH[h * n];
-        const double* Gv = &GH[h * n];
         const double* Rg = &RG[h * n];
         double* dS = &dSm[h * n];
         double* ind = &indm[h * n];
         double* dpj = &dpjm[h * n];
         const double abar2 = st.abar2;
         for (size_t j = 0; j < n; ++j) {
-          const double gj = g[j], Gj = Gv[j];
+          const double gj = g[j];
           dS[j] = p[j] * (gj - delta);
           // independent per key: its logit/exp error times |g_j - Δ| and its g_j dot error
-          ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + std::max(sdv * std::abs(gj) + Gj, Rg[j]));
+          ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) + Rg[j]);
           // δp_j = p_j(δP_j - δL): key j's own error enters with weight 1 - p_j (a row with
           // one key, p = 1, has an exact softmax)
           const double own = km[j] * p[j] * (E[j] + C[j]);

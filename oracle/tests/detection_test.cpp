@@ -44,6 +44,7 @@
 #include "dsa/reference/paged_indexer.h"
 #include "dsa/reference/sparse_mla_fp8.h"
 #include "dsa/reference/indexer.h"
+#include "declared_tensor_core.h"
 #include "dsa/reference/kl_loss.h"
 #include "dsa/reference/sparse_mla.h"
 #include "detection_stats.h"
@@ -1009,18 +1010,8 @@ RC_GTEST_PROP(Detection, GeneratedFp8IndexerCasesHaveNoWeakRows, ()) {
 // row scale), a perturbation of θ(1 + 2^-6) × the row scale in one element or one whole row
 // fails, and a correct kernel whose q·k dots accumulate in 14 significant bits (round to
 // nearest, then fp32 after the dot: DeepGEMM promotes per 128-long K block, d_I <= 128) passes.
-class DeclaredTensorCore final : public Backend {
- public:
-  explicit DeclaredTensorCore(Tensor scores) : scores_(std::move(scores)) {}
-  std::string name() const override { return "declared-fp8-tensor-core"; }
-  bool supports(Op op) const override { return op == Op::Fp8IndexerScores || op == Op::PagedIndexerScores; }
-  bool fp8_reduced_accumulation() const override { return true; }
-  Tensor fp8_indexer_scores(const Fp8IndexerInputs&) override { return scores_; }
-  Tensor paged_indexer_scores(const PagedIndexerInputs&) override { return scores_; }  // poisoned runs too
-
- private:
-  Tensor scores_;
-};
+// (DeclaredTensorCore: declared_tensor_core.h.)
+using testing::DeclaredTensorCore;
 
 // The FP8 indexer with each q·k dot accumulated at `bits` significant bits (every partial sum
 // rounded to nearest), then × k_scale, ReLU, × w and the heads' fp32 sum.

@@ -24,6 +24,7 @@
 #include "dsa/oracle/op_check.h"
 #include "dsa/property_tests/flash_style_kernel.h"
 #include "dsa/reference/fp8_indexer.h"
+#include "declared_tensor_core.h"
 
 namespace dsa::oracle {
 namespace {
@@ -117,8 +118,9 @@ double kernel_score(const Fp8IndexerInputs& in, Acc acc, bool scale_first = fals
 }
 
 // The former floor, λ u(sqrt(Σ_j (w_j(√d|dot_j| + Σ_c|t_c|))²) + √H|I| + Σ_j|w_j r_j|), over the
-// dequantized key, with u the accumulator's unit roundoff.
-double former_floor(const Fp8IndexerInputs& in, double u) {
+// dequantized key, with u = 2^-24 and λ the judging tolerance row's (the declared row's λ
+// carries its 2^10 for a 14-bit accumulator).
+double former_floor(const Fp8IndexerInputs& in, double lambda) {
   const int64_t d = in.q_idx.size(2);
   const double s = in.k_scale.get(0);
   double dots2 = 0, val = 0, abs_sum = 0;
@@ -135,21 +137,8 @@ double former_floor(const Fp8IndexerInputs& in, double u) {
     val += wj * std::max(dot, 0.0);
     abs_sum += std::abs(wj * std::max(dot, 0.0));
   }
-  return 3.0 * u * (std::sqrt(dots2) + std::sqrt(2.0) * std::abs(val) + abs_sum);
+  return lambda * 0x1p-24 * (std::sqrt(dots2) + std::sqrt(2.0) * std::abs(val) + abs_sum);
 }
-
-// A backend that returns fixed scores and declares FP8 tensor-core accumulation.
-class DeclaredNarrowAccumulator final : public Backend {
- public:
-  explicit DeclaredNarrowAccumulator(Tensor scores) : scores_(std::move(scores)) {}
-  std::string name() const override { return "declared-14-bit-accumulator"; }
-  bool supports(Op op) const override { return op == Op::Fp8IndexerScores; }
-  bool fp8_reduced_accumulation() const override { return true; }
-  Tensor fp8_indexer_scores(const Fp8IndexerInputs&) override { return scores_; }
-
- private:
-  Tensor scores_;
-};
 
 Tensor one_score(double v) { return Tensor::from_f64({1, 1}, {v}).to(DType::F32); }
 
@@ -159,13 +148,14 @@ TEST(DominantTerms, Fp32DotWhoseLargeTermsCancelPassesAndAMovedScoreFails) {
   const double mine = kernel_score(c.fp8_indexer, [](double a, double t) {
     return static_cast<double>(static_cast<float>(a) + static_cast<float>(t));
   });
-  // The premise: an error past the former floor (it failed there), from the dominant terms.
-  ASSERT_GT(std::abs(mine - ref), former_floor(c.fp8_indexer, 0x1p-24)) << mine << " vs " << ref;
   const OpReport r = judge_outputs(Op::Fp8IndexerScores, c, {{"scores", one_score(mine)}});
+  const TensorCheck& t = r.tensors.front();
+  // The premise: an error past the former floor (it failed there), from the dominant terms.
+  ASSERT_GT(std::abs(mine - ref), former_floor(c.fp8_indexer, t.lambda)) << mine << " vs " << ref;
   EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
-  // Able to fail: the score moved by 1e-4 of the row's scale (fp32's θ).
-  const double row_scale = r.tensors.front().row_scale.front();
-  const OpReport bad = judge_outputs(Op::Fp8IndexerScores, c, {{"scores", one_score(mine + 1.02e-4 * row_scale)}});
+  // Able to fail: the score moved by just over θ of the row's scale.
+  const OpReport bad = judge_outputs(Op::Fp8IndexerScores, c,
+                                     {{"scores", one_score(mine + (1 + 0x1p-6) * t.theta * t.row_scale.front())}});
   EXPECT_EQ(bad.verdict, Verdict::Fail) << format_op_report(bad);
 }
 
@@ -181,13 +171,13 @@ TEST(DominantTerms, DeclaredFourteenBitAccumulatorWhoseLargeTermsCancelPassesAnd
     return std::nearbyint(x / ulp) * ulp;
   }, /*scale_first=*/true);
   ASSERT_EQ(mine, -0x1.572008p+6) << "not the control's score as drawn";
-  ASSERT_GT(std::abs(mine - ref), former_floor(c.fp8_indexer, 0x1p-14)) << mine << " vs " << ref;
-  DeclaredNarrowAccumulator ok(one_score(mine));
+  testing::DeclaredTensorCore ok(one_score(mine));
   const OpReport r = check_fp8_indexer_scores(ok, c);
+  const TensorCheck& t = r.tensors.front();
+  ASSERT_GT(std::abs(mine - ref), former_floor(c.fp8_indexer, t.lambda)) << mine << " vs " << ref;
   EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
-  // Able to fail: moved by the declared row's θ (4e-3 of the row's scale).
-  const double row_scale = r.tensors.front().row_scale.front();
-  DeclaredNarrowAccumulator moved(one_score(mine - 4.1e-3 * row_scale));
+  // Able to fail: moved by just over the declared row's θ of the row's scale.
+  testing::DeclaredTensorCore moved(one_score(mine - (1 + 0x1p-6) * t.theta * t.row_scale.front()));
   const OpReport bad = check_fp8_indexer_scores(moved, c);
   EXPECT_EQ(bad.verdict, Verdict::Fail) << format_op_report(bad);
 }
@@ -214,6 +204,18 @@ TEST(DominantTerms, Fp32SparseMlaLogitWhoseLargeTermsCancelPassesAndAMovedOutFai
   c.mla.indices = Tensor::from_f64({1, 2}, {0, 1}).to(DType::I32);
   c.mla.sm_scale = 1.0 / std::sqrt(static_cast<double>(kD));
   c.mla.d_v = kDv;
+  props::FlashStyleOptions o;  // fp32 throughout, products and sums in column/slot order
+  const props::FlashStyleResult k = props::flash_style_sparse_mla(c.mla, nullptr, o);
+  const NamedOutputs fwd{{"out", k.fwd.out}, {"lse", k.fwd.lse}, {"max_logits", k.fwd.max_logits}};
+  // The row is WEAK (its bound is 0.3% of its scale: a logit of ±65536 products is ill-
+  // conditioned), so it is judged under --allow-weak.
+  CheckOptions opt = default_check_options();
+  opt.allow_weak = true;
+  const OpReport r = judge_outputs(Op::SparseMlaFwd, c, fwd, opt);
+  const TensorCheck* t = nullptr;
+  for (const TensorCheck& x : r.tensors)
+    if (x.name == "out") t = &x;
+  ASSERT_NE(t, nullptr);
   // The premise: key 0's fp32 logit errs past the former logit floor λu(√d|q·kv| + Σ|q_c kv_c|).
   const std::vector<double> qb = c.mla.q.to_f64(), kb = c.mla.kv.to_f64();
   double dot = 0, ad = 0;
@@ -223,22 +225,10 @@ TEST(DominantTerms, Fp32SparseMlaLogitWhoseLargeTermsCancelPassesAndAMovedOutFai
     ad += std::abs(qb[static_cast<size_t>(x)] * kb[static_cast<size_t>(x)]);
     dot32 += static_cast<float>(qb[static_cast<size_t>(x)]) * static_cast<float>(kb[static_cast<size_t>(x)]);
   }
-  ASSERT_GT(std::abs(dot32 - dot), 3.0 * 0x1p-24 * (std::sqrt(static_cast<double>(kD)) * std::abs(dot) + ad))
+  ASSERT_GT(std::abs(dot32 - dot), t->lambda * 0x1p-24 * (std::sqrt(static_cast<double>(kD)) * std::abs(dot) + ad))
       << dot32 << " vs " << dot;
-  props::FlashStyleOptions o;  // fp32 throughout, products and sums in column/slot order
-  const props::FlashStyleResult k = props::flash_style_sparse_mla(c.mla, nullptr, o);
-  const NamedOutputs fwd{{"out", k.fwd.out}, {"lse", k.fwd.lse}, {"max_logits", k.fwd.max_logits}};
-  // The row is WEAK (its bound is 0.3% of its scale: a logit of ±65536 products is ill-
-  // conditioned), so it is judged under --allow-weak.
-  CheckOptions opt = default_check_options();
-  opt.allow_weak = true;
-  const OpReport r = judge_outputs(Op::SparseMlaFwd, c, fwd, opt);
   EXPECT_EQ(r.verdict, Verdict::Pass) << format_op_report(r);
   // Able to fail: out[0] moved by its own bound beyond the error it has.
-  const TensorCheck* t = nullptr;
-  for (const TensorCheck& x : r.tensors)
-    if (x.name == "out") t = &x;
-  ASSERT_NE(t, nullptr);
   ASSERT_EQ(t->at_worst.flat, 0) << "the worst element is not column 0";
   std::vector<double> moved = k.fwd.out.to_f64();
   const double ref0 = t->at_worst.reference;

@@ -101,7 +101,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
   // differences v_j - out enter (a row whose logits are all equal or that has one key is tight).
   OutputFloor fo = make(s_q * h_q * dv, dv,
                         "u(sqrt(Σ_j (p_j|v_jc-out_c|(e_j+c_j))^2) + √n|out_c| + Σ_j p_j|v_jc|), "
-                        "e_j = √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
+                        "e_j = |sm| S(q∘kv_j) >= √d_qk|P_j| + |sm|Σ|q kv_j|, c_j = max(|P_j-max|, |P_j-L|) + 1");
   if (un > 0)
     fo.source += " + u16 min(Σ_(j not max) f_j|p_j v_jc|, sqrt(Σ_(j not max) (w_j p_j v_jc)^2)) (P in "
                  "the 16-bit working dtype; f_j = min(1, 1/(2 exp(P_j - M'))) bounds b(e_j)/e_j, "
@@ -199,7 +199,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         }
         P[j] = sm * dot;
         A[j] = asm_ * ad;
-        E[j] = std::max(sdqk * std::abs(P[j]) + A[j], asm_ * walk_scale(static_cast<double>(dqk), dot, ad, sq));
+        E[j] = asm_ * walk_scale(static_cast<double>(dqk), dot, ad, sq);
         m = std::max(m, P[j]);
       }
       double S = 0;
@@ -350,7 +350,7 @@ CaseFloors sparse_mla_floors_scalar(const SparseMlaInputs& in, const Tensor* dou
         dS[j] = p[j] * (gj - delta);
         // independent per key: its logit/exp error times |g_j - Δ| and its g_j dot error
         ind[j] = u * p[j] * ((1 - p[j]) * (E[j] + C[j]) * std::abs(gj - delta) +
-                             std::max(sdv * std::abs(gj) + Gj, walk_scale(static_cast<double>(dv), gj, Gj, gsq)));
+                             walk_scale(static_cast<double>(dv), gj, Gj, gsq));
         // δp_j = p_j(δP_j - δL): key j's own error enters with weight 1 - p_j (a row with
         // one key, p = 1, has an exact softmax)
         const double own = km[j] * p[j] * (E[j] + C[j]);

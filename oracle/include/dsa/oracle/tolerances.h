@@ -49,12 +49,12 @@ double quadrature16();
 double quadrature_p16();
 
 /// Margin of a logit's "at the max" test in the sparse MLA floors, in units of u·e_j (u the
-/// accumulation unit roundoff, e_j = Σ_d|q_d kv_jd| + √d_qk|P_j| the key's dot-product error
-/// scale, oracle/src/local_bounds.cpp): a key within margin_j of the max may be the kernel's max
-/// (max_logits' error floor; the out floor's max-key P rounding). u·e_j already bounds a
-/// logit's probabilistic rounding error (λ u sqrt(Σ_d (q_d kv_jd)^2) <= λ u Σ_d|q_d kv_jd|, Higham
-/// & Mary 2019, λ = 3 in the floors); 16 leaves a wide margin over it, so no key a kernel may
-/// take for the max is missed (a larger margin only loosens bounds). Unitless.
+/// accumulation unit roundoff, e_j = |sm| sum_error_scale of q·kv_j, at least Σ_d|q_d kv_jd| +
+/// √d_qk|P_j|: the key's dot-product error scale, oracle/src/local_bounds.cpp): a key within
+/// margin_j of the max may be the kernel's max (max_logits' error floor; the out floor's max-key
+/// P rounding). λ u·e_j bounds a logit's probabilistic rounding error in its partial sums'
+/// walk (Higham & Mary 2019, λ = 3 in the floors); 16 leaves a wide margin over it, so no key
+/// a kernel may take for the max is missed (a larger margin only loosens bounds). Unitless.
 double logit_max_margin_u();
 
 /// Relative error of each kv element as a kernel reads FP8 kv dequantized to the working
